@@ -1,0 +1,266 @@
+"""Eager tensors with reverse-mode autodiff.
+
+Every op applied to a Tensor runs at once and, when gradients are wanted, records
+``(op, inputs, attrs)`` on its output. ``backward()`` sorts the recorded graph topologically
+(iteratively: a chain of 100,000 ops is fine) and walks it in reverse, calling each op's VJP.
+Because VJPs are written with ops, running them with recording switched on
+(``create_graph=True``) gives gradients that can themselves be differentiated.
+
+A second ``backward()`` through the same graph is an error unless the first one passed
+``retain_graph=True``: backward releases the recorded graph so its intermediates can be freed,
+and refusing is better than silently producing gradients from a half-released graph. With
+``retain_graph=True`` the second call is allowed and, like every backward, *adds* into ``.grad``.
+"""
+
+import contextlib
+import weakref
+
+import numpy as np
+
+from .. import backend
+from ..errors import DTypeError, MinicavsError, ShapeError
+from ..ops import registry
+from ..ops.operators import OperatorMixin
+
+_grad_enabled = True
+
+
+@contextlib.contextmanager
+def no_grad():
+    """Within this block ops are not recorded: nothing can be differentiated, nothing is kept."""
+    global _grad_enabled
+    previous, _grad_enabled = _grad_enabled, False
+    try:
+        yield
+    finally:
+        _grad_enabled = previous
+
+
+@contextlib.contextmanager
+def enable_grad():
+    global _grad_enabled
+    previous, _grad_enabled = _grad_enabled, True
+    try:
+        yield
+    finally:
+        _grad_enabled = previous
+
+
+def is_grad_enabled():
+    return _grad_enabled
+
+
+_RELEASED = object()  # marks a tensor whose recorded graph a backward() has released
+
+
+class Tensor(OperatorMixin):
+    """An array (NumPy or CuPy) with an optional gradient and the op that produced it."""
+
+    __slots__ = ("data", "grad", "requires_grad", "_creator", "name", "__weakref__")
+    __minicavs_priority__ = 1
+
+    def __init__(self, data, requires_grad=False, name=None):
+        if isinstance(data, Tensor):
+            data = data.data
+        if isinstance(data, np.generic) or not hasattr(data, "__array_namespace__"):
+            data = np.asarray(data)
+        if requires_grad and np.dtype(data.dtype).kind != "f":
+            raise DTypeError(f"only float tensors can require gradients, got dtype {data.dtype}")
+        self.data = data
+        self.grad = None
+        self.requires_grad = bool(requires_grad)
+        self._creator = None  # (op, inputs, attrs) for a recorded result
+        self.name = name
+
+    # --- the array it holds ---------------------------------------------------------------------
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def device(self):
+        return "cuda" if backend.is_cupy_array(self.data) else "cpu"
+
+    @property
+    def is_leaf(self):
+        return self._creator is None
+
+    def numpy(self):
+        """The values as a NumPy array (copied from the GPU if needed)."""
+        return backend.to_numpy(self.data)
+
+    def item(self):
+        if self.data.size != 1:
+            raise ShapeError(f"item() needs a tensor with one element, got shape {self.shape}")
+        return self.numpy().reshape(()).item()
+
+    def detach(self):
+        """The same data, cut off from the recorded graph."""
+        return Tensor(self.data)
+
+    def to(self, device):
+        return Tensor(backend.to_device(self.data, device), requires_grad=self.requires_grad)
+
+    def zero_grad(self):
+        self.grad = None
+
+    def __repr__(self):
+        flag = ", requires_grad=True" if self.requires_grad else ""
+        name = f", name={self.name!r}" if self.name else ""
+        body = np.array2string(self.numpy(), separator=", ", threshold=20, prefix="tensor(")
+        return f"tensor({body}, dtype={self.dtype}{flag}{name})"
+
+    # --- eager execution --------------------------------------------------------------------------
+    @classmethod
+    def __minicavs_apply__(cls, op, args, attrs):
+        inputs = [a if isinstance(a, Tensor) else Tensor(a) for a in args]
+        op.infer(*inputs, **attrs)  # shape and dtype errors name the op and the arguments
+        arrays = [t.data for t in inputs]
+        xp = backend.get_array_module(*arrays, op=op.name)
+        result = op.forward(xp, *arrays, **attrs)
+        outputs = [Tensor(r) for r in result] if op.multi_output else [Tensor(result)]
+        if _grad_enabled and op.vjp is not None and any(
+                t.requires_grad for i, t in enumerate(inputs) if i not in op.nondiff_args):
+            record = _Record(op, inputs, attrs, outputs)
+            for index, out in enumerate(outputs):
+                out.requires_grad = True
+                out._creator = (record, index)
+        return tuple(outputs) if op.multi_output else outputs[0]
+
+    # --- reverse mode -----------------------------------------------------------------------------
+    def backward(self, grad=None, retain_graph=False, create_graph=False):
+        """Accumulate d(self)/d(leaf) into ``leaf.grad`` for every leaf that requires grad.
+
+        ``grad`` is the gradient flowing into ``self``; it may be omitted only for a tensor with
+        one element. ``retain_graph`` keeps the recorded graph for another backward;
+        ``create_graph`` records the backward computation so gradients can be differentiated.
+        """
+        if not self.requires_grad:
+            raise MinicavsError("backward() on a tensor that does not require grad: no input "
+                                "of the computation had requires_grad=True")
+        if grad is None:
+            if self.data.size != 1:
+                raise ShapeError(f"backward() without a gradient needs a tensor with one "
+                                 f"element, got shape {self.shape}; pass grad= explicitly")
+            grad = Tensor(backend.get_array_module(self.data).ones_like(self.data))
+        else:
+            grad = grad if isinstance(grad, Tensor) else Tensor(grad)
+            if tuple(grad.shape) != tuple(self.shape) or grad.dtype != self.dtype:
+                raise ShapeError(f"backward(): grad has shape {grad.shape} and dtype {grad.dtype}"
+                                 f", the tensor has shape {self.shape} and dtype {self.dtype}")
+        with (enable_grad() if create_graph else no_grad()):
+            _backpropagate(self, grad, retain_graph or create_graph, create_graph)
+
+
+class _Record:
+    """One recorded op application: what backward needs to call its VJP."""
+
+    __slots__ = ("op", "inputs", "attrs", "outputs")
+
+    def __init__(self, op, inputs, attrs, outputs):
+        self.op, self.inputs, self.attrs = op, inputs, attrs
+        # Outputs are held weakly: a result nobody keeps has no gradient, and is not kept alive.
+        self.outputs = [weakref.ref(t) for t in outputs]
+
+
+def _topological_order(root):
+    """Records reachable from ``root``, every record after the records of its inputs."""
+    order, visited = [], set()
+    stack = [(root._creator, False)]
+    while stack:
+        creator, inputs_done = stack.pop()
+        if creator is _RELEASED:
+            raise MinicavsError(
+                "backward() through a graph a second time: the first backward() released it. "
+                "Pass retain_graph=True to the first backward() if you need to go through it "
+                "again (gradients then add up in .grad).")
+        record = creator[0]
+        if inputs_done:
+            order.append(record)
+            continue
+        if id(record) in visited:
+            continue
+        visited.add(id(record))
+        stack.append((creator, True))
+        for x in record.inputs:
+            if x.requires_grad and x._creator is not None and (
+                    x._creator is _RELEASED or id(x._creator[0]) not in visited):
+                stack.append((x._creator, False))
+    return order
+
+
+def _accumulate(grads, t, g):
+    previous = grads.get(id(t))
+    grads[id(t)] = g if previous is None else previous[0] + g, t
+    return grads
+
+
+def _backpropagate(root, grad, retain_graph, create_graph):
+    grads = {id(root): (grad, root)}  # id(tensor) -> (gradient, tensor)
+    leaves = {}
+    if root._creator is None:
+        leaves[id(root)] = root
+    for record in reversed(_topological_order(root)):
+        outs = [ref() for ref in record.outputs]
+        out_grads = [grads.pop(id(o), (None,))[0] if o is not None else None for o in outs]
+        if all(g is None for g in out_grads):
+            continue
+        op = record.op
+        if op.multi_output:
+            input_grads = op.vjp(out_grads, outs, *record.inputs, **record.attrs)
+        else:
+            input_grads = op.vjp(out_grads[0], outs[0], *record.inputs, **record.attrs)
+        for i, (x, gx) in enumerate(zip(record.inputs, input_grads)):
+            if gx is None or not x.requires_grad or i in op.nondiff_args:
+                continue
+            _accumulate(grads, x, gx)
+            if x._creator is None:
+                leaves[id(x)] = x
+        if not retain_graph:
+            for o in outs:
+                if o is not None:
+                    o._creator = _RELEASED
+    for key, t in leaves.items():
+        g = grads[key][0]
+        if not create_graph:
+            g = g.detach()
+        t.grad = g if t.grad is None else t.grad + g
+
+
+class Parameter(Tensor):
+    """A trainable tensor: always requires grad; float32 unless given a float64 array."""
+
+    __slots__ = ()
+
+    def __init__(self, data, name=None):
+        data = as_array(data)
+        super().__init__(data, requires_grad=True, name=name)
+
+
+def as_array(data, dtype=None, device=None):
+    """An array on ``device``: NumPy/CuPy arrays keep their dtype, lists and scalars take the
+    default dtype."""
+    if isinstance(data, Tensor):
+        data = data.data
+    keeps_dtype = hasattr(data, "__array_namespace__") or isinstance(data, np.generic)
+    if dtype is None and not keeps_dtype:
+        dtype = backend.default_dtype()
+    if device is None and backend.is_cupy_array(data):
+        device = "cuda"
+    array = backend.to_device(data, device or backend.get_device())
+    if dtype is not None and array.dtype != np.dtype(dtype):
+        array = array.astype(dtype)
+    return array
+
+
+def tensor(data, requires_grad=False, dtype=None, device=None, name=None):
+    """Make a Tensor. A NumPy or CuPy array keeps its dtype; lists and scalars become float32
+    (the default dtype) unless ``dtype`` is given."""
+    return Tensor(as_array(data, dtype, device), requires_grad=requires_grad, name=name)
+
+
+registry.set_default_handler(Tensor.__minicavs_apply__)

@@ -1,0 +1,152 @@
+"""Array backend: NumPy on the CPU, CuPy on a GPU.
+
+This module and ``minicavs/cuda/`` are the only places that import CuPy, and they do so lazily,
+so ``import minicavs`` works on a machine without CuPy or without a GPU. Everything else asks
+:func:`get_array_module` for ``xp`` and writes ``xp.tanh(x)``, never ``numpy.tanh(x)``.
+"""
+
+import os
+
+import numpy as np
+
+from .errors import DeviceError, DTypeError
+
+_DEVICES = ("cpu", "cuda")
+_default_dtype = np.dtype(np.float32)
+_cupy = None  # the cupy module once imported; False once known to be missing
+
+
+def _import_cupy():
+    """Return the cupy module or None, importing it at most once."""
+    global _cupy
+    if _cupy is None:
+        try:
+            import cupy  # noqa: F401  (the one import of cupy outside minicavs/cuda/)
+
+            _cupy = cupy
+        except Exception:  # ImportError, or a CUDA library that fails to load
+            _cupy = False
+    return _cupy or None
+
+
+def cupy_or_error():
+    """Return cupy with a usable GPU, or raise :class:`DeviceError` saying what is missing."""
+    cupy = _import_cupy()
+    if cupy is None:
+        raise DeviceError(
+            "device 'cuda' needs CuPy, which is not installed (or failed to import); "
+            "install it with: pip install 'minicavs[cuda]'  (that is cupy-cuda12x)"
+        )
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver, or the driver cannot see a device
+        raise DeviceError(
+            f"device 'cuda' needs a GPU, but the CUDA runtime found none ({exc}); "
+            "run on a machine with an NVIDIA GPU and driver, or use set_device('cpu')"
+        ) from None
+    if count == 0:
+        raise DeviceError("device 'cuda' needs a GPU, but the CUDA runtime found none; "
+                          "use set_device('cpu')")
+    return cupy
+
+
+def gpu_available():
+    """True when CuPy imports and sees at least one GPU."""
+    try:
+        cupy_or_error()
+        return True
+    except DeviceError:
+        return False
+
+
+def _check_device_name(name):
+    if name not in _DEVICES:
+        raise DeviceError(f"unknown device {name!r}; expected one of {_DEVICES}")
+    return name
+
+
+_device = _check_device_name(os.environ.get("MINICAVS_DEVICE", "cpu").strip().lower() or "cpu")
+
+
+def set_device(name):
+    """Select where new tensors live: ``"cpu"`` (NumPy) or ``"cuda"`` (CuPy)."""
+    global _device
+    name = _check_device_name(str(name).strip().lower())
+    if name == "cuda":
+        cupy_or_error()
+    _device = name
+
+
+def get_device():
+    """The current device name, ``"cpu"`` or ``"cuda"``."""
+    return _device
+
+
+def device_module():
+    """``xp`` for the current device."""
+    return cupy_or_error() if _device == "cuda" else np
+
+
+def is_cupy_array(a):
+    cupy = _cupy or None  # never import cupy just to answer "no"
+    return cupy is not None and isinstance(a, cupy.ndarray)
+
+
+def get_array_module(*arrays, op=None):
+    """Return numpy or cupy for ``arrays``; mixing the two is an error naming ``op``."""
+    # Scalars (Python or NumPy) combine with either kind of array.
+    on_gpu = [is_cupy_array(a) for a in arrays
+              if a is not None and not isinstance(a, (int, float, bool, np.generic))]
+    if any(on_gpu):
+        if not all(on_gpu):
+            where = f" in op '{op}'" if op else ""
+            raise DTypeError(f"cannot mix numpy (cpu) and cupy (cuda) arrays{where}; "
+                             "move them to one device first")
+        return _cupy
+    return np
+
+
+def to_device(array, device=None):
+    """Copy ``array`` to ``device`` (default: the current one) if it is not already there."""
+    device = device or _device
+    if device == "cuda":
+        return cupy_or_error().asarray(array)
+    return array.get() if is_cupy_array(array) else np.asarray(array)
+
+
+def to_numpy(array):
+    return array.get() if is_cupy_array(array) else np.asarray(array)
+
+
+def default_dtype():
+    """dtype of tensors made from Python lists and scalars (float32 unless changed)."""
+    return _default_dtype
+
+
+def set_default_dtype(dtype):
+    global _default_dtype
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        raise DTypeError(f"the default dtype must be a float type, got {dtype}")
+    _default_dtype = dtype
+
+
+def seed(n):
+    """Seed NumPy's global generator, CuPy's (if installed) and minicavs' own."""
+    global _rng
+    np.random.seed(n)
+    _rng = np.random.default_rng(n)
+    cupy = _import_cupy()
+    if cupy is not None:
+        try:
+            cupy.random.seed(n)
+        except Exception:  # CuPy without a device: nothing to seed
+            pass
+
+
+_rng = np.random.default_rng()
+
+
+def rng():
+    """minicavs' random generator (initialisers, synthetic data); reseeded by :func:`seed`."""
+    return _rng

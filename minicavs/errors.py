@@ -1,0 +1,38 @@
+"""The exceptions minicavs raises.
+
+Every error a user can cause derives from :class:`MinicavsError`, so ``except mc.MinicavsError``
+catches them all; each also derives from the built-in exception a Python user would expect
+(``ValueError`` for bad shapes, ``TypeError`` for bad dtypes), so generic handlers keep working.
+"""
+
+
+class MinicavsError(Exception):
+    """Base class of every error minicavs raises on purpose."""
+
+
+class ShapeError(MinicavsError, ValueError):
+    """An op was given arrays whose shapes do not fit together."""
+
+
+class DTypeError(MinicavsError, TypeError):
+    """An op was given arrays whose dtypes (or devices) do not fit together."""
+
+
+class DeviceError(MinicavsError, RuntimeError):
+    """The requested device cannot be used (CuPy or a GPU is missing)."""
+
+
+class GraphError(MinicavsError, ValueError):
+    """An input graph, a traced graph or a vertex function is malformed."""
+
+
+class GradientCheckError(MinicavsError, AssertionError):
+    """Analytic and numerical gradients disagree (raised by ``gradcheck``)."""
+
+
+class CheckpointError(MinicavsError, ValueError):
+    """A checkpoint cannot be written or does not match the model it is loaded into."""
+
+
+class IndexRangeError(MinicavsError, IndexError):
+    """An index (a row, a child, a label) is outside the range it must lie in."""

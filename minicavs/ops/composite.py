@@ -1,0 +1,32 @@
+"""Composite functions, written with primitives only: their gradients come for free, and
+fusion sees through them."""
+
+from . import elementwise as ew, linalg, reduce, shape
+
+
+def softmax(x, axis=-1):
+    shifted = x - reduce.max(x, axis=axis, keepdims=True)
+    e = ew.exp(shifted)
+    return e / reduce.sum(e, axis=axis, keepdims=True)
+
+
+def log_softmax(x, axis=-1):
+    shifted = x - reduce.max(x, axis=axis, keepdims=True)
+    return shifted - ew.log(reduce.sum(ew.exp(shifted), axis=axis, keepdims=True))
+
+
+def linear(x, weight, bias=None):
+    """``x @ weight + bias`` with ``weight`` of shape (in, out)."""
+    y = linalg.matmul(x, weight)
+    return y if bias is None else y + bias
+
+
+def lstm_gates(preactivation, c_prev):
+    """One LSTM update from the stacked gate pre-activations [i, f, o, u] (last axis, 4H).
+
+    Returns ``(h, c)``: c = σ(i)⊙tanh(u) + σ(f)⊙c_prev, h = σ(o)⊙tanh(c).
+    """
+    i, f, o, u = shape.split(preactivation, 4, axis=-1)
+    c = ew.sigmoid(i) * ew.tanh(u) + ew.sigmoid(f) * c_prev
+    h = ew.sigmoid(o) * ew.tanh(c)
+    return h, c

@@ -1,0 +1,103 @@
+"""Row gathers and their adjoints: ``take_rows`` (index -1 gives a zero row) and
+``scatter_add_rows`` (indices may repeat; their rows add up). ``embedding`` is a take of rows.
+Indices are integer arrays; they are data, never differentiated."""
+
+import numpy as np
+
+from . import shape
+from .registry import Aval, Op, apply, describe, register, require_int
+from ..errors import IndexRangeError, ShapeError
+
+
+def _check_index_range(opname, idx, num_rows):
+    if idx.size and (int(idx.min()) < -1 or int(idx.max()) >= num_rows):
+        bad = int(idx.min()) if int(idx.min()) < -1 else int(idx.max())
+        position = int((idx == bad).nonzero()[0][0])
+        raise IndexRangeError(f"op '{opname}': index {bad} at position {position} is out of range "
+                         f"for {num_rows} rows (valid: -1 for a zero row, 0..{num_rows - 1})")
+
+
+def _take_rows_forward(xp, x, idx):
+    _check_index_range("take_rows", idx, x.shape[0])
+    present = idx >= 0
+    if bool(present.all()):
+        return xp.take(x, idx, axis=0)
+    out = xp.zeros((idx.shape[0],) + x.shape[1:], dtype=x.dtype)
+    out[present] = x[idx[present]]
+    return out
+
+
+def scatter_add_into(xp, out, idx, values):
+    """``out[idx[i]] += values[i]`` for every i with idx[i] >= 0, repeated indices adding up."""
+    present = idx >= 0
+    if not bool(present.all()):
+        idx, values = idx[present], values[present]
+    if xp is np:
+        np.add.at(out, idx, values)
+    else:
+        import cupyx  # minicavs/ops only reaches here with CuPy arrays, so CuPy is installed
+
+        cupyx.scatter_add(out, idx, values)
+    return out
+
+
+def _scatter_add_rows_forward(xp, g, idx, num_rows):
+    _check_index_range("scatter_add_rows", idx, num_rows)
+    return scatter_add_into(xp, xp.zeros((num_rows,) + g.shape[1:], dtype=g.dtype), idx, g)
+
+
+def _infer_take_rows(x, idx):
+    require_int("take_rows", idx, 1)
+    if len(x.shape) == 0 or len(idx.shape) != 1:
+        raise ShapeError(f"op 'take_rows': argument 0 must have rows and argument 1 must be a 1-D "
+                         f"index, got shapes {describe(x.shape)} and {describe(idx.shape)}")
+    return Aval((idx.shape[0],) + tuple(x.shape[1:]), np.dtype(x.dtype))
+
+
+def _infer_scatter_add_rows(g, idx, num_rows):
+    require_int("scatter_add_rows", idx, 1)
+    if len(g.shape) == 0 or tuple(idx.shape) != (g.shape[0],):
+        raise ShapeError(f"op 'scatter_add_rows': argument 1 must index the rows of argument 0, "
+                         f"got shapes {describe(g.shape)} and {describe(idx.shape)}")
+    return Aval((num_rows,) + tuple(g.shape[1:]), np.dtype(g.dtype))
+
+
+TAKE_ROWS = register(Op("take_rows", _take_rows_forward, _infer_take_rows,
+                        lambda g, out, x, idx: (scatter_add_rows(g, idx, x.shape[0]), None),
+                        nondiff_args=(1,)))
+SCATTER_ADD_ROWS = register(Op("scatter_add_rows", _scatter_add_rows_forward,
+                               _infer_scatter_add_rows,
+                               lambda g, out, x, idx, num_rows: (take_rows(g, idx), None),
+                               nondiff_args=(1,)))
+
+
+def _one_hot_forward(xp, labels, num_classes, dtype):
+    out = xp.zeros(labels.shape + (num_classes,), dtype=dtype)
+    xp.put_along_axis(out, labels[..., None], 1, axis=-1)
+    return out
+
+
+ONE_HOT = register(Op("one_hot", _one_hot_forward,
+                      lambda labels, num_classes, dtype:
+                      Aval(tuple(labels.shape) + (num_classes,), np.dtype(dtype))))
+
+
+def take_rows(x, idx):
+    """Rows ``x[idx]``; an index of -1 gives a row of zeros."""
+    return apply(TAKE_ROWS, x, idx)
+
+
+def scatter_add_rows(values, idx, num_rows):
+    """A ``(num_rows, ...)`` array with ``values[i]`` added into row ``idx[i]`` (-1: dropped)."""
+    return apply(SCATTER_ADD_ROWS, values, idx, num_rows=int(num_rows))
+
+
+def one_hot(labels, num_classes, dtype):
+    return apply(ONE_HOT, labels, num_classes=int(num_classes), dtype=np.dtype(dtype))
+
+
+def embedding(table, ids):
+    """Look up rows of ``table`` for integer ``ids`` of any shape: result ``ids.shape + (D,)``."""
+    ids_shape = tuple(ids.shape)
+    rows = take_rows(table, shape.reshape(ids, (-1,)))
+    return shape.reshape(rows, ids_shape + tuple(table.shape[1:]))

@@ -1,0 +1,62 @@
+"""Softmax cross-entropy with integer labels, computed with a stable log-sum-exp."""
+
+import numpy as np
+
+from . import composite, index
+from .registry import Aval, Op, apply, describe, register, require_float, require_int
+from ..errors import IndexRangeError, ShapeError
+
+
+def _xent_forward(xp, logits, labels):
+    num_classes = logits.shape[-1]
+    if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        bad = int(labels.min()) if int(labels.min()) < 0 else int(labels.max())
+        where = tuple(int(i[0]) for i in (labels == bad).nonzero())
+        raise IndexRangeError(f"op 'softmax_cross_entropy': label {bad} at position {where} is "
+                              f"out of range for {num_classes} classes")
+    top = xp.max(logits, axis=-1, keepdims=True)
+    shifted = logits - top
+    log_norm = xp.log(xp.sum(xp.exp(shifted), axis=-1))
+    picked = xp.take_along_axis(shifted, labels[..., None], axis=-1)[..., 0]
+    return log_norm - picked
+
+
+def _infer_xent(logits, labels):
+    require_float("softmax_cross_entropy", logits, 0)
+    require_int("softmax_cross_entropy", labels, 1)
+    if len(logits.shape) == 0 or tuple(logits.shape[:-1]) != tuple(labels.shape) \
+            or logits.shape[-1] == 0:
+        raise ShapeError(f"op 'softmax_cross_entropy': argument 0 (logits) has shape "
+                         f"{describe(logits.shape)} and argument 1 (labels) has shape "
+                         f"{describe(labels.shape)}; expected labels of shape "
+                         f"{describe(tuple(logits.shape[:-1]))} and at least one class")
+    return Aval(tuple(labels.shape), np.dtype(logits.dtype))
+
+
+def _xent_vjp(g, out, logits, labels):
+    from . import shape
+    probs = composite.softmax(logits, axis=-1)
+    target = index.one_hot(labels, logits.shape[-1], logits.dtype)
+    return shape.expand_dims(g, -1) * (probs - target), None
+
+
+SOFTMAX_CROSS_ENTROPY = register(Op("softmax_cross_entropy", _xent_forward, _infer_xent,
+                                    _xent_vjp, nondiff_args=(1,)))
+
+
+def softmax_cross_entropy(logits, labels, reduction="mean"):
+    """Cross-entropy of ``softmax(logits)`` against integer ``labels``.
+
+    ``logits``: (..., C); ``labels``: (...) integers in [0, C). ``reduction`` is "mean" (as in
+    PyTorch), "sum", or "none" for the per-example losses.
+    """
+    losses = apply(SOFTMAX_CROSS_ENTROPY, logits, labels)
+    if reduction == "none":
+        return losses
+    from . import reduce
+    if reduction == "sum":
+        return reduce.sum(losses)
+    if reduction == "mean":
+        return reduce.mean(losses)
+    raise ValueError(f"softmax_cross_entropy: reduction must be 'mean', 'sum' or 'none', "
+                     f"got {reduction!r}")

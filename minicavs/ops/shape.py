@@ -1,0 +1,198 @@
+"""Shape primitives: reshape, transpose, broadcast_to, concat, and slicing along one axis
+(``slice_axis``, whose adjoint is ``pad_axis``). ``split`` is composed of slices."""
+
+import numpy as np
+
+from . import elementwise
+from .registry import (Aval, Op, apply, common_dtype, describe, normalize_axis, register)
+from ..errors import ShapeError
+
+
+def _infer_reshape(x, shape):
+    if int(np.prod(x.shape)) != int(np.prod(shape)):
+        raise ShapeError(f"op 'reshape': argument 0 has shape {describe(x.shape)} "
+                         f"({int(np.prod(x.shape))} elements), which cannot be reshaped to "
+                         f"{describe(shape)} ({int(np.prod(shape))} elements)")
+    return Aval(tuple(shape), np.dtype(x.dtype))
+
+
+def _infer_transpose(x, axes):
+    return Aval(tuple(x.shape[a] for a in axes), np.dtype(x.dtype))
+
+
+def _infer_broadcast_to(x, shape):
+    try:
+        if np.broadcast_shapes(tuple(x.shape), shape) != shape:
+            raise ValueError
+    except ValueError:
+        raise ShapeError(f"op 'broadcast_to': argument 0 has shape {describe(x.shape)}, which "
+                         f"cannot be broadcast to {describe(shape)}") from None
+    return Aval(shape, np.dtype(x.dtype))
+
+
+def _infer_concat(*xs, axis):
+    first = xs[0]
+    for i, x in enumerate(xs[1:], 1):
+        if len(x.shape) != len(first.shape) or any(
+                a != b for d, (a, b) in enumerate(zip(x.shape, first.shape)) if d != axis):
+            raise ShapeError(f"op 'concat': argument 0 has shape {describe(first.shape)} and "
+                             f"argument {i} has shape {describe(x.shape)}; all dimensions but "
+                             f"axis {axis} must match")
+    dtype = common_dtype("concat", xs)
+    out = list(first.shape)
+    out[axis] = int(sum(x.shape[axis] for x in xs))
+    return Aval(tuple(out), dtype)
+
+
+def _infer_slice(x, start, stop, axis):
+    out = list(x.shape)
+    out[axis] = stop - start
+    return Aval(tuple(out), np.dtype(x.dtype))
+
+
+def _infer_pad(x, before, after, axis):
+    out = list(x.shape)
+    out[axis] += before + after
+    return Aval(tuple(out), np.dtype(x.dtype))
+
+
+def _inverse_permutation(axes):
+    return tuple(int(i) for i in np.argsort(axes))
+
+
+def _concat_vjp(g, out, *xs, axis):
+    bounds = np.cumsum([0] + [x.shape[axis] for x in xs])
+    return tuple(slice_axis(g, int(a), int(b), axis) for a, b in zip(bounds[:-1], bounds[1:]))
+
+
+def _slice_forward(xp, x, start, stop, axis):
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(start, stop)
+    return x[tuple(index)]
+
+
+def _pad_forward(xp, x, before, after, axis):
+    out_shape = list(x.shape)
+    out_shape[axis] += before + after
+    out = xp.zeros(out_shape, dtype=x.dtype)
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(before, before + x.shape[axis])
+    out[tuple(index)] = x
+    return out
+
+
+RESHAPE = register(Op("reshape", lambda xp, x, shape: xp.reshape(x, shape), _infer_reshape,
+                      lambda g, out, x, shape: (reshape(g, tuple(x.shape)),)))
+TRANSPOSE = register(Op("transpose", lambda xp, x, axes: xp.transpose(x, axes), _infer_transpose,
+                        lambda g, out, x, axes: (transpose(g, _inverse_permutation(axes)),)))
+BROADCAST_TO = register(Op("broadcast_to", lambda xp, x, shape: xp.broadcast_to(x, shape),
+                           _infer_broadcast_to,
+                           lambda g, out, x, shape: (elementwise.unbroadcast(g, x.shape),)))
+CONCAT = register(Op("concat", lambda xp, *xs, axis: xp.concatenate(xs, axis=axis),
+                     _infer_concat, _concat_vjp))
+SLICE_AXIS = register(Op("slice_axis", _slice_forward, _infer_slice,
+                         lambda g, out, x, start, stop, axis:
+                         (pad_axis(g, start, x.shape[axis] - stop, axis),)))
+PAD_AXIS = register(Op("pad_axis", _pad_forward, _infer_pad,
+                       lambda g, out, x, before, after, axis:
+                       (slice_axis(g, before, before + x.shape[axis], axis),)))
+
+
+def reshape(x, shape):
+    """Reshape to ``shape``; one entry may be -1 (inferred)."""
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
+    if shape.count(-1) > 1:
+        raise ShapeError(f"op 'reshape': at most one -1 allowed in {describe(shape)}")
+    if -1 in shape:
+        known = int(np.prod([d for d in shape if d != -1]))
+        size = int(np.prod(x.shape))
+        if known == 0 or size % known:
+            raise ShapeError(f"op 'reshape': argument 0 has shape {describe(x.shape)}, which "
+                             f"cannot be reshaped to {describe(shape)}")
+        shape = tuple(size // known if d == -1 else d for d in shape)
+    if tuple(x.shape) == shape:
+        return x
+    return apply(RESHAPE, x, shape=shape)
+
+
+def transpose(x, axes=None):
+    """Permute axes (default: reverse them)."""
+    ndim = len(x.shape)
+    axes = tuple(range(ndim))[::-1] if axes is None else tuple(
+        normalize_axis("transpose", int(a), ndim) for a in axes)
+    if sorted(axes) != list(range(ndim)):
+        raise ShapeError(f"op 'transpose': {axes} is not a permutation of the {ndim} axes of "
+                         f"argument 0 with shape {describe(x.shape)}")
+    if axes == tuple(range(ndim)):
+        return x
+    return apply(TRANSPOSE, x, axes=axes)
+
+
+def broadcast_to(x, shape):
+    shape = tuple(int(d) for d in shape)
+    if tuple(x.shape) == shape:
+        return x
+    return apply(BROADCAST_TO, x, shape=shape)
+
+
+def concat(xs, axis=-1):
+    """Join a sequence of arrays along an existing axis."""
+    xs = list(xs)
+    if not xs:
+        raise ShapeError("op 'concat': needs at least one array")
+    axis = normalize_axis("concat", axis, len(xs[0].shape))
+    if len(xs) == 1:
+        return xs[0]
+    return apply(CONCAT, *xs, axis=axis)
+
+
+def slice_axis(x, start, stop, axis=-1):
+    """``x[..., start:stop, ...]`` along ``axis``."""
+    axis = normalize_axis("slice_axis", axis, len(x.shape))
+    size = x.shape[axis]
+    if not 0 <= start <= stop <= size:
+        raise ShapeError(f"op 'slice_axis': slice {start}:{stop} is out of range for axis "
+                         f"{axis} of argument 0 with shape {describe(x.shape)}")
+    if start == 0 and stop == size:
+        return x
+    return apply(SLICE_AXIS, x, start=int(start), stop=int(stop), axis=axis)
+
+
+def pad_axis(x, before, after, axis=-1):
+    """Zero-pad ``x`` with ``before`` and ``after`` entries along ``axis``."""
+    axis = normalize_axis("pad_axis", axis, len(x.shape))
+    if before == 0 and after == 0:
+        return x
+    return apply(PAD_AXIS, x, before=int(before), after=int(after), axis=axis)
+
+
+def split(x, sections, axis=-1):
+    """Split into ``sections`` equal parts (an int) or parts of the given sizes (a list)."""
+    axis = normalize_axis("split", axis, len(x.shape))
+    size = x.shape[axis]
+    if isinstance(sections, (int, np.integer)):
+        if sections <= 0 or size % sections:
+            raise ShapeError(f"op 'split': axis {axis} of argument 0 with shape "
+                             f"{describe(x.shape)} cannot be split into {sections} equal parts")
+        sizes = [size // sections] * int(sections)
+    else:
+        sizes = [int(s) for s in sections]
+        if sum(sizes) != size or any(s < 0 for s in sizes):
+            raise ShapeError(f"op 'split': sizes {sizes} do not add up to {size}, the length of "
+                             f"axis {axis} of argument 0 with shape {describe(x.shape)}")
+    bounds = np.cumsum([0] + sizes)
+    return [slice_axis(x, int(a), int(b), axis) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def expand_dims(x, axis):
+    shape = list(x.shape)
+    shape.insert(axis % (len(shape) + 1), 1)
+    return reshape(x, shape)
+
+
+def squeeze(x, axis):
+    shape = list(x.shape)
+    if shape[axis] != 1:
+        raise ShapeError(f"op 'squeeze': axis {axis} of shape {describe(x.shape)} is not 1")
+    del shape[axis]
+    return reshape(x, shape)

@@ -1,0 +1,38 @@
+"""Test configuration: hypothesis profiles and the ``gpu`` marker.
+
+CI selects the bounded ``ci`` profile (HYPOTHESIS_PROFILE=ci); locally ``dev`` explores more.
+"""
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("ci", max_examples=15, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=60, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_collection_modifyitems(config, items):
+    from minicavs.backend import gpu_available
+
+    if gpu_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU and CuPy; none is visible on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _seeded_cpu():
+    """Every test starts on the CPU with fixed seeds, whatever the previous test did."""
+    import minicavs as mc
+
+    mc.set_device("cpu")
+    mc.seed(0)
+    np.random.seed(0)
+    yield
