@@ -3,7 +3,7 @@
 import numpy as np
 
 from . import elementwise as ew, linalg, reduce, shape
-from ..errors import ShapeError
+from ..errors import IndexRangeError, ShapeError
 
 
 class OperatorMixin:
@@ -72,8 +72,8 @@ class OperatorMixin:
                 out = shape.slice_axis(out, start, stop, axis)
                 out_shape.append(stop - start)
             else:
-                if not -size <= k < size:
-                    raise ShapeError(f"index {k} is out of range for axis {axis} of size {size}")
+                if not -size <= k < size:  # IndexError ends Python's iteration protocol
+                    raise IndexRangeError(f"index {k} is out of range for axis {axis} of size {size}")
                 k = int(k) % size
                 out = shape.slice_axis(out, k, k + 1, axis)
         out_shape += list(self.shape[len(key):])

@@ -1,0 +1,482 @@
+"""Symbolic graphs: trace a Python function once, get a static dataflow ``Graph``.
+
+While tracing, ops applied to :class:`Symbol` objects record nodes instead of computing (the
+op registry dispatches on the operand kind, so the same ``mc.tanh`` works on Tensors and
+Symbols). Shapes and dtypes are inferred and checked as each node is recorded, and an error
+points at the line of *user* code that made the bad node.
+
+Tensors the traced function closes over are captured as graph inputs of kind ``"param"``
+(the "outer reference" rule of the recursion paper, §5): their values are read each time the
+graph runs, so an optimiser updating them in place is seen.
+
+:func:`grad_graph` derives the backward graph ∂ symbolically, by running every op's VJP on
+symbols; ∂ is an ordinary Graph whose inputs are output cotangents and the forward values it
+needs. :func:`symbolic` wraps a traced function as a differentiable op on Tensors (static
+declaration, Cavs Fig. 2a).
+"""
+
+import contextlib
+import linecache
+import os
+import sys
+
+import numpy as np
+
+from .. import backend
+from ..errors import DTypeError, GraphError, MinicavsError, ShapeError
+from ..ops import registry
+from ..ops.operators import OperatorMixin
+from ..ops.registry import Aval, Op
+from .tensor import Tensor, is_grad_enabled
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _user_location():
+    """(file, line) of the innermost stack frame outside the minicavs package."""
+    frame = sys._getframe(2)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return frame.f_code.co_filename, frame.f_lineno
+
+
+def _format_location(where):
+    if where is None:
+        return ""
+    filename, line = where
+    code = linecache.getline(filename, line).strip()
+    return f"\n  at {filename}:{line}: {code}" if code else f"\n  at {filename}:{line}"
+
+
+class Symbol(OperatorMixin):
+    """A value in a traced graph: an input, a captured parameter, a constant or an op's output.
+
+    ``shape`` and ``dtype`` are static. ``inputs`` are the Symbols an op node consumes.
+    """
+
+    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "kind", "value", "name", "where",
+                 "tracer", "role", "__weakref__")
+    __minicavs_priority__ = 2  # a Symbol anywhere among the operands turns the call into a node
+
+    def __init__(self, kind, shape, dtype, op=None, inputs=(), attrs=None, value=None, name=None,
+                 where=None, tracer=None, role=None):
+        self.kind = kind  # "input" | "param" | "const" | "op"
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.op, self.inputs, self.attrs = op, tuple(inputs), dict(attrs or {})
+        self.value = value  # the constant's array, or the captured Tensor of a "param"
+        self.name = name
+        self.where = where
+        self.tracer = tracer
+        self.role = role  # free-form tag for the vertex runtime ("gather", "pull", ...)
+
+    @classmethod
+    def __minicavs_apply__(cls, op, args, attrs):
+        tracer = _current_tracer(op)
+        return tracer.record(op, args, attrs)
+
+    def label(self):
+        if self.kind == "op":
+            return self.op.name
+        return f"{self.kind} {self.name}" if self.name else self.kind
+
+    def __repr__(self):
+        return f"Symbol({self.label()}, shape={self.shape}, dtype={self.dtype})"
+
+    # A Symbol has no value while tracing: explain instead of failing deep inside NumPy.
+    def __bool__(self):
+        raise GraphError(
+            f"the truth value of a traced {self!r} is unknown while tracing: Python control flow "
+            f"(if/while) cannot depend on values inside a traced function. Use mc.where(cond, a, b) "
+            f"for a choice per element, or branch outside the function."
+            + _format_location(_user_location()))
+
+    def __array__(self, *args, **kwargs):
+        raise GraphError(f"{self!r} has no value while tracing; it cannot become a NumPy array. "
+                         "Compute with mc.* functions inside traced functions."
+                         + _format_location(_user_location()))
+
+    def numpy(self):
+        return self.__array__()
+
+    def item(self):
+        return self.__array__()
+
+
+# --- tracing --------------------------------------------------------------------------------------
+
+_tracers = []  # the stack of active tracers; the innermost records
+
+
+def _current_tracer(op):
+    if not _tracers:
+        raise GraphError(f"op '{op.name}' was applied to a Symbol outside of tracing: symbols "
+                         f"exist only while their function is traced")
+    return _tracers[-1]
+
+
+class Tracer:
+    """Records the nodes of one graph while a function is being traced."""
+
+    def __init__(self):
+        self.nodes = []
+        self.captured = {}  # id(Tensor) -> its "param" Symbol
+        self.captured_tensors = []
+
+    @contextlib.contextmanager
+    def active(self):
+        _tracers.append(self)
+        try:
+            yield self
+        finally:
+            _tracers.pop()
+
+    def add(self, symbol):
+        symbol.tracer = self
+        self.nodes.append(symbol)
+        return symbol
+
+    def input(self, shape, dtype, name=None, role=None):
+        return self.add(Symbol("input", shape, dtype, name=name, role=role))
+
+    def capture(self, t, where=None):
+        symbol = self.captured.get(id(t))
+        if symbol is None:
+            symbol = self.add(Symbol("param", t.shape, t.dtype, value=t, where=where,
+                                     name=t.name or f"p{len(self.captured)}"))
+            self.captured[id(t)] = symbol
+            self.captured_tensors.append(t)
+        return symbol
+
+    def constant(self, value):
+        value = np.asarray(value) if isinstance(value, np.generic) else value
+        return self.add(Symbol("const", value.shape, value.dtype, value=value))
+
+    def _as_symbol(self, op, position, a, where):
+        if isinstance(a, Symbol):
+            if a.tracer is not self:
+                raise GraphError(f"op '{op.name}': argument {position} is a symbol of another "
+                                 f"(finished or outer) trace; pass values into a traced function "
+                                 f"as its inputs" + _format_location(where))
+            return a
+        if isinstance(a, Tensor):
+            return self.capture(a, where)
+        if isinstance(a, np.generic) or (hasattr(a, "__array_namespace__") and a.ndim == 0):
+            return self.constant(backend.to_numpy(a))
+        if hasattr(a, "__array_namespace__") and np.dtype(a.dtype).kind in "iub":
+            return self.constant(a)  # integer arrays (indices, labels) are fixed data
+        kind = type(a).__name__
+        raise GraphError(
+            f"op '{op.name}': argument {position} is a {kind} of shape "
+            f"{getattr(a, 'shape', '?')}. A traced function captures only minicavs Tensors: "
+            f"wrap the array as mc.Parameter(array) if it should be trained, or "
+            f"mc.tensor(array) for a constant, and use that in the function."
+            + _format_location(where))
+
+    def record(self, op, args, attrs):
+        where = _user_location()
+        if op.multi_output:
+            raise GraphError(f"op '{op.name}' returns several values and cannot be recorded in "
+                             f"a traced graph" + _format_location(where))
+        inputs = [self._as_symbol(op, i, a, where) for i, a in enumerate(args)]
+        try:
+            aval = op.infer(*inputs, **attrs)
+        except MinicavsError as exc:
+            raise type(exc)(str(exc) + _format_location(where)) from None
+        return self.add(Symbol("op", aval.shape, aval.dtype, op=op, inputs=inputs, attrs=attrs,
+                               where=where))
+
+
+def _as_aval(spec, position):
+    if isinstance(spec, (Aval, Symbol, Tensor)) or hasattr(spec, "__array_namespace__"):
+        return Aval(tuple(spec.shape), np.dtype(spec.dtype))
+    if isinstance(spec, tuple) and len(spec) == 2 and not isinstance(spec[1], (int, np.integer)):
+        return Aval(tuple(spec[0]), np.dtype(spec[1]))
+    if isinstance(spec, (tuple, list)):
+        return Aval(tuple(spec), backend.default_dtype())
+    raise TypeError(f"input spec {position}: expected a shape, (shape, dtype), an array or a "
+                    f"Tensor, got {spec!r}")
+
+
+def spec(shape, dtype=None):
+    """The shape and dtype of a traced function's input: ``mc.spec((4, 8), "float64")``."""
+    return Aval(tuple(shape), np.dtype(dtype) if dtype is not None else backend.default_dtype())
+
+
+def trace(fn, *input_specs, name=None, input_names=None):
+    """Trace ``fn`` on symbolic inputs once; return its :class:`Graph`."""
+    tracer = Tracer()
+    avals = [_as_aval(s, i) for i, s in enumerate(input_specs)]
+    names = input_names or [f"x{i}" for i in range(len(avals))]
+    with tracer.active():
+        inputs = [tracer.input(a.shape, a.dtype, name=n) for a, n in zip(avals, names)]
+        result = fn(*inputs)
+    outputs = _as_outputs(result, getattr(fn, "__name__", "function"))
+    return Graph(tracer.nodes, inputs, outputs, name=name or getattr(fn, "__name__", None))
+
+
+def _as_outputs(result, fname):
+    single = not isinstance(result, (tuple, list))
+    outputs = [result] if single else list(result)
+    for i, out in enumerate(outputs):
+        if not isinstance(out, Symbol):
+            raise GraphError(f"traced function {fname!r} must return symbols computed from its "
+                             f"inputs; output {i} is {type(out).__name__}")
+    return outputs
+
+
+# --- graphs ---------------------------------------------------------------------------------------
+
+class Graph:
+    """A static dataflow graph: ``nodes`` in topological order, ``inputs``, ``outputs``, and the
+    captured parameters (``params``, nodes of kind "param" whose ``value`` is the Tensor)."""
+
+    def __init__(self, nodes, inputs, outputs, name=None):
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.name = name
+        self.nodes = _reachable_in_order(nodes, self.outputs, keep=self.inputs)
+        self.params = [n for n in self.nodes if n.kind == "param"]
+
+    @property
+    def captured(self):
+        """The Tensors the traced function closed over, in the order of ``params``."""
+        return [p.value for p in self.params]
+
+    def op_nodes(self):
+        return [n for n in self.nodes if n.kind == "op"]
+
+    def consumers(self):
+        """node -> list of the nodes that use it (by identity)."""
+        users = {id(n): [] for n in self.nodes}
+        for n in self.nodes:
+            for x in n.inputs:
+                users[id(x)].append(n)
+        return users
+
+    def evaluate(self, *input_arrays, params=None):
+        """Run on arrays; return the list of output arrays. ``params`` overrides the captured
+        Tensors' current values (a list of arrays in the order of ``self.params``)."""
+        env = self.run(input_arrays, params)
+        return [env[id(o)] for o in self.outputs]
+
+    def run(self, input_arrays, params=None, env=None):
+        """Evaluate every node; return the environment ``id(node) -> array``."""
+        if len(input_arrays) != len(self.inputs):
+            raise GraphError(f"graph {self.name!r} takes {len(self.inputs)} inputs, "
+                             f"got {len(input_arrays)}")
+        env = {} if env is None else env
+        for symbol, array in zip(self.inputs, input_arrays):
+            env[id(symbol)] = array
+        param_values = params if params is not None else [p.value.data for p in self.params]
+        for symbol, array in zip(self.params, param_values):
+            env[id(symbol)] = array
+        xp = backend.get_array_module(*input_arrays, *param_values)
+        for n in self.nodes:
+            if n.kind == "op":
+                env[id(n)] = n.op.forward(xp, *[env[id(x)] for x in n.inputs], **n.attrs)
+            elif n.kind == "const" and id(n) not in env:
+                env[id(n)] = n.value if xp is np else xp.asarray(n.value)
+        return env
+
+    def summary(self):
+        """One line per node: index, what it is, shape, dtype, and its inputs."""
+        index = {id(n): i for i, n in enumerate(self.nodes)}
+        lines = [f"graph {self.name or ''}: {len(self.inputs)} inputs, {len(self.params)} params, "
+                 f"{len(self.op_nodes())} ops, {len(self.outputs)} outputs"]
+        outputs = {id(o): i for i, o in enumerate(self.outputs)}
+        for i, n in enumerate(self.nodes):
+            args = ", ".join(f"%{index[id(x)]}" for x in n.inputs)
+            attrs = ", ".join(f"{k}={v}" for k, v in n.attrs.items())
+            what = f"{n.op.name}({args}{', ' if args and attrs else ''}{attrs})" \
+                if n.kind == "op" else n.label()
+            tail = f"   -> output {outputs[id(n)]}" if id(n) in outputs else ""
+            lines.append(f"  %{i:<3} {what:<48} {str(n.shape):<14} {n.dtype}{tail}")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return (f"Graph({self.name!r}: {len(self.inputs)} inputs, {len(self.params)} params, "
+                f"{len(self.op_nodes())} ops, {len(self.outputs)} outputs)")
+
+
+def _reachable_in_order(nodes, outputs, keep=()):
+    """The nodes that outputs depend on, in the given (topological) order; ``keep`` always."""
+    needed = {id(k) for k in keep}
+    stack = list(outputs)
+    while stack:
+        n = stack.pop()
+        if id(n) in needed:
+            continue
+        needed.add(id(n))
+        stack.extend(n.inputs)
+    return [n for n in nodes if id(n) in needed]
+
+
+# --- symbolic backward ----------------------------------------------------------------------------
+
+class BackwardGraph(Graph):
+    """∂ of a forward graph. Inputs: one cotangent per forward output, then the forward values
+    the VJPs read (``forward_refs[i]`` is the forward Symbol behind ``inputs[len(cotangents)+i]``).
+    Outputs: the gradients of ``wrt`` (``grad_of[i]`` is the forward Symbol of output i)."""
+
+    def __init__(self, nodes, cotangents, refs, outputs, grad_of, forward):
+        self.cotangents = cotangents
+        self.forward = forward
+        self.grad_of = grad_of
+        used = {id(x) for n in _reachable_in_order(nodes, outputs) for x in (n,) + n.inputs}
+        self.forward_refs = [fwd for fwd, sym in refs if id(sym) in used]
+        ref_inputs = [sym for fwd, sym in refs if id(sym) in used]
+        super().__init__(nodes, cotangents + ref_inputs, outputs,
+                         name=f"d({forward.name})" if forward.name else "backward")
+
+
+def grad_graph(graph, wrt=None):
+    """Build ∂``graph``: the gradients of ``graph``'s outputs (weighted by cotangent inputs)
+    with respect to ``wrt`` (default: every float input and captured parameter)."""
+    if wrt is None:
+        wrt = [s for s in graph.inputs + graph.params if s.dtype.kind == "f"]
+    wanted = {id(s) for s in wrt}
+    # Only nodes that depend on something in wrt carry gradient.
+    carries = set(wanted)
+    for n in graph.nodes:
+        if n.kind == "op" and any(id(x) in carries for i, x in enumerate(n.inputs)
+                                  if i not in n.op.nondiff_args):
+            carries.add(id(n))
+
+    tracer = Tracer()
+    refs = {}  # id(forward symbol) -> (forward symbol, backward input mirroring it)
+
+    def mirror(s):
+        if s.kind == "const":
+            return tracer.constant(s.value) if id(s) not in refs else refs[id(s)][1]
+        if id(s) not in refs:
+            refs[id(s)] = (s, tracer.input(s.shape, s.dtype, name=f"fwd%{s.label()}", role="ref"))
+        return refs[id(s)][1]
+
+    with tracer.active():
+        cotangents = [tracer.input(o.shape, o.dtype, name=f"d_out{i}", role="cotangent")
+                      for i, o in enumerate(graph.outputs)]
+        grads = {}
+        for o, c in zip(graph.outputs, cotangents):
+            if id(o) in carries:
+                grads[id(o)] = grads[id(o)] + c if id(o) in grads else c
+        for n in reversed(graph.nodes):
+            if n.kind != "op" or id(n) not in grads or n.op.vjp is None:
+                continue
+            g = grads.pop(id(n))
+            input_grads = n.op.vjp(g, mirror(n), *[mirror(x) for x in n.inputs], **n.attrs)
+            for i, (x, gx) in enumerate(zip(n.inputs, input_grads)):
+                if gx is None or i in n.op.nondiff_args or id(x) not in carries:
+                    continue
+                if isinstance(gx, Symbol) and gx.tracer is not tracer:
+                    gx = tracer.constant(gx.value)
+                grads[id(x)] = grads[id(x)] + gx if id(x) in grads else gx
+        outputs, grad_of = [], []
+        for s in wrt:
+            g = grads.get(id(s))
+            if g is None:  # not reached: the gradient is zero
+                g = tracer.constant(np.zeros(s.shape, s.dtype))
+            elif not isinstance(g, Symbol) or g.tracer is not tracer or g.kind == "input":
+                g = g + 0  # an output must be a node of its own (a cotangent passed through)
+            outputs.append(g)
+            grad_of.append(s)
+    return BackwardGraph(tracer.nodes, cotangents, list(refs.values()), outputs, grad_of, graph)
+
+
+# --- static functions -----------------------------------------------------------------------------
+
+class StaticFunction:
+    """A traced function used as one differentiable op on Tensors (see :func:`symbolic`)."""
+
+    def __init__(self, fn, input_specs, name=None):
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "static")
+        self.graph = trace(fn, *input_specs, name=self.name)
+        self._backward = None
+        n_out = len(self.graph.outputs)
+        self._op = Op(f"static:{self.name}", self._forward, self._infer, self._vjp,
+                      multi_output=n_out > 1)
+
+    @property
+    def backward_graph(self):
+        if self._backward is None:
+            self._backward = grad_graph(self.graph)
+        return self._backward
+
+    def __call__(self, *args):
+        if len(args) != len(self.graph.inputs):
+            raise GraphError(f"static function {self.name!r} takes {len(self.graph.inputs)} "
+                             f"inputs, got {len(args)}")
+        if any(isinstance(a, Symbol) for a in args):
+            return self.fn(*args)  # inside another trace: inline the function
+        # ``saved`` is this call's box for the forward values ∂ reads: the op itself holds no
+        # state, the call's attributes (kept by the autodiff record) do.
+        return registry.apply(self._op, *args, *self.graph.captured, saved={})
+
+    def _infer(self, *avals, saved):
+        n_in = len(self.graph.inputs)
+        for i, (a, s) in enumerate(zip(avals[:n_in], self.graph.inputs)):
+            if tuple(a.shape) != s.shape or np.dtype(a.dtype) != s.dtype:
+                error = ShapeError if tuple(a.shape) != s.shape else DTypeError
+                raise error(f"static function {self.name!r}: argument {i} has shape "
+                            f"{tuple(a.shape)} and dtype {np.dtype(a.dtype)}, but it was traced "
+                            f"for shape {s.shape} and dtype {s.dtype}")
+        outs = [Aval(o.shape, o.dtype) for o in self.graph.outputs]
+        return tuple(outs) if self._op.multi_output else outs[0]
+
+    def _forward(self, xp, *arrays, saved):
+        n_in = len(self.graph.inputs)
+        env = self.graph.run(arrays[:n_in], params=arrays[n_in:])
+        outs = [env[id(o)] for o in self.graph.outputs]
+        if is_grad_enabled():
+            saved["env"] = env
+        return tuple(outs) if self._op.multi_output else outs[0]
+
+    def _vjp(self, g, out, *inputs, saved):
+        gs = list(g) if self._op.multi_output else [g]
+        outs = list(out) if self._op.multi_output else [out]
+        if is_grad_enabled():  # create_graph: replay eagerly so the gradient is differentiable
+            return _eager_vjp(self.graph, self.backward_graph, gs, outs, inputs)
+        env = saved["env"]
+        xp = backend.get_array_module(*[t.data for t in inputs])
+        cotangents = [xp.zeros(o.shape, o.dtype) if gi is None else gi.data
+                      for gi, o in zip(gs, self.graph.outputs)]
+        bw = self.backward_graph
+        grads = bw.evaluate(*cotangents, *[env[id(f)] for f in bw.forward_refs])
+        by_symbol = {id(s): Tensor(gr) for s, gr in zip(bw.grad_of, grads)}
+        return [by_symbol.get(id(s)) for s in self.graph.inputs + self.graph.params]
+
+
+def _eager_vjp(graph, bw, gs, outs, inputs):
+    """Run forward and backward graphs op by op on recorded Tensors (for higher derivatives)."""
+    values = {}
+    for s, t in zip(graph.inputs + graph.params, inputs):
+        values[id(s)] = t
+    for n in graph.nodes:
+        if n.kind == "op":
+            values[id(n)] = registry.apply(n.op, *[values[id(x)] for x in n.inputs], **n.attrs)
+        elif n.kind == "const":
+            values[id(n)] = Tensor(n.value)
+    bvalues = {}
+    for c, gi, o in zip(bw.cotangents, gs, graph.outputs):
+        bvalues[id(c)] = gi if gi is not None else Tensor(np.zeros(o.shape, o.dtype))
+    for s, f in zip(bw.inputs[len(bw.cotangents):], bw.forward_refs):
+        bvalues[id(s)] = values[id(f)]
+    for n in bw.nodes:
+        if n.kind == "op":
+            bvalues[id(n)] = registry.apply(n.op, *[bvalues[id(x)] for x in n.inputs], **n.attrs)
+        elif n.kind == "const":
+            bvalues[id(n)] = Tensor(n.value)
+    by_symbol = {id(s): bvalues[id(o)] for s, o in zip(bw.grad_of, bw.outputs)}
+    return [by_symbol.get(id(s)) for s in graph.inputs + graph.params]
+
+
+def symbolic(fn=None, *input_specs, name=None):
+    """Trace ``fn`` once for the given input specs and return a :class:`StaticFunction`: a
+    callable on Tensors that runs the traced graph and differentiates through ∂graph.
+
+    ``input_specs`` are shapes, ``(shape, dtype)`` pairs, ``mc.spec(...)`` or example arrays.
+    """
+    return StaticFunction(fn, input_specs, name=name)
