@@ -107,7 +107,7 @@ class Symbol(OperatorMixin):
 
 # --- tracing --------------------------------------------------------------------------------------
 
-_tracers = []  # the stack of active tracers; the innermost records
+_tracers = registry.tracing  # the stack of active tracers; the innermost records
 
 
 def _current_tracer(op):
@@ -144,6 +144,12 @@ class Tracer:
     def capture(self, t, where=None):
         symbol = self.captured.get(id(t))
         if symbol is None:
+            if t._creator is not None:
+                raise GraphError(
+                    "a traced function used a Tensor that was itself computed from parameters "
+                    "outside the function; its gradient would stop there. Compute it inside "
+                    "the traced function from the parameters instead."
+                    + _format_location(where))
             symbol = self.add(Symbol("param", t.shape, t.dtype, value=t, where=where,
                                      name=t.name or f"p{len(self.captured)}"))
             self.captured[id(t)] = symbol
@@ -332,9 +338,13 @@ class BackwardGraph(Graph):
                          name=f"d({forward.name})" if forward.name else "backward")
 
 
-def grad_graph(graph, wrt=None):
+def grad_graph(graph, wrt=None, unreached="zeros"):
     """Build ∂``graph``: the gradients of ``graph``'s outputs (weighted by cotangent inputs)
-    with respect to ``wrt`` (default: every float input and captured parameter)."""
+    with respect to ``wrt`` (default: every float input and captured parameter).
+
+    A symbol of ``wrt`` that no output depends on gets a zero gradient (``unreached="zeros"``)
+    or is left out of the outputs (``"drop"``); ``grad_of`` says which symbol each output is for.
+    """
     if wrt is None:
         wrt = [s for s in graph.inputs + graph.params if s.dtype.kind == "f"]
     wanted = {id(s) for s in wrt}
@@ -376,6 +386,8 @@ def grad_graph(graph, wrt=None):
         outputs, grad_of = [], []
         for s in wrt:
             g = grads.get(id(s))
+            if g is None and unreached == "drop":
+                continue
             if g is None:  # not reached: the gradient is zero
                 g = tracer.constant(np.zeros(s.shape, s.dtype))
             elif not isinstance(g, Symbol) or g.tracer is not tracer or g.kind == "input":

@@ -117,6 +117,8 @@ class Tensor(OperatorMixin):
     # --- eager execution --------------------------------------------------------------------------
     @classmethod
     def __minicavs_apply__(cls, op, args, attrs):
+        if registry.tracing and any(isinstance(a, Tensor) and a.requires_grad for a in args):
+            return registry.tracing[-1].record(op, args, attrs)
         inputs = [a if isinstance(a, Tensor) else Tensor(a) for a in args]
         op.infer(*inputs, **attrs)  # shape and dtype errors name the op and the arguments
         arrays = [t.data for t in inputs]
@@ -127,8 +129,9 @@ class Tensor(OperatorMixin):
                 t.requires_grad for i, t in enumerate(inputs) if i not in op.nondiff_args):
             record = _Record(op, inputs, attrs, outputs)
             for index, out in enumerate(outputs):
-                out.requires_grad = True
-                out._creator = (record, index)
+                if np.dtype(out.dtype).kind == "f":  # a cast to int or bool ends the gradient
+                    out.requires_grad = True
+                    out._creator = (record, index)
         return tuple(outputs) if op.multi_output else outputs[0]
 
     # --- reverse mode -----------------------------------------------------------------------------
@@ -170,7 +173,7 @@ class _Record:
 def _topological_order(root):
     """Records reachable from ``root``, every record after the records of its inputs."""
     order, visited = [], set()
-    stack = [(root._creator, False)]
+    stack = [(root._creator, False)] if root._creator is not None else []  # a leaf: nothing
     while stack:
         creator, inputs_done = stack.pop()
         if creator is _RELEASED:

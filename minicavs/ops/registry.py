@@ -64,6 +64,11 @@ def register(op):
 
 # --- dispatch ---------------------------------------------------------------------------------
 
+# The stack of active symbolic tracers (see autodiff/symbolic.py). While one is active, an op on
+# Tensors that require grad is recorded in the graph too, so ``W.T`` inside a traced function
+# stays connected to ``W`` instead of becoming a frozen constant.
+tracing = []
+
 _default_handler = None  # set by minicavs.autodiff.tensor: plain arrays run eagerly as Tensors
 
 

@@ -1,0 +1,287 @@
+"""Input graphs and batches of them, and the level schedule of a batch.
+
+An :class:`InputGraph` is one sample's structure: for each vertex, the ordered list of its
+children (child k is what the vertex function reads with ``gather(k)``). Trees, chains and
+DAGs (a vertex may have several parents) are all allowed; cycles are not.
+
+A :class:`GraphBatch` concatenates many input graphs into one set of CSR arrays and computes
+the batching schedule the runtime follows (Cavs §3.2): level(v) = 0 for a vertex without
+children, else 1 + the highest level of its children. All vertices of one level form one
+batching task; rows of the batch's dynamic tensors are laid out level by level, so task t owns
+the contiguous rows ``[level_offsets[t], level_offsets[t+1])``.
+"""
+
+import time
+
+import numpy as np
+
+from ..errors import GraphError
+
+
+def _sample_prefix(sample):
+    return f"sample {sample}: " if sample is not None else ""
+
+
+class InputGraph:
+    """The structure of one sample: ``children[v]`` lists v's children in gather order."""
+
+    def __init__(self, children, sample=None):
+        prefix = _sample_prefix(sample)
+        if children is None or len(children) == 0:
+            raise GraphError(f"{prefix}an input graph needs at least one vertex, got none")
+        num_vertices = len(children)
+        counts = np.fromiter((len(c) for c in children), dtype=np.int64, count=num_vertices)
+        flat = [c for cs in children for c in cs]
+        if flat and not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool)
+                            for c in flat):
+            v = next(v for v, cs in enumerate(children)
+                     for c in cs if not isinstance(c, (int, np.integer)) or isinstance(c, bool))
+            bad = next(c for c in children[v] if not isinstance(c, (int, np.integer))
+                       or isinstance(c, bool))
+            raise GraphError(f"{prefix}vertex {v}: child {bad!r} is not an integer vertex index")
+        child_ids = np.asarray(flat, dtype=np.int64)
+        self._init_csr(counts, child_ids, prefix)
+
+    @classmethod
+    def _from_csr(cls, counts, child_ids, sample=None):
+        graph = cls.__new__(cls)
+        graph._init_csr(np.asarray(counts, np.int64), np.asarray(child_ids, np.int64),
+                        _sample_prefix(sample))
+        return graph
+
+    def _init_csr(self, counts, child_ids, prefix):
+        num_vertices = len(counts)
+        self.child_ptr = np.zeros(num_vertices + 1, dtype=np.int64)
+        np.cumsum(counts, out=self.child_ptr[1:])
+        self.child_ids = child_ids
+        owner = np.repeat(np.arange(num_vertices), counts)
+        bad = (child_ids < 0) | (child_ids >= num_vertices)
+        if bad.any():
+            e = int(np.flatnonzero(bad)[0])
+            raise GraphError(f"{prefix}vertex {int(owner[e])}: child index {int(child_ids[e])} "
+                             f"is out of range for a graph of {num_vertices} vertices "
+                             f"(valid: 0..{num_vertices - 1})")
+        # Most inputs (parsed trees, chains) number children before parents: then there can be
+        # no cycle and the check costs one comparison. Otherwise, find levels to prove it.
+        if not (child_ids < owner).all():
+            _levels(self.child_ptr, child_ids, prefix)
+        has_parent = np.zeros(num_vertices, dtype=bool)
+        has_parent[child_ids] = True
+        self.roots = np.flatnonzero(~has_parent)
+
+    # --- constructors ---------------------------------------------------------------------------
+    @classmethod
+    def from_parents(cls, parents, sample=None):
+        """A tree from a parent array (-1 for a root); children are ordered by vertex id."""
+        parents = np.asarray(parents)
+        if parents.ndim != 1 or parents.size == 0:
+            raise GraphError(f"{_sample_prefix(sample)}a parent array must be a non-empty 1-D "
+                             f"array, got shape {parents.shape}")
+        if parents.dtype.kind not in "iu":
+            raise GraphError(f"{_sample_prefix(sample)}parents must be integers, got dtype "
+                             f"{parents.dtype}")
+        n = parents.size
+        bad = (parents < -1) | (parents >= n)
+        if bad.any():
+            v = int(np.flatnonzero(bad)[0])
+            raise GraphError(f"{_sample_prefix(sample)}vertex {v}: parent {int(parents[v])} is "
+                             f"out of range (valid: -1 for a root, 0..{n - 1})")
+        child = np.flatnonzero(parents >= 0)
+        parent = parents[child].astype(np.int64)
+        order = np.lexsort((child, parent))  # group by parent, children in id order
+        counts = np.bincount(parent, minlength=n)
+        return cls._from_csr(counts, child[order], sample)
+
+    @classmethod
+    def chain(cls, n):
+        """A chain of ``n`` vertices: vertex i's only child is i - 1 (vertex 0 is the first)."""
+        if n < 1:
+            raise GraphError(f"a chain needs at least one vertex, got {n}")
+        counts = np.ones(n, dtype=np.int64)
+        counts[0] = 0
+        return cls._from_csr(counts, np.arange(n - 1))
+
+    @classmethod
+    def complete_binary(cls, leaves):
+        """A complete binary tree over ``leaves`` leaves (a power of two): leaves first, root last."""
+        if leaves < 1 or leaves & (leaves - 1):
+            raise GraphError(f"a complete binary tree needs a power-of-two number of leaves, "
+                             f"got {leaves}")
+        n = 2 * leaves - 1
+        counts = np.zeros(n, dtype=np.int64)
+        counts[leaves:] = 2
+        # Vertex leaves + j joins the pair (2j, 2j+1) of the layer below, layer by layer.
+        return cls._from_csr(counts, np.arange(n - 1))
+
+    # --- views ----------------------------------------------------------------------------------
+    @property
+    def num_vertices(self):
+        return len(self.child_ptr) - 1
+
+    @property
+    def num_children(self):
+        return np.diff(self.child_ptr)
+
+    @property
+    def max_arity(self):
+        return int(self.num_children.max(initial=0))
+
+    def children(self, v):
+        return self.child_ids[self.child_ptr[v]:self.child_ptr[v + 1]].tolist()
+
+    def levels(self):
+        return _levels(self.child_ptr, self.child_ids, "")
+
+    def height(self):
+        return int(self.levels().max())
+
+    def __repr__(self):
+        return (f"InputGraph({self.num_vertices} vertices, {len(self.roots)} root(s), "
+                f"max arity {self.max_arity})")
+
+
+def _levels(child_ptr, child_ids, prefix=""):
+    """level[v] = 0 for a leaf, else 1 + max over children: a frontier loop over CSR arrays
+    (Kahn's algorithm from the leaves up), one NumPy pass per level, no per-vertex Python."""
+    n = len(child_ptr) - 1
+    counts = np.diff(child_ptr)
+    owner = np.repeat(np.arange(n), counts)
+    # Parents of each vertex, as CSR over the child side.
+    by_child = np.argsort(child_ids, kind="stable")
+    parent_ids = owner[by_child]
+    parent_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(child_ids, minlength=n), out=parent_ptr[1:])
+
+    remaining = counts.copy()
+    level = np.full(n, -1, dtype=np.int64)
+    frontier = np.flatnonzero(remaining == 0)
+    t = 0
+    while frontier.size:
+        level[frontier] = t
+        starts, stops = parent_ptr[frontier], parent_ptr[frontier + 1]
+        sizes = stops - starts
+        if not sizes.any():
+            break
+        # All parent slots of the frontier in one gather: ranges concatenated with repeat.
+        slots = np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(sizes.sum())
+        parents = parent_ids[slots]
+        np.subtract.at(remaining, parents, 1)
+        candidates = np.unique(parents)
+        frontier = candidates[remaining[candidates] == 0]
+        t += 1
+    if (level < 0).any():
+        raise GraphError(f"{prefix}the graph has a cycle through vertex {_vertex_on_cycle(level, child_ptr, child_ids)}")
+    return level
+
+
+def _vertex_on_cycle(level, child_ptr, child_ids):
+    """Walk unlevelled children from an unlevelled vertex until a vertex repeats."""
+    v = int(np.flatnonzero(level < 0)[0])
+    seen = set()
+    while v not in seen:
+        seen.add(v)
+        kids = child_ids[child_ptr[v]:child_ptr[v + 1]]
+        v = int(kids[level[kids] < 0][0])
+    return v
+
+
+class GraphBatch:
+    """Many input graphs as one: global vertex ids are the graphs' ids shifted by ``offsets``.
+
+    Schedule (computed once per batch, vectorised):
+      ``level[v]``, ``num_levels``, ``order`` (the vertices in level order: row r of every
+      dynamic tensor belongs to vertex ``order[r]``), ``row_of[v]`` (the inverse),
+      ``level_offsets`` (task t owns rows level_offsets[t]:level_offsets[t+1]),
+      ``child_rows[k]`` (for each row, the row of its child k, or -1), and the edge list sorted
+      by parent row (``edge_parent_row``, ``edge_child_row``, ``edge_level_offsets``).
+    """
+
+    def __init__(self, graphs):
+        started = time.perf_counter()
+        graphs = list(graphs)
+        if not graphs:
+            raise GraphError("a GraphBatch needs at least one input graph")
+        for i, g in enumerate(graphs):
+            if not isinstance(g, InputGraph):
+                raise GraphError(f"sample {i}: expected an InputGraph, got {type(g).__name__}")
+        self.graphs = graphs
+        sizes = np.array([g.num_vertices for g in graphs], dtype=np.int64)
+        self.offsets = np.zeros(len(graphs) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=self.offsets[1:])
+        n = int(self.offsets[-1])
+        counts = np.concatenate([g.num_children for g in graphs])
+        edge_sizes = np.array([len(g.child_ids) for g in graphs], dtype=np.int64)
+        shift = np.repeat(self.offsets[:-1], edge_sizes)
+        self.child_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts, out=self.child_ptr[1:])
+        self.child_ids = np.concatenate([g.child_ids for g in graphs]) + shift
+        self.roots = np.concatenate([g.roots + o for g, o in zip(graphs, self.offsets[:-1])])
+        self.sample_of = np.repeat(np.arange(len(graphs)), sizes)
+        self._schedule()
+        self.build_seconds = time.perf_counter() - started  # concatenation + scheduling
+
+    @property
+    def num_vertices(self):
+        return int(self.offsets[-1])
+
+    @property
+    def num_graphs(self):
+        return len(self.graphs)
+
+    @property
+    def num_children(self):
+        return np.diff(self.child_ptr)
+
+    @property
+    def max_arity(self):
+        return int(self.num_children.max(initial=0))
+
+    def _schedule(self):
+        n = self.num_vertices
+        self.level = _levels(self.child_ptr, self.child_ids)
+        self.num_levels = int(self.level.max()) + 1
+        self.order = np.argsort(self.level, kind="stable")
+        self.row_of = np.empty(n, dtype=np.int64)
+        self.row_of[self.order] = np.arange(n)
+        self.level_offsets = np.zeros(self.num_levels + 1, dtype=np.int64)
+        np.cumsum(np.bincount(self.level, minlength=self.num_levels), out=self.level_offsets[1:])
+
+        # Edges in row order of their parents: each task's edges are one contiguous block.
+        counts = self.num_children
+        parent = np.repeat(np.arange(n), counts)
+        slot = np.arange(len(self.child_ids)) - np.repeat(self.child_ptr[:-1], counts)
+        by_row = np.argsort(self.row_of[parent], kind="stable")
+        self.edge_parent_row = self.row_of[parent][by_row]
+        self.edge_child_row = self.row_of[self.child_ids][by_row]
+        self.edge_slot = slot[by_row]
+        self.edge_level_offsets = np.searchsorted(self.edge_parent_row, self.level_offsets)
+        # Parent row relative to its task's first row (what a per-level edge sum needs).
+        self.edge_parent_local = self.edge_parent_row - self.level_offsets[
+            self.level[self.order[self.edge_parent_row]]]
+
+        # In a forest every vertex has at most one parent, so within a task no two gathers
+        # write the same child's gradient row and a plain indexed add is safe.
+        self.is_forest = bool(np.bincount(self.child_ids, minlength=n).max(initial=0) <= 1)
+        self.child_rows = []
+        for k in range(self.max_arity):
+            rows = np.full(n, -1, dtype=np.int64)
+            has_k = self.edge_slot == k
+            rows[self.edge_parent_row[has_k]] = self.edge_child_row[has_k]
+            self.child_rows.append(rows)
+
+    def rows_of_level(self, t):
+        return int(self.level_offsets[t]), int(self.level_offsets[t + 1])
+
+    def check_arity(self, arity, function_name="the vertex function"):
+        """Every vertex has at most ``arity`` children, else an error naming sample and vertex."""
+        too_many = np.flatnonzero(self.num_children > arity)
+        if too_many.size:
+            v = int(too_many[0])
+            s = int(self.sample_of[v])
+            raise GraphError(f"sample {s}, vertex {v - int(self.offsets[s])}: has "
+                             f"{int(self.num_children[v])} children, but {function_name} "
+                             f"declares arity {arity}")
+
+    def __repr__(self):
+        return (f"GraphBatch({self.num_graphs} graphs, {self.num_vertices} vertices, "
+                f"{self.num_levels} levels)")

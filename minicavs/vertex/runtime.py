@@ -1,0 +1,403 @@
+"""The Cavs runtime: F and ∂F over a GraphBatch, level by level (Cavs §3.2–3.4, Alg. 1–2).
+
+Forward, for a batch with levels 0..T-1:
+  1. eager phase — nodes of F that need no gathered state run once over *all* rows
+     (the pulled input is one indexed copy of the caller's tensor into level order);
+  2. level loop — for task t, each gather is one indexed copy from the scattered state's buffer
+     into a contiguous block, then the core nodes run on the task's rows [r0, r1);
+  3. lazy phase — nodes nothing on the gather→scatter path needs (push, heads) run once over
+     all rows, and the pushed rows are copied back to the caller's vertex order.
+Backward mirrors it with ∂F: eager ∂ nodes once, the core in reverse level order (a gather's
+gradient is a scatter-*add* into the children's rows), then the lazy ∂ nodes once — above all
+the parameter gradients, each one large product over all rows of the batch.
+
+Every batched symbol of F has one buffer for the whole batch, rows in level order, so the rows
+of a task are one contiguous block ("dynamic tensors", Cavs §3.3). Buffers come from a pool
+owned by the vertex function and return to it when the call's autodiff record is released.
+"""
+
+import time
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import backend
+from ..autodiff.symbolic import grad_graph
+from ..autodiff.tensor import Tensor, is_grad_enabled
+from ..errors import GraphError
+from .batching import has_symbolic_size, instantiate, row_domain
+
+
+@dataclass
+class Options:
+    """Switches for the ablation benchmark (Cavs Fig. 10); all on by default."""
+
+    hoist_eager: bool = True  # run eager nodes once before the level loop (else per level)
+    lazy_batching: bool = True  # run lazy nodes once after the loop (else per level)
+    fuse: bool = True  # run elementwise groups as fused kernels
+    streams: bool = True  # (CUDA) overlap independent work on a second stream
+
+
+def dependency_classes(graph, sources, sinks):
+    """Cavs Proposition 1: "core" nodes lie on a path from a source to a sink; "eager" nodes
+    depend on no source; the rest ("lazy") depend on a source but no sink needs them."""
+    depends = {id(s) for s in sources}
+    for n in graph.nodes:
+        if any(id(x) in depends for x in n.inputs):
+            depends.add(id(n))
+    needed = {id(s) for s in sinks}
+    for n in reversed(graph.nodes):
+        if id(n) in needed:
+            needed.update(id(x) for x in n.inputs)
+    return {id(n): ("core" if id(n) in needed else "lazy") if id(n) in depends else "eager"
+            for n in graph.nodes}
+
+
+class _Step:
+    """One op node prepared for execution: its inputs' ids and (maybe symbolic) attributes."""
+
+    __slots__ = ("node", "op", "args", "attrs", "symbolic", "domain", "accumulate")
+
+    def __init__(self, node):
+        self.node = node
+        self.op = node.op
+        self.args = [id(x) for x in node.inputs]
+        self.attrs = node.attrs
+        self.symbolic = any(has_symbolic_size(v) for v in node.attrs.values())
+        self.domain = row_domain(node.shape)
+        self.accumulate = False  # set for graph outputs summed over levels (ablation mode)
+
+    def run(self, xp, env, n, e):
+        attrs = self.attrs
+        if self.symbolic:
+            attrs = {k: instantiate(v, n, e) for k, v in attrs.items()}
+        return self.op.forward(xp, *[env[a] for a in self.args], **attrs)
+
+
+class _Program:
+    """A graph split into eager, core and lazy steps for the runtime."""
+
+    def __init__(self, graph, sources, sinks, options):
+        self.graph = graph
+        self.classes = dependency_classes(graph, sources, sinks)
+        ops = [n for n in graph.nodes if n.kind == "op"]
+        cls = dict(self.classes)
+        if not options.lazy_batching:  # ablation: lazy work per level too
+            cls.update({id(n): "core" for n in ops if cls[id(n)] == "lazy"})
+        if not options.hoist_eager:  # ablation: per-vertex eager work per level too
+            users = graph.consumers()
+            outputs = {id(o) for o in graph.outputs}
+            for n in reversed(ops):
+                if (cls[id(n)] == "eager" and _batched(n) and id(n) not in outputs
+                        and all(cls[id(u)] == "core" for u in users[id(n)])):
+                    cls[id(n)] = "core"
+        if not (options.lazy_batching and options.hoist_eager):
+            # A whole-batch value whose rows are mixed (a transpose of X for Xᵀ·G) cannot be
+            # sliced per level: when its consumer runs per level, it must too.
+            users = graph.consumers()
+            for n in reversed(ops):
+                if (cls[id(n)] == "eager" and not _batched(n) and has_symbolic_size(n.shape)
+                        and any(cls[id(u)] == "core" for u in users[id(n)])):
+                    cls[id(n)] = "core"
+        self.eager = [_Step(n) for n in ops if cls[id(n)] == "eager"]
+        self.core = [_Step(n) for n in ops if cls[id(n)] == "core"]
+        self.lazy = [_Step(n) for n in ops if cls[id(n)] == "lazy"]
+        outputs = {id(o) for o in graph.outputs}
+        for step in self.core:
+            # A shared-shaped output computed per level (a parameter gradient when lazy
+            # batching is off) is summed over the levels.
+            step.accumulate = step.domain is None and id(step.node) in outputs
+        # Batched values produced per level get a batch-wide buffer (rows in level order).
+        self.per_level = [s for s in self.core if s.domain is not None]
+        self.row_keys = {id(n): row_domain(n.shape) for n in graph.nodes if _batched(n)}
+
+    def consts(self, xp):
+        return {id(n): (n.value if xp is np else xp.asarray(n.value))
+                for n in self.graph.nodes if n.kind == "const"}
+
+
+def _batched(node):
+    return row_domain(node.shape) is not None
+
+
+def _where(node):
+    return f" (at {node.where[0]}:{node.where[1]})" if node.where else ""
+
+
+class CallState:
+    """What one call of F keeps for its backward: the forward values and pooled buffers."""
+
+    def __init__(self):
+        self.values = None
+        self.buffers = None
+        self.stats = None
+
+
+class BufferPool:
+    """Grow-only buffers per symbol, reused across calls; a set in use is never handed out."""
+
+    def __init__(self):
+        self._free = []
+
+    def acquire(self, xp, specs):
+        """``specs``: {key: (rows, row_shape, dtype)}; returns {key: array view of rows}."""
+        store = self._free.pop() if self._free else {}
+        views = {}
+        for key, (rows, row_shape, dtype) in specs.items():
+            array = store.get(key)
+            if (array is None or array.shape[0] < rows or array.shape[1:] != row_shape
+                    or array.dtype != dtype or backend.get_array_module(array) is not xp):
+                array = xp.empty((max(rows, 2 * array.shape[0] if array is not None
+                                      and array.shape[1:] == row_shape else rows),) + row_shape,
+                                 dtype=dtype)
+                store[key] = array
+            views[key] = array[:rows]
+        return store, views
+
+    def release(self, store):
+        self._free.append(store)
+
+
+class Plan:
+    """F and ∂F of a vertex function, analysed once and ready to run on any batch."""
+
+    def __init__(self, f):
+        self.f = f
+        graph = f.graph
+        options = f.options
+        sources = [s for s in f.gather_inputs + [f.edge_child_input] if s is not None]
+        self.forward_program = _Program(graph, sources, [f.scatter_output], options)
+
+        candidates = [s for s in [f.pull_input, *f.gather_inputs, f.edge_child_input]
+                      if s is not None and s.dtype.kind == "f"] + [
+                          p for p in graph.params if p.dtype.kind == "f"]
+        self.backward = grad_graph(graph, candidates, unreached="drop")
+        bw = self.backward
+        grad_by_input = {id(fwd): out for fwd, out in zip(bw.grad_of, bw.outputs)}
+        self.gather_grads = [(k, grad_by_input[id(g)]) for k, g in enumerate(f.gather_inputs)
+                             if id(g) in grad_by_input]
+        self.edge_child_grad = grad_by_input.get(id(f.edge_child_input))
+        self.pull_grad = grad_by_input.get(id(f.pull_input))
+        self.param_grads = [(i, grad_by_input[id(p)]) for i, p in enumerate(graph.params)
+                            if id(p) in grad_by_input]
+        sinks = [g for _, g in self.gather_grads] + (
+            [self.edge_child_grad] if self.edge_child_grad is not None else [])
+        self.d_scatter = bw.cotangents[0]
+        self.d_push = bw.cotangents[1] if len(bw.cotangents) > 1 else None
+        self.backward_program = _Program(bw, [self.d_scatter], sinks, options)
+        self.forward_program.edge_parent_key = (
+            id(f.edge_parent_input) if f.edge_parent_input is not None else None)
+        self.backward_program.edge_parent_key = next(
+            (id(ref) for ref, fwd in zip(bw.inputs[len(bw.cotangents):], bw.forward_refs)
+             if fwd is f.edge_parent_input), None)
+        self.pool = BufferPool()
+
+    # --- helpers ---------------------------------------------------------------------------------
+    @staticmethod
+    def _rows(domain, n, e):
+        return n if domain == "vertex" else e
+
+    def _buffer_specs(self, n, e):
+        f = self.f
+        specs = {}
+        for s in f.gather_inputs + [f.edge_child_input]:
+            if s is not None:
+                specs[id(s)] = (self._rows(row_domain(s.shape), n, e), s.shape[1:], s.dtype)
+        for step in self.forward_program.per_level:
+            node = step.node
+            extra = 1 if node is f.scatter_output else 0  # a zero row for absent children
+            specs[id(node)] = (self._rows(step.domain, n, e) + extra, node.shape[1:], node.dtype)
+        specs["d_scatter"] = (n + 1, f.scatter_output.shape[1:], f.dtype)
+        for step in self.backward_program.per_level:
+            node = step.node
+            specs[("d", id(node))] = (self._rows(step.domain, n, e), node.shape[1:], node.dtype)
+        return specs
+
+    # --- forward ---------------------------------------------------------------------------------
+    def forward(self, xp, *arrays, batch, saved):
+        started = time.perf_counter()
+        f, prog = self.f, self.forward_program
+        n, e = batch.num_vertices, len(batch.edge_child_row)
+        store, bufs = self.pool.acquire(xp, self._buffer_specs(n, e))
+        weakref.finalize(saved, self.pool.release, store)
+        saved.buffers = bufs
+        idx = _device_indices(xp, batch)
+
+        env = prog.consts(xp)
+        pull = arrays[0] if f.pull_input is not None else None
+        params = arrays[1:] if pull is not None else arrays
+        for p, a in zip(f.graph.params, params):
+            env[id(p)] = a
+        if pull is not None:
+            env[id(f.pull_input)] = xp.take(pull, idx["order"], axis=0)
+        if f.edge_parent_input is not None:
+            env[id(f.edge_parent_input)] = idx["edge_parent_row"]
+        for s in f.gather_inputs + [f.edge_child_input]:
+            if s is not None:
+                env[id(s)] = bufs[id(s)]
+        scatter = f.scatter_output
+        for step in prog.per_level:
+            env[id(step.node)] = bufs[id(step.node)][:self._rows(step.domain, n, e)]
+
+        for step in prog.eager:
+            env[id(step.node)] = step.run(xp, env, n, e)
+
+        if id(scatter) in bufs:
+            states = bufs[id(scatter)]  # n + 1 rows; the last stays zero for absent children
+        else:  # the scattered state needs no gather: it was computed whole
+            states = xp.concatenate([env[id(scatter)], xp.zeros((1,) + scatter.shape[1:],
+                                                                 scatter.dtype)])
+        states[n] = 0
+        level_stats = self._level_loop(xp, prog, env, bufs, batch, idx, states, forward=True)
+
+        for step in prog.lazy:
+            env[id(step.node)] = step.run(xp, env, n, e)
+        saved.values = env
+        out_symbol = f.push_output if f.push_output is not None else scatter
+        result = xp.take(env[id(out_symbol)], idx["row_of"], axis=0)
+        saved.stats = _stats(batch, level_stats, time.perf_counter() - started)
+        f.last_stats = saved.stats
+        return result
+
+    def _level_loop(self, xp, prog, env, bufs, batch, idx, states, forward, d_states=None):
+        """Run the core steps task by task (reverse order for backward)."""
+        f = self.f
+        levels = range(batch.num_levels) if forward else reversed(range(batch.num_levels))
+        offsets, edge_offsets = batch.level_offsets, batch.edge_level_offsets
+        per_level = prog.per_level
+        counts = []
+        accumulators = {}
+        for t in levels:
+            r0, r1 = int(offsets[t]), int(offsets[t + 1])
+            e0, e1 = int(edge_offsets[t]), int(edge_offsets[t + 1])
+            n_t, e_t = r1 - r0, e1 - e0
+            local = dict(env)  # shared values as they are; batched ones sliced to the task
+            for key, domain in prog.row_keys.items():
+                if key in env:
+                    local[key] = env[key][r0:r1] if domain == "vertex" else env[key][e0:e1]
+            if forward:
+                for k, g in enumerate(f.gather_inputs):
+                    xp.take(states, idx["child_rows"][k][r0:r1], axis=0, out=local[id(g)])
+                if f.edge_child_input is not None:
+                    xp.take(states, idx["edge_child_row"][e0:e1], axis=0,
+                            out=local[id(f.edge_child_input)])
+            else:
+                local[id(self.d_scatter)] = d_states[r0:r1]
+            if prog.edge_parent_key is not None:  # per task, parent rows count from r0
+                local[prog.edge_parent_key] = idx["edge_parent_local"][e0:e1]
+            for step in prog.core:
+                value = step.run(xp, local, n_t, e_t)
+                if step.domain is not None:
+                    local[id(step.node)][...] = value
+                elif step.accumulate:
+                    key = id(step.node)
+                    accumulators[key] = accumulators[key] + value if key in accumulators else value
+                    local[key] = value
+                else:
+                    local[id(step.node)] = value
+            if not forward:
+                self._scatter_gradients(xp, local, batch, idx, d_states, r0, r1, e0, e1)
+            counts.append(len(prog.core))
+        env.update(accumulators)
+        return counts
+
+    def _scatter_gradients(self, xp, local, batch, idx, d_states, r0, r1, e0, e1):
+        """A gather's gradient is a scatter-add into the children's state-gradient rows."""
+        add = _indexed_add(xp, batch.is_forest)
+        for k, grad in self.gather_grads:
+            add(d_states, idx["child_rows"][k][r0:r1], local[id(grad)])
+        if self.edge_child_grad is not None:
+            add(d_states, idx["edge_child_row"][e0:e1], local[id(self.edge_child_grad)])
+
+    # --- backward --------------------------------------------------------------------------------
+    def vjp(self, g, out, *inputs, batch, saved):
+        if is_grad_enabled():
+            raise GraphError(f"vertex function {self.f.name!r}: backward(create_graph=True) "
+                             f"through a vertex function is not supported (no second "
+                             f"derivatives through the batched runtime)")
+        started = time.perf_counter()
+        f, prog, bw = self.f, self.backward_program, self.backward
+        xp = backend.get_array_module(g.data)
+        n, e = batch.num_vertices, len(batch.edge_child_row)
+        bufs, fwd = saved.buffers, saved.values
+        idx = _device_indices(xp, batch)
+
+        env = prog.consts(xp)
+        for ref_input, fwd_symbol in zip(bw.inputs[len(bw.cotangents):], bw.forward_refs):
+            env[id(ref_input)] = fwd[id(fwd_symbol)]
+        g_rows = xp.take(g.data, idx["order"], axis=0)  # caller order -> level order
+        d_states = bufs["d_scatter"]
+        d_states[...] = 0
+        if self.d_push is not None:
+            env[id(self.d_push)] = g_rows
+        else:
+            d_states[:n] = g_rows
+        env[id(self.d_scatter)] = d_states[:n]
+        for step in prog.per_level:
+            env[id(step.node)] = bufs[("d", id(step.node))]
+
+        for step in prog.eager:
+            env[id(step.node)] = step.run(xp, env, n, e)
+        level_stats = self._level_loop(xp, prog, env, bufs, batch, idx, None, forward=False,
+                                       d_states=d_states)
+        for step in prog.lazy:
+            env[id(step.node)] = step.run(xp, env, n, e)
+
+        grads = []
+        if f.pull_input is not None:
+            if self.pull_grad is None or f.pull_dtype.kind != "f":
+                grads.append(None)
+            else:
+                grads.append(Tensor(xp.take(env[id(self.pull_grad)], idx["row_of"], axis=0)))
+        param_grads = {i: Tensor(env[id(out_)]) for i, out_ in self.param_grads}
+        grads += [param_grads.get(i) for i in range(len(f.graph.params))]
+        saved.stats.update(backward_seconds=time.perf_counter() - started,
+                           backward_ops_per_level=level_stats[::-1])
+        f.last_stats = saved.stats
+        return grads
+
+
+def _indexed_add(xp, unique_rows):
+    if unique_rows:  # each real row at most once per call; -1 only hits the spare last row
+        def add(target, rows, values):
+            target[rows] += values
+    elif xp is np:
+        def add(target, rows, values):
+            np.add.at(target, rows, values)
+    else:
+        import cupyx
+
+        def add(target, rows, values):
+            cupyx.scatter_add(target, rows, values)
+    return add
+
+
+def _device_indices(xp, batch):
+    """The batch's schedule arrays on the device of the computation (cached per batch)."""
+    cache = batch.__dict__.setdefault("_device_indices", {})
+    key = xp.__name__
+    if key not in cache:
+        put = (lambda a: a) if xp is np else xp.asarray
+        cache[key] = {
+            "order": put(batch.order), "row_of": put(batch.row_of),
+            "child_rows": [put(r) for r in batch.child_rows],
+            "edge_child_row": put(batch.edge_child_row),
+            "edge_parent_row": put(batch.edge_parent_row),
+            "edge_parent_local": put(batch.edge_parent_local),
+        }
+    return cache[key]
+
+
+def _stats(batch, forward_counts, forward_seconds):
+    return {
+        "graphs": batch.num_graphs,
+        "vertices": batch.num_vertices,
+        "levels": batch.num_levels,
+        "vertices_per_level": np.diff(batch.level_offsets).tolist(),
+        "forward_ops_per_level": forward_counts,
+        "backward_ops_per_level": None,
+        "scheduling_seconds": batch.build_seconds,
+        "forward_seconds": forward_seconds,
+        "backward_seconds": None,
+    }
