@@ -21,3 +21,5 @@ from .ops import (add, astype, broadcast_to, concat, div, embedding, equal, exp,
 from .autodiff import (Graph, Parameter, StaticFunction, Symbol, Tensor, enable_grad, gradcheck,
                        grad_graph, is_grad_enabled, no_grad, spec, symbolic, trace,
                        tensor)
+from .vertex import GraphBatch, InputGraph, VertexFunction, evaluate_per_sample
+from . import nn

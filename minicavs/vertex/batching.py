@@ -17,11 +17,10 @@ the parameter gradient of ``x @ W`` comes out as one product Xᵀ·G over all ro
 import numpy as np
 
 from ..errors import GraphError, MinicavsError
-from ..ops import elementwise as ew, index, registry, shape as shape_ops
+from ..ops import index, registry, shape as shape_ops
 from ..ops.registry import Aval
 from ..ops.operators import OperatorMixin
 from ..autodiff.symbolic import Symbol, _format_location, _user_location
-from ..autodiff.tensor import Tensor
 
 VERTICES = 1_000_003  # symbolic number of vertices in a task (a prime)
 EDGES = 1_000_033  # symbolic number of edges in a task (another prime)

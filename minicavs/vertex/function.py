@@ -14,14 +14,10 @@ The recorded graph F is batched (see batching.py); its backward ∂F is derived 
 split into eager / core / lazy nodes (Cavs Proposition 1) for the runtime (runtime.py).
 """
 
-import time
-
 import numpy as np
 
 from .. import backend
-from ..autodiff.symbolic import Symbol, Tracer, _format_location, _user_location, grad_graph
-from ..autodiff.symbolic import Graph
-from ..autodiff.tensor import Tensor
+from ..autodiff.symbolic import Graph, Symbol, Tracer, _format_location, _user_location
 from ..errors import DTypeError, GraphError, ShapeError
 from ..ops import index, registry, shape as shape_ops
 from ..ops.registry import Op, describe
@@ -170,7 +166,8 @@ class VertexFunction:
         if v.pushed is not None and self.push_shape is None:
             self.push_shape = tuple(v.pushed.shape[1:])
         self.pull_input = v._pull
-        self.gather_inputs = [v._gathers[k] for k in sorted(v._gathers)]
+        self.gather_slots = sorted(v._gathers)  # the k of each gather(k) the cell uses
+        self.gather_inputs = [v._gathers[k] for k in self.gather_slots]
         self.edge_child_input = v._edge_child
         self.edge_parent_input = v._edge_parent
         inputs = [s for s in [self.pull_input, *self.gather_inputs, self.edge_child_input,

@@ -175,7 +175,8 @@ class Plan:
         self.backward = grad_graph(graph, candidates, unreached="drop")
         bw = self.backward
         grad_by_input = {id(fwd): out for fwd, out in zip(bw.grad_of, bw.outputs)}
-        self.gather_grads = [(k, grad_by_input[id(g)]) for k, g in enumerate(f.gather_inputs)
+        self.gather_grads = [(k, grad_by_input[id(g)])
+                             for k, g in zip(f.gather_slots, f.gather_inputs)
                              if id(g) in grad_by_input]
         self.edge_child_grad = grad_by_input.get(id(f.edge_child_input))
         self.pull_grad = grad_by_input.get(id(f.pull_input))
@@ -222,7 +223,7 @@ class Plan:
         store, bufs = self.pool.acquire(xp, self._buffer_specs(n, e))
         weakref.finalize(saved, self.pool.release, store)
         saved.buffers = bufs
-        idx = _device_indices(xp, batch)
+        idx = _device_indices(xp, batch, f.gather_slots[-1] + 1 if f.gather_slots else 0)
 
         env = prog.consts(xp)
         pull = arrays[0] if f.pull_input is not None else None
@@ -265,7 +266,6 @@ class Plan:
         f = self.f
         levels = range(batch.num_levels) if forward else reversed(range(batch.num_levels))
         offsets, edge_offsets = batch.level_offsets, batch.edge_level_offsets
-        per_level = prog.per_level
         counts = []
         accumulators = {}
         for t in levels:
@@ -277,7 +277,7 @@ class Plan:
                 if key in env:
                     local[key] = env[key][r0:r1] if domain == "vertex" else env[key][e0:e1]
             if forward:
-                for k, g in enumerate(f.gather_inputs):
+                for k, g in zip(f.gather_slots, f.gather_inputs):
                     xp.take(states, idx["child_rows"][k][r0:r1], axis=0, out=local[id(g)])
                 if f.edge_child_input is not None:
                     xp.take(states, idx["edge_child_row"][e0:e1], axis=0,
@@ -321,7 +321,7 @@ class Plan:
         xp = backend.get_array_module(g.data)
         n, e = batch.num_vertices, len(batch.edge_child_row)
         bufs, fwd = saved.buffers, saved.values
-        idx = _device_indices(xp, batch)
+        idx = _device_indices(xp, batch, f.gather_slots[-1] + 1 if f.gather_slots else 0)
 
         env = prog.consts(xp)
         for ref_input, fwd_symbol in zip(bw.inputs[len(bw.cotangents):], bw.forward_refs):
@@ -373,15 +373,17 @@ def _indexed_add(xp, unique_rows):
     return add
 
 
-def _device_indices(xp, batch):
+def _device_indices(xp, batch, arity):
     """The batch's schedule arrays on the device of the computation (cached per batch)."""
     cache = batch.__dict__.setdefault("_device_indices", {})
-    key = xp.__name__
+    key = (xp.__name__, arity)
     if key not in cache:
         put = (lambda a: a) if xp is np else xp.asarray
+        no_child = np.full(batch.num_vertices, -1, dtype=np.int64)
         cache[key] = {
             "order": put(batch.order), "row_of": put(batch.row_of),
-            "child_rows": [put(r) for r in batch.child_rows],
+            "child_rows": [put(batch.child_rows[k] if k < len(batch.child_rows) else no_child)
+                           for k in range(arity)],
             "edge_child_row": put(batch.edge_child_row),
             "edge_parent_row": put(batch.edge_parent_row),
             "edge_parent_local": put(batch.edge_parent_local),

@@ -1,0 +1,205 @@
+"""The Stanford Sentiment Treebank: PTB-style trees with a sentiment label 0..4 on every node.
+
+One tree a line, ``(3 (2 (2 The) (2 Rock)) (4 ...))``: a node is ``(label word)`` (a leaf) or
+``(label child child ...)``. Brackets inside the text are escaped as ``-LRB-``/``-RRB-``; those
+are ordinary words here. The parser is a tokenizer plus an explicit stack, so it is fast and
+handles trees of any depth without recursion.
+
+Unary chains such as ``(2 (3 word))`` do not occur in SST (it is binarised), but other treebanks
+have them. By default they are collapsed into one vertex that keeps the *outer* label: both nodes
+span the same words, and the outer one is the constituent its parent combines. Pass
+``collapse_unary=False`` to keep every node (a vertex with one child).
+
+Metrics: fine-grained accuracy compares 5-class labels; binary accuracy drops gold-neutral
+sentences (label 2) and compares negative (0, 1) against positive (3, 4), as in the SST papers.
+"""
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import IndexRangeError, ShapeError
+from .tree import DataError, Tree, TreebankSplits
+from .vocab import Vocabulary
+
+# Tokens are split at ASCII whitespace only: SST has a few words with a no-break space inside
+# (the film title "8\xa01\/2"), which Python's \s would split.
+_TOKEN = re.compile(r"\(|\)|[^ \t\n\r\f\v()]+")
+
+
+def _error(text, token_index, source, line, message):
+    """A DataError pointing at a token of ``text``: ``source:line:column: message``."""
+    # Token positions are found again only here, so the parsing loop can use the faster findall.
+    positions = [m.start() for m in _TOKEN.finditer(text)]
+    column = positions[token_index] + 1 if token_index < len(positions) else len(text) + 1
+    return DataError(f"{source}:{line}:{column}: {message}")
+
+
+def _shown(token):
+    return "the end of the line" if token is None else repr(token)
+
+
+def parse_tree(text, vocab=None, *, collapse_unary=True, source="<string>", line=1):
+    """Parse one PTB-style tree into a :class:`Tree` (vertices numbered in post-order).
+
+    Leaves get word ids from ``vocab`` if one is given, else -1 (encode them later with
+    ``vocab.encode_tree``). ``source`` and ``line`` only label error messages.
+    """
+    tokens = _TOKEN.findall(text)
+    count = len(tokens)
+    children, labels, leaf_tokens = [], [], []
+    stack = []  # open internal nodes: [label, child ids, index of their "(" token]
+    root = None
+    i = 0
+
+    def fail(at, message):
+        return _error(text, at, source, line, message)
+
+    while i < count:
+        token = tokens[i]
+        if token == "(":
+            if root is not None:
+                raise fail(i, "unexpected '(' after the end of the tree (one tree a line)")
+            label_token = tokens[i + 1] if i + 1 < count else None
+            try:
+                label = int(label_token)
+            except (TypeError, ValueError):
+                raise fail(i + 1, f"expected an integer label after '(', found "
+                                  f"{_shown(label_token)}") from None
+            body = tokens[i + 2] if i + 2 < count else None
+            if body is None:
+                raise fail(i + 2, "expected a word or '(' after the label, found the end of "
+                                  "the line")
+            if body == "(" or body == ")":
+                stack.append([label, [], i])
+                i += 2
+                continue
+            closing = tokens[i + 3] if i + 3 < count else None
+            if closing != ")":
+                raise fail(i + 3, f"expected ')' after the word {body!r} (a leaf holds one "
+                                  f"word), found {_shown(closing)}")
+            vertex = len(labels)
+            children.append([])
+            labels.append(label)
+            leaf_tokens.append(body)
+            i += 4
+        elif token == ")":
+            if not stack:
+                raise fail(i, "unmatched ')'")
+            label, kids, _ = stack.pop()
+            if not kids:
+                raise fail(i, "empty node: expected a word or '(' before ')'")
+            if len(kids) == 1 and collapse_unary:
+                vertex = kids[0]  # the newest vertex, so the root still ends up last
+                labels[vertex] = label
+            else:
+                vertex = len(labels)
+                children.append(kids)
+                labels.append(label)
+            i += 1
+        else:
+            where = ("after the end of the tree" if root is not None else
+                     "before the tree" if not stack else
+                     "inside a node (a node holds one word or child nodes, not both)")
+            raise fail(i, f"expected '(' or ')' but found the word {token!r} {where}")
+        if stack:
+            stack[-1][1].append(vertex)
+        else:
+            root = vertex
+    if stack:
+        raise _error(text, stack[-1][2], source, line,
+                     f"the node opened here is never closed ({len(stack)} ')' missing)")
+    if root is None:
+        raise DataError(f"{source}:{line}: expected a tree, found an empty line")
+    words = np.full(len(labels), -1, dtype=np.int64)
+    tree = Tree._unchecked(children, words, np.array(labels, dtype=np.int64), leaf_tokens)
+    return vocab.encode_tree(tree) if vocab is not None else tree
+
+
+def read_sst(path, vocab=None, *, collapse_unary=True):
+    """Parse every non-blank line of an SST file into a Tree; errors name the file and line."""
+    path = Path(path)
+    trees = []
+    with open(path, encoding="utf-8") as f:
+        for number, text in enumerate(f, start=1):
+            if text.strip():
+                trees.append(parse_tree(text, vocab, collapse_unary=collapse_unary,
+                                        source=str(path), line=number))
+    return trees
+
+
+def load_sst(directory, *, lowercase=False, min_count=1, collapse_unary=True):
+    """Read ``train.txt``, ``dev.txt`` and ``test.txt`` from ``directory``.
+
+    The vocabulary is built from the training trees only (tokens seen at least ``min_count``
+    times); dev and test words it lacks become ``<unk>``. Returns ``TreebankSplits(train, dev,
+    test, vocab)``.
+    """
+    directory = Path(directory)
+    missing = [n for n in ("train.txt", "dev.txt", "test.txt") if not (directory / n).is_file()]
+    if missing:
+        raise DataError(f"{directory}: missing SST file(s) {', '.join(missing)}")
+    raw = {name: read_sst(directory / f"{name}.txt", collapse_unary=collapse_unary)
+           for name in ("train", "dev", "test")}
+    vocab = Vocabulary.build((t.tokens for t in raw["train"]), min_count=min_count,
+                             lowercase=lowercase)
+    encoded = {name: [vocab.encode_tree(t) for t in trees] for name, trees in raw.items()}
+    return TreebankSplits(encoded["train"], encoded["dev"], encoded["test"], vocab)
+
+
+# -- metrics ---------------------------------------------------------------------------------
+
+def root_labels(trees):
+    """The root label of every tree, as an int64 array."""
+    return np.fromiter((t.labels[-1] for t in trees), dtype=np.int64, count=len(trees))
+
+
+def _labels(name, values, low, high):
+    values = np.asarray(values)
+    if values.ndim != 1:
+        raise ShapeError(f"{name} must be a 1-D array of labels, got shape {values.shape}")
+    if values.size and (values.min() < low or values.max() > high):
+        bad = values[(values < low) | (values > high)][0]
+        raise IndexRangeError(f"{name} holds label {bad}; labels here lie in {low}..{high}")
+    return values.astype(np.int64)
+
+
+def _same_length(predicted, gold):
+    if predicted.shape != gold.shape:
+        raise ShapeError(f"predicted has {predicted.shape[0]} labels but gold has "
+                         f"{gold.shape[0]}; they must match one to one")
+
+
+def to_binary(labels):
+    """Map 5-class sentiment to binary: 0, 1 -> 0 (negative); 3, 4 -> 1 (positive); 2 -> -1."""
+    labels = _labels("labels", labels, 0, 4)
+    return np.array([0, 0, -1, 1, 1], dtype=np.int64)[labels]
+
+
+def fine_grained_accuracy(predicted, gold):
+    """Fraction of 5-class predictions equal to the gold labels (0..4)."""
+    predicted, gold = _labels("predicted", predicted, 0, 4), _labels("gold", gold, 0, 4)
+    _same_length(predicted, gold)
+    return float(np.mean(predicted == gold)) if gold.size else float("nan")
+
+
+def binary_accuracy(predicted, gold, *, predicted_classes=5):
+    """Binary accuracy on the gold-non-neutral items (SST's binary task).
+
+    ``gold`` holds 5-class labels; items with gold label 2 are dropped. ``predicted`` holds
+    5-class labels (``predicted_classes=5``; a neutral prediction counts as wrong) or the 0/1
+    output of a binary classifier (``predicted_classes=2``).
+    """
+    gold = _labels("gold", gold, 0, 4)
+    if predicted_classes == 5:
+        predicted = to_binary(predicted)
+    elif predicted_classes == 2:
+        predicted = _labels("predicted", predicted, 0, 1)
+    else:
+        raise DataError(f"predicted_classes must be 5 or 2, got {predicted_classes}")
+    _same_length(predicted, gold)
+    keep = gold != 2
+    if not keep.any():
+        return float("nan")
+    return float(np.mean(predicted[keep] == to_binary(gold[keep])))

@@ -1,0 +1,253 @@
+"""The central property of the runtime: batched execution equals a plain per-sample
+evaluation of the same cell, in values and in every gradient (Cavs' correctness contract)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import minicavs as mc
+from minicavs.vertex import evaluate_per_sample
+
+from graph_strategies import forests
+from vertex_cells import binary_tree_lstm, child_sum_tree_lstm, k_ary_cell
+
+E, H = 3, 4
+
+
+def _relative_error(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.max(np.abs(a - b) / np.maximum(1.0, np.abs(b)), initial=0.0))
+
+
+def _grad(t):
+    """A parameter no vertex used has no gradient in the per-sample run: that is zero."""
+    return t.grad.numpy() if t.grad is not None else np.zeros(t.shape)
+
+
+def _check_batched_equals_reference(F, params, graphs, seed=0):
+    rng = np.random.default_rng(seed)
+    batch = mc.GraphBatch(graphs)
+    X = mc.tensor(rng.standard_normal((batch.num_vertices, E)), requires_grad=True)
+    weights = rng.standard_normal((batch.num_vertices,) + F.push_shape)
+    leaves = [X] + params
+
+    out = F(batch, pull=X)
+    loss = (out * mc.tensor(weights)).sum() + (out * out).sum()
+    loss.backward()
+    batched = [out.numpy(), loss.item()] + [_grad(t) for t in leaves]
+    for t in leaves:
+        t.grad = None
+
+    ref_out = evaluate_per_sample(F, batch, X)
+    ref_loss = (ref_out * mc.tensor(weights)).sum() + (ref_out * ref_out).sum()
+    ref_loss.backward()
+    reference = [ref_out.numpy(), ref_loss.item()] + [_grad(t) for t in leaves]
+    for t in leaves:
+        t.grad = None
+
+    names = ["pushed outputs", "loss", "grad X"] + [f"grad {p.name}" for p in params]
+    for name, got, want in zip(names, batched, reference):
+        assert np.shape(got) == np.shape(want), name
+        assert _relative_error(got, want) <= 1e-9, f"{name}: {_relative_error(got, want)}"
+
+
+@given(forests(max_arity=2, max_vertices=16), st.integers(0, 2**16))
+def test_binary_tree_lstm_batched_equals_per_sample(graphs, seed):
+    F, params = binary_tree_lstm(E, H, np.random.default_rng(seed))
+    _check_batched_equals_reference(F, params, graphs, seed)
+
+
+@given(forests(max_arity=4, max_vertices=16), st.integers(0, 2**16))
+def test_child_sum_tree_lstm_batched_equals_per_sample(graphs, seed):
+    F, params = child_sum_tree_lstm(E, H, np.random.default_rng(seed))
+    _check_batched_equals_reference(F, params, graphs, seed)
+
+
+@given(st.integers(0, 4).flatmap(lambda a: st.tuples(st.just(a), forests(max_arity=a, max_graphs=8))),
+       st.integers(0, 2**16))
+def test_k_ary_cell_batched_equals_per_sample(arity_and_graphs, seed):
+    arity, graphs = arity_and_graphs
+    F, params = k_ary_cell(E, H, arity, np.random.default_rng(seed))
+    _check_batched_equals_reference(F, params, graphs, seed)
+
+
+@pytest.mark.parametrize("options", [dict(hoist_eager=False), dict(lazy_batching=False),
+                                     dict(hoist_eager=False, lazy_batching=False)])
+def test_ablation_switches_keep_results(options):
+    rng = np.random.default_rng(3)
+    graphs = [mc.InputGraph.complete_binary(4), mc.InputGraph.chain(5),
+              mc.InputGraph([[], [0], [0, 1]])]
+    W, U = (mc.Parameter(rng.standard_normal(s) * 0.5) for s in [(E, H), (H, H)])
+
+    def cell(v):
+        h = mc.tanh(v.pull() @ W + (v.gather(0) + v.gather(1)) @ U)
+        v.scatter(h)
+        v.push(h * 2.0)
+
+    results = []
+    for opts in [None, options]:
+        F = mc.VertexFunction(cell, pull_shape=(E,), scatter_shape=(H,), push_shape=(H,),
+                              arity=2, dtype="float64", options=opts)
+        batch = mc.GraphBatch(graphs)
+        X = mc.tensor(np.random.default_rng(0).standard_normal((batch.num_vertices, E)),
+                      requires_grad=True)
+        (F(batch, pull=X) ** 2).sum().backward()
+        results.append([X.grad.numpy(), W.grad.numpy(), U.grad.numpy()])
+        X.grad = W.grad = U.grad = None
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_float32_runs_and_matches_float64_closely():
+    rng = np.random.default_rng(0)
+    F32, p32 = binary_tree_lstm(E, H, np.random.default_rng(1), dtype="float32")
+    F64, p64 = binary_tree_lstm(E, H, np.random.default_rng(1), dtype="float64")
+    batch = mc.GraphBatch([mc.InputGraph.complete_binary(8)])
+    X = rng.standard_normal((batch.num_vertices, E))
+    out32 = F32(batch, pull=mc.tensor(X.astype(np.float32)))
+    out64 = F64(batch, pull=mc.tensor(X))
+    assert out32.dtype == np.float32
+    np.testing.assert_allclose(out32.numpy(), out64.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_encoder_decoder_through_push_and_pull():
+    """An encoder's pushed root states are pulled by a decoder (seq2seq): the chained
+    vertex functions equal the same computation evaluated per sample."""
+    rng = np.random.default_rng(7)
+    We = mc.Parameter(rng.standard_normal((E, H)) * 0.5, name="We")
+    Ue = mc.Parameter(rng.standard_normal((H, H)) * 0.5, name="Ue")
+    Wd = mc.Parameter(rng.standard_normal((H, H)) * 0.5, name="Wd")
+    Ud = mc.Parameter(rng.standard_normal((H, H)) * 0.5, name="Ud")
+
+    def encoder_cell(v):
+        h = mc.tanh(v.pull() @ We + v.gather(0) @ Ue)
+        v.scatter(h)
+        v.push(h)
+
+    def decoder_cell(v):
+        h = mc.tanh(v.pull() @ Wd + v.gather(0) @ Ud)
+        v.scatter(h)
+        v.push(h)
+
+    encoder = mc.VertexFunction(encoder_cell, pull_shape=(E,), scatter_shape=(H,),
+                                push_shape=(H,), arity=1, dtype="float64")
+    decoder = mc.VertexFunction(decoder_cell, pull_shape=(H,), scatter_shape=(H,),
+                                push_shape=(H,), arity=1, dtype="float64")
+    source_lengths, target_lengths = [3, 5, 1], [4, 2, 3]
+    src = mc.GraphBatch([mc.InputGraph.chain(n) for n in source_lengths])
+    tgt = mc.GraphBatch([mc.InputGraph.chain(n) for n in target_lengths])
+    X = mc.tensor(rng.standard_normal((src.num_vertices, E)), requires_grad=True)
+    # Each decoder step pulls the encoder's last state of its sentence.
+    last = src.offsets[1:] - 1
+    step_to_sentence = np.repeat(np.arange(len(target_lengths)), target_lengths)
+    leaves = [X, We, Ue, Wd, Ud]
+
+    def run(evaluate):
+        enc = evaluate(encoder, src, X)
+        context = mc.take_rows(enc, last[step_to_sentence])
+        dec = evaluate(decoder, tgt, context)
+        return (dec * dec).sum()
+
+    run(lambda F, b, p: F(b, pull=p)).backward()
+    batched = [_grad(t) for t in leaves]
+    for t in leaves:
+        t.grad = None
+    run(evaluate_per_sample).backward()
+    for got, t in zip(batched, leaves):
+        assert _relative_error(got, _grad(t)) <= 1e-9
+
+
+def test_pull_only_and_no_push():
+    """A cell without push returns the scattered states; one without gathers is a plain map."""
+    W = mc.Parameter(np.random.default_rng(0).standard_normal((E, H)))
+
+    def cell(v):
+        v.scatter(mc.tanh(v.pull() @ W))
+
+    F = mc.VertexFunction(cell, pull_shape=(E,), scatter_shape=(H,), dtype="float64")
+    batch = mc.GraphBatch([mc.InputGraph.chain(3), mc.InputGraph([[]])])
+    X = np.random.default_rng(1).standard_normal((batch.num_vertices, E))
+    out = F(batch, pull=mc.tensor(X))
+    np.testing.assert_allclose(out.numpy(), np.tanh(X @ W.numpy()), rtol=1e-12)
+
+
+def test_deep_graphs_do_not_recurse():
+    """A 10,000-vertex chain and a 5,000-deep tree run forward and backward."""
+    W = mc.Parameter(np.full((1, 2), 0.5))
+    U = mc.Parameter(np.full((2, 2), 0.3))
+
+    def cell(v):
+        h = mc.tanh(v.pull() @ W + (v.gather(0) + v.gather(1)) @ U)
+        v.scatter(h)
+
+    F = mc.VertexFunction(cell, pull_shape=(1,), scatter_shape=(2,), arity=2, dtype="float64")
+    depth = 5000
+    # A caterpillar: spine vertex i has the previous spine vertex and a fresh leaf as children.
+    children = [[]]
+    for _ in range(depth):
+        spine = len(children) - 1
+        children.append([])  # the leaf
+        children.append([spine, len(children) - 1])
+    chain = mc.InputGraph.chain(10_000)
+    tree = mc.InputGraph(children)
+    assert tree.height() == depth
+    for graph in (chain, tree):
+        batch = mc.GraphBatch([graph])
+        X = mc.tensor(np.ones((batch.num_vertices, 1)), requires_grad=True)
+        F(batch, pull=X).sum().backward()
+        assert np.isfinite(W.grad.numpy()).all() and np.isfinite(X.grad.numpy()).all()
+        assert batch.num_levels == graph.height() + 1
+        W.grad = U.grad = None
+
+
+def test_backward_twice_needs_retain_graph():
+    F, params = binary_tree_lstm(E, H, np.random.default_rng(0))
+    batch = mc.GraphBatch([mc.InputGraph.complete_binary(4)])
+    X = mc.tensor(np.ones((batch.num_vertices, E)))
+    loss = F(batch, pull=X).sum()
+    loss.backward(retain_graph=True)
+    first = params[0].grad.numpy().copy()
+    loss.backward()
+    np.testing.assert_allclose(params[0].grad.numpy(), 2 * first)
+    with pytest.raises(mc.MinicavsError, match="second time"):
+        loss.backward()
+
+
+def test_buffers_are_reused_across_batches_and_not_shared_between_live_calls():
+    F, params = binary_tree_lstm(E, H, np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    b1 = mc.GraphBatch([mc.InputGraph.complete_binary(8)])
+    b2 = mc.GraphBatch([mc.InputGraph.chain(6)])
+    X1 = mc.tensor(rng.standard_normal((b1.num_vertices, E)))
+    X2 = mc.tensor(rng.standard_normal((b2.num_vertices, E)))
+    alone = [F(b1, pull=X1).sum(), F(b2, pull=X2).sum()]
+    grads_alone = []
+    for loss in alone:
+        loss.backward()
+        grads_alone.append(params[1].grad.numpy().copy())
+        params[1].grad = None
+    # Both calls alive at once, backward in the opposite order: no call may see the other's
+    # buffers.
+    l1, l2 = F(b1, pull=X1).sum(), F(b2, pull=X2).sum()
+    l2.backward()
+    g2 = params[1].grad.numpy().copy()
+    params[1].grad = None
+    l1.backward()
+    np.testing.assert_allclose(params[1].grad.numpy(), grads_alone[0], rtol=1e-12)
+    np.testing.assert_allclose(g2, grads_alone[1], rtol=1e-12)
+    del l1, l2
+    pooled = F.plan.pool._free
+    assert pooled, "released buffers go back to the pool"
+
+
+def test_explain_reports_levels_and_ops():
+    F, _ = binary_tree_lstm(E, H, np.random.default_rng(0))
+    batch = mc.GraphBatch([mc.InputGraph.complete_binary(8), mc.InputGraph.chain(3)])
+    X = mc.tensor(np.ones((batch.num_vertices, E)))
+    F(batch, pull=X).sum().backward()
+    figures = F.explain()
+    assert figures["levels"] == 4
+    assert figures["vertices_per_level"] == [9, 5, 3, 1]  # 8 + 1 leaves, then 4 + 1, 2 + 1, 1
+    assert len(figures["forward_ops_per_level"]) == 4
+    assert len(figures["backward_ops_per_level"]) == 4
+    assert figures["forward_seconds"] > 0 and figures["backward_seconds"] > 0

@@ -1,0 +1,78 @@
+"""Vertex functions shared by the runtime tests: a binary Tree-LSTM (Cavs Fig. 4), a
+child-sum Tree-LSTM (Tai et al.), and a generic cell that gathers ``arity`` children."""
+
+import numpy as np
+
+import minicavs as mc
+
+
+def binary_tree_lstm(E, H, rng, dtype="float64", push=True):
+    """Binary Tree-LSTM: gates = W x + U [h_l, h_r] + b; c = i⊙u + f_l⊙c_l + f_r⊙c_r."""
+    W = mc.Parameter(rng.standard_normal((E, 5 * H)).astype(dtype) * 0.4, name="W")
+    U = mc.Parameter(rng.standard_normal((2 * H, 5 * H)).astype(dtype) * 0.4, name="U")
+    b = mc.Parameter(rng.standard_normal(5 * H).astype(dtype) * 0.1, name="b")
+    Wo = mc.Parameter(rng.standard_normal((H, 3)).astype(dtype) * 0.5, name="Wo")
+
+    def cell(v):
+        x = v.pull()
+        h_l, c_l = mc.split(v.gather(0), 2)
+        h_r, c_r = mc.split(v.gather(1), 2)
+        gates = x @ W + mc.concat([h_l, h_r]) @ U + b
+        i, f_l, f_r, o, u = mc.split(gates, 5)
+        c = mc.sigmoid(i) * mc.tanh(u) + mc.sigmoid(f_l) * c_l + mc.sigmoid(f_r) * c_r
+        h = mc.sigmoid(o) * mc.tanh(c)
+        v.scatter(mc.concat([h, c]))
+        if push:
+            v.push(h @ Wo)
+
+    F = mc.VertexFunction(cell, pull_shape=(E,), scatter_shape=(2 * H,),
+                          push_shape=(3,) if push else None, arity=2, dtype=dtype)
+    return F, [W, U, b, Wo] if push else [W, U, b]
+
+
+def child_sum_tree_lstm(E, H, rng, dtype="float64"):
+    """Child-sum Tree-LSTM: one forget gate per child, f_k = σ(W_f x + U_f h_k + b_f)."""
+    W = mc.Parameter(rng.standard_normal((E, 3 * H)).astype(dtype) * 0.4, name="W")
+    U = mc.Parameter(rng.standard_normal((H, 3 * H)).astype(dtype) * 0.4, name="U")
+    Wf = mc.Parameter(rng.standard_normal((E, H)).astype(dtype) * 0.4, name="Wf")
+    Uf = mc.Parameter(rng.standard_normal((H, H)).astype(dtype) * 0.4, name="Uf")
+    bf = mc.Parameter(rng.standard_normal(H).astype(dtype) * 0.1, name="bf")
+    Wo = mc.Parameter(rng.standard_normal((H, 2)).astype(dtype) * 0.5, name="Wo")
+
+    def cell(v):
+        x = v.pull()
+        h_sum = v.gather_sum(lambda child: mc.split(child, 2)[0])
+        i, o, u = mc.split(x @ W + h_sum @ U, 3)
+        forget_x = x @ Wf + bf  # per vertex, broadcast to the vertex's edges below
+
+        def forget_times_cell(child):
+            h_k, c_k = mc.split(child, 2)
+            return mc.sigmoid(forget_x + h_k @ Uf) * c_k
+
+        c = mc.sigmoid(i) * mc.tanh(u) + v.gather_sum(forget_times_cell)
+        h = mc.sigmoid(o) * mc.tanh(c)
+        v.scatter(mc.concat([h, c]))
+        v.push(h @ Wo)
+
+    F = mc.VertexFunction(cell, pull_shape=(E,), scatter_shape=(2 * H,), push_shape=(2,),
+                          dtype=dtype)
+    return F, [W, U, Wf, Uf, bf, Wo]
+
+
+def k_ary_cell(E, H, arity, rng, dtype="float64"):
+    """h = tanh(x W + Σ_k gather(k) U_k): exercises gather(k) for any declared arity."""
+    W = mc.Parameter(rng.standard_normal((E, H)).astype(dtype) * 0.5, name="W")
+    Us = [mc.Parameter(rng.standard_normal((H, H)).astype(dtype) * 0.5, name=f"U{k}")
+          for k in range(arity)]
+
+    def cell(v):
+        total = v.pull() @ W
+        for k, U in enumerate(Us):
+            total = total + v.gather(k) @ U
+        h = mc.tanh(total)
+        v.scatter(h)
+        v.push(h * h)
+
+    F = mc.VertexFunction(cell, pull_shape=(E,), scatter_shape=(H,), push_shape=(H,),
+                          arity=arity, dtype=dtype)
+    return F, [W] + Us
