@@ -1,0 +1,151 @@
+"""Input graphs, batches and the level schedule: validation errors and scheduler invariants."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+
+import minicavs as mc
+
+from graph_strategies import forests, input_graph
+from vertex_cells import binary_tree_lstm
+
+
+# --- validation: every error names the sample and the vertex -----------------------------------
+
+def test_cycle_names_a_vertex_on_it():
+    with pytest.raises(mc.GraphError, match=r"sample 4: the graph has a cycle through vertex [123]"):
+        mc.InputGraph([[], [2], [3], [1]], sample=4)
+
+
+def test_self_loop_is_a_cycle():
+    with pytest.raises(mc.GraphError, match="cycle through vertex 0"):
+        mc.InputGraph([[0]])
+
+
+@pytest.mark.parametrize("children, message", [
+    ([[], [5]], r"sample 2: vertex 1: child index 5 is out of range for a graph of 2 vertices"),
+    ([[], [-1]], r"sample 2: vertex 1: child index -1 is out of range"),
+    ([[], [0.5]], r"sample 2: vertex 1: child 0.5 is not an integer vertex index"),
+    ([[], ["0"]], r"sample 2: vertex 1: child '0' is not an integer vertex index"),
+    ([], r"sample 2: an input graph needs at least one vertex"),
+])
+def test_bad_children(children, message):
+    with pytest.raises(mc.GraphError, match=message):
+        mc.InputGraph(children, sample=2)
+
+
+def test_from_parents_errors():
+    with pytest.raises(mc.GraphError, match=r"vertex 1: parent 7 is out of range"):
+        mc.InputGraph.from_parents([-1, 7])
+    with pytest.raises(mc.GraphError, match="cycle"):
+        mc.InputGraph.from_parents([1, 0])
+
+
+def test_more_children_than_declared_arity_names_sample_and_vertex():
+    F, _ = binary_tree_lstm(3, 2, np.random.default_rng(0))
+    graphs = [mc.InputGraph.chain(2), mc.InputGraph([[], [], [], [0, 1, 2]])]
+    batch = mc.GraphBatch(graphs)
+    with pytest.raises(mc.GraphError, match=r"sample 1, vertex 3: has 3 children, but vertex "
+                                            r"function 'cell' declares arity 2"):
+        F(batch, pull=mc.tensor(np.zeros((batch.num_vertices, 3))))
+
+
+def test_pull_of_the_wrong_shape_is_explained():
+    F, _ = binary_tree_lstm(3, 2, np.random.default_rng(0))
+    batch = mc.GraphBatch([mc.InputGraph.chain(4)])
+    with pytest.raises(mc.ShapeError, match=r"pull has shape \(3, 3\), expected \(4, 3\)"):
+        F(batch, pull=mc.tensor(np.zeros((3, 3))))
+
+
+def test_cell_errors_point_at_the_users_line():
+    W = mc.Parameter(np.zeros((5, 2)))
+
+    def cell(v):
+        v.scatter(v.pull() @ W)  # pull is (3,), W is (5, 2)
+
+    with pytest.raises(mc.ShapeError) as info:
+        mc.VertexFunction(cell, pull_shape=(3,), scatter_shape=(2,))
+    message = str(info.value)
+    assert "op 'matmul'" in message and "(3,)" in message and "(5, 2)" in message
+    assert "test_vertex_graphs.py" in message and "v.scatter(v.pull() @ W)" in message
+
+
+def test_scatter_shape_mismatch_and_missing_scatter():
+    def wrong(v):
+        v.scatter(mc.concat([v.pull(), v.pull()]))
+
+    with pytest.raises(mc.ShapeError, match=r"per-vertex shape \(6,\), but the vertex function "
+                                            r"declares scatter_shape=\(3,\)"):
+        mc.VertexFunction(wrong, pull_shape=(3,), scatter_shape=(3,))
+    with pytest.raises(mc.GraphError, match="never calls v.scatter"):
+        mc.VertexFunction(lambda v: None, pull_shape=(3,), scatter_shape=(3,))
+
+
+def test_gather_beyond_arity_is_explained():
+    with pytest.raises(mc.GraphError, match=r"v.gather\(2\): the vertex function declares arity 2"):
+        mc.VertexFunction(lambda v: v.scatter(v.gather(2)), scatter_shape=(3,), arity=2)
+
+
+def test_data_dependent_python_control_flow_is_explained():
+    def cell(v):
+        x = v.pull()
+        if x.sum() > 0:  # not traceable
+            v.scatter(x)
+
+    with pytest.raises(mc.GraphError, match="truth value"):
+        mc.VertexFunction(cell, pull_shape=(3,), scatter_shape=(3,))
+
+
+# --- the schedule -------------------------------------------------------------------------------
+
+@given(forests(max_arity=3, max_vertices=20, kinds=("tree", "chain", "dag")))
+def test_schedule_invariants(graphs):
+    batch = mc.GraphBatch(graphs)
+    n = batch.num_vertices
+    # Every vertex is in exactly one level: order is a permutation, levels are contiguous.
+    assert sorted(batch.order.tolist()) == list(range(n))
+    assert np.all(np.diff(batch.level[batch.order]) >= 0)
+    for t in range(batch.num_levels):
+        r0, r1 = batch.rows_of_level(t)
+        assert np.all(batch.level[batch.order[r0:r1]] == t)
+    # Each vertex sits above all its children, exactly one above the highest.
+    for v in range(n):
+        kids = batch.child_ids[batch.child_ptr[v]:batch.child_ptr[v + 1]]
+        expected = 0 if kids.size == 0 else 1 + batch.level[kids].max()
+        assert batch.level[v] == expected
+    # The number of levels is the height of the tallest graph plus one.
+    assert batch.num_levels == max(g.height() for g in graphs) + 1
+    # Child-row indices point at the rows of the right children.
+    for k, rows in enumerate(batch.child_rows):
+        for r in range(n):
+            v = batch.order[r]
+            kids = batch.child_ids[batch.child_ptr[v]:batch.child_ptr[v + 1]]
+            assert rows[r] == (batch.row_of[kids[k]] if k < kids.size else -1)
+
+
+@given(input_graph(max_arity=2, max_vertices=30))
+def test_ops_per_level_do_not_depend_on_the_batch_size(graph):
+    F, _ = binary_tree_lstm(3, 2, np.random.default_rng(0))
+    counts = []
+    for copies in (1, 5):
+        batch = mc.GraphBatch([graph] * copies)
+        out = F(batch, pull=mc.tensor(np.ones((batch.num_vertices, 3))))
+        out.sum().backward()
+        stats = F.explain()
+        assert stats["levels"] == graph.height() + 1
+        counts.append((stats["forward_ops_per_level"], stats["backward_ops_per_level"]))
+    assert counts[0] == counts[1]
+    assert len(set(counts[0][0])) == 1  # the same core ops at every level
+
+
+def test_constructors():
+    chain = mc.InputGraph.chain(5)
+    assert chain.children(4) == [3] and chain.height() == 4 and chain.roots.tolist() == [4]
+    tree = mc.InputGraph.complete_binary(256)
+    assert tree.num_vertices == 511 and tree.height() == 8 and tree.roots.tolist() == [510]
+    parents = mc.InputGraph.from_parents([-1, 0, 0, 1])
+    assert parents.children(0) == [1, 2] and parents.children(1) == [3]
+    dag = mc.InputGraph([[], [0], [0, 1]])  # vertex 0 has two parents
+    batch = mc.GraphBatch([dag, chain])
+    assert batch.roots.tolist() == [2, 7] and not batch.is_forest
+    assert batch.offsets.tolist() == [0, 3, 8]
