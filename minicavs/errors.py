@@ -36,3 +36,16 @@ class CheckpointError(MinicavsError, ValueError):
 
 class IndexRangeError(MinicavsError, IndexError):
     """An index (a row, a child, a label) is outside the range it must lie in."""
+
+
+class KernelCompileError(MinicavsError, RuntimeError):
+    """A kernel source did not compile (NVRTC or the g++ shim); carries the log and the source."""
+
+    def __init__(self, message, log="", source=""):
+        super().__init__(message)
+        self.log = log
+        self.source = source
+
+
+class ToolchainError(DeviceError):
+    """A compiler the CUDA layer needs (NVRTC, or g++ for the CPU shim) cannot be found."""

@@ -1,0 +1,47 @@
+"""The ``minicavs`` command line: ``python -m minicavs <command>`` (or the ``minicavs`` script).
+
+Each command is a (configure, run) pair in :data:`COMMANDS`: ``configure(parser)`` adds its
+arguments, ``run(args)`` does the work and returns the exit status. To add one (``train``), write
+the two functions and add an entry.
+"""
+
+import argparse
+import sys
+
+
+def _configure_doctor(parser):
+    parser.description = ("Report the versions of Python, NumPy, CuPy, the CUDA driver, runtime "
+                          "and NVRTC, whether a GPU is visible, and compile and run one kernel.")
+
+
+def _run_doctor(args):
+    from .cuda.doctor import run_doctor
+
+    return run_doctor()
+
+
+COMMANDS = {
+    "doctor": (_configure_doctor, _run_doctor,
+               "check the CUDA toolchain (NVRTC, CPU shim, GPU) and say what is missing"),
+}
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="minicavs",
+                                     description="minicavs: dynamic neural networks (Cavs).")
+    subparsers = parser.add_subparsers(dest="command", metavar="command", required=True)
+    for name, (configure, run, summary) in COMMANDS.items():
+        sub = subparsers.add_parser(name, help=summary)
+        configure(sub)
+        sub.set_defaults(run=run)
+    return parser
+
+
+def main(argv=None):
+    """Parse ``argv`` (default: ``sys.argv[1:]``), run the command, return its exit status."""
+    args = build_parser().parse_args(argv)
+    return int(args.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

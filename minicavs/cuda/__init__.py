@@ -1,0 +1,13 @@
+"""The CUDA layer: GPU kernels, and the means to check them on machines without a GPU.
+
+* ``kernels``  — the Cavs row-copy RawKernels (gather_rows, gather_children, scatter_add_rows
+  atomic and deterministic, scatter_rows, copy_rows, pull_rows, push_rows), each from a memoised
+  (kernel, dtype) factory, checked before launch, with a NumPy twin defining its semantics;
+* ``nvrtc``    — compile any kernel source to PTX with NVRTC (no GPU needed), errors with the log;
+* ``shim``     — compile the same source with g++ behind a small header and run it on the CPU,
+  one (block, thread) at a time; also wraps elementwise bodies into runnable kernels;
+* ``doctor``   — ``python -m minicavs doctor``: what is installed, what is missing, and a
+  compile-and-run of one kernel through NVRTC and the shim.
+
+Nothing here imports CuPy at import time; ``minicavs.backend`` decides numpy or cupy.
+"""

@@ -1,0 +1,593 @@
+"""The row-copy kernels of the Cavs runtime (gather, scatter, pull, push) as CUDA RawKernels.
+
+Cavs §4 "Backend": gather and pull index slices of a tensor and put them together contiguously;
+scatter and push split a tensor along its batch axis and copy the slices to different places;
+each is *one* kernel launch however many rows move. Here a "row" is ``a[r]`` of a C-contiguous
+array, flattened to ``row_size`` elements, and every kernel is a grid-stride loop over (row,
+column) elements with no block synchronisation, so the CPU shim (``shim.py``) can run it.
+
+Each kernel source is templated on the element type (``float`` / ``double``) and built by a
+memoised factory keyed on (kernel, dtype): :func:`kernel_source` gives the source text (NVRTC
+and the shim compile exactly this), :func:`raw_kernel` the ``cupy.RawKernel``. The launch
+functions check everything a kernel cannot — C-contiguity, dtypes, shapes, that indices are int32
+and in range — *before* launching, so a bad index raises :class:`IndexRangeError`, never an
+illegal memory access. Index -1 means "no row": a zero row when gathering, dropped when scattering.
+
+Every launch function takes ``runner``: ``"numpy"`` runs the NumPy twin (``*_numpy``, the
+reference semantics), ``"shim"`` runs the kernel source on the CPU, ``"cupy"`` launches it on the
+GPU; the default is ``"cupy"`` for CuPy arrays and ``"numpy"`` otherwise.
+
+=====================  ====================================================================
+``gather_rows``        ``out[i] = src[idx[i]]``                    (``minicavs_gather_rows``)
+``gather_children``    ``out[c, i] = src[child_idx[i, c]]``        (``minicavs_gather_children``)
+``scatter_add_rows``   ``out[idx[i]] += values[i]``, atomic        (``minicavs_scatter_add_rows``)
+  ``deterministic``    the same, one thread per output element summing its rows in index order
+                                                                   (``minicavs_scatter_add_sorted``)
+``scatter_rows``       ``out[idx[i]] = values[i]``, idx unique     (``minicavs_scatter_rows``)
+``copy_rows``          ``out[dst[i]] = src[src[i]]``, dst unique   (``minicavs_copy_rows``)
+``pull_rows``          caller order -> level order (a gather)
+``push_rows``          level order -> caller order (a scatter of a permutation)
+=====================  ====================================================================
+"""
+
+import functools
+from collections import namedtuple
+from string import Template
+
+import numpy as np
+
+from ..errors import DTypeError, IndexRangeError, ShapeError
+
+INDEX_DTYPE = np.dtype(np.int32)
+DTYPES = {np.dtype(np.float32): ("float", "f32"), np.dtype(np.float64): ("double", "f64")}
+BLOCK_SIZE = 256
+MAX_BLOCKS = 65535  # grid-stride loops cover any size; more blocks than this buys nothing
+
+# One loop step per element e of the (rows x row_size) output; i = e / row_size is its row.
+_GRID_STRIDE = """for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (long long)blockDim.x * gridDim.x)"""
+
+_SOURCES = {
+    "gather_rows": """
+// out[i, :] = src[idx[i], :], or zeros where idx[i] == -1.
+extern "C" __global__ void ${name}(const ${T}* __restrict__ src, const int* __restrict__ idx,
+                                   ${T}* __restrict__ out, const long long n,
+                                   const long long row_size)
+{
+    const long long total = n * row_size;
+    ${loop} {
+        const long long i = e / row_size;
+        const int r = idx[i];
+        out[e] = r < 0 ? (${T})0 : src[(long long)r * row_size + (e - i * row_size)];
+    }
+}
+""",
+    "gather_children": """
+// out[c, i, :] = src[child_idx[i, c], :] (zeros for -1): child c of every vertex of a batching
+// task lands in its own contiguous (n, row_size) block, the buffer of gather(c).
+extern "C" __global__ void ${name}(const ${T}* __restrict__ src,
+                                   const int* __restrict__ child_idx, ${T}* __restrict__ out,
+                                   const long long n, const long long k,
+                                   const long long row_size)
+{
+    const long long total = k * n * row_size;
+    ${loop} {
+        const long long ci = e / row_size;  // c * n + i
+        const long long c = ci / n;
+        const long long i = ci - c * n;
+        const int r = child_idx[i * k + c];
+        out[e] = r < 0 ? (${T})0 : src[(long long)r * row_size + (e - ci * row_size)];
+    }
+}
+""",
+    "scatter_add_rows": """
+// out[idx[i], :] += values[i, :] for idx[i] != -1. Repeated indices add up in whatever order
+// the threads reach them, so float sums may differ in the last bits from run to run.
+extern "C" __global__ void ${name}(const ${T}* __restrict__ values, const int* __restrict__ idx,
+                                   ${T}* __restrict__ out, const long long n,
+                                   const long long row_size)
+{
+    const long long total = n * row_size;
+    ${loop} {
+        const long long i = e / row_size;
+        const int r = idx[i];
+        if (r >= 0) atomicAdd(&out[(long long)r * row_size + (e - i * row_size)], values[e]);
+    }
+}
+""",
+    "scatter_add_sorted": """
+// Deterministic scatter-add. order lists the rows of values grouped by target row, in their
+// original order within a group; group s (rows order[starts[s]] .. order[starts[s+1]-1]) adds
+// into out[targets[s]]. One thread owns one output element and adds its group's values in that
+// fixed order, so the result is the same bits on every run and equals a sequential sum.
+extern "C" __global__ void ${name}(const ${T}* __restrict__ values,
+                                   const int* __restrict__ order,
+                                   const int* __restrict__ targets,
+                                   const int* __restrict__ starts, ${T}* __restrict__ out,
+                                   const long long num_groups, const long long row_size)
+{
+    const long long total = num_groups * row_size;
+    ${loop} {
+        const long long s = e / row_size;
+        const long long j = e - s * row_size;
+        ${T}* target = &out[(long long)targets[s] * row_size + j];
+        ${T} acc = *target;
+        for (int p = starts[s]; p < starts[s + 1]; ++p)
+            acc += values[(long long)order[p] * row_size + j];
+        *target = acc;
+    }
+}
+""",
+    "scatter_rows": """
+// out[idx[i], :] = values[i, :] for idx[i] != -1 (the launcher checks that indices do not repeat).
+extern "C" __global__ void ${name}(const ${T}* __restrict__ values, const int* __restrict__ idx,
+                                   ${T}* __restrict__ out, const long long n,
+                                   const long long row_size)
+{
+    const long long total = n * row_size;
+    ${loop} {
+        const long long i = e / row_size;
+        const int r = idx[i];
+        if (r >= 0) out[(long long)r * row_size + (e - i * row_size)] = values[e];
+    }
+}
+""",
+    "copy_rows": """
+// out[dst_idx[i], :] = src[src_idx[i], :]: many slices from many places to many places in one
+// launch. src_idx[i] == -1 writes a zero row, dst_idx[i] == -1 drops the row (the launcher
+// checks that destinations do not repeat).
+extern "C" __global__ void ${name}(const ${T}* __restrict__ src, const int* __restrict__ src_idx,
+                                   const int* __restrict__ dst_idx, ${T}* __restrict__ out,
+                                   const long long n, const long long row_size)
+{
+    const long long total = n * row_size;
+    ${loop} {
+        const long long i = e / row_size;
+        const long long j = e - i * row_size;
+        const int d = dst_idx[i];
+        if (d < 0) continue;
+        const int r = src_idx[i];
+        out[(long long)d * row_size + j] = r < 0 ? (${T})0 : src[(long long)r * row_size + j];
+    }
+}
+""",
+}
+
+KERNELS = tuple(_SOURCES)
+KernelSource = namedtuple("KernelSource", "name code")
+
+
+def _float_dtype(kernel, dtype):
+    dtype = np.dtype(dtype)
+    if dtype not in DTYPES:
+        raise DTypeError(f"kernel '{kernel}': no version for dtype {dtype} "
+                         f"(float32 and float64 only)")
+    return dtype
+
+
+def kernel_source(kernel, dtype):
+    """The CUDA source of ``kernel`` for ``dtype``: ``KernelSource(name, code)``, with the kernel
+    named ``minicavs_<kernel>_<f32|f64>``."""
+    return _kernel_source(kernel, _float_dtype(kernel, dtype).name)
+
+
+def raw_kernel(kernel, dtype):
+    """The ``cupy.RawKernel`` for ``kernel`` and ``dtype`` (compiled by CuPy on first launch)."""
+    return _raw_kernel(kernel, _float_dtype(kernel, dtype).name)
+
+
+# The memoised factories, keyed on (kernel, dtype name): np.float32 and np.dtype("float32")
+# are equal but hash differently, so the public functions above normalise the dtype first.
+
+@functools.lru_cache(maxsize=None)
+def _kernel_source(kernel, dtype_name):
+    if kernel not in _SOURCES:
+        raise KeyError(f"unknown kernel {kernel!r}; the kernels are {KERNELS}")
+    ctype, suffix = DTYPES[np.dtype(dtype_name)]
+    name = f"minicavs_{kernel}_{suffix}"
+    code = Template(_SOURCES[kernel]).substitute(name=name, T=ctype, loop=_GRID_STRIDE)
+    return KernelSource(name, code)
+
+
+def all_kernel_sources():
+    """Every (kernel, dtype) source, for the NVRTC compile check."""
+    return [kernel_source(k, d) for k in KERNELS for d in DTYPES]
+
+
+@functools.lru_cache(maxsize=None)
+def _raw_kernel(kernel, dtype):
+    import cupy  # lazily: importing minicavs.cuda never needs CuPy
+
+    from . import nvrtc
+    from .errors import ToolchainError
+
+    try:  # let CuPy < 14 find the NVRTC wheel too (see nvrtc.py)
+        nvrtc.load_nvrtc()
+    except ToolchainError:
+        pass  # CuPy may still find a system NVRTC; if not, its own error says so
+
+    source = kernel_source(kernel, dtype)
+    return cupy.RawKernel(source.code, source.name)
+
+
+@functools.lru_cache(maxsize=None)
+def _shim_kernel(kernel, dtype):  # the CPU twin of _raw_kernel
+    from . import shim
+
+    source = kernel_source(kernel, dtype)
+    return shim.shim_kernel(source.code, source.name)
+
+
+def _launch(kernel, dtype, runner, total, args):
+    """Run ``kernel`` over ``total`` elements with a 1-D grid (nothing to do when total is 0)."""
+    if total == 0:
+        return
+    blocks = min(-(-total // BLOCK_SIZE), MAX_BLOCKS)
+    if runner == "cupy":
+        args = tuple(np.int64(a) if isinstance(a, int) else a for a in args)
+        _raw_kernel(kernel, dtype.name)((blocks,), (BLOCK_SIZE,), args)
+    else:
+        _shim_kernel(kernel, dtype.name)((blocks,), (BLOCK_SIZE,), args)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch-time checks: everything the kernel itself cannot check, done before any launch.
+
+_RUNNERS = ("numpy", "shim", "cupy")
+
+
+def _is_cupy(a):
+    from ..backend import is_cupy_array
+
+    return is_cupy_array(a)
+
+
+def _pick_runner(kernel, runner, arrays):
+    on_gpu = [_is_cupy(a) for a in arrays if a is not None]
+    if runner is None:
+        runner = "cupy" if any(on_gpu) else "numpy"
+    if runner not in _RUNNERS:
+        raise ValueError(f"kernel '{kernel}': runner must be one of {_RUNNERS}, got {runner!r}")
+    want_gpu = runner == "cupy"
+    for a, gpu in zip([a for a in arrays if a is not None], on_gpu):
+        if gpu != want_gpu:
+            raise DTypeError(f"kernel '{kernel}': runner '{runner}' needs "
+                             f"{'CuPy' if want_gpu else 'NumPy'} arrays, got a "
+                             f"{'CuPy' if gpu else 'NumPy'} array; move them to one device first")
+        if not gpu and not isinstance(a, np.ndarray):
+            raise DTypeError(f"kernel '{kernel}': expected arrays, got {type(a).__name__}")
+    return runner
+
+
+def _xp(runner):
+    if runner == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def _check_contiguous(kernel, argname, a):
+    if not a.flags.c_contiguous:
+        raise ShapeError(f"kernel '{kernel}': argument '{argname}' must be C-contiguous "
+                         f"(got strides {a.strides} for shape {a.shape}); "
+                         f"pass xp.ascontiguousarray({argname})")
+
+
+def _check_rows(kernel, argname, a):
+    """A float32/float64 C-contiguous array with at least one axis (its rows)."""
+    if a.ndim == 0:
+        raise ShapeError(f"kernel '{kernel}': argument '{argname}' must have rows "
+                         f"(at least one axis), got a 0-d array")
+    _float_dtype(kernel, a.dtype)
+    _check_contiguous(kernel, argname, a)
+
+
+def _check_same_dtype(kernel, argname, a, dtype):
+    if a.dtype != dtype:
+        raise DTypeError(f"kernel '{kernel}': argument '{argname}' must have dtype {dtype} "
+                         f"like the rows it is copied from or to, got {a.dtype}")
+
+
+def _check_out(kernel, out, shape, dtype):
+    if tuple(out.shape) != tuple(shape):
+        raise ShapeError(f"kernel '{kernel}': argument 'out' must have shape {tuple(shape)}, "
+                         f"got {tuple(out.shape)}")
+    _check_same_dtype(kernel, "out", out, dtype)
+    _check_contiguous(kernel, "out", out)
+
+
+def _check_no_overlap(kernel, out, **inputs):
+    """The kernels declare their pointers ``__restrict__``: ``out`` must not alias an input."""
+    xp = _xp("cupy" if _is_cupy(out) else "numpy")
+    for argname, a in inputs.items():
+        if a.size and out.size and xp.may_share_memory(out, a):
+            raise ShapeError(f"kernel '{kernel}': argument 'out' overlaps argument '{argname}'; "
+                             "the kernel reads and writes separate buffers (copy one first)")
+
+
+def _check_index(kernel, argname, idx, ndim, num_rows, check_range=True):
+    """int32, C-contiguous, ``ndim`` axes and (with ``check_range``, which costs a min and a max,
+    a device sync on a GPU) every entry -1 or in ``0..num_rows-1``."""
+    if idx.dtype != INDEX_DTYPE:
+        raise DTypeError(f"kernel '{kernel}': argument '{argname}' must be int32 indices, got "
+                         f"{idx.dtype}; convert once with {argname}.astype(np.int32)")
+    if idx.ndim != ndim:
+        raise ShapeError(f"kernel '{kernel}': argument '{argname}' must have {ndim} "
+                         f"ax{'is' if ndim == 1 else 'es'}, got shape {tuple(idx.shape)}")
+    _check_contiguous(kernel, argname, idx)
+    if not check_range or idx.size == 0:
+        return
+    low, high = int(idx.min()), int(idx.max())
+    if low < -1 or high >= num_rows:
+        bad = low if low < -1 else high
+        position = tuple(int(p[0]) for p in (idx == bad).nonzero())
+        where = position[0] if ndim == 1 else position
+        valid = f"0..{num_rows - 1}" if num_rows else "none: there are no rows"
+        raise IndexRangeError(f"kernel '{kernel}': argument '{argname}' has index {bad} at "
+                              f"position {where}, out of range for {num_rows} rows "
+                              f"(valid: -1 for no row, {valid})")
+
+
+def _row_size(a):
+    return int(np.prod(a.shape[1:], dtype=np.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# gather_rows
+
+def gather_rows_numpy(src, idx, out=None):
+    """NumPy twin of :func:`gather_rows`."""
+    result = np.zeros((idx.shape[0],) + src.shape[1:], dtype=src.dtype) if out is None else out
+    present = idx >= 0
+    result[present] = src[idx[present]]
+    result[~present] = 0
+    return result
+
+
+def gather_rows(src, idx, out=None, *, runner=None, check_indices=True):
+    """``out[i] = src[idx[i]]`` for all i in one launch; ``idx[i] == -1`` gives a zero row.
+
+    ``src``: (N, ...) float32/float64; ``idx``: (n,) int32; ``out``: (n, ...), allocated if None.
+    """
+    kernel = "gather_rows"
+    runner = _pick_runner(kernel, runner, (src, idx, out))
+    _check_rows(kernel, "src", src)
+    _check_index(kernel, "idx", idx, 1, src.shape[0], check_indices)
+    shape = (idx.shape[0],) + tuple(src.shape[1:])
+    if out is None:
+        out = _xp(runner).empty(shape, dtype=src.dtype)
+    else:
+        _check_out(kernel, out, shape, src.dtype)
+        _check_no_overlap(kernel, out, src=src, idx=idx)
+    if runner == "numpy":
+        return gather_rows_numpy(src, idx, out)
+    n = int(idx.shape[0])
+    row_size = _row_size(src)
+    _launch(kernel, src.dtype, runner, n * row_size, (src, idx, out, n, row_size))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# gather_children
+
+def gather_children_numpy(src, child_idx, out=None):
+    """NumPy twin of :func:`gather_children`."""
+    n, k = child_idx.shape
+    if out is None:
+        out = np.zeros((k, n) + src.shape[1:], dtype=src.dtype)
+    for c in range(k):
+        gather_rows_numpy(src, child_idx[:, c], out[c])
+    return out
+
+
+def gather_children(src, child_idx, out=None, *, runner=None, check_indices=True):
+    """All children of a batching task in one launch: ``out[c, i] = src[child_idx[i, c]]``.
+
+    ``child_idx``: (n, k) int32, row i the children of the task's vertex i, -1 where absent
+    (zeros). ``out``: (k, n, ...) so that ``out[c]``, the input of ``gather(c)``, is one
+    contiguous (n, ...) block.
+    """
+    kernel = "gather_children"
+    runner = _pick_runner(kernel, runner, (src, child_idx, out))
+    _check_rows(kernel, "src", src)
+    _check_index(kernel, "child_idx", child_idx, 2, src.shape[0], check_indices)
+    n, k = (int(s) for s in child_idx.shape)
+    shape = (k, n) + tuple(src.shape[1:])
+    if out is None:
+        out = _xp(runner).empty(shape, dtype=src.dtype)
+    else:
+        _check_out(kernel, out, shape, src.dtype)
+        _check_no_overlap(kernel, out, src=src, child_idx=child_idx)
+    if runner == "numpy":
+        return gather_children_numpy(src, child_idx, out)
+    row_size = _row_size(src)
+    _launch(kernel, src.dtype, runner, k * n * row_size, (src, child_idx, out, n, k, row_size))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# scatter_add_rows (atomic and deterministic)
+
+ScatterPlan = namedtuple("ScatterPlan", "order targets starts num_rows")
+ScatterPlan.__doc__ = """The sorted form of a scatter index, built once and reused by every
+deterministic scatter-add with that index (a batch's gather indices do not change between the
+levels of its backward pass): rows ``order[starts[s]:starts[s+1]]`` of the values add into row
+``targets[s]``; -1 entries are left out. All int32."""
+
+
+def scatter_plan(idx, num_rows, *, check_indices=True):
+    """Sort ``idx`` (int32, (n,)) by target row, stably, for :func:`scatter_add_rows`.
+
+    Works on NumPy or CuPy indices (the sort runs where the indices are)."""
+    kernel = "scatter_plan"
+    _check_index(kernel, "idx", idx, 1, int(num_rows), check_indices)
+    xp = _xp("cupy" if _is_cupy(idx) else "numpy")
+    n = int(idx.shape[0])
+    # A key unique per position makes any sort stable: target row first, then position.
+    keys = idx.astype(np.int64) * max(n, 1) + xp.arange(n, dtype=np.int64)
+    order = xp.argsort(keys)
+    sorted_idx = idx[order]
+    first = int((sorted_idx < 0).sum())  # the -1 entries sort first; they are dropped
+    order, sorted_idx = order[first:], sorted_idx[first:]
+    if sorted_idx.size:
+        breaks = xp.flatnonzero(sorted_idx[1:] != sorted_idx[:-1]) + 1
+        starts = xp.concatenate([xp.zeros(1, dtype=np.int64), breaks,
+                                 xp.full(1, sorted_idx.size, dtype=np.int64)])
+    else:
+        starts = xp.zeros(1, dtype=np.int64)
+    targets = sorted_idx[starts[:-1]]
+    return ScatterPlan(order.astype(np.int32), targets.astype(np.int32),
+                       starts.astype(np.int32), int(num_rows))
+
+
+def scatter_add_rows_numpy(values, idx, out):
+    """NumPy twin of :func:`scatter_add_rows`: ``np.add.at``, which adds the rows one after
+    another in index order — the order the deterministic kernel uses: they agree bit for bit."""
+    present = idx >= 0
+    np.add.at(out, idx[present], values[present])
+    return out
+
+
+def scatter_add_rows(values, idx, out, *, deterministic=False, plan=None, runner=None,
+                     check_indices=True):
+    """``out[idx[i]] += values[i]`` for every i with ``idx[i] != -1``; repeated indices add up.
+
+    ``values``: (n, ...); ``idx``: (n,) int32; ``out``: (N, ...) updated in place and returned.
+    The default kernel uses ``atomicAdd`` (float64 atomics are native from sm_60 on), so with
+    repeated indices the float rounding depends on thread timing. ``deterministic=True`` sorts
+    the indices once (or takes a ready ``plan`` from :func:`scatter_plan`) and sums each output
+    row in a fixed order: the same bits on every run, equal to :func:`scatter_add_rows_numpy`.
+    """
+    kernel = "scatter_add_rows"
+    plan_arrays = tuple(plan[:3]) if plan is not None else ()
+    runner = _pick_runner(kernel, runner, (values, idx, out) + plan_arrays)
+    _check_rows(kernel, "values", values)
+    _check_rows(kernel, "out", out)
+    _check_same_dtype(kernel, "out", out, values.dtype)
+    if tuple(out.shape[1:]) != tuple(values.shape[1:]):
+        raise ShapeError(f"kernel '{kernel}': rows of 'values' {tuple(values.shape[1:])} and of "
+                         f"'out' {tuple(out.shape[1:])} must have the same shape")
+    if idx.ndim != 1 or idx.shape[0] != values.shape[0]:
+        raise ShapeError(f"kernel '{kernel}': argument 'idx' must have shape "
+                         f"({values.shape[0]},), one index per row of 'values', got "
+                         f"{tuple(idx.shape)}")
+    _check_index(kernel, "idx", idx, 1, out.shape[0], check_indices)
+    _check_no_overlap(kernel, out, values=values, idx=idx)
+    if runner == "numpy":
+        return scatter_add_rows_numpy(values, idx, out)
+    row_size = _row_size(values)
+    if not deterministic:
+        n = int(idx.shape[0])
+        _launch(kernel, values.dtype, runner, n * row_size, (values, idx, out, n, row_size))
+        return out
+    if plan is None:
+        plan = scatter_plan(idx, out.shape[0], check_indices=False)
+    elif plan.num_rows != out.shape[0] or plan.order.shape[0] > idx.shape[0]:
+        raise ShapeError(f"kernel '{kernel}': the plan was made for {plan.num_rows} rows and "
+                         f"{plan.order.shape[0]} indices, not for this 'out'/'idx'")
+    num_groups = int(plan.targets.shape[0])
+    _launch("scatter_add_sorted", values.dtype, runner, num_groups * row_size,
+            (values, plan.order, plan.targets, plan.starts, out, num_groups, row_size))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# scatter_rows, pull_rows and push_rows
+
+def scatter_rows_numpy(values, idx, out):
+    """NumPy twin of :func:`scatter_rows`."""
+    present = idx >= 0
+    out[idx[present]] = values[present]
+    return out
+
+
+def _check_unique(kernel, idx, argname="idx"):
+    xp = _xp("cupy" if _is_cupy(idx) else "numpy")
+    kept = xp.sort(idx[idx >= 0])
+    repeats = xp.flatnonzero(kept[1:] == kept[:-1])
+    if repeats.size:
+        bad = int(kept[int(repeats[0])])
+        positions = [int(p) for p in xp.flatnonzero(idx == bad)[:2]]
+        raise IndexRangeError(f"kernel '{kernel}': argument '{argname}' has index {bad} more "
+                              f"than once (positions {positions[0]} and {positions[1]}); each "
+                              "row is written at most once — use scatter_add_rows to add up")
+
+
+def scatter_rows(values, idx, out, *, runner=None, check_indices=True):
+    """``out[idx[i]] = values[i]`` for every i with ``idx[i] != -1``; indices must not repeat
+    (checked with ``check_indices``). ``out`` is updated in place and returned."""
+    kernel = "scatter_rows"
+    runner = _pick_runner(kernel, runner, (values, idx, out))
+    _check_rows(kernel, "values", values)
+    _check_rows(kernel, "out", out)
+    _check_same_dtype(kernel, "out", out, values.dtype)
+    if tuple(out.shape[1:]) != tuple(values.shape[1:]):
+        raise ShapeError(f"kernel '{kernel}': rows of 'values' {tuple(values.shape[1:])} and of "
+                         f"'out' {tuple(out.shape[1:])} must have the same shape")
+    if idx.ndim != 1 or idx.shape[0] != values.shape[0]:
+        raise ShapeError(f"kernel '{kernel}': argument 'idx' must have shape "
+                         f"({values.shape[0]},), one index per row of 'values', got "
+                         f"{tuple(idx.shape)}")
+    _check_index(kernel, "idx", idx, 1, out.shape[0], check_indices)
+    if check_indices:
+        _check_unique(kernel, idx)
+    _check_no_overlap(kernel, out, values=values, idx=idx)
+    if runner == "numpy":
+        return scatter_rows_numpy(values, idx, out)
+    n = int(idx.shape[0])
+    row_size = _row_size(values)
+    _launch(kernel, values.dtype, runner, n * row_size, (values, idx, out, n, row_size))
+    return out
+
+
+def copy_rows_numpy(src, src_idx, out, dst_idx):
+    """NumPy twin of :func:`copy_rows`."""
+    keep = dst_idx >= 0
+    out[dst_idx[keep]] = gather_rows_numpy(src, src_idx[keep])
+    return out
+
+
+def copy_rows(src, src_idx, out, dst_idx, *, runner=None, check_indices=True):
+    """``out[dst_idx[i]] = src[src_idx[i]]`` for all i in one launch: the general row copy that
+    gather (``dst_idx`` = 0..n-1) and scatter (``src_idx`` = 0..n-1) specialise. ``src_idx``
+    -1 writes a zero row; ``dst_idx`` -1 drops the row; destinations must not repeat."""
+    kernel = "copy_rows"
+    runner = _pick_runner(kernel, runner, (src, src_idx, out, dst_idx))
+    _check_rows(kernel, "src", src)
+    _check_rows(kernel, "out", out)
+    _check_same_dtype(kernel, "out", out, src.dtype)
+    if tuple(out.shape[1:]) != tuple(src.shape[1:]):
+        raise ShapeError(f"kernel '{kernel}': rows of 'src' {tuple(src.shape[1:])} and of "
+                         f"'out' {tuple(out.shape[1:])} must have the same shape")
+    _check_index(kernel, "src_idx", src_idx, 1, src.shape[0], check_indices)
+    _check_index(kernel, "dst_idx", dst_idx, 1, out.shape[0], check_indices)
+    if src_idx.shape != dst_idx.shape:
+        raise ShapeError(f"kernel '{kernel}': 'src_idx' and 'dst_idx' must pair up, got shapes "
+                         f"{tuple(src_idx.shape)} and {tuple(dst_idx.shape)}")
+    if check_indices:
+        _check_unique(kernel, dst_idx, "dst_idx")
+    _check_no_overlap(kernel, out, src=src, src_idx=src_idx, dst_idx=dst_idx)
+    if runner == "numpy":
+        return copy_rows_numpy(src, src_idx, out, dst_idx)
+    n = int(src_idx.shape[0])
+    row_size = _row_size(src)
+    _launch(kernel, src.dtype, runner, n * row_size, (src, src_idx, dst_idx, out, n, row_size))
+    return out
+
+
+def pull_rows(external, level_order, out=None, *, runner=None, check_indices=True):
+    """Rows of the caller's tensor into level order: ``out[p] = external[level_order[p]]``
+    (``level_order[p]``: the caller's row of the vertex at level-order position p)."""
+    return gather_rows(external, level_order, out, runner=runner, check_indices=check_indices)
+
+
+def push_rows(level_rows, level_order, out=None, *, runner=None, check_indices=True):
+    """Level-order rows back to the caller's order: ``out[level_order[p]] = level_rows[p]``.
+
+    The inverse of :func:`pull_rows` for the same ``level_order``. ``out`` defaults to zeros
+    with ``len(level_order)`` rows (caller rows no vertex maps to stay zero)."""
+    runner = _pick_runner("push_rows", runner, (level_rows, level_order, out))
+    if out is None:
+        out = _xp(runner).zeros(level_rows.shape, dtype=level_rows.dtype)
+    return scatter_rows(level_rows, level_order, out, runner=runner, check_indices=check_indices)

@@ -1,0 +1,350 @@
+"""Run CUDA RawKernel sources on the CPU: the same source, compiled by g++ behind a small header.
+
+No development or CI machine has a GPU, yet every RawKernel must be *executed* in the tests. The
+shim makes that possible for kernels written in the plain grid-stride style (no ``__syncthreads``,
+no shared memory, no warp intrinsics):
+
+* :data:`SHIM_HEADER` defines ``__global__``/``__device__`` away, declares ``threadIdx``,
+  ``blockIdx``, ``blockDim`` and ``gridDim`` as thread-local ``dim3``-like globals, and makes
+  ``atomicAdd`` a plain read-add-write (the shim runs one thread at a time, so that is exact);
+* for every ``extern "C" __global__`` function of the source a host launcher
+  ``<name>__shim_launch(gx, gy, gz, bx, by, bz, <kernel args>)`` is generated: it sets
+  ``gridDim``/``blockDim`` and calls the kernel once per (block, thread), blocks and threads in
+  increasing x, then y, then z;
+* the translation unit is compiled with ``g++ -O2 -shared -fPIC -ffp-contract=off`` (no fused
+  multiply-add, so float results equal NumPy's operation by operation), cached on disk under a
+  hash of everything that goes into it, and loaded with ``ctypes``.
+
+:class:`ShimKernel` is called like ``cupy.RawKernel``: ``kernel(grid, block, args)`` with NumPy
+arrays for pointers and Python or NumPy scalars for the rest; argument dtypes are checked against
+the kernel's C signature before the call. :func:`elementwise_raw_source` turns an elementwise body
+(CuPy ``ElementwiseKernel`` style: names are elements, ``i`` is the index) into such a RawKernel,
+so generated fusion kernels run through the same path.
+"""
+
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DTypeError, ShapeError
+from .errors import KernelCompileError, ToolchainError, numbered
+
+SHIM_HEADER = r"""// minicavs CPU shim: CUDA kernels compiled for the host (minicavs/cuda/shim.py).
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct minicavs_dim3 { unsigned int x, y, z; };
+static thread_local minicavs_dim3 threadIdx, blockIdx, blockDim, gridDim;
+static const int warpSize = 32;
+
+#define __global__
+#define __device__ static inline
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __launch_bounds__(...)
+#define __ldg(p) (*(p))
+// Block-level synchronisation cannot be emulated by running threads one after another.
+#define __syncthreads() static_assert(false, "minicavs shim: __syncthreads() is not supported")
+
+// One thread runs at a time, so a plain read-add-write is exact.
+template <typename T> static inline T atomicAdd(T* address, T value) {
+    T old = *address;
+    *address = old + value;
+    return old;
+}
+
+// CUDA's float overloads and helpers that <math.h> spells differently or lacks.
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+template <typename T> static inline T min(T a, T b) { return b < a ? b : a; }
+template <typename T> static inline T max(T a, T b) { return a < b ? b : a; }
+"""
+
+CXX_FLAGS = ("-O2", "-shared", "-fPIC", "-std=c++17", "-ffp-contract=off", "-fno-fast-math",
+             "-w")
+INSTALL_HINT = "install a C++ compiler: apt-get install g++   (or set CXX to one)"
+
+# C scalar type (after dropping const/volatile/__restrict__) -> (ctypes type, NumPy dtype).
+_C_TYPES = {
+    "float": (ctypes.c_float, np.float32),
+    "double": (ctypes.c_double, np.float64),
+    "bool": (ctypes.c_bool, np.bool_),
+    "char": (ctypes.c_char, np.int8),
+    "signed char": (ctypes.c_byte, np.int8),
+    "unsigned char": (ctypes.c_ubyte, np.uint8),
+    "short": (ctypes.c_short, np.int16),
+    "unsigned short": (ctypes.c_ushort, np.uint16),
+    "int": (ctypes.c_int, np.int32),
+    "unsigned int": (ctypes.c_uint, np.uint32),
+    "unsigned": (ctypes.c_uint, np.uint32),
+    "long long": (ctypes.c_longlong, np.int64),
+    "unsigned long long": (ctypes.c_ulonglong, np.uint64),
+    "int8_t": (ctypes.c_int8, np.int8),
+    "uint8_t": (ctypes.c_uint8, np.uint8),
+    "int16_t": (ctypes.c_int16, np.int16),
+    "uint16_t": (ctypes.c_uint16, np.uint16),
+    "int32_t": (ctypes.c_int32, np.int32),
+    "uint32_t": (ctypes.c_uint32, np.uint32),
+    "int64_t": (ctypes.c_int64, np.int64),
+    "uint64_t": (ctypes.c_uint64, np.uint64),
+    "size_t": (ctypes.c_size_t, np.uint64),
+    "ptrdiff_t": (ctypes.c_ssize_t, np.int64),
+}
+_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict"}
+_SIGNATURE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
+
+
+@dataclass(frozen=True)
+class KernelParam:
+    """One parameter of a kernel: its C declaration split into the parts the launcher needs."""
+
+    decl: str  # as written, e.g. "const float* __restrict__ src"
+    name: str
+    base: str  # scalar type without qualifiers or '*', e.g. "float"
+    pointer: bool
+    const: bool
+
+    @property
+    def ctype(self):
+        return ctypes.c_void_p if self.pointer else _C_TYPES[self.base][0]
+
+    @property
+    def dtype(self):
+        return np.dtype(_C_TYPES[self.base][1])
+
+
+def _parse_param(kernel, decl):
+    decl = " ".join(decl.split())
+    match = re.fullmatch(r"(.*?)\s*\b(\w+)", decl)
+    if not match or not match.group(1):
+        raise KernelCompileError(f"shim: cannot read parameter {decl!r} of kernel '{kernel}'")
+    type_part, name = match.groups()
+    pointer = type_part.count("*")
+    words = type_part.replace("*", " ").split()
+    base = " ".join(w for w in words if w not in _QUALIFIERS)
+    if pointer > 1 or base not in _C_TYPES:
+        raise KernelCompileError(
+            f"shim: parameter '{decl}' of kernel '{kernel}' has a type the shim cannot pass "
+            f"(supported: a pointer to, or a value of, one of {sorted(_C_TYPES)})")
+    const = "const" in type_part.split("*")[0].split()
+    return KernelParam(decl, name, base, bool(pointer), const)
+
+
+def parse_kernels(source):
+    """``{name: (KernelParam, ...)}`` for every ``extern "C" __global__ void`` in ``source``."""
+    kernels = {}
+    for match in _SIGNATURE.finditer(source):
+        name, params = match.group(1), match.group(2).strip()
+        decls = [p for p in params.split(",")] if params and params != "void" else []
+        kernels[name] = tuple(_parse_param(name, d) for d in decls)
+    return kernels
+
+
+def launcher_source(name, params):
+    """C++ of the exported host launcher that runs kernel ``name`` over a grid of blocks."""
+    decls = "".join(f", {p.decl}" for p in params)
+    call = ", ".join(p.name for p in params)
+    # Every local name has a prefix no kernel parameter uses.
+    return f"""
+extern "C" void {name}__shim_launch(unsigned int mc_gx, unsigned int mc_gy, unsigned int mc_gz,
+                                    unsigned int mc_bx, unsigned int mc_by,
+                                    unsigned int mc_bz{decls}) {{
+    gridDim = minicavs_dim3{{mc_gx, mc_gy, mc_gz}};
+    blockDim = minicavs_dim3{{mc_bx, mc_by, mc_bz}};
+    for (unsigned int mc_z = 0; mc_z < mc_gz; ++mc_z)
+    for (unsigned int mc_y = 0; mc_y < mc_gy; ++mc_y)
+    for (unsigned int mc_x = 0; mc_x < mc_gx; ++mc_x) {{
+        blockIdx = minicavs_dim3{{mc_x, mc_y, mc_z}};
+        for (unsigned int mc_tz = 0; mc_tz < mc_bz; ++mc_tz)
+        for (unsigned int mc_ty = 0; mc_ty < mc_by; ++mc_ty)
+        for (unsigned int mc_tx = 0; mc_tx < mc_bx; ++mc_tx) {{
+            threadIdx = minicavs_dim3{{mc_tx, mc_ty, mc_tz}};
+            {name}({call});
+        }}
+    }}
+}}
+"""
+
+
+def translation_unit(source, kernels, filename="kernel.cu"):
+    """Header + the kernel source (with its own line numbers) + one launcher per kernel."""
+    launchers = "".join(launcher_source(n, p) for n, p in kernels.items())
+    return (f'{SHIM_HEADER}\n#line 1 "{filename}"\n{source}\n'
+            f'#line 1 "minicavs_shim_launchers.cpp"\n{launchers}')
+
+
+@functools.lru_cache(maxsize=None)
+def compiler():
+    """``(path, version line)`` of the C++ compiler (``$CXX``, else g++); raises if missing."""
+    cxx = os.environ.get("CXX") or "g++"
+    path = shutil.which(cxx)
+    if path is None:
+        raise ToolchainError(f"the CPU shim needs a C++ compiler, and '{cxx}' was not found; "
+                             f"{INSTALL_HINT}")
+    try:
+        version = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                 check=True, timeout=60).stdout.splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError) as exc:
+        raise ToolchainError(f"the C++ compiler '{path}' does not run ({exc}); {INSTALL_HINT}")
+    return path, version
+
+
+def cache_dir():
+    """Where compiled shim libraries are kept: ``$MINICAVS_CACHE_DIR/shim``, else
+    ``~/.cache/minicavs/shim``, else a per-user folder in the temp dir."""
+    candidates = []
+    if os.environ.get("MINICAVS_CACHE_DIR"):
+        candidates.append(os.path.join(os.environ["MINICAVS_CACHE_DIR"], "shim"))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    candidates.append(os.path.join(base, "minicavs", "shim"))
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    candidates.append(os.path.join(tempfile.gettempdir(), f"minicavs-shim-{uid}"))
+    for folder in candidates:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            if os.access(folder, os.W_OK):
+                return folder
+        except OSError:
+            continue
+    raise ToolchainError(f"no writable cache folder for the CPU shim (tried {candidates}); "
+                         "set MINICAVS_CACHE_DIR")
+
+
+def _build(unit, tag):
+    """Compile ``unit`` to a shared library in the cache (reused when present); return its path."""
+    cxx, version = compiler()
+    key = hashlib.sha256("\0".join((unit, version, *CXX_FLAGS)).encode()).hexdigest()[:24]
+    folder = cache_dir()
+    target = os.path.join(folder, f"{tag}-{key}.so")
+    if os.path.exists(target):
+        return target
+    # Unique scratch names, then atomic renames: concurrent builds of one key (pytest-xdist,
+    # several processes) never see each other's half-written files.
+    fd, cpp = tempfile.mkstemp(prefix=f"{tag}-", suffix=".cpp.part", dir=folder)
+    with os.fdopen(fd, "w") as f:
+        f.write(unit)
+    fd, partial = tempfile.mkstemp(prefix=f"{tag}-", suffix=".so.part", dir=folder)
+    os.close(fd)
+    try:
+        result = subprocess.run([cxx, *CXX_FLAGS, "-x", "c++", "-o", partial, cpp],
+                                capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:
+            log = (result.stderr or result.stdout).strip()
+            raise KernelCompileError(
+                f"the CPU shim ({version}) could not compile kernel source '{tag}'.\n"
+                f"--- compiler log ---\n{log}\n--- translation unit ---\n{numbered(unit)}",
+                log=log, source=unit)
+        os.replace(cpp, target[:-3] + ".cpp")  # kept beside the library, for reading
+        os.replace(partial, target)
+    finally:
+        for scratch in (cpp, partial):
+            if os.path.exists(scratch):
+                os.remove(scratch)
+    return target
+
+
+class ShimModule:
+    """All kernels of one CUDA source, compiled for the CPU (the shim's ``cupy.RawModule``)."""
+
+    def __init__(self, source, tag=None):
+        self.source = source
+        self.params = parse_kernels(source)
+        if not self.params:
+            raise KernelCompileError('shim: the source defines no extern "C" __global__ kernel:\n'
+                                     + numbered(source))
+        tag = tag or next(iter(self.params))
+        self.path = _build(translation_unit(source, self.params, f"{tag}.cu"), tag)
+        self._lib = ctypes.CDLL(self.path)
+
+    def get_function(self, name):
+        if name not in self.params:
+            raise KernelCompileError(f"shim: kernel '{name}' is not in this source "
+                                     f"(it defines {sorted(self.params)})")
+        launch = getattr(self._lib, f"{name}__shim_launch")
+        launch.argtypes = [ctypes.c_uint] * 6 + [p.ctype for p in self.params[name]]
+        launch.restype = None
+        return ShimKernel(name, self.params[name], launch)
+
+
+class ShimKernel:
+    """One kernel on the CPU, called like ``cupy.RawKernel``: ``kernel(grid, block, args)``."""
+
+    def __init__(self, name, params, launch):
+        self.name, self.params, self._launch = name, params, launch
+
+    def __call__(self, grid, block, args):
+        grid, block = _dim3(grid, "grid"), _dim3(block, "block")
+        if len(args) != len(self.params):
+            raise ShapeError(f"kernel '{self.name}' takes {len(self.params)} arguments "
+                             f"({', '.join(p.name for p in self.params)}), got {len(args)}")
+        self._launch(*grid, *block, *(self._convert(p, a) for p, a in zip(self.params, args)))
+
+    def _convert(self, param, value):
+        where = f"kernel '{self.name}', argument '{param.name}'"
+        if not param.pointer:
+            if isinstance(value, np.ndarray):
+                raise DTypeError(f"{where}: expected a {param.base} scalar, got an array")
+            return param.ctype(value)
+        if not isinstance(value, np.ndarray):
+            raise DTypeError(f"{where}: expected a NumPy array ({param.decl}), "
+                             f"got {type(value).__name__}")
+        if value.dtype != param.dtype:
+            raise DTypeError(f"{where}: expected dtype {param.dtype} ({param.decl}), "
+                             f"got {value.dtype}")
+        if not value.flags.c_contiguous:
+            raise ShapeError(f"{where}: the array must be C-contiguous")
+        if not param.const and not value.flags.writeable:
+            raise ShapeError(f"{where}: the kernel writes this array, but it is read-only")
+        return value.ctypes.data
+
+
+def _dim3(dims, what):
+    dims = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
+    if not 1 <= len(dims) <= 3 or any(int(d) < 1 for d in dims):
+        raise ShapeError(f"shim launch: {what} must be 1 to 3 positive sizes, got {dims}")
+    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
+
+
+@functools.lru_cache(maxsize=None)
+def shim_module(source, tag=None):
+    """The compiled :class:`ShimModule` of ``source`` (memoised per process, on disk across)."""
+    return ShimModule(source, tag)
+
+
+def shim_kernel(source, name):
+    """The CPU twin of ``cupy.RawKernel(source, name)``."""
+    return shim_module(source, name).get_function(name)
+
+
+def elementwise_raw_source(name, in_params, out_params, operation, preamble=""):
+    """A grid-stride RawKernel that runs an elementwise ``operation`` for every index ``i``.
+
+    ``in_params``/``out_params`` are ``(c_type, name)`` pairs; inside ``operation`` each name is
+    the element at ``i`` (inputs by value, outputs by reference), as in CuPy's ElementwiseKernel,
+    and ``i`` is the element index. The kernel takes the arrays in order, then ``long long n``.
+    The result compiles with NVRTC and runs through the shim, so fused bodies are checked on CPU.
+    """
+    args = [f"const {t}* __restrict__ {n}__raw" for t, n in in_params]
+    args += [f"{t}* __restrict__ {n}__raw" for t, n in out_params]
+    loads = "".join(f"        const {t} {n} = {n}__raw[i];\n" for t, n in in_params)
+    refs = "".join(f"        {t}& {n} = {n}__raw[i];\n" for t, n in out_params)
+    body = "\n".join("        " + line for line in operation.strip().splitlines())
+    return f"""{preamble}
+extern "C" __global__ void {name}({', '.join(args + ['const long long n'])})
+{{
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)blockDim.x * gridDim.x) {{
+{loads}{refs}{body}
+    }}
+}}
+"""

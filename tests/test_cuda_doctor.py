@@ -1,0 +1,78 @@
+"""``python -m minicavs doctor``, the CLI around it, and the CUDA layer importing without CuPy."""
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+from minicavs.__main__ import COMMANDS, build_parser, main
+from minicavs.cuda.doctor import run_doctor
+
+
+def test_python_m_minicavs_doctor_runs_and_reports_ok():
+    result = subprocess.run([sys.executable, "-m", "minicavs", "doctor"], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for label in ("python", "numpy", "cupy", "cuda driver", "cuda runtime", "nvrtc", "gpu",
+                  "c++ (shim)", "nvrtc compile (compute_90)", "shim run"):
+        assert f"  {label} " in result.stdout, label
+    assert "minicavs_gather_rows_f32: ok" in result.stdout
+    assert "status: ok" in result.stdout
+
+
+def test_doctor_says_what_to_install_for_each_missing_piece():
+    stream = io.StringIO()
+    assert run_doctor(stream) == 0
+    lines = stream.getvalue().splitlines()
+    # On a machine without a GPU the driver and gpu lines are each followed by a hint.
+    for i, line in enumerate(lines):
+        if line.split()[:2] in (["gpu", "none"], ["cuda", "driver"]) and "none" in line:
+            assert lines[i + 1].strip().startswith("->")
+
+
+def test_cli_has_subcommands_and_requires_one():
+    assert "doctor" in COMMANDS
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["no-such-command"])
+
+
+def test_cuda_layer_imports_without_importing_cupy():
+    code = ("import sys, minicavs, minicavs.cuda, minicavs.cuda.kernels, minicavs.cuda.shim, "
+            "minicavs.cuda.nvrtc, minicavs.cuda.doctor, minicavs.__main__\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('cupy', 'cupy_backends')]\n"
+            "assert not bad, bad\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def _doctor_in_subprocess(prelude="", env=None):
+    import os
+
+    code = prelude + "from minicavs.cuda.doctor import run_doctor\nraise SystemExit(run_doctor())\n"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})})
+
+
+def test_doctor_without_cupy_says_what_to_install():
+    # sys.modules[name] = None makes "import name" fail, as on a machine without CuPy.
+    result = _doctor_in_subprocess("import sys\nsys.modules['cupy'] = None\n"
+                                   "sys.modules['cupy_backends'] = None\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    cupy_line = next(i for i, line in enumerate(lines) if line.split()[:1] == ["cupy"])
+    assert "not installed" in lines[cupy_line]
+    assert "pip install cupy-cuda12x" in lines[cupy_line + 1]
+    nvrtc_line = next(i for i, line in enumerate(lines) if line.split()[:1] == ["nvrtc"])
+    assert "nvidia-cuda-nvrtc-cu12" in lines[nvrtc_line + 1]
+    assert "shim run" in result.stdout and "status: ok" in result.stdout
+
+
+def test_doctor_without_a_compiler_says_what_to_install():
+    result = _doctor_in_subprocess(env={"CXX": "minicavs-no-such-compiler"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "not found" in result.stdout and "apt-get install g++" in result.stdout

@@ -1,0 +1,518 @@
+"""The CUDA row kernels, checked without a GPU: every source compiles with NVRTC for Hopper, and
+every kernel, run on the CPU through the g++ shim, equals its NumPy twin bit for bit. NVRTC and
+g++ are part of the test environment (the ``[test]`` extra), so nothing here is skipped for want
+of them; only the ``gpu`` tests at the end need a device."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import minicavs as mc
+from minicavs.cuda import kernels, nvrtc, shim
+from minicavs.cuda.errors import KernelCompileError
+from minicavs.errors import DTypeError, IndexRangeError, ShapeError
+
+FLOAT_DTYPES = [np.float32, np.float64]
+ROW_SHAPES = [(), (1,), (3,), (2, 3), (0,), (5, 1, 2)]
+
+
+def assert_bits_equal(got, want):
+    """Same shape, dtype and bits (NaN payloads and the sign of zero included)."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    uint = np.dtype(f"u{got.dtype.itemsize}")
+    np.testing.assert_array_equal(np.ascontiguousarray(got).view(uint),
+                                  np.ascontiguousarray(want).view(uint))
+
+
+# ----------------------------------------------------------------------------- strategies
+
+@st.composite
+def row_arrays(draw, num_rows=None, dtype=None, finite=False, row_shape=None):
+    dtype = np.dtype(dtype or draw(st.sampled_from(FLOAT_DTYPES)))
+    num_rows = draw(st.integers(0, 9)) if num_rows is None else num_rows
+    row_shape = draw(st.sampled_from(ROW_SHAPES)) if row_shape is None else row_shape
+    if finite:  # sums of bounded values: no overflow, no NaN payload questions
+        elements = st.floats(-1e3, 1e3, width=8 * dtype.itemsize)
+    else:
+        elements = st.floats(width=8 * dtype.itemsize, allow_nan=True, allow_infinity=True)
+    return draw(hnp.arrays(dtype, (num_rows,) + row_shape, elements=elements))
+
+
+@st.composite
+def indices(draw, num_rows, length=None, shape=None, allow_missing=True):
+    """int32 indices into ``num_rows`` rows, -1 ("no row") included, repeats likely."""
+    shape = shape or ((draw(st.integers(0, 14)) if length is None else length),)
+    low = -1 if allow_missing else 0
+    if num_rows == 0:
+        low = -1
+    return draw(hnp.arrays(np.int32, shape, elements=st.integers(low, max(num_rows - 1, low))))
+
+
+@st.composite
+def gather_cases(draw):
+    src = draw(row_arrays())
+    return src, draw(indices(src.shape[0]))
+
+
+@st.composite
+def scatter_cases(draw, unique=False):
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    row_shape = draw(st.sampled_from(ROW_SHAPES))
+    num_rows = draw(st.integers(0, 8))
+    if unique:
+        n = draw(st.integers(0, num_rows))
+        perm = np.array(draw(st.permutations(range(num_rows))), dtype=np.int32)[:n]
+        missing = draw(hnp.arrays(np.bool_, (n,)))
+        idx = np.where(missing, -1, perm).astype(np.int32) if n else perm
+    else:
+        idx = draw(indices(num_rows))
+    values = draw(row_arrays(num_rows=idx.shape[0], dtype=dtype, finite=True,
+                             row_shape=row_shape))
+    out = draw(row_arrays(num_rows=num_rows, dtype=dtype, finite=True, row_shape=row_shape))
+    return values, idx, out
+
+
+# ----------------------------------------------------------------------------- NVRTC
+
+def test_nvrtc_is_available_and_targets_hopper():
+    # Not a skip: the [test] extra installs NVRTC, and these tests exist to run it in CI.
+    assert nvrtc.nvrtc_version() >= (12, 0)
+    assert 90 in nvrtc.supported_archs()
+
+
+@pytest.mark.parametrize("source", kernels.all_kernel_sources(), ids=lambda s: s.name)
+def test_every_kernel_compiles_with_nvrtc_for_compute_90(source):
+    ptx = nvrtc.compile_to_ptx(source.code, source.name, arch="compute_90")
+    assert ".target sm_90" in ptx
+    assert nvrtc.ptx_entries(ptx) == [source.name]  # extern "C": the name is not mangled
+    assert source.name.startswith("minicavs_")
+
+
+def test_atomic_scatter_uses_native_atomics_for_both_dtypes():
+    for dtype, suffix in ((np.float32, "f32"), (np.float64, "f64")):
+        source = kernels.kernel_source("scatter_add_rows", dtype)
+        assert f"atom.global.add.{suffix}" in nvrtc.compile_to_ptx(source.code, source.name)
+
+
+def test_nvrtc_error_carries_log_and_numbered_source():
+    source = 'extern "C" __global__ void minicavs_broken(float* x)\n{\n    x[0] = y;\n}\n'
+    with pytest.raises(KernelCompileError) as info:
+        nvrtc.compile_to_ptx(source, "minicavs_broken")
+    message = str(info.value)
+    assert '"y" is undefined' in info.value.log and '"y" is undefined' in message
+    assert "3 |     x[0] = y;" in message  # the source, with line numbers
+
+
+def test_kernel_factories_are_memoised_and_named_by_dtype():
+    a = kernels.kernel_source("gather_rows", np.float32)
+    assert a is kernels.kernel_source("gather_rows", np.dtype("float32"))
+    assert a.name == "minicavs_gather_rows_f32"
+    assert "double" in kernels.kernel_source("gather_rows", np.float64).code
+    assert "__syncthreads" not in "".join(s.code for s in kernels.all_kernel_sources())
+    with pytest.raises(DTypeError, match="float32 and float64 only"):
+        kernels.kernel_source("gather_rows", np.float16)
+
+
+# ----------------------------------------------------------------------------- the shim itself
+
+def test_shim_runs_a_kernel_with_every_block_and_thread():
+    source = """
+extern "C" __global__ void minicavs_test_ids(int* out, const int n)
+{
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < n) out[t] = t * 1000 + blockIdx.x * 10 + threadIdx.x + gridDim.x * 0;
+}
+"""
+    kernel = shim.shim_kernel(source, "minicavs_test_ids")
+    out = np.full(12, -7, dtype=np.int32)
+    kernel((3,), (4,), (out, 11))
+    t = np.arange(12)
+    want = np.where(t < 11, t * 1000 + (t // 4) * 10 + t % 4, -7)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_shim_checks_argument_types_against_the_signature():
+    kernel = shim.shim_kernel(kernels.kernel_source("gather_rows", np.float32).code,
+                              "minicavs_gather_rows_f32")
+    src = np.zeros((2, 3), np.float64)  # double where the kernel reads float
+    with pytest.raises(DTypeError, match="argument 'src': expected dtype float32"):
+        kernel((1,), (32,), (src, np.zeros(1, np.int32), np.zeros((1, 3), np.float32), 1, 3))
+    with pytest.raises(ShapeError, match="takes 5 arguments"):
+        kernel((1,), (32,), (src,))
+
+
+def test_shim_compile_error_carries_log_and_rejects_syncthreads():
+    source = """
+extern "C" __global__ void minicavs_test_sync(float* x)
+{
+    __syncthreads();
+    x[threadIdx.x] = 0;
+}
+"""
+    with pytest.raises(KernelCompileError, match="__syncthreads"):
+        shim.shim_module(source)
+
+
+def test_shim_caches_compiled_libraries_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINICAVS_CACHE_DIR", str(tmp_path))
+    source = 'extern "C" __global__ void minicavs_test_cache(float* x) { x[0] = 1.0f; }\n'
+    first = shim.ShimModule(source)
+    assert first.path.startswith(str(tmp_path))
+    mtime = (tmp_path / "shim" / first.path.rsplit("/", 1)[1]).stat().st_mtime_ns
+    second = shim.ShimModule(source)  # a fresh object: the .so is reused, not rebuilt
+    assert second.path == first.path
+    assert (tmp_path / "shim" / first.path.rsplit("/", 1)[1]).stat().st_mtime_ns == mtime
+    x = np.zeros(1, np.float32)
+    second.get_function("minicavs_test_cache")((1,), (1,), (x,))
+    assert x[0] == 1.0
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_elementwise_body_runs_in_the_shim_and_compiles_with_nvrtc(dtype):
+    ctype = "float" if dtype == np.float32 else "double"
+    source = shim.elementwise_raw_source(
+        f"minicavs_test_axpb_{ctype}", [(ctype, "x"), (ctype, "a"), (ctype, "b")],
+        [(ctype, "y")], "y = x * a + b;")
+    name = f"minicavs_test_axpb_{ctype}"
+    assert nvrtc.ptx_entries(nvrtc.compile_to_ptx(source, name)) == [name]
+    rng = np.random.default_rng(1)
+    x, a, b = (rng.standard_normal(1000).astype(dtype) for _ in range(3))
+    y = np.empty_like(x)
+    shim.shim_kernel(source, name)((3,), (128,), (x, a, b, y, x.size))
+    assert_bits_equal(y, x * a + b)  # no FMA contraction: the same two roundings as NumPy
+
+
+# ----------------------------------------------------------------------------- kernels vs twins
+
+@given(gather_cases())
+def test_gather_rows_shim_equals_numpy_twin(case):
+    src, idx = case
+    got = kernels.gather_rows(src, idx, runner="shim")
+    want = kernels.gather_rows_numpy(src, idx)
+    assert_bits_equal(got, want)
+    # The twin's meaning, spelled independently, and the ops layer's take_rows agree with it.
+    present = (idx >= 0).reshape((-1,) + (1,) * (src.ndim - 1))
+    picked = src[np.maximum(idx, 0)] if src.shape[0] else np.zeros_like(want)
+    assert_bits_equal(want, np.where(present, picked, np.zeros((), src.dtype)))
+    assert_bits_equal(mc.take_rows(src, idx).numpy(), want)
+
+
+@given(gather_cases(), st.data())
+def test_gather_rows_overwrites_a_given_out(case, data):
+    src, idx = case
+    out = data.draw(row_arrays(num_rows=idx.shape[0], dtype=src.dtype, row_shape=src.shape[1:]))
+    result = kernels.gather_rows(src, idx, out, runner="shim")
+    assert result is out
+    assert_bits_equal(out, kernels.gather_rows_numpy(src, idx))
+
+
+@st.composite
+def children_cases(draw):
+    src = draw(row_arrays())
+    n, k = draw(st.integers(0, 7)), draw(st.integers(0, 3))
+    return src, draw(indices(src.shape[0], shape=(n, k)))
+
+
+@given(children_cases())
+def test_gather_children_shim_equals_numpy_twin(case):
+    src, child_idx = case
+    got = kernels.gather_children(src, child_idx, runner="shim")
+    want = kernels.gather_children_numpy(src, child_idx)
+    assert got.shape == (child_idx.shape[1], child_idx.shape[0]) + src.shape[1:]
+    assert_bits_equal(got, want)
+    for c in range(child_idx.shape[1]):  # out[c] is gather(c): one contiguous block per child
+        assert got[c].flags.c_contiguous
+        assert_bits_equal(got[c], kernels.gather_rows_numpy(src, child_idx[:, c].copy()))
+
+
+@given(scatter_cases())
+def test_deterministic_scatter_add_is_bitwise_a_sequential_sum(case):
+    values, idx, out = case
+    want = kernels.scatter_add_rows_numpy(values, idx, out.copy())
+    got = kernels.scatter_add_rows(values, idx, out.copy(), deterministic=True, runner="shim")
+    assert_bits_equal(got, want)
+    # The same, spelled as "sort by target row (stably), then add in that order".
+    spelled = out.copy()
+    for i in np.argsort(idx, kind="stable"):
+        if idx[i] >= 0:
+            spelled[idx[i]] = spelled[idx[i]] + values[i]
+    assert_bits_equal(want, spelled)
+    # ... and it is what the ops layer's scatter_add_rows computes (into zeros).
+    zeros = np.zeros_like(out)
+    assert_bits_equal(mc.scatter_add_rows(values, idx, out.shape[0]).numpy(),
+                      kernels.scatter_add_rows(values, idx, zeros, deterministic=True,
+                                               runner="shim"))
+
+
+@given(scatter_cases())
+def test_atomic_scatter_add_agrees_up_to_summation_order(case):
+    values, idx, out = case
+    want = kernels.scatter_add_rows_numpy(values, idx, out.copy())
+    got = kernels.scatter_add_rows(values, idx, out.copy(), runner="shim")
+    # The threads reach repeated rows in another order than np.add.at: bound the rounding by
+    # (number of terms) * eps * (sum of magnitudes), which holds for any order of summation.
+    magnitude = kernels.scatter_add_rows_numpy(np.abs(values), idx, np.abs(out))
+    terms = np.bincount(idx[idx >= 0], minlength=out.shape[0]) + 1
+    terms = terms.reshape((-1,) + (1,) * (out.ndim - 1))
+    bound = terms * np.finfo(out.dtype).eps * magnitude
+    assert np.all(np.abs(got.astype(np.float64) - want) <= bound)
+
+
+@given(scatter_cases(unique=True))
+def test_atomic_scatter_add_without_repeats_is_exact(case):
+    values, idx, out = case
+    want = kernels.scatter_add_rows_numpy(values, idx, out.copy())
+    assert_bits_equal(kernels.scatter_add_rows(values, idx, out.copy(), runner="shim"), want)
+
+
+@given(scatter_cases())
+def test_scatter_plan_groups_rows_by_target_in_original_order(case):
+    values, idx, out = case
+    plan = kernels.scatter_plan(idx, out.shape[0])
+    assert all(a.dtype == np.int32 for a in plan[:3])
+    kept = np.flatnonzero(idx >= 0)
+    assert sorted(plan.order.tolist()) == kept.tolist()
+    assert plan.starts[0] == 0 and plan.starts[-1] == kept.size
+    assert np.all(np.diff(plan.targets) > 0)  # each target once, ascending
+    for s, target in enumerate(plan.targets):
+        group = plan.order[plan.starts[s]:plan.starts[s + 1]]
+        assert np.all(idx[group] == target) and np.all(np.diff(group) > 0)
+    # A ready plan gives the same bits as one built inside the call.
+    a = kernels.scatter_add_rows(values, idx, out.copy(), deterministic=True, plan=plan,
+                                 runner="shim")
+    assert_bits_equal(a, kernels.scatter_add_rows_numpy(values, idx, out.copy()))
+
+
+@given(scatter_cases(unique=True))
+def test_scatter_rows_shim_equals_numpy_twin(case):
+    values, idx, out = case
+    want = kernels.scatter_rows_numpy(values, idx, out.copy())
+    assert_bits_equal(kernels.scatter_rows(values, idx, out.copy(), runner="shim"), want)
+
+
+@st.composite
+def copy_cases(draw):
+    src = draw(row_arrays())
+    num_out = draw(st.integers(0, 8))
+    n = draw(st.integers(0, num_out + 2))
+    dst = list(draw(st.permutations(range(num_out))))[:n]
+    dst = np.array(dst + [-1] * (n - len(dst)), dtype=np.int32)
+    dst = dst[np.array(draw(st.permutations(range(n))), dtype=np.intp)] if n else dst
+    src_idx = draw(indices(src.shape[0], length=n))
+    out = draw(row_arrays(num_rows=num_out, dtype=src.dtype, row_shape=src.shape[1:]))
+    return src, src_idx, out, dst
+
+
+@given(copy_cases())
+def test_copy_rows_shim_equals_numpy_twin(case):
+    src, src_idx, out, dst_idx = case
+    want = kernels.copy_rows_numpy(src, src_idx, out.copy(), dst_idx)
+    assert_bits_equal(kernels.copy_rows(src, src_idx, out.copy(), dst_idx, runner="shim"), want)
+    # copy_rows is gather followed by scatter, in one launch.
+    spelled = kernels.scatter_rows_numpy(kernels.gather_rows_numpy(src, src_idx), dst_idx,
+                                         out.copy())
+    assert_bits_equal(want, spelled)
+
+
+@given(row_arrays(), st.randoms(use_true_random=False))
+def test_push_undoes_pull(external, random):
+    order = np.arange(external.shape[0], dtype=np.int32)
+    random.shuffle(order)
+    level = kernels.pull_rows(external, order, runner="shim")
+    assert_bits_equal(level, kernels.gather_rows_numpy(external, order))
+    back = kernels.push_rows(level, order, runner="shim")
+    assert_bits_equal(back, external)
+    assert_bits_equal(kernels.push_rows(level, order, runner="numpy"), external)
+
+
+@pytest.mark.parametrize("blocks, threads", [(1, 32), (3, 7), (65535, 256)])
+def test_grid_stride_loops_cover_any_grid(monkeypatch, blocks, threads):
+    # Fewer threads than elements: each thread walks the grid-stride loop several times.
+    monkeypatch.setattr(kernels, "MAX_BLOCKS", blocks)
+    monkeypatch.setattr(kernels, "BLOCK_SIZE", threads)
+    rng = np.random.default_rng(2)
+    src = rng.standard_normal((300, 7)).astype(np.float32)
+    idx = rng.integers(-1, 300, 1000).astype(np.int32)
+    assert_bits_equal(kernels.gather_rows(src, idx, runner="shim"),
+                      kernels.gather_rows_numpy(src, idx))
+    child_idx = rng.integers(-1, 300, (400, 3)).astype(np.int32)
+    assert_bits_equal(kernels.gather_children(src, child_idx, runner="shim"),
+                      kernels.gather_children_numpy(src, child_idx))
+    values = rng.standard_normal((1000, 7)).astype(np.float32)
+    out = rng.standard_normal((300, 7)).astype(np.float32)
+    assert_bits_equal(kernels.scatter_add_rows(values, idx, out.copy(), deterministic=True,
+                                               runner="shim"),
+                      kernels.scatter_add_rows_numpy(values, idx, out.copy()))
+    np.testing.assert_allclose(kernels.scatter_add_rows(values, idx, out.copy(), runner="shim"),
+                               kernels.scatter_add_rows_numpy(values, idx, out.copy()),
+                               rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- launch checks
+
+RUNNERS = ["numpy", "shim"]
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize("bad", [-2, 5, 2**31 - 1])
+def test_out_of_range_index_is_an_error_before_launch(runner, bad):
+    src = np.ones((5, 3), np.float32)
+    idx = np.array([0, 4, bad, -1], np.int32)
+    with pytest.raises(IndexRangeError, match=rf"index {bad} at position 2, out of range for 5"):
+        kernels.gather_rows(src, idx, runner=runner)
+    out = np.zeros((5, 3), np.float32)
+    for deterministic in (False, True):
+        with pytest.raises(IndexRangeError, match=rf"'scatter_add_rows'.*index {bad}"):
+            kernels.scatter_add_rows(np.ones((4, 3), np.float32), idx, out,
+                                     deterministic=deterministic, runner=runner)
+    assert not out.any()  # nothing was written
+    child_idx = np.array([[0, -1], [1, bad]], np.int32)
+    with pytest.raises(IndexRangeError, match=r"'child_idx' has index .* at position \(1, 1\)"):
+        kernels.gather_children(src, child_idx, runner=runner)
+
+
+def test_gather_from_no_rows_allows_only_minus_one():
+    src = np.ones((0, 2), np.float64)
+    assert_bits_equal(kernels.gather_rows(src, np.array([-1, -1], np.int32), runner="shim"),
+                      np.zeros((2, 2)))
+    with pytest.raises(IndexRangeError, match="no rows"):
+        kernels.gather_rows(src, np.array([0], np.int32), runner="shim")
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_wrong_dtypes_are_errors(runner):
+    src = np.ones((4, 2), np.float32)
+    with pytest.raises(DTypeError, match="'idx' must be int32 indices, got int64"):
+        kernels.gather_rows(src, np.array([0, 1]), runner=runner)
+    with pytest.raises(DTypeError, match="float32 and float64 only"):
+        kernels.gather_rows(src.astype(np.float16), np.array([0], np.int32), runner=runner)
+    with pytest.raises(DTypeError, match="'out' must have dtype float32"):
+        kernels.gather_rows(src, np.array([0], np.int32), np.zeros((1, 2)), runner=runner)
+    with pytest.raises(DTypeError, match="'out' must have dtype float64"):
+        kernels.scatter_add_rows(np.ones((1, 2)), np.array([0], np.int32), src, runner=runner)
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_non_contiguous_arrays_are_errors(runner):
+    src = np.ones((4, 6), np.float32)
+    idx = np.array([0, 1, 2, 3], np.int32)
+    with pytest.raises(ShapeError, match="'src' must be C-contiguous"):
+        kernels.gather_rows(src[:, ::2], idx, runner=runner)
+    with pytest.raises(ShapeError, match="'idx' must be C-contiguous"):
+        kernels.gather_rows(src, np.arange(8, dtype=np.int32)[::2], runner=runner)
+    with pytest.raises(ShapeError, match="'out' must be C-contiguous"):
+        kernels.gather_rows(src, idx, np.ones((6, 4), np.float32).T, runner=runner)
+    with pytest.raises(ShapeError, match="'child_idx' must be C-contiguous"):
+        kernels.gather_children(src, np.zeros((2, 4), np.int32).T, runner=runner)
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_wrong_shapes_are_errors(runner):
+    src = np.ones((4, 2), np.float32)
+    idx = np.array([0, 1], np.int32)
+    with pytest.raises(ShapeError, match=r"'out' must have shape \(2, 2\)"):
+        kernels.gather_rows(src, idx, np.zeros((3, 2), np.float32), runner=runner)
+    with pytest.raises(ShapeError, match="'idx' must have 1 axis"):
+        kernels.gather_rows(src, idx.reshape(1, 2), runner=runner)
+    with pytest.raises(ShapeError, match="'child_idx' must have 2 axes"):
+        kernels.gather_children(src, idx, runner=runner)
+    with pytest.raises(ShapeError, match="one index per row of 'values'"):
+        kernels.scatter_add_rows(src, idx, np.zeros((4, 2), np.float32), runner=runner)
+    with pytest.raises(ShapeError, match="must have the same shape"):
+        kernels.scatter_add_rows(src[:2], idx, np.zeros((4, 3), np.float32), runner=runner)
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_out_may_not_alias_an_input(runner):
+    a = np.ones((4, 2), np.float32)
+    with pytest.raises(ShapeError, match="'out' overlaps argument 'src'"):
+        kernels.gather_rows(a, np.array([3, 2], np.int32), a[:2], runner=runner)
+    with pytest.raises(ShapeError, match="'out' overlaps argument 'values'"):
+        kernels.scatter_add_rows(a[2:], np.array([0, 1], np.int32), a, runner=runner)
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_scatter_rows_refuses_repeated_indices(runner):
+    with pytest.raises(IndexRangeError, match=r"index 1 more than once \(positions 0 and 2\)"):
+        kernels.scatter_rows(np.ones((3, 2)), np.array([1, -1, 1], np.int32), np.zeros((3, 2)),
+                             runner=runner)
+    with pytest.raises(IndexRangeError, match=r"'dst_idx' has index 0 more than once"):
+        kernels.copy_rows(np.ones((3, 2)), np.array([1, 2, 0], np.int32), np.zeros((3, 2)),
+                          np.array([0, 0, -1], np.int32), runner=runner)
+
+
+def test_runner_must_match_the_arrays():
+    with pytest.raises(DTypeError, match="runner 'cupy' needs CuPy arrays"):
+        kernels.gather_rows(np.ones((2, 2)), np.zeros(1, np.int32), runner="cupy")
+    with pytest.raises(ValueError, match="runner must be one of"):
+        kernels.gather_rows(np.ones((2, 2)), np.zeros(1, np.int32), runner="gpu")
+
+
+# ----------------------------------------------------------------------------- on a real GPU
+
+def _to_gpu(*arrays):
+    import cupy
+
+    return [cupy.asarray(a) for a in arrays]
+
+
+@pytest.mark.gpu
+@given(gather_cases())
+def test_gpu_gather_rows_equals_numpy(case):
+    src, idx = case
+    d_src, d_idx = _to_gpu(src, idx)
+    assert_bits_equal(kernels.gather_rows(d_src, d_idx).get(), kernels.gather_rows_numpy(src, idx))
+
+
+@pytest.mark.gpu
+@given(children_cases())
+def test_gpu_gather_children_equals_numpy(case):
+    src, child_idx = case
+    d_src, d_idx = _to_gpu(src, child_idx)
+    assert_bits_equal(kernels.gather_children(d_src, d_idx).get(),
+                      kernels.gather_children_numpy(src, child_idx))
+
+
+@pytest.mark.gpu
+@given(scatter_cases())
+def test_gpu_scatter_add_rows_equals_numpy(case):
+    values, idx, out = case
+    want = kernels.scatter_add_rows_numpy(values, idx, out.copy())
+    d_values, d_idx, d_out = _to_gpu(values, idx, out)
+    got = kernels.scatter_add_rows(d_values, d_idx, d_out.copy(), deterministic=True).get()
+    assert_bits_equal(got, want)
+    atomic = kernels.scatter_add_rows(d_values, d_idx, d_out.copy()).get()
+    magnitude = kernels.scatter_add_rows_numpy(np.abs(values), idx, np.abs(out))
+    terms = (np.bincount(idx[idx >= 0], minlength=out.shape[0]) + 1).reshape(
+        (-1,) + (1,) * (out.ndim - 1))
+    assert np.all(np.abs(atomic.astype(np.float64) - want)
+                  <= terms * np.finfo(out.dtype).eps * magnitude)
+
+
+@pytest.mark.gpu
+@given(row_arrays(), st.randoms(use_true_random=False))
+def test_gpu_pull_and_push_equal_numpy(external, random):
+    order = np.arange(external.shape[0], dtype=np.int32)
+    random.shuffle(order)
+    d_external, d_order = _to_gpu(external, order)
+    level = kernels.pull_rows(d_external, d_order)
+    assert_bits_equal(level.get(), kernels.gather_rows_numpy(external, order))
+    assert_bits_equal(kernels.push_rows(level, d_order).get(), external)
+
+
+@pytest.mark.gpu
+@given(copy_cases())
+def test_gpu_copy_rows_equals_numpy(case):
+    src, src_idx, out, dst_idx = case
+    want = kernels.copy_rows_numpy(src, src_idx, out.copy(), dst_idx)
+    d_src, d_src_idx, d_out, d_dst_idx = _to_gpu(src, src_idx, out, dst_idx)
+    assert_bits_equal(kernels.copy_rows(d_src, d_src_idx, d_out, d_dst_idx).get(), want)
+
+
+@pytest.mark.gpu
+def test_gpu_out_of_range_index_is_an_error_not_a_fault():
+    d_src, d_idx = _to_gpu(np.ones((5, 3), np.float32), np.array([0, 5], np.int32))
+    with pytest.raises(IndexRangeError, match="index 5 at position 1"):
+        kernels.gather_rows(d_src, d_idx)
