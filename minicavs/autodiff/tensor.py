@@ -240,7 +240,10 @@ class Parameter(Tensor):
     __slots__ = ()
 
     def __init__(self, data, name=None):
+        source = data.data if isinstance(data, Tensor) else data
         data = as_array(data)
+        if data is source:  # own the array: optimisers update it in place
+            data = data.copy()
         super().__init__(data, requires_grad=True, name=name)
 
 

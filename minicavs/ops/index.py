@@ -72,14 +72,22 @@ SCATTER_ADD_ROWS = register(Op("scatter_add_rows", _scatter_add_rows_forward,
 
 
 def _one_hot_forward(xp, labels, num_classes, dtype):
+    if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        bad = int(labels.min()) if int(labels.min()) < 0 else int(labels.max())
+        where = tuple(int(i[0]) for i in (labels == bad).nonzero())
+        raise IndexRangeError(f"op 'one_hot': label {bad} at position {where} is out of range "
+                              f"for {num_classes} classes")
     out = xp.zeros(labels.shape + (num_classes,), dtype=dtype)
     xp.put_along_axis(out, labels[..., None], 1, axis=-1)
     return out
 
 
-ONE_HOT = register(Op("one_hot", _one_hot_forward,
-                      lambda labels, num_classes, dtype:
-                      Aval(tuple(labels.shape) + (num_classes,), np.dtype(dtype))))
+def _infer_one_hot(labels, num_classes, dtype):
+    require_int("one_hot", labels, 0)
+    return Aval(tuple(labels.shape) + (num_classes,), np.dtype(dtype))
+
+
+ONE_HOT = register(Op("one_hot", _one_hot_forward, _infer_one_hot))
 
 
 def take_rows(x, idx):

@@ -44,7 +44,8 @@ def _matmul_vjp(g, out, a, b):
     if len(b2_shape) == 2 and len(a2_shape) > 2:
         # A weight matrix shared over a batch: one large GEMM instead of a batched one and a sum.
         k, n = b2_shape
-        grad_b = matmul(_swap_last(shape.reshape(a2, (-1, k))), shape.reshape(g2, (-1, n)))
+        rows = int(np.prod(a2_shape[:-1]))  # not -1: that is ambiguous when k or n is 0
+        grad_b = matmul(_swap_last(shape.reshape(a2, (rows, k))), shape.reshape(g2, (rows, n)))
     else:
         grad_b = elementwise.unbroadcast(matmul(_swap_last(a2), g2), b2_shape)
     return shape.reshape(grad_a, tuple(a.shape)), shape.reshape(grad_b, tuple(b.shape))

@@ -110,7 +110,10 @@ class _Program:
             step.accumulate = step.domain is None and id(step.node) in outputs
         # Batched values produced per level get a batch-wide buffer (rows in level order).
         self.per_level = [s for s in self.core if s.domain is not None]
-        self.row_keys = {id(n): row_domain(n.shape) for n in graph.nodes if _batched(n)}
+        # The batched values the core reads or writes: sliced to the task's rows each level.
+        touched = {a for step in self.core for a in step.args} | {id(s.node) for s in self.core}
+        self.row_keys = [(id(n), row_domain(n.shape)) for n in graph.nodes
+                         if _batched(n) and id(n) in touched]
 
     def consts(self, xp):
         return {id(n): (n.value if xp is np else xp.asarray(n.value))
@@ -273,7 +276,7 @@ class Plan:
             e0, e1 = int(edge_offsets[t]), int(edge_offsets[t + 1])
             n_t, e_t = r1 - r0, e1 - e0
             local = dict(env)  # shared values as they are; batched ones sliced to the task
-            for key, domain in prog.row_keys.items():
+            for key, domain in prog.row_keys:
                 if key in env:
                     local[key] = env[key][r0:r1] if domain == "vertex" else env[key][e0:e1]
             if forward:

@@ -1,0 +1,223 @@
+"""Checkpoints: a model's parameters, an optimiser's state and the run's hyperparameters in one
+``.npz`` file.
+
+Layout of the archive (plain arrays only, so loading never unpickles anything):
+
+* ``param/<dotted name>``: one array per parameter;
+* ``optimizer/<i>/<state name>``: the optimiser's per-parameter state (``i`` in its order);
+* ``__metadata__``: UTF-8 JSON (as uint8) with the format name and version, the minicavs
+  version, each parameter's name, shape and dtype, the optimiser's type, hyperparameters and
+  state names, and the caller's ``hyperparameters`` and ``extra``.
+
+A save is atomic: the archive is written to a temporary file in the target's directory, flushed
+and fsync'ed, then renamed over the target (``os.replace``), and the directory is fsync'ed so the
+rename itself survives a crash. An interrupted save leaves the previous file, never half a file.
+A load checks everything before it changes anything.
+"""
+
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from .. import __version__
+from ..errors import CheckpointError
+from ..ops.registry import describe
+from .module import state_mismatches
+
+FORMAT = "minicavs-checkpoint"
+FORMAT_VERSION = 1
+_METADATA = "__metadata__"
+
+
+def save_checkpoint(path, model, optimizer=None, hyperparameters=None, extra=None):
+    """Write ``model``'s parameters (and ``optimizer``'s state) to ``path`` atomically.
+
+    ``hyperparameters`` and ``extra`` are anything JSON can encode (NumPy scalars and arrays are
+    converted); they come back from :func:`load_checkpoint`. Non-finite values are refused with
+    a :class:`CheckpointError` naming the parameter: a diverged run must not overwrite a good
+    checkpoint.
+    """
+    path = os.fspath(path)
+    params = model.state_dict()
+    arrays = {f"param/{name}": value for name, value in params.items()}
+    metadata = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "minicavs_version": __version__,
+        "parameters": [{"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
+                       for name, value in params.items()],
+        "optimizer": None, "hyperparameters": hyperparameters, "extra": extra,
+    }
+    if optimizer is not None:
+        state = optimizer.state_dict()
+        names = _optimizer_names(model, optimizer)
+        metadata["optimizer"] = {"type": state["type"], "hyperparameters": state["hyperparameters"],
+                                 "state": [sorted(s) for s in state["state"]]}
+        for i, s in enumerate(state["state"]):
+            for key, value in s.items():
+                arrays[f"optimizer/{i}/{key}"] = value
+                _check_finite(value, f"optimizer state {key!r} of {names[i]}")
+    for name, value in params.items():
+        _check_finite(value, f"parameter {name!r}")
+    try:
+        text = json.dumps(metadata, default=_to_json)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"save_checkpoint: hyperparameters and extra must be "
+                              f"JSON-serialisable: {exc}") from None
+    arrays[_METADATA] = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    _write_atomically(path, arrays)
+
+
+def load_checkpoint(path, model, optimizer=None):
+    """Load a checkpoint written by :func:`save_checkpoint` into ``model`` (and ``optimizer``).
+
+    Returns ``{"hyperparameters", "extra", "format_version", "minicavs_version"}``. Raises a
+    :class:`CheckpointError` that says what is wrong if the file is missing, truncated or
+    corrupt, of another format version, or does not match the model or optimiser (names,
+    shapes, dtypes, optimiser type and state); in that case nothing has been changed.
+    """
+    path = os.fspath(path)
+    arrays = _read(path)
+    metadata = _metadata(path, arrays)
+    params = _parameters(path, arrays, metadata)
+    problems = state_mismatches(dict(model.named_parameters()), params)
+    if problems:
+        raise CheckpointError(f"checkpoint {path!r} does not match the model "
+                              f"({type(model).__name__}):\n  " + "\n  ".join(problems))
+    optimizer_state = None
+    if optimizer is not None:
+        optimizer_state = _optimizer_state(path, arrays, metadata)
+        names = _optimizer_names(model, optimizer)
+        problems = optimizer.state_mismatches(optimizer_state, names)
+        if problems:
+            raise CheckpointError(f"checkpoint {path!r}: the optimiser state does not match "
+                                  f"{type(optimizer).__name__}:\n  " + "\n  ".join(problems))
+    model.load_state_dict(params)
+    if optimizer is not None:
+        optimizer.load_state_dict(optimizer_state, names)
+    return {key: metadata.get(key) for key in ("hyperparameters", "extra", "format_version",
+                                               "minicavs_version")}
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+def _check_finite(value, what):
+    if value.dtype.kind == "f" and not np.isfinite(value).all():
+        bad = int(value.size - np.isfinite(value).sum())
+        raise CheckpointError(f"save_checkpoint: {what} has {bad} non-finite value(s) (NaN or "
+                              f"inf) of {value.size}; refusing to save a diverged model")
+
+
+def _to_json(value):
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} {value!r} is not JSON-serialisable")
+
+
+def _write_atomically(path, arrays):
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                     dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the name points at it
+        os.replace(temporary, path)
+    except BaseException:  # including KeyboardInterrupt: never leave the temporary behind
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory):
+    """Make the rename durable; a no-op where directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+def _read(path):
+    """Every array of the archive, read in full (so zip CRC checks run now, not later)."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"no checkpoint at {path!r}")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except Exception as exc:  # BadZipFile, ValueError, EOFError, zlib.error, OSError, ...
+        raise CheckpointError(f"checkpoint {path!r} is truncated or corrupt and cannot be read "
+                              f"({type(exc).__name__}: {exc})") from None
+
+
+def _metadata(path, arrays):
+    if _METADATA not in arrays:
+        raise CheckpointError(f"{path!r} is a .npz file but not a minicavs checkpoint (it has "
+                              f"no {_METADATA!r} entry)")
+    try:
+        metadata = json.loads(arrays[_METADATA].tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path!r}: the metadata is corrupt ({exc})") from None
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+        raise CheckpointError(f"{path!r} is not a minicavs checkpoint (its metadata does not "
+                              f"say format {FORMAT!r})")
+    if metadata.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path!r} has format version "
+                              f"{metadata.get('format_version')!r}; this minicavs "
+                              f"({__version__}) reads version {FORMAT_VERSION}")
+    return metadata
+
+
+def _parameters(path, arrays, metadata):
+    """The parameter arrays, checked against the names, shapes and dtypes the metadata lists."""
+    params = {}
+    for entry in metadata["parameters"]:
+        name, key = entry["name"], f"param/{entry['name']}"
+        if key not in arrays:
+            raise CheckpointError(f"checkpoint {path!r} is corrupt: parameter {name!r} is listed "
+                                  f"but its array is missing")
+        value = arrays[key]
+        if list(value.shape) != entry["shape"] or str(value.dtype) != entry["dtype"]:
+            raise CheckpointError(f"checkpoint {path!r} is corrupt: parameter {name!r} is listed "
+                                  f"as {describe(entry['shape'])} {entry['dtype']} but stored as "
+                                  f"{describe(value.shape)} {value.dtype}")
+        params[name] = value
+    stray = sorted(k for k in arrays if k.startswith("param/") and k[6:] not in params)
+    if stray:
+        raise CheckpointError(f"checkpoint {path!r} is corrupt: arrays {stray} are not listed in "
+                              f"its metadata")
+    return params
+
+
+def _optimizer_state(path, arrays, metadata):
+    saved = metadata.get("optimizer")
+    if saved is None:
+        raise CheckpointError(f"checkpoint {path!r} has no optimiser state (it was saved without "
+                              f"an optimizer); pass optimizer=None to load only the model")
+    state = []
+    for i, keys in enumerate(saved["state"]):
+        missing = [k for k in keys if f"optimizer/{i}/{k}" not in arrays]
+        if missing:
+            raise CheckpointError(f"checkpoint {path!r} is corrupt: optimiser state {missing} of "
+                                  f"parameter {i} is listed but missing")
+        state.append({k: arrays[f"optimizer/{i}/{k}"] for k in keys})
+    return {"type": saved["type"], "hyperparameters": saved["hyperparameters"], "state": state}
+
+
+def _optimizer_names(model, optimizer):
+    """A name for each of the optimiser's parameters, for messages: the model's dotted name."""
+    names = {id(p): repr(name) for name, p in model.named_parameters()}
+    return [f"parameter {names.get(id(p), i)}" for i, p in enumerate(optimizer.params)]

@@ -1,0 +1,200 @@
+"""Optimisers: SGD (with momentum), Adam and Adagrad.
+
+``step()`` updates each parameter's ``p.data`` in place with ``xp`` (NumPy or CuPy, whichever
+holds it) and skips parameters whose ``grad`` is None. Per-parameter state (momentum buffers,
+moment estimates, step counts) is created at a parameter's first update and kept as arrays of
+the parameter's shape and dtype, so :meth:`Optimizer.state_dict` can save it and training
+resumes exactly where it stopped. Gradients are never modified in place: a leaf's ``.grad``
+may share memory with another tensor's.
+"""
+
+import numpy as np
+
+from .. import backend
+from ..autodiff import Tensor
+from ..errors import CheckpointError, DTypeError, ShapeError
+from ..ops.registry import describe
+
+
+class Optimizer:
+    """Base class. Subclasses name their ``hyperparameters`` (attributes of the optimiser, e.g.
+    ``opt.lr``, free to change between steps) and their ``state_names`` (per-parameter arrays;
+    a name in ``counters`` is an integer step count instead), and write ``_update``, which
+    creates the state at a parameter's first update: all of ``state_names`` or none."""
+
+    hyperparameter_names = ("lr", "weight_decay")
+    state_names = ()
+    counters = ()
+
+    def __init__(self, params, **hyperparameters):
+        unique = {}
+        for i, p in enumerate(params):
+            if not isinstance(p, Tensor) or not p.requires_grad:
+                raise TypeError(f"{type(self).__name__}: parameter {i} is not a Tensor that "
+                                f"requires grad (got {type(p).__name__})")
+            unique.setdefault(id(p), p)
+        if not unique:
+            raise ValueError(f"{type(self).__name__}: got an empty list of parameters")
+        self.params = list(unique.values())
+        self.state = [{} for _ in self.params]
+        for name in self.hyperparameter_names:
+            setattr(self, name, hyperparameters[name])
+
+    @property
+    def hyperparameters(self):
+        return {name: getattr(self, name) for name in self.hyperparameter_names}
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        for i, (p, state) in enumerate(zip(self.params, self.state)):
+            if p.grad is None:
+                continue
+            grad = p.grad.data
+            if grad.shape != p.shape or grad.dtype != p.dtype:
+                error = ShapeError if grad.shape != p.shape else DTypeError
+                raise error(f"{type(self).__name__}.step: parameter {i} has shape "
+                            f"{describe(p.shape)} and dtype {p.dtype}, its grad has shape "
+                            f"{describe(grad.shape)} and dtype {grad.dtype}")
+            xp = backend.get_array_module(p.data, grad, op=f"{type(self).__name__}.step")
+            if self.weight_decay:
+                grad = grad + self.weight_decay * p.data  # L2 penalty: its gradient is wd * p
+            self._update(xp, p.data, grad, state)
+
+    def _update(self, xp, param, grad, state):
+        raise NotImplementedError
+
+    # --- saving and restoring -------------------------------------------------------------------
+    def state_dict(self):
+        """``{"type", "hyperparameters", "state"}``; ``state`` has one dict per parameter (in
+        the order given to the optimiser) of NumPy arrays (counters as 0-d int64 arrays)."""
+        return {"type": type(self).__name__, "hyperparameters": self.hyperparameters,
+                "state": [{k: np.array(v, np.int64) if k in self.counters else
+                           backend.to_numpy(v).copy() for k, v in s.items()}
+                          for s in self.state]}
+
+    def state_mismatches(self, state_dict, names=None):
+        """Why ``state_dict`` cannot be loaded into this optimiser: a list of lines, empty if
+        it can. ``names`` (one per parameter) make the lines name parameters, not positions."""
+        names = names or [f"parameter {i}" for i in range(len(self.params))]
+        kind = type(self).__name__
+        if state_dict.get("type") != kind:
+            return [f"the state is for optimiser {state_dict.get('type')!r}, this one is {kind!r}"]
+        problems = []
+        if sorted(state_dict.get("hyperparameters", {})) != sorted(self.hyperparameter_names):
+            problems.append(f"hyperparameters {sorted(state_dict.get('hyperparameters', {}))}; "
+                            f"{kind} has {sorted(self.hyperparameter_names)}")
+        states = state_dict.get("state", [])
+        if len(states) != len(self.params):
+            return problems + [f"state for {len(states)} parameters; this optimiser has "
+                               f"{len(self.params)}"]
+        for p, name, state in zip(self.params, names, states):
+            if state and sorted(state) != sorted(self.state_names):
+                problems.append(f"{name}: state {sorted(state)}; {kind} keeps "
+                                f"{sorted(self.state_names)} (or nothing before the first step)")
+                continue
+            for key, value in state.items():
+                value = np.asarray(value)
+                if key in self.counters:
+                    if value.shape != () or value.dtype.kind not in "iu":
+                        problems.append(f"{name}: state {key!r} must be an integer count, got "
+                                        f"shape {describe(value.shape)} and dtype {value.dtype}")
+                elif value.shape != tuple(p.shape) or value.dtype != p.dtype:
+                    problems.append(f"{name}: state {key!r} has shape {describe(value.shape)} "
+                                    f"and dtype {value.dtype}; the parameter has shape "
+                                    f"{describe(p.shape)} and dtype {p.dtype}")
+        return problems
+
+    def load_state_dict(self, state_dict, names=None):
+        """Restore hyperparameters and state; on any mismatch change nothing and raise a
+        :class:`CheckpointError` listing them all."""
+        problems = self.state_mismatches(state_dict, names)
+        if problems:
+            raise CheckpointError(f"{type(self).__name__}.load_state_dict: the state does not "
+                                  f"match:\n  " + "\n  ".join(problems))
+        for name, value in state_dict["hyperparameters"].items():
+            if isinstance(getattr(self, name), tuple):
+                value = tuple(value)  # JSON gives lists back
+            setattr(self, name, value)
+        self.state = [
+            {k: int(v) if k in self.counters else backend.to_device(np.array(v), p.device)
+             for k, v in s.items()}
+            for p, s in zip(self.params, state_dict["state"])]
+
+
+class SGD(Optimizer):
+    """``v = momentum * v + g;  p -= lr * v`` (plain ``p -= lr * g`` when momentum is 0)."""
+
+    hyperparameter_names = ("lr", "momentum", "weight_decay")
+    state_names = ("velocity",)
+
+    def __init__(self, params, lr, momentum=0.0, weight_decay=0.0):
+        super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+    def _update(self, xp, param, grad, state):
+        if self.momentum:  # plain SGD keeps no buffer at all
+            if not state:
+                state["velocity"] = xp.zeros_like(param)
+            velocity = state["velocity"]
+            velocity *= self.momentum
+            velocity += grad
+            grad = velocity
+        param -= self.lr * grad
+
+
+class Adam(Optimizer):
+    """Adam (Kingma and Ba, 2015), with bias-corrected moment estimates:
+    ``m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g²;
+    p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``."""
+
+    hyperparameter_names = ("lr", "betas", "eps", "weight_decay")
+    state_names = ("step", "m", "v")
+    counters = ("step",)
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+
+    def _update(self, xp, param, grad, state):
+        if not state:
+            state.update(step=0, m=xp.zeros_like(param), v=xp.zeros_like(param))
+        beta1, beta2 = self.betas
+        state["step"] += 1
+        t, m, v = state["step"], state["m"], state["v"]
+        m *= beta1
+        m += (1 - beta1) * grad
+        v *= beta2
+        v += (1 - beta2) * (grad * grad)
+        m_hat = m / (1 - beta1 ** t)
+        v_hat = v / (1 - beta2 ** t)
+        param -= self.lr * m_hat / (xp.sqrt(v_hat) + self.eps)
+
+
+class Adagrad(Optimizer):
+    """Adagrad (Duchi et al., 2011): ``s += g²;  p -= lr * g / (sqrt(s) + eps)`` — the step
+    size of each weight shrinks with the gradients it has seen."""
+
+    hyperparameter_names = ("lr", "eps", "weight_decay")
+    state_names = ("sum",)
+
+    def __init__(self, params, lr=1e-2, eps=1e-10, weight_decay=0.0):
+        super().__init__(params, lr=lr, eps=eps, weight_decay=weight_decay)
+
+    def _update(self, xp, param, grad, state):
+        if not state:
+            state["sum"] = xp.zeros_like(param)
+        state["sum"] += grad * grad
+        param -= self.lr * grad / (xp.sqrt(state["sum"]) + self.eps)
+
+
+def clip_grad_norm(params, max_norm):
+    """Scale the gradients of ``params`` so their joint L2 norm is at most ``max_norm``;
+    return the norm before clipping."""
+    params = [p for p in params if p.grad is not None]
+    total = float(np.sqrt(sum(float((p.grad.data * p.grad.data).sum()) for p in params)))
+    if total > max_norm:
+        scale = max_norm / total
+        for p in params:
+            p.grad = Tensor(p.grad.data * scale)  # a new array: grads may share memory
+    return total

@@ -1,0 +1,447 @@
+"""Every primitive of the op registry, checked twice: its values against plain NumPy, and its
+VJP with ``mc.gradcheck`` (float64 finite differences) on hypothesis-drawn shapes that include
+broadcasting, size-1 and size-0 dimensions. Each test declares the primitives it covers with
+``@covers``; the last test fails if a registered primitive has no test.
+
+While these tests run, every eager op call also checks that the op's ``infer`` (used by the
+symbolic layer) predicts the shape and dtype its forward actually produced.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.special
+from hypothesis import given, strategies as st
+from hypothesis.extra import numpy as hnp
+
+import minicavs as mc
+from minicavs.autodiff.tensor import Tensor
+from minicavs.ops import registry
+from minicavs.testing import (GRID, broadcastable_shapes, float_arrays, index_arrays,
+                              positive_arrays, shapes, tie_free_arrays)
+
+TESTED = set()
+
+
+def covers(*names):
+    """Mark a test as the test of the primitives ``names``."""
+    TESTED.update(names)
+    return lambda test: test
+
+
+@pytest.fixture(autouse=True, scope="module")
+def infer_matches_forward():
+    """Wrap eager execution: after each op, compare ``op.infer`` with the real output."""
+    original = Tensor.__dict__["__minicavs_apply__"].__func__
+
+    def checked(cls, op, args, attrs):
+        result = original(cls, op, args, attrs)
+        predicted = op.infer(*[a if hasattr(a, "shape") else Tensor(a) for a in args], **attrs)
+        outputs = result if op.multi_output else [result]
+        predicted = predicted if op.multi_output else [predicted]
+        for p, out in zip(predicted, outputs):
+            if not isinstance(out, Tensor):  # recorded by a symbolic tracer, not run
+                continue
+            assert tuple(p.shape) == tuple(out.shape) and np.dtype(p.dtype) == out.dtype, (
+                f"op '{op.name}': infer says {p}, forward gave {out.shape} {out.dtype}")
+        return result
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Tensor, "__minicavs_apply__", classmethod(checked))
+        mp.setattr(registry, "_default_handler", Tensor.__minicavs_apply__)
+        yield
+
+
+def check(out, expected, rtol=1e-12, atol=1e-12):
+    """``out`` (a Tensor) equals NumPy's ``expected`` in shape, dtype and values."""
+    expected = np.asarray(expected)
+    assert out.shape == expected.shape, (out.shape, expected.shape)
+    assert out.dtype == expected.dtype, (out.dtype, expected.dtype)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=rtol, atol=atol)
+
+
+def t(a, requires_grad=False):
+    return mc.tensor(a, requires_grad=requires_grad)
+
+
+# --- elementwise ------------------------------------------------------------------------------
+
+# name -> (op, NumPy reference, strategy for argument 0, strategy for argument 1)
+BINARY = {
+    "add": (mc.add, np.add, float_arrays, float_arrays),
+    "sub": (mc.sub, np.subtract, float_arrays, float_arrays),
+    "mul": (mc.mul, np.multiply, float_arrays, float_arrays),
+    "div": (mc.div, np.divide, float_arrays, lambda s: float_arrays(s, min_magnitude=0.5)),
+    "maximum": (mc.maximum, np.maximum, tie_free_arrays,
+                lambda s: tie_free_arrays(s, offset=GRID / 2)),
+}
+
+
+@covers(*BINARY)
+@pytest.mark.parametrize("name", sorted(BINARY))
+@given(data=st.data())
+def test_binary_elementwise(name, data):
+    op, reference, first, second = BINARY[name]
+    shape_a, shape_b = data.draw(broadcastable_shapes())
+    a, b = data.draw(first(shape_a)), data.draw(second(shape_b))
+    check(op(t(a), t(b)), reference(a, b))
+    # float32 stays float32, and a Python scalar takes the tensor's dtype
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    check(op(t(a32), t(b32)), reference(a32, b32), rtol=1e-6, atol=1e-6)
+    assert op(t(a32), 1.5).dtype == np.float32 and op(1.5, t(b32)).dtype == np.float32
+    assert mc.gradcheck(op, [a, b])
+
+
+# name -> (op, NumPy reference, strategy of inputs)
+UNARY = {
+    "neg": (mc.neg, np.negative, float_arrays),
+    "exp": (mc.exp, np.exp, float_arrays),
+    "log": (mc.log, np.log, positive_arrays),
+    "tanh": (mc.tanh, np.tanh, lambda s: float_arrays(s, bound=3.0)),
+    "sigmoid": (mc.sigmoid, scipy.special.expit, lambda s: float_arrays(s, bound=4.0)),
+    "relu": (mc.relu, lambda x: np.maximum(x, 0), lambda s: tie_free_arrays(s, GRID / 2)),
+}
+
+
+@covers(*UNARY)
+@pytest.mark.parametrize("name", sorted(UNARY))
+@given(data=st.data())
+def test_unary_elementwise(name, data):
+    op, reference, inputs = UNARY[name]
+    x = data.draw(inputs(data.draw(shapes())))
+    check(op(t(x)), reference(x), rtol=1e-14)
+    x32 = x.astype(np.float32)
+    check(op(t(x32)), reference(x32), rtol=1e-6, atol=1e-7)
+    assert mc.gradcheck(op, [x])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sigmoid_is_stable_for_large_inputs(dtype):
+    x = np.array([-1000.0, -100.0, 0.0, 100.0, 1000.0], dtype=dtype)
+    with warnings.catch_warnings(), np.errstate(all="raise"):
+        warnings.simplefilter("error")
+        xt = t(x, requires_grad=True)
+        y = mc.sigmoid(xt)
+        y.sum().backward()
+    assert y.dtype == dtype
+    np.testing.assert_allclose(y.numpy(), [0.0, 0.0, 0.5, 1.0, 1.0], atol=1e-30)
+    assert np.isfinite(xt.grad.numpy()).all()
+    np.testing.assert_allclose(xt.grad.numpy()[[0, 2, 4]], [0.0, 0.25, 0.0])
+
+
+@covers("pow")
+@given(data=st.data(), exponent=st.sampled_from([2, 3, 1, 0, -1, -2.0, 0.5, 1.5]))
+def test_pow(data, exponent):
+    shape = data.draw(shapes())
+    if float(exponent).is_integer() and exponent > 0:
+        x = data.draw(float_arrays(shape))
+    elif float(exponent).is_integer():  # a pole at 0
+        x = data.draw(float_arrays(shape, min_magnitude=0.5))
+    else:  # fractional powers need x > 0
+        x = data.draw(positive_arrays(shape))
+    check(mc.pow(t(x), exponent), np.power(x, float(exponent)), rtol=1e-14)
+    check(t(x) ** exponent, np.power(x, float(exponent)), rtol=1e-14)
+    assert mc.gradcheck(lambda x: x ** exponent, [x])
+
+
+def test_pow_needs_a_number_exponent():
+    with pytest.raises(TypeError, match="op 'pow': the exponent must be a Python number"):
+        t([1.0]) ** t([2.0])
+
+
+@covers("where")
+@given(data=st.data())
+def test_where(data):
+    shape_c, shape_a, shape_b = data.draw(broadcastable_shapes(num_shapes=3))
+    cond = data.draw(hnp.arrays(np.bool_, shape_c))
+    a, b = data.draw(float_arrays(shape_a)), data.draw(float_arrays(shape_b))
+    check(mc.where(cond, t(a), t(b)), np.where(cond, a, b))
+    check(mc.where(t(cond), t(a), 0.0), np.where(cond, a, 0.0))
+    assert mc.gradcheck(mc.where, [cond, a, b])
+
+
+@covers("astype")
+@given(data=st.data())
+def test_astype(data):
+    x = data.draw(float_arrays(data.draw(shapes()), bound=5.0))
+    check(mc.astype(t(x), np.float32), x.astype(np.float32))
+    check(t(x).astype("int32"), x.astype(np.int32))
+    check(mc.astype(t(x.astype(np.int64)), np.float64), x.astype(np.int64).astype(np.float64))
+    assert mc.astype(t(x), np.float64).dtype == np.float64  # same dtype: no op at all
+    # The gradient goes back in the input's dtype. Through float32 a finite-difference step
+    # of 1e-6 drowns in rounding; astype is linear, so a large step is exact.
+    x32 = t(x.astype(np.float32), requires_grad=True)
+    mc.astype(x32, np.float64).sum().backward()
+    assert x32.grad.dtype == np.float32
+    assert mc.gradcheck(lambda x: mc.astype(mc.astype(x, np.float32) * 3.0, np.float64), [x],
+                        eps=1e-2, atol=1e-3, rtol=1e-3)
+
+
+COMPARISONS = {"greater": (mc.greater, np.greater), "greater_equal": (mc.greater_equal,
+               np.greater_equal), "equal": (mc.equal, np.equal)}
+
+
+@covers(*COMPARISONS)
+@pytest.mark.parametrize("name", sorted(COMPARISONS))
+@given(data=st.data())
+def test_comparisons(name, data):
+    op, reference = COMPARISONS[name]
+    shape_a, shape_b = data.draw(broadcastable_shapes())
+    small = st.integers(-2, 2).map(float)  # a coarse grid, so ties (and equal -> True) happen
+    a = data.draw(hnp.arrays(np.float64, shape_a, elements=small))
+    b = data.draw(hnp.arrays(np.float64, shape_b, elements=small))
+    out = op(t(a, requires_grad=True), t(b))
+    check(out, reference(a, b))
+    assert not out.requires_grad  # masks have no gradient
+    assert op(t(a), 0.0).dtype == np.bool_
+
+
+def test_derived_comparisons_and_operators():
+    a, b = np.array([1.0, 2.0, 3.0]), np.array([2.0, 2.0, 2.0])
+    check(mc.less(t(a), t(b)), a < b)
+    check(mc.less_equal(t(a), t(b)), a <= b)
+    check(t(a) > t(b), a > b)
+    check(t(a) >= 2.0, a >= 2.0)
+    check(t(a) < t(b), a < b)
+    check(t(a) <= t(b), a <= b)
+
+
+# --- reductions -------------------------------------------------------------------------------
+
+@st.composite
+def axes_for(draw, shape):
+    """None, one axis (maybe negative) or a tuple of distinct axes of ``shape``."""
+    ndim = len(shape)
+    if ndim == 0 or draw(st.booleans()):
+        return None
+    axes = draw(st.lists(st.integers(0, ndim - 1), min_size=1, max_size=ndim, unique=True))
+    negative = [a - ndim if draw(st.booleans()) else a for a in axes]
+    return negative[0] if len(negative) == 1 and draw(st.booleans()) else tuple(negative)
+
+
+@covers("sum")
+@given(data=st.data(), keepdims=st.booleans())
+def test_sum(data, keepdims):
+    x = data.draw(float_arrays(data.draw(shapes())))
+    axis = data.draw(axes_for(x.shape))
+    check(mc.sum(t(x), axis, keepdims), np.sum(x, axis=axis, keepdims=keepdims), atol=1e-12)
+    check(t(x).sum(axis=axis, keepdims=keepdims), np.sum(x, axis=axis, keepdims=keepdims))
+    assert mc.gradcheck(lambda x: mc.sum(x, axis, keepdims), [x])
+
+
+@covers("max")
+@given(data=st.data(), keepdims=st.booleans())
+def test_max(data, keepdims):
+    shape = data.draw(shapes())
+    x = data.draw(tie_free_arrays(shape))
+    axis = data.draw(axes_for(shape))
+    reduced = range(len(shape)) if axis is None else np.atleast_1d(axis)
+    if any(shape[a] == 0 for a in reduced):
+        with pytest.raises(mc.ShapeError, match=r"op 'max': cannot reduce an empty axis"):
+            mc.max(t(x), axis, keepdims)
+        return
+    check(mc.max(t(x), axis, keepdims), np.max(x, axis=axis, keepdims=keepdims))
+    assert mc.gradcheck(lambda x: mc.max(x, axis, keepdims), [x])
+
+
+def test_max_splits_the_gradient_among_ties():
+    x = t(np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 2.0]]), requires_grad=True)
+    mc.max(x, axis=1).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [[0, 0.5, 0.5], [1 / 3, 1 / 3, 1 / 3]])
+
+
+# --- shape ops --------------------------------------------------------------------------------
+
+@covers("reshape")
+@given(data=st.data())
+def test_reshape(data):
+    x = data.draw(float_arrays(data.draw(shapes())))
+    size = x.size
+    target = data.draw(st.sampled_from(
+        [(size,), (-1,), tuple(reversed(x.shape)), (1,) + x.shape, x.shape + (1,),
+         (1, -1) if size else (1, 0)]))
+    check(mc.reshape(t(x), target), np.reshape(x, target))
+    check(t(x).reshape(*target), np.reshape(x, target))
+    assert mc.gradcheck(lambda x: mc.reshape(x, target), [x])
+
+
+@covers("transpose")
+@given(data=st.data())
+def test_transpose(data):
+    x = data.draw(float_arrays(data.draw(shapes(min_dims=1))))
+    axes = data.draw(st.permutations(range(x.ndim)))
+    check(mc.transpose(t(x), axes), np.transpose(x, axes))
+    check(mc.transpose(t(x)), np.transpose(x))
+    check(t(x).T, x.T)
+    assert mc.gradcheck(lambda x: mc.transpose(x, axes), [x])
+
+
+@covers("broadcast_to")
+@given(data=st.data())
+def test_broadcast_to(data):
+    shape, other = data.draw(broadcastable_shapes())
+    target = np.broadcast_shapes(shape, other)
+    x = data.draw(float_arrays(shape))
+    check(mc.broadcast_to(t(x), target), np.broadcast_to(x, target))
+    assert mc.gradcheck(lambda x: mc.broadcast_to(x, target), [x])
+
+
+@covers("concat")
+@given(data=st.data())
+def test_concat(data):
+    base = data.draw(shapes(min_dims=1))
+    axis = data.draw(st.integers(-len(base), len(base) - 1))
+    sizes = data.draw(st.lists(st.integers(0, 3), min_size=2, max_size=3))
+    pieces = []
+    for size in sizes:
+        shape = list(base)
+        shape[axis] = size
+        pieces.append(data.draw(float_arrays(tuple(shape))))
+    check(mc.concat([t(p) for p in pieces], axis), np.concatenate(pieces, axis))
+    assert mc.gradcheck(lambda *xs: mc.concat(xs, axis), pieces)
+
+
+@covers("slice_axis")
+@given(data=st.data())
+def test_slice_axis(data):
+    x = data.draw(float_arrays(data.draw(shapes(min_dims=1))))
+    axis = data.draw(st.integers(0, x.ndim - 1))
+    start = data.draw(st.integers(0, x.shape[axis]))
+    stop = data.draw(st.integers(start, x.shape[axis]))
+    expected = np.take(x, np.arange(start, stop), axis=axis)
+    check(mc.slice_axis(t(x), start, stop, axis), expected)
+    assert mc.gradcheck(lambda x: mc.slice_axis(x, start, stop, axis), [x])
+
+
+@covers("pad_axis")
+@given(data=st.data(), before=st.integers(0, 2), after=st.integers(0, 2))
+def test_pad_axis(data, before, after):
+    x = data.draw(float_arrays(data.draw(shapes(min_dims=1))))
+    axis = data.draw(st.integers(-x.ndim, x.ndim - 1))
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (before, after)
+    check(mc.pad_axis(t(x), before, after, axis), np.pad(x, widths))
+    assert mc.gradcheck(lambda x: mc.pad_axis(x, before, after, axis), [x])
+
+
+def test_indexing_with_integers_and_slices():
+    x = np.arange(24.0).reshape(2, 3, 4)
+    check(t(x)[1], x[1])
+    check(t(x)[:, 1:3], x[:, 1:3])
+    check(t(x)[-1, 0, 1:], x[-1, 0, 1:])
+    with pytest.raises(mc.ShapeError, match="only integers and slices"):
+        t(x)[[0, 1]]
+
+
+# --- matmul -----------------------------------------------------------------------------------
+
+MATMUL_CASES = {  # (shape of a, shape of b) from sizes n, k, m and a batch size B
+    "matrix": lambda B, n, k, m: ((n, k), (k, m)),
+    "vector @ matrix": lambda B, n, k, m: ((k,), (k, m)),
+    "matrix @ vector": lambda B, n, k, m: ((n, k), (k,)),
+    "vector @ vector": lambda B, n, k, m: ((k,), (k,)),
+    "batch @ matrix": lambda B, n, k, m: ((B, n, k), (k, m)),
+    "matrix @ batch": lambda B, n, k, m: ((n, k), (B, k, m)),
+    "vector @ batch": lambda B, n, k, m: ((k,), (B, k, m)),
+    "batch @ vector": lambda B, n, k, m: ((B, n, k), (k,)),
+    "batch @ batch": lambda B, n, k, m: ((B, n, k), (B, k, m)),
+    "broadcast batches": lambda B, n, k, m: ((2, 1, n, k), (B, k, m)),
+}
+
+
+@covers("matmul")
+@pytest.mark.parametrize("case", sorted(MATMUL_CASES))
+@given(data=st.data(), sizes=st.tuples(*[st.integers(0, 3)] * 4))
+def test_matmul(case, data, sizes):
+    shape_a, shape_b = MATMUL_CASES[case](*sizes)
+    a, b = data.draw(float_arrays(shape_a)), data.draw(float_arrays(shape_b))
+    check(mc.matmul(t(a), t(b)), np.matmul(a, b))
+    check(t(a) @ t(b), a @ b)
+    assert mc.gradcheck(mc.matmul, [a, b])
+
+
+# --- gathers and scatters ---------------------------------------------------------------------
+
+@covers("take_rows")
+@given(data=st.data(), num_rows=st.integers(0, 4), rest=shapes(max_dims=2))
+def test_take_rows(data, num_rows, rest):
+    x = data.draw(float_arrays((num_rows,) + rest))
+    idx = data.draw(index_arrays(num_rows, st.integers(0, 6), allow_missing=True))
+    expected = np.zeros((len(idx),) + rest)
+    expected[idx >= 0] = x[idx[idx >= 0]]  # -1 gives a zero row
+    check(mc.take_rows(t(x), idx), expected)
+    check(mc.take_rows(t(x), idx.astype(np.int32)), expected)
+    assert mc.gradcheck(mc.take_rows, [x, idx])
+
+
+def test_take_rows_gradient_adds_over_repeated_indices():
+    x = t(np.ones((3, 2)), requires_grad=True)
+    mc.take_rows(x, np.array([2, 0, 2, -1, 2])).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [[1, 1], [0, 0], [3, 3]])
+
+
+@covers("scatter_add_rows")
+@given(data=st.data(), num_rows=st.integers(0, 4), rest=shapes(max_dims=2))
+def test_scatter_add_rows(data, num_rows, rest):
+    idx = data.draw(index_arrays(num_rows, st.integers(0, 6), allow_missing=True))
+    values = data.draw(float_arrays((len(idx),) + rest))
+    expected = np.zeros((num_rows,) + rest)
+    np.add.at(expected, idx[idx >= 0], values[idx >= 0])  # repeats add up, -1 is dropped
+    check(mc.scatter_add_rows(t(values), idx, num_rows), expected, atol=1e-12)
+    assert mc.gradcheck(lambda v, i: mc.scatter_add_rows(v, i, num_rows), [values, idx])
+
+
+def test_scatter_add_rows_adds_repeated_indices():
+    out = mc.scatter_add_rows(t(np.array([[1.0], [2.0], [4.0], [8.0]])), np.array([1, 1, -1, 1]),
+                              3)
+    np.testing.assert_array_equal(out.numpy(), [[0.0], [11.0], [0.0]])
+
+
+@covers("one_hot")
+@given(data=st.data(), num_classes=st.integers(1, 4), dtype=st.sampled_from(["float32",
+                                                                            "float64"]))
+def test_one_hot(data, num_classes, dtype):
+    labels = data.draw(index_arrays(num_classes, shapes(max_dims=2)))
+    out = mc.one_hot(labels, num_classes, dtype)
+    check(out, np.eye(num_classes, dtype=dtype)[labels])
+    assert mc.ops.OPS["one_hot"].vjp is None  # labels are data: nothing to differentiate
+
+
+# --- loss -------------------------------------------------------------------------------------
+
+@covers("softmax_cross_entropy")
+@given(data=st.data(), num_classes=st.integers(1, 4))
+def test_softmax_cross_entropy(data, num_classes):
+    batch = data.draw(shapes(max_dims=2, max_side=3))
+    logits = data.draw(float_arrays(batch + (num_classes,), bound=4.0))
+    labels = data.draw(index_arrays(num_classes, batch))
+    log_probs = logits - scipy.special.logsumexp(logits, axis=-1, keepdims=True)
+    expected = -np.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+    out = mc.softmax_cross_entropy(t(logits), labels, reduction="none")
+    check(out, expected, rtol=1e-12, atol=1e-12)
+    assert mc.gradcheck(lambda z, y: mc.softmax_cross_entropy(z, y, reduction="none"),
+                        [logits, labels])
+
+
+def test_softmax_cross_entropy_is_stable_for_large_logits():
+    logits = t(np.array([[1000.0, -1000.0], [-1000.0, 1000.0]], dtype=np.float32),
+               requires_grad=True)
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        loss = mc.softmax_cross_entropy(logits, np.array([0, 0]), reduction="none")
+        loss.sum().backward()
+    np.testing.assert_allclose(loss.numpy(), [0.0, 2000.0])
+    np.testing.assert_allclose(logits.grad.numpy(), [[0, 0], [-1, 1]])
+
+
+# --- the registry itself ----------------------------------------------------------------------
+
+def test_every_primitive_has_a_test():
+    registered = set(mc.ops.PRIMITIVES)
+    assert TESTED == registered, (f"primitives without a test: {sorted(registered - TESTED)}; "
+                                  f"tested but not registered: {sorted(TESTED - registered)}")
+
+
+def test_elementwise_primitives_have_a_c_expression():
+    for name in set(BINARY) | set(UNARY) | set(COMPARISONS) | {"pow", "where", "astype"}:
+        assert mc.ops.OPS[name].is_elementwise, name
