@@ -287,8 +287,13 @@ class Graph:
                 env[id(n)] = n.value if xp is np else xp.asarray(n.value)
         return env
 
-    def summary(self):
-        """One line per node: index, what it is, shape, dtype, and its inputs."""
+    def summary(self, classes=None, groups=None):
+        """One line per node: index, what it is, shape, dtype, and its inputs. With
+        ``classes`` (``analysis.dependency_classes``) or ``groups`` (``analysis.fusion_groups``)
+        each line also shows the node's eager/core/lazy class and fused group."""
+        if classes is not None or groups is not None:
+            from .visualize import summary
+            return summary(self, classes, groups)
         index = {id(n): i for i, n in enumerate(self.nodes)}
         lines = [f"graph {self.name or ''}: {len(self.inputs)} inputs, {len(self.params)} params, "
                  f"{len(self.op_nodes())} ops, {len(self.outputs)} outputs"]
@@ -301,6 +306,12 @@ class Graph:
             tail = f"   -> output {outputs[id(n)]}" if id(n) in outputs else ""
             lines.append(f"  %{i:<3} {what:<48} {str(n.shape):<14} {n.dtype}{tail}")
         return "\n".join(lines)
+
+    def to_dot(self, classes=None, groups=None):
+        """Graphviz DOT text of the graph, fused groups as clusters, nodes coloured by their
+        eager/core/lazy ``classes`` if given (see ``minicavs.autodiff.visualize.to_dot``)."""
+        from .visualize import to_dot
+        return to_dot(self, classes, groups)
 
     def __repr__(self):
         return (f"Graph({self.name!r}: {len(self.inputs)} inputs, {len(self.params)} params, "
@@ -368,24 +379,24 @@ def grad_graph(graph, wrt=None, unreached="zeros"):
     with tracer.active():
         cotangents = [tracer.input(o.shape, o.dtype, name=f"d_out{i}", role="cotangent")
                       for i, o in enumerate(graph.outputs)]
-        grads = {}
+        grads = {}  # id(forward symbol) -> the gradient contributions reaching it
         for o, c in zip(graph.outputs, cotangents):
             if id(o) in carries:
-                grads[id(o)] = grads[id(o)] + c if id(o) in grads else c
+                grads.setdefault(id(o), []).append(c)
         for n in reversed(graph.nodes):
             if n.kind != "op" or id(n) not in grads or n.op.vjp is None:
                 continue
-            g = grads.pop(id(n))
+            g = _sum_gradients(grads.pop(id(n)))
             input_grads = n.op.vjp(g, mirror(n), *[mirror(x) for x in n.inputs], **n.attrs)
             for i, (x, gx) in enumerate(zip(n.inputs, input_grads)):
                 if gx is None or i in n.op.nondiff_args or id(x) not in carries:
                     continue
                 if isinstance(gx, Symbol) and gx.tracer is not tracer:
                     gx = tracer.constant(gx.value)
-                grads[id(x)] = grads[id(x)] + gx if id(x) in grads else gx
+                grads.setdefault(id(x), []).append(gx)
         outputs, grad_of = [], []
         for s in wrt:
-            g = grads.get(id(s))
+            g = _sum_gradients(grads[id(s)]) if id(s) in grads else None
             if g is None and unreached == "drop":
                 continue
             if g is None:  # not reached: the gradient is zero
@@ -492,3 +503,43 @@ def symbolic(fn=None, *input_specs, name=None):
     ``input_specs`` are shapes, ``(shape, dtype)`` pairs, ``mc.spec(...)`` or example arrays.
     """
     return StaticFunction(fn, input_specs, name=name)
+
+
+def _sum_gradients(contributions):
+    """Add up the gradients reaching one symbol.
+
+    The gradients of slices (``split``) arrive zero-padded to the full width; adding those
+    pads would cost one pass per slice over the full array. Slices that tile a range are
+    joined with one concat instead, and only the uncovered ends are padded.
+    """
+    pads = [g for g in contributions if isinstance(g, Symbol) and g.kind == "op"
+            and g.op.name == "pad_axis"]
+    axes = {g.attrs["axis"] for g in pads}
+    if len(pads) < 2 or len(axes) != 1:
+        total = contributions[0]
+        for g in contributions[1:]:
+            total = total + g
+        return total
+    from ..ops import concat, pad_axis
+
+    axis = axes.pop()
+    rest = [g for g in contributions if not any(g is p for p in pads)]
+    pads.sort(key=lambda g: g.attrs["before"])
+    width = pads[0].shape[axis]
+    runs = []  # [start, stop, pieces] of slices that follow each other without a gap
+    for g in pads:
+        start = g.attrs["before"]
+        piece = g.inputs[0]
+        if runs and runs[-1][1] == start:
+            runs[-1][1] += piece.shape[axis]
+            runs[-1][2].append(piece)
+        elif runs and runs[-1][1] > start:  # overlapping slices: plain addition
+            rest.append(g)
+        else:
+            runs.append([start, start + piece.shape[axis], [piece]])
+    joined = [pad_axis(concat(pieces, axis=axis), start, width - stop, axis)
+              for start, stop, pieces in runs]
+    total = joined[0]
+    for g in joined[1:] + rest:
+        total = total + g
+    return total
