@@ -1,0 +1,494 @@
+"""Running a static graph step by step, with fused elementwise groups (Cavs §3.4).
+
+A *step* is either one op node (:class:`OpStep`) or one fused group (:class:`GroupStep`); both
+read their inputs from an environment ``env`` (``id(symbol) -> array``), write their outputs
+into it, and can be told to write an output into a preallocated array instead of a new one
+(``outs``: ``id(symbol) -> array``). That is all the vertex runtime needs to run *subsets* of a
+graph — eager steps once, core steps per level on row blocks, lazy steps at the end — into its
+batch buffers; :func:`run_steps` runs a list of steps, and :class:`GraphExecutor` is the
+convenience that runs a whole graph on input arrays.
+
+A fused group runs through one interface: :func:`make_fused_kernel` returns a
+:class:`FusedKernel`, a callable ``kernel(*inputs, outs=None) -> tuple of outputs`` built once
+per group *signature* (ops, attributes, wiring, input dtypes and ranks; see
+:meth:`FusedGroup.signature`), array module and dtype, and cached. Which class builds it is
+chosen per array module by :func:`register_kernel_factory`: NumPy gets
+:class:`NumpyFusedKernel`; the CUDA layer registers a factory for ``"cupy"`` that generates one
+``cupy.ElementwiseKernel`` from the ops' C expressions; any other module falls back to
+:class:`OpByOpKernel` (each op's own forward, which works on any ``xp``).
+
+How to run a fused group fastest on the CPU was measured (``benchmarks/fusion_cpu.py``: the
+Tree-LSTM cell groups of F and ∂F, float32, N in {16, 64, 512}, H in {128, 256}). NumPy ufuncs
+writing with ``out=`` into buffers reused across calls (:class:`NumpyFusedKernel`) were the
+fastest or within noise of it at every size, 1.2-2.7x faster than op-by-op NumPy. Most of the
+gain on F is the sigmoid: ``1 / (1 + exp(-x))`` as four SIMD ufuncs is about 4x faster than
+``scipy.special.expit`` (what the op's own forward uses); writing with ``out=`` adds 5-30%, most
+on ∂F at large N. numexpr (no VML on this machine, so scalar float32 tanh/exp) was 3-6x slower,
+a generated numba loop 3-8x slower on F and at best even on ∂F, and running the ufuncs on row
+blocks of ~16K elements for cache locality gained nothing.
+"""
+
+import threading
+
+import numpy as np
+
+from .. import backend
+from ..errors import GraphError
+from .analysis import FusedGroup, fusion_groups, schedule
+
+
+# --- steps --------------------------------------------------------------------------------------
+
+def _value(env, x, xp):
+    """``env[id(x)]``; a constant not yet in ``env`` is put there (on ``xp``'s device)."""
+    try:
+        return env[id(x)]
+    except KeyError:
+        if x.kind == "const":
+            value = x.value if xp is np else xp.asarray(x.value)
+            env[id(x)] = value
+            return value
+        raise GraphError(f"no value for {x!r} (a {x.kind}) in the environment; the steps that "
+                         f"produce it must run first, and inputs and parameters must be bound"
+                         ) from None
+
+
+class OpStep:
+    """One op node run by itself. ``attrs`` may replace the node's attributes (the vertex
+    runtime uses that to give a task's real sizes to attributes recorded symbolically)."""
+
+    __slots__ = ("node", "attrs", "inputs", "outputs")
+
+    def __init__(self, node, attrs=None):
+        if node.kind != "op":
+            raise GraphError(f"OpStep: {node!r} is not an op node")
+        self.node = node
+        self.attrs = node.attrs if attrs is None else attrs
+        self.inputs = list(node.inputs)
+        self.outputs = [node]
+
+    def run(self, xp, env, outs=None):
+        node = self.node
+        args = [_value(env, x, xp) for x in node.inputs]
+        out = outs.get(id(node)) if outs else None
+        if out is None:
+            env[id(node)] = node.op.forward(xp, *args, **self.attrs)
+        else:
+            env[id(node)] = _forward_into(node, xp, args, self.attrs, out)
+
+    def __repr__(self):
+        return f"OpStep({self.node.op.name} -> {self.node.shape})"
+
+
+def _forward_into(node, xp, args, attrs, out):
+    """Run ``node`` writing its value into ``out``: directly where the op can (matmul, and
+    elementwise ops on NumPy), else computed and copied."""
+    op = node.op
+    if op.name == "matmul":
+        try:
+            return xp.matmul(*args, out=out)
+        except (ValueError, TypeError):  # e.g. 1-D operands, whose result NumPy won't write
+            pass
+    emit = _NUMPY_INTO.get(op.name) if xp is np else None
+    if emit is not None and tuple(out.shape) == np.broadcast_shapes(*[np.shape(a) for a in args]):
+        with np.errstate(over="ignore" if op.name == "sigmoid" else "warn"):
+            emit[0](*args, out, **attrs)
+        return out
+    out[...] = op.forward(xp, *args, **attrs)
+    return out
+
+
+class GroupStep:
+    """A fused group run as one unit through a :class:`FusedKernel` (one per array module and
+    dtype, from :func:`make_fused_kernel`)."""
+
+    __slots__ = ("group", "inputs", "outputs", "_kernels")
+
+    def __init__(self, group):
+        self.group = group
+        self.inputs = group.inputs
+        self.outputs = group.outputs
+        self._kernels = {}
+
+    def kernel(self, xp, dtype):
+        key = (xp.__name__, dtype)
+        k = self._kernels.get(key)
+        if k is None:
+            k = self._kernels[key] = make_fused_kernel(self.group, xp, dtype)
+        return k
+
+    def run(self, xp, env, outs=None):
+        args = [_value(env, x, xp) for x in self.group.inputs]
+        kernel = self.kernel(xp, _compute_dtype(self.group, args))
+        out_arrays = [outs.get(id(o)) for o in self.group.outputs] if outs else None
+        results = kernel(*args, outs=out_arrays)
+        for o, r in zip(self.group.outputs, results):
+            env[id(o)] = r
+
+    def __repr__(self):
+        return f"GroupStep({self.group!r})"
+
+
+def _compute_dtype(group, args):
+    """The float dtype the group computes in: that of its float inputs (all share one, the ops
+    check that), else that of its first float member (a group fed by integer data only)."""
+    for a in args:
+        d = a.dtype
+        if d.kind == "f":
+            return d
+    for m in group.members:
+        if m.dtype.kind == "f":
+            return m.dtype
+    return group.outputs[0].dtype
+
+
+def plan_steps(graph, fuse=True, groups=None, **fusion_options):
+    """The op nodes of ``graph`` as steps in an order they can run: with ``fuse``, fused groups
+    (``groups``, or ``fusion_groups(graph, **fusion_options)``) become :class:`GroupStep`
+    objects and the other op nodes :class:`OpStep` objects; without, every op node is an
+    :class:`OpStep`."""
+    if not fuse:
+        groups = []
+    elif groups is None:
+        groups = fusion_groups(graph, **fusion_options)
+    return [GroupStep(s) if isinstance(s, FusedGroup) else OpStep(s)
+            for s in schedule(graph, groups)]
+
+
+def run_steps(steps, env, xp=None, outs=None):
+    """Run ``steps`` in order on the environment ``env`` (``id(symbol) -> array``), which must
+    already hold every input the steps read from outside themselves (constants are added on
+    first use). ``outs`` (``id(symbol) -> array``) gives preallocated arrays for some step
+    outputs: those values are written there (they must not overlap the step's inputs). ``xp``
+    defaults to the module of the first array in ``env``. Returns ``env``."""
+    if xp is None:
+        xp = backend.get_array_module(*[v for v in env.values() if hasattr(v, "shape")][:1])
+    for step in steps:
+        step.run(xp, env, outs)
+    return env
+
+
+class GraphExecutor:
+    """Runs a whole graph as steps: ``GraphExecutor(graph).run(*inputs)`` returns the outputs,
+    like ``graph.evaluate``. ``fuse=False`` runs every op by itself (for ablations, and to test
+    that fused and unfused runs agree). ``fusion_options`` go to :func:`fusion_groups`
+    (``keep=``, ``min_size=``, ``classes=``)."""
+
+    def __init__(self, graph, fuse=True, **fusion_options):
+        self.graph = graph
+        self.fuse = fuse
+        self.groups = fusion_groups(graph, **fusion_options) if fuse else []
+        self.steps = plan_steps(graph, fuse, self.groups)
+
+    def run(self, *inputs, params=None):
+        env = self.run_env(inputs, params)
+        xp = backend.get_array_module(*inputs)
+        return [_value(env, o, xp) for o in self.graph.outputs]  # an output may be a constant
+
+    def run_env(self, inputs, params=None, env=None):
+        """Run every step; return the environment (values of inputs, params, constants, op
+        nodes that are not fused away, and the outputs of every fused group)."""
+        graph = self.graph
+        if len(inputs) != len(graph.inputs):
+            raise GraphError(f"graph {graph.name!r} takes {len(graph.inputs)} inputs, got "
+                             f"{len(inputs)}")
+        params = [p.value.data for p in graph.params] if params is None else list(params)
+        if len(params) != len(graph.params):
+            raise GraphError(f"graph {graph.name!r} has {len(graph.params)} params, got "
+                             f"{len(params)} values")
+        env = {} if env is None else env
+        for symbol, array in zip(graph.inputs + graph.params, list(inputs) + params):
+            env[id(symbol)] = array
+        xp = backend.get_array_module(*inputs, *params)
+        return run_steps(self.steps, env, xp)
+
+    def __repr__(self):
+        fused = sum(len(g) for g in self.groups)
+        return (f"GraphExecutor({self.graph.name!r}: {len(self.steps)} steps, {len(self.groups)} "
+                f"fused groups holding {fused} ops)")
+
+
+# --- fused kernels ------------------------------------------------------------------------------
+
+class FusedKernel:
+    """The interface of a compiled fused group: ``kernel(*inputs, outs=None)`` takes the arrays
+    of ``group.inputs`` in order and returns a tuple with the arrays of ``group.outputs``.
+    ``outs`` is None or a list with, per output, a preallocated array or None; given arrays
+    are written and returned. A kernel never returns its internal scratch memory, so results
+    stay valid across calls. Subclasses set up in ``__init__(group, xp, dtype)`` and implement
+    ``__call__``; a kernel may keep per-shape plans and scratch buffers, but must not keep
+    references to the group's symbols' identities (it is shared by every group with the same
+    signature)."""
+
+    def __init__(self, group, xp, dtype):
+        self.xp = xp
+        self.dtype = np.dtype(dtype)
+        self.n_inputs = len(group.inputs)
+        position = {id(m): j for j, m in enumerate(group.members)}
+        where = {id(x): k for k, x in enumerate(group.inputs)}
+        n = len(group.inputs)
+        # Slots: 0..n-1 are the inputs, n+j is member j.
+        self.body = []  # per member: (op, attrs, argument slots)
+        for j, m in enumerate(group.members):
+            args = tuple(where[id(x)] if id(x) in where else n + position[id(x)]
+                         for x in m.inputs)
+            self.body.append((m.op, dict(m.attrs), args))
+        self.output_slots = [n + position[id(o)] for o in group.outputs]
+        # Members of the group's traced float dtype compute in the kernel's dtype; the others
+        # (masks, and the results of an explicit astype) keep the dtype they were traced with.
+        traced = _compute_dtype(group, group.inputs)
+        self.member_dtypes = [self.dtype if m.dtype == traced else m.dtype
+                              for m in group.members]
+        self.describe = " ".join(m.op.name for m in group.members)
+
+    def __call__(self, *inputs, outs=None):
+        raise NotImplementedError
+
+    def _check(self, inputs):
+        if len(inputs) != self.n_inputs:
+            raise GraphError(f"fused kernel ({self.describe}) takes {self.n_inputs} inputs, got "
+                             f"{len(inputs)}")
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.describe}; {self.xp.__name__}, {self.dtype})"
+
+
+class OpByOpKernel(FusedKernel):
+    """Each member's own ``op.forward``, one call after another, each allocating its result.
+    Works on any array module; strategy (a) of the benchmark, and the fallback."""
+
+    def __call__(self, *inputs, outs=None):
+        self._check(inputs)
+        xp = self.xp
+        values = list(inputs)
+        for op, attrs, args in self.body:
+            values.append(op.forward(xp, *[values[a] for a in args], **attrs))
+        results = [values[s] for s in self.output_slots]
+        if outs:
+            for i, out in enumerate(outs):
+                if out is not None:
+                    out[...] = results[i]
+                    results[i] = out
+        return tuple(results)
+
+
+# How each elementwise op writes into a given array with NumPy ufuncs: op name ->
+# (function(*args, out, **attrs), may `out` be the same array as an argument?).
+
+def _pow_into(x, out, exponent):
+    np.power(x, out.dtype.type(exponent), out=out)
+
+
+def _relu_into(x, out):
+    np.maximum(x, out.dtype.type(0), out=out)
+
+
+def _maximum_into(a, b, out):
+    np.maximum(a, b, out=out)  # (NumPy deprecates a positional out for maximum and minimum)
+
+
+def _where_into(cond, a, b, out):
+    # Two copies: the second overwrites the first where cond holds. `out` must not be a or b.
+    np.copyto(out, b)
+    np.copyto(out, a, where=cond)
+
+
+def _astype_into(x, out, dtype):
+    np.copyto(out, x, casting="unsafe")
+
+
+def _sigmoid_exp_into(x, out):
+    # 1 / (1 + exp(-x)): the op's C expression, as four SIMD ufuncs. exp(-x) overflows to inf
+    # for very negative x and the result is then the correct limit 0; the caller silences the
+    # overflow warning.
+    t = out.dtype.type
+    np.negative(x, out=out)
+    np.exp(out, out=out)
+    np.add(out, t(1), out=out)
+    np.divide(t(1), out, out=out)
+
+
+def _sigmoid_tanh_into(x, out):
+    # (tanh(x/2) + 1) / 2: as fast, but it loses relative accuracy in the lower tail (σ(-20) in
+    # float32 becomes 0), which matters to log(σ(x)).
+    t = out.dtype.type
+    np.multiply(x, t(0.5), out=out)
+    np.tanh(out, out=out)
+    np.multiply(out, t(0.5), out=out)
+    np.add(out, t(0.5), out=out)
+
+
+def _sigmoid_expit_into(x, out):
+    import scipy.special
+
+    scipy.special.expit(x, out=out)
+
+
+_SIGMOIDS = {"exp": _sigmoid_exp_into, "tanh": _sigmoid_tanh_into, "expit": _sigmoid_expit_into}
+
+
+# A NumPy ufunc takes its output array as the positional argument after its inputs, so
+# ``np.add(a, b, out)`` is already a writer of the right form, with no Python layer in between.
+_NUMPY_INTO = {
+    "add": (np.add, True),
+    "sub": (np.subtract, True),
+    "mul": (np.multiply, True),
+    "div": (np.divide, True),
+    "neg": (np.negative, True),
+    "exp": (np.exp, True),
+    "log": (np.log, True),
+    "tanh": (np.tanh, True),
+    "maximum": (_maximum_into, True),
+    "greater": (np.greater, True),
+    "greater_equal": (np.greater_equal, True),
+    "equal": (np.equal, True),
+    "pow": (_pow_into, True),
+    "relu": (_relu_into, True),
+    "where": (_where_into, False),
+    "astype": (_astype_into, True),
+    "sigmoid": (_sigmoid_exp_into, True),
+}
+
+
+class NumpyFusedKernel(FusedKernel):
+    """A fused group as NumPy ufunc calls writing with ``out=`` (the CPU winner; see the module
+    docstring). For each combination of input shapes it makes a plan once: every member's
+    shape, and where its value goes — a group output gets its own array (new, or the caller's
+    ``outs``), an intermediate gets a scratch buffer, reused by a later member once its value is
+    dead (in place when that member reads it and the op allows it). Scratch buffers are kept per
+    thread and reused across calls, so a steady loop allocates only the outputs.
+
+    ``sigmoid`` picks the formula (``"exp"``: ``1/(1+exp(-x))``, the op's C expression;
+    ``"tanh"``; ``"expit"``: SciPy's, exact but slow); the benchmark compares them."""
+
+    def __init__(self, group, xp, dtype, sigmoid="exp"):
+        super().__init__(group, xp, dtype)
+        intos = dict(_NUMPY_INTO, sigmoid=(_SIGMOIDS[sigmoid], True))
+        # Per member: (writer, in-place allowed); None: no ufunc form, use op.forward and copy.
+        self.writers = [intos.get(op.name) for op, _, _ in self.body]
+        # exp(-x) inside sigmoid overflows to inf for x < -88 (float32), harmlessly: σ is then
+        # 1/inf = 0. Silencing that costs ~1 µs per call, so only groups with a sigmoid pay it
+        # (and an exp of the user's in such a group then overflows silently too).
+        self.quiet_overflow = any(op.name == "sigmoid" for op, _, _ in self.body)
+        self._plans = {}
+        self._local = threading.local()
+
+    def __call__(self, *inputs, outs=None):
+        if len(inputs) != self.n_inputs:
+            self._check(inputs)
+        shapes = tuple([np.shape(a) for a in inputs])
+        plan = self._plans.get(shapes)
+        if plan is None:
+            plan = self._plans[shapes] = _Plan(self, shapes)
+        scratch = self._local.__dict__.setdefault("scratch", {})
+        buffers = scratch.get(plan.key)
+        if buffers is None:
+            buffers = scratch[plan.key] = [np.empty(s, d) for s, d in plan.scratch_specs]
+        if outs:
+            results = [np.empty(s, d) if o is None else o
+                       for (s, d), o in zip(plan.output_specs, outs)]
+        else:
+            results = [np.empty(s, d) for s, d in plan.output_specs]
+        values = list(inputs)
+        values.extend(buffers[k] if scratch_k else results[k] for scratch_k, k in plan.storage)
+        if self.quiet_overflow:
+            with np.errstate(over="ignore"):
+                _execute(plan.code, values)
+        else:
+            _execute(plan.code, values)
+        return tuple(results)
+
+
+def _execute(code, values):
+    """Run a plan's instructions; ``values[slot]`` holds every input and every member's array
+    (already its output buffer, so running an instruction fills it)."""
+    for fn, args, out, attrs, op in code:
+        if op is not None:  # no writer: the op's own forward, copied in
+            values[out][...] = op.forward(np, *[values[a] for a in args], **attrs)
+        elif attrs:
+            fn(*[values[a] for a in args], values[out], **attrs)
+        elif len(args) == 1:
+            fn(values[args[0]], values[out])
+        elif len(args) == 2:
+            fn(values[args[0]], values[args[1]], values[out])
+        else:
+            fn(*[values[a] for a in args], values[out])
+
+
+class _Plan:
+    """Shapes and storage of a :class:`NumpyFusedKernel`'s members for one set of input shapes."""
+
+    def __init__(self, kernel, input_shapes):
+        n = kernel.n_inputs
+        shapes = list(input_shapes)
+        for op, attrs, args in kernel.body:
+            shapes.append(np.broadcast_shapes(*[shapes[a] for a in args]))
+        last_use = {}
+        for j, (_, _, args) in enumerate(kernel.body):
+            for a in args:
+                last_use[a] = j
+        output_of = {slot: i for i, slot in enumerate(kernel.output_slots)}
+        self.output_specs = [(shapes[s], kernel.member_dtypes[s - n])
+                             for s in kernel.output_slots]
+        self.storage = []  # per member: (True, scratch index) or (False, output position)
+        self.scratch_specs = []
+        free = []  # indices of scratch buffers whose value is dead
+        holder = {}  # member slot -> scratch index holding its value
+        for j, (op, attrs, args) in enumerate(kernel.body):
+            slot = n + j
+            shape, dtype = shapes[slot], kernel.member_dtypes[j]
+            # Scratch buffers whose value dies at this member: free for reuse after it (and by
+            # it, writing in place, if the op allows that).
+            dying = sorted({holder[a] for a in args if a in holder and last_use[a] == j})
+            chosen = None
+            if slot in output_of:
+                self.storage.append((False, output_of[slot]))
+            else:
+                in_place = kernel.writers[j] is not None and kernel.writers[j][1]
+                fits = [k for k in (dying if in_place else []) + free
+                        if self.scratch_specs[k] == (shape, dtype)]
+                if fits:
+                    chosen = fits[0]
+                    if chosen in free:
+                        free.remove(chosen)
+                else:
+                    chosen = len(self.scratch_specs)
+                    self.scratch_specs.append((shape, dtype))
+                self.storage.append((True, chosen))
+                holder[slot] = chosen
+            free.extend(k for k in dying if k != chosen)
+        self.key = (input_shapes, tuple(self.scratch_specs))
+        # Instructions for _execute: (writer, argument slots, output slot, attrs, op or None).
+        self.code = []
+        for j, (op, attrs, args) in enumerate(kernel.body):
+            writer = kernel.writers[j]
+            self.code.append((writer[0] if writer else None, args, n + j, attrs,
+                              None if writer else op))
+
+
+# --- the kernel factory ---------------------------------------------------------------------------
+
+_FACTORIES = {"numpy": NumpyFusedKernel}
+_KERNELS = {}
+
+
+def register_kernel_factory(module_name, factory):
+    """Use ``factory(group, xp, dtype)`` to build the fused kernels for arrays of the module
+    named ``module_name`` (``"numpy"``, ``"cupy"``). The CUDA layer registers its
+    ``cupy.ElementwiseKernel`` generator here. Clears the kernel cache for that module."""
+    _FACTORIES[module_name] = factory
+    for key in [k for k in _KERNELS if k[1] == module_name]:
+        del _KERNELS[key]
+
+
+def make_fused_kernel(group, xp, dtype, factory=None):
+    """The :class:`FusedKernel` for ``group`` on array module ``xp`` computing in ``dtype``,
+    cached by (group signature, module, dtype, factory): groups with equal signatures share
+    one kernel. ``factory`` overrides the registered one (the benchmark uses that)."""
+    dtype = np.dtype(dtype)
+    factory = factory or _FACTORIES.get(xp.__name__, OpByOpKernel)
+    key = (group.signature(), xp.__name__, dtype.str, factory)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        kernel = _KERNELS[key] = factory(group, xp, dtype)
+    return kernel
