@@ -3,7 +3,6 @@ input's shape (:func:`unbroadcast`). ``c_expr`` is the C expression the fusion c
 uses: ``{0}, {1}, ...`` are the operands, ``{T}`` is the C type, other fields are attributes."""
 
 import numpy as np
-import scipy.special
 
 from . import reduce, shape
 from .registry import Aval, Op, apply, broadcast_shapes, common_dtype, register, require_float
@@ -39,9 +38,10 @@ def _elementwise(name, forward, vjp, c_expr, float_only=False, out_dtype=None, s
 
 
 def _sigmoid(xp, x):
-    if xp is np:
-        return scipy.special.expit(x)  # one pass, exact for large |x|
-    return xp.tanh(x * 0.5) * 0.5 + 0.5  # CuPy: fused into one kernel by the CUDA layer
+    # 1 / (1 + e^-x): e^-x overflows to inf for very negative x, giving the right limit 0.
+    # Four SIMD ufuncs; about 4x faster than scipy.special.expit (benchmarks/fusion_cpu.py).
+    with np.errstate(over="ignore", under="ignore"):
+        return 1 / (1 + xp.exp(-x))
 
 
 ADD = _elementwise("add", lambda xp, a, b: xp.add(a, b),

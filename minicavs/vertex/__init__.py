@@ -5,5 +5,5 @@ per-op batching rules, ``function.py`` the VertexFunction API, ``runtime.py`` th
 
 from .graphs import GraphBatch, InputGraph
 from .function import Vertex, VertexFunction
-from .runtime import Options, dependency_classes
+from .runtime import Options
 from .reference import evaluate_per_sample

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import backend
+from ..autodiff.analysis import NodeClasses, dependency_classes, fusion_groups
+from ..autodiff.executor import OpStep, plan_steps
 from ..autodiff.symbolic import grad_graph
 from ..autodiff.tensor import Tensor, is_grad_enabled
 from ..errors import GraphError
@@ -39,46 +41,39 @@ class Options:
     streams: bool = True  # (CUDA) overlap independent work on a second stream
 
 
-def dependency_classes(graph, sources, sinks):
-    """Cavs Proposition 1: "core" nodes lie on a path from a source to a sink; "eager" nodes
-    depend on no source; the rest ("lazy") depend on a source but no sink needs them."""
-    depends = {id(s) for s in sources}
-    for n in graph.nodes:
-        if any(id(x) in depends for x in n.inputs):
-            depends.add(id(n))
-    needed = {id(s) for s in sinks}
-    for n in reversed(graph.nodes):
-        if id(n) in needed:
-            needed.update(id(x) for x in n.inputs)
-    return {id(n): ("core" if id(n) in needed else "lazy") if id(n) in depends else "eager"
-            for n in graph.nodes}
-
-
 class _Step:
-    """One op node prepared for execution: its inputs' ids and (maybe symbolic) attributes."""
+    """An executor step (one op, or a fused elementwise group) as the runtime runs it.
 
-    __slots__ = ("node", "op", "args", "attrs", "symbolic", "domain", "accumulate")
+    Attributes recorded with the symbolic task size (a reshape to (VERTICES, ...), a row count)
+    are instantiated for each task; every output is either per row (``domain`` "vertex" or
+    "edge": written into the batch buffer's rows of the task) or shared by all vertices.
+    """
 
-    def __init__(self, node):
-        self.node = node
-        self.op = node.op
-        self.args = [id(x) for x in node.inputs]
-        self.attrs = node.attrs
-        self.symbolic = any(has_symbolic_size(v) for v in node.attrs.values())
-        self.domain = row_domain(node.shape)
-        self.accumulate = False  # set for graph outputs summed over levels (ablation mode)
+    __slots__ = ("step", "outputs", "symbolic", "args", "accumulate")
 
-    def run(self, xp, env, n, e):
-        attrs = self.attrs
+    def __init__(self, step, graph_outputs):
+        self.step = step
+        self.outputs = step.outputs
+        node = step.node if isinstance(step, OpStep) else None
+        self.symbolic = node is not None and any(has_symbolic_size(v) for v in node.attrs.values())
+        self.args = [id(x) for x in step.inputs]
+        # A shared-shaped graph output computed per level (a parameter gradient when lazy
+        # batching is off) is summed over the levels.
+        self.accumulate = [row_domain(o.shape) is None and id(o) in graph_outputs
+                           for o in self.outputs]
+
+    def run(self, xp, env, n, e, outs=None):
+        step = self.step
         if self.symbolic:
-            attrs = {k: instantiate(v, n, e) for k, v in attrs.items()}
-        return self.op.forward(xp, *[env[a] for a in self.args], **attrs)
+            node = step.node
+            step = OpStep(node, {k: instantiate(v, n, e) for k, v in node.attrs.items()})
+        step.run(xp, env, outs)
 
 
 class _Program:
-    """A graph split into eager, core and lazy steps for the runtime."""
+    """A graph split into eager, core and lazy steps for the runtime (fused where allowed)."""
 
-    def __init__(self, graph, sources, sinks, options):
+    def __init__(self, graph, sources, sinks, options, keep=()):
         self.graph = graph
         self.classes = dependency_classes(graph, sources, sinks)
         ops = [n for n in graph.nodes if n.kind == "op"]
@@ -100,20 +95,25 @@ class _Program:
                 if (cls[id(n)] == "eager" and not _batched(n) and has_symbolic_size(n.shape)
                         and any(cls[id(u)] == "core" for u in users[id(n)])):
                     cls[id(n)] = "core"
-        self.eager = [_Step(n) for n in ops if cls[id(n)] == "eager"]
-        self.core = [_Step(n) for n in ops if cls[id(n)] == "core"]
-        self.lazy = [_Step(n) for n in ops if cls[id(n)] == "lazy"]
-        outputs = {id(o) for o in graph.outputs}
-        for step in self.core:
-            # A shared-shaped output computed per level (a parameter gradient when lazy
-            # batching is off) is summed over the levels.
-            step.accumulate = step.domain is None and id(step.node) in outputs
-        # Batched values produced per level get a batch-wide buffer (rows in level order).
-        self.per_level = [s for s in self.core if s.domain is not None]
+        classes = NodeClasses(graph, cls, sources, sinks)
+        groups = fusion_groups(graph, classes=classes, keep=keep) if options.fuse else []
+        graph_outputs = {id(o) for o in graph.outputs}
+        phases = {"eager": [], "core": [], "lazy": []}
+        for step in plan_steps(graph, options.fuse, groups):
+            phases[cls[id(step.outputs[0])]].append(_Step(step, graph_outputs))
+        self.eager, self.core, self.lazy = phases["eager"], phases["core"], phases["lazy"]
+        # Per-row values produced per level and read after their level (by ∂F, the lazy steps,
+        # the caller) get a batch-wide buffer, rows in level order; the rest live only while
+        # their level runs.
+        read_later = {id(k) for k in keep} | graph_outputs | {
+            a for st in self.eager + self.lazy for a in st.args}
+        self.per_level = [o for st in self.core for o in st.outputs
+                          if _batched(o) and id(o) in read_later]
         # The batched values the core reads or writes: sliced to the task's rows each level.
-        touched = {a for step in self.core for a in step.args} | {id(s.node) for s in self.core}
+        touched = {a for st in self.core for a in st.args} | {id(o) for o in self.per_level}
         self.row_keys = [(id(n), row_domain(n.shape)) for n in graph.nodes
                          if _batched(n) and id(n) in touched]
+        self.edge_parent_key = None  # set by the Plan: where per-task parent rows go
 
     def consts(self, xp):
         return {id(n): (n.value if xp is np else xp.asarray(n.value))
@@ -170,7 +170,6 @@ class Plan:
         graph = f.graph
         options = f.options
         sources = [s for s in f.gather_inputs + [f.edge_child_input] if s is not None]
-        self.forward_program = _Program(graph, sources, [f.scatter_output], options)
 
         candidates = [s for s in [f.pull_input, *f.gather_inputs, f.edge_child_input]
                       if s is not None and s.dtype.kind == "f"] + [
@@ -190,6 +189,9 @@ class Plan:
         self.d_scatter = bw.cotangents[0]
         self.d_push = bw.cotangents[1] if len(bw.cotangents) > 1 else None
         self.backward_program = _Program(bw, [self.d_scatter], sinks, options)
+        # Values ∂F reads must exist after the forward, even inside fused groups.
+        self.forward_program = _Program(graph, sources, [f.scatter_output], options,
+                                        keep=bw.forward_refs)
         self.forward_program.edge_parent_key = (
             id(f.edge_parent_input) if f.edge_parent_input is not None else None)
         self.backward_program.edge_parent_key = next(
@@ -208,14 +210,14 @@ class Plan:
         for s in f.gather_inputs + [f.edge_child_input]:
             if s is not None:
                 specs[id(s)] = (self._rows(row_domain(s.shape), n, e), s.shape[1:], s.dtype)
-        for step in self.forward_program.per_level:
-            node = step.node
+        for node in self.forward_program.per_level:
             extra = 1 if node is f.scatter_output else 0  # a zero row for absent children
-            specs[id(node)] = (self._rows(step.domain, n, e) + extra, node.shape[1:], node.dtype)
+            specs[id(node)] = (self._rows(row_domain(node.shape), n, e) + extra, node.shape[1:],
+                               node.dtype)
         specs["d_scatter"] = (n + 1, f.scatter_output.shape[1:], f.dtype)
-        for step in self.backward_program.per_level:
-            node = step.node
-            specs[("d", id(node))] = (self._rows(step.domain, n, e), node.shape[1:], node.dtype)
+        for node in self.backward_program.per_level:
+            specs[("d", id(node))] = (self._rows(row_domain(node.shape), n, e), node.shape[1:],
+                                      node.dtype)
         return specs
 
     # --- forward ---------------------------------------------------------------------------------
@@ -241,11 +243,11 @@ class Plan:
             if s is not None:
                 env[id(s)] = bufs[id(s)]
         scatter = f.scatter_output
-        for step in prog.per_level:
-            env[id(step.node)] = bufs[id(step.node)][:self._rows(step.domain, n, e)]
+        for node in prog.per_level:
+            env[id(node)] = bufs[id(node)][:self._rows(row_domain(node.shape), n, e)]
 
         for step in prog.eager:
-            env[id(step.node)] = step.run(xp, env, n, e)
+            step.run(xp, env, n, e)
 
         if id(scatter) in bufs:
             states = bufs[id(scatter)]  # n + 1 rows; the last stays zero for absent children
@@ -256,7 +258,7 @@ class Plan:
         level_stats = self._level_loop(xp, prog, env, bufs, batch, idx, states, forward=True)
 
         for step in prog.lazy:
-            env[id(step.node)] = step.run(xp, env, n, e)
+            step.run(xp, env, n, e)
         saved.values = env
         out_symbol = f.push_output if f.push_output is not None else scatter
         result = xp.take(env[id(out_symbol)], idx["row_of"], axis=0)
@@ -290,15 +292,13 @@ class Plan:
             if prog.edge_parent_key is not None:  # per task, parent rows count from r0
                 local[prog.edge_parent_key] = idx["edge_parent_local"][e0:e1]
             for step in prog.core:
-                value = step.run(xp, local, n_t, e_t)
-                if step.domain is not None:
-                    local[id(step.node)][...] = value
-                elif step.accumulate:
-                    key = id(step.node)
-                    accumulators[key] = accumulators[key] + value if key in accumulators else value
-                    local[key] = value
-                else:
-                    local[id(step.node)] = value
+                step.run(xp, local, n_t, e_t, outs=local)  # per-row outputs: into the buffers
+                for o, accumulate in zip(step.outputs, step.accumulate):
+                    if accumulate:
+                        key = id(o)
+                        value = local[key]
+                        accumulators[key] = accumulators[key] + value if key in accumulators \
+                            else value
             if not forward:
                 self._scatter_gradients(xp, local, batch, idx, d_states, r0, r1, e0, e1)
             counts.append(len(prog.core))
@@ -337,15 +337,15 @@ class Plan:
         else:
             d_states[:n] = g_rows
         env[id(self.d_scatter)] = d_states[:n]
-        for step in prog.per_level:
-            env[id(step.node)] = bufs[("d", id(step.node))]
+        for node in prog.per_level:
+            env[id(node)] = bufs[("d", id(node))]
 
         for step in prog.eager:
-            env[id(step.node)] = step.run(xp, env, n, e)
+            step.run(xp, env, n, e)
         level_stats = self._level_loop(xp, prog, env, bufs, batch, idx, None, forward=False,
                                        d_states=d_states)
         for step in prog.lazy:
-            env[id(step.node)] = step.run(xp, env, n, e)
+            step.run(xp, env, n, e)
 
         grads = []
         if f.pull_input is not None:
