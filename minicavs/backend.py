@@ -5,6 +5,7 @@ so ``import minicavs`` works on a machine without CuPy or without a GPU. Everyth
 :func:`get_array_module` for ``xp`` and writes ``xp.tanh(x)``, never ``numpy.tanh(x)``.
 """
 
+import contextlib
 import os
 
 import numpy as np
@@ -150,3 +151,26 @@ _rng = np.random.default_rng()
 def rng():
     """minicavs' random generator (initialisers, synthetic data); reseeded by :func:`seed`."""
     return _rng
+
+
+_threadpools = None  # threadpoolctl's controller, made on first use
+
+
+def blas_threads(n):
+    """A context in which NumPy's BLAS uses at most ``n`` threads (no-op without threadpoolctl).
+
+    Small per-level GEMMs run faster on one thread: a multithreaded BLAS spends more time
+    waking and joining its threads than multiplying, and on a busy machine a preempted thread
+    stalls the others. Large whole-batch products still get every core.
+    """
+    global _threadpools
+    if _threadpools is None:
+        try:
+            import threadpoolctl
+
+            _threadpools = threadpoolctl.ThreadpoolController()
+        except Exception:  # not installed, or no BLAS it recognises
+            _threadpools = False
+    if not _threadpools or n is None:
+        return contextlib.nullcontext()
+    return _threadpools.limit(limits=n, user_api="blas")

@@ -39,6 +39,8 @@ class Options:
     lazy_batching: bool = True  # run lazy nodes once after the loop (else per level)
     fuse: bool = True  # run elementwise groups as fused kernels
     streams: bool = True  # (CUDA) overlap independent work on a second stream
+    level_blas_threads: int = 1  # BLAS threads for the small per-level products (None: all)
+    batch_blas_threads: int = None  # ... for the whole-batch eager and lazy products
 
 
 class _Step:
@@ -246,8 +248,9 @@ class Plan:
         for node in prog.per_level:
             env[id(node)] = bufs[id(node)][:self._rows(row_domain(node.shape), n, e)]
 
-        for step in prog.eager:
-            step.run(xp, env, n, e)
+        with backend.blas_threads(self.f.options.batch_blas_threads):
+            for step in prog.eager:
+                step.run(xp, env, n, e)
 
         if id(scatter) in bufs:
             states = bufs[id(scatter)]  # n + 1 rows; the last stays zero for absent children
@@ -255,10 +258,12 @@ class Plan:
             states = xp.concatenate([env[id(scatter)], xp.zeros((1,) + scatter.shape[1:],
                                                                  scatter.dtype)])
         states[n] = 0
-        level_stats = self._level_loop(xp, prog, env, bufs, batch, idx, states, forward=True)
+        with backend.blas_threads(self.f.options.level_blas_threads):
+            level_stats = self._level_loop(xp, prog, env, bufs, batch, idx, states, forward=True)
 
-        for step in prog.lazy:
-            step.run(xp, env, n, e)
+        with backend.blas_threads(self.f.options.batch_blas_threads):
+            for step in prog.lazy:
+                step.run(xp, env, n, e)
         saved.values = env
         out_symbol = f.push_output if f.push_output is not None else scatter
         result = xp.take(env[id(out_symbol)], idx["row_of"], axis=0)
@@ -340,12 +345,15 @@ class Plan:
         for node in prog.per_level:
             env[id(node)] = bufs[("d", id(node))]
 
-        for step in prog.eager:
-            step.run(xp, env, n, e)
-        level_stats = self._level_loop(xp, prog, env, bufs, batch, idx, None, forward=False,
-                                       d_states=d_states)
-        for step in prog.lazy:
-            step.run(xp, env, n, e)
+        with backend.blas_threads(self.f.options.batch_blas_threads):
+            for step in prog.eager:
+                step.run(xp, env, n, e)
+        with backend.blas_threads(self.f.options.level_blas_threads):
+            level_stats = self._level_loop(xp, prog, env, bufs, batch, idx, None, forward=False,
+                                           d_states=d_states)
+        with backend.blas_threads(self.f.options.batch_blas_threads):
+            for step in prog.lazy:
+                step.run(xp, env, n, e)
 
         grads = []
         if f.pull_input is not None:
