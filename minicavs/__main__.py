@@ -20,9 +20,23 @@ def _run_doctor(args):
     return run_doctor()
 
 
+def _configure_train(parser):
+    from .train_command import configure
+
+    configure(parser)
+
+
+def _run_train(args):
+    from .train_command import run
+
+    return run(args)
+
+
 COMMANDS = {
     "doctor": (_configure_doctor, _run_doctor,
                "check the CUDA toolchain (NVRTC, CPU shim, GPU) and say what is missing"),
+    "train": (_configure_train, _run_train,
+              "train an example model (tree-lstm: the main job) and save a checkpoint"),
 }
 
 

@@ -135,7 +135,13 @@ def test_ops_per_level_do_not_depend_on_the_batch_size(graph):
         assert stats["levels"] == graph.height() + 1
         counts.append((stats["forward_ops_per_level"], stats["backward_ops_per_level"]))
     assert counts[0] == counts[1]
-    assert len(set(counts[0][0])) == 1  # the same core ops at every level
+    # A level runs at most the core steps of F (and ∂F): fewer where its vertices lack some
+    # children, whose gathered rows are zero (the leaves' level always).
+    forward, backward = counts[0]
+    assert max(forward) <= len(F.plan.forward_program.core)
+    assert max(backward) <= len(F.plan.backward_program.core)
+    assert forward[0] < len(F.plan.forward_program.core) or graph.num_vertices == 1 or \
+        len(F.plan.forward_program.core) == 0
 
 
 def test_constructors():

@@ -29,6 +29,7 @@ from ..autodiff.symbolic import grad_graph
 from ..autodiff.tensor import Tensor, is_grad_enabled
 from ..errors import GraphError
 from .batching import has_symbolic_size, instantiate, row_domain
+from .zero_rows import FULL, ZeroRowRule, hull, intersect, is_empty, take_rows_range
 
 
 @dataclass
@@ -49,9 +50,12 @@ class _Step:
     Attributes recorded with the symbolic task size (a reshape to (VERTICES, ...), a row count)
     are instantiated for each task; every output is either per row (``domain`` "vertex" or
     "edge": written into the batch buffer's rows of the task) or shared by all vertices.
+    Steps also know how zero rows pass through them (zero_rows.py), and which products can run
+    on the nonzero rows only.
     """
 
-    __slots__ = ("step", "outputs", "symbolic", "args", "accumulate")
+    __slots__ = ("step", "outputs", "symbolic", "args", "accumulate", "zero_rule", "kind",
+                 "sinks_only")
 
     def __init__(self, step, graph_outputs):
         self.step = step
@@ -63,6 +67,9 @@ class _Step:
         # batching is off) is summed over the levels.
         self.accumulate = [row_domain(o.shape) is None and id(o) in graph_outputs
                            for o in self.outputs]
+        self.zero_rule = ZeroRowRule(step)
+        self.kind = _kind(node)
+        self.sinks_only = None  # set by the program: the sinks this step alone serves
 
     def run(self, xp, env, n, e, outs=None):
         step = self.step
@@ -70,6 +77,68 @@ class _Step:
             node = step.node
             step = OpStep(node, {k: instantiate(v, n, e) for k, v in node.attrs.items()})
         step.run(xp, env, outs)
+
+    def run_whole(self, xp, env, ranges, n, e):
+        """Run over all rows of the batch, restricted to the nonzero rows where that pays."""
+        range_of = _range_lookup(ranges, None)
+        out_ranges = self.zero_rule(range_of)
+        if self.kind == "row_matmul":  # X·W: only rows where X is nonzero
+            (lo, hi), node = out_ranges[0], self.step.node
+            rows = self.step.inputs[0]
+            a, w = env[id(rows)], env[self.args[1]]
+            if 0 < hi - lo < a.shape[0] or is_empty((lo, hi)):
+                out = xp.zeros((a.shape[0], w.shape[-1]), node.dtype)
+                if not is_empty((lo, hi)):
+                    xp.matmul(a[lo:hi], w, out=out[lo:hi])
+                env[id(node)] = out
+                ranges[id(node)] = (lo, hi)
+                return
+        if self.kind == "gradient_matmul":  # Xᵀ·G: only rows where both are nonzero
+            transposed, g = self.step.inputs
+            lo, hi = intersect(range_of(transposed.inputs[0]), range_of(g))
+            lo, hi = max(lo, 0), min(hi, env[id(g)].shape[0])
+            if hi - lo < env[id(g)].shape[0]:
+                node = self.step.node
+                if hi <= lo:
+                    env[id(node)] = xp.zeros(node.shape, node.dtype)
+                else:
+                    env[id(node)] = xp.matmul(env[id(transposed)][:, lo:hi], env[id(g)][lo:hi])
+                return
+        self.run(xp, env, n, e)
+        if self.kind == "take_rows":  # embedding rows of index -1 are zero
+            out_ranges = [intersect(out_ranges[0], take_rows_range(env[self.args[1]]))]
+        for o, r in zip(self.outputs, out_ranges):
+            if r is not None:
+                ranges[id(o)] = r
+
+
+def _kind(node):
+    """Which zero-row shortcut an op step can take."""
+    if node is None:
+        return None
+    a = node.inputs[0] if node.inputs else None
+    b = node.inputs[1] if len(node.inputs) > 1 else None
+    if node.op.name == "matmul" and row_domain(a.shape) and b is not None and \
+            row_domain(b.shape) is None and not has_symbolic_size(b.shape):
+        return "row_matmul"
+    if (node.op.name == "matmul" and a.kind == "op" and a.op.name == "transpose"
+            and a.attrs["axes"] == (1, 0) and row_domain(a.inputs[0].shape)
+            and row_domain(b.shape) == row_domain(a.inputs[0].shape)):
+        return "gradient_matmul"
+    if node.op.name == "take_rows" and row_domain(a.shape) is None and row_domain(b.shape):
+        return "take_rows"
+    return None
+
+
+def _range_lookup(ranges, rows):
+    """``symbol -> range`` for ZeroRowRule: per-row values get their known range (cut to the
+    task's ``rows``), shared values None."""
+    def range_of(x):
+        if row_domain(x.shape) is None:
+            return None
+        r = ranges.get(id(x), FULL)
+        return r if rows is None else intersect(r, rows)
+    return range_of
 
 
 class _Program:
@@ -111,11 +180,37 @@ class _Program:
             a for st in self.eager + self.lazy for a in st.args}
         self.per_level = [o for st in self.core for o in st.outputs
                           if _batched(o) and id(o) in read_later]
+        self.buffered = {id(o) for o in self.per_level}
         # The batched values the core reads or writes: sliced to the task's rows each level.
         touched = {a for st in self.core for a in st.args} | {id(o) for o in self.per_level}
         self.row_keys = [(id(n), row_domain(n.shape)) for n in graph.nodes
                          if _batched(n) and id(n) in touched]
+        self._find_sink_only_steps(graph, sinks, graph_outputs)
         self.edge_parent_key = None  # set by the Plan: where per-task parent rows go
+
+    def _find_sink_only_steps(self, graph, sinks, graph_outputs):
+        """Mark core steps whose results only feed sinks (in ∂F: the children's gradients).
+        At a level where no vertex has children those steps have nothing to do."""
+        sink_ids = {id(s) for s in sinks}
+        buffered = {id(o) for o in self.per_level}
+        owner = {id(m): st for st in self.core for m in st.zero_rule.members}
+        users = graph.consumers()
+        for st in reversed(self.core):
+            members = {id(m) for m in st.zero_rule.members}
+            serves, always = set(), False
+            for o in st.outputs:
+                always |= id(o) in buffered or (id(o) in graph_outputs and id(o) not in sink_ids)
+                if id(o) in sink_ids:
+                    serves.add(id(o))
+                for u in users[id(o)]:
+                    if id(u) in members:
+                        continue
+                    user_step = owner.get(id(u))
+                    if user_step is None or user_step.sinks_only is None:
+                        always = True
+                    else:
+                        serves |= user_step.sinks_only
+            st.sinks_only = None if always else frozenset(serves)
 
     def consts(self, xp):
         return {id(n): (n.value if xp is np else xp.asarray(n.value))
@@ -135,6 +230,7 @@ class CallState:
 
     def __init__(self):
         self.values = None
+        self.ranges = None  # per-row value -> rows outside which it is zero
         self.buffers = None
         self.stats = None
 
@@ -248,9 +344,10 @@ class Plan:
         for node in prog.per_level:
             env[id(node)] = bufs[id(node)][:self._rows(row_domain(node.shape), n, e)]
 
+        ranges = dict(_gather_ranges(batch, f))  # rows outside are exactly zero
         with backend.blas_threads(self.f.options.batch_blas_threads):
             for step in prog.eager:
-                step.run(xp, env, n, e)
+                step.run_whole(xp, env, ranges, n, e)
 
         if id(scatter) in bufs:
             states = bufs[id(scatter)]  # n + 1 rows; the last stays zero for absent children
@@ -259,25 +356,28 @@ class Plan:
                                                                  scatter.dtype)])
         states[n] = 0
         with backend.blas_threads(self.f.options.level_blas_threads):
-            level_stats = self._level_loop(xp, prog, env, bufs, batch, idx, states, forward=True)
+            level_stats = self._level_loop(xp, prog, env, ranges, batch, idx, states,
+                                           forward=True)
 
         with backend.blas_threads(self.f.options.batch_blas_threads):
             for step in prog.lazy:
-                step.run(xp, env, n, e)
-        saved.values = env
+                step.run_whole(xp, env, ranges, n, e)
+        saved.values, saved.ranges = env, ranges
         out_symbol = f.push_output if f.push_output is not None else scatter
         result = xp.take(env[id(out_symbol)], idx["row_of"], axis=0)
         saved.stats = _stats(batch, level_stats, time.perf_counter() - started)
         f.last_stats = saved.stats
         return result
 
-    def _level_loop(self, xp, prog, env, bufs, batch, idx, states, forward, d_states=None):
+    def _level_loop(self, xp, prog, env, ranges, batch, idx, states, forward, d_states=None):
         """Run the core steps task by task (reverse order for backward)."""
         f = self.f
         levels = range(batch.num_levels) if forward else reversed(range(batch.num_levels))
         offsets, edge_offsets = batch.level_offsets, batch.edge_level_offsets
+        gather_ranges = _gather_ranges(batch, f)
         counts = []
         accumulators = {}
+        written = {}  # buffered value -> hull of the rows written nonzero
         for t in levels:
             r0, r1 = int(offsets[t]), int(offsets[t + 1])
             e0, e1 = int(edge_offsets[t]), int(edge_offsets[t + 1])
@@ -292,30 +392,76 @@ class Plan:
                 if f.edge_child_input is not None:
                     xp.take(states, idx["edge_child_row"][e0:e1], axis=0,
                             out=local[id(f.edge_child_input)])
+                unneeded = frozenset()
             else:
                 local[id(self.d_scatter)] = d_states[r0:r1]
+                # Sinks of a level without children (the leaves) are needed by no one.
+                unneeded = frozenset(
+                    [id(grad) for k, grad in self.gather_grads
+                     if is_empty(intersect(gather_ranges[id(f.gather_inputs[
+                         f.gather_slots.index(k)])], (r0, r1)))]
+                    + ([id(self.edge_child_grad)] if self.edge_child_grad is not None
+                       and e_t == 0 else []))
             if prog.edge_parent_key is not None:  # per task, parent rows count from r0
                 local[prog.edge_parent_key] = idx["edge_parent_local"][e0:e1]
+            window = {"vertex": (r0, r1), "edge": (e0, e1)}
+            level_ranges = {}
+
+            def range_of(x):
+                domain = row_domain(x.shape)
+                if domain is None:
+                    return None
+                if id(x) in level_ranges:
+                    return level_ranges[id(x)]
+                return intersect(ranges.get(id(x), FULL), window[domain])
+
+            ran = 0
             for step in prog.core:
+                out_ranges = step.zero_rule(range_of)
+                skip = all(r is not None and is_empty(r) for r in out_ranges) or (
+                    step.sinks_only is not None and step.sinks_only <= unneeded)
+                if skip:
+                    for o in step.outputs:
+                        self._zero_output(xp, local, prog, o, n_t, e_t)
+                        level_ranges[id(o)] = (0, 0)
+                    continue
+                ran += 1
                 step.run(xp, local, n_t, e_t, outs=local)  # per-row outputs: into the buffers
-                for o, accumulate in zip(step.outputs, step.accumulate):
+                for o, r, accumulate in zip(step.outputs, out_ranges, step.accumulate):
+                    if r is not None:
+                        level_ranges[id(o)] = r
+                        if id(o) in prog.buffered:
+                            written[id(o)] = hull(written.get(id(o), (0, 0)), r)
                     if accumulate:
                         key = id(o)
                         value = local[key]
                         accumulators[key] = accumulators[key] + value if key in accumulators \
                             else value
             if not forward:
-                self._scatter_gradients(xp, local, batch, idx, d_states, r0, r1, e0, e1)
-            counts.append(len(prog.core))
+                self._scatter_gradients(xp, local, batch, idx, d_states, r0, r1, e0, e1,
+                                        unneeded)
+            counts.append(ran)
         env.update(accumulators)
+        for key in prog.buffered:
+            ranges[key] = written.get(key, (0, 0))
         return counts
 
-    def _scatter_gradients(self, xp, local, batch, idx, d_states, r0, r1, e0, e1):
+    @staticmethod
+    def _zero_output(xp, local, prog, o, n_t, e_t):
+        """A skipped step's output is zero: clear its buffer rows, or stand in a zero view."""
+        if id(o) in prog.buffered:
+            local[id(o)][...] = 0
+        else:
+            zero = xp.zeros((), o.dtype)
+            local[id(o)] = xp.broadcast_to(zero, instantiate(o.shape, n_t, e_t))
+
+    def _scatter_gradients(self, xp, local, batch, idx, d_states, r0, r1, e0, e1, unneeded):
         """A gather's gradient is a scatter-add into the children's state-gradient rows."""
         add = _indexed_add(xp, batch.is_forest)
         for k, grad in self.gather_grads:
-            add(d_states, idx["child_rows"][k][r0:r1], local[id(grad)])
-        if self.edge_child_grad is not None:
+            if id(grad) not in unneeded:
+                add(d_states, idx["child_rows"][k][r0:r1], local[id(grad)])
+        if self.edge_child_grad is not None and id(self.edge_child_grad) not in unneeded:
             add(d_states, idx["edge_child_row"][e0:e1], local[id(self.edge_child_grad)])
 
     # --- backward --------------------------------------------------------------------------------
@@ -345,15 +491,17 @@ class Plan:
         for node in prog.per_level:
             env[id(node)] = bufs[("d", id(node))]
 
+        ranges = {id(ref): saved.ranges.get(id(fwd), FULL)
+                  for ref, fwd in zip(bw.inputs[len(bw.cotangents):], bw.forward_refs)}
         with backend.blas_threads(self.f.options.batch_blas_threads):
             for step in prog.eager:
-                step.run(xp, env, n, e)
+                step.run_whole(xp, env, ranges, n, e)
         with backend.blas_threads(self.f.options.level_blas_threads):
-            level_stats = self._level_loop(xp, prog, env, bufs, batch, idx, None, forward=False,
-                                           d_states=d_states)
+            level_stats = self._level_loop(xp, prog, env, ranges, batch, idx, None,
+                                           forward=False, d_states=d_states)
         with backend.blas_threads(self.f.options.batch_blas_threads):
             for step in prog.lazy:
-                step.run(xp, env, n, e)
+                step.run_whole(xp, env, ranges, n, e)
 
         grads = []
         if f.pull_input is not None:
@@ -382,6 +530,20 @@ def _indexed_add(xp, unique_rows):
         def add(target, rows, values):
             cupyx.scatter_add(target, rows, values)
     return add
+
+
+def _gather_ranges(batch, f):
+    """For each gather input of ``f``: the rows of the batch that have that child (the hull);
+    the other rows of the gathered block are zero (per batch, cached)."""
+    cache = batch.__dict__.setdefault("_gather_ranges", {})
+    key = id(f)
+    if key not in cache:
+        ranges = {}
+        for k, g in zip(f.gather_slots, f.gather_inputs):
+            has = np.flatnonzero(batch.child_rows[k] >= 0) if k < len(batch.child_rows) else []
+            ranges[id(g)] = (int(has[0]), int(has[-1]) + 1) if len(has) else (0, 0)
+        cache[key] = ranges
+    return cache[key]
 
 
 def _device_indices(xp, batch, arity):
