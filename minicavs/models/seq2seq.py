@@ -1,0 +1,178 @@
+"""An encoder-decoder: two vertex functions joined by push and pull (Cavs §3.1, the
+"connecting two recursive structures" case).
+
+The encoder reads each source sentence as a chain and pushes its states; the state of every
+sentence's last vertex is its summary. The decoder is a chain over the target: at each step it
+pulls [embedding of the previous target token, the source summary] — so the encoder's pushed
+rows become the decoder's pulled rows through ordinary ops in between, and the gradient of the
+decoder's loss flows back through pull, the take of rows, and push into the encoder.
+
+:func:`reversal_task` makes the toy data: reverse a random sequence of tokens.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import ops
+from ..autodiff import no_grad
+from ..nn import Embedding, Module
+from ..vertex import GraphBatch, InputGraph, VertexFunction
+from .common import as_ids, bias, cross_entropy_sum, indices, lstm_bias, runner, weight
+
+PAD, BOS, EOS = 0, 1, 2  # special token ids; ordinary tokens are 3..vocab_size-1
+
+
+@dataclass
+class PairBatch:
+    """Source and target chains. Decoder step t of pair i reads ``previous[t]`` and the
+    summary of source ``pair_of_step[t]`` and predicts ``targets[t]``."""
+
+    sources: GraphBatch
+    source_ids: object  # (n_src, 1) int64 Tensor
+    last_source_vertex: np.ndarray  # (pairs,) vertex of each source's last token
+    targets_graphs: GraphBatch
+    previous: np.ndarray  # (n_tgt,) int64: BOS, then the target shifted by one
+    targets: np.ndarray  # (n_tgt,) int64
+    pair_of_step: np.ndarray  # (n_tgt,) int64
+
+    @property
+    def num_samples(self):
+        return self.sources.num_graphs
+
+    @property
+    def num_targets(self):
+        return len(self.targets)
+
+
+class Seq2Seq(Module):
+    """LSTM encoder → summary [h, c] of the last source token → LSTM decoder fed the summary
+    at every step (Cho et al., 2014), teacher-forced during training."""
+
+    def __init__(self, vocab_size, embed_dim=32, hidden=64, dtype="float32"):
+        E, H, V = int(embed_dim), int(hidden), int(vocab_size)
+        self.vocab_size, self.embed_dim, self.hidden = V, E, H
+        self.embedding = Embedding(V, E, dtype=dtype)  # shared by source and target tokens
+        self.W_enc = weight((E, 4 * H), dtype, "W_enc")
+        self.U_enc = weight((H, 4 * H), dtype, "U_enc")
+        self.b_enc = lstm_bias(H, ["i", "f", "o", "u"], dtype, "b_enc")
+        self.W_dec = weight((E + 2 * H, 4 * H), dtype, "W_dec")
+        self.U_dec = weight((H, 4 * H), dtype, "U_dec")
+        self.b_dec = lstm_bias(H, ["i", "f", "o", "u"], dtype, "b_dec")
+        self.W_out = weight((H, V), dtype, "W_out")
+        self.b_out = bias(V, dtype, "b_out")
+        self._chains = {}
+        table, W_enc, U_enc, b_enc = self.embedding.weight, self.W_enc, self.U_enc, self.b_enc
+        W_dec, U_dec, b_dec = self.W_dec, self.U_dec, self.b_dec
+
+        def encoder(v):
+            x = ops.reshape(ops.embedding(table, v.pull()), (E,))
+            h_prev, c_prev = ops.split(v.gather(0), 2)
+            h, c = ops.lstm_gates(x @ W_enc + h_prev @ U_enc + b_enc, c_prev)
+            state = ops.concat([h, c])
+            v.scatter(state)
+            v.push(state)  # the caller keeps the last vertex's row: the sentence's summary
+
+        def decoder(v):
+            x = v.pull()  # [embedding of the previous token, source summary]
+            h_prev, c_prev = ops.split(v.gather(0), 2)
+            h, c = ops.lstm_gates(x @ W_dec + h_prev @ U_dec + b_dec, c_prev)
+            v.scatter(ops.concat([h, c]))
+            v.push(h)
+
+        self.encoder = VertexFunction(encoder, pull_shape=(1,), pull_dtype="int64",
+                                      scatter_shape=(2 * H,), push_shape=(2 * H,), arity=1,
+                                      dtype=dtype)
+        self.decoder = VertexFunction(decoder, pull_shape=(E + 2 * H,), scatter_shape=(2 * H,),
+                                      push_shape=(H,), arity=1, dtype=dtype)
+
+    def _chain(self, length):
+        if length not in self._chains:
+            self._chains[length] = InputGraph.chain(length)
+        return self._chains[length]
+
+    def prepare(self, pairs):
+        """A :class:`PairBatch` from (source ids, target ids) pairs; targets end in EOS."""
+        sources = [np.asarray(s, np.int64) for s, _ in pairs]
+        targets = [np.asarray(t, np.int64) for _, t in pairs]
+        src = GraphBatch([self._chain(len(s)) for s in sources])
+        tgt = GraphBatch([self._chain(len(t)) for t in targets])
+        previous = np.concatenate([np.concatenate([[BOS], t[:-1]]) for t in targets])
+        pair_of_step = np.repeat(np.arange(len(pairs)), [len(t) for t in targets])
+        return PairBatch(src, as_ids(np.concatenate(sources)), src.offsets[1:] - 1, tgt,
+                         previous, np.concatenate(targets), pair_of_step)
+
+    def _summaries(self, batch, run):
+        states = runner(run)(self.encoder, batch.sources, batch.source_ids)
+        return ops.take_rows(states, indices(batch.last_source_vertex))  # (pairs, 2H)
+
+    def _decode(self, summaries, graphs, previous, pair_of_step, run):
+        words = ops.embedding(self.embedding.weight, indices(previous))
+        pulled = ops.concat([words, ops.take_rows(summaries, indices(pair_of_step))], axis=-1)
+        h = runner(run)(self.decoder, graphs, pulled)
+        return h @ self.W_out + self.b_out
+
+    def logits(self, batch, run=None):
+        """Teacher-forced logits (n_tgt, V) of every target step."""
+        return self._decode(self._summaries(batch, run), batch.targets_graphs, batch.previous,
+                            batch.pair_of_step, run)
+
+    def loss(self, batch, run=None):
+        return cross_entropy_sum(self.logits(batch, run), batch.targets)
+
+    def generate(self, batch, max_length):
+        """Greedy decoding: each step reruns the decoder over the chains decoded so far (a
+        vertex function runs whole graphs; at these lengths the quadratic cost is small).
+        Returns one id array per pair, EOS and what follows cut off."""
+        pairs = batch.num_samples
+        with no_grad():
+            summaries = self._summaries(batch, None)
+            outputs = np.zeros((pairs, 0), np.int64)
+            for length in range(1, max_length + 1):
+                previous = np.concatenate([np.full((pairs, 1), BOS), outputs], axis=1)
+                graphs = GraphBatch([self._chain(length)] * pairs)
+                logits = self._decode(summaries, graphs, previous.reshape(-1),
+                                      np.repeat(np.arange(pairs), length), None)
+                last = logits.numpy().reshape(pairs, length, -1)[:, -1]
+                outputs = np.concatenate([outputs, last.argmax(-1)[:, None]], axis=1)
+                if (outputs == EOS).any(axis=1).all():
+                    break
+        result = []
+        for row in outputs:
+            end = np.flatnonzero(row == EOS)
+            result.append(row[:end[0]] if end.size else row)
+        return result
+
+    def evaluate(self, batches, pairs=None):
+        """Teacher-forced ``loss`` and ``token_accuracy``; with the raw ``pairs`` (the list
+        the batches were made from, in order) also greedy ``sequence_accuracy``."""
+        total, count, correct = 0.0, 0, 0
+        exact = []
+        with no_grad():
+            for batch in batches:
+                logits = self.logits(batch)
+                total += cross_entropy_sum(logits, batch.targets).item()
+                correct += int((logits.numpy().argmax(-1) == batch.targets).sum())
+                count += batch.num_targets
+        result = {"loss": total / max(count, 1), "token_accuracy": correct / max(count, 1)}
+        if pairs is not None:
+            start = 0
+            for batch in batches:
+                chunk = pairs[start:start + batch.num_samples]
+                start += batch.num_samples
+                longest = max(len(t) for _, t in chunk)
+                for (_, target), decoded in zip(chunk, self.generate(batch, longest)):
+                    exact.append(np.array_equal(decoded, target[:-1]))
+            result["sequence_accuracy"] = float(np.mean(exact))
+        return result
+
+
+def reversal_task(num_pairs, vocab_size=12, min_length=1, max_length=8, rng=None):
+    """Pairs (source, target): a random sequence of ordinary tokens and its reverse + EOS."""
+    rng = np.random.default_rng(rng)
+    pairs = []
+    for _ in range(num_pairs):
+        length = int(rng.integers(min_length, max_length + 1))
+        source = rng.integers(EOS + 1, vocab_size, size=length)
+        pairs.append((source, np.concatenate([source[::-1], [EOS]])))
+    return pairs

@@ -1,0 +1,233 @@
+"""The training loop the examples and ``minicavs train`` share: command-line options, the
+per-epoch loop with a progress bar, evaluation, and the numbers every run reports.
+
+It works with any model of :mod:`minicavs.models` (``prepare``, ``loss`` summed over the
+batch, ``evaluate``); a step backpropagates the loss *per target* (per labelled vertex, per
+word), so the learning rate does not depend on the batch size or the sentence lengths.
+"""
+
+import ctypes
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm import tqdm
+
+from . import backend
+from .nn import clip_grad_norm
+
+# --- the BLAS thread pool -------------------------------------------------------------------
+
+_OPENBLAS_PREFIXES = ("openblas", "scipy_openblas")  # NumPy's wheels use the second
+_OPENBLAS_SUFFIXES = ("", "64_")  # 64-bit-integer builds add "64_"
+
+
+def _loaded_openblas():
+    """The OpenBLAS libraries loaded in this process (NumPy's own wheel bundles one)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
+    except OSError:  # not Linux: leave the thread pool alone
+        return []
+    return [ctypes.CDLL(p) for p in sorted(paths) if os.path.isfile(p)]
+
+
+def _openblas_function(library, name):
+    for prefix in _OPENBLAS_PREFIXES:
+        for suffix in _OPENBLAS_SUFFIXES:
+            function = getattr(library, f"{prefix}_{name}{suffix}", None)
+            if function is not None:
+                return function
+    return None
+
+
+def set_blas_threads(count):
+    """Limit NumPy's OpenBLAS to ``count`` threads; return False if no OpenBLAS was found.
+
+    Why: the GEMMs of a batching task are small (hundreds of rows by 64-320 columns), where a
+    second BLAS thread costs more in start-up and synchronisation than it saves, and on a busy
+    2-core machine OpenBLAS's spin-waiting threads fight the other processes for the cores.
+    Measured on the main job: 2,250 trees/s with 1 thread, 390-560 with 2 (machine in use).
+    """
+    found = False
+    for library in _loaded_openblas():
+        setter = _openblas_function(library, "set_num_threads")
+        if setter is not None:
+            setter(int(count))
+            found = True
+    return found
+
+
+def get_blas_threads():
+    """OpenBLAS's current thread count, or None if no OpenBLAS was found."""
+    for library in _loaded_openblas():
+        getter = _openblas_function(library, "get_num_threads")
+        if getter is not None:
+            return int(getter())
+    return None
+
+
+# --- options --------------------------------------------------------------------------------
+
+def add_common_arguments(parser, *, epochs, batch_size, lr, data_help):
+    """The options every example (and ``minicavs train``) takes."""
+    parser.add_argument("--device", choices=["cpu", "cuda"],
+                        default=os.environ.get("MINICAVS_DEVICE", "cpu") or "cpu",
+                        help="where to compute: NumPy on the CPU or CuPy on a GPU "
+                             "(default: $MINICAVS_DEVICE or cpu)")
+    parser.add_argument("--data", metavar="PATH", default=None, help=data_help)
+    parser.add_argument("--epochs", type=int, default=epochs,
+                        help=f"passes over the training data (default {epochs})")
+    parser.add_argument("--batch-size", type=int, default=batch_size,
+                        help=f"samples per training step (default {batch_size})")
+    parser.add_argument("--lr", type=float, default=lr,
+                        help=f"Adam learning rate (default {lr})")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the weights, the data order and synthetic data "
+                             "(default 0)")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                        help="float type of weights and states (default float32)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="BLAS threads (default 1: the GEMMs are small, and extra BLAS "
+                             "threads slow them down on a busy machine)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="no progress bars (the per-epoch and final lines remain)")
+
+
+def setup(args):
+    """Apply the common options: device, seeds, BLAS threads."""
+    backend.set_device(args.device)
+    backend.seed(args.seed)
+    set_blas_threads(args.threads)
+
+
+# --- the loop ------------------------------------------------------------------------------
+
+def minibatches(samples, batch_size, rng=None):
+    """``samples`` cut into lists of at most ``batch_size``, shuffled first if ``rng`` is
+    given (a numpy Generator)."""
+    if batch_size < 1:
+        raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    order = np.arange(len(samples)) if rng is None else rng.permutation(len(samples))
+    return [[samples[i] for i in order[k:k + batch_size]]
+            for k in range(0, len(order), batch_size)]
+
+
+def prepare_all(model, samples, batch_size):
+    """Prepared batches of ``samples`` in order: evaluation data is batched once per run."""
+    return [model.prepare(chunk) for chunk in minibatches(samples, batch_size)]
+
+
+@dataclass
+class EpochStats:
+    loss: float  # mean per target (labelled vertex, word, ...)
+    samples: int
+    seconds: float  # batching, forward, backward and update; no evaluation
+
+    @property
+    def samples_per_second(self):
+        return self.samples / self.seconds if self.seconds > 0 else float("nan")
+
+
+def train_epoch(model, optimizer, batches, *, clip=None, progress=True, desc="train",
+                unit="sample"):
+    """One pass over ``batches`` (lists of raw samples, prepared here: building the batch's
+    graphs is part of the cost of a step, as it is in Cavs' measurements)."""
+    total, targets, samples = 0.0, 0, 0
+    started = time.perf_counter()
+    bar = tqdm(total=sum(len(b) for b in batches), desc=desc, unit=unit, disable=not progress,
+               leave=False, dynamic_ncols=True)
+    with bar:
+        for chunk in batches:
+            batch = model.prepare(chunk)
+            optimizer.zero_grad()
+            loss = model.loss(batch)
+            (loss * (1.0 / max(batch.num_targets, 1))).backward()
+            if clip:
+                clip_grad_norm(optimizer.params, clip)
+            optimizer.step()
+            total += loss.item()
+            targets += batch.num_targets
+            samples += batch.num_samples
+            bar.update(len(chunk))
+            bar.set_postfix(loss=f"{total / max(targets, 1):.4f}", refresh=False)
+    return EpochStats(total / max(targets, 1), samples, time.perf_counter() - started)
+
+
+def format_metrics(metrics, prefix=""):
+    """``{"loss": 0.5, "fine": 0.9}`` -> ``"loss 0.5000  fine 0.900"``."""
+    parts = []
+    for name, value in metrics.items():
+        digits = 4 if name == "loss" else 2 if name == "perplexity" else 3
+        parts.append(f"{prefix}{name} {value:.{digits}f}")
+    return "  ".join(parts)
+
+
+def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=None,
+        progress=True, unit="sample", start_epoch=0, eval_batch_size=256, on_epoch_end=None,
+        log=print):
+    """Train for epochs ``start_epoch + 1 .. epochs``, evaluating on ``dev`` after each.
+
+    The data order of epoch k depends only on (seed, k), so a resumed run sees the same
+    batches as one that never stopped. ``on_epoch_end(epoch, stats, dev_metrics)`` runs after
+    each epoch (checkpoints). Returns the list of (EpochStats, dev metrics) per epoch.
+    """
+    dev_batches = prepare_all(model, dev, eval_batch_size) if dev else None
+    history = []
+    for epoch in range(start_epoch + 1, epochs + 1):
+        rng = np.random.default_rng([seed, epoch])
+        stats = train_epoch(model, optimizer, minibatches(train, batch_size, rng), clip=clip,
+                            progress=progress, desc=f"epoch {epoch}/{epochs}", unit=unit)
+        metrics = model.evaluate(dev_batches) if dev_batches else {}
+        history.append((stats, metrics))
+        log(f"epoch {epoch}/{epochs}  train loss {stats.loss:.4f}  "
+            f"{format_metrics(metrics, 'dev ')}  "
+            f"{stats.samples_per_second:.0f} {unit}s/s  ({stats.seconds:.1f} s)")
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, stats, metrics)
+    return history
+
+
+def throughput(history):
+    """Training samples per second over all epochs of ``history``."""
+    samples = sum(stats.samples for stats, _ in history)
+    seconds = sum(stats.seconds for stats, _ in history)
+    return samples / seconds if seconds > 0 else float("nan")
+
+
+# --- data for the sequence examples -----------------------------------------------------------
+
+def language_model_corpus(path=None, *, seed=0, num_sentences=3000):
+    """``(train, held_out, vocab, description)``: sentences as int64 id arrays ending in
+    ``<eos>`` (id 1), for the language-model examples.
+
+    ``path`` may be a PTB directory (``ptb.{train,valid,test}.txt``; without a training file,
+    as in this repository's copy, it trains on valid and evaluates on test) or one text file
+    (one sentence a line; the last tenth is held out). Without ``path``: the sentences of the
+    synthetic treebank, a small corpus with real grammar, ``num_sentences`` of them.
+    """
+    from . import data as datasets
+
+    if path is None:
+        trees, _ = datasets.synthetic_treebank(num_sentences, seed=seed)
+        sentences = [t.tokens + [datasets.EOS] for t in trees]
+        vocab = datasets.Vocabulary.build(sentences, specials=[datasets.EOS])
+        encoded = [vocab.encode(s) for s in sentences]
+        cut = len(encoded) * 9 // 10
+        return encoded[:cut], encoded[cut:], vocab, "synthetic treebank sentences"
+    if os.path.isdir(path):
+        corpus = datasets.load_ptb(path)
+        if corpus.train is not None:
+            held_out = corpus.valid if corpus.valid is not None else corpus.test
+            return corpus.train, held_out, corpus.vocab, f"PTB train/valid from {path}"
+        if corpus.valid is None or corpus.test is None:
+            raise datasets.DataError(f"{path}: needs ptb.train.txt, or both ptb.valid.txt "
+                                     f"and ptb.test.txt")
+        return corpus.valid, corpus.test, corpus.vocab, \
+            f"PTB from {path} (no training file: trained on valid, evaluated on test)"
+    sentences = datasets.read_ptb(path)
+    vocab = datasets.Vocabulary.build(sentences, specials=[datasets.EOS])
+    encoded = [vocab.encode(s) for s in sentences]
+    cut = len(encoded) * 9 // 10
+    return encoded[:cut], encoded[cut:], vocab, f"{path} (last tenth held out)"

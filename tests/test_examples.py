@@ -1,0 +1,176 @@
+"""Every example runs end to end on tiny inputs, and so does the main job
+(``python -m minicavs train tree-lstm``), with its checkpoint and ``--resume``."""
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import minicavs as mc
+from minicavs.data import synthetic_vocabulary
+from minicavs.models import TreeLSTMClassifier
+from minicavs.training import get_blas_threads, set_blas_threads
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+QUICK = ["--epochs", "1", "--no-progress"]
+
+SST_LINES = [
+    "(3 (2 (2 The) (2 film)) (4 (2 is) (4 (3 very) (4 good))))",
+    "(1 (2 (2 The) (2 plot)) (1 (2 is) (0 (1 dull) (2 .))))",
+    "(2 (2 It) (2 (2 was) (2 long)))",
+]
+
+
+def _example(name):
+    """Import examples/<name>.py as a module (examples are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _restore_blas_threads():
+    """The examples set the BLAS thread count (--threads); other tests get theirs back."""
+    before = get_blas_threads()
+    yield
+    if before is not None:
+        set_blas_threads(before)
+
+
+@pytest.fixture
+def sst_dir(tmp_path):
+    for name in ("train", "dev", "test"):
+        (tmp_path / f"{name}.txt").write_text("\n".join(SST_LINES) + "\n")
+    return tmp_path
+
+
+def test_tree_lstm_example(capsys):
+    result = _example("tree_lstm").main(QUICK + ["--train-size", "64", "--hidden", "8",
+                                                 "--embed-dim", "8"])
+    assert 0.0 <= result["test"]["fine"] <= 1.0 and result["trees_per_second"] > 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("tree_lstm: test loss") and "trees/s" in last
+
+
+def test_tree_lstm_example_reads_sst(sst_dir, capsys):
+    result = _example("tree_lstm").main(QUICK + ["--data", str(sst_dir), "--hidden", "4"])
+    assert set(result["test"]) == {"loss", "fine", "binary"}
+
+
+def test_child_sum_example_on_sst_and_nary_trees(sst_dir):
+    module = _example("child_sum_tree_lstm")
+    module.main(QUICK + ["--data", str(sst_dir), "--hidden", "4"])
+    result = module.main(QUICK + ["--nary", "--train-size", "64", "--hidden", "8"])
+    assert 0.0 <= result["test"]["fine"] <= 1.0
+
+
+def test_tree_fc_example(capsys):
+    result = _example("tree_fc").main(QUICK + ["--train-size", "20", "--leaves", "16",
+                                               "--hidden", "8"])
+    assert 0.0 <= result["held_out"]["fine"] <= 1.0
+    assert "vertices/s" in capsys.readouterr().out.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("name", ["var_lstm_lm", "fixed_lstm_lm"])
+def test_language_model_examples(name, tmp_path, capsys):
+    module = _example(name)
+    result = module.main(QUICK + ["--sentences", "200", "--hidden", "8", "--embed-dim", "8"]
+                         + (["--steps", "8"] if name == "fixed_lstm_lm" else []))
+    assert np.isfinite(result["held_out"]["perplexity"])
+    assert "perplexity" in capsys.readouterr().out.strip().splitlines()[-1]
+    # --data takes one text file too (its last tenth held out).
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(["the cat sat on the mat", "a dog ran", "the dog sat"] * 10))
+    module.main(QUICK + ["--data", str(corpus), "--hidden", "4"]
+                + (["--steps", "4"] if name == "fixed_lstm_lm" else []))
+
+
+def test_language_model_example_reads_a_ptb_directory(tmp_path):
+    # Like this repository's copy of PTB: no training file, so it trains on valid.
+    for name in ("valid", "test"):
+        (tmp_path / f"ptb.{name}.txt").write_text(" the cat sat on the mat \n a dog ran \n" * 5)
+    result = _example("var_lstm_lm").main(QUICK + ["--data", str(tmp_path), "--hidden", "4"])
+    assert np.isfinite(result["held_out"]["loss"])
+
+
+def test_seq2seq_example(capsys):
+    result = _example("seq2seq").main(QUICK + ["--train-size", "64", "--hidden", "8",
+                                               "--max-length", "3"])
+    assert 0.0 <= result["held_out"]["sequence_accuracy"] <= 1.0
+    assert "greedy exact match" in capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_examples_explain_their_options():
+    for path in sorted(EXAMPLES.glob("*.py")):
+        module = _example(path.stem)
+        with pytest.raises(SystemExit) as stop:
+            module.parse_args(["--help"])
+        assert stop.value.code == 0, path.name
+
+
+# --- the main job ------------------------------------------------------------------------------
+
+def _minicavs(*args, cwd):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "minicavs", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_main_job_help_explains_every_option(tmp_path):
+    done = _minicavs("train", "--help", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for option in ["--data", "--epochs", "--batch-size", "--save", "--resume", "--device",
+                   "--sizes", "--hidden", "--embed-dim", "--lr", "--seed", "--threads",
+                   "tree-lstm"]:
+        assert option in done.stdout, option
+    assert "root accuracy" in done.stdout
+
+
+def test_main_job_trains_saves_and_resumes(tmp_path):
+    tiny = ["--sizes", "96,32,32", "--hidden", "8", "--embed-dim", "8", "--no-progress"]
+    done = _minicavs("train", "tree-lstm", "--epochs", "1", *tiny, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = done.stdout.strip().splitlines()[-1]
+    assert summary.startswith("tree-lstm: test root accuracy fine"), summary
+    checkpoint = tmp_path / "runs" / "tree-lstm.npz"  # the default --save
+    assert checkpoint.is_file()
+    assert not [p for p in checkpoint.parent.iterdir() if p.name.endswith(".tmp")]
+
+    # The checkpoint holds a model the library can load.
+    model = TreeLSTMClassifier(len(synthetic_vocabulary()), 8, 8)
+    saved = mc.nn.load_checkpoint(checkpoint, model)
+    assert saved["extra"]["epoch"] == 1 and saved["hyperparameters"]["hidden"] == 8
+
+    done = _minicavs("train", "tree-lstm", "--epochs", "2", "--resume", str(checkpoint),
+                     *tiny, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resumed from" in done.stdout and "epoch 2/2" in done.stdout
+    assert "epoch 1/2" not in done.stdout
+
+
+def test_main_job_reports_bad_input_clearly(tmp_path):
+    done = _minicavs("train", "tree-lstm", "--data", str(tmp_path / "missing"), cwd=tmp_path)
+    assert done.returncode == 1 and "missing SST file" in done.stdout
+    done = _minicavs("train", "tree-lstm", "--resume", str(tmp_path / "none.npz"), "--sizes",
+                     "8,8,8", cwd=tmp_path)
+    assert done.returncode == 1 and "no checkpoint at" in done.stdout
+
+
+def test_readme_tour_runs(tmp_path, monkeypatch):
+    """The README's Python snippets, run in order, do what they say."""
+    import re
+
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert len(blocks) >= 3
+    monkeypatch.chdir(tmp_path)  # the tour writes F.dot
+    namespace = {}
+    exec(compile("\n".join(blocks), "README.md", "exec"), namespace)
+    assert (tmp_path / "F.dot").read_text().startswith("digraph")
+    vertices = sum(t.num_vertices for t in namespace["trees"])
+    assert namespace["logits"].shape == (vertices, 5)
