@@ -144,7 +144,7 @@ def _range_lookup(ranges, rows):
 class _Program:
     """A graph split into eager, core and lazy steps for the runtime (fused where allowed)."""
 
-    def __init__(self, graph, sources, sinks, options, keep=()):
+    def __init__(self, graph, sources, sinks, options, keep=(), sinks_within_level=False):
         self.graph = graph
         self.classes = dependency_classes(graph, sources, sinks)
         ops = [n for n in graph.nodes if n.kind == "op"]
@@ -176,7 +176,10 @@ class _Program:
         # Per-row values produced per level and read after their level (by ∂F, the lazy steps,
         # the caller) get a batch-wide buffer, rows in level order; the rest live only while
         # their level runs.
-        read_later = {id(k) for k in keep} | graph_outputs | {
+        # ∂F's sinks are scattered into the children's rows within their level; F's sink (the
+        # scattered state) is read by the levels above.
+        sink_ids = {id(x) for x in sinks} if sinks_within_level else set()
+        read_later = {id(k) for k in keep} | (graph_outputs - sink_ids) | {
             a for st in self.eager + self.lazy for a in st.args}
         self.per_level = [o for st in self.core for o in st.outputs
                           if _batched(o) and id(o) in read_later]
@@ -286,7 +289,8 @@ class Plan:
             [self.edge_child_grad] if self.edge_child_grad is not None else [])
         self.d_scatter = bw.cotangents[0]
         self.d_push = bw.cotangents[1] if len(bw.cotangents) > 1 else None
-        self.backward_program = _Program(bw, [self.d_scatter], sinks, options)
+        self.backward_program = _Program(bw, [self.d_scatter], sinks, options,
+                                         sinks_within_level=True)
         # Values ∂F reads must exist after the forward, even inside fused groups.
         self.forward_program = _Program(graph, sources, [f.scatter_output], options,
                                         keep=bw.forward_refs)
