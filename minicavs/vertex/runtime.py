@@ -55,7 +55,7 @@ class _Step:
     """
 
     __slots__ = ("step", "outputs", "symbolic", "args", "accumulate", "zero_rule", "kind",
-                 "sinks_only")
+                 "sinks_only", "full_ranges")
 
     def __init__(self, step, graph_outputs):
         self.step = step
@@ -68,6 +68,7 @@ class _Step:
         self.accumulate = [row_domain(o.shape) is None and id(o) in graph_outputs
                            for o in self.outputs]
         self.zero_rule = ZeroRowRule(step)
+        self.full_ranges = [FULL if row_domain(o.shape) else None for o in self.outputs]
         self.kind = _kind(node)
         self.sinks_only = None  # set by the program: the sinks this step alone serves
 
@@ -421,7 +422,8 @@ class Plan:
 
             ran = 0
             for step in prog.core:
-                out_ranges = step.zero_rule(range_of)
+                rule = step.zero_rule
+                out_ranges = step.full_ranges if rule.never_zero else rule(range_of)
                 skip = all(r is not None and is_empty(r) for r in out_ranges) or (
                     step.sinks_only is not None and step.sinks_only <= unneeded)
                 if skip:

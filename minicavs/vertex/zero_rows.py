@@ -83,6 +83,10 @@ class ZeroRowRule:
         self.members = getattr(step, "group", None)
         self.members = self.members.members if self.members is not None else [step.node]
         self.outputs = step.outputs
+        # If the outputs are nonzero everywhere even when every per-row input is zero (a bias
+        # is added, a sigmoid taken), there is nothing to track at run time.
+        everything_zero = self(lambda x: EMPTY if row_domain(x.shape) else None)
+        self.never_zero = all(r is None or r == FULL for r in everything_zero)
 
     def __call__(self, range_of):
         """``range_of(symbol)`` gives an input's range (None if shared). Returns the ranges of
