@@ -1,0 +1,567 @@
+"""What every benchmarked system shares: the workloads and their data, the initial weights, FLOP
+counting, the GEMM rate, the timed training loop, the subprocess per system, and the report
+(tables, JSON, PNG).
+
+Workloads (the issue's; every one trains with Adam on mini-batches of B = 64 samples, the
+losses of a batch summed, one backward and one update per batch):
+
+* ``tree_lstm`` / ``tree_lstm_256`` — binary Tree-LSTM sentiment classifier on the first 1024
+  SST training trees, embedding = hidden = 128 (256). The math, identical in every system:
+  a leaf with word embedding x has gates ``x W + b``; an internal vertex with children states
+  (h_l, c_l), (h_r, c_r) has gates ``[h_l, h_r] U + b``; then ``i, f_l, f_r, o, u = split(gates)``,
+  ``c = σ(i)⊙tanh(u) + σ(f_l)⊙c_l + σ(f_r)⊙c_r``, ``h = σ(o)⊙tanh(c)`` (a leaf's c_l, c_r are 0).
+  This is the one-formula cell ``x W + [h_l, h_r] U + b`` with x = 0 at internal vertices and
+  zero children states at leaves, written the way a user of each system writes it (the peers
+  skip the terms that are zero; minicavs evaluates the one formula). A linear classifier
+  ``h W_out + b_out`` (5 classes) at every internal vertex; cross-entropy summed. Unit: trees/s.
+* ``tree_fc`` — complete binary trees of 256 leaves (511 vertices), hidden = embedding = 256:
+  leaf ``h = tanh(x W + b)`` with x the embedding of a random word id (vocabulary 1000),
+  internal ``h = tanh([h_l, h_r] U + b)`` (the same b); a classifier on the root only.
+* ``var_lstm`` — LSTM language model on PTB sentences (the first 1024 of ptb.valid.txt),
+  embedding = hidden = 256, softmax over the vocabulary of the file (6022 words with <unk> and
+  <eos>). A sentence w_1..w_n <eos> is read from <eos> w_1..w_n and predicts w_1..w_n <eos>:
+  every token of the sentence (its <eos> included) is one predicted token. Gates in the order
+  i, f, g, o: ``i, f, g, o = split(x W + h U + b)``, ``c = σ(f)⊙c + σ(i)⊙tanh(g)``,
+  ``h = σ(o)⊙tanh(c)``. Unit: tokens/s (predicted tokens).
+
+Every system starts from the same weights (:func:`init_params`, NumPy, seeded), so the loss of
+the first batch is the same everywhere; the report shows it as a check that the math agrees.
+"""
+
+import importlib
+import json
+import os
+import pickle
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+BATCH_SIZE = 64
+
+# system name -> module; each module has available() -> None | reason, and run(...)
+SYSTEMS = {
+    "minicavs": "benchmarks.systems.minicavs_cpu",
+    "minicavs-cuda": "benchmarks.systems.minicavs_cuda",
+    "torch-eager": "benchmarks.peers.torch_eager",
+    "torch-batched": "benchmarks.peers.torch_batched",
+    "dynet": "benchmarks.peers.dynet_autobatch",
+}
+REFERENCE_SYSTEM = "minicavs"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    kind: str  # "tree_lstm", "tree_fc" or "var_lstm": which model
+    title: str
+    embed: int
+    hidden: int
+    unit: str
+    num_classes: int = 5
+
+
+WORKLOADS = {
+    "tree_lstm": Workload("tree_lstm", "tree_lstm", "Tree-LSTM (SST)", 128, 128, "trees/s"),
+    "tree_lstm_256": Workload("tree_lstm_256", "tree_lstm", "Tree-LSTM (SST)", 256, 256,
+                              "trees/s"),
+    "tree_fc": Workload("tree_fc", "tree_fc", "Tree-FC (256 leaves)", 256, 256, "trees/s"),
+    "var_lstm": Workload("var_lstm", "var_lstm", "Var-LSTM LM (PTB)", 256, 256, "tokens/s"),
+}
+
+# How many samples one epoch has: the issue's sizes, and a small one for --quick.
+FULL_SIZES = {"tree_lstm": 1024, "tree_lstm_256": 1024, "tree_fc": 256, "var_lstm": 1024}
+QUICK_SIZES = {"tree_lstm": 128, "tree_lstm_256": 128, "tree_fc": 64, "var_lstm": 128}
+TREE_FC_LEAVES = 256
+TREE_FC_VOCAB = 1000
+
+
+def default_data_dir():
+    """``shared/data`` beside the checkout (CI's layout) or inside it."""
+    for candidate in (REPO.parent / "shared" / "data", REPO / "shared" / "data"):
+        if candidate.is_dir():
+            return candidate
+    return REPO.parent / "shared" / "data"
+
+
+# -- data ------------------------------------------------------------------------------------
+
+def load_workload(workload, size, sst_path=None, ptb_path=None, seed=0):
+    """The data of one workload as a plain, picklable dict (what every system's run() gets).
+
+    ``batches``: lists of samples (a :class:`minicavs.data.Tree`, or an int64 id array ending
+    in <eos> for var_lstm), in a fixed order shared by all systems; ``units``: trees or
+    predicted tokens per epoch.
+    """
+    from minicavs import data as datasets  # the project's readers
+
+    spec = WORKLOADS[workload]
+    data_dir = default_data_dir()
+    if spec.kind == "tree_lstm":
+        path = Path(sst_path) if sst_path else data_dir / "sst" / "train.txt"
+        trees = _first_trees(path, size)
+        vocab = datasets.Vocabulary.build(t.tokens for t in trees)
+        samples = [vocab.encode_tree(t) for t in trees]
+        vocab_size, units = len(vocab), len(samples)
+        source = f"first {len(samples)} trees of {path.name}"
+    elif spec.kind == "tree_fc":
+        rng = np.random.default_rng(seed)
+        samples = [datasets.complete_binary_tree(TREE_FC_LEAVES, rng, vocab_size=TREE_FC_VOCAB,
+                                                 num_classes=spec.num_classes)
+                   for _ in range(size)]
+        vocab_size, units = TREE_FC_VOCAB, len(samples)
+        source = f"{len(samples)} generated trees"
+    else:
+        path = Path(ptb_path) if ptb_path else data_dir / "ptb" / "ptb.valid.txt"
+        sentences = datasets.read_ptb(path)
+        vocab = datasets.Vocabulary.build(sentences, specials=[datasets.EOS])
+        samples = [vocab.encode(s) for s in sentences[:size]]
+        vocab_size, units = len(vocab), int(sum(len(s) for s in samples))
+        source = f"first {len(samples)} sentences of {path.name}"
+    batches = [samples[i:i + BATCH_SIZE] for i in range(0, len(samples), BATCH_SIZE)]
+    return {
+        "workload": spec.name, "kind": spec.kind, "title": spec.title, "unit": spec.unit,
+        "embed": spec.embed, "hidden": spec.hidden, "num_classes": spec.num_classes,
+        "vocab_size": vocab_size, "batch_size": BATCH_SIZE, "batches": batches,
+        "num_samples": len(samples), "units": units, "source": source,
+        "eos": 1,  # Vocabulary: <unk> = 0, then the specials (<eos>)
+    }
+
+
+def _first_trees(path, count):
+    """The first ``count`` trees of an SST file (parsed line by line, not the whole file)."""
+    from minicavs.data import parse_tree
+
+    trees = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                trees.append(parse_tree(line, source=str(path), line=number))
+                if len(trees) == count:
+                    break
+    return trees
+
+
+def tree_arrays(tree):
+    """A binary tree's children as two int64 arrays (-1: no child), cached on the Tree.
+
+    Every system that batches trees itself starts from these; building them once per tree
+    is the preprocessing any user does, not part of the per-batch work.
+    """
+    cached = getattr(tree, "_bench_arrays", None)
+    if cached is None:
+        n = tree.num_vertices
+        left = np.full(n, -1, dtype=np.int64)
+        right = np.full(n, -1, dtype=np.int64)
+        for v, kids in enumerate(tree.children):
+            if kids:
+                left[v], right[v] = kids
+        cached = (left, right)
+        tree._bench_arrays = cached
+    return cached
+
+
+def init_params(data, seed=0):
+    """The initial weights every system starts from, float32, ``x @ W`` layout (in, out).
+
+    tree_lstm: emb (V,E), W (E,5H), U (2H,5H), b (5H,) with gates [i, f_l, f_r, o, u];
+    tree_fc:   emb (V,E), W (E,H),  U (2H,H),  b (H,);
+    var_lstm:  emb (V,E), W (E,4H), U (H,4H),  b (4H,) with gates [i, f, g, o];
+    and the output layer W_out (H, C or V), b_out.
+    """
+    rng = np.random.default_rng(seed)
+    E, H, V = data["embed"], data["hidden"], data["vocab_size"]
+    gates = {"tree_lstm": 5, "tree_fc": 1, "var_lstm": 4}[data["kind"]]
+    fan_in_u = H if data["kind"] == "var_lstm" else 2 * H
+    out = V if data["kind"] == "var_lstm" else data["num_classes"]
+
+    def uniform(shape, fan_in):
+        bound = 1.0 / np.sqrt(fan_in)
+        return rng.uniform(-bound, bound, size=shape).astype(np.float32)
+
+    b = np.zeros(gates * H, np.float32)
+    if data["kind"] == "tree_lstm":
+        b[H:3 * H] = 1.0  # forget gates start open
+    elif data["kind"] == "var_lstm":
+        b[H:2 * H] = 1.0
+    return {
+        "emb": (rng.standard_normal((V, E)) * 0.1).astype(np.float32),
+        "W": uniform((E, gates * H), E),
+        "U": uniform((fan_in_u, gates * H), fan_in_u),
+        "b": b,
+        "W_out": uniform((H, out), H),
+        "b_out": np.zeros(out, np.float32),
+    }
+
+
+# -- FLOPs and the GEMM rate -------------------------------------------------------------------
+
+def count_flops(data):
+    """The FLOPs of one epoch's forward + backward, counted from the data.
+
+    Forward GEMM FLOPs are 2·in·out per row; the backward of a GEMM costs two GEMMs of the same
+    size (input and weight gradients), so GEMMs count 3× forward. Elementwise work is counted
+    per vertex/token as the number of elementwise ops of the cell on H-vectors, also 3× forward
+    (a rough figure; it is small next to the GEMMs at H >= 128). The optimizer update and
+    embedding lookups are not counted. The counts include only the work the math needs (no
+    GEMM on the zero input of internal vertices), so they are a floor for every system:
+
+    tree_lstm: leaf 2·E·5H; internal 2·2H·5H + classifier 2·H·C; elementwise 17·H per vertex
+               (bias 5H, 4 sigmoids + 2 tanh, 4 products, 2 sums) + 3·C per classified vertex.
+    tree_fc:   leaf 2·E·H; internal 2·2H·H; elementwise 2·H per vertex (bias, tanh);
+               root classifier 2·H·C + 3·C.
+    var_lstm:  per token 2·E·4H + 2·H·4H + softmax layer 2·H·V; elementwise 13·H + 3·V.
+    """
+    E, H, C, V = data["embed"], data["hidden"], data["num_classes"], data["vocab_size"]
+    samples = [s for batch in data["batches"] for s in batch]
+    kind = data["kind"]
+    if kind == "var_lstm":
+        tokens = sum(len(s) for s in samples)
+        gemm = tokens * (2 * E * 4 * H + 2 * H * 4 * H + 2 * H * V)
+        elementwise = tokens * (13 * H + 3 * V)
+        formula = "tokens·(2E·4H + 2H·4H + 2H·V) GEMM + tokens·(13H + 3V) elementwise, ×3"
+    else:
+        leaves = sum(t.num_leaves for t in samples)
+        internal = sum(t.num_vertices for t in samples) - leaves
+        if kind == "tree_lstm":
+            gemm = leaves * 2 * E * 5 * H + internal * (2 * 2 * H * 5 * H + 2 * H * C)
+            elementwise = (leaves + internal) * 17 * H + internal * 3 * C
+            formula = ("leaves·2E·5H + internal·(2·2H·5H + 2H·C) GEMM + vertices·17H + "
+                       "internal·3C elementwise, ×3")
+        else:
+            gemm = leaves * 2 * E * H + internal * 2 * 2 * H * H + len(samples) * 2 * H * C
+            elementwise = (leaves + internal) * 2 * H + len(samples) * 3 * C
+            formula = ("leaves·2E·H + internal·2·2H·H + trees·2H·C GEMM + vertices·2H "
+                       "elementwise, ×3")
+    return {"gemm": 3 * gemm, "elementwise": 3 * elementwise,
+            "total": 3 * (gemm + elementwise), "formula": formula}
+
+
+def gemm_rate(sizes=(256, 512, 1024, 2048), repeats=3):
+    """The best float32 NumPy matmul rate in FLOP/s over square sizes (minicavs' own BLAS)."""
+    rng = np.random.default_rng(0)
+    best = {}
+    for n in sizes:
+        a = rng.standard_normal((n, n)).astype(np.float32)
+        b = rng.standard_normal((n, n)).astype(np.float32)
+        a @ b  # warm the BLAS threads and caches
+        reps = max(1, int(2e9 // (2 * n ** 3)))  # about 2 GFLOP a timing
+        for _ in range(repeats):
+            started = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            rate = 2 * n ** 3 * reps / (time.perf_counter() - started)
+            best[n] = max(best.get(n, 0.0), rate)
+    return max(best.values()), best
+
+
+# -- the timed training loop -------------------------------------------------------------------
+
+def train_loop(step, batches, epochs, warmup):
+    """Run ``warmup + epochs`` epochs of ``step(batch)`` over the fixed batches.
+
+    ``step`` returns a dict with ``loss`` (a float, read each step so that lazy systems really
+    compute) and optional timings in seconds (``construction`` and system-specific parts),
+    which are summed per epoch. Returns the per-epoch wall times and sums of the measured
+    epochs (warm-up dropped), and the first batch's loss (taken before any update).
+    """
+    epoch_seconds, parts, first_loss, last_loss = [], [], None, None
+    for epoch in range(warmup + epochs):
+        totals = {}
+        started = time.perf_counter()
+        for batch in batches:
+            out = step(batch)
+            if first_loss is None:
+                first_loss = float(out["loss"])
+            last_loss = out["loss"]
+            for key, value in out.items():
+                if key != "loss" and value is not None:
+                    totals[key] = totals.get(key, 0.0) + value
+        elapsed = time.perf_counter() - started
+        if epoch >= warmup:
+            epoch_seconds.append(elapsed)
+            parts.append(totals)
+    return {"epoch_seconds": epoch_seconds, "parts": parts, "first_loss": first_loss,
+            "last_loss": float(last_loss) if last_loss is not None else None}
+
+
+def summarize(loop, data, **extra):
+    """A system's result from its loop: throughput of the best measured epoch and the
+    breakdown of that epoch."""
+    seconds = loop["epoch_seconds"]
+    best = int(np.argmin(seconds))
+    parts = loop["parts"][best]
+    result = {
+        "throughput": data["units"] / seconds[best], "unit": data["unit"],
+        "epoch_seconds": seconds, "best_epoch_seconds": seconds[best],
+        "construction_seconds": parts.get("construction"),
+        "breakdown": parts, "first_loss": loop["first_loss"], "last_loss": loop["last_loss"],
+    }
+    result.update(extra)
+    return result
+
+
+def peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+# -- one system in its own process -------------------------------------------------------------
+
+def subprocess_env(threads):
+    env = dict(os.environ)
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[name] = str(threads)
+    env["BENCH_THREADS"] = str(threads)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def gemm_rate_with_threads(threads, timeout=300):
+    """:func:`gemm_rate` in a subprocess with the systems' thread settings (BLAS reads them at
+    start-up), so the floor is for the threads the systems get."""
+    result = _worker(["--system", "minicavs", "--gemm"], threads, timeout)
+    if "gemm_flops" not in result:
+        raise RuntimeError(f"GEMM rate measurement failed: {result}")
+    return result["gemm_flops"], {int(n): r for n, r in result["by_size"].items()}
+
+
+def check_system(system, threads, timeout=120):
+    """None if the system can run here, else why not (checked in a subprocess: the import)."""
+    result = _worker(["--system", system, "--check"], threads, timeout)
+    return result.get("missing") or result.get("error")
+
+
+def run_system(system, data_path, epochs, warmup, threads, options=None, timeout=1800):
+    """Run one system on one workload's pickled data in a fresh process; its result dict."""
+    args = ["--system", system, "--data", str(data_path), "--epochs", str(epochs),
+            "--warmup", str(warmup), "--options", json.dumps(options or {})]
+    return _worker(args, threads, timeout)
+
+
+def _worker(args, threads, timeout):
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        out = Path(tmp) / "result.json"
+        command = [sys.executable, "-m", "benchmarks.worker", *args, "--out", str(out)]
+        try:
+            proc = subprocess.run(command, cwd=REPO, env=subprocess_env(threads),
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout} s"}
+        if out.is_file():
+            return json.loads(out.read_text())
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
+        return {"error": f"worker exited with {proc.returncode}: " + " | ".join(tail)}
+
+
+def worker_main(argv=None):
+    """The subprocess side: import the system (its framework first), load the data, take the
+    RSS baseline, run, and write the result JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--system", required=True)
+    parser.add_argument("--data")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--options", default="{}")
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--gemm", action="store_true", help="measure the GEMM rate only")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+
+    def write(result):
+        Path(args.out).write_text(json.dumps(result, default=_jsonable))
+
+    if args.gemm:
+        rate, by_size = gemm_rate()
+        write({"gemm_flops": rate, "by_size": by_size})
+        return
+
+    try:
+        module = importlib.import_module(SYSTEMS[args.system])
+        missing = module.available()
+    except Exception as exc:  # noqa: BLE001 (any import failure means "missing")
+        missing = f"{type(exc).__name__}: {exc}"
+    if missing or args.check:
+        write({"missing": missing} if missing else {"ok": True})
+        return
+    with open(args.data, "rb") as f:
+        data = pickle.load(f)
+    params = init_params(data)
+    baseline = peak_rss_mb()
+    try:
+        result = module.run(data, params, epochs=args.epochs, warmup=args.warmup,
+                            options=json.loads(args.options))
+    except Exception as exc:  # noqa: BLE001 (reported in the table, the run goes on)
+        import traceback
+        write({"error": f"{type(exc).__name__}: {exc}",
+               "traceback": traceback.format_exc()[-3000:]})
+        return
+    peak = peak_rss_mb()
+    # Memory a system reserves and touches before the baseline (DyNet's pool) is its own too.
+    reserved = result.get("reserved_memory_mb", 0.0)
+    result.update(peak_memory_mb=max(0.0, peak - baseline) + reserved, peak_rss_mb=peak,
+                  baseline_rss_mb=baseline, threads=int(os.environ.get("BENCH_THREADS", 0)))
+    write(result)
+
+
+def _jsonable(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
+
+
+def save_data(data, directory):
+    path = Path(directory) / f"{data['workload']}.pkl"
+    with open(path, "wb") as f:
+        pickle.dump(data, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return path
+
+
+# -- the report --------------------------------------------------------------------------------
+
+def _fmt(value, spec="{:,.0f}"):
+    return "—" if value is None else spec.format(value)
+
+
+def _table(header, rows):
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
+                               for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def throughput_table(entry, gemm_flops):
+    """Throughput, minicavs ÷ system, share of the FLOP floor, construction, memory, loss."""
+    flops = entry["flops"]["total"]
+    floor_seconds = flops / gemm_flops
+    floor_throughput = entry["units"] / floor_seconds
+    reference = entry["results"].get(REFERENCE_SYSTEM, {}).get("throughput")
+    rows, notes = [], []
+    for system, r in entry["results"].items():
+        if "throughput" not in r:
+            status = "missing" if r.get("missing") else "error"
+            notes.append(f"  {system} {status}: {r.get('missing') or r.get('error')}")
+            rows.append([system, status, "", "", "", "", "", ""])
+            continue
+        ratio = reference / r["throughput"] if reference else None
+        construction = r.get("construction_seconds")
+        share = (f"{construction:.2f} ({100 * construction / r['best_epoch_seconds']:.0f}%)"
+                 if construction is not None else "—")
+        rows.append([system, f"{r['throughput']:,.0f}", f"{r['best_epoch_seconds']:.2f}",
+                     _fmt(ratio, "{:.2f}×"), f"{100 * r['throughput'] / floor_throughput:.1f}%",
+                     share, _fmt(r.get("peak_memory_mb"), "{:,.0f}"),
+                     _fmt(r.get("first_loss"), "{:.4f}")])
+    title = (f"{entry['title']}  E=H={entry['hidden']}, B={BATCH_SIZE}, {entry['source']}, "
+             f"{entry['units']:,} {entry['unit'].split('/')[0]} per epoch\n"
+             f"FLOPs/epoch {flops / 1e9:,.1f} G; floor {floor_seconds:.3f} s/epoch = "
+             f"{floor_throughput:,.0f} {entry['unit']} at {gemm_flops / 1e9:.1f} GFLOP/s")
+    header = ["system", entry["unit"], "epoch s", "minicavs ÷ this", "of floor",
+              "construction s", "peak MB", "loss@1"]
+    return title + "\n" + _table(header, rows) + "".join("\n" + n for n in notes)
+
+
+def breakdown_table(entries):
+    """Fig. 9: per system, graph construction / scheduling versus everything else, per epoch."""
+    rows = []
+    for entry in entries:
+        for system, r in entry["results"].items():
+            if "throughput" not in r:
+                continue
+            total = r["best_epoch_seconds"]
+            construction = r.get("construction_seconds")
+            parts = dict(r.get("breakdown", {}))
+            parts.pop("construction", None)
+            parts.pop("scheduling", None)  # part of construction (GraphBatch.build_seconds)
+            if parts and construction is not None:
+                parts["other"] = total - construction - sum(parts.values())
+            detail = ", ".join(f"{k} {v:.2f}" for k, v in parts.items())
+            rows.append([entry["workload"], system, f"{total:.2f}",
+                         _fmt(construction, "{:.3f}"),
+                         _fmt(None if construction is None else total - construction, "{:.2f}"),
+                         _fmt(None if construction is None else 100 * construction / total,
+                              "{:.1f}%"), detail or r.get("construction_note", "")])
+    header = ["workload", "system", "epoch s", "construction s", "computation s",
+              "construction %", "computation parts (s)"]
+    return ("Graph construction / scheduling vs computation (Cavs Fig. 9), best epoch\n"
+            + _table(header, rows))
+
+
+def ablation_table(ablation):
+    """Fig. 10: minicavs with one optimisation off at a time, against all on."""
+    rows = []
+    for workload, variants in ablation.items():
+        base = variants.get("all on", {}).get("best_epoch_seconds")
+        for name, r in variants.items():
+            if "throughput" not in r:
+                rows.append([workload, name, str(r.get("error") or r.get("missing"))[:60],
+                             "", ""])
+                continue
+            gain = r["best_epoch_seconds"] / base if base else None
+            rows.append([workload, name, f"{r['throughput']:,.0f}",
+                         f"{r['best_epoch_seconds']:.2f}", _fmt(gain, "{:.2f}×")])
+    header = ["workload", "minicavs variant", "throughput", "epoch s",
+              "this ÷ all-on time (speedup of the optimisation)"]
+    return ("Ablation: one optimisation off at a time (Cavs Fig. 10)\n" + _table(header, rows))
+
+
+def write_json(report, directory):
+    path = Path(directory) / "results.json"
+    path.write_text(json.dumps(report, indent=1, default=_jsonable))
+    return path
+
+
+def draw_chart(report, directory):
+    """A PNG: throughput per workload and system (log scale), and the ablation. None (and the
+    reason) when matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        return None, f"matplotlib not installed ({exc})"
+    entries = report["workloads"]
+    panels = len(entries) + (1 if report.get("ablation") else 0)
+    fig, axes = plt.subplots(1, max(panels, 1), figsize=(4.2 * max(panels, 1), 4.2),
+                             squeeze=False)
+    colours = {"minicavs": "#d62728", "minicavs-cuda": "#ff9896", "torch-eager": "#1f77b4",
+               "torch-batched": "#2ca02c", "dynet": "#9467bd"}
+    for ax, entry in zip(axes[0], entries):
+        names = [s for s, r in entry["results"].items() if "throughput" in r]
+        values = [entry["results"][s]["throughput"] for s in names]
+        bars = ax.bar(range(len(names)), values, color=[colours.get(s, "grey") for s in names])
+        ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=7)
+        floor = entry["units"] / (entry["flops"]["total"] / report["gemm_flops"])
+        ax.axhline(floor, color="black", linestyle="--", linewidth=1, label="FLOP floor")
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_title(f"{entry['title']}\nH={entry['hidden']}", fontsize=9)
+        ax.set_ylabel(entry["unit"])
+        ax.legend(fontsize=7)
+    if report.get("ablation"):
+        ax = axes[0][-1]
+        labels, values = [], []
+        for workload, variants in report["ablation"].items():
+            base = variants.get("all on", {}).get("best_epoch_seconds")
+            for name, r in variants.items():
+                if name != "all on" and "best_epoch_seconds" in r and base:
+                    labels.append(f"{workload}\n{name}")
+                    values.append(r["best_epoch_seconds"] / base)
+        bars = ax.bar(range(len(values)), values, color="#d62728")
+        ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=7)
+        ax.axhline(1.0, color="black", linewidth=1)
+        ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
+        ax.set_title("minicavs: time with one optimisation off\n÷ time with all on", fontsize=9)
+    fig.tight_layout()
+    path = Path(directory) / "results.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path, None

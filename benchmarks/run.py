@@ -1,0 +1,236 @@
+"""The benchmark of the Cavs evaluation: minicavs against PyTorch and DyNet.
+
+    python benchmarks/run.py --quick            # smoke run, about a minute or two
+    python benchmarks/run.py                    # the full run (tens of minutes on 2 cores)
+    python benchmarks/run.py --workloads tree_lstm --systems minicavs,dynet --epochs 5
+
+Every (workload, system) pair trains in its own subprocess, one after another, so peak RSS and
+thread pools do not mix. Prints a table per workload (throughput, minicavs ÷ each system, share
+of the FLOP floor, construction time, peak memory, first-batch loss), the construction vs
+computation breakdown (Cavs Fig. 9) and the minicavs ablation (Fig. 10); writes
+``results.json`` and ``results.png`` (with matplotlib) under ``--out``.
+"""
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from benchmarks import common  # noqa: E402
+
+DEFAULT_SYSTEMS = ["minicavs", "minicavs-cuda", "torch-eager", "torch-batched", "dynet"]
+ABLATION = {  # name -> VertexFunction options
+    "hoist_eager off": {"hoist_eager": False},
+    "lazy_batching off": {"lazy_batching": False},
+    "fuse off": {"fuse": False},
+    "streams off": {"streams": False},
+}
+# DyNet's autobatcher needs its memory pool preallocated; start here and double on failure.
+DYNET_POOL_MB = {"tree_lstm": 256, "tree_lstm_256": 512, "tree_fc": 512, "var_lstm": 512}
+DYNET_POOL_MAX_MB = 8192
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default=None,
+                        help="comma list of " + ", ".join(common.WORKLOADS) + " (default: all; "
+                             "--quick: tree_lstm, tree_fc, var_lstm)")
+    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                        help="comma list of " + ", ".join(common.SYSTEMS))
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="measured epochs; throughput is the best (default 3, --quick 1)")
+    parser.add_argument("--warmup", type=int, default=1, help="warm-up epochs, not measured")
+    parser.add_argument("--size", type=int, default=None,
+                        help="samples per epoch for every workload (default: 1024 trees or "
+                             "sentences, 256 Tree-FC trees; --quick: 128 / 64)")
+    parser.add_argument("--sst", default=None, help="SST train file (default shared/data)")
+    parser.add_argument("--ptb", default=None, help="PTB file (default ptb.valid.txt)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads per system (torch.set_num_threads, BLAS/OpenMP; default "
+                             "all cores, --quick: 1, which keeps a smoke run steady on a busy "
+                             "machine)")
+    parser.add_argument("--ablation", default=None,
+                        help="workloads for the minicavs ablation (default tree_lstm,var_lstm; "
+                             "--quick: tree_lstm; 'none' to skip)")
+    parser.add_argument("--torch-lstm", choices=["packed", "padded"], default="packed",
+                        help="torch-batched Var-LSTM: nn.LSTM over a PackedSequence (PyTorch's "
+                             "native CPU loop) or over the padded block (oneDNN's fused LSTM, "
+                             "loss on the real tokens only)")
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per subprocess")
+    parser.add_argument("--out", default=str(common.REPO / "bench-results"),
+                        help="folder for results.json and results.png")
+    args = parser.parse_args(argv)
+    if args.workloads is None:
+        args.workloads = "tree_lstm,tree_fc,var_lstm" if args.quick else ",".join(common.WORKLOADS)
+    if args.epochs is None:
+        args.epochs = 1 if args.quick else 3
+    if args.ablation is None:
+        args.ablation = "tree_lstm" if args.quick else "tree_lstm,var_lstm"
+    if args.threads is None:
+        args.threads = 1 if args.quick else (os.cpu_count() or 1)
+    if args.quick:
+        args.timeout = min(args.timeout, 300)
+    args.workloads = _names(args.workloads, common.WORKLOADS, "workload")
+    args.systems = _names(args.systems, common.SYSTEMS, "system")
+    args.ablation = [] if args.ablation == "none" else _names(args.ablation, common.WORKLOADS,
+                                                               "workload")
+    return args
+
+
+def _names(text, known, what):
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown {what} {unknown[0]!r}; choose from {', '.join(known)}")
+    return names
+
+
+def run_one(system, workload, data_path, args, options=None):
+    """One system on one workload in its own process; DyNet's pool grows until it fits."""
+    extra = {}
+    if system == "dynet":
+        pool = DYNET_POOL_MB.get(workload, 512)
+        while True:
+            os.environ["BENCH_DYNET_MEM"] = str(pool)
+            result = common.run_system(system, data_path, args.epochs, args.warmup, args.threads,
+                                       options, args.timeout)
+            if "pre-allocate enough memory" not in str(result.get("error")) \
+                    or pool >= DYNET_POOL_MAX_MB:
+                break
+            pool *= 2
+        extra["dynet_pool_mb"] = pool
+    else:
+        if system == "torch-batched":
+            options = dict(options or {}, lstm=args.torch_lstm)
+        result = common.run_system(system, data_path, args.epochs, args.warmup, args.threads,
+                                   options, args.timeout)
+    result.update(extra)
+    return result
+
+
+def log(message):
+    print(message, file=sys.stderr, flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    started = time.time()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick,
+              "epochs": args.epochs, "warmup": args.warmup, "threads": args.threads,
+              "batch_size": common.BATCH_SIZE, "machine": _machine(), "workloads": [],
+              "ablation": {}, "missing": {}}
+
+    log(f"measuring the GEMM rate (float32 NumPy matmul, {args.threads} thread(s)) ...")
+    rate, by_size = common.gemm_rate_with_threads(args.threads)
+    report["gemm_flops"], report["gemm_flops_by_size"] = rate, by_size
+    log(f"  best {rate / 1e9:.1f} GFLOP/s " + ", ".join(f"n={n}: {r / 1e9:.1f}"
+                                                       for n, r in by_size.items()))
+
+    missing = {}
+    for system in args.systems:
+        reason = common.check_system(system, args.threads)
+        if reason:
+            missing[system] = reason
+            log(f"  {system}: missing — {reason}")
+    report["missing"] = missing
+
+    sizes = common.QUICK_SIZES if args.quick else common.FULL_SIZES
+    with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
+        paths = {}
+        for workload in dict.fromkeys(args.workloads + args.ablation):
+            data = common.load_workload(workload, args.size or sizes[workload], args.sst, args.ptb)
+            paths[workload] = common.save_data(data, tmp)
+            if workload in args.workloads:
+                entry = {key: data[key] for key in ("workload", "title", "unit", "embed",
+                                                    "hidden", "units", "num_samples", "source",
+                                                    "vocab_size")}
+                entry.update(flops=common.count_flops(data), results={})
+                report["workloads"].append(entry)
+
+        for entry in report["workloads"]:
+            for system in args.systems:
+                if system in missing:
+                    entry["results"][system] = {"missing": missing[system]}
+                    continue
+                log(f"{entry['workload']}: {system} ...")
+                t = time.perf_counter()
+                result = run_one(system, entry["workload"], paths[entry["workload"]], args)
+                entry["results"][system] = result
+                log(f"  {_short(result)}  ({time.perf_counter() - t:.0f} s)")
+
+        # The ablation runs on the GPU when minicavs-cuda ran, else on the CPU.
+        ablated = ("minicavs-cuda" if "minicavs-cuda" in args.systems
+                   and "minicavs-cuda" not in missing else "minicavs")
+        report["ablation_system"] = ablated
+        if ablated not in missing:
+            main_results = {e["workload"]: e["results"].get(ablated)
+                            for e in report["workloads"]}
+            for workload in args.ablation:
+                variants = report["ablation"][workload] = {}
+                variants["all on"] = (main_results.get(workload)
+                                      or run_one(ablated, workload, paths[workload], args))
+                for name, vertex_options in ABLATION.items():
+                    if name == "streams off" and ablated == "minicavs":
+                        variants[name] = {"missing": "streams exist only on CUDA"}
+                        continue
+                    log(f"ablation {workload}: {name} ...")
+                    variants[name] = run_one(ablated, workload, paths[workload], args,
+                                             {"vertex": vertex_options})
+                    log(f"  {_short(variants[name])}")
+
+    report["machine"]["load_after"] = os.getloadavg()
+    report["seconds"] = time.time() - started
+    print(_header(report))
+    for entry in report["workloads"]:
+        print()
+        print(common.throughput_table(entry, report["gemm_flops"]))
+    print()
+    print(common.breakdown_table(report["workloads"]))
+    if report["ablation"]:
+        print()
+        print(common.ablation_table(report["ablation"]))
+    json_path = common.write_json(report, out)
+    png_path, why_not = common.draw_chart(report, out)
+    print()
+    print(f"results: {json_path}" + (f", {png_path}" if png_path else f" (no chart: {why_not})"))
+    print(f"total {report['seconds']:.0f} s")
+    return report
+
+
+def _short(result):
+    if "throughput" in result:
+        return (f"{result['throughput']:,.1f} {result['unit']}, epochs "
+                + ", ".join(f"{s:.2f}" for s in result["epoch_seconds"]) + " s")
+    return "missing: " + result["missing"] if result.get("missing") else \
+        "ERROR " + str(result.get("error"))[:300]
+
+
+def _machine():
+    return {"python": platform.python_version(), "platform": platform.platform(),
+            "cpus": os.cpu_count(), "numpy": np.__version__, "load_before": os.getloadavg()}
+
+
+def _header(report):
+    m = report["machine"]
+    load = lambda values: "/".join(f"{v:.1f}" for v in values)  # noqa: E731
+    return (f"\nminicavs benchmark — {report['started']}, {'quick' if report['quick'] else 'full'}"
+            f" run, B={report['batch_size']}, best of {report['epochs']} epoch(s) after "
+            f"{report['warmup']} warm-up, {report['threads']} thread(s) per system\n"
+            f"{m['cpus']} CPUs, load average {load(m['load_before'])} before, "
+            f"{load(m['load_after'])} after (other work on the machine slows every system); "
+            f"GEMM rate {report['gemm_flops'] / 1e9:.1f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
