@@ -29,7 +29,7 @@ from ..autodiff.symbolic import grad_graph
 from ..autodiff.tensor import Tensor, is_grad_enabled
 from ..errors import GraphError
 from .batching import has_symbolic_size, instantiate, row_domain
-from .zero_rows import FULL, ZeroRowRule, hull, intersect, is_empty, take_rows_range
+from .zero_rows import EMPTY, FULL, ZeroRowRule, hull, intersect, is_empty, take_rows_range
 
 
 @dataclass
@@ -190,7 +190,37 @@ class _Program:
         self.row_keys = [(id(n), row_domain(n.shape)) for n in graph.nodes
                          if _batched(n) and id(n) in touched]
         self._find_sink_only_steps(graph, sinks, graph_outputs)
+        produced = {id(o) for st in self.core for o in st.outputs}
+        self.zero_candidates = [(k, d) for k, d in self.row_keys if k not in produced]
+        self._skip_plans = {}
         self.edge_parent_key = None  # set by the Plan: where per-task parent rows go
+
+    def skip_plan(self, zero_inputs, unneeded):
+        """For each core step, whether a task can skip it: its outputs are zero when the
+        per-row core inputs ``zero_inputs`` are zero on the task's rows, or it only serves the
+        ``unneeded`` sinks. Cached per pattern."""
+        key = (zero_inputs, unneeded)
+        plan = self._skip_plans.get(key)
+        if plan is None:
+            empty = {}
+
+            def range_of(x):
+                if row_domain(x.shape) is None:
+                    return None
+                return empty.get(id(x), EMPTY if id(x) in zero_inputs else FULL)
+
+            plan = []
+            for step in self.core:
+                out_ranges = step.full_ranges if step.zero_rule.never_zero else \
+                    step.zero_rule(range_of)
+                skip = all(r is not None and is_empty(r) for r in out_ranges) or (
+                    step.sinks_only is not None and step.sinks_only <= unneeded)
+                for o, r in zip(step.outputs, out_ranges):
+                    if r is not None:
+                        empty[id(o)] = EMPTY if skip or is_empty(r) else FULL
+                plan.append(skip)
+            self._skip_plans[key] = plan
+        return plan
 
     def _find_sink_only_steps(self, graph, sinks, graph_outputs):
         """Mark core steps whose results only feed sinks (in ∂F: the children's gradients).
@@ -410,34 +440,24 @@ class Plan:
             if prog.edge_parent_key is not None:  # per task, parent rows count from r0
                 local[prog.edge_parent_key] = idx["edge_parent_local"][e0:e1]
             window = {"vertex": (r0, r1), "edge": (e0, e1)}
-            level_ranges = {}
-
-            def range_of(x):
-                domain = row_domain(x.shape)
-                if domain is None:
-                    return None
-                if id(x) in level_ranges:
-                    return level_ranges[id(x)]
-                return intersect(ranges.get(id(x), FULL), window[domain])
-
+            # Which inputs of the core are all zero on this task's rows decides which steps
+            # have nothing to do; levels share few patterns, so the decision is cached.
+            zero_inputs = frozenset(
+                key for key, domain in prog.zero_candidates
+                if key in ranges and is_empty(intersect(ranges[key], window[domain])))
+            skips = prog.skip_plan(zero_inputs, unneeded)
             ran = 0
-            for step in prog.core:
-                rule = step.zero_rule
-                out_ranges = step.full_ranges if rule.never_zero else rule(range_of)
-                skip = all(r is not None and is_empty(r) for r in out_ranges) or (
-                    step.sinks_only is not None and step.sinks_only <= unneeded)
+            for step, skip in zip(prog.core, skips):
                 if skip:
                     for o in step.outputs:
                         self._zero_output(xp, local, prog, o, n_t, e_t)
-                        level_ranges[id(o)] = (0, 0)
                     continue
                 ran += 1
                 step.run(xp, local, n_t, e_t, outs=local)  # per-row outputs: into the buffers
-                for o, r, accumulate in zip(step.outputs, out_ranges, step.accumulate):
-                    if r is not None:
-                        level_ranges[id(o)] = r
-                        if id(o) in prog.buffered:
-                            written[id(o)] = hull(written.get(id(o), (0, 0)), r)
+                for o, accumulate in zip(step.outputs, step.accumulate):
+                    if id(o) in prog.buffered:
+                        rows = window[row_domain(o.shape)]
+                        written[id(o)] = hull(written.get(id(o), (0, 0)), rows)
                     if accumulate:
                         key = id(o)
                         value = local[key]
