@@ -7,6 +7,7 @@ so ``import minicavs`` works on a machine without CuPy or without a GPU. Everyth
 
 import contextlib
 import os
+import sys
 
 import numpy as np
 
@@ -90,6 +91,8 @@ def device_module():
 
 def is_cupy_array(a):
     cupy = _cupy or None  # never import cupy just to answer "no"
+    if cupy is None and _cupy is None and "cupy" in sys.modules:
+        cupy = _import_cupy()  # the caller imported CuPy itself and made arrays with it
     return cupy is not None and isinstance(a, cupy.ndarray)
 
 

@@ -481,12 +481,24 @@ def register_kernel_factory(module_name, factory):
         del _KERNELS[key]
 
 
+def _builtin_factory(module_name):
+    """The factory for a module nothing was registered for. CuPy's is the CUDA layer's
+    ElementwiseKernel generator, imported (and registered) on first use, so that ``import
+    minicavs`` never imports CuPy; other modules run op by op."""
+    if module_name == "cupy":
+        from ..cuda.fusion import CupyFusedKernel
+
+        register_kernel_factory("cupy", CupyFusedKernel)
+        return CupyFusedKernel
+    return OpByOpKernel
+
+
 def make_fused_kernel(group, xp, dtype, factory=None):
     """The :class:`FusedKernel` for ``group`` on array module ``xp`` computing in ``dtype``,
     cached by (group signature, module, dtype, factory): groups with equal signatures share
     one kernel. ``factory`` overrides the registered one (the benchmark uses that)."""
     dtype = np.dtype(dtype)
-    factory = factory or _FACTORIES.get(xp.__name__, OpByOpKernel)
+    factory = factory or _FACTORIES.get(xp.__name__) or _builtin_factory(xp.__name__)
     key = (group.signature(), xp.__name__, dtype.str, factory)
     kernel = _KERNELS.get(key)
     if kernel is None:

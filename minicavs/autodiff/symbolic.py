@@ -169,9 +169,10 @@ class Tracer:
             return a
         if isinstance(a, Tensor):
             return self.capture(a, where)
-        if isinstance(a, np.generic) or (hasattr(a, "__array_namespace__") and a.ndim == 0):
+        is_array = hasattr(a, "__array_namespace__") or backend.is_cupy_array(a)
+        if isinstance(a, np.generic) or (is_array and a.ndim == 0):
             return self.constant(backend.to_numpy(a))
-        if hasattr(a, "__array_namespace__") and np.dtype(a.dtype).kind in "iub":
+        if is_array and np.dtype(a.dtype).kind in "iub":
             return self.constant(a)  # integer arrays (indices, labels) are fixed data
         kind = type(a).__name__
         raise GraphError(
@@ -196,7 +197,8 @@ class Tracer:
 
 
 def _as_aval(spec, position):
-    if isinstance(spec, (Aval, Symbol, Tensor)) or hasattr(spec, "__array_namespace__"):
+    if (isinstance(spec, (Aval, Symbol, Tensor)) or hasattr(spec, "__array_namespace__")
+            or backend.is_cupy_array(spec)):
         return Aval(tuple(spec.shape), np.dtype(spec.dtype))
     if isinstance(spec, tuple) and len(spec) == 2 and not isinstance(spec[1], (int, np.integer)):
         return Aval(tuple(spec[0]), np.dtype(spec[1]))

@@ -62,8 +62,9 @@ class Tensor(OperatorMixin):
     def __init__(self, data, requires_grad=False, name=None):
         if isinstance(data, Tensor):
             data = data.data
-        if isinstance(data, np.generic) or not hasattr(data, "__array_namespace__"):
-            data = np.asarray(data)
+        if isinstance(data, np.generic) or not (hasattr(data, "__array_namespace__")
+                                                 or backend.is_cupy_array(data)):
+            data = np.asarray(data)  # (CuPy >= 14 arrays have no __array_namespace__)
         if requires_grad and np.dtype(data.dtype).kind != "f":
             raise DTypeError(f"only float tensors can require gradients, got dtype {data.dtype}")
         self.data = data
@@ -252,7 +253,8 @@ def as_array(data, dtype=None, device=None):
     default dtype."""
     if isinstance(data, Tensor):
         data = data.data
-    keeps_dtype = hasattr(data, "__array_namespace__") or isinstance(data, np.generic)
+    keeps_dtype = (hasattr(data, "__array_namespace__") or isinstance(data, np.generic)
+                   or backend.is_cupy_array(data))
     if dtype is None and not keeps_dtype:
         dtype = backend.default_dtype()
     if device is None and backend.is_cupy_array(data):

@@ -6,6 +6,11 @@
 * ``nvrtc``    — compile any kernel source to PTX with NVRTC (no GPU needed), errors with the log;
 * ``shim``     — compile the same source with g++ behind a small header and run it on the CPU,
   one (block, thread) at a time; also wraps elementwise bodies into runnable kernels;
+* ``fusion``   — fused elementwise groups as one generated ``cupy.ElementwiseKernel`` each
+  (the executor's fused-kernel factory for CuPy, imported on first use), and the same body as a
+  RawKernel for NVRTC and the shim;
+* ``streams``  — the two-stream scheduler of the vertex runtime (critical path on the main
+  stream, independent work on a side stream, ordered with events; a no-op on NumPy);
 * ``doctor``   — ``python -m minicavs doctor``: what is installed, what is missing, and a
   compile-and-run of one kernel through NVRTC and the shim.
 

@@ -5,20 +5,54 @@ Indices are integer arrays; they are data, never differentiated."""
 import numpy as np
 
 from . import shape
+from .. import backend
 from .registry import Aval, Op, apply, describe, register, require_int
 from ..errors import IndexRangeError, ShapeError
 
 
+def _index_bounds(idx):
+    """(min, max) of a non-empty index array as Python ints; on CuPy in one device-to-host
+    copy (each ``int()`` of a device scalar is a synchronisation)."""
+    if isinstance(idx, np.ndarray):
+        return int(idx.min()), int(idx.max())
+    xp = backend.get_array_module(idx)
+    low, high = xp.stack((idx.min(), idx.max())).get().tolist()
+    return int(low), int(high)
+
+
 def _check_index_range(opname, idx, num_rows):
-    if idx.size and (int(idx.min()) < -1 or int(idx.max()) >= num_rows):
-        bad = int(idx.min()) if int(idx.min()) < -1 else int(idx.max())
+    if not idx.size:
+        return
+    low, high = _index_bounds(idx)
+    if low < -1 or high >= num_rows:
+        bad = low if low < -1 else high
         position = int((idx == bad).nonzero()[0][0])
         raise IndexRangeError(f"op '{opname}': index {bad} at position {position} is out of range "
                          f"for {num_rows} rows (valid: -1 for a zero row, 0..{num_rows - 1})")
 
 
+def _row_kernels(xp, rows, idx):
+    """The CUDA row kernels (minicavs/cuda/kernels.py), when they apply: CuPy arrays, int32
+    indices, float32/float64 rows. Then a gather or scatter-add is one launch that handles -1
+    itself; the generic path first asks the device whether any index is -1 (a synchronisation)
+    and, if one is, compacts the indices with a boolean mask (several more launches). Indices of
+    other integer types keep the generic path: converting them would cost a launch of its own."""
+    if xp is np or idx.dtype != np.int32 or rows.dtype not in _KERNEL_DTYPES or rows.ndim == 0:
+        return None
+    from ..cuda import kernels
+
+    return kernels
+
+
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def _take_rows_forward(xp, x, idx):
     _check_index_range("take_rows", idx, x.shape[0])
+    kernels = _row_kernels(xp, x, idx)
+    if kernels is not None:  # the range is checked above
+        return kernels.gather_rows(xp.ascontiguousarray(x), xp.ascontiguousarray(idx),
+                                   check_indices=False)
     present = idx >= 0
     if bool(present.all()):
         return xp.take(x, idx, axis=0)
@@ -29,6 +63,10 @@ def _take_rows_forward(xp, x, idx):
 
 def scatter_add_into(xp, out, idx, values):
     """``out[idx[i]] += values[i]`` for every i with idx[i] >= 0, repeated indices adding up."""
+    kernels = _row_kernels(xp, values, idx)
+    if kernels is not None and out.flags.c_contiguous and out.dtype == values.dtype:
+        return kernels.scatter_add_rows(xp.ascontiguousarray(values), xp.ascontiguousarray(idx),
+                                        out, check_indices=False)
     present = idx >= 0
     if not bool(present.all()):
         idx, values = idx[present], values[present]
@@ -72,14 +110,18 @@ SCATTER_ADD_ROWS = register(Op("scatter_add_rows", _scatter_add_rows_forward,
 
 
 def _one_hot_forward(xp, labels, num_classes, dtype):
-    if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
-        bad = int(labels.min()) if int(labels.min()) < 0 else int(labels.max())
+    low, high = _index_bounds(labels) if labels.size else (0, -1)
+    if low < 0 or high >= num_classes:
+        bad = low if low < 0 else high
         where = tuple(int(i[0]) for i in (labels == bad).nonzero())
         raise IndexRangeError(f"op 'one_hot': label {bad} at position {where} is out of range "
                               f"for {num_classes} classes")
-    out = xp.zeros(labels.shape + (num_classes,), dtype=dtype)
-    xp.put_along_axis(out, labels[..., None], 1, axis=-1)
-    return out
+    if xp is np:
+        out = np.zeros(labels.shape + (num_classes,), dtype=dtype)
+        np.put_along_axis(out, labels[..., None], 1, axis=-1)
+        return out
+    # CuPy < 14 has no put_along_axis; a comparison with the class numbers is one kernel.
+    return (labels[..., None] == xp.arange(num_classes, dtype=labels.dtype)).astype(dtype)
 
 
 def _infer_one_hot(labels, num_classes, dtype):

@@ -9,8 +9,9 @@ from ..errors import IndexRangeError, ShapeError
 
 def _xent_forward(xp, logits, labels):
     num_classes = logits.shape[-1]
-    if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
-        bad = int(labels.min()) if int(labels.min()) < 0 else int(labels.max())
+    low, high = index._index_bounds(labels) if labels.size else (0, -1)  # one sync on CuPy
+    if low < 0 or high >= num_classes:
+        bad = low if low < 0 else high
         where = tuple(int(i[0]) for i in (labels == bad).nonzero())
         raise IndexRangeError(f"op 'softmax_cross_entropy': label {bad} at position {where} is "
                               f"out of range for {num_classes} classes")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import backend
+from ..cuda import streams
 from ..autodiff.analysis import NodeClasses, dependency_classes, fusion_groups
 from ..autodiff.executor import OpStep, plan_steps
 from ..autodiff.symbolic import grad_graph
@@ -381,8 +382,9 @@ class Plan:
 
         ranges = dict(_gather_ranges(batch, f))  # rows outside are exactly zero
         with backend.blas_threads(self.f.options.batch_blas_threads):
+            sched = streams.scheduler(xp, f.options.streams, prog, critical=[f.scatter_output])
             for step in prog.eager:
-                step.run_whole(xp, env, ranges, n, e)
+                sched.run(step, step.run_whole, xp, env, ranges, n, e)
 
         if id(scatter) in bufs:
             states = bufs[id(scatter)]  # n + 1 rows; the last stays zero for absent children
@@ -396,7 +398,8 @@ class Plan:
 
         with backend.blas_threads(self.f.options.batch_blas_threads):
             for step in prog.lazy:
-                step.run_whole(xp, env, ranges, n, e)
+                sched.run(step, step.run_whole, xp, env, ranges, n, e)
+        sched.join()
         saved.values, saved.ranges = env, ranges
         out_symbol = f.push_output if f.push_output is not None else scatter
         result = xp.take(env[id(out_symbol)], idx["row_of"], axis=0)
@@ -520,14 +523,21 @@ class Plan:
         ranges = {id(ref): saved.ranges.get(id(fwd), FULL)
                   for ref, fwd in zip(bw.inputs[len(bw.cotangents):], bw.forward_refs)}
         with backend.blas_threads(self.f.options.batch_blas_threads):
+            # On a GPU, parameter-gradient products overlap the level loop on a second stream.
+            sched = streams.scheduler(
+                xp, f.options.streams, prog,
+                critical=[g for _, g in self.gather_grads] + [self.edge_child_grad] * (
+                    self.edge_child_grad is not None),
+                side_outputs=[g for _, g in self.param_grads])
             for step in prog.eager:
-                step.run_whole(xp, env, ranges, n, e)
+                sched.run(step, step.run_whole, xp, env, ranges, n, e)
         with backend.blas_threads(self.f.options.level_blas_threads):
             level_stats = self._level_loop(xp, prog, env, ranges, batch, idx, None,
                                            forward=False, d_states=d_states)
         with backend.blas_threads(self.f.options.batch_blas_threads):
             for step in prog.lazy:
-                step.run_whole(xp, env, ranges, n, e)
+                sched.run(step, step.run_whole, xp, env, ranges, n, e)
+        sched.join()
 
         grads = []
         if f.pull_input is not None:

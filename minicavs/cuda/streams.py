@@ -1,0 +1,218 @@
+"""Two CUDA streams for the vertex runtime: the critical path on one, independent work on the
+other, ordered with events (Cavs §3.4; on a GPU, kernels of one stream run in order, kernels of
+two streams may overlap).
+
+The per-level work of F and ∂F (gather → core steps → scatter) is a chain: each level needs the
+previous one, so it stays on the **main** stream (CuPy's current stream). What nothing on that
+chain needs can run beside it on a **side** stream:
+
+* eager steps whose values only the lazy phase reads (in ∂F the gradient of a pushed head,
+  ``hᵀ·δ_push``, is known before the backward level loop starts): launched on the side stream
+  before the loop, they overlap it;
+* lazy steps that lead only to parameter gradients (``∂L/∂W = Xᵀ·δ``, one large product per
+  parameter after the loop): on the side stream, beside the main stream's gradient of the pulled
+  input;
+* uploads of index arrays (:meth:`StreamScheduler.upload`), copied asynchronously from pinned
+  host memory.
+
+Order is kept with events, both ways: entering the side stream, it first waits for everything
+already queued on the main stream (so a side step sees every value computed before it); a main
+step that reads a value made on the side stream first waits for the side stream;
+:meth:`StreamScheduler.join` makes the main stream wait for all side work (call it before results
+leave the runtime and before the values of the call are released, so CuPy's per-stream memory
+pool never hands a block to one stream while the other still reads it).
+
+Which step goes where is decided once per program (:func:`split_program`). On NumPy, or with
+``Options(streams=False)``, :func:`scheduler` returns :data:`NO_STREAMS`, which just calls each
+step: no cost on the CPU. The runtime routes its eager and lazy steps through
+``sched.run(step, step.run_whole, xp, env, ...)`` and calls ``sched.join()`` before results
+leave it; the level loop runs on the main stream as it is.
+"""
+
+import weakref
+
+import numpy as np
+
+MAIN, SIDE = "main", "side"
+_SPLITS = weakref.WeakKeyDictionary()  # program -> {(critical, side_outputs): StreamSplit}
+
+
+class StreamSplit:
+    """Which steps of a program run on the side stream: ``side`` holds ``id(step)``."""
+
+    def __init__(self, side):
+        self.side = frozenset(side)
+
+    def stream_of(self, step):
+        return SIDE if id(step) in self.side else MAIN
+
+    def __repr__(self):
+        return f"StreamSplit({len(self.side)} side steps)"
+
+
+def split_program(program, critical=(), side_outputs=()):
+    """Decide the stream of every eager and lazy step of ``program`` (the runtime's
+    ``_Program``: lists ``eager``/``core``/``lazy`` of steps with ``args``, the ids of the values
+    they read, and ``outputs``, the symbols they write; ``graph.outputs``).
+
+    ``critical``: symbols the runtime itself reads on the main stream during or right after the
+    level loop (F's scattered state when it is computed eagerly; ∂F's gather gradients).
+    ``side_outputs``: graph outputs that may be finished on the side stream (∂F's parameter
+    gradients). Core steps always run on the main stream.
+
+    * An eager step goes to the side stream when neither the core steps nor a critical value
+      need its outputs, directly or through other eager steps.
+    * A lazy step goes to the side stream when its outputs lead only to ``side_outputs``;
+      a value shared with anything else keeps its step on the main stream.
+    """
+    side = set()
+    need = {a for st in program.core for a in st.args} | {id(c) for c in critical}
+    for st in reversed(program.eager):
+        if any(id(o) in need for o in st.outputs):
+            need.update(st.args)
+        else:
+            side.add(id(st))
+    side_ids = {id(o) for o in side_outputs}
+    main_need = {id(c) for c in critical} | {id(o) for o in program.graph.outputs
+                                             if id(o) not in side_ids}
+    side_need = set(side_ids)
+    for st in reversed(program.lazy):
+        outs = {id(o) for o in st.outputs}
+        if outs & side_need and not outs & main_need:
+            side.add(id(st))
+            side_need.update(st.args)
+        else:
+            main_need.update(st.args)
+    return StreamSplit(side)
+
+
+class _NoStreams:
+    """The scheduler on NumPy or with streams switched off: every step runs as it comes."""
+
+    active = False
+
+    def run(self, step, fn, *args, **kwargs):
+        fn(*args, **kwargs)
+
+    def upload(self, xp, arrays, wait=True):
+        return {k: (a if xp is np else xp.asarray(a)) for k, a in arrays.items()}
+
+    def join(self):
+        pass
+
+    def __repr__(self):
+        return "NO_STREAMS"
+
+
+NO_STREAMS = _NoStreams()
+
+
+class CupyStreams:
+    """The stream operations the scheduler needs, on CuPy: the main stream is the current one
+    when the scheduler is made; the side stream is one non-blocking stream per device, reused."""
+
+    _side_streams = {}
+    _in_flight = []  # (event, pinned host buffer) of uploads: kept alive until copied
+
+    def __init__(self, cupy):
+        self.cupy = cupy
+        self.streams = {MAIN: cupy.cuda.get_current_stream()}
+        device = cupy.cuda.Device().id
+        side = self._side_streams.get(device)
+        if side is None:
+            side = self._side_streams[device] = cupy.cuda.Stream(non_blocking=True)
+        self.streams[SIDE] = side
+
+    def use(self, which):
+        return self.streams[which]  # a cupy Stream is a context manager that makes it current
+
+    def wait(self, waiter, producer):
+        """``waiter`` waits for everything queued on ``producer`` so far."""
+        event = self.streams[producer].record()
+        self.streams[waiter].wait_event(event)
+
+    def upload(self, which, array):
+        """``array`` (host) copied to the device on stream ``which``, from pinned memory."""
+        cupy = self.cupy
+        CupyStreams._in_flight = [(e, b) for e, b in CupyStreams._in_flight if not e.done]
+        array = np.ascontiguousarray(array)
+        pinned = cupy.cuda.alloc_pinned_memory(max(array.nbytes, 1))
+        staged = np.frombuffer(pinned, array.dtype, array.size).reshape(array.shape)
+        staged[...] = array
+        out = cupy.empty(array.shape, array.dtype)
+        stream = self.streams[which]
+        out.set(staged, stream=stream)
+        # The copy runs after this returns: the pinned buffer must outlive it.
+        CupyStreams._in_flight.append((stream.record(), pinned))
+        return out
+
+
+class StreamScheduler:
+    """Runs a program's eager and lazy steps on the stream its :class:`StreamSplit` gives,
+    with the event waits that keep every read after its write (see the module docstring).
+
+    ``streams`` is a :class:`CupyStreams` (or a stand-in with ``use``/``wait``/``upload``, which
+    is how the CPU tests check the ordering). Core steps are not routed through the scheduler:
+    the runtime runs them on the main stream, and :func:`split_program` keeps everything they
+    read there."""
+
+    active = True
+
+    def __init__(self, split, streams):
+        self.split = split
+        self.streams = streams
+        self._made_on_side = set()  # ids of values made on the side stream, not yet waited for
+        self._side_used = False
+
+    def run(self, step, fn, *args, **kwargs):
+        """Call ``fn(*args, **kwargs)``, the launches of ``step``, on the step's stream, after
+        the waits its inputs need (``step.args``: the ids of the values it reads)."""
+        if id(step) in self.split.side:
+            self.streams.wait(SIDE, MAIN)  # the side step sees everything queued before it
+            self._side_used = True
+            with self.streams.use(SIDE):
+                fn(*args, **kwargs)
+            self._made_on_side.update(id(o) for o in step.outputs)
+        else:
+            if self._made_on_side.intersection(step.args):
+                self.join()
+            fn(*args, **kwargs)
+
+    def upload(self, xp, arrays, wait=True):
+        """``{key: host array}`` -> ``{key: device array}``, copied on the side stream from
+        pinned memory. With ``wait`` the main stream waits for the copies at once; without, the
+        caller overlaps them with other main-stream work and calls :meth:`join` before the
+        main stream reads them."""
+        out = {k: self.streams.upload(SIDE, a) for k, a in arrays.items()}
+        self._side_used = True
+        if wait:
+            self.join()
+        return out
+
+    def join(self):
+        """The main stream waits for all work queued on the side stream so far."""
+        if self._side_used:
+            self.streams.wait(MAIN, SIDE)
+        self._made_on_side.clear()
+        self._side_used = False
+
+    def __repr__(self):
+        return f"StreamScheduler({self.split!r})"
+
+
+def scheduler(xp, enabled, program, critical=(), side_outputs=(), streams=None):
+    """The scheduler for one run of ``program`` on array module ``xp``: :data:`NO_STREAMS` on
+    NumPy or when ``enabled`` is false (``Options.streams``), else a :class:`StreamScheduler`
+    on CuPy's streams (or on ``streams``, a stand-in). The split is computed once per
+    (program, critical, side_outputs) and cached while the program lives."""
+    if not enabled or (streams is None and getattr(xp, "__name__", "") != "cupy"):
+        return NO_STREAMS
+    key = (tuple(id(c) for c in critical), tuple(id(o) for o in side_outputs))
+    cache = _SPLITS.setdefault(program, {})
+    split = cache.get(key)
+    if split is None:
+        split = cache[key] = split_program(program, critical, side_outputs)
+    if not split.side:
+        return NO_STREAMS  # nothing to overlap: no events at all
+    return StreamScheduler(split, streams if streams is not None else CupyStreams(xp))
+

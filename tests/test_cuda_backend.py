@@ -1,0 +1,407 @@
+"""minicavs on CuPy: every op, eager backward, the fused kernels and the vertex runtime on a GPU
+equal the NumPy results (the ``gpu`` tests, which run whenever a GPU is lent and are skipped,
+with the reason, where there is none); and the parts that need no GPU, checked here in CI: the
+op table covers every primitive and runs on NumPy, and the two-stream scheduler keeps every
+read after its write on the real F and ∂F programs (with a recording stand-in for the streams).
+"""
+
+import contextlib
+from collections import namedtuple
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import minicavs as mc
+from minicavs.autodiff.executor import NumpyFusedKernel
+from minicavs.autodiff.tensor import Tensor
+from minicavs.cuda import streams
+from minicavs.cuda.streams import MAIN, SIDE
+from minicavs.errors import IndexRangeError, KernelCompileError
+from minicavs.ops import OPS
+
+from vertex_cells import binary_tree_lstm, child_sum_tree_lstm
+
+E, H = 3, 4
+
+
+# ----------------------------------------------------------------------------- the op table
+
+Case = namedtuple("Case", "name make fn")
+
+
+def _cases():
+    """Each case: ``make(rng)`` gives NumPy arrays (float arrays become Tensors that require
+    grad, integer arrays plain Tensors); ``fn(*tensors)`` returns a Tensor."""
+    f = lambda rng, *shape: rng.standard_normal(shape)  # noqa: E731
+    idx64 = np.array([3, -1, 0, 3, 4, 1], np.int64)
+    return [
+        Case("arithmetic with broadcasting", lambda r: [f(r, 3, 4), f(r, 4)],
+             lambda a, b: (a + b) * (a - b) / (b * b + 1) - (-a)),
+        Case("pow exp log", lambda r: [f(r, 3, 4)],
+             lambda a: mc.log(mc.exp(-a) + 1) ** 2 + mc.exp(a) ** 0.5),
+        Case("tanh sigmoid relu maximum", lambda r: [f(r, 3, 4), f(r, 3, 4)],
+             lambda a, b: mc.tanh(a) * mc.sigmoid(b) + mc.relu(a) + mc.maximum(a, b)),
+        Case("where comparisons astype", lambda r: [f(r, 3, 4), f(r, 3, 4)],
+             lambda a, b: mc.where(mc.greater(a, b), a, b * 2)
+             + mc.astype(mc.greater_equal(a, 0.0), a.dtype)
+             * mc.astype(mc.equal(mc.astype(mc.greater(b, 0.0), np.int32), 1), a.dtype)),
+        Case("sum max mean", lambda r: [f(r, 3, 4)],
+             lambda a: mc.sum(a, axis=1) + mc.max(a, axis=1) * mc.mean(a)),
+        Case("shapes", lambda r: [f(r, 3, 4), f(r, 5)],
+             lambda a, b: mc.pad_axis(mc.slice_axis(mc.concat(
+                 [a, mc.reshape(mc.transpose(a), (3, 4))], axis=1), 1, 6, axis=1), 1, 2, axis=0)
+             * mc.broadcast_to(b, (6, 5))),
+        Case("matmul", lambda r: [f(r, 2, 3, 4), f(r, 4, 5)], lambda a, w: (a @ w) @ w.T),
+        Case("take_rows int64", lambda r: [f(r, 5, 3), idx64], mc.take_rows),
+        Case("take_rows int32 (row kernel)", lambda r: [f(r, 5, 3), idx64.astype(np.int32)],
+             mc.take_rows),
+        Case("scatter_add_rows int64", lambda r: [f(r, 6, 3), idx64],
+             lambda v, i: mc.scatter_add_rows(v, i, 5)),
+        Case("scatter_add_rows int32 (row kernel)", lambda r: [f(r, 6, 3), idx64.astype(np.int32)],
+             lambda v, i: mc.scatter_add_rows(v, i, 5)),
+        Case("embedding", lambda r: [f(r, 7, 3), np.array([[1, 2], [6, 0]])], mc.embedding),
+        Case("one_hot", lambda r: [f(r, 3), np.array([[0, 4], [2, 2]])],
+             lambda a, labels: mc.one_hot(labels, 5, a.dtype) * mc.sum(a)),
+        Case("softmax_cross_entropy", lambda r: [f(r, 4, 5), np.array([0, 4, 2, 2])],
+             lambda logits, labels: mc.softmax_cross_entropy(logits, labels, reduction="none")),
+        Case("softmax log_softmax", lambda r: [f(r, 4, 5)],
+             lambda a: mc.softmax(a) * mc.log_softmax(a, axis=0)),
+        Case("lstm_gates", lambda r: [f(r, 3, 8), f(r, 3, 2)],
+             lambda pre, c: mc.concat(list(mc.lstm_gates(pre, c)), axis=1)),
+    ]
+
+
+CASES = _cases()
+
+
+def _run_case(case, device, dtype=np.float64, seed=0):
+    """Values and input gradients of ``case`` (NumPy arrays), computed on ``device``."""
+    arrays = case.make(np.random.default_rng(seed))
+    tensors = [mc.tensor(a.astype(dtype) if a.dtype.kind == "f" else a, device=device,
+                         requires_grad=a.dtype.kind == "f") for a in arrays]
+    out = case.fn(*tensors)
+    assert out.device == device, f"{case.name}: the result left the device"
+    weights = np.random.default_rng(seed + 1).standard_normal(out.shape).astype(out.dtype)
+    grads = []
+    if out.requires_grad:
+        (out * mc.tensor(weights, device=device)).sum().backward()
+        grads = [t.grad.numpy() if t.grad is not None else None for t in tensors]
+    return out.numpy(), grads
+
+
+def test_the_backend_table_covers_every_primitive_and_runs_on_numpy(monkeypatch):
+    seen = set()
+    original = Tensor.__dict__["__minicavs_apply__"].__func__
+
+    def recording(cls, op, args, attrs):
+        seen.add(op.name)
+        return original(cls, op, args, attrs)
+
+    from minicavs.ops import registry
+
+    monkeypatch.setattr(Tensor, "__minicavs_apply__", classmethod(recording))
+    monkeypatch.setattr(registry, "_default_handler", Tensor.__minicavs_apply__)
+    for case in CASES:
+        values, grads = _run_case(case, "cpu")
+        assert np.all(np.isfinite(values)), case.name
+    missing = set(OPS) - seen
+    assert not missing, f"add cases to tests/test_cuda_backend.py for: {sorted(missing)}"
+
+
+# ----------------------------------------------------------------------------- streams (CPU)
+
+class RecordingStreams:
+    """A stand-in for :class:`streams.CupyStreams` that simulates two in-order queues and their
+    event waits, and checks on every launch that each value it reads was made earlier on the
+    same stream, or on the other stream before an event the launching stream waited for."""
+
+    def __init__(self):
+        self.current = MAIN
+        self.launched = {MAIN: 0, SIDE: 0}
+        # known[s][t]: how many launches of stream t stream s is ordered after (vector clock).
+        self.known = {MAIN: {MAIN: 0, SIDE: 0}, SIDE: {MAIN: 0, SIDE: 0}}
+        self.made = {}  # value id -> (stream, position)
+        self.log = []
+
+    @contextlib.contextmanager
+    def use(self, which):
+        previous, self.current = self.current, which
+        try:
+            yield
+        finally:
+            self.current = previous
+
+    def wait(self, waiter, producer):
+        self.log.append(("wait", waiter, producer))
+        for t in (MAIN, SIDE):
+            self.known[waiter][t] = max(self.known[waiter][t], self.known[producer][t])
+        self.known[waiter][producer] = max(self.known[waiter][producer], self.launched[producer])
+
+    def launch(self, reads, writes, what=""):
+        s = self.current
+        for r in reads:
+            if r in self.made:
+                made_on, position = self.made[r]
+                assert made_on == s or self.known[s][made_on] > position, (
+                    f"{what} on the {s} stream reads a value made on the {made_on} stream "
+                    f"(launch {position}) without waiting for it")
+        for w in writes:
+            self.made[w] = (s, self.launched[s])
+        self.log.append(("launch", s, what))
+        self.launched[s] += 1
+
+    def upload(self, which, array):
+        with self.use(which):
+            self.launch([], [id(array)], "upload")
+        return array.copy()
+
+
+def _drive(program, sched, rec, critical=(), levels=3):
+    """Issue a program's launches the way the runtime does: eager and lazy steps through the
+    scheduler, the core steps on the main stream per level (reading what the runtime itself
+    reads there, the critical values), then the results read on the main stream."""
+    def launcher(step):
+        return lambda: rec.launch(step.args, [id(o) for o in step.outputs], repr(step.step))
+
+    for step in program.eager:
+        sched.run(step, launcher(step))
+    for _ in range(levels):
+        for step in program.core:
+            launcher(step)()
+        rec.launch([id(c) for c in critical], [], "runtime reads")
+    for step in program.lazy:
+        sched.run(step, launcher(step))
+    sched.join()
+    rec.launch([id(o) for o in program.graph.outputs], [], "results")
+
+
+def _programs(cell):
+    F, _ = cell(E, H, np.random.default_rng(0))
+    plan = F.plan
+    sinks = [g for _, g in plan.gather_grads] + (
+        [plan.edge_child_grad] if plan.edge_child_grad is not None else [])
+    return [(plan.forward_program, [F.scatter_output], ()),
+            (plan.backward_program, sinks, [g for _, g in plan.param_grads])]
+
+
+@pytest.mark.parametrize("cell", [binary_tree_lstm, child_sum_tree_lstm],
+                         ids=lambda c: c.__name__)
+def test_streams_keep_every_read_after_its_write(cell):
+    side_steps = 0
+    for program, critical, side_outputs in _programs(cell):
+        rec = RecordingStreams()
+        sched = streams.scheduler(np, True, program, critical, side_outputs, streams=rec)
+        _drive(program, sched, rec, critical)
+        side_steps += sum(1 for entry in rec.log if entry[:2] == ("launch", SIDE))
+    assert side_steps > 0, "nothing ran on the side stream"
+
+
+def test_stream_split_of_the_tree_lstm_backward():
+    _, (bw, critical, side_outputs) = _programs(binary_tree_lstm)
+    split = streams.split_program(bw, critical, side_outputs)
+    side = [st for st in bw.eager + bw.lazy if id(st) in split.side]
+    # The parameter-gradient products (Xᵀ·δ for W, U, Wo; the bias sum) go to the side stream...
+    side_products = {st.outputs[0].shape for st in side if st.step.node.op.name == "matmul"}
+    assert {(3, 20), (8, 20), (4, 3)} <= side_products
+    # ... the gradient of the pulled input, and everything the core reads, stay on the main one.
+    core_reads = {a for st in bw.core for a in st.args}
+    assert not any(id(o) in core_reads for st in side for o in st.outputs)
+    assert all(id(st) not in split.side for st in bw.core)
+
+
+def test_a_scheduler_that_skips_a_wait_is_caught():
+    class Careless(streams.StreamScheduler):
+        def run(self, step, fn, *args, **kwargs):
+            with self.streams.use(SIDE if id(step) in self.split.side else MAIN):
+                fn(*args, **kwargs)
+
+    _, (bw, critical, side_outputs) = _programs(binary_tree_lstm)
+    rec = RecordingStreams()
+    sched = Careless(streams.split_program(bw, critical, side_outputs), rec)
+    with pytest.raises(AssertionError, match="without waiting"):
+        _drive(bw, sched, rec, critical)
+
+
+def test_no_streams_on_numpy_or_when_switched_off():
+    bw = _programs(binary_tree_lstm)[1][0]
+    assert streams.scheduler(np, True, bw) is streams.NO_STREAMS
+    fake_cupy = type("FakeCupy", (), {"__name__": "cupy"})()
+    assert streams.scheduler(fake_cupy, False, bw) is streams.NO_STREAMS
+    calls = []
+    streams.NO_STREAMS.run(None, calls.append, 1)
+    streams.NO_STREAMS.join()
+    assert calls == [1]
+    host = {"order": np.arange(3)}
+    assert streams.NO_STREAMS.upload(np, host)["order"] is host["order"]
+
+
+# ----------------------------------------------------------------------------- on a GPU
+
+def _cupy():
+    mc.set_device("cuda")  # imports CuPy through the backend (and checks for a device)
+    import cupy
+
+    return cupy
+
+
+def _close(got, want, dtype, what, loose=1.0):
+    """Equal up to float rounding (``loose`` scales the float32 tolerance, for long chains of
+    GEMMs whose summation order differs between cuBLAS and the CPU's BLAS)."""
+    got, want = np.asarray(got), np.asarray(want)
+    if want.dtype.kind in "biu":
+        np.testing.assert_array_equal(got, want, err_msg=what)
+        return
+    tol = dict(rtol=1e-10, atol=1e-12) if np.dtype(dtype) == np.float64 else \
+        dict(rtol=2e-4 * loose, atol=2e-5 * loose)
+    np.testing.assert_allclose(got, want, err_msg=what, **tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_gpu_op_and_its_backward_equal_numpy(case, dtype):
+    _cupy()
+    want_values, want_grads = _run_case(case, "cpu", dtype)
+    got_values, got_grads = _run_case(case, "cuda", dtype)
+    _close(got_values, want_values, dtype, f"{case.name}: values")
+    for k, (g, w) in enumerate(zip(got_grads, want_grads)):
+        assert (g is None) == (w is None), f"{case.name}: gradient {k}"
+        if g is not None:
+            _close(g, w, dtype, f"{case.name}: gradient {k}")
+
+
+@pytest.mark.gpu
+def test_gpu_index_ops_check_ranges_before_the_row_kernels():
+    cupy = _cupy()
+    x = mc.tensor(np.ones((5, 3)), device="cuda")
+    for idx in (np.array([0, 5], np.int32), np.array([0, -2], np.int32)):
+        with pytest.raises(IndexRangeError, match="op 'take_rows'.*at position 1"):
+            mc.take_rows(x, cupy.asarray(idx))
+        with pytest.raises(IndexRangeError, match="op 'scatter_add_rows'.*at position 1"):
+            mc.scatter_add_rows(mc.tensor(np.ones((2, 3)), device="cuda"), cupy.asarray(idx), 5)
+
+
+@pytest.mark.gpu
+def test_gpu_index_ops_use_the_row_kernels_for_int32_indices(monkeypatch):
+    cupy = _cupy()
+    from minicavs.cuda import kernels
+
+    calls = []
+    for name in ("gather_rows", "scatter_add_rows"):
+        original = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, _f=original, _n=name, **k:
+                            (calls.append(_n), _f(*a, **k))[1])
+    x = mc.tensor(np.arange(15.0).reshape(5, 3), device="cuda", requires_grad=True)
+    for dtype, expected in ((np.int32, ["gather_rows", "scatter_add_rows"]), (np.int64, [])):
+        calls.clear()
+        rows = mc.take_rows(x, cupy.asarray(np.array([4, -1, 0, 4], dtype)))
+        rows.sum().backward()
+        assert calls == expected, dtype
+        np.testing.assert_array_equal(rows.numpy()[1], 0)
+        x.grad = None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell", ["binary_tree_lstm", "child_sum_tree_lstm", "tree_fc",
+                                  "lstm_chain"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@given(data=st.data())
+def test_gpu_fused_kernels_equal_numpy(cell, dtype, data):
+    cupy = _cupy()
+    from minicavs.cuda import fusion
+    from test_cuda_fusion import cell_groups, random_inputs
+
+    n, e = data.draw(st.integers(0, 40)), data.draw(st.integers(0, 50))  # > one block of 256
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    for where, group in cell_groups(cell, dtype):
+        inputs = random_inputs(group, dtype, n, e, rng)
+        want = NumpyFusedKernel(group, np, dtype)(*inputs)
+        kernel = fusion.CupyFusedKernel(group, cupy, dtype)
+        got = kernel(*[cupy.asarray(a) for a in inputs])
+        outs = [cupy.full(w.shape, np.nan, w.dtype) for w in want]  # and into given arrays
+        got_into = kernel(*[cupy.asarray(a) for a in inputs], outs=outs)
+        assert all(g is o for g, o in zip(got_into, outs))
+        for p, (g, gi, w) in enumerate(zip(got, got_into, want)):
+            _close(g.get(), w, dtype, f"{cell} {where} {kernel!r} output {p}")
+            _close(gi.get(), w, dtype, f"{cell} {where} {kernel!r} output {p} (outs)")
+
+
+@pytest.mark.gpu
+def test_gpu_broken_expression_is_a_kernel_compile_error():
+    cupy = _cupy()
+    from minicavs.cuda import fusion
+    from test_cuda_fusion import _broken_group
+
+    kernel = fusion.CupyFusedKernel(_broken_group(), cupy, np.float32)
+    with pytest.raises(KernelCompileError, match=r"(?s)ops: tanh broken_op.*\| "):
+        kernel(cupy.ones(4, np.float32))
+
+
+@pytest.mark.gpu
+def test_gpu_executor_uses_generated_kernels():
+    cupy = _cupy()
+    from minicavs.autodiff.executor import make_fused_kernel
+    from minicavs.cuda.fusion import CupyFusedKernel
+    from test_cuda_fusion import cell_groups
+
+    (_, group), *_ = cell_groups("binary_tree_lstm", np.float32)
+    assert isinstance(make_fused_kernel(group, cupy, np.float32), CupyFusedKernel)
+
+
+@pytest.mark.gpu
+def test_gpu_stream_scheduler_orders_work_across_streams():
+    cupy = _cupy()
+    Step = namedtuple("Step", "args outputs")
+    x_key, y_key = object(), object()
+    side_step = Step([id(x_key)], [y_key])
+    split = streams.StreamSplit([id(side_step)])
+    sched = streams.StreamScheduler(split, streams.CupyStreams(cupy))
+    env = {}
+    big = cupy.random.standard_normal((2048, 2048))
+    env["x"] = big @ big  # long work on the main stream
+    sched.run(side_step, lambda: env.__setitem__("y", env["x"].sum(axis=0)))
+    main_step = Step([id(y_key)], [object()])
+    sched.run(main_step, lambda: env.__setitem__("z", env["y"] * 2))
+    sched.join()
+    want = (big.get() @ big.get()).sum(axis=0) * 2
+    np.testing.assert_allclose(env["z"].get(), want, rtol=1e-9, atol=1e-6)
+    uploaded = sched.upload(cupy, {"order": np.arange(10, dtype=np.int32)})
+    assert isinstance(uploaded["order"], cupy.ndarray)
+    assert uploaded["order"].get().tolist() == list(range(10))
+
+
+def _vertex_run(cell, dtype, device, batch, seed=3, streams_on=True):
+    F, params = {"binary_tree_lstm": binary_tree_lstm,
+                 "child_sum_tree_lstm": child_sum_tree_lstm}[cell](
+                     E, H, np.random.default_rng(seed), dtype=np.dtype(dtype).name)
+    F.options.streams = streams_on
+    if device == "cuda":
+        cupy = _cupy()
+        for p in params:
+            p.data = cupy.asarray(p.data)
+    rng = np.random.default_rng(seed + 1)
+    X = mc.tensor(rng.standard_normal((batch.num_vertices, E)).astype(dtype), device=device,
+                  requires_grad=True)
+    weights = mc.tensor(rng.standard_normal((batch.num_vertices,) + F.push_shape)
+                        .astype(dtype), device=device)
+    out = F(batch, pull=X)
+    ((out * weights).sum() + (out * out).sum()).backward()
+    return [out.numpy(), X.grad.numpy()] + [p.grad.numpy() for p in params]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell", ["binary_tree_lstm", "child_sum_tree_lstm"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("streams_on", [True, False], ids=["streams", "one-stream"])
+def test_gpu_vertex_function_equals_numpy_runtime(cell, dtype, streams_on):
+    graphs = [mc.InputGraph.complete_binary(8), mc.InputGraph.chain(6),
+              mc.InputGraph([[], [0], [0, 1]])]  # a DAG: vertex 0 has two parents
+    if cell == "child_sum_tree_lstm":
+        graphs.append(mc.InputGraph([[], [], [], [0, 1, 2], [3], [4, 2]]))
+    batch = mc.GraphBatch(graphs)
+    want = _vertex_run(cell, dtype, "cpu", batch)
+    got = _vertex_run(cell, dtype, "cuda", batch, streams_on=streams_on)
+    names = ["pushed outputs", "grad X"] + [f"grad param {k}" for k in range(len(got) - 2)]
+    for name, g, w in zip(names, got, want):
+        _close(g, w, dtype, f"{cell}: {name}", loose=5.0)
