@@ -29,6 +29,7 @@ from ..autodiff.executor import OpStep, plan_steps
 from ..autodiff.symbolic import grad_graph
 from ..autodiff.tensor import Tensor, is_grad_enabled
 from ..errors import GraphError
+from ..ops.index import scatter_add_into
 from .batching import has_symbolic_size, instantiate, row_domain
 from .zero_rows import EMPTY, FULL, ZeroRowRule, hull, intersect, is_empty, take_rows_range
 
@@ -56,7 +57,7 @@ class _Step:
     """
 
     __slots__ = ("step", "outputs", "symbolic", "args", "accumulate", "zero_rule", "kind",
-                 "sinks_only", "full_ranges")
+                 "sinks_only", "full_ranges", "demand_index")
 
     def __init__(self, step, graph_outputs):
         self.step = step
@@ -72,6 +73,7 @@ class _Step:
         self.full_ranges = [FULL if row_domain(o.shape) else None for o in self.outputs]
         self.kind = _kind(node)
         self.sinks_only = None  # set by the program: the sinks this step alone serves
+        self.demand_index = None  # set by the program: rows outside index >= 0 are unused
 
     def run(self, xp, env, n, e, outs=None):
         step = self.step
@@ -86,6 +88,8 @@ class _Step:
         out_ranges = self.zero_rule(range_of)
         if self.kind == "row_matmul":  # X·W: only rows where X is nonzero
             (lo, hi), node = out_ranges[0], self.step.node
+            if self.demand_index is not None:  # and only rows a scatter keeps (index >= 0)
+                lo, hi = intersect((lo, hi), take_rows_range(env[id(self.demand_index)]))
             rows = self.step.inputs[0]
             a, w = env[id(rows)], env[self.args[1]]
             if 0 < hi - lo < a.shape[0] or is_empty((lo, hi)):
@@ -191,6 +195,7 @@ class _Program:
         self.row_keys = [(id(n), row_domain(n.shape)) for n in graph.nodes
                          if _batched(n) and id(n) in touched]
         self._find_sink_only_steps(graph, sinks, graph_outputs)
+        self._find_scattered_products(graph)
         produced = {id(o) for st in self.core for o in st.outputs}
         self.zero_candidates = [(k, d) for k, d in self.row_keys if k not in produced]
         self._skip_plans = {}
@@ -222,6 +227,25 @@ class _Program:
                 plan.append(skip)
             self._skip_plans[key] = plan
         return plan
+
+    def _find_scattered_products(self, graph):
+        """A product X·W read only by ``scatter_add_rows(., ids)`` (the gradient of an
+        embedding table) is needed only on the rows whose id is not -1."""
+        users = graph.consumers()
+        for st in self.eager + self.lazy:
+            if st.kind != "row_matmul":
+                continue
+            outputs = {id(o) for o in graph.outputs}
+            value = st.step.node
+            while len(users[id(value)]) == 1 and id(value) not in outputs:
+                reader = users[id(value)][0]
+                if reader.op.name == "reshape" and row_domain(reader.shape) == \
+                        row_domain(value.shape):  # same rows, another row shape
+                    value = reader
+                    continue
+                if reader.op.name == "scatter_add_rows" and reader.inputs[0] is value:
+                    st.demand_index = reader.inputs[1]
+                break
 
     def _find_sink_only_steps(self, graph, sinks, graph_outputs):
         """Mark core steps whose results only feed sinks (in ∂F: the children's gradients).
@@ -557,14 +581,9 @@ def _indexed_add(xp, unique_rows):
     if unique_rows:  # each real row at most once per call; -1 only hits the spare last row
         def add(target, rows, values):
             target[rows] += values
-    elif xp is np:
+    else:  # a DAG: a child may have several parents in one task
         def add(target, rows, values):
-            np.add.at(target, rows, values)
-    else:
-        import cupyx
-
-        def add(target, rows, values):
-            cupyx.scatter_add(target, rows, values)
+            scatter_add_into(xp, target, rows, values)
     return add
 
 
