@@ -42,8 +42,13 @@ class Options:
     lazy_batching: bool = True  # run lazy nodes once after the loop (else per level)
     fuse: bool = True  # run elementwise groups as fused kernels
     streams: bool = True  # (CUDA) overlap independent work on a second stream
-    level_blas_threads: int = 1  # BLAS threads for the small per-level products (None: all)
-    batch_blas_threads: int = None  # ... for the whole-batch eager and lazy products
+    # BLAS threads: tasks of fewer than ``small_task_rows`` rows run their products on
+    # ``small_task_threads`` (one: waking a second thread costs more than a small GEMM);
+    # larger tasks and the whole-batch eager/lazy products use ``batch_blas_threads``
+    # (None: BLAS's default, all cores).
+    small_task_rows: int = 2048
+    small_task_threads: int = 1
+    batch_blas_threads: int = None
 
 
 class _Step:
@@ -416,9 +421,7 @@ class Plan:
             states = xp.concatenate([env[id(scatter)], xp.zeros((1,) + scatter.shape[1:],
                                                                  scatter.dtype)])
         states[n] = 0
-        with backend.blas_threads(self.f.options.level_blas_threads):
-            level_stats = self._level_loop(xp, prog, env, ranges, batch, idx, states,
-                                           forward=True)
+        level_stats = self._level_loop(xp, prog, env, ranges, batch, idx, states, forward=True)
 
         with backend.blas_threads(self.f.options.batch_blas_threads):
             for step in prog.lazy:
@@ -431,8 +434,16 @@ class Plan:
         f.last_stats = saved.stats
         return result
 
-    def _level_loop(self, xp, prog, env, ranges, batch, idx, states, forward, d_states=None):
+    def _level_loop(self, *args, **kwargs):
         """Run the core steps task by task (reverse order for backward)."""
+        blas = _BlasThreads()
+        try:
+            return self._levels(blas, *args, **kwargs)
+        finally:
+            blas.use(None)
+
+    def _levels(self, blas, xp, prog, env, ranges, batch, idx, states, forward,
+                d_states=None):
         f = self.f
         levels = range(batch.num_levels) if forward else reversed(range(batch.num_levels))
         offsets, edge_offsets = batch.level_offsets, batch.edge_level_offsets
@@ -473,6 +484,10 @@ class Plan:
                 key for key, domain in prog.zero_candidates
                 if key in ranges and is_empty(intersect(ranges[key], window[domain])))
             skips = prog.skip_plan(zero_inputs, unneeded)
+            options = f.options
+            threads = options.small_task_threads if max(n_t, e_t) < options.small_task_rows \
+                else options.batch_blas_threads
+            blas.use(threads)
             ran = 0
             for step, skip in zip(prog.core, skips):
                 if skip:
@@ -555,9 +570,8 @@ class Plan:
                 side_outputs=[g for _, g in self.param_grads])
             for step in prog.eager:
                 sched.run(step, step.run_whole, xp, env, ranges, n, e)
-        with backend.blas_threads(self.f.options.level_blas_threads):
-            level_stats = self._level_loop(xp, prog, env, ranges, batch, idx, None,
-                                           forward=False, d_states=d_states)
+        level_stats = self._level_loop(xp, prog, env, ranges, batch, idx, None, forward=False,
+                                       d_states=d_states)
         with backend.blas_threads(self.f.options.batch_blas_threads):
             for step in prog.lazy:
                 sched.run(step, step.run_whole, xp, env, ranges, n, e)
@@ -575,6 +589,24 @@ class Plan:
                            backward_ops_per_level=level_stats[::-1])
         f.last_stats = saved.stats
         return grads
+
+
+class _BlasThreads:
+    """Switches NumPy's BLAS thread count between tasks, only when it changes."""
+
+    def __init__(self):
+        self._limit, self._threads = None, None
+
+    def use(self, threads):
+        if threads == self._threads:
+            return
+        if self._limit is not None:
+            self._limit.__exit__(None, None, None)
+            self._limit = None
+        self._threads = threads
+        if threads is not None:
+            self._limit = backend.blas_threads(threads)
+            self._limit.__enter__()
 
 
 def _indexed_add(xp, unique_rows):
