@@ -424,6 +424,26 @@ def test_softmax_cross_entropy(data, num_classes):
                         [logits, labels])
 
 
+@covers("softmax_cross_entropy_grad")
+@given(data=st.data(), num_classes=st.integers(1, 4))
+def test_softmax_cross_entropy_grad(data, num_classes):
+    """The cross-entropy's gradient primitive: (softmax(z) - onehot(y)) * g, and its own VJP
+    (the second derivative) by finite differences."""
+    from minicavs.ops.loss import SOFTMAX_CROSS_ENTROPY_GRAD
+    from minicavs.ops.registry import apply
+
+    batch = data.draw(shapes(max_dims=2, max_side=3))
+    logits = data.draw(float_arrays(batch + (num_classes,), bound=4.0))
+    labels = data.draw(index_arrays(num_classes, batch))
+    g = data.draw(float_arrays(batch, bound=2.0))
+    probs = np.exp(logits - scipy.special.logsumexp(logits, axis=-1, keepdims=True))
+    expected = (probs - np.eye(num_classes)[labels]) * g[..., None]
+    out = apply(SOFTMAX_CROSS_ENTROPY_GRAD, t(logits), labels, t(g))
+    check(out, expected, rtol=1e-12, atol=1e-12)
+    assert mc.gradcheck(lambda z, y, w: apply(SOFTMAX_CROSS_ENTROPY_GRAD, z, y, w),
+                        [logits, labels, g])
+
+
 def test_softmax_cross_entropy_is_stable_for_large_logits():
     logits = t(np.array([[1000.0, -1000.0], [-1000.0, 1000.0]], dtype=np.float32),
                requires_grad=True)
