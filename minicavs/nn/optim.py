@@ -162,13 +162,22 @@ class Adam(Optimizer):
         beta1, beta2 = self.betas
         state["step"] += 1
         t, m, v = state["step"], state["m"], state["v"]
+        # In place, with one scratch array: an embedding table or a softmax layer is large,
+        # and each temporary is a full pass over it.
+        scratch = grad * (1 - beta1)
         m *= beta1
-        m += (1 - beta1) * grad
+        m += scratch
+        xp.multiply(grad, grad, out=scratch)
+        scratch *= 1 - beta2
         v *= beta2
-        v += (1 - beta2) * (grad * grad)
-        m_hat = m / (1 - beta1 ** t)
-        v_hat = v / (1 - beta2 ** t)
-        param -= self.lr * m_hat / (xp.sqrt(v_hat) + self.eps)
+        v += scratch
+        # p -= lr * m_hat / (sqrt(v_hat) + eps), with m_hat = m / (1 - b1^t), v_hat likewise
+        xp.divide(v, 1 - beta2 ** t, out=scratch)
+        xp.sqrt(scratch, out=scratch)
+        scratch += self.eps
+        xp.divide(m, scratch, out=scratch)
+        scratch *= self.lr / (1 - beta1 ** t)
+        param -= scratch
 
 
 class Adagrad(Optimizer):
