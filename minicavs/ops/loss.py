@@ -15,11 +15,10 @@ def _xent_forward(xp, logits, labels):
         where = tuple(int(i[0]) for i in (labels == bad).nonzero())
         raise IndexRangeError(f"op 'softmax_cross_entropy': label {bad} at position {where} is "
                               f"out of range for {num_classes} classes")
-    top = xp.max(logits, axis=-1, keepdims=True)
-    shifted = logits - top
-    log_norm = xp.log(xp.sum(xp.exp(shifted), axis=-1))
+    shifted = logits - xp.max(logits, axis=-1, keepdims=True)
     picked = xp.take_along_axis(shifted, labels[..., None], axis=-1)[..., 0]
-    return log_norm - picked
+    xp.exp(shifted, out=shifted)  # in place: over a vocabulary, every pass counts
+    return xp.log(xp.sum(shifted, axis=-1)) - picked
 
 
 def _infer_xent(logits, labels):
