@@ -46,7 +46,7 @@ class Options:
     # ``small_task_threads`` (one: waking a second thread costs more than a small GEMM);
     # larger tasks and the whole-batch eager/lazy products use ``batch_blas_threads``
     # (None: BLAS's default, all cores).
-    small_task_rows: int = 2048
+    small_task_rows: int = 256
     small_task_threads: int = 1
     batch_blas_threads: int = None
 
@@ -461,7 +461,10 @@ class Plan:
                     local[key] = env[key][r0:r1] if domain == "vertex" else env[key][e0:e1]
             if forward:
                 for k, g in zip(f.gather_slots, f.gather_inputs):
-                    xp.take(states, idx["child_rows"][k][r0:r1], axis=0, out=local[id(g)])
+                    if is_empty(intersect(gather_ranges[id(g)], (r0, r1))):
+                        local[id(g)][...] = 0  # no vertex of the task has child k
+                    else:
+                        xp.take(states, idx["child_rows"][k][r0:r1], axis=0, out=local[id(g)])
                 if f.edge_child_input is not None:
                     xp.take(states, idx["edge_child_row"][e0:e1], axis=0,
                             out=local[id(f.edge_child_input)])
