@@ -36,7 +36,8 @@ from .zero_rows import EMPTY, FULL, ZeroRowRule, hull, intersect, is_empty, take
 
 @dataclass
 class Options:
-    """Switches for the ablation benchmark (Cavs Fig. 10); all on by default."""
+    """How the runtime runs: the optimisations (each can be switched off for the ablation
+    benchmark, Cavs Fig. 10; all on by default) and the BLAS thread policy."""
 
     hoist_eager: bool = True  # run eager nodes once before the level loop (else per level)
     lazy_batching: bool = True  # run lazy nodes once after the loop (else per level)
@@ -186,9 +187,8 @@ class _Program:
         self.eager, self.core, self.lazy = phases["eager"], phases["core"], phases["lazy"]
         # Per-row values produced per level and read after their level (by ∂F, the lazy steps,
         # the caller) get a batch-wide buffer, rows in level order; the rest live only while
-        # their level runs.
-        # ∂F's sinks are scattered into the children's rows within their level; F's sink (the
-        # scattered state) is read by the levels above.
+        # their level runs. ∂F's sinks are scattered into the children's rows within their
+        # level; F's sink (the scattered state) is read by the levels above.
         sink_ids = {id(x) for x in sinks} if sinks_within_level else set()
         read_later = {id(k) for k in keep} | (graph_outputs - sink_ids) | {
             a for st in self.eager + self.lazy for a in st.args}
@@ -237,10 +237,10 @@ class _Program:
         """A product X·W read only by ``scatter_add_rows(., ids)`` (the gradient of an
         embedding table) is needed only on the rows whose id is not -1."""
         users = graph.consumers()
+        outputs = {id(o) for o in graph.outputs}
         for st in self.eager + self.lazy:
             if st.kind != "row_matmul":
                 continue
-            outputs = {id(o) for o in graph.outputs}
             value = st.step.node
             while len(users[id(value)]) == 1 and id(value) not in outputs:
                 reader = users[id(value)][0]
@@ -283,10 +283,6 @@ class _Program:
 
 def _batched(node):
     return row_domain(node.shape) is not None
-
-
-def _where(node):
-    return f" (at {node.where[0]}:{node.where[1]})" if node.where else ""
 
 
 class CallState:
