@@ -121,6 +121,9 @@ def _write_atomically(path, arrays):
     fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
                                      dir=directory)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would make it; mkstemp's is owner-only
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)
             f.flush()
