@@ -5,7 +5,6 @@ so ``import minicavs`` works on a machine without CuPy or without a GPU. Everyth
 :func:`get_array_module` for ``xp`` and writes ``xp.tanh(x)``, never ``numpy.tanh(x)``.
 """
 
-import contextlib
 import os
 import sys
 
@@ -159,21 +158,38 @@ def rng():
 _threadpools = None  # threadpoolctl's controller, made on first use
 
 
-def blas_threads(n):
-    """A context in which NumPy's BLAS uses at most ``n`` threads (no-op without threadpoolctl).
-
-    Small per-level GEMMs run faster on one thread: a multithreaded BLAS spends more time
-    waking and joining its threads than multiplying, and on a busy machine a preempted thread
-    stalls the others. Large whole-batch products still get every core.
-    """
+def _blas_pools():
     global _threadpools
     if _threadpools is None:
         try:
             import threadpoolctl
 
-            _threadpools = threadpoolctl.ThreadpoolController()
-        except Exception:  # not installed, or no BLAS it recognises
+            _threadpools = threadpoolctl.ThreadpoolController().select(user_api="blas")
+        except Exception:  # no BLAS that threadpoolctl recognises
             _threadpools = False
-    if not _threadpools or n is None:
-        return contextlib.nullcontext()
-    return _threadpools.limit(limits=n, user_api="blas")
+    return _threadpools or None
+
+
+def set_blas_threads(count):
+    """Limit NumPy's BLAS to ``count`` threads for the rest of the process; return False if
+    no BLAS library was found.
+
+    The GEMMs of a batching task are small; on a busy 2-core machine a second BLAS thread spends
+    more time waiting for its sibling than multiplying (the main job measured 2,250 trees/s
+    with one thread against 390-560 with two while other work ran). On an idle machine two
+    threads win slightly, so the examples default to one and the benchmark sets it per run.
+    Switching the count inside a call costs more than it saves, so minicavs never does.
+    """
+    pools = _blas_pools()
+    if pools is None:
+        return False
+    pools.limit(limits=int(count))  # applies now; the returned restorer is not used
+    return True
+
+
+def get_blas_threads():
+    """The BLAS thread count, or None if no BLAS library was found."""
+    pools = _blas_pools()
+    if pools is None:
+        return None
+    return max(info["num_threads"] for info in pools.info())

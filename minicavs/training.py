@@ -6,7 +6,6 @@ batch, ``evaluate``); a step backpropagates the loss *per target* (per labelled 
 word), so the learning rate does not depend on the batch size or the sentence lengths.
 """
 
-import ctypes
 import os
 import time
 from dataclasses import dataclass
@@ -17,55 +16,8 @@ from tqdm import tqdm
 from . import backend
 from .nn import clip_grad_norm
 
-# --- the BLAS thread pool -------------------------------------------------------------------
-
-_OPENBLAS_PREFIXES = ("openblas", "scipy_openblas")  # NumPy's wheels use the second
-_OPENBLAS_SUFFIXES = ("", "64_")  # 64-bit-integer builds add "64_"
-
-
-def _loaded_openblas():
-    """The OpenBLAS libraries loaded in this process (NumPy's own wheel bundles one)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
-    except OSError:  # not Linux: leave the thread pool alone
-        return []
-    return [ctypes.CDLL(p) for p in sorted(paths) if os.path.isfile(p)]
-
-
-def _openblas_function(library, name):
-    for prefix in _OPENBLAS_PREFIXES:
-        for suffix in _OPENBLAS_SUFFIXES:
-            function = getattr(library, f"{prefix}_{name}{suffix}", None)
-            if function is not None:
-                return function
-    return None
-
-
-def set_blas_threads(count):
-    """Limit NumPy's OpenBLAS to ``count`` threads; return False if no OpenBLAS was found.
-
-    Why: the GEMMs of a batching task are small (hundreds of rows by 64-320 columns), where a
-    second BLAS thread costs more in start-up and synchronisation than it saves, and on a busy
-    2-core machine OpenBLAS's spin-waiting threads fight the other processes for the cores.
-    Measured on the main job: 2,250 trees/s with 1 thread, 390-560 with 2 (machine in use).
-    """
-    found = False
-    for library in _loaded_openblas():
-        setter = _openblas_function(library, "set_num_threads")
-        if setter is not None:
-            setter(int(count))
-            found = True
-    return found
-
-
-def get_blas_threads():
-    """OpenBLAS's current thread count, or None if no OpenBLAS was found."""
-    for library in _loaded_openblas():
-        getter = _openblas_function(library, "get_num_threads")
-        if getter is not None:
-            return int(getter())
-    return None
+# The BLAS thread count is the backend's (set_blas_threads documents why one is the default).
+set_blas_threads, get_blas_threads = backend.set_blas_threads, backend.get_blas_threads
 
 
 # --- options --------------------------------------------------------------------------------

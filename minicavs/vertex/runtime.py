@@ -36,20 +36,13 @@ from .zero_rows import EMPTY, FULL, ZeroRowRule, hull, intersect, is_empty, take
 
 @dataclass
 class Options:
-    """How the runtime runs: the optimisations (each can be switched off for the ablation
-    benchmark, Cavs Fig. 10; all on by default) and the BLAS thread policy."""
+    """The runtime's optimisations; each can be switched off for the ablation benchmark (Cavs
+    Fig. 10). All on by default."""
 
     hoist_eager: bool = True  # run eager nodes once before the level loop (else per level)
     lazy_batching: bool = True  # run lazy nodes once after the loop (else per level)
     fuse: bool = True  # run elementwise groups as fused kernels
     streams: bool = True  # (CUDA) overlap independent work on a second stream
-    # BLAS threads: tasks of fewer than ``small_task_rows`` rows run their products on
-    # ``small_task_threads`` (one: waking a second thread costs more than a small GEMM);
-    # larger tasks and the whole-batch eager/lazy products use ``batch_blas_threads``
-    # (None: BLAS's default, all cores).
-    small_task_rows: int = 256
-    small_task_threads: int = 1
-    batch_blas_threads: int = None
 
 
 class _Step:
@@ -406,10 +399,9 @@ class Plan:
             env[id(node)] = bufs[id(node)][:self._rows(row_domain(node.shape), n, e)]
 
         ranges = dict(_gather_ranges(batch, f))  # rows outside are exactly zero
-        with backend.blas_threads(self.f.options.batch_blas_threads):
-            sched = streams.scheduler(xp, f.options.streams, prog, critical=[f.scatter_output])
-            for step in prog.eager:
-                sched.run(step, step.run_whole, xp, env, ranges, n, e)
+        sched = streams.scheduler(xp, f.options.streams, prog, critical=[f.scatter_output])
+        for step in prog.eager:
+            sched.run(step, step.run_whole, xp, env, ranges, n, e)
 
         if id(scatter) in bufs:
             states = bufs[id(scatter)]  # n + 1 rows; the last stays zero for absent children
@@ -419,9 +411,8 @@ class Plan:
         states[n] = 0
         level_stats = self._level_loop(xp, prog, env, ranges, batch, idx, states, forward=True)
 
-        with backend.blas_threads(self.f.options.batch_blas_threads):
-            for step in prog.lazy:
-                sched.run(step, step.run_whole, xp, env, ranges, n, e)
+        for step in prog.lazy:
+            sched.run(step, step.run_whole, xp, env, ranges, n, e)
         sched.join()
         saved.values, saved.ranges = env, ranges
         out_symbol = f.push_output if f.push_output is not None else scatter
@@ -430,16 +421,8 @@ class Plan:
         f.last_stats = saved.stats
         return result
 
-    def _level_loop(self, *args, **kwargs):
+    def _level_loop(self, xp, prog, env, ranges, batch, idx, states, forward, d_states=None):
         """Run the core steps task by task (reverse order for backward)."""
-        blas = _BlasThreads()
-        try:
-            return self._levels(blas, *args, **kwargs)
-        finally:
-            blas.use(None)
-
-    def _levels(self, blas, xp, prog, env, ranges, batch, idx, states, forward,
-                d_states=None):
         f = self.f
         levels = range(batch.num_levels) if forward else reversed(range(batch.num_levels))
         offsets, edge_offsets = batch.level_offsets, batch.edge_level_offsets
@@ -483,10 +466,6 @@ class Plan:
                 key for key, domain in prog.zero_candidates
                 if key in ranges and is_empty(intersect(ranges[key], window[domain])))
             skips = prog.skip_plan(zero_inputs, unneeded)
-            options = f.options
-            threads = options.small_task_threads if max(n_t, e_t) < options.small_task_rows \
-                else options.batch_blas_threads
-            blas.use(threads)
             ran = 0
             for step, skip in zip(prog.core, skips):
                 if skip:
@@ -560,20 +539,18 @@ class Plan:
 
         ranges = {id(ref): saved.ranges.get(id(fwd), FULL)
                   for ref, fwd in zip(bw.inputs[len(bw.cotangents):], bw.forward_refs)}
-        with backend.blas_threads(self.f.options.batch_blas_threads):
-            # On a GPU, parameter-gradient products overlap the level loop on a second stream.
-            sched = streams.scheduler(
-                xp, f.options.streams, prog,
-                critical=[g for _, g in self.gather_grads] + [self.edge_child_grad] * (
-                    self.edge_child_grad is not None),
-                side_outputs=[g for _, g in self.param_grads])
-            for step in prog.eager:
-                sched.run(step, step.run_whole, xp, env, ranges, n, e)
+        # On a GPU, parameter-gradient products overlap the level loop on a second stream.
+        sched = streams.scheduler(
+            xp, f.options.streams, prog,
+            critical=[g for _, g in self.gather_grads] + [self.edge_child_grad] * (
+                self.edge_child_grad is not None),
+            side_outputs=[g for _, g in self.param_grads])
+        for step in prog.eager:
+            sched.run(step, step.run_whole, xp, env, ranges, n, e)
         level_stats = self._level_loop(xp, prog, env, ranges, batch, idx, None, forward=False,
                                        d_states=d_states)
-        with backend.blas_threads(self.f.options.batch_blas_threads):
-            for step in prog.lazy:
-                sched.run(step, step.run_whole, xp, env, ranges, n, e)
+        for step in prog.lazy:
+            sched.run(step, step.run_whole, xp, env, ranges, n, e)
         sched.join()
 
         grads = []
@@ -588,24 +565,6 @@ class Plan:
                            backward_ops_per_level=level_stats[::-1])
         f.last_stats = saved.stats
         return grads
-
-
-class _BlasThreads:
-    """Switches NumPy's BLAS thread count between tasks, only when it changes."""
-
-    def __init__(self):
-        self._limit, self._threads = None, None
-
-    def use(self, threads):
-        if threads == self._threads:
-            return
-        if self._limit is not None:
-            self._limit.__exit__(None, None, None)
-            self._limit = None
-        self._threads = threads
-        if threads is not None:
-            self._limit = backend.blas_threads(threads)
-            self._limit.__enter__()
 
 
 def _indexed_add(xp, unique_rows):
