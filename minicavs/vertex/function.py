@@ -176,7 +176,9 @@ class VertexFunction:
         self.push_output = v.pushed
         outputs = [self.scatter_output] + ([self.push_output] if self.push_output is not None
                                            else [])
-        self.graph = Graph(tracer.nodes, inputs, outputs, name=self.name)
+        sources = [x for x in self.gather_inputs + [self.edge_child_input] if x is not None]
+        nodes = _hoist_eager_addends(tracer.nodes, sources, outputs)
+        self.graph = Graph(nodes, inputs, outputs, name=self.name)
 
     @property
     def params(self):
@@ -223,3 +225,41 @@ class VertexFunction:
     def __repr__(self):
         return (f"VertexFunction({self.name!r}: {len(self.graph.op_nodes())} ops in F, "
                 f"{len(self.plan.backward.op_nodes())} in ∂F, {len(self.params)} params)")
+
+
+def _hoist_eager_addends(nodes, sources, outputs):
+    """Regroup sums so that the terms that need no gathered state are added together first.
+
+    ``x @ W + [h_l, h_r] @ U + b`` is recorded as ((x W + h U) + b): two additions per level.
+    As ((x W + b) + h U) the first addition is eager — once for all vertices before the level
+    loop — and only one runs per level (Cavs' eager batching, applied one step further). The sum
+    is the same up to floating-point rounding. Returns the nodes with the rewritten ones added.
+    """
+    from ..ops.elementwise import ADD
+
+    depends = {id(x) for x in sources}
+    users = {}
+    for n in nodes:
+        users.setdefault(id(n), [])
+        for x in n.inputs:
+            users.setdefault(id(x), []).append(n)
+        if any(id(x) in depends for x in n.inputs):
+            depends.add(id(n))
+    protected = {id(o) for o in outputs}
+    result = []
+    for n in nodes:
+        inner = n.inputs[0] if n.kind == "op" and n.op is ADD else None
+        if (inner is not None and id(n.inputs[1]) not in depends and inner.kind == "op"
+                and inner.op is ADD and id(inner) in depends and len(users[id(inner)]) == 1
+                and id(inner) not in protected):
+            eager = [x for x in inner.inputs if id(x) not in depends]
+            core = [x for x in inner.inputs if id(x) in depends]
+            if len(eager) == 1 and len(core) == 1:
+                aval = ADD.infer(eager[0], n.inputs[1])
+                hoisted = Symbol("op", aval.shape, aval.dtype, op=ADD,
+                                 inputs=(eager[0], n.inputs[1]), where=n.where,
+                                 tracer=n.tracer)
+                result.append(hoisted)
+                n.inputs = (hoisted, core[0])
+        result.append(n)
+    return result
