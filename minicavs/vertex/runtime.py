@@ -163,6 +163,15 @@ class _Program:
                 if (cls[id(n)] == "eager" and _batched(n) and id(n) not in outputs
                         and all(cls[id(u)] == "core" for u in users[id(n)])):
                     cls[id(n)] = "core"
+        # An elementwise step gains nothing from running over all rows at once (the same
+        # elements either way), while materialising its result costs a full-size write and
+        # read: when only the core reads it, it runs per level, fused into the core's groups.
+        users = graph.consumers()
+        for n in reversed(ops):
+            if (cls[id(n)] == "eager" and n.op.is_elementwise and _batched(n)
+                    and id(n) not in {id(o) for o in graph.outputs} and users[id(n)]
+                    and all(cls[id(u)] == "core" for u in users[id(n)])):
+                cls[id(n)] = "core"
         if not (options.lazy_batching and options.hoist_eager):
             # A whole-batch value whose rows are mixed (a transpose of X for Xᵀ·G) cannot be
             # sliced per level: when its consumer runs per level, it must too.
