@@ -269,8 +269,26 @@ class GraphBatch:
             rows[self.edge_parent_row[has_k]] = self.edge_child_row[has_k]
             self.child_rows.append(rows)
 
+    def child_row_slices(self, k):
+        """For each level, ``child_rows[k]`` of its rows as a slice when those rows are an
+        evenly spaced run (complete trees, chains: each child k sits ``step`` rows after the
+        previous one), else None. A slice copies or adds without an index array."""
+        cache = self.__dict__.setdefault("_child_row_slices", {})
+        if k not in cache:
+            rows = self.child_rows[k] if k < len(self.child_rows) else None
+            slices = []
+            for t in range(self.num_levels):
+                r0, r1 = self.rows_of_level(t)
+                block = rows[r0:r1] if rows is not None else None
+                slices.append(_as_slice(block))
+            cache[k] = slices
+        return cache[k]
+
     def rows_of_level(self, t):
         return int(self.level_offsets[t]), int(self.level_offsets[t + 1])
+
+    def edges_of_level(self, t):
+        return int(self.edge_level_offsets[t]), int(self.edge_level_offsets[t + 1])
 
     def check_arity(self, arity, function_name="the vertex function"):
         """Every vertex has at most ``arity`` children, else an error naming sample and vertex."""
@@ -285,3 +303,15 @@ class GraphBatch:
     def __repr__(self):
         return (f"GraphBatch({self.num_graphs} graphs, {self.num_vertices} vertices, "
                 f"{self.num_levels} levels)")
+
+
+def _as_slice(rows):
+    """``rows`` (non-negative, increasing by one constant step) as a slice, else None."""
+    if rows is None or rows.size == 0 or rows[0] < 0:
+        return None
+    if rows.size == 1:
+        return slice(int(rows[0]), int(rows[0]) + 1)
+    step = int(rows[1] - rows[0])
+    if step <= 0 or not (np.diff(rows) == step).all():
+        return None
+    return slice(int(rows[0]), int(rows[-1]) + 1, step)

@@ -449,8 +449,11 @@ class Plan:
                     local[key] = env[key][r0:r1] if domain == "vertex" else env[key][e0:e1]
             if forward:
                 for k, g in zip(f.gather_slots, f.gather_inputs):
+                    strided = batch.child_row_slices(k)[t]
                     if is_empty(intersect(gather_ranges[id(g)], (r0, r1))):
                         local[id(g)][...] = 0  # no vertex of the task has child k
+                    elif strided is not None:  # evenly spaced children: a strided copy
+                        local[id(g)][...] = states[strided]
                     else:
                         xp.take(states, idx["child_rows"][k][r0:r1], axis=0, out=local[id(g)])
                 if f.edge_child_input is not None:
@@ -493,8 +496,7 @@ class Plan:
                         accumulators[key] = accumulators[key] + value if key in accumulators \
                             else value
             if not forward:
-                self._scatter_gradients(xp, local, batch, idx, d_states, r0, r1, e0, e1,
-                                        unneeded)
+                self._scatter_gradients(xp, local, batch, idx, d_states, t, unneeded)
             counts.append(ran)
         env.update(accumulators)
         for key in prog.buffered:
@@ -510,11 +512,17 @@ class Plan:
             zero = xp.zeros((), o.dtype)
             local[id(o)] = xp.broadcast_to(zero, instantiate(o.shape, n_t, e_t))
 
-    def _scatter_gradients(self, xp, local, batch, idx, d_states, r0, r1, e0, e1, unneeded):
+    def _scatter_gradients(self, xp, local, batch, idx, d_states, t, unneeded):
         """A gather's gradient is a scatter-add into the children's state-gradient rows."""
+        (r0, r1), (e0, e1) = batch.rows_of_level(t), batch.edges_of_level(t)
         add = _indexed_add(xp, batch.is_forest)
         for k, grad in self.gather_grads:
-            if id(grad) not in unneeded:
+            if id(grad) in unneeded:
+                continue
+            strided = batch.child_row_slices(k)[t]
+            if strided is not None:  # distinct, evenly spaced rows: add into a strided view
+                d_states[strided] += local[id(grad)]
+            else:
                 add(d_states, idx["child_rows"][k][r0:r1], local[id(grad)])
         if self.edge_child_grad is not None and id(self.edge_child_grad) not in unneeded:
             add(d_states, idx["edge_child_row"][e0:e1], local[id(self.edge_child_grad)])
