@@ -56,7 +56,7 @@ class _Step:
     """
 
     __slots__ = ("step", "outputs", "symbolic", "args", "accumulate", "zero_rule", "kind",
-                 "sinks_only", "full_ranges", "demand_index")
+                 "sinks_only", "full_ranges", "demand_index", "aliased")
 
     def __init__(self, step, graph_outputs):
         self.step = step
@@ -73,6 +73,7 @@ class _Step:
         self.kind = _kind(node)
         self.sinks_only = None  # set by the program: the sinks this step alone serves
         self.demand_index = None  # set by the program: rows outside index >= 0 are unused
+        self.aliased = False  # set by the program: a concat its parts already wrote
 
     def run(self, xp, env, n, e, outs=None):
         step = self.step
@@ -196,7 +197,9 @@ class _Program:
             a for st in self.eager + self.lazy for a in st.args}
         self.per_level = [o for st in self.core for o in st.outputs
                           if _batched(o) and id(o) in read_later]
-        self.buffered = {id(o) for o in self.per_level}
+        self.aliases = self._find_concat_aliases()
+        self.per_level = [o for o in self.per_level if id(o) not in self.aliases]
+        self.buffered = {id(o) for o in self.per_level} | set(self.aliases)
         # The batched values the core reads or writes: sliced to the task's rows each level.
         touched = {a for st in self.core for a in st.args} | {id(o) for o in self.per_level}
         self.row_keys = [(id(n), row_domain(n.shape)) for n in graph.nodes
@@ -207,6 +210,37 @@ class _Program:
         self.zero_candidates = [(k, d) for k, d in self.row_keys if k not in produced]
         self._skip_plans = {}
         self.edge_parent_key = None  # set by the Plan: where per-task parent rows go
+
+    def _find_concat_aliases(self):
+        """Concats whose parts are all computed per level can be assembled in place: each part
+        is written straight into its columns of the concat's batch buffer (the scattered
+        [h, c], the gate-gradient block of ∂F), and the concat itself copies nothing.
+        Returns {id(part): (concat, start, stop)}."""
+        produced = {id(o) for st in self.core for o in st.outputs}
+        buffered = {id(o) for o in self.per_level}
+        aliases = {}
+        for st in self.core:
+            node = getattr(st.step, "node", None)
+            if node is None or node.op.name != "concat" or id(node) not in buffered:
+                continue
+            parts = node.inputs
+            if (len({id(x) for x in parts}) < len(parts) or any(
+                    id(x) not in produced or id(x) in aliases
+                    or row_domain(x.shape) != row_domain(node.shape) for x in parts)):
+                continue
+            axis, start = node.attrs["axis"], 0
+            for x in parts:
+                aliases[id(x)] = (node, axis, start, start + x.shape[axis])
+                start += x.shape[axis]
+            st.aliased = True
+        return aliases
+
+    def bind_aliases(self, env):
+        """Point each aliased part at its columns of the concat's batch buffer."""
+        for key, (concat, axis, start, stop) in self.aliases.items():
+            index = [slice(None)] * len(concat.shape)
+            index[axis] = slice(start, stop)
+            env[key] = env[id(concat)][tuple(index)]
 
     def skip_plan(self, zero_inputs, unneeded):
         """For each core step, whether a task can skip it: its outputs are zero when the
@@ -406,6 +440,7 @@ class Plan:
         scatter = f.scatter_output
         for node in prog.per_level:
             env[id(node)] = bufs[id(node)][:self._rows(row_domain(node.shape), n, e)]
+        prog.bind_aliases(env)
 
         ranges = dict(_gather_ranges(batch, f))  # rows outside are exactly zero
         sched = streams.scheduler(xp, f.options.streams, prog, critical=[f.scatter_output])
@@ -480,6 +515,11 @@ class Plan:
             skips = prog.skip_plan(zero_inputs, unneeded)
             ran = 0
             for step, skip in zip(prog.core, skips):
+                if step.aliased and not skip:  # its parts were written into its columns
+                    for o in step.outputs:
+                        written[id(o)] = hull(written.get(id(o), (0, 0)),
+                                              window[row_domain(o.shape)])
+                    continue
                 if skip:
                     for o in step.outputs:
                         self._zero_output(xp, local, prog, o, n_t, e_t)
@@ -553,6 +593,7 @@ class Plan:
         env[id(self.d_scatter)] = d_states[:n]
         for node in prog.per_level:
             env[id(node)] = bufs[("d", id(node))]
+        prog.bind_aliases(env)
 
         ranges = {id(ref): saved.ranges.get(id(fwd), FULL)
                   for ref, fwd in zip(bw.inputs[len(bw.cotangents):], bw.forward_refs)}
