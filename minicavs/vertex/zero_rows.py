@@ -62,8 +62,6 @@ def node_range(node, args):
         for r in rows:
             out = intersect(out, r)
         return out
-    if name == "div":
-        return args[0] if args[0] is not None else FULL
     if name in ("add", "sub", "concat"):
         if len(rows) < len(args):  # a shared term (a bias) makes every row nonzero
             return FULL
