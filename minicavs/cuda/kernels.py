@@ -441,6 +441,22 @@ def scatter_plan(idx, num_rows, *, check_indices=True):
                        starts.astype(np.int32), int(num_rows))
 
 
+def _check_scatter(kernel, values, idx, out, check_indices):
+    """The checks every scatter kernel makes before launch: rows of one shape and dtype, one
+    index per row of ``values``, indices in range."""
+    _check_rows(kernel, "values", values)
+    _check_rows(kernel, "out", out)
+    _check_same_dtype(kernel, "out", out, values.dtype)
+    if tuple(out.shape[1:]) != tuple(values.shape[1:]):
+        raise ShapeError(f"kernel '{kernel}': rows of 'values' {tuple(values.shape[1:])} and of "
+                         f"'out' {tuple(out.shape[1:])} must have the same shape")
+    if idx.ndim != 1 or idx.shape[0] != values.shape[0]:
+        raise ShapeError(f"kernel '{kernel}': argument 'idx' must have shape "
+                         f"({values.shape[0]},), one index per row of 'values', got "
+                         f"{tuple(idx.shape)}")
+    _check_index(kernel, "idx", idx, 1, out.shape[0], check_indices)
+
+
 def scatter_add_rows_numpy(values, idx, out):
     """NumPy twin of :func:`scatter_add_rows`: ``np.add.at``, which adds the rows one after
     another in index order — the order the deterministic kernel uses: they agree bit for bit."""
@@ -462,17 +478,7 @@ def scatter_add_rows(values, idx, out, *, deterministic=False, plan=None, runner
     kernel = "scatter_add_rows"
     plan_arrays = tuple(plan[:3]) if plan is not None else ()
     runner = _pick_runner(kernel, runner, (values, idx, out) + plan_arrays)
-    _check_rows(kernel, "values", values)
-    _check_rows(kernel, "out", out)
-    _check_same_dtype(kernel, "out", out, values.dtype)
-    if tuple(out.shape[1:]) != tuple(values.shape[1:]):
-        raise ShapeError(f"kernel '{kernel}': rows of 'values' {tuple(values.shape[1:])} and of "
-                         f"'out' {tuple(out.shape[1:])} must have the same shape")
-    if idx.ndim != 1 or idx.shape[0] != values.shape[0]:
-        raise ShapeError(f"kernel '{kernel}': argument 'idx' must have shape "
-                         f"({values.shape[0]},), one index per row of 'values', got "
-                         f"{tuple(idx.shape)}")
-    _check_index(kernel, "idx", idx, 1, out.shape[0], check_indices)
+    _check_scatter(kernel, values, idx, out, check_indices)
     _check_no_overlap(kernel, out, values=values, idx=idx)
     if runner == "numpy":
         return scatter_add_rows_numpy(values, idx, out)
@@ -519,17 +525,7 @@ def scatter_rows(values, idx, out, *, runner=None, check_indices=True):
     (checked with ``check_indices``). ``out`` is updated in place and returned."""
     kernel = "scatter_rows"
     runner = _pick_runner(kernel, runner, (values, idx, out))
-    _check_rows(kernel, "values", values)
-    _check_rows(kernel, "out", out)
-    _check_same_dtype(kernel, "out", out, values.dtype)
-    if tuple(out.shape[1:]) != tuple(values.shape[1:]):
-        raise ShapeError(f"kernel '{kernel}': rows of 'values' {tuple(values.shape[1:])} and of "
-                         f"'out' {tuple(out.shape[1:])} must have the same shape")
-    if idx.ndim != 1 or idx.shape[0] != values.shape[0]:
-        raise ShapeError(f"kernel '{kernel}': argument 'idx' must have shape "
-                         f"({values.shape[0]},), one index per row of 'values', got "
-                         f"{tuple(idx.shape)}")
-    _check_index(kernel, "idx", idx, 1, out.shape[0], check_indices)
+    _check_scatter(kernel, values, idx, out, check_indices)
     if check_indices:
         _check_unique(kernel, idx)
     _check_no_overlap(kernel, out, values=values, idx=idx)
