@@ -23,15 +23,12 @@ def parse_args(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     training.add_common_arguments(parser, epochs=5, batch_size=32, lr=0.01,
                                   data_help="unused: the task is generated")
-    parser.add_argument("--embed-dim", type=int, default=16, help="token embedding size")
-    parser.add_argument("--hidden", type=int, default=64, help="LSTM state size")
+    training.add_model_arguments(parser, embed_dim=16, hidden=64, clip=5.0)
     parser.add_argument("--vocab-size", type=int, default=10,
                         help="tokens, including the 3 special ones (default 10)")
     parser.add_argument("--max-length", type=int, default=6, help="longest source sequence")
     parser.add_argument("--train-size", type=int, default=4000,
                         help="training pairs (held out: 1/10 of that)")
-    parser.add_argument("--clip", type=float, default=5.0,
-                        help="clip the gradient norm to this (default 5; 0: off)")
     return parser.parse_args(argv)
 
 

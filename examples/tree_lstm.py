@@ -23,8 +23,7 @@ def parse_args(argv=None):
     training.add_common_arguments(parser, epochs=3, batch_size=32, lr=0.005,
                                   data_help="SST directory (train.txt, dev.txt, test.txt); "
                                             "default: the synthetic treebank")
-    parser.add_argument("--embed-dim", type=int, default=64, help="word embedding size")
-    parser.add_argument("--hidden", type=int, default=64, help="LSTM state size")
+    training.add_model_arguments(parser, embed_dim=64, hidden=64)
     parser.add_argument("--leaf-loss", action="store_true", help="train on leaf labels too")
     parser.add_argument("--train-size", type=int, default=4000,
                         help="synthetic training trees (dev and test: 1/4 of that each)")
@@ -47,12 +46,7 @@ def main(argv=None):
                            batch_size=args.batch_size, seed=args.seed, unit="tree",
                            progress=args.progress)
 
-    dev = model.evaluate(training.prepare_all(model, splits.dev, 256))
-    test = model.evaluate(training.prepare_all(model, splits.test, 256))
-    print(f"tree_lstm: test loss {test['loss']:.4f}  root accuracy dev fine {dev['fine']:.3f} "
-          f"binary {dev['binary']:.3f}, test fine {test['fine']:.3f} binary "
-          f"{test['binary']:.3f}  {training.throughput(history):.0f} trees/s")
-    return {"dev": dev, "test": test, "trees_per_second": training.throughput(history)}
+    return training.report_root_accuracy("tree_lstm", model, splits, history)
 
 
 if __name__ == "__main__":

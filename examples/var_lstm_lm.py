@@ -25,12 +25,9 @@ def parse_args(argv=None):
                                   data_help="a PTB directory (ptb.train/valid/test.txt) or "
                                             "one text file, a sentence a line; default: "
                                             "the synthetic treebank's sentences")
-    parser.add_argument("--embed-dim", type=int, default=64, help="word embedding size")
-    parser.add_argument("--hidden", type=int, default=64, help="LSTM state size")
+    training.add_model_arguments(parser, embed_dim=64, hidden=64, clip=5.0)
     parser.add_argument("--sentences", type=int, default=3000,
                         help="synthetic sentences (a tenth held out)")
-    parser.add_argument("--clip", type=float, default=5.0,
-                        help="clip the gradient norm to this (default 5; 0: off)")
     return parser.parse_args(argv)
 
 

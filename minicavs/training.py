@@ -47,6 +47,18 @@ def add_common_arguments(parser, *, epochs, batch_size, lr, data_help):
                         help="no progress bars (the per-epoch and final lines remain)")
 
 
+def add_model_arguments(parser, *, embed_dim=64, hidden=64, clip=None):
+    """Model-size options shared by the examples (and, with ``clip``, gradient clipping)."""
+    if embed_dim is not None:
+        parser.add_argument("--embed-dim", type=int, default=embed_dim,
+                            help=f"embedding size (default {embed_dim})")
+    parser.add_argument("--hidden", type=int, default=hidden,
+                        help=f"state size (default {hidden})")
+    if clip is not None:
+        parser.add_argument("--clip", type=float, default=clip,
+                            help=f"clip the gradient norm to this (default {clip:g}; 0: off)")
+
+
 def setup(args):
     """Apply the common options: device, seeds, BLAS threads."""
     backend.set_device(args.device)
@@ -183,3 +195,14 @@ def language_model_corpus(path=None, *, seed=0, num_sentences=3000):
     encoded = [vocab.encode(s) for s in sentences]
     cut = len(encoded) * 9 // 10
     return encoded[:cut], encoded[cut:], vocab, f"{path} (last tenth held out)"
+
+
+def report_root_accuracy(name, model, splits, history):
+    """Evaluate a tree classifier on dev and test, print the final line, return the figures."""
+    dev = model.evaluate(prepare_all(model, splits.dev, 256))
+    test = model.evaluate(prepare_all(model, splits.test, 256))
+    speed = throughput(history)
+    print(f"{name}: test loss {test['loss']:.4f}  root accuracy dev fine {dev['fine']:.3f} "
+          f"binary {dev['binary']:.3f}, test fine {test['fine']:.3f} binary "
+          f"{test['binary']:.3f}  {speed:.0f} trees/s")
+    return {"dev": dev, "test": test, "trees_per_second": speed}

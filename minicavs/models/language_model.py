@@ -22,6 +22,16 @@ from ..vertex import GraphBatch, InputGraph, VertexFunction
 from .common import as_ids, bias, cross_entropy_sum, lstm_bias, runner, weight
 
 
+def _lstm_lm_parameters(model, V, E, H, dtype):
+    """The parameters both language models share: embedding, LSTM gates, softmax layer."""
+    model.embedding = Embedding(V, E, dtype=dtype)
+    model.W = weight((E, 4 * H), dtype, "W")
+    model.U = weight((H, 4 * H), dtype, "U")
+    model.b = lstm_bias(H, ["i", "f", "o", "u"], dtype, "b")
+    model.W_out = weight((H, V), dtype, "W_out")
+    model.b_out = bias(V, dtype, "b_out")
+
+
 @dataclass
 class SentenceBatch:
     """Sentences as chain graphs: vertex t of a sentence reads ``inputs[t]`` (the previous
@@ -60,12 +70,7 @@ class VarLSTMLanguageModel(Module):
     def __init__(self, vocab_size, embed_dim=64, hidden=64, dtype="float32", bos_id=1):
         E, H, V = int(embed_dim), int(hidden), int(vocab_size)
         self.vocab_size, self.embed_dim, self.hidden, self.bos_id = V, E, H, int(bos_id)
-        self.embedding = Embedding(V, E, dtype=dtype)
-        self.W = weight((E, 4 * H), dtype, "W")
-        self.U = weight((H, 4 * H), dtype, "U")
-        self.b = lstm_bias(H, ["i", "f", "o", "u"], dtype, "b")
-        self.W_out = weight((H, V), dtype, "W_out")
-        self.b_out = bias(V, dtype, "b_out")
+        _lstm_lm_parameters(self, V, E, H, dtype)
         self._chains = {}  # length -> InputGraph.chain(length): sentences share them
         table, W, U, b = self.embedding.weight, self.W, self.U, self.b
 
@@ -136,12 +141,7 @@ class FixedLSTMLanguageModel(Module):
     def __init__(self, vocab_size, embed_dim=64, hidden=64, steps=64, dtype="float32"):
         E, H, V = int(embed_dim), int(hidden), int(vocab_size)
         self.vocab_size, self.embed_dim, self.hidden, self.steps = V, E, H, int(steps)
-        self.embedding = Embedding(V, E, dtype=dtype)
-        self.W = weight((E, 4 * H), dtype, "W")
-        self.U = weight((H, 4 * H), dtype, "U")
-        self.b = lstm_bias(H, ["i", "f", "o", "u"], dtype, "b")
-        self.W_out = weight((H, V), dtype, "W_out")
-        self.b_out = bias(V, dtype, "b_out")
+        _lstm_lm_parameters(self, V, E, H, dtype)
         self._traced = {}  # batch size -> StaticFunction
 
     def unrolled_loss(self, ids, targets):
