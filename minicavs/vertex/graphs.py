@@ -22,7 +22,20 @@ def _sample_prefix(sample):
     return f"sample {sample}: " if sample is not None else ""
 
 
-class InputGraph:
+class _ChildLists:
+    """What an input graph and a batch of them share: children as CSR arrays ``child_ptr``
+    (vertex v's children are ``child_ids[child_ptr[v]:child_ptr[v + 1]]``) and ``child_ids``."""
+
+    @property
+    def num_children(self):
+        return np.diff(self.child_ptr)
+
+    @property
+    def max_arity(self):
+        return int(self.num_children.max(initial=0))
+
+
+class InputGraph(_ChildLists):
     """The structure of one sample: ``children[v]`` lists v's children in gather order."""
 
     def __init__(self, children, sample=None):
@@ -118,14 +131,6 @@ class InputGraph:
     def num_vertices(self):
         return len(self.child_ptr) - 1
 
-    @property
-    def num_children(self):
-        return np.diff(self.child_ptr)
-
-    @property
-    def max_arity(self):
-        return int(self.num_children.max(initial=0))
-
     def children(self, v):
         return self.child_ids[self.child_ptr[v]:self.child_ptr[v + 1]].tolist()
 
@@ -185,7 +190,7 @@ def _vertex_on_cycle(level, child_ptr, child_ids):
     return v
 
 
-class GraphBatch:
+class GraphBatch(_ChildLists):
     """Many input graphs as one: global vertex ids are the graphs' ids shifted by ``offsets``.
 
     Schedule (computed once per batch, vectorised):
@@ -227,14 +232,6 @@ class GraphBatch:
     @property
     def num_graphs(self):
         return len(self.graphs)
-
-    @property
-    def num_children(self):
-        return np.diff(self.child_ptr)
-
-    @property
-    def max_arity(self):
-        return int(self.num_children.max(initial=0))
 
     def _schedule(self):
         n = self.num_vertices
