@@ -176,9 +176,13 @@ class VertexFunction:
         self.push_output = v.pushed
         outputs = [self.scatter_output] + ([self.push_output] if self.push_output is not None
                                            else [])
-        sources = [x for x in self.gather_inputs + [self.edge_child_input] if x is not None]
-        nodes = _hoist_eager_addends(tracer.nodes, sources, outputs)
+        nodes = _hoist_eager_addends(tracer.nodes, self.sources, outputs)
         self.graph = Graph(nodes, inputs, outputs, name=self.name)
+
+    @property
+    def sources(self):
+        """The inputs of F that carry the children's states (the ends of the core path)."""
+        return [x for x in self.gather_inputs + [self.edge_child_input] if x is not None]
 
     @property
     def params(self):

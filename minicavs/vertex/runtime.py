@@ -363,7 +363,6 @@ class Plan:
         self.f = f
         graph = f.graph
         options = f.options
-        sources = [s for s in f.gather_inputs + [f.edge_child_input] if s is not None]
 
         candidates = [s for s in [f.pull_input, *f.gather_inputs, f.edge_child_input]
                       if s is not None and s.dtype.kind == "f"] + [
@@ -385,7 +384,7 @@ class Plan:
         self.backward_program = _Program(bw, [self.d_scatter], sinks, options,
                                          sinks_within_level=True)
         # Values ∂F reads must exist after the forward, even inside fused groups.
-        self.forward_program = _Program(graph, sources, [f.scatter_output], options,
+        self.forward_program = _Program(graph, f.sources, [f.scatter_output], options,
                                         keep=bw.forward_refs)
         self.forward_program.edge_parent_key = (
             id(f.edge_parent_input) if f.edge_parent_input is not None else None)
