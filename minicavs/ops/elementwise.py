@@ -1,11 +1,15 @@
 """Elementwise primitives. Each broadcasts like NumPy; its VJP sums the gradient back to each
-input's shape (:func:`unbroadcast`). ``c_expr`` is the C expression the fusion code generator
-uses: ``{0}, {1}, ...`` are the operands, ``{T}`` is the C type, other fields are attributes."""
+input's shape (:func:`unbroadcast`). ``c`` is the C expression the fusion code generator uses:
+``{0}, {1}, ...`` are the operands, ``{T}`` is the C type, other fields are attributes. ``into``
+is the NumPy writer: a ufunc takes its output array as the positional argument after its
+inputs, so ``np.add`` is already a writer ``np.add(a, b, out)``, with no Python layer between."""
 
 import numpy as np
 
-from . import reduce, shape
+from . import batching, reduce, shape
+from .formula import c_expr, writer
 from .registry import Aval, Op, apply, broadcast_shapes, common_dtype, register, require_float
+from .rows import HULL, INTERSECT, KEEPS
 
 
 def unbroadcast(g, target_shape):
@@ -31,67 +35,115 @@ def _infer(name, float_only=False, out_dtype=None, skip=()):
     return infer
 
 
-def _elementwise(name, forward, vjp, c_expr, float_only=False, out_dtype=None, skip=(),
-                 nondiff_args=()):
-    return register(Op(name, forward, _infer(name, float_only, out_dtype, skip), vjp, c_expr,
-                       nondiff_args))
+def elementwise(name, *, vjp, forward=None, c=None, into=None, in_place=True, formula=None,
+                quiet_overflow=False, float_only=False, out_dtype=None, skip=(), **rules):
+    """Register an elementwise op: it batches by broadcasting (``batching.elementwise_rule``),
+    and has a C expression ``c`` and a NumPy writer ``into``, by default in place. A
+    ``formula`` (see formula.py) gives forward, ``c`` and ``into`` from one definition.
+    ``rules``: the other fields of :class:`Op` (zero_rows, commutative, ...)."""
+    if formula is not None:
+        forward, c, into = formula, c_expr(formula), writer(formula)
+    if into is None:
+        raise ValueError(f"elementwise op {name!r} needs a NumPy writer (into) or a formula")
+    if quiet_overflow:
+        forward = _quietly(forward)
+    return register(Op(name, forward, _infer(name, float_only, out_dtype, skip), vjp, c,
+                       batch=batching.elementwise_rule, into=into, in_place=in_place,
+                       quiet_overflow=quiet_overflow, **rules))
+
+
+def _quietly(forward):
+    def quiet(xp, *args, **attrs):
+        with np.errstate(over="ignore", under="ignore"):
+            return forward(xp, *args, **attrs)
+    return quiet
 
 
 def _sigmoid(xp, x):
-    # 1 / (1 + e^-x): e^-x overflows to inf for very negative x, giving the right limit 0.
-    # Four SIMD ufuncs; about 4x faster than scipy.special.expit (benchmarks/fusion_cpu.py).
-    with np.errstate(over="ignore", under="ignore"):
-        return 1 / (1 + xp.exp(-x))
+    # e^-x overflows to inf for very negative x, giving the right limit 0. As four SIMD ufuncs
+    # (the writer) this is about 4x faster than scipy.special.expit (benchmarks/fusion_cpu.py).
+    return 1 / (1 + xp.exp(-x))
 
 
-ADD = _elementwise("add", lambda xp, a, b: xp.add(a, b),
-                   lambda g, out, a, b: (unbroadcast(g, a.shape), unbroadcast(g, b.shape)),
-                   "({0} + {1})")
-SUB = _elementwise("sub", lambda xp, a, b: xp.subtract(a, b),
-                   lambda g, out, a, b: (unbroadcast(g, a.shape), unbroadcast(neg(g), b.shape)),
-                   "({0} - {1})")
-MUL = _elementwise("mul", lambda xp, a, b: xp.multiply(a, b),
-                   lambda g, out, a, b: (unbroadcast(g * b, a.shape), unbroadcast(g * a, b.shape)),
-                   "({0} * {1})")
-DIV = _elementwise("div", lambda xp, a, b: xp.divide(a, b),
-                   lambda g, out, a, b: (unbroadcast(g / b, a.shape),
-                                         unbroadcast(neg(g * out / b), b.shape)),
-                   "({0} / {1})", float_only=True)
-NEG = _elementwise("neg", lambda xp, x: xp.negative(x), lambda g, out, x: (neg(g),), "(-{0})")
-POW = _elementwise("pow", lambda xp, x, exponent: xp.power(x, exponent),
-                   lambda g, out, x, exponent: (g * exponent * pow(x, exponent - 1),),
-                   "pow({0}, ({T}){exponent!r})", float_only=True)
-EXP = _elementwise("exp", lambda xp, x: xp.exp(x), lambda g, out, x: (g * out,), "exp({0})",
-                   float_only=True)
-LOG = _elementwise("log", lambda xp, x: xp.log(x), lambda g, out, x: (g / x,), "log({0})",
-                   float_only=True)
-TANH = _elementwise("tanh", lambda xp, x: xp.tanh(x), lambda g, out, x: (g * (1 - out * out),),
-                    "tanh({0})", float_only=True)
-SIGMOID = _elementwise("sigmoid", _sigmoid, lambda g, out, x: (g * out * (1 - out),),
-                       "(1 / (1 + exp(-{0})))", float_only=True)
-RELU = _elementwise("relu", lambda xp, x: xp.maximum(x, 0),
-                    lambda g, out, x: (where(greater(out, 0), g, 0),), "({0} > 0 ? {0} : 0)")
-MAXIMUM = _elementwise(
-    "maximum", lambda xp, a, b: xp.maximum(a, b),
-    lambda g, out, a, b: (unbroadcast(where(greater_equal(a, b), g, 0), a.shape),
-                          unbroadcast(where(greater_equal(a, b), 0, g), b.shape)),
-    "({0} >= {1} ? {0} : {1})")
-WHERE = _elementwise(
-    "where", lambda xp, cond, a, b: xp.where(cond, a, b),
-    lambda g, out, cond, a, b: (None, unbroadcast(where(cond, g, 0), a.shape),
-                                unbroadcast(where(cond, 0, g), b.shape)),
-    "({0} ? {1} : {2})", skip=(0,), nondiff_args=(0,))
-ASTYPE = _elementwise("astype", lambda xp, x, dtype: x.astype(dtype, copy=False),
-                      lambda g, out, x, dtype: (astype(g, x.dtype),), "(({T}){0})")
+def _pow_into(x, out, exponent):
+    np.power(x, out.dtype.type(exponent), out=out)
+
+
+def _relu_into(x, out):
+    np.maximum(x, out.dtype.type(0), out=out)
+
+
+def _maximum_into(a, b, out):
+    np.maximum(a, b, out=out)  # (NumPy deprecates a positional out for maximum and minimum)
+
+
+def _where_into(cond, a, b, out):
+    # Two copies: the second overwrites the first where cond holds, so out must not be a or b.
+    np.copyto(out, b)
+    np.copyto(out, a, where=cond)
+
+
+def _astype_into(x, out, dtype):
+    np.copyto(out, x, casting="unsafe")
+
+
+# add and mul are exactly commutative in IEEE arithmetic, and associative up to rounding.
+ADD = elementwise("add", forward=lambda xp, a, b: xp.add(a, b),
+                  vjp=lambda g, out, a, b: (unbroadcast(g, a.shape), unbroadcast(g, b.shape)),
+                  c="({0} + {1})", into=np.add, zero_rows=HULL, commutative=True,
+                  associative=True)
+SUB = elementwise("sub", forward=lambda xp, a, b: xp.subtract(a, b),
+                  vjp=lambda g, out, a, b: (unbroadcast(g, a.shape), unbroadcast(neg(g), b.shape)),
+                  c="({0} - {1})", into=np.subtract, zero_rows=HULL)
+MUL = elementwise("mul", forward=lambda xp, a, b: xp.multiply(a, b),
+                  vjp=lambda g, out, a, b: (unbroadcast(g * b, a.shape),
+                                            unbroadcast(g * a, b.shape)),
+                  c="({0} * {1})", into=np.multiply, zero_rows=INTERSECT, commutative=True,
+                  associative=True)
+DIV = elementwise("div", forward=lambda xp, a, b: xp.divide(a, b),
+                  vjp=lambda g, out, a, b: (unbroadcast(g / b, a.shape),
+                                            unbroadcast(neg(g * out / b), b.shape)),
+                  c="({0} / {1})", into=np.divide, float_only=True)  # 0/0 is not 0: no zero_rows
+NEG = elementwise("neg", forward=lambda xp, x: xp.negative(x), vjp=lambda g, out, x: (neg(g),),
+                  c="(-{0})", into=np.negative, zero_rows=KEEPS)
+POW = elementwise("pow", forward=lambda xp, x, exponent: xp.power(x, exponent),
+                  vjp=lambda g, out, x, exponent: (g * exponent * pow(x, exponent - 1),),
+                  c="pow({0}, ({T}){exponent!r})", into=_pow_into, float_only=True)
+EXP = elementwise("exp", forward=lambda xp, x: xp.exp(x), vjp=lambda g, out, x: (g * out,),
+                  c="exp({0})", into=np.exp, float_only=True)
+LOG = elementwise("log", forward=lambda xp, x: xp.log(x), vjp=lambda g, out, x: (g / x,),
+                  c="log({0})", into=np.log, float_only=True)
+TANH = elementwise("tanh", forward=lambda xp, x: xp.tanh(x),
+                   vjp=lambda g, out, x: (g * (1 - out * out),), c="tanh({0})", into=np.tanh,
+                   zero_rows=KEEPS, float_only=True)
+SIGMOID = elementwise("sigmoid", formula=_sigmoid, vjp=lambda g, out, x: (g * out * (1 - out),),
+                      quiet_overflow=True, float_only=True)
+RELU = elementwise("relu", forward=lambda xp, x: xp.maximum(x, 0),
+                   vjp=lambda g, out, x: (where(greater(out, 0), g, 0),),
+                   c="({0} > 0 ? {0} : 0)", into=_relu_into, zero_rows=KEEPS)
+MAXIMUM = elementwise(
+    "maximum", forward=lambda xp, a, b: xp.maximum(a, b),
+    vjp=lambda g, out, a, b: (unbroadcast(where(greater_equal(a, b), g, 0), a.shape),
+                              unbroadcast(where(greater_equal(a, b), 0, g), b.shape)),
+    c="({0} >= {1} ? {0} : {1})", into=_maximum_into)
+WHERE = elementwise(
+    "where", forward=lambda xp, cond, a, b: xp.where(cond, a, b),
+    vjp=lambda g, out, cond, a, b: (None, unbroadcast(where(cond, g, 0), a.shape),
+                                    unbroadcast(where(cond, 0, g), b.shape)),
+    c="({0} ? {1} : {2})", into=_where_into, in_place=False, skip=(0,), nondiff_args=(0,))
+ASTYPE = elementwise("astype", forward=lambda xp, x, dtype: x.astype(dtype, copy=False),
+                     vjp=lambda g, out, x, dtype: (astype(g, x.dtype),), c="(({T}){0})",
+                     into=_astype_into, zero_rows=KEEPS)
 ASTYPE.infer = lambda x, dtype: Aval(tuple(x.shape), np.dtype(dtype))
 
 # Comparisons give boolean masks (for where); they have no gradient.
-GREATER = _elementwise("greater", lambda xp, a, b: xp.greater(a, b), None, "({0} > {1})",
-                       out_dtype=np.bool_)
-GREATER_EQUAL = _elementwise("greater_equal", lambda xp, a, b: xp.greater_equal(a, b), None,
-                             "({0} >= {1})", out_dtype=np.bool_)
-EQUAL = _elementwise("equal", lambda xp, a, b: xp.equal(a, b), None, "({0} == {1})",
-                     out_dtype=np.bool_)
+GREATER = elementwise("greater", forward=lambda xp, a, b: xp.greater(a, b), vjp=None,
+                      c="({0} > {1})", into=np.greater, out_dtype=np.bool_)
+GREATER_EQUAL = elementwise("greater_equal", forward=lambda xp, a, b: xp.greater_equal(a, b),
+                            vjp=None, c="({0} >= {1})", into=np.greater_equal,
+                            out_dtype=np.bool_)
+EQUAL = elementwise("equal", forward=lambda xp, a, b: xp.equal(a, b), vjp=None,
+                    c="({0} == {1})", into=np.equal, out_dtype=np.bool_)
 
 
 def add(a, b): return apply(ADD, a, b)

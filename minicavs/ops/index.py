@@ -5,10 +5,10 @@ Indices are integer arrays; they are data, never differentiated."""
 import numpy as np
 import scipy.sparse
 
-from . import shape
+from . import batching, shape
 from .. import backend
 from .registry import Aval, Op, apply, describe, register, require_int
-from ..errors import IndexRangeError, ShapeError
+from ..errors import GraphError, IndexRangeError, ShapeError
 
 
 def _index_bounds(idx):
@@ -111,13 +111,24 @@ def _infer_scatter_add_rows(g, idx, num_rows):
     return Aval((num_rows,) + tuple(g.shape[1:]), np.dtype(g.dtype))
 
 
+def _batch_take_rows(op, items, attrs, out):
+    (x, dx), (idx, di) = items
+    if dx:
+        raise GraphError("op 'take_rows': inside a vertex function the table must be shared "
+                         "(a parameter), not a per-vertex value")
+    flat = shape.reshape(idx, (-1,)) if len(idx.shape) > 1 else idx
+    rows = take_rows(x, flat)
+    return shape.reshape(rows, (batching.row_count(di),) + tuple(out.shape))
+
+
 TAKE_ROWS = register(Op("take_rows", _take_rows_forward, _infer_take_rows,
                         lambda g, out, x, idx: (scatter_add_rows(g, idx, x.shape[0]), None),
-                        nondiff_args=(1,)))
+                        nondiff_args=(1,), batch=_batch_take_rows, row_index_arg=1))
+# No batching rule: it only appears in ∂F, which is derived from the batched F.
 SCATTER_ADD_ROWS = register(Op("scatter_add_rows", _scatter_add_rows_forward,
                                _infer_scatter_add_rows,
                                lambda g, out, x, idx, num_rows: (take_rows(g, idx), None),
-                               nondiff_args=(1,)))
+                               nondiff_args=(1,), row_index_arg=1))
 
 
 def _one_hot_forward(xp, labels, num_classes, dtype):
@@ -140,7 +151,8 @@ def _infer_one_hot(labels, num_classes, dtype):
     return Aval(tuple(labels.shape) + (num_classes,), np.dtype(dtype))
 
 
-ONE_HOT = register(Op("one_hot", _one_hot_forward, _infer_one_hot))
+ONE_HOT = register(Op("one_hot", _one_hot_forward, _infer_one_hot,
+                      batch=batching.leading_axes_rule))
 
 
 def take_rows(x, idx):

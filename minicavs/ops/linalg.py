@@ -3,9 +3,11 @@ broadcast. On CuPy this is cuBLAS; on NumPy, the BLAS NumPy was built with."""
 
 import numpy as np
 
-from . import elementwise, shape
+from . import batching, elementwise, shape
+from .. import backend
 from .registry import Aval, Op, apply, broadcast_shapes, common_dtype, describe, register
-from ..errors import ShapeError
+from .rows import FULL, intersect, is_empty
+from ..errors import GraphError, ShapeError
 
 
 def _as_matrices(a_shape, b_shape):
@@ -51,7 +53,70 @@ def _matmul_vjp(g, out, a, b):
     return shape.reshape(grad_a, tuple(a.shape)), shape.reshape(grad_b, tuple(b.shape))
 
 
-MATMUL = register(Op("matmul", lambda xp, a, b: xp.matmul(a, b), _infer_matmul, _matmul_vjp))
+def _batch_matmul(op, items, attrs, out):
+    (a, da), (b, db) = items
+    a_rank = len(a.shape) - (1 if da else 0)
+    b_rank = len(b.shape) - (1 if db else 0)
+    if da and not db:  # per-vertex @ shared: NumPy's rules already batch over the leading axis
+        return apply(op, a, b)
+    if db and not da:  # shared @ per-vertex
+        if b_rank == 1:  # A @ x for each vertex is X @ Aᵀ for the task
+            if a_rank > 2:
+                raise GraphError("op 'matmul': a shared stack of matrices times a per-vertex "
+                                 "vector has no batching rule; reshape the stack to 2-D")
+            a_t = a if a_rank == 1 else shape.transpose(a)
+            return apply(op, b, a_t)
+        return apply(op, a, b)
+    rows = batching.row_count(da)
+    a3 = shape.reshape(a, (rows, 1) + a.shape[1:]) if a_rank == 1 else a
+    b3 = shape.reshape(b, (rows,) + b.shape[1:] + (1,)) if b_rank == 1 else b
+    return shape.reshape(apply(op, a3, b3), (rows,) + tuple(out.shape))
+
+
+def _zero_rows_matmul(ranges):
+    a, b = ranges
+    return a if a is not None and b is None else FULL  # x·W: a zero row of x gives a zero row
+
+
+def _matmul_on_nonzero_rows(xp, node, args, range_of, within):
+    """X·W (X per row, W shared) on the rows where X is nonzero and the readers look (the
+    others are zero); Xᵀ·G (both per row) summed over the rows where both are nonzero."""
+    a, b = node.inputs
+    if (batching.row_domain(a.shape) and not batching.row_domain(b.shape)
+            and not batching.has_symbolic_size(b.shape)):
+        x, w = args
+        lo, hi = range_of(a) if within is None else intersect(range_of(a), within)
+        if not (is_empty((lo, hi)) or hi - lo < x.shape[0]):
+            return None
+        out = xp.zeros(x.shape[:1] + tuple(node.shape[1:]), node.dtype)
+        if not is_empty((lo, hi)):
+            xp.matmul(x[lo:hi], w, out=out[lo:hi])
+        return out, (lo, hi)
+    if (a.kind == "op" and a.op is shape.TRANSPOSE and a.attrs["axes"] == (1, 0)
+            and batching.row_domain(a.inputs[0].shape)
+            and batching.row_domain(b.shape) == batching.row_domain(a.inputs[0].shape)):
+        xt, g = args
+        lo, hi = intersect(range_of(a.inputs[0]), range_of(b))
+        lo, hi = max(lo, 0), min(hi, g.shape[0])
+        if hi - lo >= g.shape[0]:
+            return None
+        if hi <= lo:
+            return xp.zeros(node.shape, node.dtype), None
+        return xp.matmul(xt[:, lo:hi], g[lo:hi]), None
+    return None
+
+
+def _matmul_into(a, b, out):
+    xp = backend.get_array_module(out)
+    try:
+        xp.matmul(a, b, out=out)
+    except (ValueError, TypeError):  # e.g. 1-D operands, whose result NumPy won't write
+        out[...] = xp.matmul(a, b)
+
+
+MATMUL = register(Op("matmul", lambda xp, a, b: xp.matmul(a, b), _infer_matmul, _matmul_vjp,
+                     batch=_batch_matmul, into=_matmul_into, zero_rows=_zero_rows_matmul,
+                     on_nonzero_rows=_matmul_on_nonzero_rows))
 
 
 def matmul(a, b):

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from . import composite, index
+from . import batching, composite, index
 from .registry import Aval, Op, apply, describe, register, require_float, require_int
 from ..errors import IndexRangeError, ShapeError
 
@@ -36,12 +36,13 @@ def _infer_xent(logits, labels):
 SOFTMAX_CROSS_ENTROPY = register(Op(
     "softmax_cross_entropy", _xent_forward, _infer_xent,
     lambda g, out, logits, labels: (apply(SOFTMAX_CROSS_ENTROPY_GRAD, logits, labels, g), None),
-    nondiff_args=(1,)))
+    nondiff_args=(1,), batch=batching.leading_axes_rule))
 
 
 # The gradient (softmax(logits) - onehot(labels)) * g is a primitive of its own: over a
 # vocabulary-sized softmax it is the hot loop of a language model, and as one op it takes five
 # passes over the logits and one allocation, where composing it from primitives takes a dozen.
+# It has no batching rule: it appears only in ∂F, which is derived from the batched F.
 def _xent_grad_forward(xp, logits, labels, g):
     probs = logits - xp.max(logits, axis=-1, keepdims=True)
     xp.exp(probs, out=probs)

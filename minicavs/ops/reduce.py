@@ -2,8 +2,9 @@
 
 import numpy as np
 
-from . import elementwise, shape
+from . import batching, elementwise, shape
 from .registry import Aval, Op, apply, normalize_axes, register
+from .rows import FULL, KEEPS
 from ..errors import ShapeError
 
 
@@ -35,10 +36,21 @@ def _max_vjp(g, out, x, axes, keepdims):
     return (elementwise.where(is_max, shape.reshape(g, kept) / count, 0),)
 
 
+def _batch_reduce(op, items, attrs, out):
+    (x, _), = items
+    return apply(op, x, **dict(attrs, axes=batching.shift(attrs["axes"])))
+
+
+def _zero_rows_reduce(ranges, axes, keepdims):
+    return FULL if 0 in axes else KEEPS(ranges)  # reducing over the rows mixes them
+
+
 SUM = register(Op("sum", lambda xp, x, axes, keepdims: xp.sum(x, axis=axes, keepdims=keepdims),
-                  _infer_reduce("sum", True), _sum_vjp))
+                  _infer_reduce("sum", True), _sum_vjp, batch=_batch_reduce,
+                  zero_rows=_zero_rows_reduce))
 MAX = register(Op("max", lambda xp, x, axes, keepdims: xp.max(x, axis=axes, keepdims=keepdims),
-                  _infer_reduce("max", False), _max_vjp))
+                  _infer_reduce("max", False), _max_vjp, batch=_batch_reduce,
+                  zero_rows=_zero_rows_reduce))
 
 
 def sum(x, axis=None, keepdims=False):  # noqa: A001 (mirrors numpy.sum)

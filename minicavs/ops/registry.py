@@ -1,4 +1,4 @@
-"""The op registry: one definition per primitive, used three ways.
+"""The op registry: one definition per primitive, with every rule a pass asks of it.
 
 A primitive (:class:`Op`) bundles everything minicavs knows about an operation:
 
@@ -10,6 +10,41 @@ A primitive (:class:`Op`) bundles everything minicavs knows about an operation:
   ``create_graph=True`` (higher derivatives);
 * ``c_expr``, for elementwise ops, a C expression template (``"tanh({0})"``) from which the
   fusion code generator writes CPU and CUDA kernels.
+
+and the rules the passes ask, each declared beside the forward in the op's own module. A pass
+asks the op, never its name. A rule an op does not declare has a safe meaning, said here:
+
+* ``batch(op, items, attrs, out) -> batched symbol``: the batching rule that runs the op on a
+  whole batching task inside a vertex function (see ``ops/batching.py``). None: the op cannot
+  be used inside a vertex function (tracing the cell raises a GraphError naming the op).
+* ``into(*arrays, out, **attrs)``: writes the result into the preallocated array ``out`` (an
+  elementwise op's writer is NumPy ufuncs and is used on NumPy arrays only; on CuPy those ops
+  run as generated kernels). ``in_place``: ``out`` may be one of the arrays. None: the result
+  is computed by ``forward`` and copied into ``out``.
+* ``quiet_overflow``: the op overflows harmlessly in an intermediate step (sigmoid's e^-x is
+  inf for very negative x, giving the right limit 0); a caller of ``into`` silences NumPy's
+  overflow warning around it.
+* ``commutative``: ``op(a, b) == op(b, a)`` exactly, so common-subexpression elimination
+  merges the two. ``associative``: ``op(op(a, b), c)`` may be computed as ``op(op(a, c), b)``
+  (equal up to rounding), so F may regroup a sum to add its eager terms first.
+* ``zero_rows(ranges, **attrs) -> range``: which output rows are known to be zero from which
+  input rows are (see ``ops/rows.py``). None: nothing known (``FULL``), always safe.
+* ``join(terms) -> terms``: for values this op made (two or more), a cheaper list of values with
+  the same sum; symbolic backward uses it to add up the gradients reaching one symbol
+  (pad_axis: zero-padded slices become one concat). None: plain addition.
+* ``keeps_rows``: row r of the output is row r of the first input, reshaped (when both have a
+  vertex axis), so a pass may follow a value's rows through the op.
+* ``assembles_in_place``: the output is the inputs side by side along ``attrs["axis"]``, so
+  each input may be written straight into its part of the output's buffer (concat).
+* ``on_nonzero_rows(xp, node, args, range_of, within) -> (value, range) or None``: computes
+  the op over all rows of a batch when its operands are known to be zero outside some rows
+  (``range_of(symbol)``; ``within``: only these rows are needed) by working on the nonzero rows
+  only (matmul: ``X·W`` on X's nonzero rows, ``Xᵀ·G`` over the rows where both are nonzero).
+  None, or a None result: the plain forward.
+* ``row_index_arg``: the position of an argument of row indices (-1: no row): row i of the
+  output is row ``idx[i]`` of the table (take_rows), or row i of the input goes to row
+  ``idx[i]`` of the output (scatter_add_rows); a row whose index is -1 is zero, or unused
+  (``rows.index_rows(idx)``: the range of the others).
 
 :func:`apply` is the single entry point. It converts Python scalars to constants of the
 operands' dtype and hands the call to the handler of the "highest" operand kind present: a
@@ -32,7 +67,12 @@ class Op:
     """A primitive operation. See the module docstring for the meaning of each field."""
 
     def __init__(self, name, forward, infer, vjp=None, c_expr=None, nondiff_args=(),
-                 multi_output=False):
+                 multi_output=False, *, batch=None, into=None, in_place=False,
+                 quiet_overflow=False, commutative=False, associative=False, zero_rows=None,
+                 join=None, keeps_rows=False, assembles_in_place=False, row_index_arg=None,
+                 on_nonzero_rows=None):
+        if in_place and into is None:
+            raise ValueError(f"op {name!r}: in_place needs a writer (into)")
         self.name = name
         # A multi-output op returns a tuple; its vjp gets a list of output gradients (None for
         # an output no one used) and the tuple of outputs. Only eager calls of whole static
@@ -43,6 +83,14 @@ class Op:
         self.vjp = vjp  # None: not differentiable (comparisons, one_hot)
         self.c_expr = c_expr
         self.nondiff_args = frozenset(nondiff_args)  # argument positions that get no gradient
+        self.batch = batch
+        self.into, self.in_place, self.quiet_overflow = into, in_place, quiet_overflow
+        self.commutative, self.associative = commutative, associative
+        self.zero_rows = zero_rows
+        self.join = join
+        self.keeps_rows, self.assembles_in_place = keeps_rows, assembles_in_place
+        self.row_index_arg = row_index_arg
+        self.on_nonzero_rows = on_nonzero_rows
 
     @property
     def is_elementwise(self):
@@ -108,7 +156,11 @@ def apply(op, *args, **attrs):
 # --- shape and dtype rules shared by many ops -------------------------------------------------
 
 def describe(shape):
-    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+    """A shape as a person reads it: ``(3, 4)``, ``(5,)``; a task's symbolic sizes by name,
+    ``(V, 4)``, ``(2V,)``, ``(E,)``."""
+    from .batching import dim_text  # (batching's rules use this module)
+
+    return "(" + ", ".join(dim_text(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def broadcast_shapes(opname, avals):

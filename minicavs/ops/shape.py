@@ -3,8 +3,9 @@
 
 import numpy as np
 
-from . import elementwise
+from . import batching, elementwise
 from .registry import (Aval, Op, apply, common_dtype, describe, normalize_axis, register)
+from .rows import FULL, HULL, KEEPS
 from ..errors import ShapeError
 
 
@@ -81,21 +82,76 @@ def _pad_forward(xp, x, before, after, axis):
     return out
 
 
+# --- batching rules (see batching.py) -----------------------------------------------------------
+
+def _batch_reshape(op, items, attrs, out):
+    (x, d), = items
+    return apply(op, x, shape=(batching.row_count(d),) + tuple(attrs["shape"]))
+
+
+def _batch_transpose(op, items, attrs, out):
+    (x, _), = items
+    return apply(op, x, axes=(0,) + batching.shift(attrs["axes"]))
+
+
+def _batch_broadcast_to(op, items, attrs, out):
+    (x, d), = items
+    target = tuple(attrs["shape"])
+    return apply(op, batching.lift(x, d, len(target)), shape=(batching.row_count(d),) + target)
+
+
+def _batch_along_axis(op, items, attrs, out):
+    """concat, slice_axis, pad_axis: the axis moves by one; shared operands are broadcast."""
+    return apply(op, *batching.broadcast_shared(items), **dict(attrs, axis=attrs["axis"] + 1))
+
+
+def _join_padded_slices(pads):
+    """The gradients of slices (``split``) arrive zero-padded to the full width; adding those
+    pads would cost one pass per slice over the full array. Slices that tile a range are
+    joined with one concat instead, and only the uncovered ends are padded."""
+    axes = {g.attrs["axis"] for g in pads}
+    if len(axes) != 1:
+        return pads
+    axis = axes.pop()
+    pads = sorted(pads, key=lambda g: g.attrs["before"])
+    width = pads[0].shape[axis]
+    runs, overlapping = [], []  # runs: [start, stop, pieces] of slices that follow each other
+    for g in pads:
+        start = g.attrs["before"]
+        piece = g.inputs[0]
+        if runs and runs[-1][1] == start:
+            runs[-1][1] += piece.shape[axis]
+            runs[-1][2].append(piece)
+        elif runs and runs[-1][1] > start:  # overlapping slices: plain addition
+            overlapping.append(g)
+        else:
+            runs.append([start, start + piece.shape[axis], [piece]])
+    return [pad_axis(concat(pieces, axis=axis), start, width - stop, axis)
+            for start, stop, pieces in runs] + overlapping
+
+
 RESHAPE = register(Op("reshape", lambda xp, x, shape: xp.reshape(x, shape), _infer_reshape,
-                      lambda g, out, x, shape: (reshape(g, tuple(x.shape)),)))
+                      lambda g, out, x, shape: (reshape(g, tuple(x.shape)),),
+                      batch=_batch_reshape, zero_rows=KEEPS, keeps_rows=True))
 TRANSPOSE = register(Op("transpose", lambda xp, x, axes: xp.transpose(x, axes), _infer_transpose,
-                        lambda g, out, x, axes: (transpose(g, _inverse_permutation(axes)),)))
+                        lambda g, out, x, axes: (transpose(g, _inverse_permutation(axes)),),
+                        batch=_batch_transpose,
+                        zero_rows=lambda ranges, axes: KEEPS(ranges) if axes[0] == 0 else FULL))
 BROADCAST_TO = register(Op("broadcast_to", lambda xp, x, shape: xp.broadcast_to(x, shape),
                            _infer_broadcast_to,
-                           lambda g, out, x, shape: (elementwise.unbroadcast(g, x.shape),)))
+                           lambda g, out, x, shape: (elementwise.unbroadcast(g, x.shape),),
+                           batch=_batch_broadcast_to, zero_rows=KEEPS))
 CONCAT = register(Op("concat", lambda xp, *xs, axis: xp.concatenate(xs, axis=axis),
-                     _infer_concat, _concat_vjp))
+                     _infer_concat, _concat_vjp, batch=_batch_along_axis, zero_rows=HULL,
+                     assembles_in_place=True))
 SLICE_AXIS = register(Op("slice_axis", _slice_forward, _infer_slice,
                          lambda g, out, x, start, stop, axis:
-                         (pad_axis(g, start, x.shape[axis] - stop, axis),)))
+                         (pad_axis(g, start, x.shape[axis] - stop, axis),),
+                         batch=_batch_along_axis, zero_rows=KEEPS))
 PAD_AXIS = register(Op("pad_axis", _pad_forward, _infer_pad,
                        lambda g, out, x, before, after, axis:
-                       (slice_axis(g, before, before + x.shape[axis], axis),)))
+                       (slice_axis(g, before, before + x.shape[axis], axis),),
+                       batch=_batch_along_axis, zero_rows=KEEPS, join=_join_padded_slices))
 
 
 def reshape(x, shape):
