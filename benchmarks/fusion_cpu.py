@@ -50,7 +50,9 @@ import minicavs as mc  # noqa: E402
 from minicavs.autodiff.analysis import (backward_sources_and_sinks, dependency_classes,  # noqa: E402
                                         fusion_groups)
 from minicavs.autodiff.executor import (FusedKernel, NumpyFusedKernel,  # noqa: E402
-                                        OpByOpKernel, make_fused_kernel)
+                                        OpByOpKernel, make_fused_kernel, sigmoid_expit_into,
+                                        sigmoid_tanh_into)
+from minicavs.ops.elementwise import SIGMOID  # noqa: E402
 
 
 # --- the groups -----------------------------------------------------------------------------------
@@ -93,7 +95,7 @@ class AllocFastSigmoidKernel(FusedKernel):
         with np.errstate(over="ignore"):
             for op, attrs, args in self.body:
                 a = [values[k] for k in args]
-                if op.name == "sigmoid":
+                if op is SIGMOID:
                     one = a[0].dtype.type(1)
                     values.append(one / (one + np.exp(-a[0])))
                 else:
@@ -212,9 +214,11 @@ def contenders():
     found = {
         "op-by-op": OpByOpKernel,
         "alloc-fastsig": AllocFastSigmoidKernel,
-        "out=/exp": lambda g, xp, d: NumpyFusedKernel(g, xp, d, sigmoid="exp"),
-        "out=/tanh": lambda g, xp, d: NumpyFusedKernel(g, xp, d, sigmoid="tanh"),
-        "out=/expit": lambda g, xp, d: NumpyFusedKernel(g, xp, d, sigmoid="expit"),
+        "out=/exp": NumpyFusedKernel,
+        "out=/tanh": lambda g, xp, d: NumpyFusedKernel(
+            g, xp, d, writers={SIGMOID: (sigmoid_tanh_into, True)}),
+        "out=/expit": lambda g, xp, d: NumpyFusedKernel(
+            g, xp, d, writers={SIGMOID: (sigmoid_expit_into, True)}),
         "out=/blocked": BlockedKernel,
     }
     try:

@@ -18,7 +18,9 @@ from minicavs.autodiff.analysis import (backward_sources_and_sinks, dependency_c
                                         eliminate_dead, freeze, fusion_groups,
                                         merge_common_subexpressions)
 from minicavs.autodiff.executor import (GraphExecutor, NumpyFusedKernel, OpByOpKernel,
-                                        make_fused_kernel, plan_steps, run_steps)
+                                        make_fused_kernel, plan_steps, run_steps,
+                                        sigmoid_expit_into, sigmoid_tanh_into)
+from minicavs.ops.elementwise import SIGMOID
 
 N, E, H, C = 3, 5, 4, 2  # vertices in the task, pull size, hidden size, head classes
 
@@ -367,7 +369,9 @@ def test_kernel_strategies_agree_and_results_survive_later_calls():
     args = [env[id(x)] for x in group.inputs]
     want = [env[id(o)] for o in group.outputs]
     kernels = [OpByOpKernel(group, np, np.float32)] + [
-        NumpyFusedKernel(group, np, np.float32, sigmoid=s) for s in ("exp", "tanh", "expit")]
+        NumpyFusedKernel(group, np, np.float32, writers=w)
+        for w in (None, {SIGMOID: (sigmoid_tanh_into, True)},
+                  {SIGMOID: (sigmoid_expit_into, True)})]
     for k in kernels:
         first = k(*args)
         keep = [a.copy() for a in first]

@@ -391,15 +391,13 @@ def eliminate_dead(graph):
     return _rebuilt(graph, nodes, [new_of[id(o)] for o in graph.outputs])
 
 
-_COMMUTATIVE = {"add", "mul"}  # exactly commutative in IEEE arithmetic, so a+b and b+a merge
-
-
 def merge_common_subexpressions(graph):
     """A copy of ``graph`` in which equal computations are one node: equal constants (same
     dtype, shape and bytes) and op nodes with the same op, the same (merged) inputs and equal
-    attributes. ``add`` and ``mul`` match with their arguments in either order. Inputs and
-    parameters are never merged (two inputs may receive different values). Graph outputs that
-    become the same node stay separate entries of ``outputs``."""
+    attributes; a commutative op's nodes (``op.commutative``: add, mul) match with their
+    arguments in either order. Inputs and parameters are never merged (two inputs may receive
+    different values). Graph outputs that become the same node stay separate entries of
+    ``outputs``."""
     canonical = {}  # key -> the new node
     new_of = {}  # id(old node) -> new node
     nodes = []
@@ -414,7 +412,7 @@ def merge_common_subexpressions(graph):
             key = ("const", value.dtype.str, value.shape, value.tobytes())
         else:
             ids = tuple(id(x) for x in inputs)
-            if n.op.name in _COMMUTATIVE:
+            if n.op.commutative:
                 ids = tuple(sorted(ids))
             key = ("op", id(n.op), ids, freeze(n.attrs))
         if key not in canonical:

@@ -22,12 +22,13 @@ Tree-LSTM cell groups of F and ∂F, float32, N in {16, 64, 512}, H in {128, 256
 writing with ``out=`` into buffers reused across calls (:class:`NumpyFusedKernel`) were the
 fastest or within noise of it at every size, 1.2-2.7x faster than op-by-op NumPy. Most of the
 gain on F is the sigmoid: ``1 / (1 + exp(-x))`` as four SIMD ufuncs is about 4x faster than
-``scipy.special.expit`` (what the op's own forward uses); writing with ``out=`` adds 5-30%, most
+``scipy.special.expit`` (what the op's forward used then); writing with ``out=`` adds 5-30%, most
 on ∂F at large N. numexpr (no VML on this machine, so scalar float32 tanh/exp) was 3-6x slower,
 a generated numba loop 3-8x slower on F and at best even on ∂F, and running the ufuncs on row
 blocks of ~16K elements for cache locality gained nothing.
 """
 
+import contextlib
 import threading
 
 import numpy as np
@@ -81,18 +82,13 @@ class OpStep:
 
 
 def _forward_into(node, xp, args, attrs, out):
-    """Run ``node`` writing its value into ``out``: directly where the op can (matmul, and
-    elementwise ops on NumPy), else computed and copied."""
+    """Run ``node`` writing its value into ``out``: with the op's writer (``op.into``) where it
+    has one — an elementwise op's writer on NumPy only (on CuPy those ops run as generated
+    kernels) — else computed and copied."""
     op = node.op
-    if op.name == "matmul":
-        try:
-            return xp.matmul(*args, out=out)
-        except (ValueError, TypeError):  # e.g. 1-D operands, whose result NumPy won't write
-            pass
-    emit = _NUMPY_INTO.get(op.name) if xp is np else None
-    if emit is not None and tuple(out.shape) == np.broadcast_shapes(*[np.shape(a) for a in args]):
-        with np.errstate(over="ignore" if op.name == "sigmoid" else "warn"):
-            emit[0](*args, out, **attrs)
+    if op.into is not None and (xp is np or not op.is_elementwise):
+        with np.errstate(over="ignore") if op.quiet_overflow else contextlib.nullcontext():
+            op.into(*args, out, **attrs)
         return out
     out[...] = op.forward(xp, *args, **attrs)
     return out
@@ -272,43 +268,10 @@ class OpByOpKernel(FusedKernel):
         return tuple(results)
 
 
-# How each elementwise op writes into a given array with NumPy ufuncs: op name ->
-# (function(*args, out, **attrs), may `out` be the same array as an argument?).
+# Other ways to write a sigmoid than the op's own 1/(1+exp(-x)), compared by the benchmark:
+# NumpyFusedKernel(group, np, dtype, writers={SIGMOID: (sigmoid_tanh_into, True)}).
 
-def _pow_into(x, out, exponent):
-    np.power(x, out.dtype.type(exponent), out=out)
-
-
-def _relu_into(x, out):
-    np.maximum(x, out.dtype.type(0), out=out)
-
-
-def _maximum_into(a, b, out):
-    np.maximum(a, b, out=out)  # (NumPy deprecates a positional out for maximum and minimum)
-
-
-def _where_into(cond, a, b, out):
-    # Two copies: the second overwrites the first where cond holds. `out` must not be a or b.
-    np.copyto(out, b)
-    np.copyto(out, a, where=cond)
-
-
-def _astype_into(x, out, dtype):
-    np.copyto(out, x, casting="unsafe")
-
-
-def _sigmoid_exp_into(x, out):
-    # 1 / (1 + exp(-x)): the op's C expression, as four SIMD ufuncs. exp(-x) overflows to inf
-    # for very negative x and the result is then the correct limit 0; the caller silences the
-    # overflow warning.
-    t = out.dtype.type
-    np.negative(x, out=out)
-    np.exp(out, out=out)
-    np.add(out, t(1), out=out)
-    np.divide(t(1), out, out=out)
-
-
-def _sigmoid_tanh_into(x, out):
+def sigmoid_tanh_into(x, out):
     # (tanh(x/2) + 1) / 2: as fast, but it loses relative accuracy in the lower tail (σ(-20) in
     # float32 becomes 0), which matters to log(σ(x)).
     t = out.dtype.type
@@ -318,36 +281,10 @@ def _sigmoid_tanh_into(x, out):
     np.add(out, t(0.5), out=out)
 
 
-def _sigmoid_expit_into(x, out):
+def sigmoid_expit_into(x, out):
     import scipy.special
 
     scipy.special.expit(x, out=out)
-
-
-_SIGMOIDS = {"exp": _sigmoid_exp_into, "tanh": _sigmoid_tanh_into, "expit": _sigmoid_expit_into}
-
-
-# A NumPy ufunc takes its output array as the positional argument after its inputs, so
-# ``np.add(a, b, out)`` is already a writer of the right form, with no Python layer in between.
-_NUMPY_INTO = {
-    "add": (np.add, True),
-    "sub": (np.subtract, True),
-    "mul": (np.multiply, True),
-    "div": (np.divide, True),
-    "neg": (np.negative, True),
-    "exp": (np.exp, True),
-    "log": (np.log, True),
-    "tanh": (np.tanh, True),
-    "maximum": (_maximum_into, True),
-    "greater": (np.greater, True),
-    "greater_equal": (np.greater_equal, True),
-    "equal": (np.equal, True),
-    "pow": (_pow_into, True),
-    "relu": (_relu_into, True),
-    "where": (_where_into, False),
-    "astype": (_astype_into, True),
-    "sigmoid": (_sigmoid_exp_into, True),
-}
 
 
 class NumpyFusedKernel(FusedKernel):
@@ -358,18 +295,19 @@ class NumpyFusedKernel(FusedKernel):
     dead (in place when that member reads it and the op allows it). Scratch buffers are kept per
     thread and reused across calls, so a steady loop allocates only the outputs.
 
-    ``sigmoid`` picks the formula (``"exp"``: ``1/(1+exp(-x))``, the op's C expression;
-    ``"tanh"``; ``"expit"``: SciPy's, exact but slow); the benchmark compares them."""
+    Each member is written by its op's writer (``op.into``); ``writers`` (``{op: (writer,
+    in_place)}``) replaces some, e.g. the sigmoid formulas the benchmark compares."""
 
-    def __init__(self, group, xp, dtype, sigmoid="exp"):
+    def __init__(self, group, xp, dtype, writers=None):
         super().__init__(group, xp, dtype)
-        intos = dict(_NUMPY_INTO, sigmoid=(_SIGMOIDS[sigmoid], True))
-        # Per member: (writer, in-place allowed); None: no ufunc form, use op.forward and copy.
-        self.writers = [intos.get(op.name) for op, _, _ in self.body]
-        # exp(-x) inside sigmoid overflows to inf for x < -88 (float32), harmlessly: σ is then
-        # 1/inf = 0. Silencing that costs ~1 µs per call, so only groups with a sigmoid pay it
+        writers = writers or {}
+        # Per member: (writer, in-place allowed); None: no writer, use op.forward and copy.
+        self.writers = [writers.get(op) or ((op.into, op.in_place) if op.into else None)
+                        for op, _, _ in self.body]
+        # sigmoid's exp(-x) overflows to inf for x < -88 (float32), harmlessly: σ is then
+        # 1/inf = 0. Silencing that costs ~1 µs per call, so only groups with such an op pay it
         # (and an exp of the user's in such a group then overflows silently too).
-        self.quiet_overflow = any(op.name == "sigmoid" for op, _, _ in self.body)
+        self.quiet_overflow = any(op.quiet_overflow for op, _, _ in self.body)
         self._plans = {}
         self._local = threading.local()
 

@@ -508,40 +508,19 @@ def symbolic(fn=None, *input_specs, name=None):
 
 
 def _sum_gradients(contributions):
-    """Add up the gradients reaching one symbol.
-
-    The gradients of slices (``split``) arrive zero-padded to the full width; adding those
-    pads would cost one pass per slice over the full array. Slices that tile a range are
-    joined with one concat instead, and only the uncovered ends are padded.
-    """
-    pads = [g for g in contributions if isinstance(g, Symbol) and g.kind == "op"
-            and g.op.name == "pad_axis"]
-    axes = {g.attrs["axis"] for g in pads}
-    if len(pads) < 2 or len(axes) != 1:
-        total = contributions[0]
-        for g in contributions[1:]:
-            total = total + g
-        return total
-    from ..ops import concat, pad_axis
-
-    axis = axes.pop()
-    rest = [g for g in contributions if not any(g is p for p in pads)]
-    pads.sort(key=lambda g: g.attrs["before"])
-    width = pads[0].shape[axis]
-    runs = []  # [start, stop, pieces] of slices that follow each other without a gap
-    for g in pads:
-        start = g.attrs["before"]
-        piece = g.inputs[0]
-        if runs and runs[-1][1] == start:
-            runs[-1][1] += piece.shape[axis]
-            runs[-1][2].append(piece)
-        elif runs and runs[-1][1] > start:  # overlapping slices: plain addition
-            rest.append(g)
-        else:
-            runs.append([start, start + piece.shape[axis], [piece]])
-    joined = [pad_axis(concat(pieces, axis=axis), start, width - stop, axis)
-              for start, stop, pieces in runs]
-    total = joined[0]
-    for g in joined[1:] + rest:
+    """Add up the gradients reaching one symbol. Terms made by an op that knows a cheaper way
+    to add its values (``op.join``: the zero-padded gradients of slices become one concat) are
+    joined first."""
+    terms = list(contributions)
+    joinable = {}  # id(op) -> the terms it made
+    for g in terms:
+        if isinstance(g, Symbol) and g.kind == "op" and g.op.join is not None:
+            joinable.setdefault(id(g.op), []).append(g)
+    for made in joinable.values():
+        if len(made) > 1:
+            rest = [g for g in terms if not any(g is m for m in made)]
+            terms = made[0].op.join(made) + rest
+    total = terms[0]
+    for g in terms[1:]:
         total = total + g
     return total

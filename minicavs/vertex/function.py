@@ -237,10 +237,10 @@ def _hoist_eager_addends(nodes, sources, outputs):
     ``x @ W + [h_l, h_r] @ U + b`` is recorded as ((x W + h U) + b): two additions per level.
     As ((x W + b) + h U) the first addition is eager — once for all vertices before the level
     loop — and only one runs per level (Cavs' eager batching, applied one step further). The sum
-    is the same up to floating-point rounding. Returns the nodes with the rewritten ones added.
+    is the same up to floating-point rounding; any op that allows the regrouping
+    (``op.associative``: add, and mul likewise) is treated so. Returns the nodes with the
+    rewritten ones added.
     """
-    from ..ops.elementwise import ADD
-
     depends = {id(x) for x in sources}
     users = {}
     for n in nodes:
@@ -252,15 +252,16 @@ def _hoist_eager_addends(nodes, sources, outputs):
     protected = {id(o) for o in outputs}
     result = []
     for n in nodes:
-        inner = n.inputs[0] if n.kind == "op" and n.op is ADD else None
+        op = n.op if n.kind == "op" and n.op.associative else None
+        inner = n.inputs[0] if op is not None else None
         if (inner is not None and id(n.inputs[1]) not in depends and inner.kind == "op"
-                and inner.op is ADD and id(inner) in depends and len(users[id(inner)]) == 1
+                and inner.op is op and id(inner) in depends and len(users[id(inner)]) == 1
                 and id(inner) not in protected):
             eager = [x for x in inner.inputs if id(x) not in depends]
             core = [x for x in inner.inputs if id(x) in depends]
             if len(eager) == 1 and len(core) == 1:
-                aval = ADD.infer(eager[0], n.inputs[1])
-                hoisted = Symbol("op", aval.shape, aval.dtype, op=ADD,
+                aval = op.infer(eager[0], n.inputs[1])
+                hoisted = Symbol("op", aval.shape, aval.dtype, op=op,
                                  inputs=(eager[0], n.inputs[1]), where=n.where,
                                  tracer=n.tracer)
                 result.append(hoisted)

@@ -7,39 +7,18 @@ rows — ``U·[h_l, h_r]`` at the leaves, the children's gradients ``δ·Uᵀ`` 
 share of the parameter gradient ``[h_l, h_r]ᵀ·δ`` — cost GEMM time and produce zeros.
 
 The runtime tracks, for every per-row value, a range ``(lo, hi)`` of rows outside which the
-value is exactly zero, and propagates it through the ops that keep zero rows zero (a product
-with a parameter, a slice, ``mul``, a sum of per-row values, ...). A step whose outputs are zero
-on all rows of a task is skipped; a whole-batch product with a parameter runs on the nonzero
-rows only; a parameter-gradient product ``Xᵀ·G`` runs over the rows where both are nonzero.
-Results are unchanged: every skipped value is exactly zero.
+value is exactly zero, and propagates it through the ops: each op says how with its
+``zero_rows`` rule (a product with a parameter, a slice, ``mul``, a sum of per-row values keep
+zero rows zero; the range algebra and the shared rules are in minicavs/ops/rows.py). A step
+whose outputs are zero on all rows of a task is skipped; a whole-batch product with a parameter
+runs on the nonzero rows only; a parameter-gradient product ``Xᵀ·G`` runs over the rows where
+both are nonzero. Results are unchanged: every skipped value is exactly zero, and an op without
+a rule is taken to have no zero rows.
 """
 
-import numpy as np
-
-from .batching import row_domain
-
-FULL = (0, 1 << 62)  # no rows known to be zero
-EMPTY = (0, 0)
-
-# Ops whose output row is zero wherever their (first, per-row) input row is zero.
-_KEEPS_ZERO_ROWS = {"neg", "tanh", "relu", "astype", "slice_axis", "pad_axis", "reshape",
-                    "transpose", "sum", "max", "broadcast_to"}
-
-
-def intersect(a, b):
-    return (max(a[0], b[0]), min(a[1], b[1]))
-
-
-def hull(a, b):
-    if is_empty(a):
-        return b
-    if is_empty(b):
-        return a
-    return (min(a[0], b[0]), max(a[1], b[1]))
-
-
-def is_empty(r):
-    return r[0] >= r[1]
+from ..ops.batching import row_domain
+from ..ops.rows import (EMPTY, FULL, hull, index_rows, intersect,  # noqa: F401 (re-exported)
+                        is_empty)
 
 
 def node_range(node, args):
@@ -47,31 +26,10 @@ def node_range(node, args):
     its range if it is a per-row value, or None if it is shared by all rows."""
     if row_domain(node.shape) is None:
         return None
-    name = node.op.name
-    rows = [r for r in args if r is not None]
-    if not rows:
+    rule = node.op.zero_rows
+    if rule is None or all(r is None for r in args):
         return FULL
-    if name in _KEEPS_ZERO_ROWS:
-        if name in ("sum", "max") and 0 in node.attrs["axes"]:
-            return FULL
-        if name == "transpose" and node.attrs["axes"][0] != 0:
-            return FULL
-        return args[0] if args[0] is not None else FULL
-    if name == "mul":
-        out = FULL
-        for r in rows:
-            out = intersect(out, r)
-        return out
-    if name in ("add", "sub", "concat"):
-        if len(rows) < len(args):  # a shared term (a bias) makes every row nonzero
-            return FULL
-        out = EMPTY
-        for r in rows:
-            out = hull(out, r)
-        return out
-    if name == "matmul" and args[0] is not None and args[1] is None:
-        return args[0]
-    return FULL
+    return rule(args, **node.attrs)
 
 
 class ZeroRowRule:
@@ -96,10 +54,4 @@ class ZeroRowRule:
         return [local[id(o)] for o in self.outputs]
 
 
-def take_rows_range(ids):
-    """The rows of ``take_rows(table, ids)`` that can be nonzero: where ``ids >= 0``."""
-    valid = np.flatnonzero(ids >= 0) if not hasattr(ids, "get") else np.flatnonzero(
-        ids.get() >= 0)
-    if valid.size == 0:
-        return EMPTY
-    return (int(valid[0]), int(valid[-1]) + 1)
+take_rows_range = index_rows  # the rows of take_rows(table, ids) that can be nonzero
