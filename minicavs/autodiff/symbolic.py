@@ -293,21 +293,8 @@ class Graph:
         """One line per node: index, what it is, shape, dtype, and its inputs. With
         ``classes`` (``analysis.dependency_classes``) or ``groups`` (``analysis.fusion_groups``)
         each line also shows the node's eager/core/lazy class and fused group."""
-        if classes is not None or groups is not None:
-            from .visualize import summary
-            return summary(self, classes, groups)
-        index = {id(n): i for i, n in enumerate(self.nodes)}
-        lines = [f"graph {self.name or ''}: {len(self.inputs)} inputs, {len(self.params)} params, "
-                 f"{len(self.op_nodes())} ops, {len(self.outputs)} outputs"]
-        outputs = {id(o): i for i, o in enumerate(self.outputs)}
-        for i, n in enumerate(self.nodes):
-            args = ", ".join(f"%{index[id(x)]}" for x in n.inputs)
-            attrs = ", ".join(f"{k}={v}" for k, v in n.attrs.items())
-            what = f"{n.op.name}({args}{', ' if args and attrs else ''}{attrs})" \
-                if n.kind == "op" else n.label()
-            tail = f"   -> output {outputs[id(n)]}" if id(n) in outputs else ""
-            lines.append(f"  %{i:<3} {what:<48} {str(n.shape):<14} {n.dtype}{tail}")
-        return "\n".join(lines)
+        from .visualize import summary
+        return summary(self, classes, groups)
 
     def to_dot(self, classes=None, groups=None):
         """Graphviz DOT text of the graph, fused groups as clusters, nodes coloured by their

@@ -6,13 +6,14 @@ clusters ("fused kernel k"). Given the eager/core/lazy classes of :func:`depende
 nodes are coloured as in Cavs Fig. 7 (eager green, lazy orange, the gather→scatter core white)
 and a legend is added. Render with ``dot -Tsvg graph.dot -o graph.svg``.
 
-Shapes may hold symbolic sizes (the vertex runtime records F with a leading axis of symbolic
-length); :func:`register_dim_name` gives such a size a name (``V``) for display.
+Shapes and attributes may hold a task's symbolic sizes (the vertex runtime records F with a
+leading axis of symbolic length); they are shown by name, ``(V, 4)``, as everywhere a person
+reads a shape (``registry.describe``).
 """
 
+from ..ops.batching import dim_text, has_symbolic_size
+from ..ops.registry import describe
 from .analysis import CORE, EAGER, LAZY, fusion_groups
-
-_DIM_NAMES = {}  # size -> the name shown instead of it
 
 CLASS_COLOURS = {EAGER: "#b7e1cd", CORE: "#ffffff", LAZY: "#f9cb9c"}  # Fig. 7: eager, lazy
 PARAM_COLOUR = "#d9d2e9"
@@ -20,29 +21,11 @@ CONST_COLOUR = "#eeeeee"
 INPUT_COLOUR = "#ffffff"
 
 
-def register_dim_name(size, name):
-    """Show the dimension ``size`` (and its multiples k·size, as "k·name") as ``name``."""
-    _DIM_NAMES[int(size)] = str(name)
-
-
-def format_shape(shape):
-    parts = []
-    for d in shape:
-        text = str(d)
-        for size, name in _DIM_NAMES.items():
-            if d and d % size == 0:
-                k = d // size
-                text = name if k == 1 else f"{k}·{name}"
-                break
-        parts.append(text)
-    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
-
-
 def _format_attr(value):
-    if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
-        return format_shape(value) if any(v in _DIM_NAMES for v in value) else str(value)
+    if isinstance(value, tuple) and has_symbolic_size(value):
+        return describe(value)
     if isinstance(value, int) and not isinstance(value, bool):
-        return format_shape((value,))[1:-2]
+        return dim_text(value)
     return str(value)
 
 
@@ -94,7 +77,7 @@ def to_dot(graph, classes=None, groups=None, title=None):
 
     def declare(n, indent="  "):
         cls = classes[n] if classes is not None else None
-        label = f"{node_text(n)}\n{format_shape(n.shape)}"
+        label = f"{node_text(n)}\n{describe(n.shape)}"
         if n.dtype.kind != "f":
             label += f" {n.dtype}"
         attrs = dict(_node_style(n, cls), label=label)
@@ -146,7 +129,7 @@ def summary(graph, classes=None, groups=None):
         args = ", ".join(f"%{index[id(x)]}" for x in n.inputs)
         what = node_text(n)
         if n.kind == "op":
-            op_attrs = what[len(n.op.name):].strip("()")
+            op_attrs = what[len(n.op.name) + 1:-1]  # node_text: "op(attrs)" or "op"
             what = f"{n.op.name}({args}{', ' if args and op_attrs else ''}{op_attrs})"
         notes = []
         if classes is not None:
@@ -154,6 +137,6 @@ def summary(graph, classes=None, groups=None):
         if groups is not None:
             notes.append(f"g{group_of[id(n)]:<3}" if id(n) in group_of else "    ")
         tail = f"   -> output {', '.join(outputs[id(n)])}" if id(n) in outputs else ""
-        lines.append(f"  %{i:<3} {what:<48} {format_shape(n.shape):<14} {str(n.dtype):<8}"
+        lines.append(f"  %{i:<3} {what:<48} {describe(n.shape):<14} {str(n.dtype):<8}"
                      f"{' '.join(notes)}{tail}".rstrip())
     return "\n".join(lines)
