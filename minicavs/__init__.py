@@ -19,8 +19,8 @@ from .ops import (add, astype, broadcast_to, concat, div, embedding, equal, exp,
                   matmul, max, maximum, mean, mul, neg, one_hot, pad_axis, pow, relu, reshape,
                   scatter_add_rows, sigmoid, slice_axis, softmax, softmax_cross_entropy, split,
                   squeeze, sub, sum, take_rows, tanh, transpose, where)
-from .autodiff import (Graph, Parameter, StaticFunction, Symbol, Tensor, enable_grad, gradcheck,
-                       grad_graph, is_grad_enabled, no_grad, spec, symbolic, trace,
-                       tensor)
-from .vertex import GraphBatch, InputGraph, VertexFunction, evaluate_per_sample
+from .autodiff import (Graph, Parameter, Symbol, Tensor, enable_grad, gradcheck, grad_graph,
+                       is_grad_enabled, no_grad, spec, trace, tensor)
+from .vertex import (GraphBatch, InputGraph, StaticFunction, VertexFunction, evaluate_per_sample,
+                     symbolic)
 from . import nn

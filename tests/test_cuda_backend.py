@@ -157,77 +157,75 @@ class RecordingStreams:
         return array.copy()
 
 
-def _drive(program, sched, rec, critical=(), levels=3):
-    """Issue a program's launches the way the runtime does: eager and lazy steps through the
-    scheduler, the core steps on the main stream per level (reading what the runtime itself
-    reads there, the critical values), then the results read on the main stream."""
-    def launcher(step):
-        return lambda: rec.launch(step.args, [id(o) for o in step.outputs], repr(step.step))
+def _drive(program, sched, rec, levels=3):
+    """Issue a program's launches the way the interpreter does: eager and lazy instructions
+    through the scheduler, the core on the main stream per level (reading what the interpreter
+    itself reads there, the sinks), then the results read on the main stream."""
+    def launcher(ins):
+        return lambda: rec.launch([id(x) for x in ins.reads], [id(o) for o in ins.writes],
+                                  repr(ins.step))
 
-    for step in program.eager:
-        sched.run(step, launcher(step))
+    for ins in program.eager:
+        sched.run(ins, launcher(ins))
     for _ in range(levels):
-        for step in program.core:
-            launcher(step)()
-        rec.launch([id(c) for c in critical], [], "runtime reads")
-    for step in program.lazy:
-        sched.run(step, launcher(step))
+        for ins in program.core:
+            rec.launch([id(x) for x in ins.reads], [id(o) for o in ins.writes], repr(ins))
+        rec.launch([id(s) for s in program.sinks], [], "runtime reads")
+    for ins in program.lazy:
+        sched.run(ins, launcher(ins))
     sched.join()
     rec.launch([id(o) for o in program.graph.outputs], [], "results")
 
 
 def _programs(cell):
     F, _ = cell(E, H, np.random.default_rng(0))
-    plan = F.plan
-    sinks = [g for _, g in plan.gather_grads] + (
-        [plan.edge_child_grad] if plan.edge_child_grad is not None else [])
-    return [(plan.forward_program, [F.scatter_output], ()),
-            (plan.backward_program, sinks, [g for _, g in plan.param_grads])]
+    return F.program, F.backward_program
 
 
 @pytest.mark.parametrize("cell", [binary_tree_lstm, child_sum_tree_lstm],
                          ids=lambda c: c.__name__)
 def test_streams_keep_every_read_after_its_write(cell):
     side_steps = 0
-    for program, critical, side_outputs in _programs(cell):
+    for program in _programs(cell):
         rec = RecordingStreams()
-        sched = streams.scheduler(np, True, program, critical, side_outputs, streams=rec)
-        _drive(program, sched, rec, critical)
+        sched = streams.scheduler(np, program, streams=rec)
+        _drive(program, sched, rec)
         side_steps += sum(1 for entry in rec.log if entry[:2] == ("launch", SIDE))
     assert side_steps > 0, "nothing ran on the side stream"
 
 
-def test_stream_split_of_the_tree_lstm_backward():
-    _, (bw, critical, side_outputs) = _programs(binary_tree_lstm)
-    split = streams.split_program(bw, critical, side_outputs)
-    side = [st for st in bw.eager + bw.lazy if id(st) in split.side]
+def test_stream_assignment_of_the_tree_lstm_backward():
+    _, bw = _programs(binary_tree_lstm)
+    side = [ins for ins in bw.eager + bw.lazy if ins.stream == SIDE]
     # The parameter-gradient products (Xᵀ·δ for W, U, Wo; the bias sum) go to the side stream...
-    side_products = {st.outputs[0].shape for st in side if st.step.node.op.name == "matmul"}
+    side_products = {ins.writes[0].shape for ins in side
+                     if getattr(ins.step, "node", None) is not None
+                     and ins.step.node.op is mc.ops.linalg.MATMUL}
     assert {(3, 20), (8, 20), (4, 3)} <= side_products
     # ... the gradient of the pulled input, and everything the core reads, stay on the main one.
-    core_reads = {a for st in bw.core for a in st.args}
-    assert not any(id(o) in core_reads for st in side for o in st.outputs)
-    assert all(id(st) not in split.side for st in bw.core)
+    core_reads = {id(x) for ins in bw.core for x in ins.reads}
+    assert not any(id(o) in core_reads for ins in side for o in ins.writes)
+    assert all(getattr(ins, "stream", "main") == MAIN for ins in bw.core)
 
 
 def test_a_scheduler_that_skips_a_wait_is_caught():
     class Careless(streams.StreamScheduler):
-        def run(self, step, fn, *args, **kwargs):
-            with self.streams.use(SIDE if id(step) in self.split.side else MAIN):
+        def run(self, ins, fn, *args, **kwargs):
+            with self.streams.use(ins.stream):
                 fn(*args, **kwargs)
 
-    _, (bw, critical, side_outputs) = _programs(binary_tree_lstm)
+    _, bw = _programs(binary_tree_lstm)
     rec = RecordingStreams()
-    sched = Careless(streams.split_program(bw, critical, side_outputs), rec)
     with pytest.raises(AssertionError, match="without waiting"):
-        _drive(bw, sched, rec, critical)
+        _drive(bw, Careless(rec), rec)
 
 
 def test_no_streams_on_numpy_or_when_switched_off():
-    bw = _programs(binary_tree_lstm)[1][0]
-    assert streams.scheduler(np, True, bw) is streams.NO_STREAMS
+    _, bw = _programs(binary_tree_lstm)
+    assert streams.scheduler(np, bw) is streams.NO_STREAMS
     fake_cupy = type("FakeCupy", (), {"__name__": "cupy"})()
-    assert streams.scheduler(fake_cupy, False, bw) is streams.NO_STREAMS
+    F, _ = binary_tree_lstm(E, H, np.random.default_rng(0), options={"streams": False})
+    assert streams.scheduler(fake_cupy, F.backward_program) is streams.NO_STREAMS
     calls = []
     streams.NO_STREAMS.run(None, calls.append, 1)
     streams.NO_STREAMS.join()
@@ -352,16 +350,15 @@ def test_gpu_executor_uses_generated_kernels():
 @pytest.mark.gpu
 def test_gpu_stream_scheduler_orders_work_across_streams():
     cupy = _cupy()
-    Step = namedtuple("Step", "args outputs")
+    Step = namedtuple("Step", "reads writes stream")
     x_key, y_key = object(), object()
-    side_step = Step([id(x_key)], [y_key])
-    split = streams.StreamSplit([id(side_step)])
-    sched = streams.StreamScheduler(split, streams.CupyStreams(cupy))
+    side_step = Step([x_key], [y_key], SIDE)
+    sched = streams.StreamScheduler(streams.CupyStreams(cupy))
     env = {}
     big = cupy.random.standard_normal((2048, 2048))
     env["x"] = big @ big  # long work on the main stream
     sched.run(side_step, lambda: env.__setitem__("y", env["x"].sum(axis=0)))
-    main_step = Step([id(y_key)], [object()])
+    main_step = Step([y_key], [object()], MAIN)
     sched.run(main_step, lambda: env.__setitem__("z", env["y"] * 2))
     sched.join()
     want = (big.get() @ big.get()).sum(axis=0) * 2

@@ -174,8 +174,8 @@ def test_fixed_lstm_symbolic_equals_eager():
     cell_groups = [g for g in executor.groups if len(g) == 9]  # σ tanh ⊙ σ ⊙ + σ tanh ⊙
     assert len(cell_groups) == T
     assert len({g.signature() for g in cell_groups}) == 1
-    bw = static.backward_graph
-    env = graph.run(inputs)
+    bw = static.backward_graph  # derived from the compiled (rewritten) forward graph
+    env = static.program.graph.run(inputs)
     grads = grads_from_backward_graph(graph, bw, env, [g_hs, g_c], True, [Wx, Wh, b])
     for k, (g, e) in enumerate(zip(grads, expected)):
         close(g, e, f"∂graph gradient {k}")

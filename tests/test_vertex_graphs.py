@@ -138,10 +138,10 @@ def test_ops_per_level_do_not_depend_on_the_batch_size(graph):
     # A level runs at most the core steps of F (and ∂F): fewer where its vertices lack some
     # children, whose gathered rows are zero (the leaves' level always).
     forward, backward = counts[0]
-    assert max(forward) <= len(F.plan.forward_program.core)
-    assert max(backward) <= len(F.plan.backward_program.core)
-    assert forward[0] < len(F.plan.forward_program.core) or graph.num_vertices == 1 or \
-        len(F.plan.forward_program.core) == 0
+    assert max(forward) <= len(F.program.core)
+    assert max(backward) <= len(F.backward_program.core)
+    assert forward[0] < len(F.program.core) or graph.num_vertices == 1 or \
+        len(F.program.core) == 0
 
 
 def test_constructors():

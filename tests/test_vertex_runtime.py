@@ -1,6 +1,8 @@
 """The central property of the runtime: batched execution equals a plain per-sample
 evaluation of the same cell, in values and in every gradient (Cavs' correctness contract)."""
 
+from dataclasses import fields
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -9,7 +11,7 @@ import minicavs as mc
 from minicavs.vertex import evaluate_per_sample
 
 from graph_strategies import forests
-from vertex_cells import binary_tree_lstm, child_sum_tree_lstm, k_ary_cell
+from vertex_cells import binary_tree_lstm, child_sum_tree_lstm, embedding_tree_lstm, k_ary_cell
 
 E, H = 3, 4
 
@@ -24,12 +26,13 @@ def _grad(t):
     return t.grad.numpy() if t.grad is not None else np.zeros(t.shape)
 
 
-def _check_batched_equals_reference(F, params, graphs, seed=0):
+def _check_batched_equals_reference(F, params, graphs, seed=0, X=None):
     rng = np.random.default_rng(seed)
     batch = mc.GraphBatch(graphs)
-    X = mc.tensor(rng.standard_normal((batch.num_vertices, E)), requires_grad=True)
+    if X is None:
+        X = mc.tensor(rng.standard_normal((batch.num_vertices, E)), requires_grad=True)
     weights = rng.standard_normal((batch.num_vertices,) + F.push_shape)
-    leaves = [X] + params
+    leaves = ([X] if X.requires_grad else []) + params
 
     out = F(batch, pull=X)
     loss = (out * mc.tensor(weights)).sum() + (out * out).sum()
@@ -45,7 +48,8 @@ def _check_batched_equals_reference(F, params, graphs, seed=0):
     for t in leaves:
         t.grad = None
 
-    names = ["pushed outputs", "loss", "grad X"] + [f"grad {p.name}" for p in params]
+    names = ["pushed outputs", "loss"] + ["grad X"] * X.requires_grad + [
+        f"grad {p.name}" for p in params]
     for name, got, want in zip(names, batched, reference):
         assert np.shape(got) == np.shape(want), name
         assert _relative_error(got, want) <= 1e-9, f"{name}: {_relative_error(got, want)}"
@@ -69,6 +73,42 @@ def test_k_ary_cell_batched_equals_per_sample(arity_and_graphs, seed):
     arity, graphs = arity_and_graphs
     F, params = k_ary_cell(E, H, arity, np.random.default_rng(seed))
     _check_batched_equals_reference(F, params, graphs, seed)
+
+
+SWITCHES = [f.name for f in fields(mc.vertex.Options)]
+any_options = st.fixed_dictionaries({name: st.booleans() for name in SWITCHES})
+CELLS = {"binary": lambda rng, o: binary_tree_lstm(E, H, rng, options=o),
+         "child-sum": lambda rng, o: child_sum_tree_lstm(E, H, rng, options=o),
+         "3-ary": lambda rng, o: k_ary_cell(E, H, 3, rng, options=o)}
+
+
+@given(st.sampled_from(sorted(CELLS)), any_options, forests(max_arity=3, max_vertices=12),
+       st.integers(0, 2**16))
+def test_every_combination_of_passes_equals_per_sample(cell, options, graphs, seed):
+    """Each pass is an optimisation: with any set of them switched off, the batched runtime
+    still equals the per-sample reference (which runs no pass at all)."""
+    if cell == "binary":
+        graphs = [g for g in graphs if g.max_arity <= 2] or [mc.InputGraph.chain(3)]
+    F, params = CELLS[cell](np.random.default_rng(seed), options)
+    _check_batched_equals_reference(F, params, graphs, seed)
+
+
+@given(any_options, forests(max_arity=2, max_vertices=16), st.integers(0, 2**16))
+def test_embedded_words_with_zero_rows_equal_per_sample(options, graphs, seed):
+    """Pulled word ids, -1 at internal vertices: the zero rows of the embedding, of x W and of
+    the table's gradient are skipped (zero_rows), with the same results."""
+    rng = np.random.default_rng(seed)
+    F, params = embedding_tree_lstm(E, H, 7, rng, options=options)
+    batch = mc.GraphBatch(graphs)
+    words = np.where(batch.num_children == 0, rng.integers(0, 7, batch.num_vertices), -1)
+    _check_batched_equals_reference(F, params, graphs, seed, X=mc.tensor(words))
+
+
+def test_options_are_checked():
+    with pytest.raises(mc.GraphError, match="unknown switch 'bogus'.*the switches are"):
+        binary_tree_lstm(E, H, np.random.default_rng(0), options={"bogus": True})
+    with pytest.raises(mc.GraphError, match="switch 'fuse' must be True or False"):
+        binary_tree_lstm(E, H, np.random.default_rng(0), options={"fuse": 1})
 
 
 @pytest.mark.parametrize("options", [dict(hoist_eager=False), dict(lazy_batching=False),
@@ -236,7 +276,7 @@ def test_buffers_are_reused_across_batches_and_not_shared_between_live_calls():
     np.testing.assert_allclose(params[1].grad.numpy(), grads_alone[0], rtol=1e-12)
     np.testing.assert_allclose(g2, grads_alone[1], rtol=1e-12)
     del l1, l2
-    pooled = F.plan.pool._free
+    pooled = F._pool._free
     assert pooled, "released buffers go back to the pool"
 
 

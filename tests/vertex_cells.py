@@ -6,7 +6,7 @@ import numpy as np
 import minicavs as mc
 
 
-def binary_tree_lstm(E, H, rng, dtype="float64", push=True):
+def binary_tree_lstm(E, H, rng, dtype="float64", push=True, options=None):
     """Binary Tree-LSTM: gates = W x + U [h_l, h_r] + b; c = i⊙u + f_l⊙c_l + f_r⊙c_r."""
     W = mc.Parameter(rng.standard_normal((E, 5 * H)).astype(dtype) * 0.4, name="W")
     U = mc.Parameter(rng.standard_normal((2 * H, 5 * H)).astype(dtype) * 0.4, name="U")
@@ -26,11 +26,12 @@ def binary_tree_lstm(E, H, rng, dtype="float64", push=True):
             v.push(h @ Wo)
 
     F = mc.VertexFunction(cell, pull_shape=(E,), scatter_shape=(2 * H,),
-                          push_shape=(3,) if push else None, arity=2, dtype=dtype)
+                          push_shape=(3,) if push else None, arity=2, dtype=dtype,
+                          options=options)
     return F, [W, U, b, Wo] if push else [W, U, b]
 
 
-def child_sum_tree_lstm(E, H, rng, dtype="float64"):
+def child_sum_tree_lstm(E, H, rng, dtype="float64", options=None):
     """Child-sum Tree-LSTM: one forget gate per child, f_k = σ(W_f x + U_f h_k + b_f)."""
     W = mc.Parameter(rng.standard_normal((E, 3 * H)).astype(dtype) * 0.4, name="W")
     U = mc.Parameter(rng.standard_normal((H, 3 * H)).astype(dtype) * 0.4, name="U")
@@ -55,11 +56,11 @@ def child_sum_tree_lstm(E, H, rng, dtype="float64"):
         v.push(h @ Wo)
 
     F = mc.VertexFunction(cell, pull_shape=(E,), scatter_shape=(2 * H,), push_shape=(2,),
-                          dtype=dtype)
+                          dtype=dtype, options=options)
     return F, [W, U, Wf, Uf, bf, Wo]
 
 
-def k_ary_cell(E, H, arity, rng, dtype="float64"):
+def k_ary_cell(E, H, arity, rng, dtype="float64", options=None):
     """h = tanh(x W + Σ_k gather(k) U_k): exercises gather(k) for any declared arity."""
     W = mc.Parameter(rng.standard_normal((E, H)).astype(dtype) * 0.5, name="W")
     Us = [mc.Parameter(rng.standard_normal((H, H)).astype(dtype) * 0.5, name=f"U{k}")
@@ -74,5 +75,30 @@ def k_ary_cell(E, H, arity, rng, dtype="float64"):
         v.push(h * h)
 
     F = mc.VertexFunction(cell, pull_shape=(E,), scatter_shape=(H,), push_shape=(H,),
-                          arity=arity, dtype=dtype)
+                          arity=arity, dtype=dtype, options=options)
     return F, [W] + Us
+
+
+def embedding_tree_lstm(E, H, vocab, rng, dtype="float64", options=None):
+    """The benchmark's Tree-LSTM: a word id is pulled and embedded inside the cell (-1, at
+    internal vertices, embeds to zeros), so rows of the embedding, of x W and of the table's
+    gradient are zero there; it scatters [h, c] and pushes class logits."""
+    table = mc.Parameter(rng.standard_normal((vocab, E)).astype(dtype), name="table")
+    W = mc.Parameter(rng.standard_normal((E, 5 * H)).astype(dtype) * 0.4, name="W")
+    U = mc.Parameter(rng.standard_normal((2 * H, 5 * H)).astype(dtype) * 0.4, name="U")
+    b = mc.Parameter(rng.standard_normal(5 * H).astype(dtype) * 0.1, name="b")
+    Wo = mc.Parameter(rng.standard_normal((H, 3)).astype(dtype) * 0.5, name="Wo")
+
+    def cell(v):
+        x = mc.embedding(table, v.pull())
+        h_l, c_l = mc.split(v.gather(0), 2)
+        h_r, c_r = mc.split(v.gather(1), 2)
+        i, f_l, f_r, o, u = mc.split(x @ W + mc.concat([h_l, h_r]) @ U + b, 5)
+        c = mc.sigmoid(i) * mc.tanh(u) + mc.sigmoid(f_l) * c_l + mc.sigmoid(f_r) * c_r
+        h = mc.sigmoid(o) * mc.tanh(c)
+        v.scatter(mc.concat([h, c]))
+        v.push(h @ Wo)
+
+    F = mc.VertexFunction(cell, pull_shape=(), pull_dtype="int64", scatter_shape=(2 * H,),
+                          push_shape=(3,), arity=2, dtype=dtype, options=options)
+    return F, [table, W, U, b, Wo]

@@ -3,5 +3,4 @@
 
 from .tensor import Parameter, Tensor, enable_grad, is_grad_enabled, no_grad, tensor
 from .gradcheck import gradcheck
-from .symbolic import (BackwardGraph, Graph, StaticFunction, Symbol, grad_graph, spec, symbolic,
-                       trace)
+from .symbolic import BackwardGraph, Graph, Symbol, grad_graph, spec, trace

@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import backend
 from ..errors import GraphError
+from ..ops import registry
 from .analysis import FusedGroup, fusion_groups, schedule
 
 
@@ -54,6 +55,23 @@ def _value(env, x, xp):
                          ) from None
 
 
+class _Record:
+    """The "array module" of a replay on Tensors: each op is applied with ``registry.apply``, so
+    it is recorded for autodiff (``backward(create_graph=True)`` through a static function)."""
+
+    __name__ = "record"
+
+    def __repr__(self):
+        return "RECORD"
+
+
+RECORD = _Record()
+
+
+def _record(node, env, attrs):
+    env[id(node)] = registry.apply(node.op, *[env[id(x)] for x in node.inputs], **attrs)
+
+
 class OpStep:
     """One op node run by itself. ``attrs`` may replace the node's attributes (the vertex
     runtime uses that to give a task's real sizes to attributes recorded symbolically)."""
@@ -70,6 +88,8 @@ class OpStep:
 
     def run(self, xp, env, outs=None):
         node = self.node
+        if xp is RECORD:
+            return _record(node, env, self.attrs)
         args = [_value(env, x, xp) for x in node.inputs]
         out = outs.get(id(node)) if outs else None
         if out is None:
@@ -114,6 +134,10 @@ class GroupStep:
         return k
 
     def run(self, xp, env, outs=None):
+        if xp is RECORD:  # member by member: a fused kernel has no gradient of its own
+            for m in self.group.members:
+                _record(m, env, m.attrs)
+            return
         args = [_value(env, x, xp) for x in self.group.inputs]
         kernel = self.kernel(xp, _compute_dtype(self.group, args))
         out_arrays = [outs.get(id(o)) for o in self.group.outputs] if outs else None

@@ -11,8 +11,8 @@ graph runs, so an optimiser updating them in place is seen.
 
 :func:`grad_graph` derives the backward graph ∂ symbolically, by running every op's VJP on
 symbols; ∂ is an ordinary Graph whose inputs are output cotangents and the forward values it
-needs. :func:`symbolic` wraps a traced function as a differentiable op on Tensors (static
-declaration, Cavs Fig. 2a).
+needs. ``mc.symbolic`` (``minicavs/vertex/static.py``) wraps a traced function as a
+differentiable op on Tensors (static declaration, Cavs Fig. 2a), run by the vertex interpreter.
 """
 
 import contextlib
@@ -23,11 +23,11 @@ import sys
 import numpy as np
 
 from .. import backend
-from ..errors import DTypeError, GraphError, MinicavsError, ShapeError
+from ..errors import GraphError, MinicavsError
 from ..ops import registry
 from ..ops.operators import OperatorMixin
-from ..ops.registry import Aval, Op
-from .tensor import Tensor, is_grad_enabled
+from ..ops.registry import Aval
+from .tensor import Tensor
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -271,21 +271,19 @@ class Graph:
         return [env[id(o)] for o in self.outputs]
 
     def run(self, input_arrays, params=None, env=None):
-        """Evaluate every node; return the environment ``id(node) -> array``."""
+        """Evaluate every node, op by op; return the environment ``id(node) -> array``."""
+        from .executor import plan_steps, run_steps
+
         if len(input_arrays) != len(self.inputs):
             raise GraphError(f"graph {self.name!r} takes {len(self.inputs)} inputs, "
                              f"got {len(input_arrays)}")
         env = {} if env is None else env
-        for symbol, array in zip(self.inputs, input_arrays):
-            env[id(symbol)] = array
         param_values = params if params is not None else [p.value.data for p in self.params]
-        for symbol, array in zip(self.params, param_values):
-            env[id(symbol)] = array
+        env.update(zip(map(id, self.inputs + self.params), list(input_arrays) + param_values))
         xp = backend.get_array_module(*input_arrays, *param_values)
-        for n in self.nodes:
-            if n.kind == "op":
-                env[id(n)] = n.op.forward(xp, *[env[id(x)] for x in n.inputs], **n.attrs)
-            elif n.kind == "const" and id(n) not in env:
+        run_steps(plan_steps(self, fuse=False), env, xp)
+        for n in self.nodes:  # constants no op reads (an output that is a constant)
+            if n.kind == "const" and id(n) not in env:
                 env[id(n)] = n.value if xp is np else xp.asarray(n.value)
         return env
 
@@ -395,103 +393,6 @@ def grad_graph(graph, wrt=None, unreached="zeros"):
             outputs.append(g)
             grad_of.append(s)
     return BackwardGraph(tracer.nodes, cotangents, list(refs.values()), outputs, grad_of, graph)
-
-
-# --- static functions -----------------------------------------------------------------------------
-
-class StaticFunction:
-    """A traced function used as one differentiable op on Tensors (see :func:`symbolic`)."""
-
-    def __init__(self, fn, input_specs, name=None):
-        self.fn = fn
-        self.name = name or getattr(fn, "__name__", "static")
-        self.graph = trace(fn, *input_specs, name=self.name)
-        self._backward = None
-        n_out = len(self.graph.outputs)
-        self._op = Op(f"static:{self.name}", self._forward, self._infer, self._vjp,
-                      multi_output=n_out > 1)
-
-    @property
-    def backward_graph(self):
-        if self._backward is None:
-            self._backward = grad_graph(self.graph)
-        return self._backward
-
-    def __call__(self, *args):
-        if len(args) != len(self.graph.inputs):
-            raise GraphError(f"static function {self.name!r} takes {len(self.graph.inputs)} "
-                             f"inputs, got {len(args)}")
-        if any(isinstance(a, Symbol) for a in args):
-            return self.fn(*args)  # inside another trace: inline the function
-        # ``saved`` is this call's box for the forward values ∂ reads: the op itself holds no
-        # state, the call's attributes (kept by the autodiff record) do.
-        return registry.apply(self._op, *args, *self.graph.captured, saved={})
-
-    def _infer(self, *avals, saved):
-        n_in = len(self.graph.inputs)
-        for i, (a, s) in enumerate(zip(avals[:n_in], self.graph.inputs)):
-            if tuple(a.shape) != s.shape or np.dtype(a.dtype) != s.dtype:
-                error = ShapeError if tuple(a.shape) != s.shape else DTypeError
-                raise error(f"static function {self.name!r}: argument {i} has shape "
-                            f"{tuple(a.shape)} and dtype {np.dtype(a.dtype)}, but it was traced "
-                            f"for shape {s.shape} and dtype {s.dtype}")
-        outs = [Aval(o.shape, o.dtype) for o in self.graph.outputs]
-        return tuple(outs) if self._op.multi_output else outs[0]
-
-    def _forward(self, xp, *arrays, saved):
-        n_in = len(self.graph.inputs)
-        env = self.graph.run(arrays[:n_in], params=arrays[n_in:])
-        outs = [env[id(o)] for o in self.graph.outputs]
-        if is_grad_enabled():
-            saved["env"] = env
-        return tuple(outs) if self._op.multi_output else outs[0]
-
-    def _vjp(self, g, out, *inputs, saved):
-        gs = list(g) if self._op.multi_output else [g]
-        outs = list(out) if self._op.multi_output else [out]
-        if is_grad_enabled():  # create_graph: replay eagerly so the gradient is differentiable
-            return _eager_vjp(self.graph, self.backward_graph, gs, outs, inputs)
-        env = saved["env"]
-        xp = backend.get_array_module(*[t.data for t in inputs])
-        cotangents = [xp.zeros(o.shape, o.dtype) if gi is None else gi.data
-                      for gi, o in zip(gs, self.graph.outputs)]
-        bw = self.backward_graph
-        grads = bw.evaluate(*cotangents, *[env[id(f)] for f in bw.forward_refs])
-        by_symbol = {id(s): Tensor(gr) for s, gr in zip(bw.grad_of, grads)}
-        return [by_symbol.get(id(s)) for s in self.graph.inputs + self.graph.params]
-
-
-def _eager_vjp(graph, bw, gs, outs, inputs):
-    """Run forward and backward graphs op by op on recorded Tensors (for higher derivatives)."""
-    values = {}
-    for s, t in zip(graph.inputs + graph.params, inputs):
-        values[id(s)] = t
-    for n in graph.nodes:
-        if n.kind == "op":
-            values[id(n)] = registry.apply(n.op, *[values[id(x)] for x in n.inputs], **n.attrs)
-        elif n.kind == "const":
-            values[id(n)] = Tensor(n.value)
-    bvalues = {}
-    for c, gi, o in zip(bw.cotangents, gs, graph.outputs):
-        bvalues[id(c)] = gi if gi is not None else Tensor(np.zeros(o.shape, o.dtype))
-    for s, f in zip(bw.inputs[len(bw.cotangents):], bw.forward_refs):
-        bvalues[id(s)] = values[id(f)]
-    for n in bw.nodes:
-        if n.kind == "op":
-            bvalues[id(n)] = registry.apply(n.op, *[bvalues[id(x)] for x in n.inputs], **n.attrs)
-        elif n.kind == "const":
-            bvalues[id(n)] = Tensor(n.value)
-    by_symbol = {id(s): bvalues[id(o)] for s, o in zip(bw.grad_of, bw.outputs)}
-    return [by_symbol.get(id(s)) for s in graph.inputs + graph.params]
-
-
-def symbolic(fn=None, *input_specs, name=None):
-    """Trace ``fn`` once for the given input specs and return a :class:`StaticFunction`: a
-    callable on Tensors that runs the traced graph and differentiates through ∂graph.
-
-    ``input_specs`` are shapes, ``(shape, dtype)`` pairs, ``mc.spec(...)`` or example arrays.
-    """
-    return StaticFunction(fn, input_specs, name=name)
 
 
 def _sum_gradients(contributions):

@@ -22,68 +22,17 @@ step that reads a value made on the side stream first waits for the side stream;
 leave the runtime and before the values of the call are released, so CuPy's per-stream memory
 pool never hands a block to one stream while the other still reads it).
 
-Which step goes where is decided once per program (:func:`split_program`). On NumPy, or with
-``Options(streams=False)``, :func:`scheduler` returns :data:`NO_STREAMS`, which just calls each
-step: no cost on the CPU. The runtime routes its eager and lazy steps through
-``sched.run(step, step.run_whole, xp, env, ...)`` and calls ``sched.join()`` before results
-leave it; the level loop runs on the main stream as it is.
+Which instruction goes where is decided once, by the ``streams`` pass
+(``minicavs/vertex/passes.py``), and written in each instruction's ``stream`` field. On NumPy, or
+when no instruction is on the side stream, :func:`scheduler` returns :data:`NO_STREAMS`, which
+just calls each step: no cost on the CPU. The interpreter routes its eager and lazy
+instructions through ``sched.run(ins, fn, ...)`` and calls ``sched.join()`` before results leave
+it; the level loop runs on the main stream as it is.
 """
-
-import weakref
 
 import numpy as np
 
 MAIN, SIDE = "main", "side"
-_SPLITS = weakref.WeakKeyDictionary()  # program -> {(critical, side_outputs): StreamSplit}
-
-
-class StreamSplit:
-    """Which steps of a program run on the side stream: ``side`` holds ``id(step)``."""
-
-    def __init__(self, side):
-        self.side = frozenset(side)
-
-    def stream_of(self, step):
-        return SIDE if id(step) in self.side else MAIN
-
-    def __repr__(self):
-        return f"StreamSplit({len(self.side)} side steps)"
-
-
-def split_program(program, critical=(), side_outputs=()):
-    """Decide the stream of every eager and lazy step of ``program`` (the runtime's
-    ``_Program``: lists ``eager``/``core``/``lazy`` of steps with ``args``, the ids of the values
-    they read, and ``outputs``, the symbols they write; ``graph.outputs``).
-
-    ``critical``: symbols the runtime itself reads on the main stream during or right after the
-    level loop (F's scattered state when it is computed eagerly; ∂F's gather gradients).
-    ``side_outputs``: graph outputs that may be finished on the side stream (∂F's parameter
-    gradients). Core steps always run on the main stream.
-
-    * An eager step goes to the side stream when neither the core steps nor a critical value
-      need its outputs, directly or through other eager steps.
-    * A lazy step goes to the side stream when its outputs lead only to ``side_outputs``;
-      a value shared with anything else keeps its step on the main stream.
-    """
-    side = set()
-    need = {a for st in program.core for a in st.args} | {id(c) for c in critical}
-    for st in reversed(program.eager):
-        if any(id(o) in need for o in st.outputs):
-            need.update(st.args)
-        else:
-            side.add(id(st))
-    side_ids = {id(o) for o in side_outputs}
-    main_need = {id(c) for c in critical} | {id(o) for o in program.graph.outputs
-                                             if id(o) not in side_ids}
-    side_need = set(side_ids)
-    for st in reversed(program.lazy):
-        outs = {id(o) for o in st.outputs}
-        if outs & side_need and not outs & main_need:
-            side.add(id(st))
-            side_need.update(st.args)
-        else:
-            main_need.update(st.args)
-    return StreamSplit(side)
 
 
 class _NoStreams:
@@ -148,33 +97,32 @@ class CupyStreams:
 
 
 class StreamScheduler:
-    """Runs a program's eager and lazy steps on the stream its :class:`StreamSplit` gives,
+    """Runs a program's eager and lazy instructions on the stream each names (``ins.stream``),
     with the event waits that keep every read after its write (see the module docstring).
 
     ``streams`` is a :class:`CupyStreams` (or a stand-in with ``use``/``wait``/``upload``, which
     is how the CPU tests check the ordering). Core steps are not routed through the scheduler:
-    the runtime runs them on the main stream, and :func:`split_program` keeps everything they
+    the interpreter runs them on the main stream, and the ``streams`` pass keeps everything they
     read there."""
 
     active = True
 
-    def __init__(self, split, streams):
-        self.split = split
+    def __init__(self, streams):
         self.streams = streams
         self._made_on_side = set()  # ids of values made on the side stream, not yet waited for
         self._side_used = False
 
-    def run(self, step, fn, *args, **kwargs):
-        """Call ``fn(*args, **kwargs)``, the launches of ``step``, on the step's stream, after
-        the waits its inputs need (``step.args``: the ids of the values it reads)."""
-        if id(step) in self.split.side:
+    def run(self, ins, fn, *args, **kwargs):
+        """Call ``fn(*args, **kwargs)``, the launches of ``ins``, on its stream, after the waits
+        its inputs need (``ins.reads``/``ins.writes``: the symbols it reads and writes)."""
+        if ins.stream == SIDE:
             self.streams.wait(SIDE, MAIN)  # the side step sees everything queued before it
             self._side_used = True
             with self.streams.use(SIDE):
                 fn(*args, **kwargs)
-            self._made_on_side.update(id(o) for o in step.outputs)
+            self._made_on_side.update(id(o) for o in ins.writes)
         else:
-            if self._made_on_side.intersection(step.args):
+            if any(id(x) in self._made_on_side for x in ins.reads):
                 self.join()
             fn(*args, **kwargs)
 
@@ -197,22 +145,16 @@ class StreamScheduler:
         self._side_used = False
 
     def __repr__(self):
-        return f"StreamScheduler({self.split!r})"
+        return "StreamScheduler()"
 
 
-def scheduler(xp, enabled, program, critical=(), side_outputs=(), streams=None):
+def scheduler(xp, program, streams=None):
     """The scheduler for one run of ``program`` on array module ``xp``: :data:`NO_STREAMS` on
-    NumPy or when ``enabled`` is false (``Options.streams``), else a :class:`StreamScheduler`
-    on CuPy's streams (or on ``streams``, a stand-in). The split is computed once per
-    (program, critical, side_outputs) and cached while the program lives."""
-    if not enabled or (streams is None and getattr(xp, "__name__", "") != "cupy"):
+    NumPy or when no instruction of ``program`` is on the side stream (the ``streams`` pass
+    was off, or found nothing to overlap), else a :class:`StreamScheduler` on CuPy's streams
+    (or on ``streams``, a stand-in)."""
+    if streams is None and getattr(xp, "__name__", "") != "cupy":
         return NO_STREAMS
-    key = (tuple(id(c) for c in critical), tuple(id(o) for o in side_outputs))
-    cache = _SPLITS.setdefault(program, {})
-    split = cache.get(key)
-    if split is None:
-        split = cache[key] = split_program(program, critical, side_outputs)
-    if not split.side:
-        return NO_STREAMS  # nothing to overlap: no events at all
-    return StreamScheduler(split, streams if streams is not None else CupyStreams(xp))
-
+    if not any(ins.stream == SIDE for ins in program.eager + program.lazy):
+        return NO_STREAMS
+    return StreamScheduler(streams if streams is not None else CupyStreams(xp))

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ops
-from ..autodiff import no_grad, spec, symbolic, tensor
+from ..autodiff import no_grad, spec, tensor
+from ..vertex import symbolic
 from ..nn import Embedding, Module
 from ..vertex import GraphBatch, InputGraph, VertexFunction
 from .common import as_ids, bias, cross_entropy_sum, lstm_bias, runner, weight

@@ -1,9 +1,19 @@
 """The vertex-centric runtime (Cavs): input graphs, vertex functions and their batched
-execution. ``graphs.py`` holds InputGraph/GraphBatch and the level schedule, ``batching.py`` the
-per-op batching rules, ``function.py`` the VertexFunction API, ``runtime.py`` the executor,
-``reference.py`` a plain per-sample evaluation to check the runtime against."""
+execution. Read in this order:
+
+``graphs.py``       InputGraph/GraphBatch and the level schedule (which vertices run together)
+``function.py``     the VertexFunction API: the cell, traced once with gather/scatter/pull/push
+``batching.py``     how each op of the cell runs on a whole level at once (rules in ``ops/``)
+``program.py``      the Program: F and ∂F as eager, per-level and lazy instructions
+``passes.py``       the passes that build a Program from the traced graph, one switch each
+``zero_rows.py``    the zero-row facts some passes use to skip work
+``interpreter.py``  the loop that runs a Program over a batch on NumPy or CuPy
+``reference.py``    a plain per-sample evaluation the batched runtime is tested against
+``static.py``       ``mc.symbolic``: a static graph as a Program with no levels, same interpreter
+"""
 
 from .graphs import GraphBatch, InputGraph
 from .function import Vertex, VertexFunction
-from .runtime import Options
+from .passes import Options
+from .static import StaticFunction, symbolic
 from .reference import evaluate_per_sample

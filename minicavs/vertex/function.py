@@ -10,20 +10,27 @@ primitives return per-vertex symbols (Cavs §3.1):
 * ``v.scatter(x)``  this vertex's state, what its parents gather;
 * ``v.push(x)``     this vertex's output to the outside (returned by ``F(batch, ...)``).
 
-The recorded graph F is batched (see batching.py); its backward ∂F is derived once, and both are
-split into eager / core / lazy nodes (Cavs Proposition 1) for the runtime (runtime.py).
+The recorded graph F is batched (see batching.py). The passes (passes.py) make the Programs of
+F and its derivative ∂F from it once (program.py), and every call runs them over the batch with
+the interpreter (interpreter.py). A VertexFunction is then one differentiable op: its forward
+runs F's Program, its VJP runs ∂F's.
 """
+
+import time
+import weakref
 
 import numpy as np
 
 from .. import backend
 from ..autodiff.symbolic import Graph, Symbol, Tracer, _format_location, _user_location
+from ..autodiff.tensor import Tensor, is_grad_enabled
 from ..errors import DTypeError, GraphError, ShapeError
 from ..ops import index, registry, shape as shape_ops
 from ..ops.registry import Op, describe
-from . import runtime
+from . import interpreter, passes
 from .batching import EDGES, VERTICES, BatchedTrace, VertexSymbol
 from .graphs import GraphBatch
+from .zero_rows import FULL
 
 
 class Vertex:
@@ -130,6 +137,8 @@ class VertexFunction:
     ``pull_shape``/``push_shape`` may be None (no external input / output). ``arity`` bounds
     the children ``gather(k)`` can address; ``dtype`` is the float type of states (default:
     ``mc.default_dtype()``), ``pull_dtype`` that of pulled rows (e.g. int64 word ids).
+    ``options``: a dict of pass switches (:class:`~minicavs.vertex.passes.Options`), all on by
+    default; the ablation benchmark and the tests turn them off one by one.
 
     ``F(batch, pull=X)`` returns a Tensor with one row per vertex in the batch's vertex order:
     the pushed outputs, or the scattered states if the cell pushes nothing.
@@ -144,13 +153,14 @@ class VertexFunction:
         self.arity = arity
         self.dtype = np.dtype(dtype) if dtype is not None else backend.default_dtype()
         self.pull_dtype = np.dtype(pull_dtype) if pull_dtype is not None else self.dtype
-        self.options = runtime.Options(**(options or {}))
+        self.options = passes.Options.of(options)
         self.cell = cell
         self.gather_sum_shapes = []
         self._trace(cell)
-        self.plan = runtime.Plan(self)
-        self._op = Op(f"vertex:{self.name}", self.plan.forward, self._infer, self.plan.vjp)
-        self.last_stats = None
+        self.program, self.backward_program = passes.compile_programs(self, self.options)
+        self._pool = interpreter.BufferPool()
+        self._op = Op(f"vertex:{self.name}", self._forward, self._infer, self._vjp)
+        self._last_stats = None
 
     def _trace(self, cell):
         tracer = Tracer()
@@ -176,13 +186,21 @@ class VertexFunction:
         self.push_output = v.pushed
         outputs = [self.scatter_output] + ([self.push_output] if self.push_output is not None
                                            else [])
-        nodes = _hoist_eager_addends(tracer.nodes, self.sources, outputs)
-        self.graph = Graph(nodes, inputs, outputs, name=self.name)
+        self.graph = Graph(tracer.nodes, inputs, outputs, name=self.name)
+
+    @property
+    def source_slots(self):
+        """Each input of F that carries children's states, with its child slot: ``(k,
+        gather(k))``, and ``("edges", child state per edge)`` for ``gather_sum``."""
+        slots = list(zip(self.gather_slots, self.gather_inputs))
+        if self.edge_child_input is not None:
+            slots.append(("edges", self.edge_child_input))
+        return slots
 
     @property
     def sources(self):
         """The inputs of F that carry the children's states (the ends of the core path)."""
-        return [x for x in self.gather_inputs + [self.edge_child_input] if x is not None]
+        return [s for _, s in self.source_slots]
 
     @property
     def params(self):
@@ -191,9 +209,9 @@ class VertexFunction:
 
     @property
     def backward_graph(self):
-        return self.plan.backward
+        return self.backward_program.graph
 
-    def _infer(self, *avals, batch, saved):  # noqa: ARG002 (saved: the call's state)
+    def _infer(self, *avals, batch, call):  # noqa: ARG002 (call: the call's record)
         pull = avals[0] if self.pull_shape is not None else None
         if pull is not None:
             expected = (batch.num_vertices,) + self.pull_shape
@@ -218,53 +236,86 @@ class VertexFunction:
                              + ("pull= is required (the cell calls v.pull())"
                                 if pull is None else "the cell pulls nothing, but pull= was given"))
         args = ([pull] if pull is not None else []) + self.params
-        return registry.apply(self._op, *args, batch=batch, saved=runtime.CallState())
+        return registry.apply(self._op, *args, batch=batch, call=interpreter.Call())
+
+    # --- F and ∂F as one op: bind the call's values, run the Program --------------------------
+    def _forward(self, xp, *arrays, batch, call):
+        started = time.perf_counter()
+        program = self.program
+        rows = batch.indices(xp)
+        store, views = self._pool.acquire(xp, interpreter.buffer_specs(
+            (program, self.backward_program), rows))
+        weakref.finalize(call, self._pool.release, store)
+        call.buffers = views
+        env = interpreter.constants(program, xp)
+        pull = arrays[0] if self.pull_input is not None else None
+        for p, a in zip(self.graph.params, arrays[1:] if pull is not None else arrays):
+            env[id(p)] = a
+        if pull is not None:  # the caller's rows into level order
+            env[id(self.pull_input)] = interpreter.take_rows(xp, pull, rows.order)
+        if self.edge_parent_input is not None:
+            env[id(self.edge_parent_input)] = rows.edge_parent_row
+        interpreter.bind_buffers(program, env, views, rows)
+        states = None
+        if program.gathers_from is not None:  # the scattered state, and its spare zero row
+            states = views[id(program.gathers_from)]
+            states[rows.num_vertices:] = 0
+        ranges = {id(s): rows.hull(slot) for slot, s in self.source_slots}
+        counts = interpreter.run(program, xp, env, ranges, rows,
+                                 interpreter.RowMoves(xp, rows, states=states))
+        call.values, call.ranges = env, ranges
+        out = program.graph.outputs[-1]  # the pushed output, else the scattered state
+        result = interpreter.take_rows(xp, env[id(out)], rows.row_of)
+        call.stats = interpreter.stats(batch, counts, time.perf_counter() - started)
+        self._last_stats = call.stats
+        return result
+
+    def _vjp(self, g, out, *inputs, batch, call):
+        if is_grad_enabled():
+            raise GraphError(f"vertex function {self.name!r}: backward(create_graph=True) "
+                             f"through a vertex function is not supported (no second "
+                             f"derivatives through the batched runtime)")
+        started = time.perf_counter()
+        program = self.backward_program
+        bw = program.graph
+        xp = backend.get_array_module(g.data)
+        rows = batch.indices(xp)
+        env = interpreter.constants(program, xp)
+        forward_inputs = bw.inputs[len(bw.cotangents):]
+        for ref, value in zip(forward_inputs, bw.forward_refs):
+            env[id(ref)] = call.values[id(value)]
+        interpreter.bind_buffers(program, env, call.buffers, rows)
+        d_states = call.buffers[id(program.sources[0])]  # with its spare row
+        d_states[...] = 0
+        g_rows = interpreter.take_rows(xp, g.data, rows.order)  # caller order -> level order
+        if len(bw.cotangents) > 1:  # F pushes: the caller's gradient is the push's
+            env[id(bw.cotangents[1])] = g_rows
+        else:  # F returns its scattered states
+            d_states[:rows.num_vertices] = g_rows
+        ranges = {id(ref): call.ranges.get(id(value), FULL)
+                  for ref, value in zip(forward_inputs, bw.forward_refs)}
+        counts = interpreter.run(program, xp, env, ranges, rows,
+                                 interpreter.RowMoves(xp, rows, d_states=d_states))
+        grad_of = {id(x): env[id(g_x)] for x, g_x in zip(bw.grad_of, bw.outputs)
+                   if x.kind == "param" or x is self.pull_input}
+        grads = []
+        if self.pull_input is not None:
+            pull_grad = grad_of.get(id(self.pull_input))
+            grads.append(None if pull_grad is None or self.pull_dtype.kind != "f" else
+                         Tensor(interpreter.take_rows(xp, pull_grad, rows.row_of)))
+        grads += [Tensor(grad_of[id(p)]) if id(p) in grad_of else None
+                  for p in self.graph.params]
+        call.stats.update(backward_seconds=time.perf_counter() - started,
+                          backward_ops_per_level=counts[::-1])
+        return grads
 
     def explain(self):
-        """Figures of the last call: levels, vertices and ops per level, time spent where."""
-        if self.last_stats is None:
+        """Figures of the last call (and its backward, once run): levels, vertices and
+        instructions run per level, seconds spent where. ``F.program.dump()`` shows what ran."""
+        if self._last_stats is None:
             raise GraphError("explain(): the vertex function has not run yet")
-        return self.last_stats
+        return self._last_stats
 
     def __repr__(self):
         return (f"VertexFunction({self.name!r}: {len(self.graph.op_nodes())} ops in F, "
-                f"{len(self.plan.backward.op_nodes())} in ∂F, {len(self.params)} params)")
-
-
-def _hoist_eager_addends(nodes, sources, outputs):
-    """Regroup sums so that the terms that need no gathered state are added together first.
-
-    ``x @ W + [h_l, h_r] @ U + b`` is recorded as ((x W + h U) + b): two additions per level.
-    As ((x W + b) + h U) the first addition is eager — once for all vertices before the level
-    loop — and only one runs per level (Cavs' eager batching, applied one step further). The sum
-    is the same up to floating-point rounding; any op that allows the regrouping
-    (``op.associative``: add, and mul likewise) is treated so. Returns the nodes with the
-    rewritten ones added.
-    """
-    depends = {id(x) for x in sources}
-    users = {}
-    for n in nodes:
-        users.setdefault(id(n), [])
-        for x in n.inputs:
-            users.setdefault(id(x), []).append(n)
-        if any(id(x) in depends for x in n.inputs):
-            depends.add(id(n))
-    protected = {id(o) for o in outputs}
-    result = []
-    for n in nodes:
-        op = n.op if n.kind == "op" and n.op.associative else None
-        inner = n.inputs[0] if op is not None else None
-        if (inner is not None and id(n.inputs[1]) not in depends and inner.kind == "op"
-                and inner.op is op and id(inner) in depends and len(users[id(inner)]) == 1
-                and id(inner) not in protected):
-            eager = [x for x in inner.inputs if id(x) not in depends]
-            core = [x for x in inner.inputs if id(x) in depends]
-            if len(eager) == 1 and len(core) == 1:
-                aval = op.infer(eager[0], n.inputs[1])
-                hoisted = Symbol("op", aval.shape, aval.dtype, op=op,
-                                 inputs=(eager[0], n.inputs[1]), where=n.where,
-                                 tracer=n.tracer)
-                result.append(hoisted)
-                n.inputs = (hoisted, core[0])
-        result.append(n)
-    return result
+                f"{len(self.backward_graph.op_nodes())} in ∂F, {len(self.params)} params)")

@@ -223,6 +223,7 @@ class GraphBatch(_ChildLists):
         self.roots = np.concatenate([g.roots + o for g, o in zip(graphs, self.offsets[:-1])])
         self.sample_of = np.repeat(np.arange(len(graphs)), sizes)
         self._schedule()
+        self._indices = {}  # array module name -> BatchIndices (see indices())
         self.build_seconds = time.perf_counter() - started  # concatenation + scheduling
 
     @property
@@ -266,20 +267,14 @@ class GraphBatch(_ChildLists):
             rows[self.edge_parent_row[has_k]] = self.edge_child_row[has_k]
             self.child_rows.append(rows)
 
-    def child_row_slices(self, k):
-        """For each level, ``child_rows[k]`` of its rows as a slice when those rows are an
-        evenly spaced run (complete trees, chains: each child k sits ``step`` rows after the
-        previous one), else None. A slice copies or adds without an index array."""
-        cache = self.__dict__.setdefault("_child_row_slices", {})
-        if k not in cache:
-            rows = self.child_rows[k] if k < len(self.child_rows) else None
-            slices = []
-            for t in range(self.num_levels):
-                r0, r1 = self.rows_of_level(t)
-                block = rows[r0:r1] if rows is not None else None
-                slices.append(_as_slice(block))
-            cache[k] = slices
-        return cache[k]
+    def indices(self, xp=np):
+        """The schedule as the runtime reads it on array module ``xp`` (:class:`BatchIndices`),
+        built once per batch and device: on CuPy the index arrays are int32, what the row
+        kernels take."""
+        bundle = self._indices.get(xp.__name__)
+        if bundle is None:
+            bundle = self._indices[xp.__name__] = BatchIndices(self, xp)
+        return bundle
 
     def rows_of_level(self, t):
         return int(self.level_offsets[t]), int(self.level_offsets[t + 1])
@@ -312,3 +307,68 @@ def _as_slice(rows):
     if step <= 0 or not (np.diff(rows) == step).all():
         return None
     return slice(int(rows[0]), int(rows[-1]) + 1, step)
+
+
+class BatchIndices:
+    """A batch's schedule on one array module, in the form the interpreter reads per level.
+
+    Host side: the rows of each level (``vertices(t)``, ``edges(t)``), whether a level has
+    child k at all (``has_child``), the hull of the rows that have child k (``hull``), and per
+    level an evenly spaced run of child rows as a slice (``strided``; complete trees, chains).
+    Device side (int64 on NumPy, int32 on CuPy): ``order`` (level order -> the caller's vertex
+    order), ``row_of`` (its inverse), each slot's child rows (-1: absent; a take reads the spare
+    zero row), the edge lists."""
+
+    def __init__(self, batch, xp):
+        put = (lambda a: a) if xp is np else (lambda a: xp.asarray(a.astype(np.int32)))
+        self.num_levels = batch.num_levels
+        self.num_vertices = batch.num_vertices
+        self.num_edges = len(batch.edge_child_row)
+        self.is_forest = batch.is_forest
+        offsets, edge_offsets = batch.level_offsets.tolist(), batch.edge_level_offsets.tolist()
+        self._vertices = list(zip(offsets[:-1], offsets[1:]))
+        self._edges = list(zip(edge_offsets[:-1], edge_offsets[1:]))
+        self.order, self.row_of = put(batch.order), put(batch.row_of)
+        self._child_rows = [put(rows) for rows in batch.child_rows]
+        self._no_child = put(np.full(batch.num_vertices, -1, dtype=np.int64))
+        self.edge_child_row = put(batch.edge_child_row)
+        self.edge_parent_row = put(batch.edge_parent_row)
+        self.edge_parent_local = put(batch.edge_parent_local)
+        self._has, self._hull, self._strided = {}, {}, {}
+        for k, rows in enumerate(batch.child_rows):
+            present = np.flatnonzero(rows >= 0)
+            self._hull[k] = (int(present[0]), int(present[-1]) + 1) if present.size else (0, 0)
+            self._has[k] = [bool((rows[r0:r1] >= 0).any()) for r0, r1 in self._vertices]
+            self._strided[k] = [_as_slice(rows[r0:r1]) for r0, r1 in self._vertices]
+
+    def size(self, rows):
+        """The number of rows of a buffer: ``"V"`` vertices or ``"E"`` edges."""
+        return self.num_vertices if rows == "V" else self.num_edges
+
+    def vertices(self, t):
+        return self._vertices[t]
+
+    def edges(self, t):
+        return self._edges[t]
+
+    def has_child(self, slot, t):
+        if slot == "edges":
+            e0, e1 = self._edges[t]
+            return e1 > e0
+        return self._has[slot][t] if slot in self._has else False
+
+    def hull(self, slot):
+        """Rows outside which no vertex has child ``slot`` (all edges for ``"edges"``)."""
+        if slot == "edges":
+            return (0, self.num_edges)
+        return self._hull.get(slot, (0, 0))
+
+    def strided(self, slot, t):
+        return self._strided[slot][t] if slot in self._strided else None
+
+    def child_rows(self, slot, window):
+        """The rows of each vertex's child ``slot`` on a level (or of each edge's child)."""
+        if slot == "edges":
+            return self.edge_child_row[window["edge"][0]:window["edge"][1]]
+        rows = self._child_rows[slot] if slot < len(self._child_rows) else self._no_child
+        return rows[window["vertex"][0]:window["vertex"][1]]

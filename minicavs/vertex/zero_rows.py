@@ -53,5 +53,12 @@ class ZeroRowRule:
             local[id(m)] = node_range(m, args)
         return [local[id(o)] for o in self.outputs]
 
+    def zero_outputs(self, zero):
+        """Per output, whether it is zero on a level where the per-row values ``zero`` (ids)
+        are."""
+        ranges = self(lambda x: (EMPTY if id(x) in zero else FULL) if row_domain(x.shape)
+                      else None)
+        return [r is not None and is_empty(r) for r in ranges]
+
 
 take_rows_range = index_rows  # the rows of take_rows(table, ids) that can be nonzero

@@ -1,0 +1,281 @@
+"""The interpreter: runs the Programs of a vertex function over a GraphBatch, on NumPy or CuPy.
+
+This is the reference backend (the others are checked against it). Every decision was made by
+the passes; what is left is the Cavs loop (Alg. 1–2):
+
+    eager instructions once, over all rows           (lazy/eager batching, Cavs §3.4)
+    for each level (bottom-up for F, top-down for ∂F):
+        bind the level's rows of every per-row value
+        for each core instruction: run it, or write its zeros, or skip it (Program.level_plan)
+    lazy instructions once, over all rows
+
+F and ∂F share that loop. Memory is touched only at F's entrance and exit (Cavs §3.3): a gather
+copies the children's rows of the scattered state into a contiguous block, a scatter-add puts a
+gather's gradient into the children's rows of the state gradient; the scattered state is itself
+a batch-wide buffer, so scattering copies nothing. Rows move with the named kernels of
+``minicavs/cuda/kernels.py`` on CuPy (int32 indices, built once per GraphBatch) and with
+``np.take``/indexed adds on NumPy, their twins: an absent child reads the spare zero row.
+
+``forward``/``backward`` are F as a differentiable op (function.py registers them): they bind the
+pulled input, parameters and pooled buffers, run the program, and keep in the call's own
+:class:`Call` record what ∂F and ``explain()`` read.
+"""
+
+import numpy as np
+
+from .. import backend
+from ..autodiff.executor import OpStep
+from ..cuda import streams
+from ..ops.index import scatter_add_into
+from .batching import instantiate, row_domain
+from .program import RUN, ZERO, Compute, Gather
+from .zero_rows import FULL, hull, index_rows, intersect, is_empty
+
+
+class Call:
+    """What one call of F keeps for its backward and for ``explain()``: the forward values,
+    their zero-row ranges, the pooled buffers, and the call's figures."""
+
+    def __init__(self):
+        self.values = self.ranges = self.buffers = self.stats = None
+
+
+def run(program, xp, env, ranges=None, rows=None, moves=None):
+    """Run ``program``: eager, the level loop, lazy. ``env`` (id -> array) holds its inputs and
+    buffers; ``ranges`` (id -> (lo, hi)) the rows outside which per-row values are zero;
+    ``rows`` the batch's index arrays on ``xp`` (None: a static program, no levels); ``moves``
+    the row movers of this call (the states gathers read, the state gradients scatter-adds
+    write). ``xp`` may be ``RECORD``: ops then run on Tensors, recorded for autodiff. Returns
+    the number of instructions run per level."""
+    ranges = {} if ranges is None else ranges
+    sched = streams.scheduler(xp, program)
+    for ins in program.eager:
+        sched.run(ins, _run_whole, ins, xp, env, ranges, rows)
+    counts = _level_loop(program, xp, env, ranges, rows, moves) if rows is not None else []
+    for ins in program.lazy:
+        sched.run(ins, _run_whole, ins, xp, env, ranges, rows)
+    sched.join()
+    return counts
+
+
+def _level_loop(program, xp, env, ranges, rows, moves):
+    row_keys = [(k, d) for k, d in program.row_keys if k in env]
+    in_buffers = program.buffered | {id(part) for part, *_ in program.aliases}
+    candidates = program.zero_candidates
+    sink_slots = [(slot, id(s)) for slot, s in program.slots if s in program.sinks] \
+        if "leaf_sinks" in program.passes else []
+    levels = reversed(range(rows.num_levels)) if program.reverse else range(rows.num_levels)
+    written, summed, counts = {}, {}, []
+    for t in levels:
+        window = {"vertex": rows.vertices(t), "edge": rows.edges(t)}
+        local = dict(env)  # shared values as they are, per-row ones cut to the level's rows
+        for key, domain in row_keys:
+            lo, hi = window[domain]
+            local[key] = env[key][lo:hi]
+        if program.edge_parent is not None:  # per level, parent rows count from the first
+            local[id(program.edge_parent)] = rows.edge_parent_local[slice(*window["edge"])]
+        zero = frozenset(k for k, d in candidates
+                         if k in ranges and is_empty(intersect(ranges[k], window[d])))
+        unneeded = frozenset(sink for slot, sink in sink_slots if not rows.has_child(slot, t))
+        ran = 0
+        for ins, action in zip(program.core, program.level_plan(zero, unneeded)):
+            if action == RUN:
+                ran += 1
+                moves.run(ins, local, t, window)
+                for o, add in zip(ins.writes, getattr(ins, "accumulate", ())):
+                    if add:
+                        summed[id(o)] = summed[id(o)] + local[id(o)] if id(o) in summed \
+                            else local[id(o)]
+                for o in ins.writes:
+                    if id(o) in env and row_domain(o.shape):
+                        written[id(o)] = hull(written.get(id(o), (0, 0)),
+                                              window[row_domain(o.shape)])
+            elif action == ZERO:
+                for o in ins.writes:
+                    moves.zero(o, local, window, id(o) in in_buffers)
+        counts.append(ran)
+    env.update(summed)
+    for b in program.buffers:
+        ranges[b.key] = written.get(b.key, (0, 0))
+    for part, concat, *_ in program.aliases:
+        ranges[id(part)] = ranges.get(id(concat), FULL)
+    return counts
+
+
+def _run_whole(ins, xp, env, ranges, rows):
+    """An eager or lazy step over all rows of the batch; where the zero_rows pass allows, a
+    product runs on its nonzero rows only. Records the zero-row range of each output."""
+    step = ins.step
+    node = getattr(step, "node", None)
+
+    def range_of(x):
+        return ranges.get(id(x), FULL) if row_domain(x.shape) else None
+
+    if ins.restrict:
+        within = index_rows(env[id(ins.demand)]) if ins.demand is not None else None
+        done = node.op.on_nonzero_rows(xp, node, [env[id(x)] for x in node.inputs], range_of,
+                                       within)
+        if done is not None:
+            env[id(node)], out_range = done
+            if out_range is not None:
+                ranges[id(node)] = out_range
+            return
+    buffers = [env.get(id(o)) for o in ins.writes]  # outputs with a batch buffer: keep it
+    _compute(ins, xp, env, *((rows.num_vertices, rows.num_edges) if rows else (0, 0)))
+    for o, buffer in zip(ins.writes, buffers):
+        if buffer is not None and env[id(o)] is not buffer:
+            buffer[...] = env[id(o)]
+            env[id(o)] = buffer
+    if ins.zero_rule is None:
+        return
+    out_ranges = ins.zero_rule(range_of)
+    index = node.op.row_index_arg if node is not None else None
+    if index is not None and out_ranges[0] is not None and \
+            node.inputs[index].shape[:1] == node.shape[:1]:  # row i is zero where idx[i] is -1
+        out_ranges[0] = intersect(out_ranges[0], index_rows(env[id(node.inputs[index])]))
+    for o, r in zip(ins.writes, out_ranges):
+        if r is not None:
+            ranges[id(o)] = r
+
+
+def _compute(ins, xp, env, n, e, outs=None):
+    step = ins.step
+    if ins.symbolic:  # attributes recorded with V or E get the task's sizes
+        node = step.node
+        step = OpStep(node, {k: instantiate(v, n, e) for k, v in node.attrs.items()})
+    step.run(xp, env, outs)
+
+
+class RowMoves:
+    """The core instructions of one call, on one array module: gathers read ``states`` (F's
+    scattered state, with its spare zero row), scatter-adds write ``d_states`` (∂F's state
+    gradient, with a spare row that absorbs the adds of absent children)."""
+
+    def __init__(self, xp, rows, states=None, d_states=None):
+        self.xp, self.rows, self.states, self.d_states = xp, rows, states, d_states
+
+    def run(self, ins, local, t, window):
+        if isinstance(ins, Compute):
+            if ins.aliased:  # its parts already wrote its columns
+                return
+            lo, hi = window["vertex"]
+            e0, e1 = window["edge"]
+            _compute(ins, self.xp, local, hi - lo, e1 - e0, outs=local)
+        elif isinstance(ins, Gather):
+            self.gather(ins, local, t, window)
+        else:
+            self.scatter_add(ins, local, t, window)
+
+    def gather(self, ins, local, t, window):
+        block = local.get(id(ins.target))
+        strided = self.rows.strided(ins.slot, t) if ins.strided else None
+        if strided is not None:  # evenly spaced children: a strided copy, no index array
+            if block is None:
+                local[id(ins.target)] = self.states[strided].copy()
+            else:
+                block[...] = self.states[strided]
+            return
+        index = self.rows.child_rows(ins.slot, window)
+        if self.xp is np:  # -1 reads the last row, the spare zero row
+            local[id(ins.target)] = np.take(self.states, index, axis=0, out=block)
+        else:
+            from ..cuda import kernels
+
+            local[id(ins.target)] = kernels.gather_rows(self.states, index, out=block,
+                                                        check_indices=False)
+
+    def scatter_add(self, ins, local, t, window):
+        values = local[id(ins.source)]
+        strided = self.rows.strided(ins.slot, t) if ins.strided else None
+        if strided is not None:  # distinct, evenly spaced rows: add into a strided view
+            self.d_states[strided] += values
+            return
+        index = self.rows.child_rows(ins.slot, window)
+        if self.xp is not np:
+            from ..cuda import kernels
+
+            kernels.scatter_add_rows(self.xp.ascontiguousarray(values), index, self.d_states,
+                                     check_indices=False)
+        elif self.rows.is_forest:  # each real row at most once per level: a plain indexed add
+            self.d_states[index] += values
+        else:  # a DAG: a child may have several parents on one level
+            scatter_add_into(np, self.d_states, index, values)
+
+    def zero(self, symbol, local, window, in_buffer):
+        """A value that is zero on the level: clear its buffer rows, or stand in a zero view."""
+        if in_buffer:
+            local[id(symbol)][...] = 0
+            return
+        lo, hi = window["vertex"]
+        e0, e1 = window["edge"]
+        shape = instantiate(symbol.shape, hi - lo, e1 - e0)
+        local[id(symbol)] = self.xp.broadcast_to(self.xp.zeros((), symbol.dtype), shape)
+
+
+# --- F as an op --------------------------------------------------------------------------------
+
+class BufferPool:
+    """Grow-only batch buffers, reused across calls; a set in use is never handed out twice."""
+
+    def __init__(self):
+        self._free = []
+
+    def acquire(self, xp, specs):
+        """``specs``: {key: (rows, row_shape, dtype)}; returns (store, {key: view of rows})."""
+        store = self._free.pop() if self._free else {}
+        views = {}
+        for key, (rows, row_shape, dtype) in specs.items():
+            array = store.get(key)
+            if (array is None or array.shape[0] < rows or array.shape[1:] != row_shape
+                    or array.dtype != dtype or backend.get_array_module(array) is not xp):
+                grown = 2 * array.shape[0] if array is not None and \
+                    array.shape[1:] == row_shape else rows
+                array = store[key] = xp.empty((max(rows, grown),) + row_shape, dtype=dtype)
+            views[key] = array[:rows]
+        return store, views
+
+    def release(self, store):
+        self._free.append(store)
+
+
+def bind_buffers(program, env, views, rows):
+    """Bind each buffer (without its spare rows) and each aliased part (its columns)."""
+    for b in program.buffers:
+        env[b.key] = views[b.key][:rows.size(b.rows)]
+    for part, concat, axis, start, stop in program.aliases:
+        index = [slice(None)] * len(concat.shape)
+        index[axis] = slice(start, stop)
+        env[id(part)] = env[id(concat)][tuple(index)]
+
+
+def buffer_specs(programs, rows):
+    """What :class:`BufferPool` hands out for one call: every buffer of ``programs``."""
+    return {b.key: (rows.size(b.rows) + b.spare, b.row_shape, b.dtype)
+            for p in programs for b in p.buffers}
+
+
+def take_rows(xp, array, index):
+    """``array[index]`` along rows: pulled inputs into level order, pushed rows back out."""
+    if xp is not np and array.dtype in _KERNEL_DTYPES and array.ndim > 0:
+        from ..cuda import kernels
+
+        return kernels.gather_rows(xp.ascontiguousarray(array), index, check_indices=False)
+    return xp.take(array, index, axis=0)
+
+
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def constants(program, xp):
+    return {id(n): (n.value if xp is np else xp.asarray(n.value))
+            for n in program.graph.nodes if n.kind == "const"}
+
+
+def stats(batch, counts, seconds):
+    return {"graphs": batch.num_graphs, "vertices": batch.num_vertices,
+            "levels": batch.num_levels,
+            "vertices_per_level": np.diff(batch.level_offsets).tolist(),
+            "forward_ops_per_level": counts, "backward_ops_per_level": None,
+            "scheduling_seconds": batch.build_seconds, "forward_seconds": seconds,
+            "backward_seconds": None}
+

@@ -1,0 +1,494 @@
+"""The passes that build a vertex function's Programs, in one pipeline (Cavs §3.4).
+
+``compile_programs(f, options)`` takes the traced graph F and returns the Programs of F and ∂F.
+Each pass is a function Program -> Program with a name; the optional ones have a switch of the
+same name in :class:`Options`, so the ablation benchmark can turn each one off and the tests can
+check that every combination computes the same thing. In pipeline order:
+
+graph rewrites (on F; ∂F is derived from the rewritten F, then rewritten too)
+  ``regroup_sums``   ((x W + h U) + b) -> ((x W + b) + h U): the addends that need no gathered
+                     state are added once for all vertices, one addition is left per level
+  ``cse``            equal computations become one node (∂F repeats itself)
+  ``dce``            nodes no output needs are dropped
+scheduling
+  ``classify``       (required) eager: needs no gathered state; core: everything else
+  ``hoist_eager``    per-row eager work runs once over all rows — without it, per level
+  ``lazy_batching``  work no sink needs (push, heads, parameter gradients) runs once after the
+                     loop, over all rows (Cavs Proposition 1) — without it, per level
+  ``elementwise_per_level``  elementwise eager work only the core reads runs per level, fused
+                     into the core's groups (over all rows it only costs a full-size write)
+  ``fuse``           linked elementwise ops of one phase become one kernel
+  ``lower``          (required) steps become instructions: gathers, computes, scatter-adds
+  ``buffers``        (required) per-row values read after their level get batch-wide buffers
+  ``alias_concats``  a concat of per-level parts is assembled in place: the parts write into
+                     their columns of its buffer
+  ``zero_rows``      steps whose outputs are zero on a level's rows are skipped; whole-batch
+                     products run on their nonzero rows (zero_rows.py)
+  ``leaf_sinks``     steps that only feed the children's gradients are skipped on levels with
+                     no children (the leaves)
+  ``strided_gathers`` evenly spaced child rows are read and added through strided views
+  ``streams``        (CUDA) work off the level loop's path goes to a second stream
+"""
+
+from dataclasses import dataclass, fields
+
+from ..autodiff.analysis import (NodeClasses, dependency_classes, eliminate_dead, fusion_groups,
+                                 merge_common_subexpressions)
+from ..autodiff.executor import OpStep, plan_steps
+from ..autodiff.symbolic import Graph, Symbol, grad_graph
+from ..errors import GraphError
+from .batching import has_symbolic_size, row_domain
+from .program import Buffer, Compute, Gather, Program, ScatterAdd
+from .zero_rows import ZeroRowRule
+
+EAGER, CORE, LAZY = "eager", "core", "lazy"
+
+
+@dataclass
+class Options:
+    """One switch per optional pass (see the module docstring); all on by default."""
+
+    regroup_sums: bool = True
+    cse: bool = True
+    dce: bool = True
+    hoist_eager: bool = True
+    lazy_batching: bool = True
+    elementwise_per_level: bool = True
+    fuse: bool = True
+    alias_concats: bool = True
+    zero_rows: bool = True
+    leaf_sinks: bool = True
+    strided_gathers: bool = True
+    streams: bool = True
+
+    @classmethod
+    def of(cls, options):
+        """``None``, an Options, or a dict of switches; an unknown name is an error."""
+        if options is None:
+            return cls()
+        if isinstance(options, cls):
+            return options
+        if not isinstance(options, dict):
+            raise GraphError(f"options: expected a dict of switches or an Options, got "
+                             f"{type(options).__name__}")
+        known = [f.name for f in fields(cls)]
+        for name, value in options.items():
+            if name not in known:
+                raise GraphError(f"options: unknown switch {name!r}; the switches are "
+                                 f"{', '.join(known)}")
+            if not isinstance(value, bool):
+                raise GraphError(f"options: switch {name!r} must be True or False, got "
+                                 f"{value!r}")
+        return cls(**options)
+
+
+# --- graph rewrites -------------------------------------------------------------------------
+
+def regroup_sums(program):
+    """Rewrite ``(a + s) + e`` — ``s`` needs gathered state, ``a`` and ``e`` do not — as
+    ``(a + e) + s``, so ``a + e`` is eager (``x W + b`` once for all vertices) and one addition
+    runs per level. Exact up to floating-point rounding (associativity)."""
+    graph = program.graph
+    depends = _depends_on(graph, program.sources)
+    users = graph.consumers()
+    protected = {id(o) for o in graph.outputs}
+    new_of, nodes = {}, []
+
+    def new(x):
+        return new_of.get(id(x), x)
+
+    for n in graph.nodes:
+        inner = n.inputs[0] if n.kind == "op" and n.op.associative else None
+        if (inner is not None and id(n.inputs[1]) not in depends and inner.kind == "op"
+                and inner.op is n.op and id(inner) in depends and len(users[id(inner)]) == 1
+                and id(inner) not in protected):
+            eager = [x for x in inner.inputs if id(x) not in depends]
+            core = [x for x in inner.inputs if id(x) in depends]
+            if len(eager) == 1 and len(core) == 1:
+                aval = n.op.infer(eager[0], n.inputs[1])
+                hoisted = Symbol("op", aval.shape, aval.dtype, op=n.op,
+                                 inputs=(new(eager[0]), new(n.inputs[1])), where=n.where,
+                                 tracer=n.tracer)
+                nodes.append(hoisted)
+                new_of[id(n)] = _clone(n, (hoisted, new(core[0])))
+                nodes.append(new_of[id(n)])
+                continue
+        if n.kind == "op" and any(id(x) in new_of for x in n.inputs):
+            new_of[id(n)] = _clone(n, tuple(new(x) for x in n.inputs))
+            n = new_of[id(n)]
+        nodes.append(n)
+    return _with_graph(program, nodes, [new(o) for o in graph.outputs])
+
+
+def cse(program):
+    return program.with_(graph=merge_common_subexpressions(program.graph))
+
+
+def dce(program):
+    return program.with_(graph=eliminate_dead(program.graph))
+
+
+def _clone(node, inputs):
+    return Symbol(node.kind, node.shape, node.dtype, op=node.op, inputs=inputs, attrs=node.attrs,
+                  value=node.value, name=node.name, where=node.where, tracer=node.tracer,
+                  role=node.role)
+
+
+def _with_graph(program, nodes, outputs):
+    old = program.graph
+    graph = Graph(nodes, old.inputs, outputs, name=old.name)
+    for attr in ("cotangents", "forward", "grad_of", "forward_refs"):  # a BackwardGraph's ends
+        if hasattr(old, attr):
+            setattr(graph, attr, getattr(old, attr))
+    return program.with_(graph=graph)
+
+
+def _depends_on(graph, sources):
+    depends = {id(s) for s in sources}
+    for n in graph.nodes:
+        if any(id(x) in depends for x in n.inputs):
+            depends.add(id(n))
+    return depends
+
+
+# --- classes: eager, core, lazy ---------------------------------------------------------------
+
+def classify(program):
+    """Proposition 1 without the batching passes: what needs no gathered state is eager (once,
+    before the loop); everything else runs per level. ``hoist_eager`` and ``lazy_batching``
+    then move work out of the level loop."""
+    graph = program.graph
+    base = dependency_classes(graph, program.sources, program.sinks)
+    of = {}
+    for n in graph.nodes:
+        per_row_eager = base[n] == EAGER and row_domain(n.shape) and n.kind == "op"
+        of[id(n)] = CORE if base[n] != EAGER or per_row_eager else EAGER
+    return program.with_(classes=NodeClasses(graph, of, program.sources, program.sinks))
+
+
+def hoist_eager(program):
+    """Per-row work that needs no gathered state runs once over all rows, before the loop."""
+    base = dependency_classes(program.graph, program.sources, program.sinks)
+    return _reclassify(program, {k: EAGER for k, c in base.items() if c == EAGER})
+
+
+def lazy_batching(program):
+    """Work that no sink needs runs once over all rows, after the loop."""
+    base = dependency_classes(program.graph, program.sources, program.sinks)
+    return _reclassify(program, {k: LAZY for k, c in base.items() if c == LAZY})
+
+
+def elementwise_per_level(program):
+    """Elementwise eager work that only the core reads runs per level instead, fused into the
+    core's groups: the same elements either way, and no full-size write and read."""
+    graph, cls = program.graph, dict(program.classes)
+    users = graph.consumers()
+    outputs = {id(o) for o in graph.outputs}
+    for n in reversed(graph.nodes):
+        if (cls[id(n)] == EAGER and n.kind == "op" and n.op.is_elementwise
+                and row_domain(n.shape) and id(n) not in outputs and users[id(n)]
+                and all(cls[id(u)] == CORE for u in users[id(n)])):
+            cls[id(n)] = CORE
+    return _reclassify(program, cls)
+
+
+def keep_mixed_rows_per_level(program):
+    """A whole-batch value whose rows are mixed (Xᵀ, for Xᵀ·G) cannot be sliced per level: when
+    a per-level step reads it, it runs per level too."""
+    graph, cls = program.graph, dict(program.classes)
+    users = graph.consumers()
+    for n in reversed(graph.nodes):
+        if (cls[id(n)] == EAGER and n.kind == "op" and not row_domain(n.shape)
+                and has_symbolic_size(n.shape)
+                and any(cls[id(u)] == CORE for u in users[id(n)])):
+            cls[id(n)] = CORE
+    return _reclassify(program, cls)
+
+
+def _reclassify(program, changes):
+    of = dict(program.classes)
+    of.update(changes)
+    return program.with_(classes=NodeClasses(program.graph, of, program.sources, program.sinks))
+
+
+# --- steps and instructions --------------------------------------------------------------------
+
+def fuse(program):
+    """Linked elementwise ops of one phase become one kernel; values another program reads stay
+    materialised."""
+    groups = fusion_groups(program.graph, classes=program.classes, keep=program.keep)
+    return program.with_(groups=tuple(groups))
+
+
+def lower(program):
+    """Steps (ops and fused groups) in a runnable order, split by phase; gathers first in the
+    core of F, scatter-adds last in the core of ∂F."""
+    graph, cls = program.graph, program.classes
+    outputs = {id(o) for o in graph.outputs}
+    phases = {EAGER: [], CORE: [], LAZY: []}
+    for step in plan_steps(graph, fuse=bool(program.groups), groups=list(program.groups)):
+        node = step.node if isinstance(step, OpStep) else None
+        phase = cls[step.outputs[0]]
+        symbolic = node is not None and any(has_symbolic_size(v) for v in node.attrs.values())
+        # A shared-shaped graph output computed per level (a parameter gradient without lazy
+        # batching) is summed over the levels.
+        accumulate = tuple(phase == CORE and not row_domain(o.shape) and id(o) in outputs
+                           for o in step.outputs)
+        phases[phase].append(Compute(step, symbolic=symbolic, accumulate=accumulate))
+    core = phases[CORE]
+    sources = {id(s) for s in program.sources}
+    gathers = [Gather(slot, s) for slot, s in program.slots if id(s) in sources]
+    scatters = [ScatterAdd(slot, s) for slot, s in program.slots if id(s) not in sources]
+    return program.with_(eager=tuple(phases[EAGER]), core=tuple(gathers + core + scatters),
+                         lazy=tuple(phases[LAZY]))
+
+
+def buffers(program):
+    """Per-row values made per level and read after their level (by the other program, the
+    eager/lazy phases, the caller, or — F's scattered state — the levels above) get a
+    batch-wide buffer, rows in level order. ∂F's sinks are added into the children's rows
+    within their level and need none. The scattered state has a spare zero row: what a missing
+    child reads."""
+    graph = program.graph
+    sinks = {id(s) for s in program.sinks}
+    whole = program.eager + program.lazy
+    read_later = {id(k) for k in program.keep} | {id(x) for ins in whole for x in ins.reads} | {
+        id(o) for o in graph.outputs if not (program.reverse and id(o) in sinks)}
+    specs = {}
+    for o in [o for ins in program.core for o in ins.writes]:
+        if row_domain(o.shape) and id(o) in read_later:
+            specs[id(o)] = _buffer(o)
+    # The state gathers read (F) and the state gradient scatter-adds write into (∂F), each
+    # with a spare row for an absent child.
+    if any(isinstance(ins, Gather) for ins in program.core) and not program.reverse:
+        specs[id(program.sinks[0])] = _buffer(program.sinks[0], spare=1)
+    if program.reverse:
+        specs[id(program.sources[0])] = _buffer(program.sources[0], spare=1)
+    return program.with_(buffers=tuple(specs.values()))
+
+
+def _buffer(symbol, spare=0):
+    rows = "V" if row_domain(symbol.shape) == "vertex" else "E"
+    return Buffer(id(symbol), rows, symbol.shape[1:], symbol.dtype, spare)
+
+
+def alias_concats(program):
+    """A buffered concat whose parts are all computed per level, each once, is assembled in
+    place: each part is a view of its columns of the concat's buffer (which it then needs no
+    buffer of its own for), and the concat copies nothing (the scattered [h, c], the
+    gate-gradient block of ∂F)."""
+    computed = {id(o) for ins in program.core if isinstance(ins, Compute) for o in ins.writes}
+    buffered = program.buffered
+    aliases, core, taken = [], [], set()
+    for ins in program.core:
+        node = getattr(ins.step, "node", None) if isinstance(ins, Compute) else None
+        parts = node.inputs if node is not None else ()
+        if (node is not None and node.op.assembles_in_place and id(node) in buffered
+                and len({id(x) for x in parts}) == len(parts)
+                and all(id(x) in computed and id(x) not in taken
+                        and row_domain(x.shape) == row_domain(node.shape) for x in parts)):
+            axis, start = node.attrs["axis"], 0
+            for x in parts:
+                aliases.append((x, node, axis, start, start + x.shape[axis]))
+                taken.add(id(x))
+                start += x.shape[axis]
+            ins = _replace(ins, aliased=True)
+        core.append(ins)
+    return program.with_(core=tuple(core), aliases=tuple(aliases),
+                         buffers=tuple(b for b in program.buffers if b.key not in taken))
+
+
+def zero_rows(program):
+    """Attach to each step how all-zero rows pass through it (``zero_rows.py``); mark the
+    whole-batch steps that can run on their nonzero rows only, and which per-row values the
+    core reads may be zero on a level (the gathers, and eager values with zero rows)."""
+    graph = program.graph
+    users = graph.consumers()
+    outputs = {id(o) for o in graph.outputs}
+    core = tuple(_replace(ins, zero_rule=ZeroRowRule(ins.step)) if isinstance(ins, Compute)
+                 else ins for ins in program.core)
+
+    def whole(ins):
+        rule = ZeroRowRule(ins.step)
+        node = getattr(ins.step, "node", None)
+        restrict = node is not None and node.op.on_nonzero_rows is not None
+        demand = None
+        if restrict:  # only rows a later scatter keeps are needed (an embedding gradient)
+            value = node
+            while len(users[id(value)]) == 1 and id(value) not in outputs:
+                reader = users[id(value)][0]
+                if reader.op.keeps_rows and row_domain(reader.shape) == row_domain(value.shape):
+                    value = reader
+                    continue
+                index = reader.op.row_index_arg
+                if index is not None and reader.inputs[0] is value:
+                    demand = reader.inputs[index]
+                break
+        return _replace(ins, zero_rule=rule, restrict=restrict, demand=demand)
+
+    made = {id(o) for ins in core for o in ins.writes if not isinstance(ins, Gather)}
+    read = [x for ins in core for x in ins.reads] + [ins.target for ins in core
+                                                     if isinstance(ins, Gather)]
+    candidates, seen = [], set()
+    for x in read:
+        if row_domain(x.shape) and id(x) not in made and id(x) not in seen:
+            seen.add(id(x))
+            candidates.append((id(x), row_domain(x.shape)))
+    return program.with_(core=core, eager=tuple(whole(i) for i in program.eager),
+                         lazy=tuple(whole(i) for i in program.lazy),
+                         zero_candidates=tuple(candidates))
+
+
+def leaf_sinks(program):
+    """Mark the core steps whose results only feed sinks (in ∂F: the children's gradients). On a
+    level where no vertex has that child those steps have nothing to do."""
+    graph = program.graph
+    sinks = {id(s) for s in program.sinks}
+    outputs = {id(o) for o in graph.outputs}
+    buffered = program.buffered
+    owner = {}
+    for ins in program.core:
+        if isinstance(ins, Compute):
+            for m in _members(ins.step):
+                owner[id(m)] = ins
+    users = graph.consumers()
+    serves_of = {}
+    for ins in reversed(program.core):
+        if not isinstance(ins, Compute):
+            continue
+        members = {id(m) for m in _members(ins.step)}
+        serves, always = set(), False
+        for o in ins.writes:
+            always |= id(o) in buffered or (id(o) in outputs and id(o) not in sinks)
+            if id(o) in sinks:
+                serves.add(id(o))
+            for u in users[id(o)]:
+                if id(u) in members:
+                    continue
+                reader = owner.get(id(u))
+                if reader is None or serves_of.get(id(reader)) is None:
+                    always = True
+                else:
+                    serves |= serves_of[id(reader)]
+        serves_of[id(ins)] = None if always else frozenset(serves)
+    core = tuple(_replace(ins, serves=serves_of[id(ins)]) if isinstance(ins, Compute) else ins
+                 for ins in program.core)
+    return program.with_(core=core)
+
+
+def strided_gathers(program):
+    """Gathers and scatter-adds read and add through evenly spaced slices where a batch has
+    them (complete trees and chains), instead of index arrays."""
+    core = tuple(_replace(ins, strided=True) if isinstance(ins, (Gather, ScatterAdd))
+                 and ins.slot != "edges" else ins for ins in program.core)
+    return program.with_(core=core)
+
+
+def streams(program):
+    """(CUDA) Which eager and lazy steps run on the side stream, beside the level loop.
+
+    An eager step goes to the side stream when neither the core nor a sink needs its outputs,
+    directly or through other eager steps (∂F: ``hᵀ·δ_push`` of a pushed head); a lazy step
+    when its outputs lead only to parameter gradients (``Xᵀ·δ``), which leave the runtime last.
+    The level loop itself stays on the main stream. See ``minicavs/cuda/streams.py``."""
+    graph = program.graph
+    need = {id(x) for ins in program.core for x in ins.reads} | {id(s) for s in program.sinks}
+    eager = []
+    for ins in reversed(program.eager):
+        if any(id(o) in need for o in ins.writes):
+            need.update(id(x) for x in ins.reads)
+            eager.append(ins)
+        else:
+            eager.append(_replace(ins, stream="side"))
+    side_need = {id(o) for o, of in zip(graph.outputs, getattr(graph, "grad_of", ()))
+                 if of.kind == "param"}
+    main_need = {id(s) for s in program.sinks} | {id(o) for o in graph.outputs
+                                                  if id(o) not in side_need}
+    lazy = []
+    for ins in reversed(program.lazy):
+        outs = {id(o) for o in ins.writes}
+        if outs & side_need and not outs & main_need:
+            side_need.update(id(x) for x in ins.reads)
+            lazy.append(_replace(ins, stream="side"))
+        else:
+            main_need.update(id(x) for x in ins.reads)
+            lazy.append(ins)
+    return program.with_(eager=tuple(reversed(eager)), lazy=tuple(reversed(lazy)))
+
+
+def _members(step):
+    group = getattr(step, "group", None)
+    return group.members if group is not None else [step.node]
+
+
+def _replace(ins, **changes):
+    from dataclasses import replace
+
+    return replace(ins, **changes)
+
+
+# --- the pipeline --------------------------------------------------------------------------------
+
+GRAPH_PASSES = (regroup_sums, cse, dce)
+PIPELINE = (classify, hoist_eager, lazy_batching, elementwise_per_level,
+            keep_mixed_rows_per_level, fuse, lower, buffers, alias_concats, zero_rows,
+            leaf_sinks, strided_gathers, streams)
+_SWITCHES = {f.name for f in fields(Options)}
+
+
+def run_passes(program, passes, options):
+    """Apply ``passes`` in order, skipping the optional ones ``options`` switches off."""
+    for p in passes:
+        if p.__name__ in _SWITCHES and not getattr(options, p.__name__):
+            continue
+        program = p(program).with_(passes=program.passes + (p.__name__,))
+    return program
+
+
+def compile_programs(f, options):
+    """The Programs of F and ∂F of vertex function ``f`` (its traced graph and ends).
+
+    F's graph is rewritten first, ∂F is derived from the result and rewritten too; the ends of
+    each program are named after the rewrites (they may replace output nodes). F then keeps
+    the values ∂F reads."""
+    sources, slots = tuple(f.sources), tuple(f.source_slots)
+    forward = run_passes(Program(f.name, f.graph, sources, (), slots,
+                                 edge_parent=f.edge_parent_input), GRAPH_PASSES, options)
+    graph = forward.graph
+    forward = forward.with_(sinks=(graph.outputs[0],))  # the scattered state
+    wrt = [s for s in graph.inputs if s.dtype.kind == "f"] + [
+        p for p in graph.params if p.dtype.kind == "f"]
+    bw = grad_graph(graph, wrt, unreached="drop")
+    backward = run_passes(Program(f"d({f.name})", bw, (bw.cotangents[0],), (), (), reverse=True),
+                          GRAPH_PASSES, options)
+    bw = backward.graph
+    grad_of = {id(x): g for x, g in zip(bw.grad_of, bw.outputs)}
+    sinks = tuple((slot, grad_of[id(s)]) for slot, s in slots if id(s) in grad_of)
+    refs = dict(zip(map(id, bw.forward_refs), bw.inputs[len(bw.cotangents):]))
+    backward = backward.with_(sinks=tuple(g for _, g in sinks), slots=sinks,
+                              edge_parent=refs.get(id(f.edge_parent_input)))
+    backward = run_passes(backward, PIPELINE, options)
+    used = {id(x) for n in bw.nodes for x in n.inputs} | {id(o) for o in bw.outputs}
+    keep = tuple(fwd for fwd in bw.forward_refs if id(refs[id(fwd)]) in used)
+    forward = run_passes(forward.with_(keep=keep), PIPELINE, options)
+    return forward, backward
+
+
+# What a static graph (``mc.symbolic``) runs through: the rewrites and fusion; it has no levels
+# and no vertex axis, so the passes about rows and streams have nothing to do.
+STATIC_OPTIONS = Options(regroup_sums=False, alias_concats=False, zero_rows=False,
+                         leaf_sinks=False, strided_gathers=False, streams=False)
+
+
+def compile_static(graph, options=STATIC_OPTIONS):
+    """The Programs of a static graph and of its derivative: one eager phase each."""
+    forward = run_passes(Program(graph.name, graph, (), (), ()), GRAPH_PASSES, options)
+    bw = grad_graph(forward.graph)
+    backward = run_passes(Program(bw.name, bw, (), (), ()), GRAPH_PASSES, options)
+    backward = run_passes(backward, PIPELINE, options)
+    bw = backward.graph
+    refs = dict(zip(map(id, bw.forward_refs), bw.inputs[len(bw.cotangents):]))
+    used = {id(x) for n in bw.nodes for x in n.inputs} | {id(o) for o in bw.outputs}
+    keep = tuple(fwd for fwd in bw.forward_refs if id(refs[id(fwd)]) in used)
+    forward = run_passes(forward.with_(keep=keep), PIPELINE, options)
+    return forward, backward

@@ -1,0 +1,243 @@
+"""The Program: F (or ∂F) of a vertex function as explicit instructions, ready to run on a batch.
+
+A vertex function is traced once into a static graph (function.py). The passes (passes.py) turn
+that graph into a :class:`Program` — immutable, printable with :meth:`Program.dump` — and the
+interpreter (interpreter.py) runs it over a GraphBatch. Everything the interpreter does is
+written here as data:
+
+* three phases (Cavs Proposition 1): ``eager`` instructions run once over all rows of the batch
+  before the level loop, ``core`` instructions run once per level on that level's rows, ``lazy``
+  instructions run once over all rows after the loop;
+* instructions: :class:`Compute` (one op or one fused group), :class:`Gather` (the rows of child
+  k copied into a contiguous block: F's entrance) and :class:`ScatterAdd` (a gradient added into
+  the children's rows: ∂F's exit), with their edge-list forms for ``gather_sum``;
+* the values that get a batch-wide buffer (one row per vertex, rows in level order), the parts
+  of a concat written straight into its columns, and which per-row values may be zero on a
+  level's rows — the facts the interpreter checks to skip work that would produce zeros.
+
+Row counts are symbolic: ``V`` is the number of vertices of a task (or batch), ``E`` its edges.
+"""
+
+from dataclasses import dataclass, field, replace
+
+from ..autodiff.visualize import node_text
+from .batching import row_domain
+
+RUN, ZERO, SKIP = "run", "zero", "skip"  # what a core instruction does on one level
+
+
+def label(symbol, names):
+    """``%i`` for a symbol of the program's graph (its position), as in ``Graph.summary()``."""
+    return f"%{names[id(symbol)]}" if id(symbol) in names else symbol.label()
+
+
+@dataclass(frozen=True, eq=False)
+class Compute:
+    """Run one executor step (an op or a fused group; ``autodiff/executor.py``).
+
+    ``symbolic``: attributes hold V or E and are instantiated per task. ``accumulate``: per
+    output, a shared value computed per level and summed (a parameter gradient without lazy
+    batching). Set by passes: ``zero_rule`` (how all-zero rows pass through; zero_rows),
+    ``serves`` (the sinks this step alone feeds; leaf_sinks), ``restrict`` (a whole-batch step
+    that runs on its nonzero rows only) and ``demand`` (an index: only its rows >= 0 are read
+    later), ``aliased`` (a concat whose parts already wrote its columns), ``stream``."""
+
+    step: object
+    symbolic: bool = False
+    accumulate: tuple = ()
+    zero_rule: object = None
+    serves: frozenset = None
+    restrict: bool = False
+    demand: object = None
+    aliased: bool = False
+    stream: str = "main"
+
+    @property
+    def reads(self):
+        return self.step.inputs
+
+    @property
+    def writes(self):
+        return self.step.outputs
+
+    def action(self, zero, unneeded):
+        """What to do on a level where the per-row values ``zero`` (ids) are all zero and the
+        sinks ``unneeded`` (ids) are read by no one: (RUN, ZERO — every output is zero — or
+        SKIP — only unneeded sinks read it; and the ids of the outputs that are zero)."""
+        if self.serves is not None and self.serves <= unneeded:
+            return SKIP, [id(o) for o in self.writes]
+        if self.zero_rule is None:
+            return RUN, []
+        zeros = [id(o) for o, z in zip(self.writes, self.zero_rule.zero_outputs(zero)) if z]
+        return (ZERO if len(zeros) == len(self.writes) else RUN), zeros
+
+    def dump(self, names):
+        members = getattr(self.step, "group", None)
+        nodes = members.members if members is not None else [self.step.node]
+        body = "; ".join(f"{label(m, names)} = {node_text(m)}"
+                         f"({', '.join(label(x, names) for x in m.inputs)})" for m in nodes)
+        what = "fused" if members is not None else "op"
+        notes = [n for n, on in (("in place", self.aliased), ("nonzero rows", self.restrict),
+                                 ("side stream", self.stream != "main"),
+                                 ("summed over levels", any(self.accumulate))) if on]
+        if self.serves is not None:
+            notes.append("only for " + ", ".join(f"%{names[s]}" for s in sorted(
+                self.serves, key=names.get)))
+        return f"{what:5} {body}" + (f"   [{', '.join(notes)}]" if notes else "")
+
+
+@dataclass(frozen=True, eq=False)
+class Gather:
+    """F's entrance: ``target``'s rows of a task are the states of each vertex's child ``slot``
+    (an int k for ``gather(k)``, or ``"edges"``: one row per edge, for ``gather_sum``); a
+    missing child reads the spare zero row. ``strided``: read through an evenly spaced slice
+    where the batch has one (complete trees, chains) instead of an index array."""
+
+    slot: object
+    target: object
+    strided: bool = False
+
+    reads = ()
+
+    @property
+    def writes(self):
+        return (self.target,)
+
+    def action(self, zero, unneeded):
+        return (ZERO, [id(self.target)]) if id(self.target) in zero else (RUN, [])
+
+    def dump(self, names):
+        which = "the children (per edge)" if self.slot == "edges" else f"child {self.slot}"
+        how = " (strided where the batch allows)" if self.strided else ""
+        return f"gather {label(self.target, names)} = states of {which}{how}"
+
+
+@dataclass(frozen=True, eq=False)
+class ScatterAdd:
+    """∂F's exit: ``source`` (the gradient of a gather input) is added into the state-gradient
+    rows of each vertex's child ``slot`` (or of each edge's child, ``"edges"``)."""
+
+    slot: object
+    source: object
+    strided: bool = False
+
+    writes = ()
+
+    @property
+    def reads(self):
+        return (self.source,)
+
+    def action(self, zero, unneeded):
+        skip = id(self.source) in unneeded or id(self.source) in zero
+        return (SKIP if skip else RUN), []
+
+    def dump(self, names):
+        which = "the children (per edge)" if self.slot == "edges" else f"child {self.slot}"
+        how = " (strided where the batch allows)" if self.strided else ""
+        return f"add   {label(self.source, names)} into the state gradients of {which}{how}"
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A batch-wide array for one per-row value: ``rows`` is "V" or "E", ``spare`` extra rows
+    stay zero (what a gather of a missing child reads)."""
+
+    key: object
+    rows: str
+    row_shape: tuple
+    dtype: object
+    spare: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class Program:
+    """F or ∂F of one vertex function, for any batch (see the module docstring).
+
+    The graph and its ends: ``sources`` arrive from other vertices during the level loop (F:
+    the gather inputs; ∂F: the cotangent of the scattered state), ``sinks`` are what other
+    vertices wait for (F: the scattered state; ∂F: the gradients of the gather inputs);
+    ``slots`` pairs each F source / ∂F sink with its child slot. ``keep``: values another
+    program reads (F keeps what ∂F needs). ``reverse``: levels run top-down (∂F).
+    The rest is filled in by the passes, whose names ``passes`` lists in order."""
+
+    name: str
+    graph: object
+    sources: tuple
+    sinks: tuple
+    slots: tuple
+    keep: tuple = ()
+    reverse: bool = False
+    edge_parent: object = None  # the input with each edge's parent row (gather_sum)
+    classes: dict = None
+    groups: tuple = ()
+    eager: tuple = ()
+    core: tuple = ()
+    lazy: tuple = ()
+    buffers: tuple = ()
+    aliases: tuple = ()  # (part, concat, axis, start, stop): part written into concat's columns
+    zero_candidates: tuple = ()  # per-row values the core reads that may be zero on a level
+    passes: tuple = ()
+    _plans: dict = field(default_factory=dict, repr=False)  # memo of level_plan
+
+    def with_(self, **changes):
+        return replace(self, _plans={}, **changes)
+
+    @property
+    def gathers_from(self):
+        """The value gathers read (F's scattered state), or None if the program gathers
+        nothing."""
+        return self.sinks[0] if any(isinstance(i, Gather) for i in self.core) else None
+
+    @property
+    def buffered(self):
+        return {b.key for b in self.buffers}
+
+    @property
+    def row_keys(self):
+        """The per-row values the core reads or writes: sliced to a level's rows each level."""
+        touched = {id(x) for ins in self.core for x in ins.reads} | {
+            id(x) for ins in self.core for x in ins.writes}
+        return tuple((id(n), row_domain(n.shape)) for n in self.graph.nodes
+                     if row_domain(n.shape) and id(n) in touched)
+
+    def level_plan(self, zero, unneeded):
+        """Per core instruction, RUN, ZERO or SKIP on a level where the per-row values ``zero``
+        (ids) are all zero and the sinks ``unneeded`` (ids) are read by no one. Levels share few
+        such patterns, so plans are memoised."""
+        key = (zero, unneeded)
+        plan = self._plans.get(key)
+        if plan is None:
+            zero = set(zero)
+            plan = []
+            for ins in self.core:
+                action, zeros = ins.action(zero, unneeded)
+                zero.update(zeros)
+                plan.append(action)
+            plan = self._plans[key] = tuple(plan)
+        return plan
+
+    def dump(self):
+        """The program as text: buffers, then each phase's instructions."""
+        names = {id(n): i for i, n in enumerate(self.graph.nodes)}
+        lines = [f"program {self.name}: {len(self.eager)} eager, {len(self.core)} core per "
+                 f"level{' (top-down)' if self.reverse else ''}, {len(self.lazy)} lazy "
+                 f"instructions", f"  passes: {', '.join(self.passes)}"]
+        lines.append("  buffers (rows in level order):")
+        for b in self.buffers:
+            rows = b.rows + (f"+{b.spare}" if b.spare else "")
+            node = next(n for n in self.graph.nodes if id(n) == b.key)
+            shape = ", ".join([rows] + [str(d) for d in b.row_shape])
+            lines.append(f"    {label(node, names):<6} ({shape}) {b.dtype}")
+        for part, concat, axis, start, stop in self.aliases:
+            lines.append(f"    {label(part, names):<6} = columns {start}:{stop} of "
+                         f"{label(concat, names)}")
+        for phase in ("eager", "core", "lazy"):
+            title = {"eager": "eager (once, all rows):", "core": "core (per level):",
+                     "lazy": "lazy (once, all rows):"}[phase]
+            lines.append("  " + title)
+            lines.extend("    " + ins.dump(names) for ins in getattr(self, phase))
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return (f"Program({self.name!r}: {len(self.eager)} eager, {len(self.core)} core, "
+                f"{len(self.lazy)} lazy)")

@@ -1,0 +1,104 @@
+"""Static functions: ``mc.symbolic(fn, *specs)``, a traced graph used as one differentiable op.
+
+Static declaration (Cavs Fig. 2a): the function is traced once; its graph and the graph of its
+derivative go through the same passes as a vertex function's (rewrites, fusion) and run on the
+same interpreter — a Program with no levels, only an eager phase. ``backward(create_graph=True)``
+replays both programs on recorded Tensors, so the gradient is differentiable again.
+"""
+
+import numpy as np
+
+from .. import backend
+from ..autodiff.executor import RECORD
+from ..autodiff.symbolic import Symbol, trace
+from ..autodiff.tensor import Tensor, is_grad_enabled
+from ..errors import DTypeError, GraphError, ShapeError
+from ..ops import registry
+from ..ops.registry import Aval, Op
+from . import interpreter
+from .passes import compile_static
+
+
+class StaticFunction:
+    """A traced function used as one differentiable op on Tensors (see :func:`symbolic`)."""
+
+    def __init__(self, fn, input_specs, name=None):
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "static")
+        self.graph = trace(fn, *input_specs, name=self.name)
+        self.program, self.backward_program = compile_static(self.graph)
+        self._op = Op(f"static:{self.name}", self._forward, self._infer, self._vjp,
+                      multi_output=len(self.graph.outputs) > 1)
+
+    @property
+    def backward_graph(self):
+        return self.backward_program.graph
+
+    def __call__(self, *args):
+        if len(args) != len(self.graph.inputs):
+            raise GraphError(f"static function {self.name!r} takes {len(self.graph.inputs)} "
+                             f"inputs, got {len(args)}")
+        if any(isinstance(a, Symbol) for a in args):
+            return self.fn(*args)  # inside another trace: inline the function
+        # ``saved`` is this call's box for the forward values ∂ reads: the op itself holds no
+        # state, the call's attributes (kept by the autodiff record) do.
+        return registry.apply(self._op, *args, *self.graph.captured, saved={})
+
+    def _infer(self, *avals, saved):
+        n_in = len(self.graph.inputs)
+        for i, (a, s) in enumerate(zip(avals[:n_in], self.graph.inputs)):
+            if tuple(a.shape) != s.shape or np.dtype(a.dtype) != s.dtype:
+                error = ShapeError if tuple(a.shape) != s.shape else DTypeError
+                raise error(f"static function {self.name!r}: argument {i} has shape "
+                            f"{tuple(a.shape)} and dtype {np.dtype(a.dtype)}, but it was traced "
+                            f"for shape {s.shape} and dtype {s.dtype}")
+        outs = [Aval(o.shape, o.dtype) for o in self.graph.outputs]
+        return tuple(outs) if self._op.multi_output else outs[0]
+
+    def _bind(self, program, xp, values):
+        """An environment with the program's constants and ``values`` (symbol -> value)."""
+        env = interpreter.constants(program, xp) if xp is not RECORD else {
+            id(n): Tensor(n.value) for n in program.graph.nodes if n.kind == "const"}
+        env.update((id(s), v) for s, v in values)
+        return env
+
+    def _forward(self, xp, *arrays, saved):
+        env = self._bind(self.program, xp, zip(self.graph.inputs + self.graph.params, arrays))
+        interpreter.run(self.program, xp, env)
+        outs = [env[id(o)] for o in self.program.graph.outputs]
+        if is_grad_enabled():
+            saved["env"] = env
+        return tuple(outs) if self._op.multi_output else outs[0]
+
+    def _vjp(self, g, out, *inputs, saved):
+        gs = list(g) if self._op.multi_output else [g]
+        program, bw = self.backward_program, self.backward_program.graph
+        if is_grad_enabled():  # create_graph: replay both programs on recorded Tensors
+            xp = RECORD
+            forward = self._bind(self.program, xp, zip(self.graph.inputs + self.graph.params,
+                                                        inputs))
+            interpreter.run(self.program, xp, forward)
+            zero = lambda o: Tensor(np.zeros(o.shape, o.dtype))  # noqa: E731
+        else:
+            xp = backend.get_array_module(*[t.data for t in inputs])
+            forward = saved["env"]
+            zero = lambda o: xp.zeros(o.shape, o.dtype)  # noqa: E731
+            gs = [None if gi is None else gi.data for gi in gs]
+        cotangents = [zero(o) if gi is None else gi for gi, o in zip(gs, self.graph.outputs)]
+        env = self._bind(program, xp, list(zip(bw.cotangents, cotangents)) + [
+            (ref, forward[id(value)]) for ref, value in zip(bw.inputs[len(bw.cotangents):],
+                                                           bw.forward_refs)])
+        interpreter.run(program, xp, env)
+        by_symbol = {id(s): env[id(o)] for s, o in zip(bw.grad_of, bw.outputs)}
+        wrap = (lambda v: v) if xp is RECORD else Tensor
+        return [wrap(by_symbol[id(s)]) if id(s) in by_symbol else None
+                for s in self.graph.inputs + self.graph.params]
+
+
+def symbolic(fn=None, *input_specs, name=None):
+    """Trace ``fn`` once for the given input specs and return a :class:`StaticFunction`: a
+    callable on Tensors that runs the traced graph and differentiates through ∂graph.
+
+    ``input_specs`` are shapes, ``(shape, dtype)`` pairs, ``mc.spec(...)`` or example arrays.
+    """
+    return StaticFunction(fn, input_specs, name=name)
