@@ -12,6 +12,7 @@ computation breakdown (Cavs Fig. 9) and the minicavs ablation (Fig. 10); writes
 """
 
 import argparse
+import dataclasses
 import os
 import platform
 import sys
@@ -25,14 +26,11 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
+from minicavs.vertex import Options  # noqa: E402
 
 DEFAULT_SYSTEMS = ["minicavs", "minicavs-cuda", "torch-eager", "torch-batched", "dynet"]
-ABLATION = {  # name -> VertexFunction options
-    "hoist_eager off": {"hoist_eager": False},
-    "lazy_batching off": {"lazy_batching": False},
-    "fuse off": {"fuse": False},
-    "streams off": {"streams": False},
-}
+# One optimisation off at a time: every switchable pass of the vertex runtime (Cavs Fig. 10).
+ABLATION = {f"{f.name} off": {f.name: False} for f in dataclasses.fields(Options)}
 # DyNet's autobatcher needs its memory pool preallocated; start here and double on failure.
 DYNET_POOL_MB = {"tree_lstm": 256, "tree_lstm_256": 512, "tree_fc": 512, "var_lstm": 512}
 DYNET_POOL_MAX_MB = 8192

@@ -364,7 +364,8 @@ def _rebuilt(graph, nodes, outputs):
     return new
 
 
-def _clone(node, inputs):
+def clone(node, inputs):
+    """A copy of op or constant ``node`` reading ``inputs`` (a rewrite's new node)."""
     from .symbolic import Symbol
 
     return Symbol(node.kind, node.shape, node.dtype, op=node.op, inputs=inputs,
@@ -386,7 +387,7 @@ def eliminate_dead(graph):
             new_of[id(n)] = n
             nodes.append(n)
         elif id(n) in needed:
-            new_of[id(n)] = _clone(n, [new_of[id(x)] for x in n.inputs])
+            new_of[id(n)] = clone(n, [new_of[id(x)] for x in n.inputs])
             nodes.append(new_of[id(n)])
     return _rebuilt(graph, nodes, [new_of[id(o)] for o in graph.outputs])
 
@@ -416,7 +417,7 @@ def merge_common_subexpressions(graph):
                 ids = tuple(sorted(ids))
             key = ("op", id(n.op), ids, freeze(n.attrs))
         if key not in canonical:
-            canonical[key] = _clone(n, inputs)
+            canonical[key] = clone(n, inputs)
             nodes.append(canonical[key])
         new_of[id(n)] = canonical[key]
     return _rebuilt(graph, nodes, [new_of[id(o)] for o in graph.outputs])

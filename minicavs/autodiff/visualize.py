@@ -39,7 +39,8 @@ def node_text(node):
         if getattr(value, "size", 2) == 1:
             return f"const {value.reshape(()).item():g}"
         return "const"
-    role = f" [{node.role}]" if node.role else ""
+    role = node.role if not isinstance(node.role, tuple) else " ".join(map(str, node.role))
+    role = f" [{role}]" if role else ""
     return f"{node.kind} {node.name or ''}".strip() + role
 
 

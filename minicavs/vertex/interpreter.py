@@ -111,21 +111,24 @@ def _run_whole(ins, xp, env, ranges, rows):
     def range_of(x):
         return ranges.get(id(x), FULL) if row_domain(x.shape) else None
 
+    buffers = [env.get(id(o)) for o in ins.writes]  # outputs with a batch buffer: keep it
+    done = None
     if ins.restrict:
         within = index_rows(env[id(ins.demand)]) if ins.demand is not None else None
         done = node.op.on_nonzero_rows(xp, node, [env[id(x)] for x in node.inputs], range_of,
                                        within)
-        if done is not None:
-            env[id(node)], out_range = done
-            if out_range is not None:
-                ranges[id(node)] = out_range
-            return
-    buffers = [env.get(id(o)) for o in ins.writes]  # outputs with a batch buffer: keep it
-    _compute(ins, xp, env, *((rows.num_vertices, rows.num_edges) if rows else (0, 0)))
+    if done is not None:
+        env[id(node)], out_range = done
+    else:
+        _compute(ins, xp, env, *((rows.num_vertices, rows.num_edges) if rows else (0, 0)))
     for o, buffer in zip(ins.writes, buffers):
         if buffer is not None and env[id(o)] is not buffer:
             buffer[...] = env[id(o)]
             env[id(o)] = buffer
+    if done is not None:
+        if out_range is not None:
+            ranges[id(node)] = out_range
+        return
     if ins.zero_rule is None:
         return
     out_ranges = ins.zero_rule(range_of)

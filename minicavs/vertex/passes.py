@@ -30,10 +30,10 @@ scheduling
   ``streams``        (CUDA) work off the level loop's path goes to a second stream
 """
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
-from ..autodiff.analysis import (NodeClasses, dependency_classes, eliminate_dead, fusion_groups,
-                                 merge_common_subexpressions)
+from ..autodiff.analysis import (NodeClasses, clone, dependency_classes, eliminate_dead,
+                                 fusion_groups, merge_common_subexpressions)
 from ..autodiff.executor import OpStep, plan_steps
 from ..autodiff.symbolic import Graph, Symbol, grad_graph
 from ..errors import GraphError
@@ -110,11 +110,11 @@ def regroup_sums(program):
                                  inputs=(new(eager[0]), new(n.inputs[1])), where=n.where,
                                  tracer=n.tracer)
                 nodes.append(hoisted)
-                new_of[id(n)] = _clone(n, (hoisted, new(core[0])))
+                new_of[id(n)] = clone(n, (hoisted, new(core[0])))
                 nodes.append(new_of[id(n)])
                 continue
         if n.kind == "op" and any(id(x) in new_of for x in n.inputs):
-            new_of[id(n)] = _clone(n, tuple(new(x) for x in n.inputs))
+            new_of[id(n)] = clone(n, tuple(new(x) for x in n.inputs))
             n = new_of[id(n)]
         nodes.append(n)
     return _with_graph(program, nodes, [new(o) for o in graph.outputs])
@@ -126,12 +126,6 @@ def cse(program):
 
 def dce(program):
     return program.with_(graph=eliminate_dead(program.graph))
-
-
-def _clone(node, inputs):
-    return Symbol(node.kind, node.shape, node.dtype, op=node.op, inputs=inputs, attrs=node.attrs,
-                  value=node.value, name=node.name, where=node.where, tracer=node.tracer,
-                  role=node.role)
 
 
 def _with_graph(program, nodes, outputs):
@@ -422,8 +416,6 @@ def _members(step):
 
 
 def _replace(ins, **changes):
-    from dataclasses import replace
-
     return replace(ins, **changes)
 
 
@@ -468,10 +460,15 @@ def compile_programs(f, options):
     backward = backward.with_(sinks=tuple(g for _, g in sinks), slots=sinks,
                               edge_parent=refs.get(id(f.edge_parent_input)))
     backward = run_passes(backward, PIPELINE, options)
-    used = {id(x) for n in bw.nodes for x in n.inputs} | {id(o) for o in bw.outputs}
-    keep = tuple(fwd for fwd in bw.forward_refs if id(refs[id(fwd)]) in used)
-    forward = run_passes(forward.with_(keep=keep), PIPELINE, options)
+    forward = run_passes(forward.with_(keep=_read_by(bw)), PIPELINE, options)
     return forward, backward
+
+
+def _read_by(bw):
+    """The forward values ∂ still reads after its rewrites: what F must keep."""
+    used = {id(x) for n in bw.nodes for x in n.inputs} | {id(o) for o in bw.outputs}
+    return tuple(fwd for fwd, ref in zip(bw.forward_refs, bw.inputs[len(bw.cotangents):])
+                 if id(ref) in used)
 
 
 # What a static graph (``mc.symbolic``) runs through: the rewrites and fusion; it has no levels
@@ -486,9 +483,5 @@ def compile_static(graph, options=STATIC_OPTIONS):
     bw = grad_graph(forward.graph)
     backward = run_passes(Program(bw.name, bw, (), (), ()), GRAPH_PASSES, options)
     backward = run_passes(backward, PIPELINE, options)
-    bw = backward.graph
-    refs = dict(zip(map(id, bw.forward_refs), bw.inputs[len(bw.cotangents):]))
-    used = {id(x) for n in bw.nodes for x in n.inputs} | {id(o) for o in bw.outputs}
-    keep = tuple(fwd for fwd in bw.forward_refs if id(refs[id(fwd)]) in used)
-    forward = run_passes(forward.with_(keep=keep), PIPELINE, options)
+    forward = run_passes(forward.with_(keep=_read_by(backward.graph)), PIPELINE, options)
     return forward, backward

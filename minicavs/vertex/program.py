@@ -18,9 +18,12 @@ written here as data:
 Row counts are symbolic: ``V`` is the number of vertices of a task (or batch), ``E`` its edges.
 """
 
+import textwrap
+from functools import cached_property
 from dataclasses import dataclass, field, replace
 
 from ..autodiff.visualize import node_text
+from ..ops.registry import describe
 from .batching import row_domain
 
 RUN, ZERO, SKIP = "run", "zero", "skip"  # what a core instruction does on one level
@@ -66,7 +69,7 @@ class Compute:
         SKIP — only unneeded sinks read it; and the ids of the outputs that are zero)."""
         if self.serves is not None and self.serves <= unneeded:
             return SKIP, [id(o) for o in self.writes]
-        if self.zero_rule is None:
+        if self.zero_rule is None or self.zero_rule.never_zero:
             return RUN, []
         zeros = [id(o) for o, z in zip(self.writes, self.zero_rule.zero_outputs(zero)) if z]
         return (ZERO if len(zeros) == len(self.writes) else RUN), zeros
@@ -74,8 +77,9 @@ class Compute:
     def dump(self, names):
         members = getattr(self.step, "group", None)
         nodes = members.members if members is not None else [self.step.node]
-        body = "; ".join(f"{label(m, names)} = {node_text(m)}"
-                         f"({', '.join(label(x, names) for x in m.inputs)})" for m in nodes)
+        body = textwrap.fill("; ".join(
+            f"{label(m, names)} = {node_text(m)}({', '.join(label(x, names) for x in m.inputs)})"
+            for m in nodes), width=92, subsequent_indent=" " * 10, break_long_words=False)
         what = "fused" if members is not None else "op"
         notes = [n for n, on in (("in place", self.aliased), ("nonzero rows", self.restrict),
                                  ("side stream", self.stream != "main"),
@@ -188,11 +192,11 @@ class Program:
         nothing."""
         return self.sinks[0] if any(isinstance(i, Gather) for i in self.core) else None
 
-    @property
+    @cached_property
     def buffered(self):
         return {b.key for b in self.buffers}
 
-    @property
+    @cached_property
     def row_keys(self):
         """The per-row values the core reads or writes: sliced to a level's rows each level."""
         touched = {id(x) for ins in self.core for x in ins.reads} | {
@@ -222,6 +226,13 @@ class Program:
         lines = [f"program {self.name}: {len(self.eager)} eager, {len(self.core)} core per "
                  f"level{' (top-down)' if self.reverse else ''}, {len(self.lazy)} lazy "
                  f"instructions", f"  passes: {', '.join(self.passes)}"]
+        graph = self.graph
+        lines.append("  inputs:")
+        for n in graph.inputs + graph.params:
+            lines.append(f"    {label(n, names):<6} {node_text(n):<28} "
+                         f"{describe(n.shape)} {n.dtype}")
+        outputs = ", ".join(f"{label(o, names)}" for o in graph.outputs)
+        lines.append(f"  outputs: {outputs}")
         lines.append("  buffers (rows in level order):")
         for b in self.buffers:
             rows = b.rows + (f"+{b.spare}" if b.spare else "")
