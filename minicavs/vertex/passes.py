@@ -315,7 +315,8 @@ def zero_rows(program):
                     value = reader
                     continue
                 index = reader.op.row_index_arg
-                if index is not None and reader.inputs[0] is value:
+                scatters = index is not None and reader.shape[:1] != reader.inputs[index].shape[:1]
+                if scatters and reader.inputs[0] is value:  # value's row i goes to row idx[i]
                     demand = reader.inputs[index]
                 break
         return _replace(ins, zero_rule=rule, restrict=restrict, demand=demand)
