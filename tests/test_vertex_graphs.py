@@ -155,3 +155,18 @@ def test_constructors():
     batch = mc.GraphBatch([dag, chain])
     assert batch.roots.tolist() == [2, 7] and not batch.is_forest
     assert batch.offsets.tolist() == [0, 3, 8]
+
+
+def test_explain_reads_each_calls_own_record():
+    F, _ = binary_tree_lstm(3, 2, np.random.default_rng(0))
+    small, large = mc.GraphBatch([mc.InputGraph.chain(2)]), mc.GraphBatch(
+        [mc.InputGraph.complete_binary(8)] * 3)
+    out_small = F(small, pull=mc.tensor(np.ones((small.num_vertices, 3))))
+    out_large = F(large, pull=mc.tensor(np.ones((large.num_vertices, 3))))
+    assert F.explain(out_small)["vertices"] == 2 and F.explain(out_small)["levels"] == 2
+    assert F.explain(out_large)["vertices"] == 45 and F.explain()["vertices"] == 45
+    out_small.sum().backward()  # the backward releases the record: explain() says so
+    with pytest.raises(mc.GraphError, match="not returned by vertex function"):
+        F.explain(out_small)
+    with pytest.raises(mc.GraphError, match="not returned by vertex function"):
+        F.explain(mc.tensor(np.ones(3)))

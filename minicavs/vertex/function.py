@@ -309,9 +309,17 @@ class VertexFunction:
                           backward_ops_per_level=counts[::-1])
         return grads
 
-    def explain(self):
-        """Figures of the last call (and its backward, once run): levels, vertices and
-        instructions run per level, seconds spent where. ``F.program.dump()`` shows what ran."""
+    def explain(self, out=None):
+        """Figures of one call (and of its backward, once run): levels, vertices and
+        instructions run per level, seconds spent where. ``out``: a Tensor this function
+        returned, for that call's figures; default the latest call. ``F.program.dump()`` shows
+        the instructions themselves."""
+        if out is not None:
+            record = getattr(out, "_creator", None)
+            if not isinstance(record, tuple) or record[0].op is not self._op:
+                raise GraphError(f"explain(out): out was not returned by vertex function "
+                                 f"{self.name!r} (or its record was released by backward)")
+            return record[0].attrs["call"].stats
         if self._last_stats is None:
             raise GraphError("explain(): the vertex function has not run yet")
         return self._last_stats
