@@ -104,6 +104,27 @@ def test_embedded_words_with_zero_rows_equal_per_sample(options, graphs, seed):
     _check_batched_equals_reference(F, params, graphs, seed, X=mc.tensor(words))
 
 
+@given(any_options, forests(max_arity=3, max_vertices=12, kinds=("tree", "dag")),
+       st.integers(0, 2**16))
+def test_gathers_sharing_one_gradient_equal_per_sample(options, graphs, seed):
+    """In ``tanh(gather(0) + gather(2) + pull)`` the gradients of both gathers and of the
+    pulled input are one value of ∂F: each slot's scatter-add still runs on every level where
+    a vertex has that child, and the pulled input's gradient is kept for all rows."""
+    rng = np.random.default_rng(seed)
+    W = mc.Parameter(rng.standard_normal((H, H)) * 0.5, name="W")
+
+    def cell(v):
+        h = mc.tanh(v.gather(0) + v.gather(2) + v.pull())
+        v.scatter(h)
+        v.push(h @ W)
+
+    F = mc.VertexFunction(cell, pull_shape=(H,), scatter_shape=(H,), arity=3,
+                          dtype="float64", options=options)
+    batch = mc.GraphBatch(graphs)
+    X = mc.tensor(rng.standard_normal((batch.num_vertices, H)), requires_grad=True)
+    _check_batched_equals_reference(F, [W], graphs, seed, X=X)
+
+
 def test_options_are_checked():
     with pytest.raises(mc.GraphError, match="unknown switch 'bogus'.*the switches are"):
         binary_tree_lstm(E, H, np.random.default_rng(0), options={"bogus": True})

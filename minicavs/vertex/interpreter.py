@@ -76,7 +76,9 @@ def _level_loop(program, xp, env, ranges, rows, moves):
             local[id(program.edge_parent)] = rows.edge_parent_local[slice(*window["edge"])]
         zero = frozenset(k for k, d in candidates
                          if k in ranges and is_empty(intersect(ranges[k], window[d])))
-        unneeded = frozenset(sink for slot, sink in sink_slots if not rows.has_child(slot, t))
+        # A sink no vertex of the level reads (one value may be the sink of several slots).
+        needed = {sink for slot, sink in sink_slots if rows.has_child(slot, t)}
+        unneeded = frozenset(sink for _, sink in sink_slots if sink not in needed)
         ran = 0
         for ins, action in zip(program.core, program.level_plan(zero, unneeded)):
             if action == RUN:

@@ -244,10 +244,9 @@ def buffers(program):
     within their level and need none. The scattered state has a spare zero row: what a missing
     child reads."""
     graph = program.graph
-    sinks = {id(s) for s in program.sinks}
     whole = program.eager + program.lazy
     read_later = {id(k) for k in program.keep} | {id(x) for ins in whole for x in ins.reads} | {
-        id(o) for o in graph.outputs if not (program.reverse and id(o) in sinks)}
+        id(o) for o in _read_after_loop(program)}
     specs = {}
     for o in [o for ins in program.core for o in ins.writes]:
         if row_domain(o.shape) and id(o) in read_later:
@@ -259,6 +258,17 @@ def buffers(program):
     if program.reverse:
         specs[id(program.sources[0])] = _buffer(program.sources[0], spare=1)
     return program.with_(buffers=tuple(specs.values()))
+
+
+def _read_after_loop(program):
+    """The graph outputs the caller reads after the loop: all of F's; ∂F's except the sinks,
+    which are added into the children's rows within their level — unless the same value is
+    also another output (the pulled input's gradient when it equals a gather's)."""
+    outputs = list(program.graph.outputs)
+    if program.reverse:
+        for s in program.sinks:
+            outputs.remove(s)
+    return outputs
 
 
 def _buffer(symbol, spare=0):
@@ -339,7 +349,7 @@ def leaf_sinks(program):
     level where no vertex has that child those steps have nothing to do."""
     graph = program.graph
     sinks = {id(s) for s in program.sinks}
-    outputs = {id(o) for o in graph.outputs}
+    read_after = {id(o) for o in _read_after_loop(program)}
     buffered = program.buffered
     owner = {}
     for ins in program.core:
@@ -354,7 +364,7 @@ def leaf_sinks(program):
         members = {id(m) for m in _members(ins.step)}
         serves, always = set(), False
         for o in ins.writes:
-            always |= id(o) in buffered or (id(o) in outputs and id(o) not in sinks)
+            always |= id(o) in buffered or id(o) in read_after
             if id(o) in sinks:
                 serves.add(id(o))
             for u in users[id(o)]:
