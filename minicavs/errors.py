@@ -34,6 +34,11 @@ class CheckpointError(MinicavsError, ValueError):
     """A checkpoint cannot be written or does not match the model it is loaded into."""
 
 
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint could not be written (a missing directory, no permission, a full disk);
+    the message names the path given. The previous file at that path is left intact."""
+
+
 class IndexRangeError(MinicavsError, IndexError):
     """An index (a row, a child, a label) is outside the range it must lie in."""
 
@@ -49,3 +54,23 @@ class KernelCompileError(MinicavsError, RuntimeError):
 
 class ToolchainError(DeviceError):
     """A compiler the CUDA layer needs (NVRTC, or g++ for the CPU shim) cannot be found."""
+
+
+class ArgumentError(MinicavsError, ValueError, TypeError):
+    """An argument of a public function has a value or type it cannot take (a negative size, a
+    NaN learning rate, a string for a number, a path that cannot be written); the message names
+    the argument. Both ``except ValueError`` and ``except TypeError`` catch it."""
+
+
+class OutOfMemoryError(MinicavsError, MemoryError):
+    """A batch needs more memory than the budget allows or than could be allocated; the message
+    names the buffer, the batch's size and what to reduce."""
+
+
+class InPlaceModificationError(MinicavsError, RuntimeError):
+    """A tensor that backward needs was changed in place after the forward pass saved it."""
+
+
+class NonFiniteError(MinicavsError, FloatingPointError):
+    """Debug mode found a NaN or an infinity: the message names the op, the user's line and,
+    inside a vertex function, the sample, vertex and level."""

@@ -295,3 +295,125 @@ def test_overwriting_a_checkpoint(saved):
     fresh, fresh_opt = build(seed=5)
     assert nn.load_checkpoint(path, fresh, fresh_opt)["extra"] == {"step": 3}
     assert_bitwise_equal(model.state_dict(), fresh.state_dict())
+
+
+# --- killed saves, checksums, non-finite files, bad paths --------------------------------------
+
+KILLED_MID_SAVE = '''
+import os, signal, sys
+from minicavs.nn import checkpoint
+
+def savez(f, **arrays):  # half an archive reaches the disk, then the process is killed
+    f.write(b"PK\\x03\\x04 half an archive")
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+checkpoint.np.savez = savez
+model, opt = build(seed=1)
+mc.nn.save_checkpoint(sys.argv[1], model, opt)
+'''
+
+
+def test_temporaries_of_killed_saves_are_removed_by_the_next_save(saved):
+    path, model, opt = saved
+    original = path.read_bytes()
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    for kill in range(3):  # each killed save first removes the temporary of the one before
+        done = subprocess.run([sys.executable, "-c", TRAINING + KILLED_MID_SAVE, str(path)],
+                              env=env, cwd=ROOT, timeout=120)
+        assert done.returncode == -9  # SIGKILL
+        left = sorted(os.listdir(path.parent))
+        assert len(left) == 2 and left[0].startswith(".ckpt.npz.") and left[0].endswith(".tmp")
+        assert path.read_bytes() == original  # the previous checkpoint is intact
+    nn.load_checkpoint(path, *build(seed=5))
+
+    other = path.with_name("other.npz")  # a save to another path leaves it alone
+    nn.save_checkpoint(other, model)
+    assert len(os.listdir(path.parent)) == 3
+    nn.save_checkpoint(path, model, opt)
+    assert sorted(os.listdir(path.parent)) == ["ckpt.npz", "other.npz"]
+
+
+def test_a_temporary_of_a_live_process_is_kept(saved):
+    path, model, _ = saved
+    live = path.parent / f".ckpt.npz.{os.getppid()}.0badcafe.tmp"  # our parent is alive
+    live.write_bytes(b"being written")
+    nn.save_checkpoint(path, model)
+    assert live.exists()
+
+
+def test_a_checkpoint_edited_or_damaged_after_the_save_fails_its_checksum(saved):
+    path, model, opt = saved
+    with np.load(path) as archive:
+        arrays = dict(archive)
+    arrays["param/hidden.weight"] = arrays["param/hidden.weight"].copy()
+    arrays["param/hidden.weight"][0, 0] += 1.0  # a valid zip with valid CRCs, other values
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    fresh, fresh_opt = build(seed=1)
+    before = fresh.state_dict()
+    with pytest.raises(mc.CheckpointError, match=r"ckpt\.npz.* is corrupt: its arrays do not "
+                                                 r"match the checksum"):
+        nn.load_checkpoint(path, fresh, fresh_opt)
+    assert_bitwise_equal(before, fresh.state_dict())
+
+
+def _rewrite_arrays(path, change):
+    """Edit a saved checkpoint as a tool outside minicavs would: new arrays, no checksum."""
+    with np.load(path) as archive:
+        arrays = dict(archive)
+    metadata = json.loads(arrays["__metadata__"].tobytes())
+    del metadata["checksum"]  # as in a file written before checksums existed
+    arrays["__metadata__"] = np.frombuffer(json.dumps(metadata).encode(), np.uint8)
+    change(arrays)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def test_loading_refuses_non_finite_values_unless_asked(saved):
+    path, _, _ = saved
+    _rewrite_arrays(path, lambda a: a.update({"param/out.bias": np.array([0, np.nan, np.inf],
+                                                                         np.float32)}))
+    fresh, _ = build(seed=1)
+    before = fresh.state_dict()
+    with pytest.raises(mc.CheckpointError, match=r"parameter 'out.bias' has 2 non-finite "
+                                                 r"value\(s\) \(NaN or inf\) of 3; refusing to "
+                                                 r"load .*allow_non_finite=True"):
+        nn.load_checkpoint(path, fresh)
+    assert_bitwise_equal(before, fresh.state_dict())
+    loaded = nn.load_checkpoint(path, fresh, allow_non_finite=True)
+    assert loaded["format_version"] == 1
+    assert np.isnan(fresh.out.bias.numpy()[1]) and np.isinf(fresh.out.bias.numpy()[2])
+
+
+def test_non_finite_optimiser_state_is_refused_too(saved):
+    path, _, _ = saved
+    _rewrite_arrays(path, lambda a: a.update({"optimizer/0/v": np.full_like(
+        a["optimizer/0/v"], np.nan)}))
+    fresh, fresh_opt = build(seed=1)
+    with pytest.raises(mc.CheckpointError, match=r"optimizer state 'v' of parameter "
+                                                 r"'embed.weight' has 24 non-finite"):
+        nn.load_checkpoint(path, fresh, fresh_opt)
+    nn.load_checkpoint(path, fresh)  # the model alone is finite
+
+
+@pytest.mark.parametrize("where, message", [
+    ("missing/dir/c.npz", r"cannot write '.*missing/dir/c\.npz': its directory .*missing/dir' "
+                          r"does not exist"),
+    (".", r"is a directory; give a file name"),
+    ("", r"path must be a file path, got ''"),
+])
+def test_save_paths_are_checked_before_writing(tmp_path, where, message):
+    model, _ = build(seed=0)
+    target = str(tmp_path / where) if where not in ("", ".") else (where and str(tmp_path))
+    with pytest.raises(mc.CheckpointError, match=message):
+        nn.save_checkpoint(target, model)
+
+
+def test_unwritable_place_names_the_path_given(tmp_path):
+    model, _ = build(seed=0)
+    with pytest.raises(mc.CheckpointError, match=r"cannot write '/proc/minicavs\.npz'") as info:
+        nn.save_checkpoint("/proc/minicavs.npz", model)
+    assert isinstance(info.value, OSError)  # still an OSError for generic handlers
+    with pytest.raises(mc.CheckpointError, match="model must be a minicavs.nn.Module, got dict"):
+        nn.save_checkpoint(tmp_path / "m.npz", {"w": np.zeros(3)})

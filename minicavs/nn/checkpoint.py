@@ -7,24 +7,33 @@ Layout of the archive (plain arrays only, so loading never unpickles anything):
 * ``optimizer/<i>/<state name>``: the optimiser's per-parameter state (``i`` in its order);
 * ``__metadata__``: UTF-8 JSON (as uint8) with the format name and version, the minicavs
   version, each parameter's name, shape and dtype, the optimiser's type, hyperparameters and
-  state names, and the caller's ``hyperparameters`` and ``extra``.
+  state names, the caller's ``hyperparameters`` and ``extra``, and a SHA-256 ``checksum`` of
+  every array (names, dtypes, shapes and bytes): a file damaged or edited after the save is
+  refused even where the zip's own CRCs were rewritten. (Files without a checksum, written
+  before it was added, load unverified.)
 
 A save is atomic: the archive is written to a temporary file in the target's directory, flushed
 and fsync'ed, then renamed over the target (``os.replace``), and the directory is fsync'ed so the
 rename itself survives a crash. An interrupted save leaves the previous file, never half a file.
-A load checks everything before it changes anything.
+The temporary file's name holds the saving process's id, so the next save to the same path
+removes the temporaries of saves that were killed (their process is gone) and never one that a
+live process is still writing. A load checks everything before it changes anything, and refuses
+NaN and infinite values unless ``allow_non_finite=True``.
 """
 
+import errno
+import hashlib
 import json
 import os
-import tempfile
+import re
+import secrets
 
 import numpy as np
 
 from .. import __version__
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CheckpointWriteError
 from ..ops.registry import describe
-from .module import state_mismatches
+from .module import Module, state_mismatches
 
 FORMAT = "minicavs-checkpoint"
 FORMAT_VERSION = 1
@@ -39,7 +48,8 @@ def save_checkpoint(path, model, optimizer=None, hyperparameters=None, extra=Non
     a :class:`CheckpointError` naming the parameter: a diverged run must not overwrite a good
     checkpoint.
     """
-    path = os.fspath(path)
+    _check_objects("save_checkpoint", model, optimizer)
+    path = _target(path)
     params = model.state_dict()
     arrays = {f"param/{name}": value for name, value in params.items()}
     metadata = {
@@ -59,6 +69,7 @@ def save_checkpoint(path, model, optimizer=None, hyperparameters=None, extra=Non
                 _check_finite(value, f"optimizer state {key!r} of {names[i]}")
     for name, value in params.items():
         _check_finite(value, f"parameter {name!r}")
+    metadata["checksum"] = _checksum(arrays)
     try:
         text = json.dumps(metadata, default=_to_json)
     except (TypeError, ValueError) as exc:
@@ -68,18 +79,27 @@ def save_checkpoint(path, model, optimizer=None, hyperparameters=None, extra=Non
     _write_atomically(path, arrays)
 
 
-def load_checkpoint(path, model, optimizer=None):
+def load_checkpoint(path, model, optimizer=None, allow_non_finite=False):
     """Load a checkpoint written by :func:`save_checkpoint` into ``model`` (and ``optimizer``).
 
     Returns ``{"hyperparameters", "extra", "format_version", "minicavs_version"}``. Raises a
     :class:`CheckpointError` that says what is wrong if the file is missing, truncated or
-    corrupt, of another format version, or does not match the model or optimiser (names,
+    corrupt (its checksum does not match), of another format version, holds NaN or infinite
+    values (unless ``allow_non_finite``), or does not match the model or optimiser (names,
     shapes, dtypes, optimiser type and state); in that case nothing has been changed.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise CheckpointError(f"load_checkpoint: path must be a file path, got "
+                              f"{type(path).__name__}")
+    _check_objects("load_checkpoint", model, optimizer)
     path = os.fspath(path)
     arrays = _read(path)
     metadata = _metadata(path, arrays)
+    _verify_checksum(path, arrays, metadata)
     params = _parameters(path, arrays, metadata)
+    if not allow_non_finite:
+        for name, value in params.items():
+            _check_finite(value, f"parameter {name!r}", path)
     problems = state_mismatches(dict(model.named_parameters()), params)
     if problems:
         raise CheckpointError(f"checkpoint {path!r} does not match the model "
@@ -88,6 +108,10 @@ def load_checkpoint(path, model, optimizer=None):
     if optimizer is not None:
         optimizer_state = _optimizer_state(path, arrays, metadata)
         names = _optimizer_names(model, optimizer)
+        if not allow_non_finite:
+            for name, state in zip(names, optimizer_state["state"]):
+                for key, value in state.items():
+                    _check_finite(value, f"optimizer state {key!r} of {name}", path)
         problems = optimizer.state_mismatches(optimizer_state, names)
         if problems:
             raise CheckpointError(f"checkpoint {path!r}: the optimiser state does not match "
@@ -101,11 +125,55 @@ def load_checkpoint(path, model, optimizer=None):
 
 # --- writing ----------------------------------------------------------------------------------
 
-def _check_finite(value, what):
+def _check_objects(function, model, optimizer):
+    from .optim import Optimizer
+
+    if not isinstance(model, Module):
+        raise CheckpointError(f"{function}: model must be a minicavs.nn.Module, got "
+                              f"{type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, Optimizer):
+        raise CheckpointError(f"{function}: optimizer must be a minicavs.nn optimiser (or "
+                              f"None), got {type(optimizer).__name__}")
+
+
+def _target(path):
+    """The path to save to, checked before anything is written: a file name (not a
+    directory) in a directory that exists."""
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise CheckpointError(f"save_checkpoint: path must be a file path, got {path!r}")
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise CheckpointError(f"save_checkpoint: {path!r} is a directory; give a file name "
+                              f"such as {os.path.join(path, 'model.npz')!r}")
+    if not os.path.isdir(directory):
+        raise CheckpointWriteError(errno.ENOENT, f"save_checkpoint: cannot write {path!r}: "
+                                   f"its directory {directory!r} does not exist (create it "
+                                   f"first)")
+    return path
+
+
+def _check_finite(value, what, path=None):
+    value = np.asarray(value)
     if value.dtype.kind == "f" and not np.isfinite(value).all():
         bad = int(value.size - np.isfinite(value).sum())
-        raise CheckpointError(f"save_checkpoint: {what} has {bad} non-finite value(s) (NaN or "
-                              f"inf) of {value.size}; refusing to save a diverged model")
+        if path is None:
+            raise CheckpointError(f"save_checkpoint: {what} has {bad} non-finite value(s) (NaN "
+                                  f"or inf) of {value.size}; refusing to save a diverged model")
+        raise CheckpointError(f"checkpoint {path!r}: {what} has {bad} non-finite value(s) "
+                              f"(NaN or inf) of {value.size}; refusing to load a diverged "
+                              f"model (pass allow_non_finite=True to load it anyway)")
+
+
+def _checksum(arrays):
+    """SHA-256 of every array but the metadata: names, dtypes, shapes and bytes, in name
+    order."""
+    digest = hashlib.sha256()
+    for name in sorted(k for k in arrays if k != _METADATA):
+        value = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}\0{value.dtype.str}\0{value.shape}\0".encode("utf-8"))
+        digest.update(value.reshape(-1).view(np.uint8))
+    return digest.hexdigest()
 
 
 def _to_json(value):
@@ -118,24 +186,64 @@ def _to_json(value):
 
 def _write_atomically(path, arrays):
     directory = os.path.dirname(os.path.abspath(path))
-    fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                                     dir=directory)
+    _remove_stale_temporaries(path)
+    temporary = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}."
+                                        f"{secrets.token_hex(4)}.tmp")
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # as open() would make it; mkstemp's is owner-only
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
+    except OSError as exc:
+        raise _write_error(path, exc) from None
+    try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())  # the data is on disk before the name points at it
         os.replace(temporary, path)
-    except BaseException:  # including KeyboardInterrupt: never leave the temporary behind
+    except BaseException as exc:  # including KeyboardInterrupt: never leave the temporary behind
         try:
             os.unlink(temporary)
         except OSError:
             pass
+        if isinstance(exc, OSError) and not isinstance(exc, CheckpointError):
+            raise _write_error(path, exc) from exc
         raise
     _fsync_directory(directory)
+
+
+def _write_error(path, exc):
+    reason = exc.strerror or str(exc)
+    return CheckpointWriteError(exc.errno, f"save_checkpoint: cannot write {path!r}: {reason}; "
+                                f"the previous file there (if any) is unchanged")
+
+
+def _remove_stale_temporaries(path):
+    """Remove the temporary files that saves to ``path`` left when their process was killed:
+    ``.<name>.<pid>.<random>.tmp`` whose process no longer runs."""
+    directory = os.path.dirname(os.path.abspath(path))
+    pattern = re.compile(re.escape(f".{os.path.basename(path)}.") + r"(\d+)\.[0-9a-f]+\.tmp")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match and not _process_alive(int(match.group(1))):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass  # another save removed it first, or it is not ours to remove
+
+
+def _process_alive(pid):
+    if pid == os.getpid():
+        return True  # a save in another thread of this process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # someone else's process: leave its file alone
+    return True
 
 
 def _fsync_directory(directory):
@@ -164,6 +272,14 @@ def _read(path):
     except Exception as exc:  # BadZipFile, ValueError, EOFError, zlib.error, OSError, ...
         raise CheckpointError(f"checkpoint {path!r} is truncated or corrupt and cannot be read "
                               f"({type(exc).__name__}: {exc})") from None
+
+
+def _verify_checksum(path, arrays, metadata):
+    expected = metadata.get("checksum")
+    if expected is not None and _checksum(arrays) != expected:
+        raise CheckpointError(f"checkpoint {path!r} is corrupt: its arrays do not match the "
+                              f"checksum written with them (the file was damaged or edited "
+                              f"after it was saved)")
 
 
 def _metadata(path, arrays):
