@@ -120,6 +120,32 @@ def test_file_errors_name_the_file_and_line(tmp_path):
     assert issubclass(DataError, MinicavsError) and issubclass(DataError, ValueError)
 
 
+def test_sst_labels_outside_0_to_4_are_refused_with_file_line_and_column(tmp_path):
+    path = tmp_path / "train.txt"
+    path.write_text("(3 (2 a) (4 b))\n(2 (9 good) (2 film))\n")
+    with pytest.raises(DataError, match=r"train.txt:2:5: label 9 is out of range "
+                                             r"\(valid: 0..4\)"):
+        read_sst(path)
+    assert len(read_sst(path, num_labels=10)) == 2  # another treebank's labels
+
+
+@pytest.mark.parametrize("reader", ["sst", "ptb", "vocabulary"])
+def test_files_that_are_not_utf8_name_the_file_line_and_byte(tmp_path, reader):
+    path = tmp_path / "file.txt"
+    first = {"sst": b"(2 (2 a) (3 b))\n", "ptb": b"a b c\n", "vocabulary": b"<unk>\n"}[reader]
+    path.write_bytes(first + "(2 caf\u00e9)\n".encode("latin-1"))
+    read = {"sst": read_sst, "ptb": read_ptb,
+            "vocabulary": Vocabulary.load}[reader]
+    with pytest.raises(DataError, match=r"file.txt:2:7: byte 0xe9 is not UTF-8 text; the "
+                                             r"file must be UTF-8"):
+        read(path)
+
+
+def test_a_missing_file_is_a_data_error(tmp_path):
+    with pytest.raises(DataError, match=r"nothing.txt: cannot read it: No such file"):
+        read_ptb(tmp_path / "nothing.txt")
+
+
 def test_read_sst_skips_blank_lines_and_encodes_with_a_vocabulary(tmp_path):
     path = write(tmp_path / "t.txt", ["", SST_LINES[0], "   ", SST_LINES[1]])
     vocab = Vocabulary(["The", "great"])

@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .files import text_lines
 from .tree import DataError
 from .vocab import Vocabulary
 
@@ -32,8 +33,7 @@ def read_ptb(path):
     Every line is one sentence; a blank line gives ``["<eos>"]``, as the usual reader (which
     replaces each newline by ``<eos>``) would.
     """
-    with open(path, encoding="utf-8") as f:
-        return [line.split() + [EOS] for line in f]
+    return [line.split() + [EOS] for _, line in text_lines(path)]
 
 
 def load_ptb(directory, vocab=None):

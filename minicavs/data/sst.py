@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import IndexRangeError, ShapeError
+from .files import text_lines
 from .tree import DataError, Tree, TreebankSplits
 from .vocab import Vocabulary
 
@@ -40,11 +41,13 @@ def _shown(token):
     return "the end of the line" if token is None else repr(token)
 
 
-def parse_tree(text, vocab=None, *, collapse_unary=True, source="<string>", line=1):
+def parse_tree(text, vocab=None, *, collapse_unary=True, source="<string>", line=1,
+               num_labels=None):
     """Parse one PTB-style tree into a :class:`Tree` (vertices numbered in post-order).
 
     Leaves get word ids from ``vocab`` if one is given, else -1 (encode them later with
-    ``vocab.encode_tree``). ``source`` and ``line`` only label error messages.
+    ``vocab.encode_tree``). Labels are integers (-1: unlabelled), in ``0..num_labels - 1`` if
+    ``num_labels`` is given (SST: 5). ``source`` and ``line`` only label error messages.
     """
     tokens = _TOKEN.findall(text)
     count = len(tokens)
@@ -67,6 +70,8 @@ def parse_tree(text, vocab=None, *, collapse_unary=True, source="<string>", line
             except (TypeError, ValueError):
                 raise fail(i + 1, f"expected an integer label after '(', found "
                                   f"{_shown(label_token)}") from None
+            if num_labels is not None and not 0 <= label < num_labels:
+                raise fail(i + 1, f"label {label} is out of range (valid: 0..{num_labels - 1})")
             body = tokens[i + 2] if i + 2 < count else None
             if body is None:
                 raise fail(i + 2, "expected a word or '(' after the label, found the end of "
@@ -117,19 +122,19 @@ def parse_tree(text, vocab=None, *, collapse_unary=True, source="<string>", line
     return vocab.encode_tree(tree) if vocab is not None else tree
 
 
-def read_sst(path, vocab=None, *, collapse_unary=True):
-    """Parse every non-blank line of an SST file into a Tree; errors name the file and line."""
+def read_sst(path, vocab=None, *, collapse_unary=True, num_labels=5):
+    """Parse every non-blank line of an SST file into a Tree; errors name the file and line.
+    Labels must lie in ``0..num_labels - 1`` (SST's five sentiment classes)."""
     path = Path(path)
     trees = []
-    with open(path, encoding="utf-8") as f:
-        for number, text in enumerate(f, start=1):
-            if text.strip():
-                trees.append(parse_tree(text, vocab, collapse_unary=collapse_unary,
-                                        source=str(path), line=number))
+    for number, text in text_lines(path):
+        if text.strip():
+            trees.append(parse_tree(text, vocab, collapse_unary=collapse_unary,
+                                    source=str(path), line=number, num_labels=num_labels))
     return trees
 
 
-def load_sst(directory, *, lowercase=False, min_count=1, collapse_unary=True):
+def load_sst(directory, *, lowercase=False, min_count=1, collapse_unary=True, num_labels=5):
     """Read ``train.txt``, ``dev.txt`` and ``test.txt`` from ``directory``.
 
     The vocabulary is built from the training trees only (tokens seen at least ``min_count``
@@ -140,7 +145,8 @@ def load_sst(directory, *, lowercase=False, min_count=1, collapse_unary=True):
     missing = [n for n in ("train.txt", "dev.txt", "test.txt") if not (directory / n).is_file()]
     if missing:
         raise DataError(f"{directory}: missing SST file(s) {', '.join(missing)}")
-    raw = {name: read_sst(directory / f"{name}.txt", collapse_unary=collapse_unary)
+    raw = {name: read_sst(directory / f"{name}.txt", collapse_unary=collapse_unary,
+                          num_labels=num_labels)
            for name in ("train", "dev", "test")}
     vocab = Vocabulary.build((t.tokens for t in raw["train"]), min_count=min_count,
                              lowercase=lowercase)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .files import read_text
 from .tree import DataError, Tree
 
 
@@ -119,7 +120,7 @@ class Vocabulary:
 
         Either way the first token must be ``<unk>`` (id 0), and no token may appear twice.
         """
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path)
         if text.lstrip().startswith("{"):
             try:
                 data = json.loads(text)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ops
+from ..data import DataError
+from ..errors import ShapeError
 from ..autodiff import no_grad, spec, tensor
 from ..vertex import symbolic
 from ..nn import Embedding, Module
@@ -177,7 +179,7 @@ class FixedLSTMLanguageModel(Module):
         """A :class:`StreamBatch` from (B, steps + 1) token rows."""
         rows = np.asarray(rows, dtype=np.int64)
         if rows.ndim != 2 or rows.shape[1] != self.steps + 1:
-            raise ValueError(f"FixedLSTMLanguageModel.prepare: rows must have shape (B, "
+            raise ShapeError(f"FixedLSTMLanguageModel.prepare: rows must have shape (B, "
                              f"{self.steps + 1}) (steps + 1 tokens), got {rows.shape}")
         return StreamBatch(tensor(rows[:, :-1].copy()), tensor(rows[:, 1:].copy()))
 
@@ -203,7 +205,7 @@ def stream_rows(sentences, steps):
     stream = np.concatenate([np.asarray(s, dtype=np.int64) for s in sentences])
     count = (len(stream) - 1) // steps
     if count == 0:
-        raise ValueError(f"stream_rows: {len(stream)} tokens are too few for one row of "
-                         f"{steps + 1}")
+        raise DataError(f"stream_rows: {len(stream)} tokens are too few for one row of "
+                        f"{steps + 1} (steps + 1); use fewer steps or more text")
     starts = np.arange(count) * steps
     return stream[starts[:, None] + np.arange(steps + 1)]
