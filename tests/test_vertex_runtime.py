@@ -125,6 +125,26 @@ def test_gathers_sharing_one_gradient_equal_per_sample(options, graphs, seed):
     _check_batched_equals_reference(F, [W], graphs, seed, X=X)
 
 
+@given(any_options, forests(max_arity=2, max_vertices=8), st.integers(0, 2**16))
+def test_a_cell_without_gathers_equals_per_sample(options, graphs, seed):
+    """F with no gather has no core: ∂F reads the caller's gradient of the states (F returns
+    them) only in its lazy phase, over all rows."""
+    rng = np.random.default_rng(seed)
+    W = mc.Parameter(rng.standard_normal((E, H)) * 0.5, name="W")
+    F = mc.VertexFunction(lambda v: v.scatter(mc.tanh(v.pull() @ W)), pull_shape=(E,),
+                          scatter_shape=(H,), dtype="float64", options=options)
+    batch = mc.GraphBatch(graphs)
+    X = mc.tensor(rng.standard_normal((batch.num_vertices, E)), requires_grad=True)
+    results = []
+    for run in (F, lambda b, pull: evaluate_per_sample(F, b, pull)):
+        W.grad = X.grad = None
+        out = run(batch, pull=X)
+        (out * out).sum().backward()
+        results.append([out.numpy(), W.grad.numpy(), X.grad.numpy()])
+    for got, want in zip(*results):
+        assert _relative_error(got, want) <= 1e-9
+
+
 def test_options_are_checked():
     with pytest.raises(mc.GraphError, match="unknown switch 'bogus'.*the switches are"):
         binary_tree_lstm(E, H, np.random.default_rng(0), options={"bogus": True})

@@ -97,8 +97,10 @@ def _level_loop(program, xp, env, ranges, rows, moves):
                     moves.zero(o, local, window, id(o) in in_buffers)
         counts.append(ran)
     env.update(summed)
-    for b in program.buffers:
-        ranges[b.key] = written.get(b.key, (0, 0))
+    sources = {id(s) for s in program.sources}
+    for b in program.buffers:  # rows no level wrote are stale (the pool's), i.e. unused
+        if b.key not in sources:  # (∂F's state gradient is filled by the caller and the adds)
+            ranges[b.key] = written.get(b.key, (0, 0))
     for part, concat, *_ in program.aliases:
         ranges[id(part)] = ranges.get(id(concat), FULL)
     return counts
