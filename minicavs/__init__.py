@@ -9,9 +9,10 @@ checkpoints; ``cuda`` has the GPU kernels.
 
 __version__ = "0.1.0"
 
-from .errors import (CheckpointError, DeviceError, DTypeError, GradientCheckError, GraphError,
-                     IndexRangeError, KernelCompileError, MinicavsError, ShapeError,
-                     ToolchainError)
+from .errors import (ArgumentError, CheckpointError, CheckpointWriteError, DeviceError,
+                     DTypeError, GradientCheckError, GraphError, IndexRangeError,
+                     InPlaceModificationError, KernelCompileError, MinicavsError, NonFiniteError,
+                     OutOfMemoryError, ShapeError, ToolchainError)
 from .backend import (default_dtype, get_array_module, get_device, gpu_available, seed,
                       set_default_dtype, set_device)
 from .ops import (add, astype, broadcast_to, concat, div, embedding, equal, exp, expand_dims,
@@ -23,4 +24,5 @@ from .autodiff import (Graph, Parameter, Symbol, Tensor, enable_grad, gradcheck,
                        is_grad_enabled, no_grad, spec, trace, tensor)
 from .vertex import (GraphBatch, InputGraph, StaticFunction, VertexFunction, evaluate_per_sample,
                      symbolic)
+from .vertex.memory import memory_budget, set_memory_budget
 from . import nn

@@ -193,3 +193,65 @@ def get_blas_threads():
     if pools is None:
         return None
     return max(info["num_threads"] for info in pools.info())
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+def available_memory(device=None):
+    """Bytes this process may still allocate on ``device`` (default: the current one), or None
+    if that cannot be found out. On the CPU: the least of the free physical memory
+    (``MemAvailable``), what a cgroup limit leaves and what an address-space limit
+    (``ulimit -v``) leaves; on a GPU: its free memory plus what CuPy's pool holds unused."""
+    device = device or _device
+    if device == "cuda":
+        cupy = cupy_or_error()
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        return int(free) + int(cupy.get_default_memory_pool().free_bytes())
+    limits = [_meminfo_bytes("/proc/meminfo", "MemAvailable")]
+    limits.append(_cgroup_headroom())
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            used = _meminfo_bytes("/proc/self/status", "VmSize") or 0
+            limits.append(max(soft - used, 0))
+    except (ImportError, OSError, ValueError):
+        pass
+    known = [n for n in limits if n is not None]
+    if not known:
+        try:
+            known = [os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")]
+        except (ValueError, OSError, AttributeError):
+            return None
+    return min(known)
+
+
+def _meminfo_bytes(path, key):
+    """A ``key: <n> kB`` line of a /proc file, in bytes (None where there is none)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_headroom():
+    """What a cgroup (v2, else v1) memory limit leaves, in bytes; None without a limit."""
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            with open(usage_file) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or int(limit) >= 1 << 60:  # no limit (v1 says "a huge number")
+            return None
+        return max(int(limit) - usage, 0)
+    return None

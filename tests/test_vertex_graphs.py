@@ -116,7 +116,7 @@ def test_schedule_invariants(graphs):
     # The number of levels is the height of the tallest graph plus one.
     assert batch.num_levels == max(g.height() for g in graphs) + 1
     # Child-row indices point at the rows of the right children.
-    for k, rows in enumerate(batch.child_rows):
+    for k, rows in enumerate(map(batch.child_rows_of, range(batch.max_arity))):
         for r in range(n):
             v = batch.order[r]
             kids = batch.child_ids[batch.child_ptr[v]:batch.child_ptr[v + 1]]

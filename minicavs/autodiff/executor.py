@@ -317,7 +317,8 @@ class NumpyFusedKernel(FusedKernel):
     shape, and where its value goes — a group output gets its own array (new, or the caller's
     ``outs``), an intermediate gets a scratch buffer, reused by a later member once its value is
     dead (in place when that member reads it and the op allows it). Scratch buffers are kept per
-    thread and reused across calls, so a steady loop allocates only the outputs.
+    thread and reused across calls, so a steady loop allocates only the outputs; calls of every
+    shape share them (``_scratch``).
 
     Each member is written by its op's writer (``op.into``); ``writers`` (``{op: (writer,
     in_place)}``) replaces some, e.g. the sigmoid formulas the benchmark compares."""
@@ -335,6 +336,20 @@ class NumpyFusedKernel(FusedKernel):
         self._plans = {}
         self._local = threading.local()
 
+    def _scratch(self, plan):
+        """Views of this thread's scratch arrays in ``plan``'s shapes. One flat array per
+        scratch slot, grown to the largest size seen: a batch's levels of every size share it,
+        so the memory kept is one level's, not one per level size."""
+        local = self._local.__dict__
+        flat = local.setdefault("flat", {})  # (slot, dtype) -> 1-D array
+        for k, (shape, dtype) in enumerate(plan.scratch_specs):
+            size = int(np.prod(shape))
+            if flat.get((k, dtype)) is None or flat[(k, dtype)].size < size:
+                flat[(k, dtype)] = np.empty(size, dtype)
+                local["views"] = {}  # views of the old arrays must not keep them alive
+        return [flat[(k, d)][:int(np.prod(s))].reshape(s)
+                for k, (s, d) in enumerate(plan.scratch_specs)]
+
     def __call__(self, *inputs, outs=None):
         if len(inputs) != self.n_inputs:
             self._check(inputs)
@@ -342,10 +357,10 @@ class NumpyFusedKernel(FusedKernel):
         plan = self._plans.get(shapes)
         if plan is None:
             plan = self._plans[shapes] = _Plan(self, shapes)
-        scratch = self._local.__dict__.setdefault("scratch", {})
-        buffers = scratch.get(plan.key)
+        buffers = self._local.__dict__.setdefault("views", {}).get(plan.key)
         if buffers is None:
-            buffers = scratch[plan.key] = [np.empty(s, d) for s, d in plan.scratch_specs]
+            buffers = self._scratch(plan)
+            self._local.views[plan.key] = buffers
         if outs:
             results = [np.empty(s, d) if o is None else o
                        for (s, d), o in zip(plan.output_specs, outs)]

@@ -27,7 +27,7 @@ from ..autodiff.tensor import Tensor, is_grad_enabled
 from ..errors import DTypeError, GraphError, ShapeError
 from ..ops import index, registry, shape as shape_ops
 from ..ops.registry import Op, describe
-from . import interpreter, passes
+from . import interpreter, memory, passes
 from .batching import EDGES, VERTICES, BatchedTrace, VertexSymbol
 from .graphs import GraphBatch
 from .zero_rows import FULL
@@ -158,7 +158,9 @@ class VertexFunction:
         self.gather_sum_shapes = []
         self._trace(cell)
         self.program, self.backward_program = passes.compile_programs(self, self.options)
-        self._pool = interpreter.BufferPool()
+        self._pool = interpreter.BufferPool()  # F's buffers, kept by each call until backward
+        self._backward_pool = interpreter.BufferPool()  # ∂F's, for the time of one backward
+        self._memory_model = None
         self._op = Op(f"vertex:{self.name}", self._forward, self._infer, self._vjp)
         self._last_stats = None
 
@@ -211,6 +213,13 @@ class VertexFunction:
     def backward_graph(self):
         return self.backward_program.graph
 
+    @property
+    def memory_model(self):
+        """What a call needs, as bytes per vertex, edge and level row (memory.py)."""
+        if self._memory_model is None:
+            self._memory_model = memory.CallModel(self)
+        return self._memory_model
+
     def _infer(self, *avals, batch, call):  # noqa: ARG002 (call: the call's record)
         pull = avals[0] if self.pull_shape is not None else None
         if pull is not None:
@@ -235,16 +244,37 @@ class VertexFunction:
             raise GraphError(f"vertex function {self.name!r}: "
                              + ("pull= is required (the cell calls v.pull())"
                                 if pull is None else "the cell pulls nothing, but pull= was given"))
-        args = ([pull] if pull is not None else []) + self.params
-        return registry.apply(self._op, *args, batch=batch, call=interpreter.Call())
+        sub_batches = memory.plan(self, batch, training=is_grad_enabled())
+        if sub_batches is None:
+            args = ([pull] if pull is not None else []) + self.params
+            return registry.apply(self._op, *args, batch=batch, call=interpreter.Call())
+        return self._call_in_parts(batch, pull, sub_batches)
+
+    def _call_in_parts(self, batch, pull, sub_batches):
+        """F on a batch too large for the memory budget: on sub-batches of whole graphs, one
+        after the other; their rows, in order, are the batch's, and gradients flow back
+        through each."""
+        outs = []
+        for first, stop in sub_batches:
+            part = GraphBatch(batch.graphs[first:stop])
+            v0, v1 = int(batch.offsets[first]), int(batch.offsets[stop])
+            args = [] if pull is None else [shape_ops.slice_axis(pull, v0, v1, axis=0)]
+            outs.append(registry.apply(self._op, *args, *self.params, batch=part,
+                                       call=interpreter.Call()))
+        return shape_ops.concat(outs, axis=0)
 
     # --- F and ∂F as one op: bind the call's values, run the Program --------------------------
     def _forward(self, xp, *arrays, batch, call):
+        try:
+            return self._run_forward(xp, arrays, batch, call)
+        except MemoryError as exc:
+            raise memory.out_of_memory(self, batch, "forward", exc, is_grad_enabled()) from None
+
+    def _run_forward(self, xp, arrays, batch, call):
         started = time.perf_counter()
         program = self.program
         rows = batch.indices(xp)
-        store, views = self._pool.acquire(xp, interpreter.buffer_specs(
-            (program, self.backward_program), rows))
+        store, views = self._pool.acquire(xp, interpreter.buffer_specs(program, rows))
         weakref.finalize(call, self._pool.release, store)
         call.buffers = views
         env = interpreter.constants(program, xp)
@@ -263,7 +293,9 @@ class VertexFunction:
         ranges = {id(s): rows.hull(slot) for slot, s in self.source_slots}
         counts = interpreter.run(program, xp, env, ranges, rows,
                                  interpreter.RowMoves(xp, rows, states=states))
-        call.values, call.ranges = env, ranges
+        # Keep only what ∂F reads: the rest of F's values go now, not at backward.
+        call.values = {id(v): env[id(v)] for v in self.backward_graph.forward_refs}
+        call.ranges = ranges
         out = program.graph.outputs[-1]  # the pushed output, else the scattered state
         result = interpreter.take_rows(xp, env[id(out)], rows.row_of)
         call.stats = interpreter.stats(batch, counts, time.perf_counter() - started)
@@ -275,17 +307,34 @@ class VertexFunction:
             raise GraphError(f"vertex function {self.name!r}: backward(create_graph=True) "
                              f"through a vertex function is not supported (no second "
                              f"derivatives through the batched runtime)")
+        try:
+            return self._run_backward(g, batch, call)
+        except MemoryError as exc:
+            raise memory.out_of_memory(self, batch, "backward", exc, True) from None
+
+    def _run_backward(self, g, batch, call):
         started = time.perf_counter()
-        program = self.backward_program
-        bw = program.graph
         xp = backend.get_array_module(g.data)
         rows = batch.indices(xp)
+        store, views = self._backward_pool.acquire(
+            xp, interpreter.buffer_specs(self.backward_program, rows))
+        try:
+            grads, counts = self._backward_in(xp, views, g, rows, call)
+        finally:
+            self._backward_pool.release(store)  # nothing returned is a view of these buffers
+        call.stats.update(backward_seconds=time.perf_counter() - started,
+                          backward_ops_per_level=counts[::-1])
+        return grads
+
+    def _backward_in(self, xp, views, g, rows, call):
+        program = self.backward_program
+        bw = program.graph
         env = interpreter.constants(program, xp)
         forward_inputs = bw.inputs[len(bw.cotangents):]
         for ref, value in zip(forward_inputs, bw.forward_refs):
             env[id(ref)] = call.values[id(value)]
-        interpreter.bind_buffers(program, env, call.buffers, rows)
-        d_states = call.buffers[id(program.sources[0])]  # with its spare row
+        interpreter.bind_buffers(program, env, views, rows)
+        d_states = views[id(program.sources[0])]  # with its spare row
         d_states[...] = 0
         g_rows = interpreter.take_rows(xp, g.data, rows.order)  # caller order -> level order
         if len(bw.cotangents) > 1:  # F pushes: the caller's gradient is the push's
@@ -303,11 +352,9 @@ class VertexFunction:
             pull_grad = grad_of.get(id(self.pull_input))
             grads.append(None if pull_grad is None or self.pull_dtype.kind != "f" else
                          Tensor(interpreter.take_rows(xp, pull_grad, rows.row_of)))
-        grads += [Tensor(grad_of[id(p)]) if id(p) in grad_of else None
-                  for p in self.graph.params]
-        call.stats.update(backward_seconds=time.perf_counter() - started,
-                          backward_ops_per_level=counts[::-1])
-        return grads
+        grads += [Tensor(grad_of[id(p)]) if id(p) in grad_of else None  # (shared shapes:
+                  for p in self.graph.params]                             # never a buffer)
+        return grads, counts
 
     def explain(self, out=None):
         """Figures of one call (and of its backward, once run): levels, vertices and

@@ -196,9 +196,11 @@ class GraphBatch(_ChildLists):
     Schedule (computed once per batch, vectorised):
       ``level[v]``, ``num_levels``, ``order`` (the vertices in level order: row r of every
       dynamic tensor belongs to vertex ``order[r]``), ``row_of[v]`` (the inverse),
-      ``level_offsets`` (task t owns rows level_offsets[t]:level_offsets[t+1]),
-      ``child_rows[k]`` (for each row, the row of its child k, or -1), and the edge list sorted
-      by parent row (``edge_parent_row``, ``edge_child_row``, ``edge_level_offsets``).
+      ``level_offsets`` (task t owns rows level_offsets[t]:level_offsets[t+1]), and the edge
+      list sorted by parent row (``edge_parent_row``, ``edge_child_row``, ``edge_slot``,
+      ``edge_level_offsets``). Every array is sized by the vertices or by the edges, never by
+      vertices × arity: ``child_rows_of(k)`` (for each row, the row of its child k, or -1) is
+      made on demand, for the slots a vertex function gathers.
     """
 
     def __init__(self, graphs):
@@ -260,12 +262,17 @@ class GraphBatch(_ChildLists):
         # In a forest every vertex has at most one parent, so within a task no two gathers
         # write the same child's gradient row and a plain indexed add is safe.
         self.is_forest = bool(np.bincount(self.child_ids, minlength=n).max(initial=0) <= 1)
-        self.child_rows = []
-        for k in range(self.max_arity):
-            rows = np.full(n, -1, dtype=np.int64)
+        self._child_rows = {}
+
+    def child_rows_of(self, k):
+        """For each row, the row of its child ``k``, or -1 where it has none (made once)."""
+        rows = self._child_rows.get(k)
+        if rows is None:
+            rows = np.full(self.num_vertices, -1, dtype=np.int64)
             has_k = self.edge_slot == k
             rows[self.edge_parent_row[has_k]] = self.edge_child_row[has_k]
-            self.child_rows.append(rows)
+            self._child_rows[k] = rows
+        return rows
 
     def indices(self, xp=np):
         """The schedule as the runtime reads it on array module ``xp`` (:class:`BatchIndices`),
@@ -317,10 +324,12 @@ class BatchIndices:
     level an evenly spaced run of child rows as a slice (``strided``; complete trees, chains).
     Device side (int64 on NumPy, int32 on CuPy): ``order`` (level order -> the caller's vertex
     order), ``row_of`` (its inverse), each slot's child rows (-1: absent; a take reads the spare
-    zero row), the edge lists."""
+    zero row; made when a program first reads the slot), the edge lists."""
 
     def __init__(self, batch, xp):
-        put = (lambda a: a) if xp is np else (lambda a: xp.asarray(a.astype(np.int32)))
+        put = self._put = (lambda a: a) if xp is np else (
+            lambda a: xp.asarray(a.astype(np.int32)))
+        self._batch = batch
         self.num_levels = batch.num_levels
         self.num_vertices = batch.num_vertices
         self.num_edges = len(batch.edge_child_row)
@@ -329,17 +338,17 @@ class BatchIndices:
         self._vertices = list(zip(offsets[:-1], offsets[1:]))
         self._edges = list(zip(edge_offsets[:-1], edge_offsets[1:]))
         self.order, self.row_of = put(batch.order), put(batch.row_of)
-        self._child_rows = [put(rows) for rows in batch.child_rows]
-        self._no_child = put(np.full(batch.num_vertices, -1, dtype=np.int64))
         self.edge_child_row = put(batch.edge_child_row)
         self.edge_parent_row = put(batch.edge_parent_row)
         self.edge_parent_local = put(batch.edge_parent_local)
-        self._has, self._hull, self._strided = {}, {}, {}
-        for k, rows in enumerate(batch.child_rows):
-            present = np.flatnonzero(rows >= 0)
-            self._hull[k] = (int(present[0]), int(present[-1]) + 1) if present.size else (0, 0)
-            self._has[k] = [bool((rows[r0:r1] >= 0).any()) for r0, r1 in self._vertices]
-            self._strided[k] = [_as_slice(rows[r0:r1]) for r0, r1 in self._vertices]
+        self._slots = {}  # child slot k -> _Slot, made when a program first reads slot k
+
+    def _slot(self, k):
+        slot = self._slots.get(k)
+        if slot is None:
+            slot = self._slots[k] = _Slot(self._batch.child_rows_of(k), self._vertices,
+                                          self._put)
+        return slot
 
     def size(self, rows):
         """The number of rows of a buffer: ``"V"`` vertices or ``"E"`` edges."""
@@ -355,20 +364,32 @@ class BatchIndices:
         if slot == "edges":
             e0, e1 = self._edges[t]
             return e1 > e0
-        return self._has[slot][t] if slot in self._has else False
+        return self._slot(slot).has[t]
 
     def hull(self, slot):
         """Rows outside which no vertex has child ``slot`` (all edges for ``"edges"``)."""
         if slot == "edges":
             return (0, self.num_edges)
-        return self._hull.get(slot, (0, 0))
+        return self._slot(slot).hull
 
     def strided(self, slot, t):
-        return self._strided[slot][t] if slot in self._strided else None
+        return self._slot(slot).strided[t]
 
     def child_rows(self, slot, window):
         """The rows of each vertex's child ``slot`` on a level (or of each edge's child)."""
         if slot == "edges":
             return self.edge_child_row[window["edge"][0]:window["edge"][1]]
-        rows = self._child_rows[slot] if slot < len(self._child_rows) else self._no_child
-        return rows[window["vertex"][0]:window["vertex"][1]]
+        return self._slot(slot).rows[window["vertex"][0]:window["vertex"][1]]
+
+
+class _Slot:
+    """Child slot k of a batch on one array module: each row's child-k row on the device
+    (-1: absent), and per level whether any vertex has child k and an evenly spaced run of
+    child rows as a slice; ``hull``: the rows outside which no vertex has child k."""
+
+    def __init__(self, rows, levels, put):
+        present = np.flatnonzero(rows >= 0)
+        self.hull = (int(present[0]), int(present[-1]) + 1) if present.size else (0, 0)
+        self.has = [bool((rows[r0:r1] >= 0).any()) for r0, r1 in levels]
+        self.strided = [_as_slice(rows[r0:r1]) for r0, r1 in levels]
+        self.rows = put(rows)

@@ -26,7 +26,9 @@ import numpy as np
 from .. import backend
 from ..autodiff.executor import OpStep
 from ..cuda import streams
+from ..errors import OutOfMemoryError
 from ..ops.index import scatter_add_into
+from ..ops.registry import describe
 from .batching import instantiate, row_domain
 from .program import RUN, ZERO, Compute, Gather
 from .zero_rows import FULL, hull, index_rows, intersect, is_empty
@@ -228,18 +230,33 @@ class BufferPool:
         self._free = []
 
     def acquire(self, xp, specs):
-        """``specs``: {key: (rows, row_shape, dtype)}; returns (store, {key: view of rows})."""
+        """``specs``: {key: (rows, row_shape, dtype, name)}; returns (store, {key: view of
+        rows}). An allocation that fails is retried once without the free sets (their memory
+        goes back first), then raises :class:`OutOfMemoryError` naming the buffer."""
         store = self._free.pop() if self._free else {}
         views = {}
-        for key, (rows, row_shape, dtype) in specs.items():
+        for key, (rows, row_shape, dtype, name) in specs.items():
             array = store.get(key)
             if (array is None or array.shape[0] < rows or array.shape[1:] != row_shape
                     or array.dtype != dtype or backend.get_array_module(array) is not xp):
                 grown = 2 * array.shape[0] if array is not None and \
                     array.shape[1:] == row_shape else rows
-                array = store[key] = xp.empty((max(rows, grown),) + row_shape, dtype=dtype)
+                store[key] = None  # the old array goes before the new one is made
+                array = store[key] = self._allocate(xp, (max(rows, grown),) + row_shape,
+                                                    (rows,) + row_shape, dtype, name)
             views[key] = array[:rows]
         return store, views
+
+    def _allocate(self, xp, shape, needed, dtype, name):
+        for attempt in range(2):
+            try:
+                return xp.empty(shape if attempt == 0 else needed, dtype=dtype)
+            except MemoryError:
+                self._free.clear()
+        nbytes = int(np.prod(needed)) * np.dtype(dtype).itemsize
+        raise OutOfMemoryError(f"cannot allocate buffer {name}: {needed[0]:,} rows of "
+                               f"{describe(needed[1:])} {np.dtype(dtype)}, "
+                               f"{nbytes / 2**20:.1f} MB")
 
     def release(self, store):
         self._free.append(store)
@@ -255,10 +272,13 @@ def bind_buffers(program, env, views, rows):
         env[id(part)] = env[id(concat)][tuple(index)]
 
 
-def buffer_specs(programs, rows):
-    """What :class:`BufferPool` hands out for one call: every buffer of ``programs``."""
-    return {b.key: (rows.size(b.rows) + b.spare, b.row_shape, b.dtype)
-            for p in programs for b in p.buffers}
+def buffer_specs(program, rows):
+    """What :class:`BufferPool` hands out for one run of ``program``: each of its buffers, with
+    the name of its value for messages."""
+    nodes = {id(n): n for n in program.graph.nodes}
+    return {b.key: (rows.size(b.rows) + b.spare, b.row_shape, b.dtype,
+                    f"'{nodes[b.key].label()}' of {program.name}")
+            for b in program.buffers}
 
 
 def take_rows(xp, array, index):
