@@ -17,7 +17,7 @@ import argparse
 import numpy as np
 
 import minicavs as mc
-from minicavs import data, training
+from minicavs import data, training, validate
 from minicavs.models import ChildSumTreeLSTMClassifier
 
 
@@ -29,7 +29,7 @@ def parse_args(argv=None):
                                             "default: the synthetic treebank")
     training.add_model_arguments(parser, embed_dim=64, hidden=64)
     parser.add_argument("--leaf-loss", action="store_true", help="train on leaf labels too")
-    parser.add_argument("--train-size", type=int, default=4000,
+    parser.add_argument("--train-size", type=validate.count(minimum=1), default=4000,
                         help="synthetic training trees (dev and test: 1/4 of that each)")
     parser.add_argument("--nary", action="store_true",
                         help="regroup the synthetic sentences under random trees of arity "
@@ -78,4 +78,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    training.command_line(main)

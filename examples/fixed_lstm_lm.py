@@ -15,7 +15,7 @@ import argparse
 import time
 
 import minicavs as mc
-from minicavs import training
+from minicavs import training, validate
 from minicavs.models import FixedLSTMLanguageModel, stream_rows
 
 
@@ -27,8 +27,9 @@ def parse_args(argv=None):
                                             "one text file, a sentence a line; default: "
                                             "the synthetic treebank's sentences")
     training.add_model_arguments(parser, embed_dim=64, hidden=64, clip=5.0)
-    parser.add_argument("--steps", type=int, default=64, help="unrolled steps (default 64)")
-    parser.add_argument("--sentences", type=int, default=3000,
+    parser.add_argument("--steps", type=validate.count(minimum=1), default=64,
+                        help="unrolled steps (default 64)")
+    parser.add_argument("--sentences", type=validate.count(minimum=10), default=3000,
                         help="synthetic sentences (a tenth held out)")
     return parser.parse_args(argv)
 
@@ -63,4 +64,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    training.command_line(main)

@@ -14,7 +14,7 @@ decoding, and the throughput.
 import argparse
 
 import minicavs as mc
-from minicavs import training
+from minicavs import training, validate
 from minicavs.models import Seq2Seq, reversal_task
 
 
@@ -24,10 +24,11 @@ def parse_args(argv=None):
     training.add_common_arguments(parser, epochs=5, batch_size=32, lr=0.01,
                                   data_help="unused: the task is generated")
     training.add_model_arguments(parser, embed_dim=16, hidden=64, clip=5.0)
-    parser.add_argument("--vocab-size", type=int, default=10,
+    parser.add_argument("--vocab-size", type=validate.count(minimum=4), default=10,
                         help="tokens, including the 3 special ones (default 10)")
-    parser.add_argument("--max-length", type=int, default=6, help="longest source sequence")
-    parser.add_argument("--train-size", type=int, default=4000,
+    parser.add_argument("--max-length", type=validate.count(minimum=1), default=6,
+                        help="longest source sequence")
+    parser.add_argument("--train-size", type=validate.count(minimum=1), default=4000,
                         help="training pairs (held out: 1/10 of that)")
     return parser.parse_args(argv)
 
@@ -55,4 +56,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    training.command_line(main)

@@ -15,8 +15,15 @@ throughput in trees (and vertices) per second.
 import argparse
 
 import minicavs as mc
-from minicavs import training
+from minicavs import training, validate
 from minicavs.models import TreeFC, tree_fc_dataset
+
+
+def _power_of_two(text):
+    leaves = validate.count(minimum=1)(text)
+    if leaves & (leaves - 1):
+        raise argparse.ArgumentTypeError(f"must be a power of two, got {leaves}")
+    return leaves
 
 
 def parse_args(argv=None):
@@ -24,14 +31,17 @@ def parse_args(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     training.add_common_arguments(parser, epochs=2, batch_size=32, lr=0.002,
                                   data_help="unused: Tree-FC trains on generated trees")
-    parser.add_argument("--leaves", type=int, default=256,
+    parser.add_argument("--leaves", type=_power_of_two, default=256,
                         help="leaves per tree, a power of two (default 256, as in Cavs)")
-    parser.add_argument("--hidden", type=int, default=64, help="state and embedding size")
-    parser.add_argument("--vocab-size", type=int, default=100, help="distinct leaf words")
-    parser.add_argument("--num-classes", type=int, default=2, help="classes of trees")
+    parser.add_argument("--hidden", type=validate.count(minimum=1), default=64,
+                        help="state and embedding size")
+    parser.add_argument("--vocab-size", type=validate.count(minimum=1), default=100,
+                        help="distinct leaf words")
+    parser.add_argument("--num-classes", type=validate.count(minimum=2), default=2,
+                        help="classes of trees")
     parser.add_argument("--activation", choices=["tanh", "relu"], default="tanh",
                         help="nonlinearity of the cell (default tanh)")
-    parser.add_argument("--train-size", type=int, default=2000,
+    parser.add_argument("--train-size", type=validate.count(minimum=1), default=2000,
                         help="training trees (held out: 1/10 of that)")
     return parser.parse_args(argv)
 
@@ -61,4 +71,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    training.command_line(main)

@@ -13,7 +13,7 @@ classes; binary: positive vs negative, neutral roots dropped) and the training t
 import argparse
 
 import minicavs as mc
-from minicavs import data, training
+from minicavs import data, training, validate
 from minicavs.models import TreeLSTMClassifier
 
 
@@ -25,7 +25,7 @@ def parse_args(argv=None):
                                             "default: the synthetic treebank")
     training.add_model_arguments(parser, embed_dim=64, hidden=64)
     parser.add_argument("--leaf-loss", action="store_true", help="train on leaf labels too")
-    parser.add_argument("--train-size", type=int, default=4000,
+    parser.add_argument("--train-size", type=validate.count(minimum=1), default=4000,
                         help="synthetic training trees (dev and test: 1/4 of that each)")
     return parser.parse_args(argv)
 
@@ -50,4 +50,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    training.command_line(main)

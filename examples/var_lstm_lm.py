@@ -14,7 +14,7 @@ The last line gives the held-out perplexity and the throughput in words per seco
 import argparse
 
 import minicavs as mc
-from minicavs import training
+from minicavs import training, validate
 from minicavs.models import VarLSTMLanguageModel
 
 
@@ -26,7 +26,7 @@ def parse_args(argv=None):
                                             "one text file, a sentence a line; default: "
                                             "the synthetic treebank's sentences")
     training.add_model_arguments(parser, embed_dim=64, hidden=64, clip=5.0)
-    parser.add_argument("--sentences", type=int, default=3000,
+    parser.add_argument("--sentences", type=validate.count(minimum=10), default=3000,
                         help="synthetic sentences (a tenth held out)")
     return parser.parse_args(argv)
 
@@ -56,4 +56,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    training.command_line(main)

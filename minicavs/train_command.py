@@ -11,8 +11,8 @@ import argparse
 import os
 import time
 
-from . import data as datasets
-from .errors import MinicavsError
+from . import data as datasets, validate
+from .errors import CheckpointError, MinicavsError
 from .models import ChildSumTreeLSTMClassifier, TreeLSTMClassifier
 from .nn import Adam, load_checkpoint, save_checkpoint
 from .training import add_common_arguments, fit, format_metrics, prepare_all, setup, throughput
@@ -47,9 +47,10 @@ def configure(parser):
     add_common_arguments(parser, epochs=4, batch_size=32, lr=0.005,
                          data_help="SST directory with train.txt, dev.txt and test.txt "
                                    "(default: the embedded synthetic treebank)")
-    parser.add_argument("--embed-dim", type=int, default=64, help="word embedding size "
-                                                                  "(default 64)")
-    parser.add_argument("--hidden", type=int, default=64, help="LSTM state size (default 64)")
+    parser.add_argument("--embed-dim", type=validate.count(minimum=1), default=64,
+                        help="word embedding size (default 64)")
+    parser.add_argument("--hidden", type=validate.count(minimum=1), default=64,
+                        help="LSTM state size (default 64)")
     parser.add_argument("--leaf-loss", action="store_true",
                         help="also train on the leaves' labels (default: internal vertices)")
     parser.add_argument("--sizes", type=_sizes, default=(8544, 1101, 2210),
@@ -86,7 +87,12 @@ def load_treebank(args):
 
 def run(args):
     started = time.perf_counter()
+    save = f"runs/{args.model}.npz" if args.save is None else args.save
     try:
+        if save:  # before any data is read: a run must not train, then fail to save
+            validate.writable_file(save, "--save")
+        if args.resume and not os.path.isfile(args.resume):
+            raise CheckpointError(f"--resume: no checkpoint at {args.resume!r}")
         setup(args)
         splits, source = load_treebank(args)
     except (MinicavsError, OSError) as exc:
@@ -109,7 +115,6 @@ def run(args):
             return 1
         start_epoch = int((saved["extra"] or {}).get("epoch", 0))
         print(f"resumed from {args.resume} after epoch {start_epoch}")
-    save = f"runs/{args.model}.npz" if args.save is None else args.save
 
     def checkpoint(epoch, stats, metrics):
         if save:

@@ -7,13 +7,15 @@ word), so the learning rate does not depend on the batch size or the sentence le
 """
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 
 import numpy as np
 from tqdm import tqdm
 
-from . import backend
+from . import backend, validate
+from .errors import MinicavsError
 from .nn import clip_grad_norm
 
 # The BLAS thread count is the backend's (set_blas_threads documents why one is the default).
@@ -29,18 +31,18 @@ def add_common_arguments(parser, *, epochs, batch_size, lr, data_help):
                         help="where to compute: NumPy on the CPU or CuPy on a GPU "
                              "(default: $MINICAVS_DEVICE or cpu)")
     parser.add_argument("--data", metavar="PATH", default=None, help=data_help)
-    parser.add_argument("--epochs", type=int, default=epochs,
+    parser.add_argument("--epochs", type=validate.count(minimum=0), default=epochs,
                         help=f"passes over the training data (default {epochs})")
-    parser.add_argument("--batch-size", type=int, default=batch_size,
+    parser.add_argument("--batch-size", type=validate.count(minimum=1), default=batch_size,
                         help=f"samples per training step (default {batch_size})")
-    parser.add_argument("--lr", type=float, default=lr,
+    parser.add_argument("--lr", type=validate.real(minimum=0, open_minimum=True), default=lr,
                         help=f"Adam learning rate (default {lr})")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=validate.count(minimum=0, maximum=2**32 - 1), default=0,
                         help="seed of the weights, the data order and synthetic data "
                              "(default 0)")
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32",
                         help="float type of weights and states (default float32)")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=validate.count(minimum=1), default=1,
                         help="BLAS threads (default 1: the GEMMs are small, and extra BLAS "
                              "threads slow them down on a busy machine)")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
@@ -50,13 +52,24 @@ def add_common_arguments(parser, *, epochs, batch_size, lr, data_help):
 def add_model_arguments(parser, *, embed_dim=64, hidden=64, clip=None):
     """Model-size options shared by the examples (and, with ``clip``, gradient clipping)."""
     if embed_dim is not None:
-        parser.add_argument("--embed-dim", type=int, default=embed_dim,
+        parser.add_argument("--embed-dim", type=validate.count(minimum=1), default=embed_dim,
                             help=f"embedding size (default {embed_dim})")
-    parser.add_argument("--hidden", type=int, default=hidden,
+    parser.add_argument("--hidden", type=validate.count(minimum=1), default=hidden,
                         help=f"state size (default {hidden})")
     if clip is not None:
-        parser.add_argument("--clip", type=float, default=clip,
+        parser.add_argument("--clip", type=validate.real(minimum=0), default=clip,
                             help=f"clip the gradient norm to this (default {clip:g}; 0: off)")
+
+
+def command_line(main, argv=None):
+    """Run an example's ``main(argv)`` as a command: a minicavs error (bad data, a device that
+    is missing) ends it with the message and exit status 1, not a traceback."""
+    try:
+        main(argv)
+    except MinicavsError as exc:
+        prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "minicavs"
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def setup(args):
@@ -71,8 +84,7 @@ def setup(args):
 def minibatches(samples, batch_size, rng=None):
     """``samples`` cut into lists of at most ``batch_size``, shuffled first if ``rng`` is
     given (a numpy Generator)."""
-    if batch_size < 1:
-        raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    validate.integer(batch_size, "batch_size", "minibatches", minimum=1)
     order = np.arange(len(samples)) if rng is None else rng.permutation(len(samples))
     return [[samples[i] for i in order[k:k + batch_size]]
             for k in range(0, len(order), batch_size)]
@@ -137,6 +149,12 @@ def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=N
     batches as one that never stopped. ``on_epoch_end(epoch, stats, dev_metrics)`` runs after
     each epoch (checkpoints). Returns the list of (EpochStats, dev metrics) per epoch.
     """
+    for name, value, low in (("epochs", epochs, 0), ("batch_size", batch_size, 1),
+                             ("start_epoch", start_epoch, 0), ("eval_batch_size",
+                                                               eval_batch_size, 1)):
+        validate.integer(value, name, "fit", minimum=low)
+    if clip is not None:
+        validate.number(clip, "clip", "fit", minimum=0)
     dev_batches = prepare_all(model, dev, eval_batch_size) if dev else None
     history = []
     for epoch in range(start_epoch + 1, epochs + 1):

@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from .. import backend
-from ..errors import GraphError, MinicavsError
+from ..errors import ArgumentError, GraphError, MinicavsError
 from ..ops import registry
 from ..ops.operators import OperatorMixin
 from ..ops.registry import Aval
@@ -97,6 +97,25 @@ class Symbol(OperatorMixin):
         raise GraphError(f"{self!r} has no value while tracing; it cannot become a NumPy array. "
                          "Compute with mc.* functions inside traced functions."
                          + _format_location(_user_location()))
+
+    def _no_number(self, conversion):
+        raise GraphError(f"{conversion} of traced value '{self.label()}' of shape "
+                         f"{registry.describe(self.shape)}: a symbol has no value while "
+                         f"tracing, so it cannot become a Python number. Compute with mc.* "
+                         f"functions (mc.astype for a dtype change) inside traced functions."
+                         + _format_location(_user_location()))
+
+    def __float__(self):
+        self._no_number("float()")
+
+    def __int__(self):
+        self._no_number("int()")
+
+    def __index__(self):
+        self._no_number("use as an index")
+
+    def __complex__(self):
+        self._no_number("complex()")
 
     def numpy(self):
         return self.__array__()
@@ -204,8 +223,8 @@ def _as_aval(spec, position):
         return Aval(tuple(spec[0]), np.dtype(spec[1]))
     if isinstance(spec, (tuple, list)):
         return Aval(tuple(spec), backend.default_dtype())
-    raise TypeError(f"input spec {position}: expected a shape, (shape, dtype), an array or a "
-                    f"Tensor, got {spec!r}")
+    raise ArgumentError(f"input spec {position}: expected a shape, (shape, dtype), an array or "
+                        f"a Tensor, got {spec!r}")
 
 
 def spec(shape, dtype=None):

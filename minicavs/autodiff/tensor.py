@@ -17,7 +17,7 @@ import weakref
 
 import numpy as np
 
-from .. import backend
+from .. import backend, validate
 from ..errors import DTypeError, MinicavsError, ShapeError
 from ..ops import registry
 from ..ops.operators import OperatorMixin
@@ -64,7 +64,8 @@ class Tensor(OperatorMixin):
             data = data.data
         if isinstance(data, np.generic) or not (hasattr(data, "__array_namespace__")
                                                  or backend.is_cupy_array(data)):
-            data = np.asarray(data)  # (CuPy >= 14 arrays have no __array_namespace__)
+            data = _to_numpy(data)  # (CuPy >= 14 arrays have no __array_namespace__)
+        _check_numeric(data)
         if requires_grad and np.dtype(data.dtype).kind != "f":
             raise DTypeError(f"only float tensors can require gradients, got dtype {data.dtype}")
         self.data = data
@@ -257,10 +258,16 @@ def as_array(data, dtype=None, device=None):
                    or backend.is_cupy_array(data))
     if dtype is None and not keeps_dtype:
         dtype = backend.default_dtype()
+    if dtype is not None:
+        dtype = validate.dtype(dtype, "dtype", "mc.tensor")
     if device is None and backend.is_cupy_array(data):
         device = "cuda"
-    array = backend.to_device(data, device or backend.get_device())
-    if dtype is not None and array.dtype != np.dtype(dtype):
+    if not keeps_dtype:
+        data = _to_numpy(data)
+    array = backend.to_device(_check_numeric(data), device or backend.get_device())
+    if dtype is not None and array.dtype != dtype:
+        if dtype.kind in "iu" and array.dtype.kind == "f":
+            _check_integral(array, dtype)
         array = array.astype(dtype)
     return array
 
@@ -269,6 +276,50 @@ def tensor(data, requires_grad=False, dtype=None, device=None, name=None):
     """Make a Tensor. A NumPy or CuPy array keeps its dtype; lists and scalars become float32
     (the default dtype) unless ``dtype`` is given."""
     return Tensor(as_array(data, dtype, device), requires_grad=requires_grad, name=name)
+
+
+_NUMERIC_KINDS = "biuf"
+_DTYPE_HINTS = {"U": " (strings)", "S": " (bytes)", "O": " (Python objects: None, or a mix of "
+                "types)", "c": " (complex numbers are not supported)",
+                "M": " (dates)", "m": " (time spans)", "V": " (raw or structured records)"}
+
+
+def _check_numeric(array):
+    kind = np.dtype(array.dtype).kind
+    if kind not in _NUMERIC_KINDS:
+        raise DTypeError(f"a tensor holds bool, integer or float values, got dtype "
+                         f"{array.dtype}" + _DTYPE_HINTS.get(kind, ""))
+    return array
+
+
+def _check_integral(array, dtype):
+    """Converting floats to ``dtype`` (an integer type) must not turn NaN, inf or values out of
+    its range into arbitrary integers."""
+    info = np.iinfo(dtype)
+    xp = backend.get_array_module(array)
+    fits = xp.isfinite(array) & (array >= info.min) & (array <= info.max)
+    if not bool(fits.all()):
+        bad = float(backend.to_numpy(array)[~backend.to_numpy(fits)][0])
+        raise DTypeError(f"cannot convert {bad!r} to {dtype}: NaN, inf and values outside "
+                         f"{info.min}..{info.max} have no {dtype} value")
+
+
+def _to_numpy(data):
+    """A Python scalar or (nested) list as a NumPy array, with a minicavs error for what is not
+    one: None, strings, lists of different lengths."""
+    if data is None:
+        raise DTypeError("a tensor needs numbers, got None")
+    try:
+        return np.asarray(data)
+    except (ValueError, TypeError):  # ragged nested lists, odd objects
+        raise ShapeError(f"cannot make a tensor of {type(data).__name__} {_short(data)}: "
+                         f"nested lists must be rectangular (every row of one length) and "
+                         f"hold numbers") from None
+
+
+def _short(value, limit=60):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 registry.set_default_handler(Tensor.__minicavs_apply__)

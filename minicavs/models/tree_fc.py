@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import data as datasets
 from .. import ops
+from ..errors import ArgumentError
 from ..nn import Embedding
 from ..vertex import VertexFunction
 from .common import bias, indices, runner, weight
@@ -29,8 +30,8 @@ class TreeFC(TreeClassifier):
                  activation="tanh"):
         super().__init__(num_classes, leaf_loss=False)
         if activation not in _ACTIVATIONS:
-            raise ValueError(f"TreeFC: activation must be one of {sorted(_ACTIVATIONS)}, got "
-                             f"{activation!r}")
+            raise ArgumentError(f"TreeFC: activation must be one of {sorted(_ACTIVATIONS)}, "
+                                f"got {activation!r}")
         E, H = int(embed_dim), int(hidden)
         self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
         self.embedding = Embedding(vocab_size, E, dtype=dtype)

@@ -10,9 +10,9 @@ may share memory with another tensor's.
 
 import numpy as np
 
-from .. import backend
+from .. import backend, validate
 from ..autodiff import Tensor
-from ..errors import CheckpointError, DTypeError, ShapeError
+from ..errors import ArgumentError, CheckpointError, DTypeError, ShapeError
 from ..ops.registry import describe
 
 
@@ -27,28 +27,59 @@ class Optimizer:
     counters = ()
 
     def __init__(self, params, **hyperparameters):
+        kind = type(self).__name__
+        if isinstance(params, Tensor) or not hasattr(params, "__iter__"):
+            raise ArgumentError(f"{kind}: params must be a list of parameters (e.g. "
+                                f"model.parameters()), got {type(params).__name__}")
         unique = {}
         for i, p in enumerate(params):
             if not isinstance(p, Tensor) or not p.requires_grad:
-                raise TypeError(f"{type(self).__name__}: parameter {i} is not a Tensor that "
-                                f"requires grad (got {type(p).__name__})")
+                raise ArgumentError(f"{kind}: parameter {i} is not a Tensor that requires grad "
+                                    f"(got {type(p).__name__})")
             unique.setdefault(id(p), p)
         if not unique:
-            raise ValueError(f"{type(self).__name__}: got an empty list of parameters")
+            raise ArgumentError(f"{kind}: got an empty list of parameters")
         self.params = list(unique.values())
         self.state = [{} for _ in self.params]
         for name in self.hyperparameter_names:
             setattr(self, name, hyperparameters[name])
+        self.check_hyperparameters()
 
     @property
     def hyperparameters(self):
         return {name: getattr(self, name) for name in self.hyperparameter_names}
+
+    # The range of each hyperparameter a subclass may have (those of PyTorch's optimisers).
+    _RANGES = {"lr": dict(minimum=0.0), "weight_decay": dict(minimum=0.0),
+               "momentum": dict(minimum=0.0), "eps": dict(minimum=0.0)}
+
+    def check_hyperparameters(self):
+        """Raise :class:`ArgumentError` for a hyperparameter out of its range (NaN, a negative
+        learning rate, a beta of 1); ``step()`` checks again, as they may be changed."""
+        for name in self.hyperparameter_names:
+            problem = self._hyperparameter_problem(name, getattr(self, name))
+            if problem:
+                raise ArgumentError(f"{type(self).__name__}: {problem}")
+
+    def _hyperparameter_problem(self, name, value):
+        try:
+            if name != "betas":
+                validate.number(value, name, **self._RANGES.get(name, {}))
+            elif not isinstance(value, (tuple, list)) or len(value) != 2:
+                return f"betas must be a pair (beta1, beta2), got {value!r}"
+            else:
+                for i, beta in enumerate(value):
+                    validate.number(beta, f"betas[{i}]", minimum=0, maximum=1, open_maximum=True)
+        except ArgumentError as exc:
+            return str(exc)
+        return None
 
     def zero_grad(self):
         for p in self.params:
             p.grad = None
 
     def step(self):
+        self.check_hyperparameters()
         for i, (p, state) in enumerate(zip(self.params, self.state)):
             if p.grad is None:
                 continue
@@ -86,6 +117,11 @@ class Optimizer:
         if sorted(state_dict.get("hyperparameters", {})) != sorted(self.hyperparameter_names):
             problems.append(f"hyperparameters {sorted(state_dict.get('hyperparameters', {}))}; "
                             f"{kind} has {sorted(self.hyperparameter_names)}")
+        for name, value in state_dict.get("hyperparameters", {}).items():
+            problem = name in self.hyperparameter_names and self._hyperparameter_problem(name,
+                                                                                          value)
+            if problem:
+                problems.append(f"hyperparameter {problem}")
         states = state_dict.get("state", [])
         if len(states) != len(self.params):
             return problems + [f"state for {len(states)} parameters; this optimiser has "
@@ -154,7 +190,8 @@ class Adam(Optimizer):
     counters = ("step",)
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        betas = tuple(betas) if isinstance(betas, (tuple, list)) else betas  # checked below
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
     def _update(self, xp, param, grad, state):
         if not state:
@@ -200,6 +237,7 @@ class Adagrad(Optimizer):
 def clip_grad_norm(params, max_norm):
     """Scale the gradients of ``params`` so their joint L2 norm is at most ``max_norm``;
     return the norm before clipping."""
+    validate.number(max_norm, "max_norm", "clip_grad_norm", minimum=0.0, open_minimum=True)
     params = [p for p in params if p.grad is not None]
     total = float(np.sqrt(sum(float((p.grad.data * p.grad.data).sum()) for p in params)))
     if total > max_norm:

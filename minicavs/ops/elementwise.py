@@ -8,6 +8,7 @@ import numpy as np
 
 from . import batching, reduce, shape
 from .formula import c_expr, writer
+from ..errors import ArgumentError
 from .registry import Aval, Op, apply, broadcast_shapes, common_dtype, register, require_float
 from .rows import HULL, INTERSECT, KEEPS
 
@@ -167,7 +168,8 @@ def equal(a, b): return apply(EQUAL, a, b)
 def pow(x, exponent):  # noqa: A001 (mirrors the Python operator)
     """``x ** exponent`` for a Python scalar exponent."""
     if not isinstance(exponent, (int, float)):
-        raise TypeError(f"op 'pow': the exponent must be a Python number, got {type(exponent).__name__}")
+        raise ArgumentError(f"op 'pow': the exponent must be a Python number, got "
+                            f"{type(exponent).__name__}")
     return apply(POW, x, exponent=float(exponent))
 
 

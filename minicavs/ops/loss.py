@@ -4,7 +4,7 @@ import numpy as np
 
 from . import batching, composite, index
 from .registry import Aval, Op, apply, describe, register, require_float, require_int
-from ..errors import IndexRangeError, ShapeError
+from ..errors import ArgumentError, IndexRangeError, ShapeError
 
 
 def _xent_forward(xp, logits, labels):
@@ -84,5 +84,5 @@ def softmax_cross_entropy(logits, labels, reduction="mean"):
         return reduce.sum(losses)
     if reduction == "mean":
         return reduce.mean(losses)
-    raise ValueError(f"softmax_cross_entropy: reduction must be 'mean', 'sum' or 'none', "
-                     f"got {reduction!r}")
+    raise ArgumentError(f"softmax_cross_entropy: reduction must be 'mean', 'sum' or 'none', "
+                        f"got {reduction!r}")

@@ -3,7 +3,7 @@
 import numpy as np
 
 from . import elementwise as ew, linalg, reduce, shape
-from ..errors import IndexRangeError, ShapeError
+from ..errors import ArgumentError, IndexRangeError, ShapeError
 
 
 class OperatorMixin:
@@ -43,7 +43,7 @@ class OperatorMixin:
 
     def __len__(self):
         if not self.shape:
-            raise TypeError("len() of a 0-d tensor")
+            raise ArgumentError("len() of a 0-d tensor: it has no first axis")
         return self.shape[0]
 
     def sum(self, axis=None, keepdims=False): return reduce.sum(self, axis, keepdims)

@@ -50,6 +50,18 @@ class VertexSymbol(OperatorMixin):
     def __array__(self, *args, **kwargs):
         return self.symbol.__array__()
 
+    def __float__(self):
+        return self.symbol.__float__()
+
+    def __int__(self):
+        return self.symbol.__int__()
+
+    def __index__(self):
+        return self.symbol.__index__()
+
+    def __complex__(self):
+        return self.symbol.__complex__()
+
     @classmethod
     def __minicavs_apply__(cls, op, args, attrs):
         trace = next(a.trace for a in args if isinstance(a, VertexSymbol))

@@ -21,7 +21,7 @@ import weakref
 
 import numpy as np
 
-from .. import backend
+from .. import backend, validate
 from ..autodiff.symbolic import Graph, Symbol, Tracer, _format_location, _user_location
 from ..autodiff.tensor import Tensor, is_grad_enabled
 from ..errors import DTypeError, GraphError, ShapeError
@@ -131,6 +131,17 @@ class Vertex:
         self.pushed = self._as_vertex_symbol(x, "push", self._f.push_shape, self._f.dtype)
 
 
+def _check_arguments(cell, name, arity):
+    if not callable(cell):
+        raise GraphError(f"VertexFunction: cell must be a function cell(v) that defines one "
+                         f"vertex, got {type(cell).__name__}")
+    if name is not None and not isinstance(name, str):
+        raise GraphError(f"VertexFunction: name must be a string, got {validate.shown(name)}")
+    if arity is not None:
+        validate.integer(arity, "arity (the most children a vertex may have)",
+                         "VertexFunction", minimum=0, error=GraphError)
+
+
 class VertexFunction:
     """A static vertex function F, run over batches of input graphs by the Cavs runtime.
 
@@ -146,13 +157,20 @@ class VertexFunction:
 
     def __init__(self, cell, scatter_shape, pull_shape=None, push_shape=None, arity=None,
                  dtype=None, pull_dtype=None, name=None, options=None):
+        _check_arguments(cell, name, arity)
         self.name = name or getattr(cell, "__name__", "F")
-        self.scatter_shape = tuple(scatter_shape)
-        self.pull_shape = None if pull_shape is None else tuple(pull_shape)
-        self.push_shape = None if push_shape is None else tuple(push_shape)
+        self.scatter_shape = validate.shape(scatter_shape, "scatter_shape", "VertexFunction",
+                                            error=ShapeError)
+        self.pull_shape = None if pull_shape is None else validate.shape(
+            pull_shape, "pull_shape", "VertexFunction", error=ShapeError)
+        self.push_shape = None if push_shape is None else validate.shape(
+            push_shape, "push_shape", "VertexFunction", error=ShapeError)
         self.arity = arity
-        self.dtype = np.dtype(dtype) if dtype is not None else backend.default_dtype()
-        self.pull_dtype = np.dtype(pull_dtype) if pull_dtype is not None else self.dtype
+        # States carry gradients, so they are floats; pulled rows may be ids or features.
+        self.dtype = backend.default_dtype() if dtype is None else validate.dtype(
+            dtype, "dtype (of the states)", "VertexFunction", kinds="f", error=DTypeError)
+        self.pull_dtype = self.dtype if pull_dtype is None else validate.dtype(
+            pull_dtype, "pull_dtype", "VertexFunction", error=DTypeError)
         self.options = passes.Options.of(options)
         self.cell = cell
         self.gather_sum_shapes = []

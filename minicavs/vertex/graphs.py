@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from ..errors import GraphError
+from ..validate import is_integer, shown
 
 
 def _sample_prefix(sample):
@@ -40,18 +41,28 @@ class InputGraph(_ChildLists):
 
     def __init__(self, children, sample=None):
         prefix = _sample_prefix(sample)
-        if children is None or len(children) == 0:
+        if not isinstance(children, (list, tuple, np.ndarray, range)):
+            raise GraphError(f"{prefix}children must be a list with one list of child indices "
+                             f"per vertex, got {type(children).__name__} {shown(children)}")
+        if len(children) == 0:
             raise GraphError(f"{prefix}an input graph needs at least one vertex, got none")
         num_vertices = len(children)
+        flat = []
+        for v, kids in enumerate(children):
+            if not isinstance(kids, (list, tuple, np.ndarray, range)):
+                raise GraphError(f"{prefix}vertex {v}: its children must be a list of vertex "
+                                 f"indices ([] for a leaf), got {type(kids).__name__} "
+                                 f"{shown(kids)}")
+            for c in kids:
+                if not is_integer(c):
+                    raise GraphError(f"{prefix}vertex {v}: child {shown(c)} is not an integer "
+                                     f"vertex index")
+                if not 0 <= c < num_vertices:  # (before NumPy: 2**70 has no int64)
+                    raise GraphError(f"{prefix}vertex {v}: child index {c} is out of range for "
+                                     f"a graph of {num_vertices} vertices (valid: 0.."
+                                     f"{num_vertices - 1})")
+            flat.extend(kids)
         counts = np.fromiter((len(c) for c in children), dtype=np.int64, count=num_vertices)
-        flat = [c for cs in children for c in cs]
-        if flat and not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool)
-                            for c in flat):
-            v = next(v for v, cs in enumerate(children)
-                     for c in cs if not isinstance(c, (int, np.integer)) or isinstance(c, bool))
-            bad = next(c for c in children[v] if not isinstance(c, (int, np.integer))
-                       or isinstance(c, bool))
-            raise GraphError(f"{prefix}vertex {v}: child {bad!r} is not an integer vertex index")
         child_ids = np.asarray(flat, dtype=np.int64)
         self._init_csr(counts, child_ids, prefix)
 
@@ -108,8 +119,9 @@ class InputGraph(_ChildLists):
     @classmethod
     def chain(cls, n):
         """A chain of ``n`` vertices: vertex i's only child is i - 1 (vertex 0 is the first)."""
-        if n < 1:
-            raise GraphError(f"a chain needs at least one vertex, got {n}")
+        if not is_integer(n) or n < 1:
+            raise GraphError(f"a chain needs at least one vertex: n must be an integer >= 1, "
+                             f"got {shown(n)}")
         counts = np.ones(n, dtype=np.int64)
         counts[0] = 0
         return cls._from_csr(counts, np.arange(n - 1))
@@ -117,7 +129,7 @@ class InputGraph(_ChildLists):
     @classmethod
     def complete_binary(cls, leaves):
         """A complete binary tree over ``leaves`` leaves (a power of two): leaves first, root last."""
-        if leaves < 1 or leaves & (leaves - 1):
+        if not is_integer(leaves) or leaves < 1 or leaves & (leaves - 1):
             raise GraphError(f"a complete binary tree needs a power-of-two number of leaves, "
                              f"got {leaves}")
         n = 2 * leaves - 1
@@ -205,6 +217,9 @@ class GraphBatch(_ChildLists):
 
     def __init__(self, graphs):
         started = time.perf_counter()
+        if isinstance(graphs, InputGraph) or not hasattr(graphs, "__iter__"):
+            raise GraphError(f"a GraphBatch is made from a list of InputGraphs, got "
+                             f"{type(graphs).__name__}")
         graphs = list(graphs)
         if not graphs:
             raise GraphError("a GraphBatch needs at least one input graph")
