@@ -21,6 +21,7 @@ from .. import backend, validate
 from ..errors import DTypeError, MinicavsError, ShapeError
 from ..ops import registry
 from ..ops.operators import OperatorMixin
+from . import versions
 
 _grad_enabled = True
 
@@ -56,19 +57,22 @@ _RELEASED = object()  # marks a tensor whose recorded graph a backward() has rel
 class Tensor(OperatorMixin):
     """An array (NumPy or CuPy) with an optional gradient and the op that produced it."""
 
-    __slots__ = ("data", "grad", "requires_grad", "_creator", "name", "__weakref__")
+    __slots__ = ("_array", "_versions", "grad", "requires_grad", "_creator", "name",
+                 "__weakref__")
     __minicavs_priority__ = 1
 
     def __init__(self, data, requires_grad=False, name=None):
+        shared = None
         if isinstance(data, Tensor):
-            data = data.data
+            data, shared = data._array, data._versions
         if isinstance(data, np.generic) or not (hasattr(data, "__array_namespace__")
                                                  or backend.is_cupy_array(data)):
             data = _to_numpy(data)  # (CuPy >= 14 arrays have no __array_namespace__)
         _check_numeric(data)
         if requires_grad and np.dtype(data.dtype).kind != "f":
             raise DTypeError(f"only float tensors can require gradients, got dtype {data.dtype}")
-        self.data = data
+        self._array = data
+        self._versions = shared or versions.Version()  # shared with tensors of the same array
         self.grad = None
         self.requires_grad = bool(requires_grad)
         self._creator = None  # (op, inputs, attrs) for a recorded result
@@ -76,16 +80,33 @@ class Tensor(OperatorMixin):
 
     # --- the array it holds ---------------------------------------------------------------------
     @property
+    def data(self):
+        """The NumPy or CuPy array. Writing into it between a forward pass and its backward is
+        detected at backward (``autodiff/versions.py``)."""
+        versions.exposed(self)
+        return self._array
+
+    @data.setter
+    def data(self, array):
+        self._array = array
+        versions.changed(self)
+
+    @property
+    def version(self):
+        """How many times the values may have changed in place (see ``versions.py``)."""
+        return self._versions.count
+
+    @property
     def shape(self):
-        return self.data.shape
+        return self._array.shape
 
     @property
     def dtype(self):
-        return self.data.dtype
+        return self._array.dtype
 
     @property
     def device(self):
-        return "cuda" if backend.is_cupy_array(self.data) else "cpu"
+        return "cuda" if backend.is_cupy_array(self._array) else "cpu"
 
     @property
     def is_leaf(self):
@@ -96,16 +117,16 @@ class Tensor(OperatorMixin):
         return backend.to_numpy(self.data)
 
     def item(self):
-        if self.data.size != 1:
+        if self._array.size != 1:
             raise ShapeError(f"item() needs a tensor with one element, got shape {self.shape}")
-        return self.numpy().reshape(()).item()
+        return backend.to_numpy(self._array).reshape(()).item()
 
     def detach(self):
-        """The same data, cut off from the recorded graph."""
-        return Tensor(self.data)
+        """The same data (and version counter), cut off from the recorded graph."""
+        return Tensor(self)
 
     def to(self, device):
-        return Tensor(backend.to_device(self.data, device), requires_grad=self.requires_grad)
+        return Tensor(backend.to_device(self._array, device), requires_grad=self.requires_grad)
 
     def zero_grad(self):
         self.grad = None
@@ -113,7 +134,8 @@ class Tensor(OperatorMixin):
     def __repr__(self):
         flag = ", requires_grad=True" if self.requires_grad else ""
         name = f", name={self.name!r}" if self.name else ""
-        body = np.array2string(self.numpy(), separator=", ", threshold=20, prefix="tensor(")
+        body = np.array2string(backend.to_numpy(self._array), separator=", ", threshold=20,
+                               prefix="tensor(")
         return f"tensor({body}, dtype={self.dtype}{flag}{name})"
 
     # --- eager execution --------------------------------------------------------------------------
@@ -123,7 +145,7 @@ class Tensor(OperatorMixin):
             return registry.tracing[-1].record(op, args, attrs)
         inputs = [a if isinstance(a, Tensor) else Tensor(a) for a in args]
         op.infer(*inputs, **attrs)  # shape and dtype errors name the op and the arguments
-        arrays = [t.data for t in inputs]
+        arrays = [t._array for t in inputs]
         xp = backend.get_array_module(*arrays, op=op.name)
         result = op.forward(xp, *arrays, **attrs)
         outputs = [Tensor(r) for r in result] if op.multi_output else [Tensor(result)]
@@ -148,10 +170,10 @@ class Tensor(OperatorMixin):
             raise MinicavsError("backward() on a tensor that does not require grad: no input "
                                 "of the computation had requires_grad=True")
         if grad is None:
-            if self.data.size != 1:
+            if self._array.size != 1:
                 raise ShapeError(f"backward() without a gradient needs a tensor with one "
                                  f"element, got shape {self.shape}; pass grad= explicitly")
-            grad = Tensor(backend.get_array_module(self.data).ones_like(self.data))
+            grad = Tensor(backend.get_array_module(self._array).ones_like(self._array))
         else:
             grad = grad if isinstance(grad, Tensor) else Tensor(grad)
             if tuple(grad.shape) != tuple(self.shape) or grad.dtype != self.dtype:
@@ -162,14 +184,22 @@ class Tensor(OperatorMixin):
 
 
 class _Record:
-    """One recorded op application: what backward needs to call its VJP."""
+    """One recorded op application: what backward needs to call its VJP, and the versions of
+    the tensors it saved (``versions.py``)."""
 
-    __slots__ = ("op", "inputs", "attrs", "outputs")
+    __slots__ = ("op", "inputs", "attrs", "outputs", "saved")
 
     def __init__(self, op, inputs, attrs, outputs):
         self.op, self.inputs, self.attrs = op, inputs, attrs
         # Outputs are held weakly: a result nobody keeps has no gradient, and is not kept alive.
         self.outputs = [weakref.ref(t) for t in outputs]
+        self.saved = versions.save(inputs + outputs)
+
+    def check_saved(self, outs):
+        """Refuse to differentiate if an input or a kept output changed in place since."""
+        roles = [self.op.argument_name(i) for i in range(len(self.inputs))] + [
+            "its output" if len(outs) == 1 else f"its output {k}" for k in range(len(outs))]
+        versions.check(self.inputs + outs, self.saved, self.op.name, roles=roles)
 
 
 def _topological_order(root):
@@ -214,6 +244,7 @@ def _backpropagate(root, grad, retain_graph, create_graph):
         out_grads = [grads.pop(id(o), (None,))[0] if o is not None else None for o in outs]
         if all(g is None for g in out_grads):
             continue
+        record.check_saved(outs)
         op = record.op
         if op.multi_output:
             input_grads = op.vjp(out_grads, outs, *record.inputs, **record.attrs)
@@ -242,7 +273,7 @@ class Parameter(Tensor):
     __slots__ = ()
 
     def __init__(self, data, name=None):
-        source = data.data if isinstance(data, Tensor) else data
+        source = data._array if isinstance(data, Tensor) else data
         data = as_array(data)
         if data is source:  # own the array: optimisers update it in place
             data = data.copy()
@@ -253,7 +284,7 @@ def as_array(data, dtype=None, device=None):
     """An array on ``device``: NumPy/CuPy arrays keep their dtype, lists and scalars take the
     default dtype."""
     if isinstance(data, Tensor):
-        data = data.data
+        data = data._array
     keeps_dtype = (hasattr(data, "__array_namespace__") or isinstance(data, np.generic)
                    or backend.is_cupy_array(data))
     if dtype is None and not keeps_dtype:

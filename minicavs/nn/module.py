@@ -8,7 +8,7 @@ in the order they were assigned. Names are dotted paths: ``encoder.weight``, ``l
 import numpy as np
 
 from .. import backend
-from ..autodiff import Parameter
+from ..autodiff import Parameter, versions
 from ..errors import CheckpointError
 from ..ops import embedding, linear
 from ..ops.registry import describe
@@ -58,7 +58,7 @@ class Module:
 
     def state_dict(self):
         """``{name: NumPy array}``: a copy of every parameter's values."""
-        return {name: backend.to_numpy(p.data).copy() for name, p in self.named_parameters()}
+        return {name: backend.to_numpy(p._array).copy() for name, p in self.named_parameters()}
 
     def load_state_dict(self, state):
         """Copy ``state`` (from :meth:`state_dict`) into the parameters, in place.
@@ -72,8 +72,9 @@ class Module:
             raise CheckpointError(f"load_state_dict: the state does not match "
                                   f"{type(self).__name__}:\n  " + "\n  ".join(problems))
         for name, p in params.items():
-            xp = backend.get_array_module(p.data)
-            xp.copyto(p.data, xp.asarray(state[name]))
+            xp = backend.get_array_module(p._array)
+            xp.copyto(p._array, xp.asarray(state[name]))
+            versions.changed(p)
 
 
 def state_mismatches(params, state):

@@ -11,7 +11,7 @@ may share memory with another tensor's.
 import numpy as np
 
 from .. import backend, validate
-from ..autodiff import Tensor
+from ..autodiff import Tensor, versions
 from ..errors import ArgumentError, CheckpointError, DTypeError, ShapeError
 from ..ops.registry import describe
 
@@ -89,10 +89,11 @@ class Optimizer:
                 raise error(f"{type(self).__name__}.step: parameter {i} has shape "
                             f"{describe(p.shape)} and dtype {p.dtype}, its grad has shape "
                             f"{describe(grad.shape)} and dtype {grad.dtype}")
-            xp = backend.get_array_module(p.data, grad, op=f"{type(self).__name__}.step")
+            xp = backend.get_array_module(p._array, grad, op=f"{type(self).__name__}.step")
             if self.weight_decay:
-                grad = grad + self.weight_decay * p.data  # L2 penalty: its gradient is wd * p
-            self._update(xp, p.data, grad, state)
+                grad = grad + self.weight_decay * p._array  # L2 penalty: its gradient is wd * p
+            self._update(xp, p._array, grad, state)
+            versions.changed(p)  # a backward still pending for the old values refuses to run
 
     def _update(self, xp, param, grad, state):
         raise NotImplementedError

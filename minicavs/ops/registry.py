@@ -46,6 +46,9 @@ asks the op, never its name. A rule an op does not declare has a safe meaning, s
   ``idx[i]`` of the output (scatter_add_rows); a row whose index is -1 is zero, or unused
   (``rows.index_rows(idx)``: the range of the others).
 
+``argument_names``: what messages call each argument (a vertex function's pulled input and
+captured parameters); None: "argument i".
+
 :func:`apply` is the single entry point. It converts Python scalars to constants of the
 operands' dtype and hands the call to the handler of the "highest" operand kind present: a
 Symbol turns the call into a graph node, a Tensor runs it eagerly and records it for backward.
@@ -70,7 +73,7 @@ class Op:
                  multi_output=False, *, batch=None, into=None, in_place=False,
                  quiet_overflow=False, commutative=False, associative=False, zero_rows=None,
                  join=None, keeps_rows=False, assembles_in_place=False, row_index_arg=None,
-                 on_nonzero_rows=None):
+                 on_nonzero_rows=None, argument_names=None):
         if in_place and into is None:
             raise ValueError(f"op {name!r}: in_place needs a writer (into)")
         self.name = name
@@ -91,6 +94,11 @@ class Op:
         self.keeps_rows, self.assembles_in_place = keeps_rows, assembles_in_place
         self.row_index_arg = row_index_arg
         self.on_nonzero_rows = on_nonzero_rows
+        self.argument_names = argument_names
+
+    def argument_name(self, i):
+        names = self.argument_names
+        return names[i] if names is not None and i < len(names) else f"argument {i}"
 
     @property
     def is_elementwise(self):

@@ -142,6 +142,14 @@ def _check_arguments(cell, name, arity):
                          "VertexFunction", minimum=0, error=GraphError)
 
 
+def _argument_names(pull, params):
+    """What messages call the arguments of F as an op: its pulled input, its parameters."""
+    def where(p):
+        return f" (captured at {p.where[0]}:{p.where[1]})" if p.where else ""
+    return (["the pulled input"] if pull is not None else []) + [
+        f"parameter {p.name!r}{where(p)}" for p in params]
+
+
 class VertexFunction:
     """A static vertex function F, run over batches of input graphs by the Cavs runtime.
 
@@ -179,7 +187,8 @@ class VertexFunction:
         self._pool = interpreter.BufferPool()  # F's buffers, kept by each call until backward
         self._backward_pool = interpreter.BufferPool()  # ∂F's, for the time of one backward
         self._memory_model = None
-        self._op = Op(f"vertex:{self.name}", self._forward, self._infer, self._vjp)
+        self._op = Op(f"vertex:{self.name}", self._forward, self._infer, self._vjp,
+                      argument_names=_argument_names(self.pull_input, self.graph.params))
         self._last_stats = None
 
     def _trace(self, cell):
@@ -332,7 +341,7 @@ class VertexFunction:
 
     def _run_backward(self, g, batch, call):
         started = time.perf_counter()
-        xp = backend.get_array_module(g.data)
+        xp = backend.get_array_module(g._array)
         rows = batch.indices(xp)
         store, views = self._backward_pool.acquire(
             xp, interpreter.buffer_specs(self.backward_program, rows))
@@ -354,7 +363,7 @@ class VertexFunction:
         interpreter.bind_buffers(program, env, views, rows)
         d_states = views[id(program.sources[0])]  # with its spare row
         d_states[...] = 0
-        g_rows = interpreter.take_rows(xp, g.data, rows.order)  # caller order -> level order
+        g_rows = interpreter.take_rows(xp, g._array, rows.order)  # caller order -> level order
         if len(bw.cotangents) > 1:  # F pushes: the caller's gradient is the push's
             env[id(bw.cotangents[1])] = g_rows
         else:  # F returns its scattered states

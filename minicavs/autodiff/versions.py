@@ -1,0 +1,106 @@
+"""Version counters: backward refuses a tensor that was changed in place after the forward
+pass saved it, instead of silently computing gradients from the new values.
+
+As in PyTorch, every Tensor has a version counter (shared with the tensors that share its
+array: ``detach()``), a recorded op notes the version of each tensor it saves (its inputs and
+outputs), and backward compares before it calls the op's VJP. minicavs' own writers bump the
+counter: an optimiser step, ``load_state_dict``, assigning ``t.data = array``.
+
+A write straight into the array (``W.data[...] = 100``) is invisible to minicavs, so handing
+the array out through ``.data`` counts as a possible write: it bumps the counter, and if a
+pending record saved the tensor at the current version, a fingerprint (CRC-32) of the content
+is taken first. Backward then compares the content with the fingerprint, so merely reading
+``.data`` is never mistaken for a change, and the normal path (no ``.data`` access between
+forward and backward) costs one integer comparison per saved tensor.
+"""
+
+import zlib
+
+import numpy as np
+
+from .. import backend
+from ..errors import InPlaceModificationError
+from ..ops.registry import describe
+
+_KEEP = 64  # fingerprints kept per tensor: a record older than that many reads is refused
+
+
+class Version:
+    """A tensor's version counter (shared by tensors sharing an array), the version a record
+    last saved, and the fingerprints of saved versions that were handed out through .data."""
+
+    __slots__ = ("count", "saved_at", "fingerprints")
+
+    def __init__(self):
+        self.count = 0
+        self.saved_at = -1
+        self.fingerprints = None  # {version: fingerprint}, made on the first exposure
+
+
+def fingerprint(array):
+    """A checksum of the array's content (on the GPU: two reductions, no copy to the host)."""
+    if backend.is_cupy_array(array):
+        xp = backend.get_array_module(array)
+        words = xp.ascontiguousarray(array).view(xp.uint8).astype(xp.uint64)
+        weights = xp.arange(1, words.size + 1, dtype=xp.uint64)
+        return int(words.sum()), int((words * weights).sum())
+    return zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+
+def exposed(tensor):
+    """``tensor``'s array is being handed out and may be written through: keep a fingerprint
+    of a version a record saved, then move to a new version."""
+    v = tensor._versions
+    if v.saved_at == v.count:
+        if v.fingerprints is None:
+            v.fingerprints = {}
+        v.fingerprints[v.count] = fingerprint(tensor._array)
+        if len(v.fingerprints) > _KEEP:
+            del v.fingerprints[next(iter(v.fingerprints))]
+    v.count += 1
+
+
+def changed(tensor):
+    """minicavs itself wrote into ``tensor``'s array (an optimiser step, a state load)."""
+    tensor._versions.count += 1
+
+
+def save(tensors):
+    """The versions of ``tensors`` as a record saves them."""
+    saved = []
+    for t in tensors:
+        v = t._versions
+        v.saved_at = v.count
+        saved.append(v.count)
+    return tuple(saved), None
+
+
+def check(tensors, saved, op_name, where=None, roles=None):
+    """Raise :class:`InPlaceModificationError` if a tensor of ``tensors`` (None: an output no
+    one keeps) is no longer what the record saved."""
+    counts, prints = saved
+    for i, (t, count) in enumerate(zip(tensors, counts)):
+        if t is None:
+            continue
+        v = t._versions
+        if prints is not None:
+            same = fingerprint(t._array) == prints[i]
+        elif v.count == count:
+            continue
+        else:
+            known = v.fingerprints.get(count) if v.fingerprints else None
+            same = known is not None and fingerprint(t._array) == known
+        if not same:
+            raise InPlaceModificationError(_message(t, op_name, where, roles[i] if roles
+                                                    else f"argument {i}"))
+
+
+def _message(t, op_name, where, role):
+    kind = "parameter" if t.requires_grad and t._creator is None else "tensor"
+    name = f" {t.name!r}" if t.name else ""
+    at = f" (recorded at {where[0]}:{where[1]})" if where else ""
+    return (f"backward(): {role} of op '{op_name}'{at}, a {kind}{name} of shape "
+            f"{describe(t.shape)} {t.dtype}, was changed in place after the forward pass saved "
+            f"it, so the gradients would be computed from the new values. Change it only after "
+            f"backward() (an optimiser step belongs after backward), or run the forward pass "
+            f"again after the change.")
