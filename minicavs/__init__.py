@@ -22,6 +22,7 @@ from .ops import (add, astype, broadcast_to, concat, div, embedding, equal, exp,
                   squeeze, sub, sum, take_rows, tanh, transpose, where)
 from .autodiff import (Graph, Parameter, Symbol, Tensor, enable_grad, gradcheck, grad_graph,
                        is_grad_enabled, no_grad, spec, trace, tensor)
+from .autodiff.debug import debug, is_debug_enabled, set_debug
 from .vertex import (GraphBatch, InputGraph, StaticFunction, VertexFunction, evaluate_per_sample,
                      symbolic)
 from .vertex.memory import memory_budget, set_memory_budget

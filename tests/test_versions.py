@@ -114,6 +114,19 @@ def test_through_a_vertex_function_the_message_names_the_captured_parameter():
     assert "of op 'vertex:rnn'" in message
 
 
+def test_debug_mode_also_catches_a_write_through_an_array_held_from_before():
+    array = np.array([0.5, 1.0])
+    x = mc.tensor(array, requires_grad=True)  # shares ``array``
+    with mc.debug():
+        y = mc.sum(mc.exp(x))
+    array[0] = 3.0  # no .data access: only the fingerprint taken in debug mode sees this
+    with pytest.raises(mc.InPlaceModificationError, match="argument 0 of op 'exp'"):
+        y.backward()
+    y = mc.sum(mc.exp(mc.tensor(array, requires_grad=True)))
+    array[0] = 4.0  # outside debug mode this write is not seen (documented)
+    y.backward()
+
+
 def test_static_functions_are_checked_too():
     W = mc.Parameter(np.ones((2, 2)))
     f = mc.symbolic(lambda x: mc.tanh(x @ W), ((1, 2), "float64"))

@@ -143,6 +143,7 @@ class Tracer:
         self.nodes = []
         self.captured = {}  # id(Tensor) -> its "param" Symbol
         self.captured_tensors = []
+        self.location = None  # the (file, line) recorded nodes get; None: the user's line
 
     @contextlib.contextmanager
     def active(self):
@@ -202,7 +203,7 @@ class Tracer:
             + _format_location(where))
 
     def record(self, op, args, attrs):
-        where = _user_location()
+        where = self.location or _user_location()
         if op.multi_output:
             raise GraphError(f"op '{op.name}' returns several values and cannot be recorded in "
                              f"a traced graph" + _format_location(where))
@@ -393,7 +394,9 @@ def grad_graph(graph, wrt=None, unreached="zeros"):
             if n.kind != "op" or id(n) not in grads or n.op.vjp is None:
                 continue
             g = _sum_gradients(grads.pop(id(n)))
+            tracer.location = n.where  # ∂'s nodes point at the line of the op they differentiate
             input_grads = n.op.vjp(g, mirror(n), *[mirror(x) for x in n.inputs], **n.attrs)
+            tracer.location = None
             for i, (x, gx) in enumerate(zip(n.inputs, input_grads)):
                 if gx is None or i in n.op.nondiff_args or id(x) not in carries:
                     continue

@@ -21,7 +21,7 @@ from .. import backend, validate
 from ..errors import DTypeError, MinicavsError, ShapeError
 from ..ops import registry
 from ..ops.operators import OperatorMixin
-from . import versions
+from . import debug, versions
 
 _grad_enabled = True
 
@@ -149,6 +149,8 @@ class Tensor(OperatorMixin):
         xp = backend.get_array_module(*arrays, op=op.name)
         result = op.forward(xp, *arrays, **attrs)
         outputs = [Tensor(r) for r in result] if op.multi_output else [Tensor(result)]
+        if debug.enabled:
+            debug.check_eager(op, inputs, outputs)
         if _grad_enabled and op.vjp is not None and any(
                 t.requires_grad for i, t in enumerate(inputs) if i not in op.nondiff_args):
             record = _Record(op, inputs, attrs, outputs)
@@ -184,22 +186,23 @@ class Tensor(OperatorMixin):
 
 
 class _Record:
-    """One recorded op application: what backward needs to call its VJP, and the versions of
-    the tensors it saved (``versions.py``)."""
+    """One recorded op application: what backward needs to call its VJP, the versions of the
+    tensors it saved (``versions.py``) and, in debug mode, the user's line that made it."""
 
-    __slots__ = ("op", "inputs", "attrs", "outputs", "saved")
+    __slots__ = ("op", "inputs", "attrs", "outputs", "saved", "where")
 
     def __init__(self, op, inputs, attrs, outputs):
         self.op, self.inputs, self.attrs = op, inputs, attrs
         # Outputs are held weakly: a result nobody keeps has no gradient, and is not kept alive.
         self.outputs = [weakref.ref(t) for t in outputs]
         self.saved = versions.save(inputs + outputs)
+        self.where = _user_location() if debug.enabled else None
 
     def check_saved(self, outs):
         """Refuse to differentiate if an input or a kept output changed in place since."""
         roles = [self.op.argument_name(i) for i in range(len(self.inputs))] + [
             "its output" if len(outs) == 1 else f"its output {k}" for k in range(len(outs))]
-        versions.check(self.inputs + outs, self.saved, self.op.name, roles=roles)
+        versions.check(self.inputs + outs, self.saved, self.op.name, self.where, roles)
 
 
 def _topological_order(root):
@@ -246,10 +249,14 @@ def _backpropagate(root, grad, retain_graph, create_graph):
             continue
         record.check_saved(outs)
         op = record.op
-        if op.multi_output:
-            input_grads = op.vjp(out_grads, outs, *record.inputs, **record.attrs)
-        else:
-            input_grads = op.vjp(out_grads[0], outs[0], *record.inputs, **record.attrs)
+        debug.backward_of = record
+        try:
+            if op.multi_output:
+                input_grads = op.vjp(out_grads, outs, *record.inputs, **record.attrs)
+            else:
+                input_grads = op.vjp(out_grads[0], outs[0], *record.inputs, **record.attrs)
+        finally:
+            debug.backward_of = None
         for i, (x, gx) in enumerate(zip(record.inputs, input_grads)):
             if gx is None or not x.requires_grad or i in op.nondiff_args:
                 continue
@@ -351,6 +358,12 @@ def _to_numpy(data):
 def _short(value, limit=60):
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _user_location():
+    from .symbolic import _user_location as locate  # (symbolic imports this module)
+
+    return locate()
 
 
 registry.set_default_handler(Tensor.__minicavs_apply__)

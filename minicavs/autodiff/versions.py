@@ -11,7 +11,9 @@ the array out through ``.data`` counts as a possible write: it bumps the counter
 pending record saved the tensor at the current version, a fingerprint (CRC-32) of the content
 is taken first. Backward then compares the content with the fingerprint, so merely reading
 ``.data`` is never mistaken for a change, and the normal path (no ``.data`` access between
-forward and backward) costs one integer comparison per saved tensor.
+forward and backward) costs one integer comparison per saved tensor. In debug mode
+(``minicavs.autodiff.debug``) every saved tensor is fingerprinted when it is saved, which also
+catches writes through an array reference taken before the forward pass.
 """
 
 import zlib
@@ -21,6 +23,7 @@ import numpy as np
 from .. import backend
 from ..errors import InPlaceModificationError
 from ..ops.registry import describe
+from . import debug
 
 _KEEP = 64  # fingerprints kept per tensor: a record older than that many reads is refused
 
@@ -66,12 +69,14 @@ def changed(tensor):
 
 
 def save(tensors):
-    """The versions of ``tensors`` as a record saves them."""
+    """The versions of ``tensors`` as a record saves them (and, in debug mode, fingerprints)."""
     saved = []
     for t in tensors:
         v = t._versions
         v.saved_at = v.count
         saved.append(v.count)
+    if debug.enabled:
+        return tuple(saved), tuple(fingerprint(t._array) for t in tensors)
     return tuple(saved), None
 
 

@@ -339,7 +339,8 @@ class BatchIndices:
     level an evenly spaced run of child rows as a slice (``strided``; complete trees, chains).
     Device side (int64 on NumPy, int32 on CuPy): ``order`` (level order -> the caller's vertex
     order), ``row_of`` (its inverse), each slot's child rows (-1: absent; a take reads the spare
-    zero row; made when a program first reads the slot), the edge lists."""
+    zero row; made when a program first reads the slot), the edge lists. ``vertex_name`` and
+    ``edge_name`` say which sample and vertex a row is, for messages."""
 
     def __init__(self, batch, xp):
         put = self._put = (lambda a: a) if xp is np else (
@@ -364,6 +365,20 @@ class BatchIndices:
             slot = self._slots[k] = _Slot(self._batch.child_rows_of(k), self._vertices,
                                           self._put)
         return slot
+
+    def vertex_name(self, row):
+        """``"sample s, vertex v"`` for the vertex of batch row ``row`` (level order)."""
+        batch = self._batch
+        v = int(batch.order[row])
+        s = int(batch.sample_of[v])
+        return f"sample {s}, vertex {v - int(batch.offsets[s])}"
+
+    def edge_name(self, edge):
+        """The vertex names of edge ``edge`` (rows sorted by parent): parent, then child."""
+        batch = self._batch
+        parent = self.vertex_name(int(batch.edge_parent_row[edge]))
+        child = self.vertex_name(int(batch.edge_child_row[edge])).split(", ")[1]
+        return f"{parent}'s edge to its child {child}"
 
     def size(self, rows):
         """The number of rows of a buffer: ``"V"`` vertices or ``"E"`` edges."""
