@@ -152,6 +152,10 @@ class RecordingStreams:
         self.launched[s] += 1
 
     def upload(self, which, array):
+        # The block comes from the main stream's pool, where a block freed a moment ago may
+        # still be read by main-stream launches already queued: the copy must follow them all.
+        assert which == MAIN or self.known[which][MAIN] >= self.launched[MAIN], (
+            "an upload overwrites a block before the main stream's queued launches ran")
         with self.use(which):
             self.launch([], [id(array)], "upload")
         return array.copy()
@@ -218,6 +222,59 @@ def test_a_scheduler_that_skips_a_wait_is_caught():
     rec = RecordingStreams()
     with pytest.raises(AssertionError, match="without waiting"):
         _drive(bw, Careless(rec), rec)
+
+
+def test_uploads_wait_for_the_main_streams_queued_work():
+    rec = RecordingStreams()
+    sched = streams.StreamScheduler(rec)
+    rec.launch([], ["x"], "main-stream work still reading a block it freed")
+    host = {"order": np.arange(4, dtype=np.int32), "rows": np.arange(3, dtype=np.int32)}
+    uploaded = sched.upload(np, host, wait=False)
+    assert rec.log[1] == ("wait", SIDE, MAIN)  # before the two copies
+    assert [entry[:2] for entry in rec.log[2:]] == [("launch", SIDE)] * 2
+    sched.join()
+    assert rec.log[-1] == ("wait", MAIN, SIDE)
+    np.testing.assert_array_equal(uploaded["rows"], host["rows"])
+
+    class Careless(streams.StreamScheduler):  # the upload as it was: no wait first
+        def upload(self, xp, arrays, wait=True):
+            out = {k: self.streams.upload(SIDE, a) for k, a in arrays.items()}
+            self._side_used = True
+            return out
+
+    rec = RecordingStreams()
+    rec.launch([], ["x"], "main-stream work")
+    with pytest.raises(AssertionError, match="overwrites a block"):
+        Careless(rec).upload(np, host)
+
+
+def test_a_failed_upload_joins_before_it_raises():
+    class FailsOnSecond(RecordingStreams):
+        def upload(self, which, array):
+            if array.size == 3:
+                raise MemoryError("pinned memory exhausted")
+            return super().upload(which, array)
+
+    rec = FailsOnSecond()
+    sched = streams.StreamScheduler(rec)
+    host = {"order": np.arange(4, dtype=np.int32), "rows": np.arange(3, dtype=np.int32)}
+    with pytest.raises(MemoryError):
+        sched.upload(np, host, wait=False)
+    # The first copy was queued; before the error leaves, the main stream waits for it.
+    assert rec.log[-1] == ("wait", MAIN, SIDE)
+
+
+def test_a_scheduler_joins_when_its_block_ends_even_on_an_error():
+    _, bw = _programs(binary_tree_lstm)
+    side = next(ins for ins in bw.eager + bw.lazy if ins.stream == SIDE)
+    rec = RecordingStreams()
+    with pytest.raises(RuntimeError, match="a later step failed"):
+        with streams.StreamScheduler(rec) as sched:
+            sched.run(side, lambda: rec.launch([], [id(o) for o in side.writes], "side step"))
+            raise RuntimeError("a later step failed")
+    assert rec.log[-1] == ("wait", MAIN, SIDE)
+    with streams.NO_STREAMS as none:
+        assert none is streams.NO_STREAMS
 
 
 def test_no_streams_on_numpy_or_when_switched_off():
@@ -368,11 +425,32 @@ def test_gpu_stream_scheduler_orders_work_across_streams():
     assert uploaded["order"].get().tolist() == list(range(10))
 
 
+@pytest.mark.gpu
+def test_gpu_upload_never_overwrites_a_block_the_main_stream_still_reads():
+    cupy = _cupy()
+    sched = streams.StreamScheduler(streams.CupyStreams(cupy))
+    n = 1 << 22
+    big = cupy.random.standard_normal((4096, 4096), dtype=np.float32) * 1e-2
+    for attempt in range(5):
+        a = cupy.ones(n, np.float32)
+        block = a.data.ptr
+        slow = big
+        for _ in range(30):  # tens of milliseconds queued on the main stream ...
+            slow = slow @ big
+        doubled = a * 2  # ... then a read of a
+        del a  # a's block goes back to the main stream's pool now, with that read still queued
+        uploaded = sched.upload(cupy, {"x": np.zeros(n, np.float32)}, wait=False)
+        assert uploaded["x"].data.ptr == block, "CuPy's pool did not hand the block back"
+        sched.join()
+        assert float(doubled.sum()) == 2 * n, f"attempt {attempt}: the upload overwrote a"
+        assert not uploaded["x"].any()
+
+
 def _vertex_run(cell, dtype, device, batch, seed=3, streams_on=True):
     F, params = {"binary_tree_lstm": binary_tree_lstm,
                  "child_sum_tree_lstm": child_sum_tree_lstm}[cell](
-                     E, H, np.random.default_rng(seed), dtype=np.dtype(dtype).name)
-    F.options.streams = streams_on
+                     E, H, np.random.default_rng(seed), dtype=np.dtype(dtype).name,
+                     options={"streams": streams_on})  # passes run when F is made
     if device == "cuda":
         cupy = _cupy()
         for p in params:
