@@ -338,7 +338,7 @@ def test_gpu_index_ops_check_ranges_before_the_row_kernels():
 
 
 @pytest.mark.gpu
-def test_gpu_index_ops_use_the_row_kernels_for_int32_indices(monkeypatch):
+def test_gpu_index_ops_use_the_row_kernels_for_any_integer_indices(monkeypatch):
     cupy = _cupy()
     from minicavs.cuda import kernels
 
@@ -348,13 +348,34 @@ def test_gpu_index_ops_use_the_row_kernels_for_int32_indices(monkeypatch):
         monkeypatch.setattr(kernels, name, lambda *a, _f=original, _n=name, **k:
                             (calls.append(_n), _f(*a, **k))[1])
     x = mc.tensor(np.arange(15.0).reshape(5, 3), device="cuda", requires_grad=True)
-    for dtype, expected in ((np.int32, ["gather_rows", "scatter_add_rows"]), (np.int64, [])):
+    for dtype in (np.int32, np.int64, np.int16):  # checked in range, then cast to int32
         calls.clear()
         rows = mc.take_rows(x, cupy.asarray(np.array([4, -1, 0, 4], dtype)))
         rows.sum().backward()
-        assert calls == expected, dtype
+        assert calls == ["gather_rows", "scatter_add_rows"], dtype
         np.testing.assert_array_equal(rows.numpy()[1], 0)
+        np.testing.assert_array_equal(x.grad.numpy()[:, 0], [1, 0, 0, 0, 2])
         x.grad = None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, np.int32], ids=["float16", "int32"])
+def test_gpu_index_ops_on_rows_the_kernels_do_not_cover_equal_numpy(dtype):
+    cupy = _cupy()
+    from minicavs.ops.index import _scatter_add_rows_forward, _take_rows_forward
+
+    rng = np.random.default_rng(0)
+    table = rng.integers(-5, 5, (7, 3)).astype(dtype)
+    idx = np.array([6, -1, 0, 6, -1, 2], np.int64)
+    want = _take_rows_forward(np, table, idx)
+    got = _take_rows_forward(cupy, cupy.asarray(table), cupy.asarray(idx))
+    np.testing.assert_array_equal(got.get(), want)
+    empty = _take_rows_forward(cupy, cupy.zeros((0, 3), dtype), cupy.full(2, -1, np.int64))
+    np.testing.assert_array_equal(empty.get(), np.zeros((2, 3), dtype))
+    values = rng.integers(-5, 5, (6, 3)).astype(dtype)
+    want = _scatter_add_rows_forward(np, values, idx, 7)
+    got = _scatter_add_rows_forward(cupy, cupy.asarray(values), cupy.asarray(idx), 7)
+    np.testing.assert_array_equal(got.get(), want)
 
 
 @pytest.mark.gpu
