@@ -36,7 +36,8 @@ def cupy_or_error():
     if cupy is None:
         raise DeviceError(
             "device 'cuda' needs CuPy, which is not installed (or failed to import); "
-            "install it with: pip install 'minicavs[cuda]'  (that is cupy-cuda12x)"
+            "install it with: pip install 'minicavs[cuda]'  (that is cupy-cuda12x[ctk]: CuPy "
+            "with the CUDA 12 headers and libraries it compiles and links against)"
         )
     try:
         count = cupy.cuda.runtime.getDeviceCount()

@@ -94,12 +94,19 @@ class EpochStats:
         return self.samples / self.seconds if self.seconds > 0 else float("nan")
 
 
+LOSS_DISPLAY_SECONDS = 1.0  # how often the progress bar reads the running loss
+
+
 def train_epoch(model, optimizer, batches, *, clip=None, progress=True, desc="train",
                 unit="sample"):
     """One pass over ``batches`` (lists of raw samples, prepared here: building the batch's
-    graphs is part of the cost of a step, as it is in Cavs' measurements)."""
+    graphs is part of the cost of a step, as it is in Cavs' measurements).
+
+    The summed loss stays where the model computes it: on a GPU, reading it every step would
+    make the host wait for the device once per batch. It is read at the end of the epoch, and
+    for the progress bar at most once every ``LOSS_DISPLAY_SECONDS``."""
     total, targets, samples = 0.0, 0, 0
-    started = time.perf_counter()
+    started = shown = time.perf_counter()
     bar = tqdm(total=sum(len(b) for b in batches), desc=desc, unit=unit, disable=not progress,
                leave=False, dynamic_ncols=True)
     with bar:
@@ -111,12 +118,14 @@ def train_epoch(model, optimizer, batches, *, clip=None, progress=True, desc="tr
             if clip:
                 clip_grad_norm(optimizer.params, clip)
             optimizer.step()
-            total += loss.item()
+            total = total + loss.data.astype(np.float64)  # summed in float64, as Python would
             targets += batch.num_targets
             samples += batch.num_samples
             bar.update(len(chunk))
-            bar.set_postfix(loss=f"{total / max(targets, 1):.4f}", refresh=False)
-    return EpochStats(total / max(targets, 1), samples, time.perf_counter() - started)
+            if progress and time.perf_counter() - shown >= LOSS_DISPLAY_SECONDS:
+                bar.set_postfix(loss=f"{float(total) / max(targets, 1):.4f}", refresh=False)
+                shown = time.perf_counter()
+    return EpochStats(float(total) / max(targets, 1), samples, time.perf_counter() - started)
 
 
 def format_metrics(metrics, prefix=""):

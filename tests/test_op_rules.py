@@ -20,7 +20,7 @@ from minicavs.ops.batching import EDGES, VERTICES, dim_text, row_domain
 from minicavs.ops.elementwise import SIGMOID, elementwise
 from minicavs.ops.formula import c_expr, writer
 from minicavs.ops.registry import Aval, Op, describe
-from minicavs.ops.rows import EMPTY, FULL, hull, intersect
+from minicavs.ops.rows import EMPTY, FULL, hull, index_rows, intersect
 from minicavs.vertex.zero_rows import node_range
 
 ELEMENTWISE = {name for name, op in OPS.items() if op.is_elementwise}
@@ -235,3 +235,22 @@ def test_errors_inside_a_cell_speak_in_per_vertex_shapes():
                                             r"cannot be reshaped to \(4, 2\)") as info:
         mc.VertexFunction(cell, pull_shape=(6,), scatter_shape=(8,))
     assert "V" not in str(info.value).split("\n")[0]
+
+
+@pytest.mark.parametrize("idx, rows", [([], EMPTY), ([-1, -1], EMPTY), ([3], (0, 1)),
+                                       ([-1, 4, -1, 0, -1], (1, 4)), ([2, -1, -1, 7], (0, 4)),
+                                       ([[-1, 5], [1, -1]], (1, 3))])
+def test_index_rows_is_the_hull_of_the_rows_with_an_index(idx, rows):
+    for dtype in (np.int32, np.int64):
+        assert index_rows(np.array(idx, dtype).reshape(np.shape(idx))) == rows
+
+
+@pytest.mark.gpu
+def test_index_rows_on_a_gpu_equals_numpy():
+    mc.set_device("cuda")
+    import cupy
+
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 5, 1000):
+        idx = np.where(rng.random(n) < 0.7, -1, rng.integers(0, 9, n))
+        assert index_rows(cupy.asarray(idx)) == index_rows(idx)

@@ -199,11 +199,18 @@ class Adagrad(Optimizer):
 
 def clip_grad_norm(params, max_norm):
     """Scale the gradients of ``params`` so their joint L2 norm is at most ``max_norm``;
-    return the norm before clipping."""
+    return the norm before clipping, as a 0-d Tensor on the gradients' device (``.item()``
+    reads it). Nothing here waits for a GPU: the norm and the scale stay on the device, and
+    every gradient is multiplied by ``min(1, max_norm / norm)`` (by 1 when under the limit,
+    which changes no bit), as PyTorch's ``clip_grad_norm_`` does."""
     params = [p for p in params if p.grad is not None]
-    total = float(np.sqrt(sum(float((p.grad.data * p.grad.data).sum()) for p in params)))
-    if total > max_norm:
-        scale = max_norm / total
-        for p in params:
-            p.grad = Tensor(p.grad.data * scale)  # a new array: grads may share memory
-    return total
+    if not params:
+        return Tensor(np.zeros((), backend.default_dtype()))
+    grads = [p.grad.data for p in params]
+    xp = backend.get_array_module(*grads, op="clip_grad_norm")
+    total = xp.sqrt(xp.stack([xp.vdot(g.ravel(), g.ravel()) for g in grads]).sum())
+    with np.errstate(divide="ignore"):  # a zero norm: max_norm / 0 is inf, the scale 1
+        scale = xp.minimum(1, max_norm / total)
+    for p, g in zip(params, grads):
+        p.grad = Tensor(g * scale.astype(g.dtype))  # a new array: grads may share memory
+    return Tensor(xp.asarray(total))

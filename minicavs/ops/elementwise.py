@@ -106,9 +106,13 @@ DIV = elementwise("div", forward=lambda xp, a, b: xp.divide(a, b),
                   c="({0} / {1})", into=np.divide, float_only=True)  # 0/0 is not 0: no zero_rows
 NEG = elementwise("neg", forward=lambda xp, x: xp.negative(x), vjp=lambda g, out, x: (neg(g),),
                   c="(-{0})", into=np.negative, zero_rows=KEEPS)
+# NumPy computes x ** 0.5 as sqrt(x): (-inf) ** 0.5 is NaN and (-0.0) ** 0.5 is -0.0, where C's
+# pow gives inf and 0.0. The C expression does the same; the exponent is a constant, so the
+# compiler keeps one branch.
 POW = elementwise("pow", forward=lambda xp, x, exponent: xp.power(x, exponent),
                   vjp=lambda g, out, x, exponent: (g * exponent * pow(x, exponent - 1),),
-                  c="pow({0}, ({T}){exponent!r})", into=_pow_into, float_only=True)
+                  c="({exponent!r} == 0.5 ? sqrt({0}) : pow({0}, ({T}){exponent!r}))",
+                  into=_pow_into, float_only=True)
 EXP = elementwise("exp", forward=lambda xp, x: xp.exp(x), vjp=lambda g, out, x: (g * out,),
                   c="exp({0})", into=np.exp, float_only=True)
 LOG = elementwise("log", forward=lambda xp, x: xp.log(x), vjp=lambda g, out, x: (g / x,),
@@ -118,19 +122,25 @@ TANH = elementwise("tanh", forward=lambda xp, x: xp.tanh(x),
                    zero_rows=KEEPS, float_only=True)
 SIGMOID = elementwise("sigmoid", formula=_sigmoid, vjp=lambda g, out, x: (g * out * (1 - out),),
                       quiet_overflow=True, float_only=True)
+# maximum as NumPy computes it: a NaN operand is the result (the first of two NaNs), and
+# otherwise a > b ? a : b, so of two equal zeros the second is returned (maximum(-0.0, 0.0) is
+# 0.0, maximum(0.0, -0.0) is -0.0; x != x tests for NaN without <math.h>, for any C type).
 RELU = elementwise("relu", forward=lambda xp, x: xp.maximum(x, 0),
                    vjp=lambda g, out, x: (where(greater(out, 0), g, 0),),
-                   c="({0} > 0 ? {0} : 0)", into=_relu_into, zero_rows=KEEPS)
+                   c="(({0} > 0 || {0} != {0}) ? {0} : ({T})0)", into=_relu_into,
+                   zero_rows=KEEPS)
 MAXIMUM = elementwise(
     "maximum", forward=lambda xp, a, b: xp.maximum(a, b),
     vjp=lambda g, out, a, b: (unbroadcast(where(greater_equal(a, b), g, 0), a.shape),
                               unbroadcast(where(greater_equal(a, b), 0, g), b.shape)),
-    c="({0} >= {1} ? {0} : {1})", into=_maximum_into)
+    c="(({0} > {1} || {0} != {0}) ? {0} : {1})", into=_maximum_into)
 WHERE = elementwise(
     "where", forward=lambda xp, cond, a, b: xp.where(cond, a, b),
     vjp=lambda g, out, cond, a, b: (None, unbroadcast(where(cond, g, 0), a.shape),
                                     unbroadcast(where(cond, 0, g), b.shape)),
     c="({0} ? {1} : {2})", into=_where_into, in_place=False, skip=(0,), nondiff_args=(0,))
+# A float -> integer cast of NaN or of a value out of range is undefined in C and platform-
+# dependent in NumPy (which warns): fused code does not promise NumPy's bits there.
 ASTYPE = elementwise("astype", forward=lambda xp, x, dtype: x.astype(dtype, copy=False),
                      vjp=lambda g, out, x, dtype: (astype(g, x.dtype),), c="(({T}){0})",
                      into=_astype_into, zero_rows=KEEPS)
