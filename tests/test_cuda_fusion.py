@@ -256,7 +256,9 @@ def _all_elementwise_ops_graph(dtype):
         t = t + pos ** 0.5 + mc.relu(x) * mc.maximum(x, y) + b
         mask = mc.greater(x, y)
         t = mc.where(mask, t, mc.astype(mc.greater_equal(y, 0.25), x.dtype) - t)
-        return t * mc.astype(mc.equal(mc.astype(mask, np.int32), 1), x.dtype) + t ** 2
+        t = t * mc.astype(mc.equal(mc.astype(mask, np.int32), 1), x.dtype) + t ** 2
+        t = t + mc.minimum(x, y) + pos ** y + mc.expm1(y) * mc.log1p(pos) + mc.erf(x)
+        return t + mc.sin(x) * mc.cos(y) + mc.floor(x) - mc.ceil(y) + mc.rint(x * 3.0)
 
     return mc.trace(fn, ((5, 3), dtype), ((5, 3), dtype), ((3,), dtype))
 
