@@ -33,3 +33,4 @@ from .autodiff.creation import (arange, eye, full, full_like, ones, ones_like, r
 from .vertex import (GraphBatch, InputGraph, StaticFunction, VertexFunction, evaluate_per_sample,
                      symbolic)
 from . import nn
+from .nn import load, save
