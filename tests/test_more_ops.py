@@ -436,3 +436,38 @@ def test_losses_equal_pytorch():
     assert mc.binary_cross_entropy_with_logits(t(z), t(target), pos_weight=t(w)).item() == \
         pytest.approx(F.binary_cross_entropy_with_logits(
             torch.tensor(z), torch.tensor(target), pos_weight=torch.tensor(w)).item(), rel=1e-12)
+
+
+# --- inside a vertex cell: the batching rules -------------------------------------------------
+
+def test_new_ops_inside_a_vertex_cell_equal_the_per_sample_reference():
+    """Each new primitive's batching rule, run by the batched runtime, against the same cell
+    evaluated vertex by vertex."""
+    W = mc.Parameter(np.random.randn(6, 6) * 0.5)
+
+    def cell(v):
+        x = v.pull()  # (6,)
+        h = v.gather(0)
+        grid = mc.reshape(x * 0.5 + h @ W, (2, 3))
+        parts = [mc.softmax(grid, axis=1), mc.log_softmax(grid, axis=0),
+                 mc.cumsum(grid, axis=1), mc.minimum(grid, mc.sin(grid)),
+                 mc.expand_dims(mc.min(grid, axis=1), 1) + mc.prod(mc.cos(grid), axis=0),
+                 mc.astype(mc.argmax(grid, axis=1, keepdims=True), grid.dtype)
+                 + mc.astype(mc.argmin(grid), grid.dtype), mc.erf(grid) + mc.log1p(grid * grid),
+                 mc.exp(grid) ** mc.expm1(grid) + mc.floor(grid) + mc.ceil(grid) + mc.rint(grid),
+                 mc.gelu(grid) + mc.logsumexp(grid, axis=1, keepdims=True)]
+        state = mc.tanh(mc.flatten(sum(parts[1:], parts[0]))[::1])
+        v.scatter(state)
+
+    F = mc.VertexFunction(cell, pull_shape=(6,), scatter_shape=(6,), arity=1)
+    assert F.dtype == np.float64  # from W
+    batch = mc.GraphBatch([mc.InputGraph.chain(3), mc.InputGraph.chain(2)])
+    pull = t(np.random.randn(5, 6))
+    batched = F(batch, pull=pull)
+    reference = mc.evaluate_per_sample(F, batch, pull)
+    np.testing.assert_allclose(batched.numpy(), reference.numpy(), rtol=1e-12, atol=1e-12)
+    batched.sum().backward()
+    grad = W.grad.numpy().copy()
+    W.grad = None
+    reference.sum().backward()
+    np.testing.assert_allclose(grad, W.grad.numpy(), rtol=1e-10, atol=1e-12)

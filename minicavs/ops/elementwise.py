@@ -167,20 +167,24 @@ POWER = elementwise("power", forward=lambda xp, x, y: _power(xp, x, y), vjp=_pow
 EXP = elementwise("exp", forward=lambda xp, x: xp.exp(x), vjp=lambda g, out, x: (g * out,),
                   c="exp({0})", into=np.exp, float_only=True)
 EXPM1 = elementwise("expm1", forward=lambda xp, x: xp.expm1(x),
-                    vjp=lambda g, out, x: (g * (out + 1),), c="expm1({0})", into=np.expm1, float_only=True, zero_rows=KEEPS)
+                    vjp=lambda g, out, x: (g * (out + 1),), c="expm1({0})",
+                    into=np.expm1, float_only=True, zero_rows=KEEPS)
 LOG = elementwise("log", forward=lambda xp, x: xp.log(x), vjp=lambda g, out, x: (g / x,),
                   c="log({0})", into=np.log, float_only=True)
 LOG1P = elementwise("log1p", forward=lambda xp, x: xp.log1p(x),
-                    vjp=lambda g, out, x: (g / (x + 1),), c="log1p({0})", into=np.log1p, float_only=True, zero_rows=KEEPS)
+                    vjp=lambda g, out, x: (g / (x + 1),), c="log1p({0})",
+                    into=np.log1p, float_only=True, zero_rows=KEEPS)
 TANH = elementwise("tanh", forward=lambda xp, x: xp.tanh(x),
                    vjp=lambda g, out, x: (g * (1 - out * out),), c="tanh({0})", into=np.tanh,
                    zero_rows=KEEPS, float_only=True)
 SIGMOID = elementwise("sigmoid", formula=_sigmoid, vjp=lambda g, out, x: (g * out * (1 - out),),
                       quiet_overflow=True, float_only=True)
 SIN = elementwise("sin", forward=lambda xp, x: xp.sin(x),
-                  vjp=lambda g, out, x: (g * cos(x),), c="sin({0})", into=np.sin, float_only=True, zero_rows=KEEPS)
+                  vjp=lambda g, out, x: (g * cos(x),), c="sin({0})",
+                  into=np.sin, float_only=True, zero_rows=KEEPS)
 COS = elementwise("cos", forward=lambda xp, x: xp.cos(x),
-                  vjp=lambda g, out, x: (neg(g * sin(x)),), c="cos({0})", into=np.cos, float_only=True)
+                  vjp=lambda g, out, x: (neg(g * sin(x)),), c="cos({0})",
+                  into=np.cos, float_only=True)
 ERF = elementwise("erf", forward=lambda xp, x: _special(xp).erf(x),
                   vjp=lambda g, out, x: (g * (2 / np.sqrt(np.pi)) * exp(neg(x * x)),),
                   c="erf({0})", into=lambda x, out: scipy.special.erf(x, out=out),
@@ -188,11 +192,14 @@ ERF = elementwise("erf", forward=lambda xp, x: _special(xp).erf(x),
 # Rounding: piecewise constant, so the gradient is zero (as in PyTorch), not missing. C's rint
 # rounds half to even in the default rounding mode, as NumPy's rint and round do.
 FLOOR = elementwise("floor", forward=lambda xp, x: xp.floor(x),
-                    vjp=lambda g, out, x: (zeros_like(g),), c="floor({0})", into=np.floor, float_only=True, zero_rows=KEEPS)
+                    vjp=lambda g, out, x: (zeros_like(g),), c="floor({0})",
+                    into=np.floor, float_only=True, zero_rows=KEEPS)
 CEIL = elementwise("ceil", forward=lambda xp, x: xp.ceil(x),
-                   vjp=lambda g, out, x: (zeros_like(g),), c="ceil({0})", into=np.ceil, float_only=True, zero_rows=KEEPS)
+                   vjp=lambda g, out, x: (zeros_like(g),), c="ceil({0})",
+                   into=np.ceil, float_only=True, zero_rows=KEEPS)
 RINT = elementwise("rint", forward=lambda xp, x: xp.rint(x),
-                   vjp=lambda g, out, x: (zeros_like(g),), c="rint({0})", into=np.rint, float_only=True, zero_rows=KEEPS)
+                   vjp=lambda g, out, x: (zeros_like(g),), c="rint({0})",
+                   into=np.rint, float_only=True, zero_rows=KEEPS)
 RELU = elementwise("relu", forward=lambda xp, x: xp.maximum(x, 0),
                    vjp=lambda g, out, x: (where(greater(out, 0), g, 0),),
                    c="({0} > 0 ? {0} : 0)", into=_relu_into, zero_rows=KEEPS)
@@ -270,8 +277,9 @@ def pow(x, exponent):  # noqa: A001 (mirrors the Python operator)
 
 
 def zeros_like(x):
-    """Zeros of ``x``'s shape and dtype (an op's result, so also a symbol while tracing)."""
-    return apply(shape.BROADCAST_TO, np.zeros((), np.dtype(x.dtype)), shape=tuple(x.shape))
+    """Zeros of ``x``'s shape and dtype, made from ``x`` (``x > x`` is false everywhere, NaN
+    and inf included), so that on a symbol it is a node of the same trace."""
+    return astype(greater(x, x), x.dtype)
 
 
 # --- composites ----------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """Reductions over axes. Primitives: sum, max, min, prod, argmax, argmin, and the running sum
 cumsum; composed from them: mean, var, std, logsumexp, any, all."""
 
+import builtins
+
 import numpy as np
 
 from . import batching, elementwise, shape
-import builtins
-
 from .registry import Aval, Op, apply, normalize_axis, normalize_axes, register, result_dtype
 from .rows import FULL, KEEPS
 from ..errors import ShapeError

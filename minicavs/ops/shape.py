@@ -324,7 +324,7 @@ def _triangle(x, k, lower):
                          f"shape {describe(x.shape)}")
     n, m = x.shape[-2:]
     keep = np.tri(n, m, k, dtype=bool) if lower else ~np.tri(n, m, k - 1, dtype=bool)
-    return elementwise.where(keep, x, elementwise.zeros_like(x))
+    return elementwise.where(keep, x, 0)
 
 
 def tril(x, k=0):
