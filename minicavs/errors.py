@@ -18,6 +18,12 @@ class DTypeError(MinicavsError, TypeError):
     """An op was given arrays whose dtypes (or devices) do not fit together."""
 
 
+class UnsupportedError(MinicavsError, TypeError):
+    """An operation or argument a Python, NumPy or PyTorch user may expect that minicavs does
+    not take (item assignment on an immutable Tensor, bitwise operators on numbers, a
+    non-Module in a Sequential, ...); the message says what to use instead."""
+
+
 class DeviceError(MinicavsError, RuntimeError):
     """The requested device cannot be used (CuPy or a GPU is missing)."""
 

@@ -69,6 +69,16 @@ def _cases():
              lambda a: mc.softmax(a) * mc.log_softmax(a, axis=0)),
         Case("lstm_gates", lambda r: [f(r, 3, 8), f(r, 3, 2)],
              lambda pre, c: mc.concat(list(mc.lstm_gates(pre, c)), axis=1)),
+        Case("minimum min prod power", lambda r: [f(r, 3, 4), f(r, 3, 4)],
+             lambda a, b: mc.minimum(a, b) + mc.min(a, axis=1, keepdims=True)
+             + mc.prod(a, axis=0) + mc.exp(a) ** b),
+        Case("sin cos erf expm1 log1p", lambda r: [f(r, 3, 4)],
+             lambda a: mc.sin(a) * mc.cos(a) + mc.erf(a) + mc.expm1(a) + mc.log1p(mc.exp(a))),
+        Case("floor ceil rint cumsum", lambda r: [f(r, 3, 4)],
+             lambda a: mc.floor(a) + mc.ceil(a) * mc.rint(a) + mc.cumsum(a, axis=1)),
+        Case("argmax argmin", lambda r: [f(r, 3, 4)],
+             lambda a: mc.astype(mc.argmax(a, axis=1) - mc.argmin(a[:, :3], axis=0), a.dtype)
+             * mc.sum(a)),
     ]
 
 

@@ -261,7 +261,9 @@ def _all_elementwise_ops_graph(dtype):
         t = t + pos ** 0.5 + mc.relu(x) * mc.maximum(x, y) + b
         mask = mc.greater(x, y)
         t = mc.where(mask, t, mc.astype(mc.greater_equal(y, 0.25), x.dtype) - t)
-        return t * mc.astype(mc.equal(mc.astype(mask, np.int32), 1), x.dtype) + t ** 2
+        t = t * mc.astype(mc.equal(mc.astype(mask, np.int32), 1), x.dtype) + t ** 2
+        t = t + mc.minimum(x, y) + pos ** y + mc.expm1(y) * mc.log1p(pos) + mc.erf(x)
+        return t + mc.sin(x) * mc.cos(y) + mc.floor(x) - mc.ceil(y) + mc.rint(x * 3.0)
 
     return mc.trace(fn, ((5, 3), dtype), ((5, 3), dtype), ((3,), dtype))
 
@@ -319,6 +321,10 @@ ONE_OP_CASES = {
         mc.astype(mc.astype(a, np.float32 if a.dtype == np.float64 else np.float64), a.dtype),
         mc.astype(mc.astype(a, np.bool_), a.dtype)]), True),
     "where": (2, lambda a, b: mc.where(mc.greater(a, b), a, b), True),
+    "minimum": (2, mc.minimum, True), "floor": (1, mc.floor, True), "ceil": (1, mc.ceil, True),
+    "rint": (1, mc.rint, True), "power": (2, lambda a, b: a ** b, False),
+    "sin": (1, mc.sin, False), "cos": (1, mc.cos, False), "erf": (1, mc.erf, False),
+    "expm1": (1, mc.expm1, False), "log1p": (1, mc.log1p, False),
 }
 
 

@@ -41,7 +41,7 @@ def test_every_op_usable_in_a_cell_has_a_batching_rule():
 
 
 def test_elementwise_ops_have_a_c_expression_and_a_numpy_writer():
-    assert len(ELEMENTWISE) == 17
+    assert len(ELEMENTWISE) == 27
     for name in ELEMENTWISE:
         op = OPS[name]
         assert callable(op.into), name
@@ -52,6 +52,7 @@ def test_the_other_rules_are_where_the_passes_expect_them():
     def having(field):
         return {name for name, op in OPS.items() if getattr(op, field)}
 
+    # (not maximum and minimum: of two equal zeros they return the second, as NumPy does)
     assert having("commutative") == {"add", "mul"}
     assert having("associative") == {"add", "mul"}  # regrouping needs both
     assert having("quiet_overflow") == {"sigmoid"}
@@ -62,8 +63,14 @@ def test_the_other_rules_are_where_the_passes_expect_them():
     assert {n: op.row_index_arg for n, op in OPS.items() if op.row_index_arg is not None} == {
         "take_rows": 1, "scatter_add_rows": 1}
     assert having("zero_rows") == {"neg", "tanh", "relu", "astype", "slice_axis", "pad_axis",
-                                   "reshape", "transpose", "sum", "max", "broadcast_to", "mul",
-                                   "add", "sub", "concat", "matmul"}
+                                   "reshape", "transpose", "sum", "max", "min", "broadcast_to",
+                                   "mul", "add", "sub", "concat", "matmul", "expm1", "log1p",
+                                   "sin", "erf", "floor", "ceil", "rint", "cumsum"}
+    # promotion: which operands each op brings to one dtype (registry.py, "Type promotion")
+    assert OPS["where"].promotes == (1, 2) and OPS["concat"].promotes == "all"
+    assert OPS["take_rows"].promotes == () and OPS["astype"].promotes == ()
+    assert {n for n, op in OPS.items() if op.promotes_to_float} >= {
+        "div", "exp", "log", "tanh", "sigmoid", "softmax", "log_softmax", "sin", "erf"}
     assert {name for name, op in OPS.items() if op.into} == ELEMENTWISE | {"matmul"}
 
 

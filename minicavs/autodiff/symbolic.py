@@ -98,10 +98,15 @@ class Symbol(OperatorMixin):
                          "Compute with mc.* functions inside traced functions."
                          + _format_location(_user_location()))
 
-    def numpy(self):
-        return self.__array__()
+    def _no_number(self, *args):
+        raise GraphError(f"{self!r} has no value while tracing; it cannot become a Python "
+                         f"number (float(), int(), .item(), an index). Compute with mc.* "
+                         f"functions inside traced functions."
+                         + _format_location(_user_location()))
 
-    def item(self):
+    __float__ = __int__ = __index__ = item = tolist = _no_number
+
+    def numpy(self):
         return self.__array__()
 
 

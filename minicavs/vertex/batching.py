@@ -50,6 +50,11 @@ class VertexSymbol(OperatorMixin):
     def __array__(self, *args, **kwargs):
         return self.symbol.__array__()
 
+    def _no_number(self, *args):
+        return self.symbol._no_number()
+
+    __float__ = __int__ = __index__ = item = tolist = _no_number
+
     @classmethod
     def __minicavs_apply__(cls, op, args, attrs):
         trace = next(a.trace for a in args if isinstance(a, VertexSymbol))

@@ -62,7 +62,8 @@ def _level_loop(program, xp, env, ranges, rows, moves):
     row_keys = [(k, d) for k, d in program.row_keys if k in env]
     in_buffers = program.buffered | {id(part) for part, *_ in program.aliases}
     candidates = program.zero_candidates
-    sink_slots = [(slot, id(s)) for slot, s in program.slots if s in program.sinks] \
+    sinks = {id(s) for s in program.sinks}
+    sink_slots = [(slot, id(s)) for slot, s in program.slots if id(s) in sinks] \
         if "leaf_sinks" in program.passes else []
     levels = reversed(range(rows.num_levels)) if program.reverse else range(rows.num_levels)
     written, summed, counts = {}, {}, []
