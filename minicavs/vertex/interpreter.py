@@ -48,13 +48,12 @@ def run(program, xp, env, ranges=None, rows=None, moves=None):
     write). ``xp`` may be ``RECORD``: ops then run on Tensors, recorded for autodiff. Returns
     the number of instructions run per level."""
     ranges = {} if ranges is None else ranges
-    sched = streams.scheduler(xp, program)
-    for ins in program.eager:
-        sched.run(ins, _run_whole, ins, xp, env, ranges, rows)
-    counts = _level_loop(program, xp, env, ranges, rows, moves) if rows is not None else []
-    for ins in program.lazy:
-        sched.run(ins, _run_whole, ins, xp, env, ranges, rows)
-    sched.join()
+    with streams.scheduler(xp, program) as sched:  # joins the side stream, on errors too
+        for ins in program.eager:
+            sched.run(ins, _run_whole, ins, xp, env, ranges, rows)
+        counts = _level_loop(program, xp, env, ranges, rows, moves) if rows is not None else []
+        for ins in program.lazy:
+            sched.run(ins, _run_whole, ins, xp, env, ranges, rows)
     return counts
 
 
@@ -271,8 +270,9 @@ _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def constants(program, xp):
-    return {id(n): (n.value if xp is np else xp.asarray(n.value))
-            for n in program.graph.nodes if n.kind == "const"}
+    """A fresh environment holding the program's constants on ``xp`` (copied to a device once
+    per program)."""
+    return dict(program.constants(xp))
 
 
 def stats(batch, counts, seconds):
