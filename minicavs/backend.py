@@ -78,6 +78,15 @@ def set_device(name):
     _device = name
 
 
+def select_gpu(index):
+    """Make GPU ``index`` (modulo the number of GPUs) the current one for this process and
+    return its id: each data-parallel rank on a machine takes its own GPU."""
+    cupy = cupy_or_error()
+    device = int(index) % cupy.cuda.runtime.getDeviceCount()
+    cupy.cuda.Device(device).use()
+    return device
+
+
 def get_device():
     """The current device name, ``"cpu"`` or ``"cuda"``."""
     return _device
