@@ -368,7 +368,7 @@ def test_nccl_ranks_match_one_process(tmp_path, restore_blas_threads):
     from minicavs.cuda.nccl import nccl_library
 
     nccl_library()  # fails with what to install when CuPy has no NCCL
-    ranks = min(2, mc.backend.cupy_or_error().cuda.runtime.getDeviceCount())
+    ranks = min(2, mc.backend.gpu_count())
     done, _ = launch(ranks, ["-m", "minicavs", "train", "tree-lstm", "--device", "cuda",
                              "--distributed", "--communicator", "nccl", "--dtype", "float64",
                              "--batch-size", 16 // ranks, "--save", "nccl.npz", *TINY],

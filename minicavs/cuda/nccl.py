@@ -3,11 +3,10 @@
 One :class:`NcclGroup` per process, over the ranks of an MPI communicator: rank 0 makes NCCL's
 unique id and the ranks receive it over MPI (``broadcast_object``), then every rank joins with
 ``ncclCommInitRank`` on its own GPU. Collectives run in place on CuPy arrays on the current
-stream; :meth:`NcclGroup.wait` polls an event with a deadline, so a rank that never arrives
-gives a :class:`DistributedError` instead of a hang (the communicator is aborted first).
+stream and are waited for through the caller's ``wait_until(is_done, what)`` (the polling and
+the deadline of :mod:`minicavs.distributed`), so a rank that never arrives gives a
+:class:`DistributedError` instead of a hang; the NCCL communicator is aborted first.
 """
-
-import time
 
 import numpy as np
 
@@ -43,12 +42,14 @@ def _nccl_dtype(nccl, dtype):
 
 
 class NcclGroup:
-    """An NCCL communicator of ``size`` ranks; this process is ``rank`` on the current GPU."""
+    """An NCCL communicator of ``size`` ranks; this process is ``rank`` on the current GPU.
+    ``broadcast_object(obj)`` gives rank 0's ``obj`` to every rank (over MPI);
+    ``wait_until(is_done, what)`` polls with a deadline and raises DistributedError."""
 
-    def __init__(self, rank, size, broadcast_object, timeout):
+    def __init__(self, rank, size, broadcast_object, wait_until):
         self.nccl = nccl_library()
         self.cupy = backend.cupy_or_error()
-        self.rank, self.size, self.timeout = rank, size, float(timeout)
+        self.rank, self.size, self.wait_until = rank, size, wait_until
         unique_id = broadcast_object(self.nccl.get_unique_id() if rank == 0 else None)
         try:
             self._comm = self.nccl.NcclCommunicator(size, unique_id, rank)
@@ -78,18 +79,13 @@ class NcclGroup:
         self.wait(stream, f"broadcast of {array.nbytes} bytes")
 
     def wait(self, stream, what):
-        """Wait for ``stream`` (the collective just queued on it), at most ``timeout`` s."""
+        """Wait for ``stream`` (the collective just queued on it) within the deadline."""
         event = stream.record()
-        deadline = time.monotonic() + self.timeout
-        pause = 0.0
-        while not event.done:
-            if time.monotonic() > deadline:
-                self._comm.abort()  # frees the GPU from the collective that will never end
-                raise DistributedError(f"rank {self.rank} of {self.size}: NCCL {what} did not "
-                                       f"complete within {self.timeout:g} s; another rank is "
-                                       f"stuck or has died")
-            time.sleep(pause)
-            pause = min(2 * pause or 20e-6, 1e-3)
+        try:
+            self.wait_until(lambda: event.done, f"NCCL {what}")
+        except DistributedError:
+            self._comm.abort()  # frees the GPU from a collective that will never end
+            raise
         try:
             self._comm.check_async_error()
         except self.nccl.NcclError as exc:

@@ -15,6 +15,7 @@ traceback (ChainerMN's ``global_except_hook``), and the launcher stops every ran
 """
 
 import atexit
+import os
 import pickle
 import sys
 import time
@@ -29,6 +30,8 @@ from .buckets import (pack_gradients, pack_values, plan_buckets, unpack_gradient
 
 DEFAULT_TIMEOUT = 300.0  # seconds: longer than any step or evaluation of the examples
 DEFAULT_BUCKET_BYTES = 16 * 2 ** 20  # large enough for a Tree-LSTM's gradients in one call
+SPIN_SECONDS = 0.02  # how long a wait polls without sleeping (MPI_Wait spins all along)
+_yield_core = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 @dataclass
@@ -218,22 +221,38 @@ class MpiCommunicator(Communicator):
         self.MPI = MPI
         self.mpi_comm = mpi_comm
         self.rank, self.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
-        node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+        node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks on this machine
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         node.Free()
+        if backend.get_device() == "cuda":  # before anything touches a GPU
+            self.gpu = backend.select_gpu(self.local_rank)
 
     def _wait(self, request, what):
-        deadline = time.monotonic() + self.timeout
+        self.wait_until(request.Test, f"MPI {what}")
+
+    def wait_until(self, is_done, what):
+        """Poll ``is_done()`` until it is true, at most ``timeout`` seconds, then raise.
+
+        Flat out at first, yielding the core between polls to whatever else is runnable
+        (ranks may outnumber cores): MPI moves a non-blocking collective along only inside
+        Test, so the first milliseconds decide its latency. Then with growing pauses (up to
+        1 ms), so a rank that waits long (rank 0 evaluating) leaves its core alone.
+        """
+        started = time.monotonic()
         pause = 0.0
-        while not request.Test():
-            if time.monotonic() > deadline:
+        while not is_done():
+            waited = time.monotonic() - started
+            if waited > self.timeout:
                 _collective_timed_out.append(what)
                 raise DistributedError(
-                    f"rank {self.rank} of {self.size}: MPI {what} did not complete within "
+                    f"rank {self.rank} of {self.size}: {what} did not complete within "
                     f"{self.timeout:g} s; another rank is stuck or has died (a step or an "
                     f"evaluation that legitimately takes longer needs a larger --timeout)")
-            time.sleep(pause)  # yield the core: ranks may outnumber cores
-            pause = min(2 * pause or 20e-6, 1e-3)
+            if waited < SPIN_SECONDS:
+                _yield_core()
+            else:
+                time.sleep(pause)
+                pause = min(2 * pause or 20e-6, 1e-3)
 
     def _allreduce_array(self, buffer):
         if backend.is_cupy_array(buffer):  # no CUDA-aware MPI assumed: through the host
@@ -284,7 +303,12 @@ class NcclCommunicator(MpiCommunicator):
         super().__init__(mpi_comm, **options)
         from ..cuda.nccl import NcclGroup
 
-        self.nccl = NcclGroup(self.rank, self.size, self.broadcast_object, self.timeout)
+        gpus = backend.gpu_count()
+        if self.local_size > gpus:
+            raise DistributedError(f"NCCL needs a GPU per rank: {self.local_size} ranks on "
+                                   f"this machine, {gpus} GPU(s); start at most {gpus} ranks "
+                                   f"per machine, or use the MPI communicator")
+        self.nccl = NcclGroup(self.rank, self.size, self.broadcast_object, self.wait_until)
 
     def _allreduce_array(self, buffer):
         if backend.is_cupy_array(buffer):
@@ -337,11 +361,6 @@ def create_communicator(kind="auto", *, timeout=DEFAULT_TIMEOUT,
     options = dict(timeout=timeout, bucket_bytes=bucket_bytes)
     if abort_on_error and world.Get_size() > 1:
         _install_abort_hooks(MPI)
-    if on_gpu:
-        node = world.Split_type(MPI.COMM_TYPE_SHARED)
-        local_rank = node.Get_rank()
-        node.Free()
-        backend.select_gpu(local_rank)
     if kind == "nccl":
         return NcclCommunicator(world, **options)
     return MpiCommunicator(world, **options)
