@@ -330,6 +330,23 @@ def test_two_ranks_end_where_one_process_with_twice_the_batch_ends(dtype, tolera
     assert "data-parallel over 2 rank(s)" in out and "on 2 ranks" in out
 
 
+def test_two_ranks_resume_a_checkpoint_as_one_process_goes_on(tmp_path, restore_blas_threads):
+    # Rank 0 alone reads the checkpoint; rank 1 gets weights and Adam state from it.
+    run = ["train", "tree-lstm", "--dtype", "float64", *TINY]
+    assert minicavs_main(run + ["--batch-size", "16", "--save", str(tmp_path / "one.npz")]) == 0
+    assert minicavs_main(run + ["--batch-size", "16", "--epochs", "2",
+                                "--save", str(tmp_path / "one_then_two.npz")]) == 0
+    done, _ = launch(2, ["-m", "minicavs", *run, "--batch-size", 8, "--epochs", 2,
+                         "--resume", "one.npz", "--save", "resumed.npz"], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resumed from one.npz after epoch 1" in done.stdout
+    straight, resumed = _saved(tmp_path / "one_then_two.npz"), _saved(tmp_path / "resumed.npz")
+    assert resumed["optimizer/0/step"] == 10
+    for name in straight:
+        np.testing.assert_allclose(resumed[name], straight[name], rtol=0, atol=1e-10,
+                                   err_msg=name)
+
+
 def test_a_rank_that_raises_ends_every_rank_with_its_error(tmp_path):
     done, seconds = launch(2, [WORKER, "--fail-rank", 1, "--at-step", 2, "--", "train",
                                "tree-lstm", "--batch-size", 8, "--save", "", *TINY],

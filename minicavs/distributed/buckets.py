@@ -31,11 +31,6 @@ class Bucket:
     dtype: np.dtype
     device: str
 
-    @property
-    def gradient_nbytes(self):
-        """Bytes of the gradient buffer: the values and one flag per parameter."""
-        return (self.elements + len(self.indices)) * self.dtype.itemsize
-
 
 def plan_buckets(params, bucket_bytes):
     """Cut ``params`` (in order) into buckets of at most ``bucket_bytes`` each."""

@@ -49,7 +49,8 @@ class Communicator:
     ``_allgather_object``); this class turns them into bucketed gradients, parameter
     broadcasts and checks that the ranks agree."""
 
-    rank, size, local_rank = 0, 1, 0
+    rank, size = 0, 1
+    local_rank, local_size = 0, 1  # among the ranks on this machine
 
     def __init__(self, *, timeout=DEFAULT_TIMEOUT, bucket_bytes=DEFAULT_BUCKET_BYTES):
         if not timeout > 0:
@@ -59,7 +60,7 @@ class Communicator:
         self.timeout = float(timeout)
         self.bucket_bytes = int(bucket_bytes)
         self.traffic = Traffic()
-        self._plans = {}  # parameter list (ids) -> its buckets, checked once against rank 0
+        self._plans = {}  # parameters' shapes, dtypes, devices -> buckets, checked once
 
     @property
     def is_root(self):
@@ -132,7 +133,7 @@ class Communicator:
         return [obj] if self.size == 1 else self._allgather_object(obj)
 
     def barrier(self):
-        """Wait until every rank has arrived (an empty all-reduce, under the timeout)."""
+        """Wait until every rank has arrived (a one-number all-reduce, under the timeout)."""
         if self.size > 1:
             self._allreduce_array(np.zeros(1, np.int64))
 
@@ -152,7 +153,7 @@ class Communicator:
 
     # --- the bucket plan ---------------------------------------------------------------------
     def _buckets(self, params):
-        key = tuple(id(p) for p in params)
+        key = tuple((tuple(p.shape), str(p.dtype), p.device) for p in params)
         plan = self._plans.get(key)
         if plan is None:
             self._check_same_parameters(params)
