@@ -9,9 +9,9 @@ checkpoints; ``cuda`` has the GPU kernels.
 
 __version__ = "0.1.0"
 
-from .errors import (CheckpointError, DeviceError, DTypeError, GradientCheckError, GraphError,
-                     IndexRangeError, KernelCompileError, MinicavsError, ShapeError,
-                     ToolchainError, UnsupportedError)
+from .errors import (CheckpointError, DeviceError, DistributedError, DTypeError,
+                     GradientCheckError, GraphError, IndexRangeError, KernelCompileError,
+                     MinicavsError, ShapeError, ToolchainError, UnsupportedError)
 from .backend import (default_dtype, get_array_module, get_device, gpu_available, seed,
                       set_default_dtype, set_device)
 from .ops import (abs, add, all, any, argmax, argmin, astype, binary_cross_entropy,

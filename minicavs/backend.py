@@ -79,6 +79,19 @@ def set_device(name):
     _device = name
 
 
+def gpu_count():
+    """How many GPUs this process sees (a DeviceError without CuPy or a GPU)."""
+    return cupy_or_error().cuda.runtime.getDeviceCount()
+
+
+def select_gpu(index):
+    """Make GPU ``index`` (modulo the number of GPUs) the current one for this process and
+    return its id: each data-parallel rank on a machine takes its own GPU."""
+    device = int(index) % gpu_count()
+    cupy_or_error().cuda.Device(device).use()
+    return device
+
+
 def get_device():
     """The current device name, ``"cpu"`` or ``"cuda"``."""
     return _device

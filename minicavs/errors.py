@@ -44,6 +44,11 @@ class IndexRangeError(MinicavsError, IndexError):
     """An index (a row, a child, a label) is outside the range it must lie in."""
 
 
+class DistributedError(MinicavsError, RuntimeError):
+    """Data-parallel ranks cannot work together: MPI or NCCL is missing, the ranks disagree
+    (parameters, batches), or a collective did not complete within its timeout."""
+
+
 class KernelCompileError(MinicavsError, RuntimeError):
     """A kernel source did not compile (NVRTC or the g++ shim); carries the log and the source."""
 

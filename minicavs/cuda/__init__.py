@@ -13,6 +13,8 @@
   RawKernel for NVRTC and the shim;
 * ``streams``  — the two-stream scheduler of the vertex runtime (critical path on the main
   stream, independent work on a side stream, ordered with events; a no-op on NumPy);
+* ``nccl``     — NCCL through ``cupy.cuda.nccl`` for the data-parallel all-reduce of
+  ``minicavs.distributed`` (unique id over MPI, in-place collectives waited on with a deadline);
 * ``doctor``   — ``python -m minicavs doctor``: what is installed, what is missing, and one
   kernel compiled as CuPy compiles it and run through the shim and, where there is one, the GPU.
 
