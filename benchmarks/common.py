@@ -51,6 +51,7 @@ SYSTEMS = {
     "minicavs-cuda": "benchmarks.systems.minicavs_cuda",
     "torch-eager": "benchmarks.peers.torch_eager",
     "torch-batched": "benchmarks.peers.torch_batched",
+    "torch-batched-cuda": "benchmarks.peers.torch_batched_cuda",
     "dynet": "benchmarks.peers.dynet_autobatch",
 }
 REFERENCE_SYSTEM = "minicavs"
@@ -243,19 +244,28 @@ def count_flops(data):
             "total": 3 * (gemm + elementwise), "formula": formula}
 
 
-def gemm_rate(sizes=(256, 512, 1024, 2048), repeats=3):
-    """The best float32 NumPy matmul rate in FLOP/s over square sizes (minicavs' own BLAS)."""
+def gemm_rate(sizes=(256, 512, 1024, 2048), repeats=3, device="cpu"):
+    """The best float32 matmul rate in FLOP/s over square sizes: NumPy's (minicavs' own BLAS),
+    or on ``device="cuda"`` CuPy's (cuBLAS, what minicavs-cuda multiplies with)."""
+    if device == "cuda":
+        import cupy as xp
+
+        sizes, work, sync = sizes + (4096, 8192), 2e11, xp.cuda.Device().synchronize
+    else:
+        xp, work, sync = np, 2e9, lambda: None
     rng = np.random.default_rng(0)
     best = {}
     for n in sizes:
-        a = rng.standard_normal((n, n)).astype(np.float32)
-        b = rng.standard_normal((n, n)).astype(np.float32)
+        a = xp.asarray(rng.standard_normal((n, n)).astype(np.float32))
+        b = xp.asarray(rng.standard_normal((n, n)).astype(np.float32))
         a @ b  # warm the BLAS threads and caches
-        reps = max(1, int(2e9 // (2 * n ** 3)))  # about 2 GFLOP a timing
+        sync()
+        reps = max(1, int(work // (2 * n ** 3)))  # about 2 GFLOP (GPU: 200) a timing
         for _ in range(repeats):
             started = time.perf_counter()
             for _ in range(reps):
                 a @ b
+            sync()
             rate = 2 * n ** 3 * reps / (time.perf_counter() - started)
             best[n] = max(best.get(n, 0.0), rate)
     return max(best.values()), best
@@ -322,10 +332,11 @@ def subprocess_env(threads):
     return env
 
 
-def gemm_rate_with_threads(threads, timeout=300):
+def gemm_rate_with_threads(threads, timeout=300, device="cpu"):
     """:func:`gemm_rate` in a subprocess with the systems' thread settings (BLAS reads them at
     start-up), so the floor is for the threads the systems get."""
-    result = _worker(["--system", "minicavs", "--gemm"], threads, timeout)
+    result = _worker(["--system", "minicavs", "--gemm", "--gemm-device", device], threads,
+                     timeout)
     if "gemm_flops" not in result:
         raise RuntimeError(f"GEMM rate measurement failed: {result}")
     return result["gemm_flops"], {int(n): r for n, r in result["by_size"].items()}
@@ -372,6 +383,7 @@ def worker_main(argv=None):
     parser.add_argument("--options", default="{}")
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--gemm", action="store_true", help="measure the GEMM rate only")
+    parser.add_argument("--gemm-device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
 
@@ -379,7 +391,11 @@ def worker_main(argv=None):
         Path(args.out).write_text(json.dumps(result, default=_jsonable))
 
     if args.gemm:
-        rate, by_size = gemm_rate()
+        try:
+            rate, by_size = gemm_rate(device=args.gemm_device)
+        except Exception as exc:  # noqa: BLE001 (no CuPy or no GPU: the caller falls back)
+            write({"error": f"{type(exc).__name__}: {exc}"})
+            return
         write({"gemm_flops": rate, "by_size": by_size})
         return
 
@@ -439,12 +455,12 @@ def _table(header, rows):
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
-def throughput_table(entry, gemm_flops):
+def throughput_table(entry, gemm_flops, reference_system=REFERENCE_SYSTEM):
     """Throughput, minicavs ÷ system, share of the FLOP floor, construction, memory, loss."""
     flops = entry["flops"]["total"]
     floor_seconds = flops / gemm_flops
     floor_throughput = entry["units"] / floor_seconds
-    reference = entry["results"].get(REFERENCE_SYSTEM, {}).get("throughput")
+    reference = entry["results"].get(reference_system, {}).get("throughput")
     rows, notes = [], []
     for system, r in entry["results"].items():
         if "throughput" not in r:
@@ -464,7 +480,7 @@ def throughput_table(entry, gemm_flops):
              f"{entry['units']:,} {entry['unit'].split('/')[0]} per epoch\n"
              f"FLOPs/epoch {flops / 1e9:,.1f} G; floor {floor_seconds:.3f} s/epoch = "
              f"{floor_throughput:,.0f} {entry['unit']} at {gemm_flops / 1e9:.1f} GFLOP/s")
-    header = ["system", entry["unit"], "epoch s", "minicavs ÷ this", "of floor",
+    header = ["system", entry["unit"], "epoch s", f"{reference_system} ÷ this", "of floor",
               "construction s", "peak MB", "loss@1"]
     return title + "\n" + _table(header, rows) + "".join("\n" + n for n in notes)
 
@@ -533,7 +549,8 @@ def draw_chart(report, directory):
     fig, axes = plt.subplots(1, max(panels, 1), figsize=(4.2 * max(panels, 1), 4.2),
                              squeeze=False)
     colours = {"minicavs": "#d62728", "minicavs-cuda": "#ff9896", "torch-eager": "#1f77b4",
-               "torch-batched": "#2ca02c", "dynet": "#9467bd"}
+               "torch-batched": "#2ca02c", "torch-batched-cuda": "#98df8a",
+               "dynet": "#9467bd"}
     for ax, entry in zip(axes[0], entries):
         names = [s for s, r in entry["results"].items() if "throughput" in r]
         values = [entry["results"][s]["throughput"] for s in names]

@@ -3,6 +3,7 @@
     python benchmarks/run.py --quick            # smoke run, about a minute or two
     python benchmarks/run.py                    # the full run (tens of minutes on 2 cores)
     python benchmarks/run.py --workloads tree_lstm --systems minicavs,dynet --epochs 5
+    python benchmarks/run.py --cuda             # on a GPU: minicavs-cuda against PyTorch CUDA
 
 Every (workload, system) pair trains in its own subprocess, one after another, so peak RSS and
 thread pools do not mix. Prints a table per workload (throughput, minicavs ÷ each system, share
@@ -29,6 +30,12 @@ from benchmarks import common  # noqa: E402
 from minicavs.vertex import Options  # noqa: E402
 
 DEFAULT_SYSTEMS = ["minicavs", "minicavs-cuda", "torch-eager", "torch-batched", "dynet"]
+# --cuda: the GPU comparison. One epoch is the whole SST training set, and the goal is that
+# minicavs-cuda trains the Tree-LSTM-256 on it in under a second on an H100-class GPU.
+CUDA_SYSTEMS = ["minicavs-cuda", "torch-batched-cuda"]
+CUDA_WORKLOAD = "tree_lstm_256"
+SST_TRAIN_TREES = 8544
+CUDA_GOAL_SECONDS = 1.0
 # One optimisation off at a time: every switchable pass of the vertex runtime (Cavs Fig. 10).
 ABLATION = {f"{f.name} off": {f.name: False} for f in dataclasses.fields(Options)}
 # DyNet's autobatcher needs its memory pool preallocated; start here and double on failure.
@@ -41,8 +48,10 @@ def parse_args(argv=None):
     parser.add_argument("--workloads", default=None,
                         help="comma list of " + ", ".join(common.WORKLOADS) + " (default: all; "
                              "--quick: tree_lstm, tree_fc, var_lstm)")
-    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
-                        help="comma list of " + ", ".join(common.SYSTEMS))
+    parser.add_argument("--systems", default=None,
+                        help="comma list of " + ", ".join(common.SYSTEMS) + " (default: "
+                             + ", ".join(DEFAULT_SYSTEMS) + "; --cuda: "
+                             + ", ".join(CUDA_SYSTEMS) + ")")
     parser.add_argument("--epochs", type=int, default=None,
                         help="measured epochs; throughput is the best (default 3, --quick 1)")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up epochs, not measured")
@@ -63,10 +72,23 @@ def parse_args(argv=None):
                              "native CPU loop) or over the padded block (oneDNN's fused LSTM, "
                              "loss on the real tokens only)")
     parser.add_argument("--quick", action="store_true", help="a fast smoke run")
+    parser.add_argument("--cuda", action="store_true",
+                        help=f"the GPU comparison: {' and '.join(CUDA_SYSTEMS)} on "
+                             f"{CUDA_WORKLOAD} over the whole SST training set "
+                             f"({SST_TRAIN_TREES:,} trees) per epoch, its ablation, and the "
+                             f"floor from the GPU's GEMM rate (goal: an epoch in under "
+                             f"{CUDA_GOAL_SECONDS:g} s on an H100-class GPU)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per subprocess")
     parser.add_argument("--out", default=str(common.REPO / "bench-results"),
                         help="folder for results.json and results.png")
     args = parser.parse_args(argv)
+    if args.cuda:
+        args.systems = args.systems or ",".join(CUDA_SYSTEMS)
+        args.workloads = args.workloads or CUDA_WORKLOAD
+        args.ablation = args.ablation or CUDA_WORKLOAD
+        if args.size is None and not args.quick:
+            args.size = SST_TRAIN_TREES
+    args.systems = args.systems or ",".join(DEFAULT_SYSTEMS)
     if args.workloads is None:
         args.workloads = "tree_lstm,tree_fc,var_lstm" if args.quick else ",".join(common.WORKLOADS)
     if args.epochs is None:
@@ -107,7 +129,7 @@ def run_one(system, workload, data_path, args, options=None):
             pool *= 2
         extra["dynet_pool_mb"] = pool
     else:
-        if system == "torch-batched":
+        if system in ("torch-batched", "torch-batched-cuda"):
             options = dict(options or {}, lstm=args.torch_lstm)
         result = common.run_system(system, data_path, args.epochs, args.warmup, args.threads,
                                    options, args.timeout)
@@ -129,8 +151,18 @@ def main(argv=None):
               "batch_size": common.BATCH_SIZE, "machine": _machine(), "workloads": [],
               "ablation": {}, "missing": {}}
 
-    log(f"measuring the GEMM rate (float32 NumPy matmul, {args.threads} thread(s)) ...")
-    rate, by_size = common.gemm_rate_with_threads(args.threads)
+    report["gemm_device"] = "cpu"
+    rate = None
+    if args.cuda:
+        log("measuring the GEMM rate (float32 CuPy matmul on the GPU) ...")
+        try:
+            rate, by_size = common.gemm_rate_with_threads(args.threads, device="cuda")
+            report["gemm_device"] = "cuda"
+        except RuntimeError as exc:
+            log(f"  no GPU rate ({exc}); the floor uses the CPU's")
+    if rate is None:
+        log(f"measuring the GEMM rate (float32 NumPy matmul, {args.threads} thread(s)) ...")
+        rate, by_size = common.gemm_rate_with_threads(args.threads)
     report["gemm_flops"], report["gemm_flops_by_size"] = rate, by_size
     log(f"  best {rate / 1e9:.1f} GFLOP/s " + ", ".join(f"n={n}: {r / 1e9:.1f}"
                                                        for n, r in by_size.items()))
@@ -167,11 +199,19 @@ def main(argv=None):
                 entry["results"][system] = result
                 log(f"  {_short(result)}  ({time.perf_counter() - t:.0f} s)")
 
-        # The ablation runs on the GPU when minicavs-cuda ran, else on the CPU.
-        ablated = ("minicavs-cuda" if "minicavs-cuda" in args.systems
-                   and "minicavs-cuda" not in missing else "minicavs")
+        # The ablation runs on the GPU when minicavs-cuda ran (with --cuda: only there), else
+        # on the CPU.
+        ablated = ("minicavs-cuda" if args.cuda or ("minicavs-cuda" in args.systems
+                                                   and "minicavs-cuda" not in missing)
+                   else "minicavs")
         report["ablation_system"] = ablated
-        if ablated not in missing:
+        if args.ablation and ablated not in missing and ablated not in args.systems:
+            reason = common.check_system(ablated, args.threads)
+            if reason:
+                missing[ablated] = reason
+        if args.ablation and ablated in missing:
+            log(f"ablation skipped: {ablated} is missing ({missing[ablated]})")
+        elif ablated not in missing:
             main_results = {e["workload"]: e["results"].get(ablated)
                             for e in report["workloads"]}
             for workload in args.ablation:
@@ -190,14 +230,18 @@ def main(argv=None):
     report["machine"]["load_after"] = os.getloadavg()
     report["seconds"] = time.time() - started
     print(_header(report))
+    reference = "minicavs-cuda" if args.cuda else common.REFERENCE_SYSTEM
     for entry in report["workloads"]:
         print()
-        print(common.throughput_table(entry, report["gemm_flops"]))
+        print(common.throughput_table(entry, report["gemm_flops"], reference))
     print()
     print(common.breakdown_table(report["workloads"]))
     if report["ablation"]:
         print()
         print(common.ablation_table(report["ablation"]))
+    if args.cuda:
+        print()
+        print(_cuda_goal(report))
     json_path = common.write_json(report, out)
     png_path, why_not = common.draw_chart(report, out)
     print()
@@ -214,6 +258,27 @@ def _short(result):
         "ERROR " + str(result.get("error"))[:300]
 
 
+def _cuda_goal(report):
+    """One line per GPU system: its best epoch of the Tree-LSTM-256, against the goal."""
+    lines = []
+    for entry in report["workloads"]:
+        if entry["workload"] != CUDA_WORKLOAD:
+            continue
+        full = entry["units"] == SST_TRAIN_TREES
+        lines.append(f"Goal: an SST epoch ({SST_TRAIN_TREES:,} trees) of the Tree-LSTM-256 in "
+                     f"under {CUDA_GOAL_SECONDS:g} s on an H100-class GPU"
+                     + ("" if full else f" (this run: {entry['units']:,} trees per epoch)"))
+        for system, r in entry["results"].items():
+            if "best_epoch_seconds" not in r:
+                lines.append(f"  {system}: {_short(r)}")
+                continue
+            seconds = r["best_epoch_seconds"]
+            verdict = ("met" if seconds < CUDA_GOAL_SECONDS else "not met") if full else \
+                f"{seconds * SST_TRAIN_TREES / entry['units']:.2f} s scaled to a full epoch"
+            lines.append(f"  {system}: {seconds:.2f} s ({verdict})")
+    return "\n".join(lines) or f"(no {CUDA_WORKLOAD} in this run)"
+
+
 def _machine():
     return {"python": platform.python_version(), "platform": platform.platform(),
             "cpus": os.cpu_count(), "numpy": np.__version__, "load_before": os.getloadavg()}
@@ -227,7 +292,8 @@ def _header(report):
             f"{report['warmup']} warm-up, {report['threads']} thread(s) per system\n"
             f"{m['cpus']} CPUs, load average {load(m['load_before'])} before, "
             f"{load(m['load_after'])} after (other work on the machine slows every system); "
-            f"GEMM rate {report['gemm_flops'] / 1e9:.1f} GFLOP/s")
+            f"GEMM rate {report['gemm_flops'] / 1e9:.1f} GFLOP/s "
+            f"({'GPU, CuPy' if report['gemm_device'] == 'cuda' else 'CPU, NumPy'})")
 
 
 if __name__ == "__main__":

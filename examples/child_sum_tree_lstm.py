@@ -55,7 +55,7 @@ def regroup_nary(tree, rng, max_arity=4):
 
 def main(argv=None):
     args = parse_args(argv)
-    training.setup(args)
+    comm = training.setup(args)  # the ranks: one process unless --distributed
     if args.data:
         splits = data.load_sst(args.data)
     else:
@@ -72,9 +72,9 @@ def main(argv=None):
     optimizer = mc.nn.Adam(model.parameters(), lr=args.lr)
     history = training.fit(model, optimizer, splits.train, splits.dev, epochs=args.epochs,
                            batch_size=args.batch_size, seed=args.seed, unit="tree",
-                           progress=args.progress)
+                           progress=args.progress, comm=comm)
 
-    return training.report_root_accuracy("child_sum_tree_lstm", model, splits, history)
+    return training.report_root_accuracy("child_sum_tree_lstm", model, splits, history, comm)
 
 
 if __name__ == "__main__":

@@ -36,30 +36,31 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    training.setup(args)
+    comm = training.setup(args)  # the ranks: one process unless --distributed
     train, held_out, vocab, source = training.language_model_corpus(
         args.data, seed=args.seed, num_sentences=args.sentences)
     train_rows = list(stream_rows(train, args.steps))
     held_out_rows = list(stream_rows(held_out, args.steps))
-    print(f"fixed_lstm_lm: {len(train_rows)} training / {len(held_out_rows)} held-out rows of "
-          f"{args.steps} words from {source}, vocabulary {len(vocab)}")
+    comm.log(f"fixed_lstm_lm: {len(train_rows)} training / {len(held_out_rows)} held-out rows "
+             f"of {args.steps} words from {source}, vocabulary {len(vocab)}")
 
     model = FixedLSTMLanguageModel(len(vocab), args.embed_dim, args.hidden, steps=args.steps,
                                    dtype=args.dtype)
     started = time.perf_counter()
     model.static_function(args.batch_size)  # trace now, to report what it costs
-    print(f"fixed_lstm_lm: traced the {args.steps}-step network once in "
-          f"{time.perf_counter() - started:.2f} s: "
-          f"{len(model.static_function(args.batch_size).graph.op_nodes())} ops")
+    comm.log(f"fixed_lstm_lm: traced the {args.steps}-step network once in "
+             f"{time.perf_counter() - started:.2f} s: "
+             f"{len(model.static_function(args.batch_size).graph.op_nodes())} ops")
     optimizer = mc.nn.Adam(model.parameters(), lr=args.lr)
     history = training.fit(model, optimizer, train_rows, held_out_rows, epochs=args.epochs,
                            batch_size=args.batch_size, seed=args.seed, clip=args.clip or None,
-                           unit="row", progress=args.progress, eval_batch_size=args.batch_size)
+                           unit="row", progress=args.progress, eval_batch_size=args.batch_size,
+                           comm=comm)
 
     result = model.evaluate(training.prepare_all(model, held_out_rows, args.batch_size))
     rate = training.throughput(history)
-    print(f"fixed_lstm_lm: held-out loss {result['loss']:.4f}  perplexity "
-          f"{result['perplexity']:.2f}  {rate:.1f} rows/s ({rate * args.steps:.0f} words/s)")
+    comm.log(f"fixed_lstm_lm: held-out loss {result['loss']:.4f}  perplexity "
+             f"{result['perplexity']:.2f}  {rate:.1f} rows/s ({rate * args.steps:.0f} words/s)")
     return {"held_out": result, "rows_per_second": rate}
 
 

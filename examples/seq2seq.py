@@ -35,9 +35,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    training.setup(args)
+    comm = training.setup(args)  # the ranks: one process unless --distributed
     if args.data:
-        print("seq2seq: --data is ignored, the reversal task is generated")
+        comm.log("seq2seq: --data is ignored, the reversal task is generated")
     task = dict(vocab_size=args.vocab_size, max_length=args.max_length)
     train = reversal_task(args.train_size, rng=[args.seed, 0], **task)
     held_out = reversal_task(max(args.train_size // 10, 1), rng=[args.seed, 1], **task)
@@ -46,12 +46,12 @@ def main(argv=None):
     optimizer = mc.nn.Adam(model.parameters(), lr=args.lr)
     history = training.fit(model, optimizer, train, held_out, epochs=args.epochs,
                            batch_size=args.batch_size, seed=args.seed, clip=args.clip or None,
-                           unit="pair", progress=args.progress)
+                           unit="pair", progress=args.progress, comm=comm)
 
     result = model.evaluate(training.prepare_all(model, held_out, 256), held_out)
-    print(f"seq2seq: held-out loss {result['loss']:.4f}  token accuracy "
-          f"{result['token_accuracy']:.3f}  greedy exact match {result['sequence_accuracy']:.3f}"
-          f"  {training.throughput(history):.0f} pairs/s")
+    comm.log(f"seq2seq: held-out loss {result['loss']:.4f}  token accuracy "
+             f"{result['token_accuracy']:.3f}  greedy exact match "
+             f"{result['sequence_accuracy']:.3f}  {training.throughput(history):.0f} pairs/s")
     return {"held_out": result, "pairs_per_second": training.throughput(history)}
 
 

@@ -48,9 +48,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    training.setup(args)
+    comm = training.setup(args)  # the ranks: one process unless --distributed
     if args.data:
-        print("tree_fc: --data is ignored, Tree-FC trains on generated trees")
+        comm.log("tree_fc: --data is ignored, Tree-FC trains on generated trees")
     make = dict(num_leaves=args.leaves, vocab_size=args.vocab_size,
                 num_classes=args.num_classes)
     train = tree_fc_dataset(args.train_size, rng=[args.seed, 0], **make)
@@ -61,12 +61,13 @@ def main(argv=None):
     optimizer = mc.nn.Adam(model.parameters(), lr=args.lr)
     history = training.fit(model, optimizer, train, held_out, epochs=args.epochs,
                            batch_size=args.batch_size, seed=args.seed, unit="tree",
-                           progress=args.progress)
+                           progress=args.progress, comm=comm)
 
     result = model.evaluate(training.prepare_all(model, held_out, 256))
     rate = training.throughput(history)
-    print(f"tree_fc: held-out loss {result['loss']:.4f}  root accuracy {result['fine']:.3f}  "
-          f"{rate:.0f} trees/s ({rate * (2 * args.leaves - 1):.0f} vertices/s)")
+    comm.log(f"tree_fc: held-out loss {result['loss']:.4f}  root accuracy "
+             f"{result['fine']:.3f}  {rate:.0f} trees/s "
+             f"({rate * (2 * args.leaves - 1):.0f} vertices/s)")
     return {"held_out": result, "trees_per_second": rate}
 
 

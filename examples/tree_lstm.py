@@ -32,7 +32,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    training.setup(args)
+    comm = training.setup(args)  # the ranks: one process unless --distributed
     if args.data:
         splits = data.load_sst(args.data)
     else:
@@ -44,9 +44,9 @@ def main(argv=None):
     optimizer = mc.nn.Adam(model.parameters(), lr=args.lr)
     history = training.fit(model, optimizer, splits.train, splits.dev, epochs=args.epochs,
                            batch_size=args.batch_size, seed=args.seed, unit="tree",
-                           progress=args.progress)
+                           progress=args.progress, comm=comm)
 
-    return training.report_root_accuracy("tree_lstm", model, splits, history)
+    return training.report_root_accuracy("tree_lstm", model, splits, history, comm)
 
 
 if __name__ == "__main__":

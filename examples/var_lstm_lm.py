@@ -33,25 +33,25 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    training.setup(args)
+    comm = training.setup(args)  # the ranks: one process unless --distributed
     train, held_out, vocab, source = training.language_model_corpus(
         args.data, seed=args.seed, num_sentences=args.sentences)
-    print(f"var_lstm_lm: {len(train)} training / {len(held_out)} held-out sentences from "
-          f"{source}, vocabulary {len(vocab)}")
+    comm.log(f"var_lstm_lm: {len(train)} training / {len(held_out)} held-out sentences from "
+             f"{source}, vocabulary {len(vocab)}")
 
     model = VarLSTMLanguageModel(len(vocab), args.embed_dim, args.hidden, dtype=args.dtype,
                                  bos_id=vocab.lookup("<eos>"))
     optimizer = mc.nn.Adam(model.parameters(), lr=args.lr)
     history = training.fit(model, optimizer, train, held_out, epochs=args.epochs,
                            batch_size=args.batch_size, seed=args.seed, clip=args.clip or None,
-                           unit="sentence", progress=args.progress)
+                           unit="sentence", progress=args.progress, comm=comm)
 
     result = model.evaluate(training.prepare_all(model, held_out, 256))
     words = sum(len(s) for s in train) * len(history)
     seconds = sum(stats.seconds for stats, _ in history)
-    print(f"var_lstm_lm: held-out loss {result['loss']:.4f}  perplexity "
-          f"{result['perplexity']:.2f}  {training.throughput(history):.0f} sentences/s "
-          f"({words / seconds if seconds else float('nan'):.0f} words/s)")
+    comm.log(f"var_lstm_lm: held-out loss {result['loss']:.4f}  perplexity "
+             f"{result['perplexity']:.2f}  {training.throughput(history):.0f} sentences/s "
+             f"({words / seconds if seconds else float('nan'):.0f} words/s)")
     return {"held_out": result, "sentences_per_second": training.throughput(history)}
 
 

@@ -10,20 +10,31 @@ checkpoints; ``cuda`` has the GPU kernels.
 __version__ = "0.1.0"
 
 from .errors import (ArgumentError, CheckpointError, CheckpointWriteError, DeviceError,
-                     DTypeError, GradientCheckError, GraphError, IndexRangeError,
-                     InPlaceModificationError, KernelCompileError, MinicavsError, NonFiniteError,
-                     OutOfMemoryError, ShapeError, ToolchainError)
+                     DistributedError, DTypeError, GradientCheckError, GraphError,
+                     IndexRangeError, InPlaceModificationError, KernelCompileError, MinicavsError,
+                     NonFiniteError, OutOfMemoryError, ShapeError, ToolchainError,
+                     UnsupportedError)
 from .backend import (default_dtype, get_array_module, get_device, gpu_available, seed,
                       set_default_dtype, set_device)
-from .ops import (add, astype, broadcast_to, concat, div, embedding, equal, exp, expand_dims,
-                  greater, greater_equal, less, less_equal, linear, log, log_softmax, lstm_gates,
-                  matmul, max, maximum, mean, mul, neg, one_hot, pad_axis, pow, relu, reshape,
-                  scatter_add_rows, sigmoid, slice_axis, softmax, softmax_cross_entropy, split,
-                  squeeze, sub, sum, take_rows, tanh, transpose, where)
-from .autodiff import (Graph, Parameter, Symbol, Tensor, enable_grad, gradcheck, grad_graph,
-                       is_grad_enabled, no_grad, spec, trace, tensor)
+from .ops import (abs, add, all, any, argmax, argmin, astype, binary_cross_entropy,
+                  binary_cross_entropy_with_logits, broadcast_to, ceil, clip, concat, cos,
+                  cross_entropy, cumsum, div, elu, embedding, equal, erf, exp, expand_dims,
+                  expm1, flatten, flip, floor, gather, gelu, greater, greater_equal, hardtanh,
+                  isfinite, isinf, isnan, leaky_relu, less, less_equal, linear, log, log1p,
+                  log_softmax, logical_and, logical_not, logical_or, logical_xor, logsumexp,
+                  lstm_gates, masked_fill, matmul, max, maximum, mean, min, minimum, moveaxis,
+                  mul, neg, nll_loss, not_equal, one_hot, pad, pad_axis, pow, prod, relu, repeat,
+                  reshape, result_dtype, rint, round, rsqrt, scatter_add_rows, sigmoid, sign,
+                  silu, sin, slice_axis, softmax, softmax_cross_entropy, softplus, split, sqrt,
+                  squeeze, stack, std, sub, sum, take, take_rows, tanh, tile, transpose, tril,
+                  triu, var, where)
+from .autodiff import (Graph, Parameter, Symbol, Tensor, enable_grad, from_dlpack, gradcheck,
+                       grad_graph, is_grad_enabled, no_grad, spec, trace, tensor)
+from .autodiff.creation import (arange, eye, full, full_like, ones, ones_like, rand, rand_like,
+                                randn, randn_like, zeros, zeros_like)
 from .autodiff.debug import debug, is_debug_enabled, set_debug
 from .vertex import (GraphBatch, InputGraph, StaticFunction, VertexFunction, evaluate_per_sample,
                      symbolic)
 from .vertex.memory import memory_budget, set_memory_budget
 from . import nn
+from .nn import load, save

@@ -36,7 +36,8 @@ def cupy_or_error():
     if cupy is None:
         raise DeviceError(
             "device 'cuda' needs CuPy, which is not installed (or failed to import); "
-            "install it with: pip install 'minicavs[cuda]'  (that is cupy-cuda12x)"
+            "install it with: pip install 'minicavs[cuda]'  (that is cupy-cuda12x[ctk]: CuPy "
+            "with the CUDA 12 headers and libraries it compiles and links against)"
         )
     try:
         count = cupy.cuda.runtime.getDeviceCount()
@@ -76,6 +77,19 @@ def set_device(name):
     if name == "cuda":
         cupy_or_error()
     _device = name
+
+
+def gpu_count():
+    """How many GPUs this process sees (a DeviceError without CuPy or a GPU)."""
+    return cupy_or_error().cuda.runtime.getDeviceCount()
+
+
+def select_gpu(index):
+    """Make GPU ``index`` (modulo the number of GPUs) the current one for this process and
+    return its id: each data-parallel rank on a machine takes its own GPU."""
+    device = int(index) % gpu_count()
+    cupy_or_error().cuda.Device(device).use()
+    return device
 
 
 def get_device():

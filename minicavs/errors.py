@@ -18,6 +18,12 @@ class DTypeError(MinicavsError, TypeError):
     """An op was given arrays whose dtypes (or devices) do not fit together."""
 
 
+class UnsupportedError(MinicavsError, TypeError):
+    """An operation or argument a Python, NumPy or PyTorch user may expect that minicavs does
+    not take (item assignment on an immutable Tensor, bitwise operators on numbers, a
+    non-Module in a Sequential, ...); the message says what to use instead."""
+
+
 class DeviceError(MinicavsError, RuntimeError):
     """The requested device cannot be used (CuPy or a GPU is missing)."""
 
@@ -41,6 +47,11 @@ class CheckpointWriteError(CheckpointError, OSError):
 
 class IndexRangeError(MinicavsError, IndexError):
     """An index (a row, a child, a label) is outside the range it must lie in."""
+
+
+class DistributedError(MinicavsError, RuntimeError):
+    """Data-parallel ranks cannot work together: MPI or NCCL is missing, the ranks disagree
+    (parameters, batches), or a collective did not complete within its timeout."""
 
 
 class KernelCompileError(MinicavsError, RuntimeError):

@@ -4,8 +4,14 @@ per-epoch loop with a progress bar, evaluation, and the numbers every run report
 It works with any model of :mod:`minicavs.models` (``prepare``, ``loss`` summed over the
 batch, ``evaluate``); a step backpropagates the loss *per target* (per labelled vertex, per
 word), so the learning rate does not depend on the batch size or the sentence lengths.
+
+With ``--distributed`` (under ``mpiexec -n N``) the same loop runs data-parallel: each rank
+trains on its share of every step's batch, divides its loss by the step's *global* count of
+targets and the gradients are summed over the ranks, so N ranks with batch B take exactly the
+steps of one process with batch N × B (:mod:`minicavs.distributed`).
 """
 
+import argparse
 import os
 import sys
 import time
@@ -15,6 +21,8 @@ import numpy as np
 from tqdm import tqdm
 
 from . import backend, validate
+from .distributed import (DEFAULT_TIMEOUT, DistributedSampler, LocalCommunicator,
+                          create_communicator, launched_by_mpi, shard)
 from .errors import MinicavsError
 from .nn import clip_grad_norm
 
@@ -34,7 +42,8 @@ def add_common_arguments(parser, *, epochs, batch_size, lr, data_help):
     parser.add_argument("--epochs", type=validate.count(minimum=0), default=epochs,
                         help=f"passes over the training data (default {epochs})")
     parser.add_argument("--batch-size", type=validate.count(minimum=1), default=batch_size,
-                        help=f"samples per training step (default {batch_size})")
+                        help=f"samples per training step (default {batch_size}); per rank "
+                             f"with --distributed: a step of N ranks trains on N times this")
     parser.add_argument("--lr", type=validate.real(minimum=0, open_minimum=True), default=lr,
                         help=f"Adam learning rate (default {lr})")
     parser.add_argument("--seed", type=validate.count(minimum=0, maximum=2**32 - 1), default=0,
@@ -47,6 +56,17 @@ def add_common_arguments(parser, *, epochs, batch_size, lr, data_help):
                              "threads slow them down on a busy machine)")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
                         help="no progress bars (the per-epoch and final lines remain)")
+    group = parser.add_argument_group("data-parallel training (under mpiexec -n N)")
+    group.add_argument("--distributed", action=argparse.BooleanOptionalAction, default=None,
+                       help="train data-parallel over the MPI ranks (needs mpi4py: pip "
+                            "install 'minicavs[distributed]'); implied when mpiexec started "
+                            "more than one rank. Rank 0 logs, evaluates and writes files")
+    group.add_argument("--communicator", choices=["auto", "mpi", "nccl"], default="auto",
+                       help="how gradients travel: mpi (host memory), nccl (CuPy arrays on "
+                            "GPUs) or auto: nccl with --device cuda, else mpi (default auto)")
+    group.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                       help=f"a rank waiting longer than this for the others stops the job "
+                            f"(default {DEFAULT_TIMEOUT:g})")
 
 
 def add_model_arguments(parser, *, embed_dim=64, hidden=64, clip=None):
@@ -73,10 +93,21 @@ def command_line(main, argv=None):
 
 
 def setup(args):
-    """Apply the common options: device, seeds, BLAS threads."""
+    """Apply the common options: device, ranks, seeds, BLAS threads. Returns the communicator
+    of this run's ranks: a LocalCommunicator unless the run is distributed."""
     backend.set_device(args.device)
+    distributed = getattr(args, "distributed", False)
+    implied = distributed is None and launched_by_mpi()
+    if distributed or implied:
+        comm = create_communicator(args.communicator, timeout=args.timeout)
+        comm.log(f"data-parallel over {comm.size} rank(s) ({type(comm).__name__}"
+                 f"{', implied by mpiexec' if implied else ''}), {args.batch_size} samples "
+                 f"per rank and step")
+    else:
+        comm = LocalCommunicator()
     backend.seed(args.seed)
     set_blas_threads(args.threads)
+    return comm
 
 
 # --- the loop ------------------------------------------------------------------------------
@@ -106,29 +137,55 @@ class EpochStats:
         return self.samples / self.seconds if self.seconds > 0 else float("nan")
 
 
-def train_epoch(model, optimizer, batches, *, clip=None, progress=True, desc="train",
-                unit="sample"):
+LOSS_DISPLAY_SECONDS = 1.0  # how often the progress bar reads the running loss
+
+
+def train_epoch(model, optimizer, batches, *, comm=None, clip=None, progress=True,
+                desc="train", unit="sample"):
     """One pass over ``batches`` (lists of raw samples, prepared here: building the batch's
-    graphs is part of the cost of a step, as it is in Cavs' measurements)."""
+    graphs is part of the cost of a step, as it is in Cavs' measurements).
+
+    With ``comm`` of N ranks, every rank is given the same ``batches`` and trains on its shard
+    of each (:func:`minicavs.distributed.shard`); the loss is divided by the step's targets
+    over all ranks and the gradients are summed, so the update is the one a single process
+    makes on the whole batch. The figures returned are the global ones.
+
+    The summed loss stays where the model computes it: on a GPU, reading it every step would
+    make the host wait for the device once per batch. It is read at the end of the epoch, and
+    for the progress bar at most once every ``LOSS_DISPLAY_SECONDS``.
+    """
+    comm = comm or LocalCommunicator()
     total, targets, samples = 0.0, 0, 0
-    started = time.perf_counter()
-    bar = tqdm(total=sum(len(b) for b in batches), desc=desc, unit=unit, disable=not progress,
-               leave=False, dynamic_ncols=True)
+    own_targets = 0  # the progress bar shows this rank's running loss: no collective for it
+    started = shown = time.perf_counter()
+    bar = tqdm(total=sum(len(b) for b in batches), desc=desc, unit=unit,
+               disable=not (progress and comm.is_root), leave=False, dynamic_ncols=True)
     with bar:
-        for chunk in batches:
-            batch = model.prepare(chunk)
+        for step_samples in batches:
+            chunk = shard(step_samples, comm.rank, comm.size)
             optimizer.zero_grad()
-            loss = model.loss(batch)
-            (loss * (1.0 / max(batch.num_targets, 1))).backward()
+            batch = model.prepare(chunk) if chunk else None  # a short last step may leave none
+            loss = model.loss(batch) if batch is not None else None
+            mine = batch.num_targets if batch is not None else 0
+            step_targets = int(comm.allreduce_sum(mine))
+            if loss is not None:
+                (loss * (1.0 / max(step_targets, 1))).backward()
+            comm.allreduce_gradients(optimizer.params)
             if clip:
                 clip_grad_norm(optimizer.params, clip)
             optimizer.step()
-            total += loss.item()
-            targets += batch.num_targets
-            samples += batch.num_samples
-            bar.update(len(chunk))
-            bar.set_postfix(loss=f"{total / max(targets, 1):.4f}", refresh=False)
-    return EpochStats(total / max(targets, 1), samples, time.perf_counter() - started)
+            if batch is not None:
+                total = total + loss.data.astype(np.float64)  # summed in float64, on its device
+                samples += batch.num_samples
+                own_targets += mine
+            targets += step_targets
+            bar.update(len(step_samples))
+            if progress and time.perf_counter() - shown >= LOSS_DISPLAY_SECONDS:
+                bar.set_postfix(loss=f"{float(total) / max(own_targets, 1):.4f}", refresh=False)
+                shown = time.perf_counter()
+    total, samples = comm.allreduce_sum([float(total), samples])
+    return EpochStats(float(total) / max(targets, 1), int(samples),
+                      time.perf_counter() - started)
 
 
 def format_metrics(metrics, prefix=""):
@@ -142,12 +199,18 @@ def format_metrics(metrics, prefix=""):
 
 def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=None,
         progress=True, unit="sample", start_epoch=0, eval_batch_size=256, on_epoch_end=None,
-        log=print):
+        log=None, comm=None):
     """Train for epochs ``start_epoch + 1 .. epochs``, evaluating on ``dev`` after each.
 
     The data order of epoch k depends only on (seed, k), so a resumed run sees the same
     batches as one that never stopped. ``on_epoch_end(epoch, stats, dev_metrics)`` runs after
     each epoch (checkpoints). Returns the list of (EpochStats, dev metrics) per epoch.
+
+    With ``comm`` (:mod:`minicavs.distributed`), ``batch_size`` is per rank: rank 0's
+    parameters and optimiser state are broadcast first, each step trains on the samples one
+    process with ``comm.size * batch_size`` would (:class:`DistributedSampler`), and only rank
+    0 evaluates ``dev`` and logs (the other ranks' dev metrics are ``{}``).
+    ``on_epoch_end`` runs on every rank: write files there only ``if comm.is_root``.
     """
     for name, value, low in (("epochs", epochs, 0), ("batch_size", batch_size, 1),
                              ("start_epoch", start_epoch, 0), ("eval_batch_size",
@@ -155,12 +218,17 @@ def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=N
         validate.integer(value, name, "fit", minimum=low)
     if clip is not None:
         validate.number(clip, "clip", "fit", minimum=0)
-    dev_batches = prepare_all(model, dev, eval_batch_size) if dev else None
+    comm = comm or LocalCommunicator()
+    log = log or comm.log
+    comm.broadcast_parameters(model.parameters())
+    comm.broadcast_optimizer_state(optimizer)
+    sampler = DistributedSampler(train, batch_size, rank=comm.rank, size=comm.size, seed=seed)
+    dev_batches = prepare_all(model, dev, eval_batch_size) if dev and comm.is_root else None
     history = []
     for epoch in range(start_epoch + 1, epochs + 1):
-        rng = np.random.default_rng([seed, epoch])
-        stats = train_epoch(model, optimizer, minibatches(train, batch_size, rng), clip=clip,
-                            progress=progress, desc=f"epoch {epoch}/{epochs}", unit=unit)
+        stats = train_epoch(model, optimizer, sampler.global_batches(epoch), comm=comm,
+                            clip=clip, progress=progress, desc=f"epoch {epoch}/{epochs}",
+                            unit=unit)
         metrics = model.evaluate(dev_batches) if dev_batches else {}
         history.append((stats, metrics))
         log(f"epoch {epoch}/{epochs}  train loss {stats.loss:.4f}  "
@@ -215,12 +283,14 @@ def language_model_corpus(path=None, *, seed=0, num_sentences=3000):
     return encoded[:cut], encoded[cut:], vocab, f"{path} (last tenth held out)"
 
 
-def report_root_accuracy(name, model, splits, history):
-    """Evaluate a tree classifier on dev and test, print the final line, return the figures."""
+def report_root_accuracy(name, model, splits, history, comm=None):
+    """Evaluate a tree classifier on dev and test, print the final line (on rank 0 of
+    ``comm``), return the figures."""
     dev = model.evaluate(prepare_all(model, splits.dev, 256))
     test = model.evaluate(prepare_all(model, splits.test, 256))
     speed = throughput(history)
-    print(f"{name}: test loss {test['loss']:.4f}  root accuracy dev fine {dev['fine']:.3f} "
-          f"binary {dev['binary']:.3f}, test fine {test['fine']:.3f} binary "
-          f"{test['binary']:.3f}  {speed:.0f} trees/s")
+    (comm or LocalCommunicator()).log(
+        f"{name}: test loss {test['loss']:.4f}  root accuracy dev fine {dev['fine']:.3f} "
+        f"binary {dev['binary']:.3f}, test fine {test['fine']:.3f} binary "
+        f"{test['binary']:.3f}  {speed:.0f} trees/s")
     return {"dev": dev, "test": test, "trees_per_second": speed}

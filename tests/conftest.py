@@ -1,6 +1,7 @@
 """Test configuration: hypothesis profiles and the ``gpu`` marker.
 
-CI selects the bounded ``ci`` profile (HYPOTHESIS_PROFILE=ci); locally ``dev`` explores more.
+CI selects the bounded ``ci`` profile (HYPOTHESIS_PROFILE=ci); locally ``dev`` explores more;
+``gpu`` is for the rare machine with a GPU: ``HYPOTHESIS_PROFILE=gpu pytest -m gpu``.
 """
 
 import os
@@ -12,6 +13,8 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("ci", max_examples=15, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=60, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("gpu", max_examples=500, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 

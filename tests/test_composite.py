@@ -153,5 +153,5 @@ def test_expand_dims_and_squeeze():
     assert mc.expand_dims(x, 0).shape == (1, 2, 3)
     assert mc.expand_dims(x, -1).shape == (2, 3, 1)
     assert mc.squeeze(mc.expand_dims(x, 1), 1).shape == (2, 3)
-    with pytest.raises(mc.ShapeError, match=r"op 'squeeze': axis 0 of shape \(2, 3\) is not 1"):
+    with pytest.raises(mc.ShapeError, match=r"op 'squeeze': axis 0 of argument 0 with shape \(2, 3\) has size 2, not 1"):
         mc.squeeze(x, 0)

@@ -69,6 +69,16 @@ def _cases():
              lambda a: mc.softmax(a) * mc.log_softmax(a, axis=0)),
         Case("lstm_gates", lambda r: [f(r, 3, 8), f(r, 3, 2)],
              lambda pre, c: mc.concat(list(mc.lstm_gates(pre, c)), axis=1)),
+        Case("minimum min prod power", lambda r: [f(r, 3, 4), f(r, 3, 4)],
+             lambda a, b: mc.minimum(a, b) + mc.min(a, axis=1, keepdims=True)
+             + mc.prod(a, axis=0) + mc.exp(a) ** b),
+        Case("sin cos erf expm1 log1p", lambda r: [f(r, 3, 4)],
+             lambda a: mc.sin(a) * mc.cos(a) + mc.erf(a) + mc.expm1(a) + mc.log1p(mc.exp(a))),
+        Case("floor ceil rint cumsum", lambda r: [f(r, 3, 4)],
+             lambda a: mc.floor(a) + mc.ceil(a) * mc.rint(a) + mc.cumsum(a, axis=1)),
+        Case("argmax argmin", lambda r: [f(r, 3, 4)],
+             lambda a: mc.astype(mc.argmax(a, axis=1) - mc.argmin(a[:, :3], axis=0), a.dtype)
+             * mc.sum(a)),
     ]
 
 
@@ -152,6 +162,10 @@ class RecordingStreams:
         self.launched[s] += 1
 
     def upload(self, which, array):
+        # The block comes from the main stream's pool, where a block freed a moment ago may
+        # still be read by main-stream launches already queued: the copy must follow them all.
+        assert which == MAIN or self.known[which][MAIN] >= self.launched[MAIN], (
+            "an upload overwrites a block before the main stream's queued launches ran")
         with self.use(which):
             self.launch([], [id(array)], "upload")
         return array.copy()
@@ -220,6 +234,59 @@ def test_a_scheduler_that_skips_a_wait_is_caught():
         _drive(bw, Careless(rec), rec)
 
 
+def test_uploads_wait_for_the_main_streams_queued_work():
+    rec = RecordingStreams()
+    sched = streams.StreamScheduler(rec)
+    rec.launch([], ["x"], "main-stream work still reading a block it freed")
+    host = {"order": np.arange(4, dtype=np.int32), "rows": np.arange(3, dtype=np.int32)}
+    uploaded = sched.upload(np, host, wait=False)
+    assert rec.log[1] == ("wait", SIDE, MAIN)  # before the two copies
+    assert [entry[:2] for entry in rec.log[2:]] == [("launch", SIDE)] * 2
+    sched.join()
+    assert rec.log[-1] == ("wait", MAIN, SIDE)
+    np.testing.assert_array_equal(uploaded["rows"], host["rows"])
+
+    class Careless(streams.StreamScheduler):  # the upload as it was: no wait first
+        def upload(self, xp, arrays, wait=True):
+            out = {k: self.streams.upload(SIDE, a) for k, a in arrays.items()}
+            self._side_used = True
+            return out
+
+    rec = RecordingStreams()
+    rec.launch([], ["x"], "main-stream work")
+    with pytest.raises(AssertionError, match="overwrites a block"):
+        Careless(rec).upload(np, host)
+
+
+def test_a_failed_upload_joins_before_it_raises():
+    class FailsOnSecond(RecordingStreams):
+        def upload(self, which, array):
+            if array.size == 3:
+                raise MemoryError("pinned memory exhausted")
+            return super().upload(which, array)
+
+    rec = FailsOnSecond()
+    sched = streams.StreamScheduler(rec)
+    host = {"order": np.arange(4, dtype=np.int32), "rows": np.arange(3, dtype=np.int32)}
+    with pytest.raises(MemoryError):
+        sched.upload(np, host, wait=False)
+    # The first copy was queued; before the error leaves, the main stream waits for it.
+    assert rec.log[-1] == ("wait", MAIN, SIDE)
+
+
+def test_a_scheduler_joins_when_its_block_ends_even_on_an_error():
+    _, bw = _programs(binary_tree_lstm)
+    side = next(ins for ins in bw.eager + bw.lazy if ins.stream == SIDE)
+    rec = RecordingStreams()
+    with pytest.raises(RuntimeError, match="a later step failed"):
+        with streams.StreamScheduler(rec) as sched:
+            sched.run(side, lambda: rec.launch([], [id(o) for o in side.writes], "side step"))
+            raise RuntimeError("a later step failed")
+    assert rec.log[-1] == ("wait", MAIN, SIDE)
+    with streams.NO_STREAMS as none:
+        assert none is streams.NO_STREAMS
+
+
 def test_no_streams_on_numpy_or_when_switched_off():
     _, bw = _programs(binary_tree_lstm)
     assert streams.scheduler(np, bw) is streams.NO_STREAMS
@@ -281,7 +348,7 @@ def test_gpu_index_ops_check_ranges_before_the_row_kernels():
 
 
 @pytest.mark.gpu
-def test_gpu_index_ops_use_the_row_kernels_for_int32_indices(monkeypatch):
+def test_gpu_index_ops_use_the_row_kernels_for_any_integer_indices(monkeypatch):
     cupy = _cupy()
     from minicavs.cuda import kernels
 
@@ -291,13 +358,34 @@ def test_gpu_index_ops_use_the_row_kernels_for_int32_indices(monkeypatch):
         monkeypatch.setattr(kernels, name, lambda *a, _f=original, _n=name, **k:
                             (calls.append(_n), _f(*a, **k))[1])
     x = mc.tensor(np.arange(15.0).reshape(5, 3), device="cuda", requires_grad=True)
-    for dtype, expected in ((np.int32, ["gather_rows", "scatter_add_rows"]), (np.int64, [])):
+    for dtype in (np.int32, np.int64, np.int16):  # checked in range, then cast to int32
         calls.clear()
         rows = mc.take_rows(x, cupy.asarray(np.array([4, -1, 0, 4], dtype)))
         rows.sum().backward()
-        assert calls == expected, dtype
+        assert calls == ["gather_rows", "scatter_add_rows"], dtype
         np.testing.assert_array_equal(rows.numpy()[1], 0)
+        np.testing.assert_array_equal(x.grad.numpy()[:, 0], [1, 0, 0, 0, 2])
         x.grad = None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, np.int32], ids=["float16", "int32"])
+def test_gpu_index_ops_on_rows_the_kernels_do_not_cover_equal_numpy(dtype):
+    cupy = _cupy()
+    from minicavs.ops.index import _scatter_add_rows_forward, _take_rows_forward
+
+    rng = np.random.default_rng(0)
+    table = rng.integers(-5, 5, (7, 3)).astype(dtype)
+    idx = np.array([6, -1, 0, 6, -1, 2], np.int64)
+    want = _take_rows_forward(np, table, idx)
+    got = _take_rows_forward(cupy, cupy.asarray(table), cupy.asarray(idx))
+    np.testing.assert_array_equal(got.get(), want)
+    empty = _take_rows_forward(cupy, cupy.zeros((0, 3), dtype), cupy.full(2, -1, np.int64))
+    np.testing.assert_array_equal(empty.get(), np.zeros((2, 3), dtype))
+    values = rng.integers(-5, 5, (6, 3)).astype(dtype)
+    want = _scatter_add_rows_forward(np, values, idx, 7)
+    got = _scatter_add_rows_forward(cupy, cupy.asarray(values), cupy.asarray(idx), 7)
+    np.testing.assert_array_equal(got.get(), want)
 
 
 @pytest.mark.gpu
@@ -368,11 +456,32 @@ def test_gpu_stream_scheduler_orders_work_across_streams():
     assert uploaded["order"].get().tolist() == list(range(10))
 
 
+@pytest.mark.gpu
+def test_gpu_upload_never_overwrites_a_block_the_main_stream_still_reads():
+    cupy = _cupy()
+    sched = streams.StreamScheduler(streams.CupyStreams(cupy))
+    n = 1 << 22
+    big = cupy.random.standard_normal((4096, 4096), dtype=np.float32) * 1e-2
+    for attempt in range(5):
+        a = cupy.ones(n, np.float32)
+        block = a.data.ptr
+        slow = big
+        for _ in range(30):  # tens of milliseconds queued on the main stream ...
+            slow = slow @ big
+        doubled = a * 2  # ... then a read of a
+        del a  # a's block goes back to the main stream's pool now, with that read still queued
+        uploaded = sched.upload(cupy, {"x": np.zeros(n, np.float32)}, wait=False)
+        assert uploaded["x"].data.ptr == block, "CuPy's pool did not hand the block back"
+        sched.join()
+        assert float(doubled.sum()) == 2 * n, f"attempt {attempt}: the upload overwrote a"
+        assert not uploaded["x"].any()
+
+
 def _vertex_run(cell, dtype, device, batch, seed=3, streams_on=True):
     F, params = {"binary_tree_lstm": binary_tree_lstm,
                  "child_sum_tree_lstm": child_sum_tree_lstm}[cell](
-                     E, H, np.random.default_rng(seed), dtype=np.dtype(dtype).name)
-    F.options.streams = streams_on
+                     E, H, np.random.default_rng(seed), dtype=np.dtype(dtype).name,
+                     options={"streams": streams_on})  # passes run when F is made
     if device == "cuda":
         cupy = _cupy()
         for p in params:

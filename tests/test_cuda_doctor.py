@@ -15,9 +15,14 @@ def test_python_m_minicavs_doctor_runs_and_reports_ok():
                             text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     for label in ("python", "numpy", "cupy", "cuda driver", "cuda runtime", "nvrtc", "gpu",
-                  "c++ (shim)", "nvrtc compile (compute_90)", "shim run"):
+                  "c++ (shim)", "cuda headers", "nvrtc compile (compute_90)",
+                  "cupy compile (compute_90)", "shim run"):
         assert f"  {label} " in result.stdout, label
-    assert "minicavs_gather_rows_f32: ok" in result.stdout
+    # The kernel compiled with CuPy's options and headers, and run in the shim with float32
+    # subnormals flushed as on the GPU, keeps the subnormal sum NumPy computes.
+    for label in ("nvrtc compile", "cupy compile", "shim run"):
+        line = next(x for x in result.stdout.splitlines() if x.strip().startswith(label))
+        assert "minicavs_scatter_add_sorted_f32: ok" in line, line
     assert "status: ok" in result.stdout
 
 
@@ -66,10 +71,25 @@ def test_doctor_without_cupy_says_what_to_install():
     lines = result.stdout.splitlines()
     cupy_line = next(i for i, line in enumerate(lines) if line.split()[:1] == ["cupy"])
     assert "not installed" in lines[cupy_line]
-    assert "pip install cupy-cuda12x" in lines[cupy_line + 1]
+    assert "pip install 'cupy-cuda12x[ctk]'" in lines[cupy_line + 1]
     nvrtc_line = next(i for i, line in enumerate(lines) if line.split()[:1] == ["nvrtc"])
     assert "nvidia-cuda-nvrtc-cu12" in lines[nvrtc_line + 1]
     assert "shim run" in result.stdout and "status: ok" in result.stdout
+
+
+def test_doctor_without_cuda_headers_says_what_to_install():
+    # cuda-pathfinder finding no headers is what CuPy 14 sees on a machine with neither the
+    # toolkit nor the [ctk] wheels: it then cannot compile any kernel.
+    result = _doctor_in_subprocess("import cuda.pathfinder\n"
+                                   "cuda.pathfinder.find_nvidia_header_directory = "
+                                   "lambda *a, **k: None\n")
+    assert result.returncode == 0, result.stdout + result.stderr  # no GPU: a hint, not a fault
+    lines = result.stdout.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.split()[:2] == ["cuda", "headers"])
+    assert "not found" in lines[row] and "Failed to find CUDA headers" in lines[row]
+    assert "pip install 'cupy-cuda12x[ctk]'" in lines[row + 1]
+    assert not any(line.strip().startswith("cupy compile") for line in lines)
+    assert "status: ok" in result.stdout
 
 
 def test_doctor_without_a_compiler_says_what_to_install():

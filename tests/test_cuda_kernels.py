@@ -1,7 +1,13 @@
-"""The CUDA row kernels, checked without a GPU: every source compiles with NVRTC for Hopper, and
-every kernel, run on the CPU through the g++ shim, equals its NumPy twin bit for bit. NVRTC and
-g++ are part of the test environment (the ``[test]`` extra), so nothing here is skipped for want
-of them; only the ``gpu`` tests at the end need a device."""
+"""The CUDA row kernels, checked without a GPU: every source compiles with NVRTC, with the options
+CuPy compiles it with, for every architecture from sm_50 to Hopper; and every kernel, run on the
+CPU through the g++ shim with float32 subnormals flushed as CuPy's ``-ftz=true`` makes the GPU
+do, equals its NumPy twin bit for bit (the atomic scatter-add: within its rounding bound, or bit
+for bit against the flushed sum). NVRTC and g++ are part of the test environment (the ``[test]``
+extra), so nothing here is skipped for want of them; only the ``gpu`` tests at the end need a
+device."""
+
+import inspect
+import re
 
 import numpy as np
 import pytest
@@ -28,15 +34,21 @@ def assert_bits_equal(got, want):
 
 # ----------------------------------------------------------------------------- strategies
 
+TINY32 = float(np.finfo(np.float32).tiny)  # the smallest normal float32; below it, subnormals
+
+
 @st.composite
 def row_arrays(draw, num_rows=None, dtype=None, finite=False, row_shape=None):
     dtype = np.dtype(dtype or draw(st.sampled_from(FLOAT_DTYPES)))
     num_rows = draw(st.integers(0, 9)) if num_rows is None else num_rows
     row_shape = draw(st.sampled_from(ROW_SHAPES)) if row_shape is None else row_shape
-    if finite:  # sums of bounded values: no overflow, no NaN payload questions
-        elements = st.floats(-1e3, 1e3, width=8 * dtype.itemsize)
+    width = 8 * dtype.itemsize
+    if finite:  # sums of bounded values: no overflow, no NaN payload questions; values near
+        # float32's subnormal range often, where flushing to zero would show
+        elements = st.one_of(st.floats(-1e3, 1e3, width=width),
+                             st.floats(-4 * TINY32, 4 * TINY32, width=width))
     else:
-        elements = st.floats(width=8 * dtype.itemsize, allow_nan=True, allow_infinity=True)
+        elements = st.floats(width=width, allow_nan=True, allow_infinity=True)
     return draw(hnp.arrays(dtype, (num_rows,) + row_shape, elements=elements))
 
 
@@ -82,18 +94,77 @@ def test_nvrtc_is_available_and_targets_hopper():
     assert 90 in nvrtc.supported_archs()
 
 
+AS_CUPY = nvrtc.KERNEL_OPTIONS + nvrtc.CUPY_APPENDED_OPTIONS  # -ftz=true last, as CuPy has it
+ARCHS = ["compute_50", "compute_60", "compute_90"]  # NVRTC 12's oldest, the first with native
+# double atomics, Hopper
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("source", kernels.all_kernel_sources(), ids=lambda s: s.name)
-def test_every_kernel_compiles_with_nvrtc_for_compute_90(source):
-    ptx = nvrtc.compile_to_ptx(source.code, source.name, arch="compute_90")
-    assert ".target sm_90" in ptx
+def test_every_kernel_compiles_with_cupys_options_for_every_arch(source, arch):
+    ptx = nvrtc.compile_to_ptx(source.code, source.name, arch=arch, options=AS_CUPY)
+    assert f".target sm_{arch.split('_')[1]}" in ptx
     assert nvrtc.ptx_entries(ptx) == [source.name]  # extern "C": the name is not mangled
     assert source.name.startswith("minicavs_")
 
 
-def test_atomic_scatter_uses_native_atomics_for_both_dtypes():
+def test_atomic_scatter_uses_native_atomics_where_the_arch_has_them():
     for dtype, suffix in ((np.float32, "f32"), (np.float64, "f64")):
         source = kernels.kernel_source("scatter_add_rows", dtype)
-        assert f"atom.global.add.{suffix}" in nvrtc.compile_to_ptx(source.code, source.name)
+        assert f"atom.global.add.{suffix}" in nvrtc.compile_to_ptx(source.code, source.name,
+                                                                    options=AS_CUPY)
+    # Below sm_60 a double add is a compare-and-swap loop on the 64-bit pattern.
+    source = kernels.kernel_source("scatter_add_rows", np.float64)
+    old = nvrtc.compile_to_ptx(source.code, source.name, arch="compute_50", options=AS_CUPY)
+    assert "atom.global.cas.b64" in old and "atom.global.add.f64" not in old
+
+
+def _f32_adds(ptx):
+    return re.findall(r"\badd(?:\.\w+)*\.f32\b", ptx)
+
+
+def test_deterministic_scatter_adds_keep_subnormals_under_cupys_ftz():
+    # CuPy appends -ftz=true, which turns every float "+" into add.ftz.f32; the deterministic
+    # sum is PTX add.rn.f32 instead, so it keeps NumPy's bits.
+    source = kernels.kernel_source("scatter_add_sorted", np.float32)
+    adds = _f32_adds(nvrtc.compile_to_ptx(source.code, source.name, options=AS_CUPY))
+    assert adds and not [a for a in adds if ".ftz" in a], adds
+    # The check can fail: the same loop written with "+" flushes under CuPy's options.
+    plain = source.code.replace("acc = minicavs_add_noftz(acc, values[order[p] * row_size + j])",
+                                "acc += values[order[p] * row_size + j]")
+    assert plain != source.code
+    assert any(".ftz" in a for a in _f32_adds(nvrtc.compile_to_ptx(plain, source.name,
+                                                                   options=AS_CUPY)))
+
+
+def test_the_installed_cupy_appends_what_nvrtc_py_says():
+    from cupy.cuda import compiler
+
+    appended = inspect.getsource(compiler._compile_with_cache_cuda)
+    assert "options += ('-ftz=true',)" in appended  # after the kernel's own options: it wins
+    assert "'--device-as-default-execution-space'" in inspect.getsource(
+        compiler._compile_using_nvrtc_no_warning)
+    assert nvrtc.CUPY_APPENDED_OPTIONS == ("-ftz=true", "--device-as-default-execution-space")
+
+
+def test_cupy_compile_options_are_cupys_with_the_cuda_headers():
+    options = nvrtc.cupy_compile_options()
+    assert options[-len(nvrtc.CUPY_APPENDED_OPTIONS):] == nvrtc.CUPY_APPENDED_OPTIONS
+    assert options.index("--fmad=false") < options.index("-ftz=true")
+    folder = nvrtc.cuda_header_dir(options)
+    assert folder is not None, f"no CUDA headers among CuPy's options {options}"
+    assert nvrtc.cuda_headers_version(folder) >= (12, 0)
+    source = kernels.kernel_source("scatter_add_sorted", np.float32)
+    assert nvrtc.ptx_entries(nvrtc.compile_to_ptx(source.code, source.name, options=options)) \
+        == [source.name]
+
+
+def test_cuda_headers_version_is_read_from_cudart_version(tmp_path):
+    (tmp_path / "cuda_runtime_api.h").write_text("#pragma once\n#define CUDART_VERSION  12090\n")
+    assert nvrtc.cuda_header_dir(("--std=c++17", f"-I{tmp_path}")) == str(tmp_path)
+    assert nvrtc.cuda_headers_version(str(tmp_path)) == (12, 9)
+    assert nvrtc.cuda_header_dir(("-I/no/such/folder",)) is None
+    assert nvrtc.cuda_headers_version("/no/such/folder") is None
 
 
 def test_nvrtc_error_carries_log_and_numbered_source():
@@ -182,6 +253,64 @@ def test_elementwise_body_runs_in_the_shim_and_compiles_with_nvrtc(dtype):
     y = np.empty_like(x)
     shim.shim_kernel(source, name)((3,), (128,), (x, a, b, y, x.size))
     assert_bits_equal(y, x * a + b)  # no FMA contraction: the same two roundings as NumPy
+    # ... and on the GPU neither: with minicavs' options NVRTC emits a multiply and an add.
+    ptx = nvrtc.compile_to_ptx(source, name, options=AS_CUPY)
+    assert "fma" not in ptx and re.search(r"\bmul(\.\w+)*\.f(32|64)", ptx)
+    assert "fma.rn" in nvrtc.compile_to_ptx(source, name)  # NVRTC's default would contract
+
+
+def test_shim_ftz_mode_flushes_float32_as_cupy_compiles_it():
+    source = shim.elementwise_raw_source(
+        "minicavs_test_ftz", [("float", "x"), ("float", "a"), ("float", "b")], [("float", "y")],
+        "y = x * a + b;")
+    kernel = shim.shim_kernel(source, "minicavs_test_ftz")
+    assert kernel.float32_only
+    sub = np.float32(3e-39)  # subnormal
+    x = np.array([sub, 1e-20, 1.0, 2.0, -sub, 1.5e-38, 0.0], np.float32)
+    a = np.array([1.0, 1e-20, sub, 0.5, 1.0, 0.5, 1.0], np.float32)
+    b = np.array([0.0, 0.0, 0.0, sub, -0.0, 0.0, -sub], np.float32)
+    f = kernels.flush_subnormals
+    flushed = f(f(f(x) * f(a)) + f(b))  # operands and results of both operations
+    ieee = x * a + b
+    assert not np.array_equal(flushed, ieee)  # the inputs do reach the subnormal range
+    y = np.empty_like(x)
+    kernel((1,), (32,), (x, a, b, y, x.size))  # float32 kernel: FTZ, as on the GPU
+    assert_bits_equal(y, flushed)
+    kernel((1,), (32,), (x, a, b, y, x.size), ftz=False)
+    assert_bits_equal(y, ieee)
+    kernel((1,), (32,), (x, a, b, y, x.size), ftz=True)
+    assert_bits_equal(y, flushed)
+    assert np.signbit(y[4]) and y[4] == 0  # flushed to a zero of the operand's sign
+    # The mode is restored after the launch: NumPy on this thread keeps its subnormals.
+    assert np.float32(sub) * np.float32(1.0) == sub
+
+
+def test_shim_ftz_mode_is_for_float32_kernels_only():
+    source = shim.elementwise_raw_source("minicavs_test_ftz64", [("double", "x")],
+                                         [("double", "y")], "y = x * 0.5;")
+    kernel = shim.shim_kernel(source, "minicavs_test_ftz64")
+    x = np.array([1e-310, 4e-308], np.float64)  # float64 subnormals never flush on a GPU
+    y = np.empty_like(x)
+    kernel((1,), (32,), (x, y, x.size))
+    assert_bits_equal(y, x * 0.5)
+    with pytest.raises(DTypeError, match="FTZ mode models float32 code.*ftz=False"):
+        kernel((1,), (32,), (x, y, x.size), ftz=True)
+
+
+def test_shim_float_atomics_flush_like_atom_global_add_f32():
+    source = """
+extern "C" __global__ void minicavs_test_atomic(float* total, const float* values, const int n)
+{
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < n) atomicAdd(total, values[t]);
+}
+"""
+    kernel = shim.shim_kernel(source, "minicavs_test_atomic")
+    values = np.array([2e-39, 3e-39, 1.0, -1.0, 1.5e-38], np.float32)
+    for ftz in (False, True):  # whatever the compiler flags: the atomic unit flushes
+        total = np.zeros(1, np.float32)
+        kernel((1,), (8,), (total, values, values.size), ftz=ftz)
+        assert total[0] == 1.5e-38  # the subnormals vanished; 1.5e-38 is normal
 
 
 # ----------------------------------------------------------------------------- kernels vs twins
@@ -246,32 +375,59 @@ def test_deterministic_scatter_add_is_bitwise_a_sequential_sum(case):
                                                runner="shim"))
 
 
+def atomic_bound(values, idx, out):
+    """How far an atomic scatter-add may be from the sequential sum: the threads reach repeated
+    rows in any order, so (number of terms) * eps * (sum of magnitudes); and in float32 each
+    add may flush a subnormal operand, the other operand and its result (each < tiny)."""
+    magnitude = kernels.scatter_add_rows_numpy(np.abs(values.astype(np.float64)), idx,
+                                               np.abs(out.astype(np.float64)))
+    terms = np.bincount(idx[idx >= 0], minlength=out.shape[0]) + 1
+    terms = terms.reshape((-1,) + (1,) * (out.ndim - 1))
+    flushed = 3 * TINY32 if out.dtype == np.float32 else 0.0
+    return terms * (np.finfo(out.dtype).eps * magnitude + flushed)
+
+
 @given(scatter_cases())
-def test_atomic_scatter_add_agrees_up_to_summation_order(case):
+def test_atomic_scatter_add_agrees_up_to_summation_order_and_ftz(case):
     values, idx, out = case
     want = kernels.scatter_add_rows_numpy(values, idx, out.copy())
     got = kernels.scatter_add_rows(values, idx, out.copy(), runner="shim")
-    # The threads reach repeated rows in another order than np.add.at: bound the rounding by
-    # (number of terms) * eps * (sum of magnitudes), which holds for any order of summation.
-    magnitude = kernels.scatter_add_rows_numpy(np.abs(values), idx, np.abs(out))
-    terms = np.bincount(idx[idx >= 0], minlength=out.shape[0]) + 1
-    terms = terms.reshape((-1,) + (1,) * (out.ndim - 1))
-    bound = terms * np.finfo(out.dtype).eps * magnitude
-    assert np.all(np.abs(got.astype(np.float64) - want) <= bound)
+    assert np.all(np.abs(got.astype(np.float64) - want) <= atomic_bound(values, idx, out))
 
 
 @given(scatter_cases(unique=True))
-def test_atomic_scatter_add_without_repeats_is_exact(case):
+def test_atomic_scatter_add_without_repeats_is_the_flushed_sum(case):
     values, idx, out = case
-    want = kernels.scatter_add_rows_numpy(values, idx, out.copy())
-    assert_bits_equal(kernels.scatter_add_rows(values, idx, out.copy(), runner="shim"), want)
+    got = kernels.scatter_add_rows(values, idx, out.copy(), runner="shim")
+    # One add per row: exactly flush(flush(out) + flush(value)) in float32, out + value in
+    # float64; rows no index names are untouched.
+    f = kernels.flush_subnormals
+    present = idx >= 0
+    want = out.copy()
+    want[idx[present]] = f(f(out[idx[present]]) + f(values[present]))
+    assert_bits_equal(got, want)
+
+
+def test_deterministic_scatter_keeps_the_subnormals_atomics_flush():
+    tiny = np.float32(1e-40)
+    values = np.full((5, 2), tiny, np.float32)
+    idx = np.array([0, 0, 0, 1, -1], np.int32)
+    want = kernels.scatter_add_rows_numpy(values, idx, np.zeros((2, 2), np.float32))
+    assert np.all(want > 0)  # 3e-40 and 1e-40: subnormal sums NumPy keeps
+    det = kernels.scatter_add_rows(values, idx, np.zeros((2, 2), np.float32),
+                                   deterministic=True, runner="shim")
+    assert_bits_equal(det, want)
+    atomic = kernels.scatter_add_rows(values, idx, np.zeros((2, 2), np.float32), runner="shim")
+    assert not atomic.any()  # every operand flushed
 
 
 @given(scatter_cases())
 def test_scatter_plan_groups_rows_by_target_in_original_order(case):
     values, idx, out = case
     plan = kernels.scatter_plan(idx, out.shape[0])
-    assert all(a.dtype == np.int32 for a in plan[:3])
+    # Positions in the values are int64 (2**31 rows or more), target rows int32.
+    assert (plan.order.dtype, plan.targets.dtype, plan.starts.dtype) == (np.int64, np.int32,
+                                                                         np.int64)
     kept = np.flatnonzero(idx >= 0)
     assert sorted(plan.order.tolist()) == kept.tolist()
     assert plan.starts[0] == 0 and plan.starts[-1] == kept.size
@@ -283,6 +439,17 @@ def test_scatter_plan_groups_rows_by_target_in_original_order(case):
     a = kernels.scatter_add_rows(values, idx, out.copy(), deterministic=True, plan=plan,
                                  runner="shim")
     assert_bits_equal(a, kernels.scatter_add_rows_numpy(values, idx, out.copy()))
+
+
+def test_a_plan_of_other_index_widths_is_refused():
+    idx = np.array([1, 0, 1], np.int32)
+    plan = kernels.scatter_plan(idx, 2)
+    narrow = kernels.ScatterPlan(plan.order.astype(np.int32), plan.targets,
+                                 plan.starts.astype(np.int32), 2)
+    with pytest.raises(DTypeError, match=r"plan.order must be a 1-D int64 array.*scatter_plan"):
+        kernels.scatter_add_rows(np.ones((3, 2), np.float32), idx,
+                                 np.zeros((2, 2), np.float32), deterministic=True, plan=narrow,
+                                 runner="shim")
 
 
 @given(scatter_cases(unique=True))
@@ -484,11 +651,15 @@ def test_gpu_scatter_add_rows_equals_numpy(case):
     got = kernels.scatter_add_rows(d_values, d_idx, d_out.copy(), deterministic=True).get()
     assert_bits_equal(got, want)
     atomic = kernels.scatter_add_rows(d_values, d_idx, d_out.copy()).get()
-    magnitude = kernels.scatter_add_rows_numpy(np.abs(values), idx, np.abs(out))
-    terms = (np.bincount(idx[idx >= 0], minlength=out.shape[0]) + 1).reshape(
-        (-1,) + (1,) * (out.ndim - 1))
-    assert np.all(np.abs(atomic.astype(np.float64) - want)
-                  <= terms * np.finfo(out.dtype).eps * magnitude)
+    assert np.all(np.abs(atomic.astype(np.float64) - want) <= atomic_bound(values, idx, out))
+
+
+@pytest.mark.gpu
+@given(scatter_cases(unique=True))
+def test_gpu_atomic_scatter_without_repeats_is_the_flushed_sum(case):
+    values, idx, out = case
+    got = kernels.scatter_add_rows(*_to_gpu(values, idx, out)).get()
+    assert_bits_equal(got, kernels.scatter_add_rows(values, idx, out.copy(), runner="shim"))
 
 
 @pytest.mark.gpu

@@ -10,7 +10,7 @@ from minicavs.data import Tree, make_splits, random_binary_tree, random_nary_tre
 from minicavs.models import (ChildSumTreeLSTMClassifier, FixedLSTMLanguageModel, Seq2Seq,
                              TreeFC, TreeLSTMClassifier, VarLSTMLanguageModel, reversal_task,
                              stream_rows, tree_fc_dataset)
-from minicavs.training import get_blas_threads, set_blas_threads
+from minicavs.training import get_blas_threads, set_blas_threads, train_epoch
 from minicavs.vertex import evaluate_per_sample
 
 
@@ -110,6 +110,37 @@ def test_fixed_lstm_static_graph_equals_eager_rows():
 
     _assert_same(model, batched, _loss_and_grads(model, eager_rows))
     assert len(model._traced) == 1  # traced once, for this batch size
+
+
+def test_train_epoch_reads_the_loss_once_not_every_step(monkeypatch):
+    # On a GPU each read of a loss waits for the device; an epoch reads the sum once, at the
+    # end (and the progress bar at most once a second).
+    trees, vocab = synthetic_treebank(12, seed=2)
+    vocab_size = len(vocab)
+    batches = [trees[:4], trees[4:8], trees[8:]]
+    model = TreeLSTMClassifier(vocab_size, embed_dim=4, hidden=3, dtype="float64")
+    state = [p.numpy().copy() for p in model.parameters()]
+    optimizer = mc.nn.Adam(model.parameters(), lr=0.01)
+    reads = []
+    monkeypatch.setattr(mc.Tensor, "item", lambda self: reads.append(self) or 0.0)
+    stats = train_epoch(model, optimizer, batches, clip=1.0, progress=False)
+    assert reads == []
+    # The same epoch by hand, reading every loss: the same mean.
+    monkeypatch.undo()
+    for p, value in zip(model.parameters(), state):
+        p.data[...] = value
+    optimizer = mc.nn.Adam(model.parameters(), lr=0.01)
+    total = targets = 0
+    for chunk in batches:
+        batch = model.prepare(chunk)
+        optimizer.zero_grad()
+        loss = model.loss(batch)
+        (loss * (1.0 / batch.num_targets)).backward()
+        mc.nn.clip_grad_norm(optimizer.params, 1.0)
+        optimizer.step()
+        total += loss.item()
+        targets += batch.num_targets
+    assert stats.loss == total / targets and stats.samples == 12
 
 
 def test_prepare_reuses_each_trees_input_graph():

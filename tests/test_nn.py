@@ -296,10 +296,31 @@ def test_clip_grad_norm():
     a, b = _param([3.0]), _param([4.0])
     _set_grad(a, [3.0])
     _set_grad(b, [4.0])
-    assert nn.clip_grad_norm([a, b], 1.0) == pytest.approx(5.0)
+    norm = nn.clip_grad_norm([a, b], 1.0)
+    # The norm comes back as a 0-d Tensor where the gradients live: reading it is the
+    # caller's choice (on a GPU, a wait for the device).
+    assert isinstance(norm, mc.Tensor) and norm.shape == () and norm.item() == pytest.approx(5.0)
     np.testing.assert_allclose([a.grad.item(), b.grad.item()], [0.6, 0.8])
-    assert nn.clip_grad_norm([a, b], 10.0) == pytest.approx(1.0)
-    np.testing.assert_allclose([a.grad.item(), b.grad.item()], [0.6, 0.8])
+    before = [a.grad.numpy().copy(), b.grad.numpy().copy()]
+    assert nn.clip_grad_norm([a, b], 10.0).item() == pytest.approx(1.0)
+    for p, g in zip((a, b), before):  # under the limit: multiplied by 1, the same bits
+        np.testing.assert_array_equal(p.grad.numpy(), g)
+
+
+def test_clip_grad_norm_of_mixed_dtypes_zero_and_missing_gradients():
+    a = mc.Parameter(np.array([3.0, 0.0], np.float32))
+    b, c = _param([0.0]), _param([1.0])
+    a.grad = mc.tensor(np.array([0.0, 0.0], np.float32))
+    _set_grad(b, [0.0])  # c has no gradient: left out
+    with np.errstate(all="raise"):  # a zero norm divides nothing by zero
+        assert nn.clip_grad_norm([a, b, c], 1.0).item() == 0.0
+    assert a.grad.dtype == np.float32 and not a.grad.numpy().any()
+    a.grad = mc.tensor(np.array([30.0, 40.0], np.float32))
+    _set_grad(b, [0.0])
+    assert nn.clip_grad_norm([a, b, c], 5.0).item() == pytest.approx(50.0)
+    np.testing.assert_allclose(a.grad.numpy(), [3.0, 4.0], rtol=1e-6)
+    assert a.grad.dtype == np.float32 and c.grad is None
+    assert nn.clip_grad_norm([c], 1.0).item() == 0.0
 
 
 @pytest.mark.gpu

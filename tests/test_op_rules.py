@@ -20,7 +20,7 @@ from minicavs.ops.batching import EDGES, VERTICES, dim_text, row_domain
 from minicavs.ops.elementwise import SIGMOID, elementwise
 from minicavs.ops.formula import c_expr, writer
 from minicavs.ops.registry import Aval, Op, describe
-from minicavs.ops.rows import EMPTY, FULL, hull, intersect
+from minicavs.ops.rows import EMPTY, FULL, hull, index_rows, intersect
 from minicavs.vertex.zero_rows import node_range
 
 ELEMENTWISE = {name for name, op in OPS.items() if op.is_elementwise}
@@ -41,7 +41,7 @@ def test_every_op_usable_in_a_cell_has_a_batching_rule():
 
 
 def test_elementwise_ops_have_a_c_expression_and_a_numpy_writer():
-    assert len(ELEMENTWISE) == 17
+    assert len(ELEMENTWISE) == 27
     for name in ELEMENTWISE:
         op = OPS[name]
         assert callable(op.into), name
@@ -52,6 +52,7 @@ def test_the_other_rules_are_where_the_passes_expect_them():
     def having(field):
         return {name for name, op in OPS.items() if getattr(op, field)}
 
+    # (not maximum and minimum: of two equal zeros they return the second, as NumPy does)
     assert having("commutative") == {"add", "mul"}
     assert having("associative") == {"add", "mul"}  # regrouping needs both
     assert having("quiet_overflow") == {"sigmoid"}
@@ -62,8 +63,14 @@ def test_the_other_rules_are_where_the_passes_expect_them():
     assert {n: op.row_index_arg for n, op in OPS.items() if op.row_index_arg is not None} == {
         "take_rows": 1, "scatter_add_rows": 1}
     assert having("zero_rows") == {"neg", "tanh", "relu", "astype", "slice_axis", "pad_axis",
-                                   "reshape", "transpose", "sum", "max", "broadcast_to", "mul",
-                                   "add", "sub", "concat", "matmul"}
+                                   "reshape", "transpose", "sum", "max", "min", "broadcast_to",
+                                   "mul", "add", "sub", "concat", "matmul", "expm1", "log1p",
+                                   "sin", "erf", "floor", "ceil", "rint", "cumsum"}
+    # promotion: which operands each op brings to one dtype (registry.py, "Type promotion")
+    assert OPS["where"].promotes == (1, 2) and OPS["concat"].promotes == "all"
+    assert OPS["take_rows"].promotes == () and OPS["astype"].promotes == ()
+    assert {n for n, op in OPS.items() if op.promotes_to_float} >= {
+        "div", "exp", "log", "tanh", "sigmoid", "softmax", "log_softmax", "sin", "erf"}
     assert {name for name, op in OPS.items() if op.into} == ELEMENTWISE | {"matmul"}
 
 
@@ -235,3 +242,22 @@ def test_errors_inside_a_cell_speak_in_per_vertex_shapes():
                                             r"cannot be reshaped to \(4, 2\)") as info:
         mc.VertexFunction(cell, pull_shape=(6,), scatter_shape=(8,))
     assert "V" not in str(info.value).split("\n")[0]
+
+
+@pytest.mark.parametrize("idx, rows", [([], EMPTY), ([-1, -1], EMPTY), ([3], (0, 1)),
+                                       ([-1, 4, -1, 0, -1], (1, 4)), ([2, -1, -1, 7], (0, 4)),
+                                       ([[-1, 5], [1, -1]], (1, 3))])
+def test_index_rows_is_the_hull_of_the_rows_with_an_index(idx, rows):
+    for dtype in (np.int32, np.int64):
+        assert index_rows(np.array(idx, dtype).reshape(np.shape(idx))) == rows
+
+
+@pytest.mark.gpu
+def test_index_rows_on_a_gpu_equals_numpy():
+    mc.set_device("cuda")
+    import cupy
+
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 5, 1000):
+        idx = np.where(rng.random(n) < 0.7, -1, rng.integers(0, 9, n))
+        assert index_rows(cupy.asarray(idx)) == index_rows(idx)

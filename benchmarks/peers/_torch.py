@@ -18,13 +18,14 @@ def available():
     return None
 
 
-def parameters(params):
-    """The common initial weights as torch Parameters: matrices transposed to (out, in)."""
+def parameters(params, device="cpu"):
+    """The common initial weights as torch Parameters on ``device``: matrices transposed to
+    (out, in)."""
     import torch
 
     def p(array, transpose=False):
         tensor = torch.from_numpy(array.T.copy() if transpose else array.copy())
-        return torch.nn.Parameter(tensor)
+        return torch.nn.Parameter(tensor.to(device))
 
     return {
         "emb": p(params["emb"]), "W": p(params["W"], True), "U": p(params["U"], True),
@@ -32,8 +33,12 @@ def parameters(params):
     }
 
 
-def version():
+def version(device="cpu"):
     import torch
 
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(),
+    info = {"torch": torch.__version__, "threads": torch.get_num_threads(),
             "mkldnn": bool(torch.backends.mkldnn.is_available())}
+    if device == "cuda":
+        info.update(device=torch.cuda.get_device_name(), cuda=torch.version.cuda,
+                    tf32=bool(torch.backends.cuda.matmul.allow_tf32))
+    return info

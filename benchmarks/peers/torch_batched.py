@@ -17,7 +17,9 @@
   The two were within noise of each other here at one thread.
 
 ``construction_seconds``: the per-batch NumPy schedule (levels, orders, index arrays,
-padding/packing), measured inside each step.
+padding/packing) and, on a GPU, copying its index arrays to the device, measured inside each
+step. ``device="cuda"`` runs the same code on a GPU (``torch_batched_cuda``, the peer of
+minicavs-cuda); ``loss.item()`` each step waits for the device, so epoch times are real.
 """
 
 import time
@@ -53,13 +55,16 @@ def tree_schedule(trees):
     return order, level_offsets, children
 
 
-def run(data, params, epochs, warmup, options=None):
+def run(data, params, epochs, warmup, options=None, device="cpu"):
     import torch
     import torch.nn.functional as F
 
-    P = _torch.parameters(params)
+    P = _torch.parameters(params, device)
     optimizer = torch.optim.Adam(list(P.values()), lr=1e-3)
     H, kind = data["hidden"], data["kind"]
+
+    def to(array):  # a NumPy array on the device (on the CPU: the same memory, no copy)
+        return torch.from_numpy(array).to(device)
 
     if kind == "tree_lstm":
         def batch_loss(trees):
@@ -68,12 +73,13 @@ def run(data, params, epochs, warmup, options=None):
             words = np.concatenate([t.words for t in trees])[order]
             labels = np.concatenate([t.labels for t in trees])[order]
             n, leaves = len(order), int(level_offsets[1])
-            levels = [(int(a), int(b), torch.from_numpy(children[a:b].reshape(-1)))
+            levels = [(int(a), int(b), to(children[a:b].reshape(-1)))
                       for a, b in zip(level_offsets[1:-1], level_offsets[2:])]
+            leaf_words, internal_labels = to(words[:leaves]), to(labels[leaves:])
             construction = time.perf_counter() - started
-            h = torch.zeros(n, H)
-            c = torch.zeros(n, H)
-            x = F.embedding(torch.from_numpy(words[:leaves]), P["emb"])
+            h = torch.zeros(n, H, device=device)
+            c = torch.zeros(n, H, device=device)
+            x = F.embedding(leaf_words, P["emb"])
             i, _, _, o, u = F.linear(x, P["W"], P["b"]).chunk(5, dim=1)
             c0 = torch.sigmoid(i) * torch.tanh(u)
             c[:leaves] = c0
@@ -87,7 +93,7 @@ def run(data, params, epochs, warmup, options=None):
                 c[a:b] = c_t
                 h[a:b] = torch.sigmoid(o) * torch.tanh(c_t)
             logits = F.linear(h[leaves:], P["W_out"], P["b_out"])
-            loss = F.cross_entropy(logits, torch.from_numpy(labels[leaves:]), reduction="sum")
+            loss = F.cross_entropy(logits, internal_labels, reduction="sum")
             return loss, construction
 
     elif kind == "tree_fc":
@@ -95,24 +101,22 @@ def run(data, params, epochs, warmup, options=None):
 
         def batch_loss(trees):
             started = time.perf_counter()
-            words = np.stack([t.words[:leaves] for t in trees])  # leaves are vertices 0..255
-            labels = np.array([t.labels[-1] for t in trees])
+            words = to(np.stack([t.words[:leaves] for t in trees]))  # leaves: vertices 0..255
+            labels = to(np.array([t.labels[-1] for t in trees]))
             construction = time.perf_counter() - started
             B = len(trees)
-            h = torch.tanh(F.linear(F.embedding(torch.from_numpy(words), P["emb"]),
-                                    P["W"], P["b"]))
+            h = torch.tanh(F.linear(F.embedding(words, P["emb"]), P["W"], P["b"]))
             width = leaves
             while width > 1:
                 width //= 2
                 h = torch.tanh(F.linear(h.reshape(B, width, 2 * H), P["U"], P["b"]))
             logits = F.linear(h.reshape(B, H), P["W_out"], P["b_out"])
-            return F.cross_entropy(logits, torch.from_numpy(labels), reduction="sum"), \
-                construction
+            return F.cross_entropy(logits, labels, reduction="sum"), construction
 
     else:  # var_lstm
         from torch.nn.utils.rnn import pack_padded_sequence
 
-        lstm = torch.nn.LSTM(data["embed"], H)  # gates i, f, g, o: the common order
+        lstm = torch.nn.LSTM(data["embed"], H).to(device)  # gates i, f, g, o: common order
         with torch.no_grad():
             lstm.weight_ih_l0.copy_(P["W"])
             lstm.weight_hh_l0.copy_(P["U"])
@@ -133,14 +137,14 @@ def run(data, params, epochs, warmup, options=None):
                 inputs[1:len(s), j] = s[:-1]
                 targets[:len(s), j] = s
             if padded:  # the whole (T, B) block through oneDNN; the loss reads real tokens
-                real = torch.from_numpy(np.flatnonzero(targets.reshape(-1) >= 0))
-                targets = torch.from_numpy(targets.reshape(-1)).index_select(0, real)
+                real = to(np.flatnonzero(targets.reshape(-1) >= 0))
+                targets = to(targets.reshape(-1)).index_select(0, real)
             else:
-                lengths = torch.from_numpy(lengths)
-                targets = pack_padded_sequence(torch.from_numpy(targets), lengths,
-                                               enforce_sorted=False).data
+                lengths = torch.from_numpy(lengths)  # pack_padded_sequence wants them on the CPU
+                targets = pack_padded_sequence(to(targets), lengths, enforce_sorted=False).data
+            inputs = to(inputs)
             construction = time.perf_counter() - started
-            x = F.embedding(torch.from_numpy(inputs), P["emb"])
+            x = F.embedding(inputs, P["emb"])
             if padded:
                 out, _ = lstm(x)
                 out = out.reshape(-1, H).index_select(0, real)
@@ -158,4 +162,4 @@ def run(data, params, epochs, warmup, options=None):
         return {"loss": loss.item(), "construction": construction}
 
     loop = common.train_loop(step, data["batches"], epochs, warmup)
-    return common.summarize(loop, data, versions=_torch.version())
+    return common.summarize(loop, data, versions=_torch.version(device))

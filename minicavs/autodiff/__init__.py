@@ -1,6 +1,7 @@
 """Automatic differentiation: eager Tensors (``tensor.py``), traced symbolic graphs
 (``symbolic.py``), their symbolic backward and analyses, and gradient checking."""
 
-from .tensor import Parameter, Tensor, enable_grad, is_grad_enabled, no_grad, tensor
+from .tensor import (Parameter, Tensor, enable_grad, from_dlpack, is_grad_enabled, no_grad,
+                     tensor)
 from .gradcheck import gradcheck
 from .symbolic import BackwardGraph, Graph, Symbol, grad_graph, spec, trace

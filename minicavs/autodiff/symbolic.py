@@ -98,7 +98,7 @@ class Symbol(OperatorMixin):
                          "Compute with mc.* functions inside traced functions."
                          + _format_location(_user_location()))
 
-    def _no_number(self, conversion):
+    def _no_number(self, conversion="conversion to a Python number"):
         raise GraphError(f"{conversion} of traced value '{self.label()}' of shape "
                          f"{registry.describe(self.shape)}: a symbol has no value while "
                          f"tracing, so it cannot become a Python number. Compute with mc.* "
@@ -117,10 +117,13 @@ class Symbol(OperatorMixin):
     def __complex__(self):
         self._no_number("complex()")
 
-    def numpy(self):
-        return self.__array__()
-
     def item(self):
+        self._no_number(".item()")
+
+    def tolist(self):
+        self._no_number(".tolist()")
+
+    def numpy(self):
         return self.__array__()
 
 

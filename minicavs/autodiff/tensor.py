@@ -18,7 +18,7 @@ import weakref
 import numpy as np
 
 from .. import backend, validate
-from ..errors import DTypeError, MinicavsError, ShapeError
+from ..errors import DeviceError, DTypeError, MinicavsError, ShapeError
 from ..ops import registry
 from ..ops.operators import OperatorMixin
 from . import debug, versions
@@ -117,9 +117,72 @@ class Tensor(OperatorMixin):
         return backend.to_numpy(self.data)
 
     def item(self):
+        """The one element as a Python number."""
+        return self._one_element("item()").item()
+
+    def tolist(self):
+        """The values as (nested) Python lists of Python numbers."""
+        return self.numpy().tolist()
+
+    # --- conversions: Python numbers, NumPy, DLPack, CUDA -----------------------------------------
+    def _one_element(self, what):
         if self._array.size != 1:
-            raise ShapeError(f"item() needs a tensor with one element, got shape {self.shape}")
-        return backend.to_numpy(self._array).reshape(()).item()
+            raise ShapeError(f"{what} needs a tensor with one element, got shape "
+                             f"{tuple(self.shape)} ({self._array.size} elements); use .any() or "
+                             f".all() for a mask, or index one element")
+        return self.numpy().reshape(())
+
+    def __bool__(self):
+        return bool(self._one_element("the truth value of a tensor"))
+
+    def __float__(self):
+        return float(self._one_element("float()"))
+
+    def __int__(self):
+        return int(self._one_element("int()"))
+
+    def __index__(self):
+        if np.dtype(self.dtype).kind not in "iu":
+            raise DTypeError(f"only an integer tensor can be used as an index, got dtype "
+                             f"{self.dtype}")
+        return int(self._one_element("an index"))
+
+    def __format__(self, spec):
+        if spec and self.data.size == 1:  # f"{loss:.4f}"
+            return format(self.item(), spec)
+        return format(str(self), spec)
+
+    def __array__(self, dtype=None, copy=None):
+        """NumPy's view of the data (``np.asarray(t)``); CUDA data is not copied implicitly."""
+        if backend.is_cupy_array(self.data):
+            raise DeviceError("a CUDA tensor cannot become a NumPy array implicitly (that would "
+                              "be a hidden device-to-host copy); call t.numpy() to copy it")
+        if dtype is not None and np.dtype(dtype) != self.data.dtype:
+            if copy is False:
+                raise ValueError(f"np.asarray(t, dtype={np.dtype(dtype)}, copy=False): the "
+                                 f"tensor is {self.dtype}, converting it needs a copy")
+            return self.data.astype(dtype)
+        return self.data.copy() if copy else self.data
+
+    def __dlpack__(self, *args, **kwargs):
+        """The DLPack protocol (``torch.from_dlpack(t)``, ``np.from_dlpack(t)``, JAX, CuPy):
+        the consumer shares the memory, no copy. A read-only view (a broadcast) is copied
+        first, as DLPack cannot say "read-only" to every consumer."""
+        data = self.data
+        if not getattr(getattr(data, "flags", None), "writeable", True):
+            data = data.copy()
+        return data.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.data.__dlpack_device__()
+
+    @property
+    def __cuda_array_interface__(self):
+        """The CUDA array interface of CUDA data (Numba, PyTorch, CuPy read it); a CPU tensor
+        has none, so ``hasattr(t, "__cuda_array_interface__")`` says whether there is one."""
+        if not backend.is_cupy_array(self.data):
+            raise AttributeError("a CPU tensor has no __cuda_array_interface__")
+        return self.data.__cuda_array_interface__
 
     def detach(self):
         """The same data (and version counter), cut off from the recorded graph."""
@@ -364,6 +427,21 @@ def _user_location():
     from .symbolic import _user_location as locate  # (symbolic imports this module)
 
     return locate()
+
+
+def from_dlpack(obj):
+    """A Tensor sharing the memory of ``obj``, any DLPack producer (a PyTorch, JAX or CuPy
+    array, a NumPy array): CPU memory becomes NumPy data, CUDA memory CuPy data."""
+    if not hasattr(obj, "__dlpack_device__"):
+        raise DTypeError(f"from_dlpack: {type(obj).__name__} does not implement the DLPack "
+                         f"protocol (__dlpack__ and __dlpack_device__)")
+    device_type = int(obj.__dlpack_device__()[0])
+    if device_type in (1, 3):  # kDLCPU, kDLCUDAHost
+        return Tensor(np.from_dlpack(obj))
+    if device_type in (2, 13):  # kDLCUDA, kDLCUDAManaged
+        return Tensor(backend.cupy_or_error().from_dlpack(obj))
+    raise DeviceError(f"from_dlpack: DLPack device type {device_type} is neither the CPU nor "
+                      f"a CUDA GPU")
 
 
 registry.set_default_handler(Tensor.__minicavs_apply__)

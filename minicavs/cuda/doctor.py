@@ -1,10 +1,14 @@
 """``python -m minicavs doctor``: what the CUDA layer can use here, and what to install.
 
 One line per piece: Python, NumPy, CuPy, the CUDA driver and runtime, NVRTC, a visible GPU,
-the C++ compiler of the CPU shim; then one test kernel is compiled with NVRTC and run through
-the shim against its NumPy twin. A missing piece is a line saying what to install, not a failure:
-the exit status is 1 only when something present does not work (a kernel that fails to compile
-or gives a wrong answer).
+the C++ compiler of the CPU shim, the CUDA headers CuPy compiles with. Then one kernel — the
+float32 deterministic scatter-add, whose sum must keep subnormals although CuPy compiles with
+``-ftz=true`` — is compiled with NVRTC, compiled again with the options and headers CuPy
+assembles for it, run through the CPU shim, and, where a GPU is visible, launched through
+CuPy's own compile path (``cupy.RawKernel``); every run is compared bit for bit with its NumPy
+twin. A missing piece is a line saying what to install, not a failure: the exit status is 1
+only when something present does not work (a kernel that fails to compile or gives a wrong
+answer; on a machine with a GPU, CuPy without CUDA headers is such a failure).
 """
 
 import platform
@@ -28,9 +32,11 @@ def _probe(report):
     report.append(("numpy", np.__version__, None, False))
 
     cupy = _import_cupy()
+    gpu_count = 0
     if cupy is None:
         report.append(("cupy", "not installed",
-                       "pip install cupy-cuda12x   (or: pip install 'minicavs[cuda]')", False))
+                       "pip install 'cupy-cuda12x[ctk]'   (or: pip install 'minicavs[cuda]')",
+                       False))
         for label in ("cuda runtime", "cuda driver", "gpu"):
             report.append((label, "unknown (CuPy is needed to ask)", None, False))
     else:
@@ -52,12 +58,14 @@ def _probe(report):
             names = [runtime.getDeviceProperties(d)["name"].decode() for d in range(count)]
             report.append(("gpu", f"{count} visible: {', '.join(names)}" if count else "none",
                            None if count else GPU_HINT, False))
+            gpu_count = count
         except Exception as exc:
             report.append(("gpu", f"none visible ({type(exc).__name__})", GPU_HINT, False))
 
     from . import nvrtc, shim
     from .errors import ToolchainError
 
+    version = None
     try:
         version = nvrtc.nvrtc_version()
         report.append(("nvrtc", "%d.%d" % version, None, False))
@@ -74,26 +82,79 @@ def _probe(report):
 
     from . import kernels
 
-    source = kernels.kernel_source("gather_rows", np.float32)
+    source = kernels.kernel_source("scatter_add_sorted", np.float32)
+    cupy_options = None
+    if cupy is not None and have_nvrtc:
+        cupy_options = _probe_headers(report, nvrtc, version)
     if have_nvrtc:
-        try:
-            ptx = nvrtc.compile_to_ptx(source.code, source.name)
-            ok = source.name in nvrtc.ptx_entries(ptx)
-            report.append((f"nvrtc compile ({nvrtc.DEFAULT_ARCH})",
-                           f"{source.name}: {'ok' if ok else 'no entry in PTX'} "
-                           f"({len(ptx)} bytes of PTX)", None, not ok))
-        except Exception as exc:
-            report.append((f"nvrtc compile ({nvrtc.DEFAULT_ARCH})", f"FAILED: {exc}", None, True))
+        _compile_row(report, f"nvrtc compile ({nvrtc.DEFAULT_ARCH})", nvrtc, source,
+                     nvrtc.KERNEL_OPTIONS + nvrtc.CUPY_APPENDED_OPTIONS)
+    if cupy_options is not None:
+        _compile_row(report, f"cupy compile ({nvrtc.DEFAULT_ARCH})", nvrtc, source, cupy_options)
     if have_cxx:
-        try:
-            src = np.arange(12, dtype=np.float32).reshape(4, 3)
-            idx = np.array([3, -1, 0, 3], dtype=np.int32)
-            got = kernels.gather_rows(src, idx, runner="shim")
-            ok = np.array_equal(got, kernels.gather_rows_numpy(src, idx))
-            report.append(("shim run", f"{source.name}: {'ok' if ok else 'WRONG RESULT'} "
-                           f"(cache {shim.cache_dir()})", None, not ok))
-        except Exception as exc:
-            report.append(("shim run", f"FAILED: {exc}", None, True))
+        _run_row(report, "shim run", source, "shim", f"cache {shim.cache_dir()}")
+    if gpu_count:
+        _run_row(report, "gpu run", source, "cupy", "cupy.RawKernel",
+                 hint=nvrtc.HEADERS_HINT if cupy_options is None else None)
+
+
+def _probe_headers(report, nvrtc, nvrtc_version):
+    """The CUDA headers CuPy would compile with; returns CuPy's options, or None."""
+    from .errors import ToolchainError
+
+    try:
+        options = nvrtc.cupy_compile_options()
+    except ToolchainError as exc:
+        report.append(("cuda headers", f"not found ({str(exc).split(';')[0]})",
+                       nvrtc.HEADERS_HINT, False))
+        return None
+    folder = nvrtc.cuda_header_dir(options)
+    headers = nvrtc.cuda_headers_version(folder) if folder else None
+    if headers is None:
+        report.append(("cuda headers", f"{folder or 'in CuPy'} (version unknown)", None, False))
+        return options
+    # Headers newer than the compiler may use what it does not know (CuPy picks the first CUDA
+    # that cuda-pathfinder finds, which need not be NVRTC's).
+    mismatch = headers[0] != nvrtc_version[0] or headers > tuple(nvrtc_version)
+    report.append(("cuda headers", f"CUDA {headers[0]}.{headers[1]} in {folder}"
+                   + (f" (NVRTC is {nvrtc_version[0]}.{nvrtc_version[1]})" if mismatch else ""),
+                   nvrtc.HEADERS_HINT if mismatch else None, False))
+    return options
+
+
+def _compile_row(report, label, nvrtc, source, options):
+    try:
+        ptx = nvrtc.compile_to_ptx(source.code, source.name, options=tuple(options))
+        ok = source.name in nvrtc.ptx_entries(ptx)
+        report.append((label, f"{source.name}: {'ok' if ok else 'no entry in PTX'} "
+                       f"({len(ptx)} bytes of PTX)", None, not ok))
+    except Exception as exc:
+        report.append((label, f"FAILED: {exc}", None, True))
+
+
+def _run_row(report, label, source, runner, where, hint=None):
+    """Run the deterministic scatter-add on subnormal values with ``runner``; compare bits."""
+    from . import kernels
+
+    tiny = np.float32(1e-40)  # subnormal: a flushing add would lose it
+    values = np.array([[tiny, 1.0], [tiny, -1.0], [3.0, 2e-45]], np.float32)
+    idx = np.array([0, 0, 2], np.int32)
+    want = kernels.scatter_add_rows_numpy(values, idx, np.zeros((3, 2), np.float32))
+    try:
+        if runner == "cupy":
+            import cupy
+
+            got = kernels.scatter_add_rows(cupy.asarray(values), cupy.asarray(idx),
+                                           cupy.zeros((3, 2), np.float32),
+                                           deterministic=True).get()
+        else:
+            got = kernels.scatter_add_rows(values, idx, np.zeros((3, 2), np.float32),
+                                           deterministic=True, runner=runner)
+        ok = np.array_equal(got.view(np.uint32), want.view(np.uint32))
+        report.append((label, f"{source.name}: {'ok' if ok else 'WRONG RESULT'} ({where})",
+                       None, not ok))
+    except Exception as exc:
+        report.append((label, f"FAILED: {type(exc).__name__}: {exc}", hint, True))
 
 
 def run_doctor(file=None):

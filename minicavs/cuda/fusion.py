@@ -27,6 +27,10 @@ Checked without a GPU: :meth:`ElementwiseSource.raw_source` wraps the same ``ope
 grid-stride RawKernel (``shim.elementwise_raw_source``, one thread per element i) that NVRTC
 compiles for compute_90 and the g++ shim runs on the CPU; :class:`ShimFusedKernel` is the
 CuPy kernel's CPU twin (same call logic, inputs broadcast on the host, body run by the shim).
+Both sides compile without contraction (``nvrtc.KERNEL_OPTIONS``), and the shim runs float32
+bodies with subnormals flushed, as CuPy's ``-ftz=true`` makes the GPU do. The C expressions
+follow NumPy's NaN rules (``ops/elementwise.py``); the math functions (exp, log, tanh, pow)
+are the GPU's and libm's, equal to NumPy's within a few units in the last place.
 
 This module imports nothing from the layers above the CUDA layer: a group is read through its
 ``members``/``inputs``/``outputs`` and each member's ``op``, ``attrs``, ``inputs``, ``dtype``.
@@ -206,7 +210,8 @@ def compile_ptx(source, arch=None):
 
     try:
         return nvrtc.compile_to_ptx(source.raw_source(), source.name,
-                                    arch=arch or nvrtc.DEFAULT_ARCH)
+                                    arch=arch or nvrtc.DEFAULT_ARCH,
+                                    options=nvrtc.KERNEL_OPTIONS + nvrtc.CUPY_APPENDED_OPTIONS)
     except KernelCompileError as exc:
         raise _compile_error(source, exc.log, "NVRTC") from None
 
@@ -328,14 +333,20 @@ def _elementwise_kernel(source):
     except ToolchainError:
         pass
     return cupy.ElementwiseKernel(source.in_params, source.out_params, source.operation,
-                                  source.name, preamble=source.preamble)
+                                  source.name, preamble=source.preamble,
+                                  options=nvrtc.KERNEL_OPTIONS)
 
 
 class ShimFusedKernel(GeneratedFusedKernel):
     """The CPU twin of :class:`CupyFusedKernel` (NumPy arrays): the same generated body, as its
     RawKernel compiled by g++ (the shim), with the inputs broadcast to the full shape on the
     host first. ``register_kernel_factory("numpy", ShimFusedKernel)`` runs a whole vertex
-    function's fused groups through generated C, which is how the tests check it end to end."""
+    function's fused groups through generated C, which is how the tests check it end to end.
+    ``ftz``: the shim's flush-to-zero mode (None: as on the GPU, on for float32)."""
+
+    def __init__(self, group, xp, dtype, ftz=None):
+        super().__init__(group, xp, dtype)
+        self.ftz = ftz
 
     def _launch(self, plan, inputs, results):
         source = self.source
@@ -347,7 +358,7 @@ class ShimFusedKernel(GeneratedFusedKernel):
                 for r, (d, _, _) in zip(results, source.outputs)]
         total = math.prod(full)
         blocks = min(-(-total // BLOCK_SIZE), MAX_BLOCKS)
-        kernel((blocks,), (BLOCK_SIZE,), (*args, *outs, total))
+        kernel((blocks,), (BLOCK_SIZE,), (*args, *outs, total), ftz=self.ftz)
         for r, o in zip(results, outs):
             if r is not o:
                 r[...] = o

@@ -5,6 +5,15 @@ scatter and push split a tensor along its batch axis and copy the slices to diff
 each is *one* kernel launch however many rows move. Here a "row" is ``a[r]`` of a C-contiguous
 array, flattened to ``row_size`` elements, and every kernel is a grid-stride loop over (row,
 column) elements with no block synchronisation, so the CPU shim (``shim.py``) can run it.
+Element positions are 64-bit (``long long``), so arrays past 2**31 elements are fine; row
+indices are int32 (the rows a kernel reads or writes), positions into them 64-bit.
+
+Floating point on the GPU: CuPy compiles every kernel with ``-ftz=true`` (nvrtc.py), so float32
+arithmetic flushes subnormal inputs and results to zero; row copies do no arithmetic and move
+every bit. The deterministic scatter-add keeps subnormals all the same (its float add is PTX
+``add.rn.f32``, which has no ``.ftz``), so it equals its NumPy twin bit for bit in both dtypes.
+The atomic one cannot: ``atom.global.add.f32`` always flushes (:func:`flush_subnormals` is the
+NumPy model of that, and the CPU shim's float ``atomicAdd`` does the same).
 
 Each kernel source is templated on the element type (``float`` / ``double``) and built by a
 memoised factory keyed on (kernel, dtype): :func:`kernel_source` gives the source text (NVRTC
@@ -39,6 +48,7 @@ import numpy as np
 from ..errors import DTypeError, IndexRangeError, ShapeError
 
 INDEX_DTYPE = np.dtype(np.int32)
+PLAN_DTYPE = np.dtype(np.int64)  # positions in a scatter plan: there may be 2**31 rows or more
 DTYPES = {np.dtype(np.float32): ("float", "f32"), np.dtype(np.float64): ("double", "f64")}
 BLOCK_SIZE = 256
 MAX_BLOCKS = 65535  # grid-stride loops cover any size; more blocks than this buys nothing
@@ -46,6 +56,39 @@ MAX_BLOCKS = 65535  # grid-stride loops cover any size; more blocks than this bu
 # One loop step per element e of the (rows x row_size) output; i = e / row_size is its row.
 _GRID_STRIDE = """for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
          e += (long long)blockDim.x * gridDim.x)"""
+
+# A float add that keeps subnormals. CuPy's -ftz=true would make "+" flush them, and the
+# deterministic scatter-add promises NumPy's bits: PTX add.rn.f32 has no .ftz, so the flag does
+# not reach it. (The CPU shim, which has no __CUDA_ARCH__, defines the float version itself.)
+_ADD_NOFTZ = """
+#ifdef __CUDA_ARCH__
+__device__ float minicavs_add_noftz(float a, float b)
+{
+    float sum;
+    asm("add.rn.f32 %0, %1, %2;" : "=f"(sum) : "f"(a), "f"(b));
+    return sum;
+}
+#endif
+__device__ double minicavs_add_noftz(double a, double b) { return a + b; }
+"""
+
+# atomicAdd on double is native from sm_60 on; before that, the compare-and-swap loop of the
+# CUDA C++ Programming Guide (comparing bits, so a NaN sum ends the loop too).
+_DOUBLE_ATOMIC_ADD = """
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 600
+__device__ double atomicAdd(double* address, double value)
+{
+    unsigned long long* bits = (unsigned long long*)address;
+    unsigned long long old = *bits, assumed;
+    do {
+        assumed = old;
+        const double sum = value + __longlong_as_double((long long)assumed);
+        old = atomicCAS(bits, assumed, (unsigned long long)__double_as_longlong(sum));
+    } while (assumed != old);
+    return __longlong_as_double((long long)old);
+}
+#endif
+"""
 
 _SOURCES = {
     "gather_rows": """
@@ -80,9 +123,10 @@ extern "C" __global__ void ${name}(const ${T}* __restrict__ src,
     }
 }
 """,
-    "scatter_add_rows": """
+    "scatter_add_rows": _DOUBLE_ATOMIC_ADD + """
 // out[idx[i], :] += values[i, :] for idx[i] != -1. Repeated indices add up in whatever order
-// the threads reach them, so float sums may differ in the last bits from run to run.
+// the threads reach them, so float sums may differ in the last bits from run to run (and a
+// float32 atomic add flushes subnormals: see the module docstring).
 extern "C" __global__ void ${name}(const ${T}* __restrict__ values, const int* __restrict__ idx,
                                    ${T}* __restrict__ out, const long long n,
                                    const long long row_size)
@@ -95,16 +139,17 @@ extern "C" __global__ void ${name}(const ${T}* __restrict__ values, const int* _
     }
 }
 """,
-    "scatter_add_sorted": """
+    "scatter_add_sorted": _ADD_NOFTZ + """
 // Deterministic scatter-add. order lists the rows of values grouped by target row, in their
 // original order within a group; group s (rows order[starts[s]] .. order[starts[s+1]-1]) adds
 // into out[targets[s]]. One thread owns one output element and adds its group's values in that
 // fixed order, so the result is the same bits on every run and equals a sequential sum.
 extern "C" __global__ void ${name}(const ${T}* __restrict__ values,
-                                   const int* __restrict__ order,
+                                   const long long* __restrict__ order,
                                    const int* __restrict__ targets,
-                                   const int* __restrict__ starts, ${T}* __restrict__ out,
-                                   const long long num_groups, const long long row_size)
+                                   const long long* __restrict__ starts,
+                                   ${T}* __restrict__ out, const long long num_groups,
+                                   const long long row_size)
 {
     const long long total = num_groups * row_size;
     ${loop} {
@@ -112,8 +157,8 @@ extern "C" __global__ void ${name}(const ${T}* __restrict__ values,
         const long long j = e - s * row_size;
         ${T}* target = &out[(long long)targets[s] * row_size + j];
         ${T} acc = *target;
-        for (int p = starts[s]; p < starts[s + 1]; ++p)
-            acc += values[(long long)order[p] * row_size + j];
+        for (long long p = starts[s]; p < starts[s + 1]; ++p)
+            acc = minicavs_add_noftz(acc, values[order[p] * row_size + j]);
         *target = acc;
     }
 }
@@ -172,7 +217,8 @@ def kernel_source(kernel, dtype):
 
 
 def raw_kernel(kernel, dtype):
-    """The ``cupy.RawKernel`` for ``kernel`` and ``dtype`` (compiled by CuPy on first launch)."""
+    """The ``cupy.RawKernel`` for ``kernel`` and ``dtype`` (compiled by CuPy on first launch,
+    with :data:`minicavs.cuda.nvrtc.KERNEL_OPTIONS`)."""
     return _raw_kernel(kernel, _float_dtype(kernel, dtype).name)
 
 
@@ -207,7 +253,7 @@ def _raw_kernel(kernel, dtype):
         pass  # CuPy may still find a system NVRTC; if not, its own error says so
 
     source = kernel_source(kernel, dtype)
-    return cupy.RawKernel(source.code, source.name)
+    return cupy.RawKernel(source.code, source.name, options=nvrtc.KERNEL_OPTIONS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -318,7 +364,7 @@ def _check_index(kernel, argname, idx, ndim, num_rows, check_range=True):
     _check_contiguous(kernel, argname, idx)
     if not check_range or idx.size == 0:
         return
-    low, high = int(idx.min()), int(idx.max())
+    low, high = _bounds(idx)
     if low < -1 or high >= num_rows:
         bad = low if low < -1 else high
         position = tuple(int(p[0]) for p in (idx == bad).nonzero())
@@ -327,6 +373,14 @@ def _check_index(kernel, argname, idx, ndim, num_rows, check_range=True):
         raise IndexRangeError(f"kernel '{kernel}': argument '{argname}' has index {bad} at "
                               f"position {where}, out of range for {num_rows} rows "
                               f"(valid: -1 for no row, {valid})")
+
+
+def _bounds(idx):
+    """(min, max) of a non-empty index array as Python ints, in one copy from a GPU."""
+    if isinstance(idx, np.ndarray):
+        return int(idx.min()), int(idx.max())
+    low, high = _xp("cupy").stack((idx.min(), idx.max())).get().tolist()
+    return int(low), int(high)
 
 
 def _row_size(a):
@@ -413,7 +467,8 @@ ScatterPlan = namedtuple("ScatterPlan", "order targets starts num_rows")
 ScatterPlan.__doc__ = """The sorted form of a scatter index, built once and reused by every
 deterministic scatter-add with that index (a batch's gather indices do not change between the
 levels of its backward pass): rows ``order[starts[s]:starts[s+1]]`` of the values add into row
-``targets[s]``; -1 entries are left out. All int32."""
+``targets[s]``; -1 entries are left out. ``targets`` are int32 rows of ``out``; ``order`` and
+``starts`` are int64 positions in the values, which may number 2**31 or more."""
 
 
 def scatter_plan(idx, num_rows, *, check_indices=True):
@@ -423,22 +478,34 @@ def scatter_plan(idx, num_rows, *, check_indices=True):
     kernel = "scatter_plan"
     _check_index(kernel, "idx", idx, 1, int(num_rows), check_indices)
     xp = _xp("cupy" if _is_cupy(idx) else "numpy")
-    n = int(idx.shape[0])
-    # A key unique per position makes any sort stable: target row first, then position.
-    keys = idx.astype(np.int64) * max(n, 1) + xp.arange(n, dtype=np.int64)
-    order = xp.argsort(keys)
+    order = xp.argsort(idx, kind="stable")  # CuPy's sorts are always stable
     sorted_idx = idx[order]
     first = int((sorted_idx < 0).sum())  # the -1 entries sort first; they are dropped
     order, sorted_idx = order[first:], sorted_idx[first:]
     if sorted_idx.size:
         breaks = xp.flatnonzero(sorted_idx[1:] != sorted_idx[:-1]) + 1
-        starts = xp.concatenate([xp.zeros(1, dtype=np.int64), breaks,
-                                 xp.full(1, sorted_idx.size, dtype=np.int64)])
+        starts = xp.concatenate([xp.zeros(1, dtype=PLAN_DTYPE), breaks,
+                                 xp.full(1, sorted_idx.size, dtype=PLAN_DTYPE)])
     else:
-        starts = xp.zeros(1, dtype=np.int64)
+        starts = xp.zeros(1, dtype=PLAN_DTYPE)
     targets = sorted_idx[starts[:-1]]
-    return ScatterPlan(order.astype(np.int32), targets.astype(np.int32),
-                       starts.astype(np.int32), int(num_rows))
+    return ScatterPlan(order.astype(PLAN_DTYPE), targets.astype(INDEX_DTYPE),
+                       starts.astype(PLAN_DTYPE), int(num_rows))
+
+
+def _check_plan(kernel, plan, out, idx):
+    """A plan from :func:`scatter_plan` for this ``out`` and ``idx``: the kernel reads its
+    arrays as int64, int32, int64 (a hand-made plan of other dtypes would be misread)."""
+    if plan.num_rows != out.shape[0] or plan.order.shape[0] > idx.shape[0]:
+        raise ShapeError(f"kernel '{kernel}': the plan was made for {plan.num_rows} rows and "
+                         f"{plan.order.shape[0]} indices, not for this 'out'/'idx'")
+    for field, dtype in (("order", PLAN_DTYPE), ("targets", INDEX_DTYPE), ("starts", PLAN_DTYPE)):
+        array = getattr(plan, field)
+        if array.dtype != dtype or array.ndim != 1:
+            raise DTypeError(f"kernel '{kernel}': plan.{field} must be a 1-D {dtype} array "
+                             f"(make plans with scatter_plan), got {array.dtype} with shape "
+                             f"{tuple(array.shape)}")
+        _check_contiguous(kernel, f"plan.{field}", array)
 
 
 def _check_scatter(kernel, values, idx, out, check_indices):
@@ -465,15 +532,30 @@ def scatter_add_rows_numpy(values, idx, out):
     return out
 
 
+def flush_subnormals(a):
+    """``a`` with its float32 subnormals replaced by zeros of the same sign: what a float32
+    operation compiled with ``-ftz=true`` (every CuPy kernel) does to its operands and its
+    result, and what ``atom.global.add.f32`` always does. float64 arrays come back unchanged
+    (doubles never flush). NumPy or CuPy, as ``a`` is."""
+    if a.dtype != np.float32:
+        return a
+    xp = _xp("cupy" if _is_cupy(a) else "numpy")
+    tiny = np.finfo(np.float32).tiny
+    return xp.where(xp.abs(a) < tiny, xp.copysign(np.float32(0), a), a)
+
+
 def scatter_add_rows(values, idx, out, *, deterministic=False, plan=None, runner=None,
                      check_indices=True):
     """``out[idx[i]] += values[i]`` for every i with ``idx[i] != -1``; repeated indices add up.
 
     ``values``: (n, ...); ``idx``: (n,) int32; ``out``: (N, ...) updated in place and returned.
-    The default kernel uses ``atomicAdd`` (float64 atomics are native from sm_60 on), so with
-    repeated indices the float rounding depends on thread timing. ``deterministic=True`` sorts
-    the indices once (or takes a ready ``plan`` from :func:`scatter_plan`) and sums each output
-    row in a fixed order: the same bits on every run, equal to :func:`scatter_add_rows_numpy`.
+    The default kernel uses ``atomicAdd`` (float64 atomics are native from sm_60 on, a
+    compare-and-swap loop below), so with repeated indices the float rounding depends on thread
+    timing, and float32 subnormals are flushed (``atom.global.add.f32`` does that whatever the
+    compiler flags say): within ``terms * (eps * sum|x| + 3 * tiny)`` of the sequential sum.
+    ``deterministic=True`` sorts the indices once (or takes a ready ``plan`` from
+    :func:`scatter_plan`) and sums each output row in a fixed order: the same bits on every
+    run, equal to :func:`scatter_add_rows_numpy`, subnormals included.
     """
     kernel = "scatter_add_rows"
     plan_arrays = tuple(plan[:3]) if plan is not None else ()
@@ -489,9 +571,8 @@ def scatter_add_rows(values, idx, out, *, deterministic=False, plan=None, runner
         return out
     if plan is None:
         plan = scatter_plan(idx, out.shape[0], check_indices=False)
-    elif plan.num_rows != out.shape[0] or plan.order.shape[0] > idx.shape[0]:
-        raise ShapeError(f"kernel '{kernel}': the plan was made for {plan.num_rows} rows and "
-                         f"{plan.order.shape[0]} indices, not for this 'out'/'idx'")
+    else:
+        _check_plan(kernel, plan, out, idx)
     num_groups = int(plan.targets.shape[0])
     _launch("scatter_add_sorted", values.dtype, runner, num_groups * row_size,
             (values, plan.order, plan.targets, plan.starts, out, num_groups, row_size))

@@ -8,12 +8,19 @@ for a wheel outside ``LD_LIBRARY_PATH``. So before importing the binding we load
 libraries with ``ctypes`` (``RTLD_GLOBAL``): a later ``dlopen("libnvrtc.so.12")`` then finds the
 library already in the process, whichever CuPy is installed. ``MINICAVS_NVRTC_LIB`` may name a
 ``libnvrtc.so`` to use instead.
+
+The options matter as much as the source. Every minicavs kernel is compiled with
+:data:`KERNEL_OPTIONS`, and CuPy adds its own after them (:data:`CUPY_APPENDED_OPTIONS`), the
+last word on ``-ftz``; :func:`cupy_compile_options` assembles the whole list as CuPy does,
+including the CUDA toolkit headers CuPy 14 compiles every kernel against. The compile checks use
+it, so they see the code the GPU runs, not a friendlier variant.
 """
 
 import ctypes
 import functools
 import glob
 import os
+import re
 import sys
 
 from .errors import KernelCompileError, ToolchainError, numbered
@@ -21,6 +28,19 @@ from .errors import KernelCompileError, ToolchainError, numbered
 DEFAULT_ARCH = "compute_90"  # Hopper (H100/H200); PTX for it is what the tests check
 INSTALL_HINT = ("pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12   "
                 "(or: pip install 'minicavs[test]')")
+HEADERS_HINT = ("pip install 'cupy-cuda12x[ctk]'   (or: pip install 'minicavs[cuda]'): the CUDA "
+                "12 headers, found before any other CUDA's")
+
+# The options of every minicavs kernel, on the GPU (cupy.RawKernel / ElementwiseKernel) and in
+# the compile checks: no contraction of a*b + c into one fused multiply-add, so a kernel rounds
+# each operation as NumPy does, and as the CPU shim does (g++ -ffp-contract=off). The kernels
+# are memory-bound: an FMA would buy no speed.
+KERNEL_OPTIONS = ("--fmad=false",)
+# What CuPy adds after a kernel's own options (cupy/cuda/compiler.py: _compile_with_cache_cuda
+# and _compile_using_nvrtc_no_warning, CuPy 13 and 14). The last -ftz wins, so float32
+# arithmetic in every CuPy kernel flushes subnormals to zero, whatever the kernel asks;
+# tests/test_cuda_kernels.py checks that the installed CuPy still does this.
+CUPY_APPENDED_OPTIONS = ("-ftz=true", "--device-as-default-execution-space")
 
 _preloaded = []  # the ctypes handles, kept so the libraries stay loaded
 
@@ -80,6 +100,47 @@ def load_nvrtc():
         raise ToolchainError(f"NVRTC is not usable: libnvrtc.so.12 cannot be loaded ({exc}); "
                              f"install it with: {INSTALL_HINT}") from None
     return nvrtc
+
+
+def cupy_compile_options():
+    """The NVRTC options of a minicavs kernel as CuPy assembles them (less ``-arch``): CuPy's
+    header folders and the CUDA toolkit's (found by cuda-pathfinder), :data:`KERNEL_OPTIONS`,
+    then :data:`CUPY_APPENDED_OPTIONS`. Raises :class:`ToolchainError` when CuPy is missing or
+    cannot find CUDA headers (CuPy 14 needs them for every kernel, its own ufuncs included)."""
+    load_nvrtc()
+    try:
+        from cupy._core import core
+    except Exception as exc:
+        raise ToolchainError(f"CuPy's compiler options are not available: cannot import "
+                             f"cupy._core.core ({exc}); install it with: {INSTALL_HINT}") from None
+    try:
+        options = tuple(core.assemble_cupy_compiler_options(KERNEL_OPTIONS))
+    except RuntimeError as exc:  # CuPy 14: "Failed to find CUDA headers ..."
+        raise ToolchainError(f"CuPy cannot compile any kernel here: {exc}; install them with: "
+                             f"{HEADERS_HINT}") from None
+    return options + CUPY_APPENDED_OPTIONS
+
+
+def cuda_header_dir(options):
+    """The ``-I`` folder of ``options`` that holds the CUDA runtime headers (None if none)."""
+    for option in options:
+        if option.startswith("-I") and os.path.isfile(
+                os.path.join(option[2:], "cuda_runtime_api.h")):
+            return option[2:]
+    return None
+
+
+def cuda_headers_version(folder):
+    """(major, minor) of the CUDA headers in ``folder``, from ``CUDART_VERSION``, or None."""
+    try:
+        with open(os.path.join(folder, "cuda_runtime_api.h"), errors="replace") as f:
+            match = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", f.read())
+    except OSError:
+        return None
+    if match is None:
+        return None
+    version = int(match.group(1))
+    return version // 1000, version % 1000 // 10
 
 
 def nvrtc_version():

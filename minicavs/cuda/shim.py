@@ -8,12 +8,28 @@ no shared memory, no warp intrinsics):
   ``blockIdx``, ``blockDim`` and ``gridDim`` as thread-local ``dim3``-like globals, and makes
   ``atomicAdd`` a plain read-add-write (the shim runs one thread at a time, so that is exact);
 * for every ``extern "C" __global__`` function of the source a host launcher
-  ``<name>__shim_launch(gx, gy, gz, bx, by, bz, <kernel args>)`` is generated: it sets
+  ``<name>__shim_launch(ftz, gx, gy, gz, bx, by, bz, <kernel args>)`` is generated: it sets
   ``gridDim``/``blockDim`` and calls the kernel once per (block, thread), blocks and threads in
   increasing x, then y, then z;
-* the translation unit is compiled with ``g++ -O2 -shared -fPIC -ffp-contract=off`` (no fused
-  multiply-add, so float results equal NumPy's operation by operation), cached on disk under a
-  hash of everything that goes into it, and loaded with ``ctypes``.
+* the translation unit is compiled with ``g++ -O2 -shared -fPIC -ffp-contract=off``, cached on
+  disk under a hash of everything that goes into it, and loaded with ``ctypes``.
+
+The floating point is the GPU's, as far as a CPU can reproduce it:
+
+* **contraction**: none, on either side. The GPU build gets ``--fmad=false``
+  (``nvrtc.KERNEL_OPTIONS``) and g++ ``-ffp-contract=off``, so ``a*b + c`` is two roundings in
+  both, as in NumPy;
+* **flush to zero**: CuPy compiles every kernel with ``-ftz=true``: float32 operations treat
+  subnormal operands as zero and flush subnormal results. The shim's FTZ mode sets the same two
+  flags of the SSE unit (MXCSR FTZ and DAZ) around a launch. It is on for float32 kernels (every
+  floating-point parameter ``float``), as on the GPU; ``kernel(..., ftz=False)`` runs plain IEEE
+  arithmetic. MXCSR would flush doubles too, which a GPU never does, so it is refused for a
+  kernel with ``double`` parameters. Float ``atomicAdd`` flushes its operands and its result in
+  either mode, as ``atom.global.add.f32`` does; ``minicavs_add_noftz`` (PTX ``add.rn.f32`` on
+  the GPU) never flushes. x86-64 only: elsewhere FTZ mode is a :class:`ToolchainError`.
+
+What the shim cannot show — races, the order of atomics, launch limits, asynchronous errors,
+stream order and memory-pool reuse — is listed in ``minicavs/cuda/README.md``.
 
 :class:`ShimKernel` is called like ``cupy.RawKernel``: ``kernel(grid, block, args)`` with NumPy
 arrays for pointers and Python or NumPy scalars for the rest; argument dtypes are checked against
@@ -26,6 +42,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -38,6 +55,7 @@ from ..errors import DTypeError, ShapeError
 from .errors import KernelCompileError, ToolchainError, numbered
 
 SHIM_HEADER = r"""// minicavs CPU shim: CUDA kernels compiled for the host (minicavs/cuda/shim.py).
+#include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -63,6 +81,41 @@ template <typename T> static inline T atomicAdd(T* address, T value) {
     return old;
 }
 
+static inline float minicavs_flush(float x) { return fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x; }
+
+// atom.global.add.f32 flushes subnormal operands and results to zero, whatever -ftz says.
+static inline float atomicAdd(float* address, float value) {
+    float old = *address;
+    *address = minicavs_flush(minicavs_flush(old) + minicavs_flush(value));
+    return old;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define MINICAVS_FTZ_DAZ 0x8040u  // MXCSR: flush results to zero (bit 15), operands (bit 6)
+
+// The launcher's FTZ mode: CuPy's -ftz=true for float32 code.
+static inline unsigned int minicavs_fp_mode_enter(int ftz) {
+    const unsigned int saved = _mm_getcsr();
+    _mm_setcsr(ftz ? (saved | MINICAVS_FTZ_DAZ) : (saved & ~MINICAVS_FTZ_DAZ));
+    return saved;
+}
+static inline void minicavs_fp_mode_leave(unsigned int saved) { _mm_setcsr(saved); }
+
+// PTX add.rn.f32 keeps subnormals under -ftz=true: add with both flags off, in one asm block
+// so the compiler cannot move the add across the mode switches.
+static inline float minicavs_add_noftz(float a, float b) {
+    const unsigned int saved = _mm_getcsr(), plain = saved & ~MINICAVS_FTZ_DAZ;
+    __asm__ volatile("ldmxcsr %2\n\taddss %1, %0\n\tldmxcsr %3"
+                     : "+x"(a) : "x"(b), "m"(plain), "m"(saved));
+    return a;
+}
+#else  // the Python side refuses FTZ mode here
+static inline unsigned int minicavs_fp_mode_enter(int ftz) { return 0; }
+static inline void minicavs_fp_mode_leave(unsigned int saved) {}
+static inline float minicavs_add_noftz(float a, float b) { return a + b; }
+#endif
+
 // CUDA's float overloads and helpers that <math.h> spells differently or lacks.
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
@@ -70,8 +123,10 @@ template <typename T> static inline T min(T a, T b) { return b < a ? b : a; }
 template <typename T> static inline T max(T a, T b) { return a < b ? b : a; }
 """
 
+# -ffp-contract=off: no FMA, as --fmad=false on the GPU side; -frounding-math: the launcher
+# switches the FP mode (FTZ), so g++ must neither fold FP work at compile time nor move it across.
 CXX_FLAGS = ("-O2", "-shared", "-fPIC", "-std=c++17", "-ffp-contract=off", "-fno-fast-math",
-             "-w")
+             "-frounding-math", "-w")
 INSTALL_HINT = "install a C++ compiler: apt-get install g++   (or set CXX to one)"
 
 # C scalar type (after dropping const/volatile/__restrict__) -> (ctypes type, NumPy dtype).
@@ -156,9 +211,10 @@ def launcher_source(name, params):
     call = ", ".join(p.name for p in params)
     # Every local name has a prefix no kernel parameter uses.
     return f"""
-extern "C" void {name}__shim_launch(unsigned int mc_gx, unsigned int mc_gy, unsigned int mc_gz,
-                                    unsigned int mc_bx, unsigned int mc_by,
+extern "C" void {name}__shim_launch(int mc_ftz, unsigned int mc_gx, unsigned int mc_gy,
+                                    unsigned int mc_gz, unsigned int mc_bx, unsigned int mc_by,
                                     unsigned int mc_bz{decls}) {{
+    const unsigned int mc_saved_mode = minicavs_fp_mode_enter(mc_ftz);
     gridDim = minicavs_dim3{{mc_gx, mc_gy, mc_gz}};
     blockDim = minicavs_dim3{{mc_bx, mc_by, mc_bz}};
     for (unsigned int mc_z = 0; mc_z < mc_gz; ++mc_z)
@@ -172,6 +228,7 @@ extern "C" void {name}__shim_launch(unsigned int mc_gx, unsigned int mc_gy, unsi
             {name}({call});
         }}
     }}
+    minicavs_fp_mode_leave(mc_saved_mode);
 }}
 """
 
@@ -271,23 +328,43 @@ class ShimModule:
             raise KernelCompileError(f"shim: kernel '{name}' is not in this source "
                                      f"(it defines {sorted(self.params)})")
         launch = getattr(self._lib, f"{name}__shim_launch")
-        launch.argtypes = [ctypes.c_uint] * 6 + [p.ctype for p in self.params[name]]
+        launch.argtypes = [ctypes.c_int] + [ctypes.c_uint] * 6 + [p.ctype
+                                                                   for p in self.params[name]]
         launch.restype = None
         return ShimKernel(name, self.params[name], launch)
 
 
+def ftz_supported():
+    """Whether the shim can run in FTZ mode here (the MXCSR flags of x86-64)."""
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
 class ShimKernel:
-    """One kernel on the CPU, called like ``cupy.RawKernel``: ``kernel(grid, block, args)``."""
+    """One kernel on the CPU, called like ``cupy.RawKernel``: ``kernel(grid, block, args)``,
+    plus ``ftz``: None (the default) runs it as CuPy would, in FTZ mode when it is a float32
+    kernel; True or False chooses (see the module docstring)."""
 
     def __init__(self, name, params, launch):
         self.name, self.params, self._launch = name, params, launch
+        floats = {p.base for p in params if p.base in ("float", "double")}
+        self.float32_only = floats == {"float"}
+        self.has_double = "double" in floats
 
-    def __call__(self, grid, block, args):
+    def __call__(self, grid, block, args, *, ftz=None):
         grid, block = _dim3(grid, "grid"), _dim3(block, "block")
         if len(args) != len(self.params):
             raise ShapeError(f"kernel '{self.name}' takes {len(self.params)} arguments "
                              f"({', '.join(p.name for p in self.params)}), got {len(args)}")
-        self._launch(*grid, *block, *(self._convert(p, a) for p, a in zip(self.params, args)))
+        ftz = self.float32_only if ftz is None else bool(ftz)
+        if ftz and self.has_double:
+            raise DTypeError(f"kernel '{self.name}': FTZ mode models float32 code, and this "
+                             "kernel has double parameters (the CPU flag would flush doubles, "
+                             "which a GPU never does); call it with ftz=False")
+        if ftz and not ftz_supported():
+            raise ToolchainError(f"kernel '{self.name}': the shim's FTZ mode needs an x86-64 "
+                                 f"CPU (this is {platform.machine()}); call it with ftz=False")
+        converted = [self._convert(p, a) for p, a in zip(self.params, args)]
+        self._launch(int(ftz), *grid, *block, *converted)
 
     def _convert(self, param, value):
         where = f"kernel '{self.name}', argument '{param.name}'"

@@ -13,14 +13,19 @@ chain needs can run beside it on a **side** stream:
   parameter after the loop): on the side stream, beside the main stream's gradient of the pulled
   input;
 * uploads of index arrays (:meth:`StreamScheduler.upload`), copied asynchronously from pinned
-  host memory.
+  host memory into blocks of the main stream's memory pool.
 
 Order is kept with events, both ways: entering the side stream, it first waits for everything
 already queued on the main stream (so a side step sees every value computed before it); a main
 step that reads a value made on the side stream first waits for the side stream;
 :meth:`StreamScheduler.join` makes the main stream wait for all side work (call it before results
 leave the runtime and before the values of the call are released, so CuPy's per-stream memory
-pool never hands a block to one stream while the other still reads it).
+pool never hands a block to one stream while the other still reads it). A scheduler is also a
+context manager that joins on the way out, an exception included.
+
+CuPy's pool gives a freed block straight back to the stream that allocated it, with no event:
+the main stream may still have kernels queued that read the block's old contents. So an upload
+first makes the side stream wait for the main one, and only then overwrites the block.
 
 Which instruction goes where is decided once, by the ``streams`` pass
 (``minicavs/vertex/passes.py``), and written in each instruction's ``stream`` field. On NumPy, or
@@ -48,6 +53,12 @@ class _NoStreams:
 
     def join(self):
         pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
     def __repr__(self):
         return "NO_STREAMS"
@@ -81,7 +92,9 @@ class CupyStreams:
         self.streams[waiter].wait_event(event)
 
     def upload(self, which, array):
-        """``array`` (host) copied to the device on stream ``which``, from pinned memory."""
+        """``array`` (host) copied to the device on stream ``which``, from pinned memory, into
+        a block allocated on the current stream. The caller orders the copy after that
+        stream's pending work (:meth:`StreamScheduler.upload` does)."""
         cupy = self.cupy
         CupyStreams._in_flight = [(e, b) for e, b in CupyStreams._in_flight if not e.done]
         array = np.ascontiguousarray(array)
@@ -128,11 +141,22 @@ class StreamScheduler:
 
     def upload(self, xp, arrays, wait=True):
         """``{key: host array}`` -> ``{key: device array}``, copied on the side stream from
-        pinned memory. With ``wait`` the main stream waits for the copies at once; without, the
-        caller overlaps them with other main-stream work and calls :meth:`join` before the
-        main stream reads them."""
-        out = {k: self.streams.upload(SIDE, a) for k, a in arrays.items()}
+        pinned memory into blocks of the main stream's pool. With ``wait`` the main stream waits
+        for the copies at once; without, the caller overlaps them with other main-stream work
+        and calls :meth:`join` (or leaves the ``with`` block) before the main stream reads
+        them. A failed upload joins before it raises: the copies already queued finish before
+        their blocks can be handed out again."""
+        # A block may have been freed on the main stream while kernels queued there still
+        # read it: the copies wait for everything queued on the main stream so far.
+        self.streams.wait(SIDE, MAIN)
         self._side_used = True
+        out = {}
+        try:
+            for key, array in arrays.items():
+                out[key] = self.streams.upload(SIDE, array)
+        except BaseException:
+            self.join()
+            raise
         if wait:
             self.join()
         return out
@@ -143,6 +167,13 @@ class StreamScheduler:
             self.streams.wait(MAIN, SIDE)
         self._made_on_side.clear()
         self._side_used = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.join()
+        return False
 
     def __repr__(self):
         return "StreamScheduler()"

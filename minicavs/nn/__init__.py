@@ -1,13 +1,24 @@
-"""Layers, optimisers and checkpoints: ``Module`` (parameters found automatically, state dicts),
-``Linear`` and ``Embedding``, initialisers in ``init``, ``SGD``/``Adam``/``Adagrad`` in
-``optim``, and atomic ``save_checkpoint``/``load_checkpoint``."""
+"""Layers, optimisers and checkpoints: ``Module`` (parameters found automatically, state dicts,
+train/eval), ``Linear``, ``Embedding``, ``Sequential``, ``Dropout``, ``LayerNorm``, the
+activations, ``LSTMCell``/``LSTM`` and ``GRUCell``/``GRU``; initialisers in ``init``;
+``SGD``/``Adam``/``AdamW``/``Adagrad`` with parameter groups in ``optim`` and LR schedules in
+``schedulers``; atomic ``save_checkpoint``/``load_checkpoint`` and ``save``/``load`` (also
+``mc.save``/``mc.load``) of state dicts."""
 
 from ..autodiff import Parameter
-from . import init, optim
+from . import init, optim, schedulers
 from .module import Embedding, Linear, Module
-from .optim import SGD, Adagrad, Adam, Optimizer, clip_grad_norm
-from .checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
+from .layers import (ELU, GELU, Dropout, Identity, LayerNorm, LeakyReLU, LogSoftmax, ReLU,
+                     Sequential, Sigmoid, SiLU, Softmax, Softplus, Tanh, dropout)
+from .recurrent import GRU, LSTM, GRUCell, LSTMCell
+from .optim import SGD, Adagrad, Adam, AdamW, Optimizer, clip_grad_norm
+from .schedulers import CosineAnnealingLR, LambdaLR, LinearWarmup, LRScheduler, StepLR
+from .checkpoint import FORMAT_VERSION, load, load_checkpoint, save, save_checkpoint
 
-__all__ = ["Module", "Linear", "Embedding", "Parameter", "init", "optim", "Optimizer", "SGD",
-           "Adam", "Adagrad", "clip_grad_norm", "save_checkpoint", "load_checkpoint",
+__all__ = ["Module", "Linear", "Embedding", "Sequential", "Dropout", "dropout", "LayerNorm",
+           "Identity", "ReLU", "Tanh", "Sigmoid", "GELU", "SiLU", "ELU", "LeakyReLU",
+           "Softplus", "Softmax", "LogSoftmax", "LSTMCell", "LSTM", "GRUCell", "GRU",
+           "Parameter", "init", "optim", "schedulers", "Optimizer", "SGD", "Adam", "AdamW",
+           "Adagrad", "clip_grad_norm", "LRScheduler", "StepLR", "LinearWarmup",
+           "CosineAnnealingLR", "LambdaLR", "save_checkpoint", "load_checkpoint", "save", "load",
            "FORMAT_VERSION"]

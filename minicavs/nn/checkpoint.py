@@ -62,6 +62,7 @@ def save_checkpoint(path, model, optimizer=None, hyperparameters=None, extra=Non
         state = optimizer.state_dict()
         names = _optimizer_names(model, optimizer)
         metadata["optimizer"] = {"type": state["type"], "hyperparameters": state["hyperparameters"],
+                                 "param_groups": state["param_groups"],
                                  "state": [sorted(s) for s in state["state"]]}
         for i, s in enumerate(state["state"]):
             for key, value in s.items():
@@ -333,10 +334,88 @@ def _optimizer_state(path, arrays, metadata):
             raise CheckpointError(f"checkpoint {path!r} is corrupt: optimiser state {missing} of "
                                   f"parameter {i} is listed but missing")
         state.append({k: arrays[f"optimizer/{i}/{k}"] for k in keys})
-    return {"type": saved["type"], "hyperparameters": saved["hyperparameters"], "state": state}
+    return {"type": saved["type"], "hyperparameters": saved["hyperparameters"],
+            "param_groups": saved.get("param_groups"), "state": state}
 
 
 def _optimizer_names(model, optimizer):
     """A name for each of the optimiser's parameters, for messages: the model's dotted name."""
     names = {id(p): repr(name) for name, p in model.named_parameters()}
     return [f"parameter {names.get(id(p), i)}" for i, p in enumerate(optimizer.params)]
+
+
+# --- mc.save / mc.load: any tree of state dicts ------------------------------------------------
+
+_TREE = "__tree__"
+
+
+def save(obj, path):
+    """Write ``obj`` to ``path`` atomically: a state dict (``model.state_dict()``,
+    ``optimizer.state_dict()``, a scheduler's) or any tree of dicts, lists and tuples whose
+    leaves are arrays, Tensors, numbers, strings, booleans or None, e.g.
+    ``mc.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 3}, p)``.
+
+    The file is an ``.npz`` of plain arrays plus the tree as JSON, so :func:`load` never
+    unpickles anything. Tensors come back as NumPy arrays, tuples as lists; dict keys must be
+    strings."""
+    path = os.fspath(path)
+    arrays = {}
+
+    def encode(value, where):
+        if isinstance(value, dict):
+            bad = [k for k in value if not isinstance(k, str)]
+            if bad:
+                raise CheckpointError(f"save: keys must be strings; {where or 'the top level'} "
+                                      f"has key {bad[0]!r}")
+            return {k: encode(v, f"{where}/{k}") for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [encode(v, f"{where}/{i}") for i, v in enumerate(value)]
+        if hasattr(value, "requires_grad") and hasattr(value, "numpy"):  # a Tensor
+            value = value.numpy()
+        if isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__"):
+            key = f"array/{len(arrays)}"
+            arrays[key] = np.asarray(value.get() if hasattr(value, "get") else value)
+            return {_TREE: key}
+        if isinstance(value, np.generic):
+            return value.item()
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        raise CheckpointError(f"save: {where or 'the object'} is a {type(value).__name__}; "
+                              f"only dicts, lists, tuples, arrays, Tensors, numbers, strings, "
+                              f"booleans and None can be saved")
+
+    tree = encode(obj, "")
+    text = json.dumps({"format": FORMAT + "-tree", "format_version": FORMAT_VERSION,
+                       "minicavs_version": __version__, "tree": tree})
+    arrays[_METADATA] = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    _write_atomically(path, arrays)
+
+
+def load(path):
+    """What :func:`save` wrote: the same tree, arrays as NumPy arrays (pass a model's part to
+    ``model.load_state_dict``, an optimiser's to ``optimizer.load_state_dict``)."""
+    path = os.fspath(path)
+    arrays = _read(path)
+    if _METADATA not in arrays:
+        raise CheckpointError(f"{path!r} is a .npz file but not one written by mc.save")
+    try:
+        metadata = json.loads(arrays[_METADATA].tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{path!r}: the metadata is corrupt ({exc})") from None
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT + "-tree":
+        raise CheckpointError(f"{path!r} was not written by mc.save (for save_checkpoint's "
+                              f"files use load_checkpoint)")
+
+    def decode(value):
+        if isinstance(value, dict):
+            if set(value) == {_TREE}:
+                if value[_TREE] not in arrays:
+                    raise CheckpointError(f"{path!r} is corrupt: array {value[_TREE]!r} is "
+                                          f"missing")
+                return arrays[value[_TREE]]
+            return {k: decode(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [decode(v) for v in value]
+        return value
+
+    return decode(metadata["tree"])

@@ -1,8 +1,14 @@
 """Modules: containers of Parameters and of other Modules.
 
 There is nothing to register by hand: a Module's attributes that are Parameters or Modules (or
-lists and tuples of them) *are* its parameters and submodules, found by walking ``vars(self)``
-in the order they were assigned. Names are dotted paths: ``encoder.weight``, ``layers.0.bias``.
+lists, tuples and dicts of them, nested) *are* its parameters and submodules, found by walking
+``vars(self)`` in the order they were assigned. Names are dotted paths: ``encoder.weight``,
+``layers.0.bias``, ``heads.sentiment.weight``. The Parameters a vertex function or a static
+function (``mc.symbolic``) captured from its cell, held in an attribute, are found too, after
+all the others: ``F.W`` (the Parameter's name, else ``p0``, ``p1``, ... in capture order).
+
+``train()`` and ``eval()`` set ``training`` on a module and every submodule: Dropout drops
+only in training.
 """
 
 import numpy as np
@@ -12,11 +18,52 @@ from ..autodiff import Parameter, versions
 from ..errors import CheckpointError
 from ..ops import embedding, linear
 from ..ops.registry import describe
+from ..vertex import StaticFunction, VertexFunction
 from . import init
+
+
+def _contents(name, value):
+    """(dotted name, Parameter or Module) for what ``value`` holds, containers unpacked."""
+    if isinstance(value, (Parameter, Module)):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _contents(f"{name}.{i}", item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _contents(f"{name}.{key}", item)
+
+
+def _captured(value):
+    """(name, Parameter) for each Parameter a vertex or static function captured."""
+    if isinstance(value, VertexFunction):
+        graphs = [value.graph]
+    elif isinstance(value, StaticFunction):
+        graphs = value.graphs
+    else:
+        return
+    for graph in graphs:
+        for node in graph.params:
+            if isinstance(node.value, Parameter):
+                yield node.name, node.value
+
+
+def _functions(name, value):
+    """(dotted name, function) for the vertex and static functions ``value`` holds."""
+    if isinstance(value, (VertexFunction, StaticFunction)):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _functions(f"{name}.{i}", item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _functions(f"{name}.{key}", item)
 
 
 class Module:
     """Base class of layers and models: define ``forward``; call the module to run it."""
+
+    training = True  # until train(False) or eval(); a class default, so __init__ may skip super
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -25,29 +72,55 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 
     def _children(self):
-        """(name, Parameter or Module) for each attribute that holds one, lists unpacked."""
+        """(name, Parameter or Module) for each one the attributes hold, containers unpacked."""
         for name, value in vars(self).items():
-            if isinstance(value, (Parameter, Module)):
-                yield name, value
-            elif isinstance(value, (list, tuple)):
-                for i, item in enumerate(value):
-                    if isinstance(item, (Parameter, Module)):
-                        yield f"{name}.{i}", item
+            yield from _contents(name, value)
 
-    def named_parameters(self):
-        """``(dotted name, Parameter)`` pairs in assignment order; a Parameter shared by two
-        submodules comes once, under its first name, so an optimiser never updates it twice."""
+    def named_modules(self, prefix=""):
+        """``(dotted name, Module)`` for this module ("") and every submodule, each once."""
         seen = set()
 
         def walk(module, path):
+            if id(module) in seen:
+                return
+            seen.add(id(module))
+            yield path, module
             for name, value in module._children():
                 if isinstance(value, Module):
-                    yield from walk(value, f"{path}{name}.")
+                    yield from walk(value, f"{path}.{name}" if path else name)
+
+        return walk(self, prefix)
+
+    def modules(self):
+        return [m for _, m in self.named_modules()]
+
+    def named_parameters(self):
+        """``(dotted name, Parameter)`` pairs in assignment order (depth first), then those only
+        a vertex or static function captured; a Parameter shared by two submodules comes once,
+        under its first name, so an optimiser never updates it twice."""
+        seen, found = set(), []
+
+        def walk(module, prefix, visited):
+            if id(module) in visited:
+                return
+            visited.add(id(module))
+            for name, value in module._children():
+                if isinstance(value, Module):
+                    walk(value, f"{prefix}{name}.", visited)
                 elif id(value) not in seen:
                     seen.add(id(value))
-                    yield path + name, value
+                    found.append((prefix + name, value))
 
-        return walk(self, "")
+        walk(self, "", set())
+        for path, module in self.named_modules():
+            prefix = f"{path}." if path else ""
+            for attribute, value in vars(module).items():
+                for name, function in _functions(attribute, value):
+                    for param_name, p in _captured(function):
+                        if id(p) not in seen:
+                            seen.add(id(p))
+                            found.append((f"{prefix}{name}.{param_name}", p))
+        return iter(found)
 
     def parameters(self):
         return [p for _, p in self.named_parameters()]
@@ -55,6 +128,15 @@ class Module:
     def zero_grad(self):
         for p in self.parameters():
             p.grad = None
+
+    def train(self, mode=True):
+        """Training mode (``mode=False``: evaluation) for this module and every submodule."""
+        for module in self.modules():
+            module.training = bool(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
 
     def state_dict(self):
         """``{name: NumPy array}``: a copy of every parameter's values."""

@@ -1,4 +1,4 @@
-"""Optimisers: SGD (with momentum), Adam and Adagrad.
+"""Optimisers: SGD (with momentum), Adam, AdamW and Adagrad, with parameter groups.
 
 ``step()`` updates each parameter's ``p.data`` in place with ``xp`` (NumPy or CuPy, whichever
 holds it) and skips parameters whose ``grad`` is None. Per-parameter state (momentum buffers,
@@ -6,6 +6,12 @@ moment estimates, step counts) is created at a parameter's first update and kept
 the parameter's shape and dtype, so :meth:`Optimizer.state_dict` can save it and training
 resumes exactly where it stopped. Gradients are never modified in place: a leaf's ``.grad``
 may share memory with another tensor's.
+
+Parameter groups (as in PyTorch): ``params`` is a list of Parameters, or a list of dicts
+``{"params": [...], "lr": ..., ...}`` whose entries override the optimiser's hyperparameters
+for that group (e.g. no weight decay on biases). ``opt.param_groups`` lists them; an LR
+scheduler (``schedulers.py``) sets each group's "lr". ``opt.lr`` reads a hyperparameter all
+groups share, and setting it sets it in every group.
 """
 
 import numpy as np
@@ -17,37 +23,77 @@ from ..ops.registry import describe
 
 
 class Optimizer:
-    """Base class. Subclasses name their ``hyperparameters`` (attributes of the optimiser, e.g.
-    ``opt.lr``, free to change between steps) and their ``state_names`` (per-parameter arrays;
-    a name in ``counters`` is an integer step count instead), and write ``_update``, which
-    creates the state at a parameter's first update: all of ``state_names`` or none."""
+    """Base class. Subclasses name their ``hyperparameters`` (``opt.param_groups[i][name]``;
+    ``opt.name`` when every group has the same value) and their ``state_names``
+    (per-parameter arrays; a name in ``counters`` is an integer step count instead), and write
+    ``_update(xp, param, grad, state, group)``, which creates the state at a parameter's first
+    update: all of ``state_names`` or none."""
 
     hyperparameter_names = ("lr", "weight_decay")
     state_names = ()
     counters = ()
 
-    def __init__(self, params, **hyperparameters):
+    def __init__(self, params, **defaults):
         kind = type(self).__name__
         if isinstance(params, Tensor) or not hasattr(params, "__iter__"):
             raise ArgumentError(f"{kind}: params must be a list of parameters (e.g. "
-                                f"model.parameters()), got {type(params).__name__}")
-        unique = {}
-        for i, p in enumerate(params):
-            if not isinstance(p, Tensor) or not p.requires_grad:
-                raise ArgumentError(f"{kind}: parameter {i} is not a Tensor that requires grad "
-                                    f"(got {type(p).__name__})")
-            unique.setdefault(id(p), p)
-        if not unique:
+                                f"model.parameters()) or of parameter groups (dicts), got "
+                                f"{type(params).__name__}")
+        params = list(params)
+        groups = params if params and all(isinstance(g, dict) for g in params) else [
+            {"params": params}]
+        self.param_groups, self.params, seen = [], [], set()
+        for k, group in enumerate(groups):
+            unknown = set(group) - {"params"} - set(self.hyperparameter_names)
+            if unknown:
+                raise ArgumentError(f"{kind}: parameter group {k} has unknown settings "
+                                    f"{sorted(unknown)}; it takes "
+                                    f"{list(self.hyperparameter_names)}")
+            if "params" not in group:
+                raise ArgumentError(f"{kind}: parameter group {k} has no 'params' entry")
+            members = []
+            for i, p in enumerate(group["params"] if isinstance(group["params"], (list, tuple))
+                                  else list(group["params"])):
+                if not isinstance(p, Tensor) or not p.requires_grad:
+                    where = f"parameter {i}" + (f" of group {k}" if len(groups) > 1 else "")
+                    raise ArgumentError(f"{kind}: {where} is not a Tensor that requires grad "
+                                        f"(got {type(p).__name__})")
+                if id(p) not in seen:  # a repeated parameter is updated once
+                    seen.add(id(p))
+                    members.append(p)
+            self.param_groups.append(dict(defaults, **{n: v for n, v in group.items()
+                                                       if n != "params"}, params=members))
+            self.params += members
+        if not self.params:
             raise ArgumentError(f"{kind}: got an empty list of parameters")
-        self.params = list(unique.values())
+        for group in self.param_groups:
+            for name in ("betas",):
+                if isinstance(group.get(name), (tuple, list)):
+                    group[name] = tuple(group[name])
         self.state = [{} for _ in self.params]
-        for name in self.hyperparameter_names:
-            setattr(self, name, hyperparameters[name])
         self.check_hyperparameters()
+
+    def __getattr__(self, name):  # opt.lr: a hyperparameter every group shares
+        if name in type(self).hyperparameter_names and "param_groups" in self.__dict__:
+            values = [g[name] for g in self.param_groups]
+            if any(v != values[0] for v in values):
+                raise AttributeError(f"{type(self).__name__}.{name}: the parameter groups have "
+                                     f"different values {values}; read param_groups[i]"
+                                     f"[{name!r}]")
+            return values[0]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name, value):
+        if name in type(self).hyperparameter_names and "param_groups" in self.__dict__:
+            for group in self.param_groups:
+                group[name] = tuple(value) if name == "betas" else value
+        else:
+            super().__setattr__(name, value)
 
     @property
     def hyperparameters(self):
-        return {name: getattr(self, name) for name in self.hyperparameter_names}
+        """The hyperparameters of the first group (of every group, if they agree)."""
+        return {name: self.param_groups[0][name] for name in self.hyperparameter_names}
 
     # The range of each hyperparameter a subclass may have (those of PyTorch's optimisers).
     _RANGES = {"lr": dict(minimum=0.0), "weight_decay": dict(minimum=0.0),
@@ -56,10 +102,12 @@ class Optimizer:
     def check_hyperparameters(self):
         """Raise :class:`ArgumentError` for a hyperparameter out of its range (NaN, a negative
         learning rate, a beta of 1); ``step()`` checks again, as they may be changed."""
-        for name in self.hyperparameter_names:
-            problem = self._hyperparameter_problem(name, getattr(self, name))
-            if problem:
-                raise ArgumentError(f"{type(self).__name__}: {problem}")
+        for k, group in enumerate(self.param_groups):
+            for name in self.hyperparameter_names:
+                problem = self._hyperparameter_problem(name, group[name])
+                if problem:
+                    where = f" (parameter group {k})" if len(self.param_groups) > 1 else ""
+                    raise ArgumentError(f"{type(self).__name__}: {problem}{where}")
 
     def _hyperparameter_problem(self, name, value):
         try:
@@ -80,29 +128,46 @@ class Optimizer:
 
     def step(self):
         self.check_hyperparameters()
-        for i, (p, state) in enumerate(zip(self.params, self.state)):
-            if p.grad is None:
-                continue
-            grad = p.grad.data
-            if grad.shape != p.shape or grad.dtype != p.dtype:
-                error = ShapeError if grad.shape != p.shape else DTypeError
-                raise error(f"{type(self).__name__}.step: parameter {i} has shape "
-                            f"{describe(p.shape)} and dtype {p.dtype}, its grad has shape "
-                            f"{describe(grad.shape)} and dtype {grad.dtype}")
-            xp = backend.get_array_module(p._array, grad, op=f"{type(self).__name__}.step")
-            if self.weight_decay:
-                grad = grad + self.weight_decay * p._array  # L2 penalty: its gradient is wd * p
-            self._update(xp, p._array, grad, state)
-            versions.changed(p)  # a backward still pending for the old values refuses to run
+        i = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._step_one(i, p, self.state[i], group)
+                i += 1
 
-    def _update(self, xp, param, grad, state):
+    def _step_one(self, i, p, state, group):
+        if p.grad is None:
+            return
+        grad = p.grad.data
+        if grad.shape != p.shape or grad.dtype != p.dtype:
+            error = ShapeError if grad.shape != p.shape else DTypeError
+            raise error(f"{type(self).__name__}.step: parameter {i} has shape "
+                        f"{describe(p.shape)} and dtype {p.dtype}, its grad has shape "
+                        f"{describe(grad.shape)} and dtype {grad.dtype}")
+        xp = backend.get_array_module(p._array, grad, op=f"{type(self).__name__}.step")
+        if group["weight_decay"] and not self.decoupled_weight_decay:
+            grad = grad + group["weight_decay"] * p._array  # L2 penalty: its gradient is wd * p
+        self._update(xp, p._array, grad, state, group)
+        versions.changed(p)  # a backward still pending for the old values refuses to run
+
+    decoupled_weight_decay = False
+
+    def _update(self, xp, param, grad, state, group):
         raise NotImplementedError
 
     # --- saving and restoring -------------------------------------------------------------------
     def state_dict(self):
-        """``{"type", "hyperparameters", "state"}``; ``state`` has one dict per parameter (in
-        the order given to the optimiser) of NumPy arrays (counters as 0-d int64 arrays)."""
+        """``{"type", "hyperparameters", "param_groups", "state"}``: ``hyperparameters`` are
+        the first group's, ``param_groups`` each group's hyperparameters and the positions of
+        its parameters; ``state`` has one dict per parameter (in the optimiser's order) of
+        NumPy arrays (counters as 0-d int64 arrays)."""
+        groups, start = [], 0
+        for group in self.param_groups:
+            count = len(group["params"])
+            groups.append(dict({n: group[n] for n in self.hyperparameter_names},
+                               params=list(range(start, start + count))))
+            start += count
         return {"type": type(self).__name__, "hyperparameters": self.hyperparameters,
+                "param_groups": groups,
                 "state": [{k: np.array(v, np.int64) if k in self.counters else
                            backend.to_numpy(v).copy() for k, v in s.items()}
                           for s in self.state]}
@@ -118,11 +183,19 @@ class Optimizer:
         if sorted(state_dict.get("hyperparameters", {})) != sorted(self.hyperparameter_names):
             problems.append(f"hyperparameters {sorted(state_dict.get('hyperparameters', {}))}; "
                             f"{kind} has {sorted(self.hyperparameter_names)}")
-        for name, value in state_dict.get("hyperparameters", {}).items():
+        saved = list(state_dict.get("param_groups") or []) + [
+            state_dict.get("hyperparameters", {})]
+        for name, value in [(n, v) for group in saved for n, v in group.items()]:
             problem = name in self.hyperparameter_names and self._hyperparameter_problem(name,
                                                                                           value)
             if problem:
                 problems.append(f"hyperparameter {problem}")
+        saved_groups = state_dict.get("param_groups")
+        if saved_groups is not None:
+            sizes = [len(g["params"]) for g in saved_groups]
+            mine = [len(g["params"]) for g in self.param_groups]
+            if sizes != mine:
+                problems.append(f"parameter groups of sizes {sizes}; this optimiser has {mine}")
         states = state_dict.get("state", [])
         if len(states) != len(self.params):
             return problems + [f"state for {len(states)} parameters; this optimiser has "
@@ -145,16 +218,18 @@ class Optimizer:
         return problems
 
     def load_state_dict(self, state_dict, names=None):
-        """Restore hyperparameters and state; on any mismatch change nothing and raise a
-        :class:`CheckpointError` listing them all."""
+        """Restore hyperparameters (per group) and state; on any mismatch change nothing and
+        raise a :class:`CheckpointError` listing them all."""
         problems = self.state_mismatches(state_dict, names)
         if problems:
             raise CheckpointError(f"{type(self).__name__}.load_state_dict: the state does not "
                                   f"match:\n  " + "\n  ".join(problems))
-        for name, value in state_dict["hyperparameters"].items():
-            if isinstance(getattr(self, name), tuple):
-                value = tuple(value)  # JSON gives lists back
-            setattr(self, name, value)
+        saved_groups = state_dict.get("param_groups") or [
+            state_dict["hyperparameters"]] * len(self.param_groups)
+        for group, saved in zip(self.param_groups, saved_groups):
+            for name in self.hyperparameter_names:
+                value = saved[name]
+                group[name] = tuple(value) if isinstance(value, list) else value  # JSON lists
         self.state = [
             {k: int(v) if k in self.counters else backend.to_device(np.array(v), p.device)
              for k, v in s.items()}
@@ -170,15 +245,15 @@ class SGD(Optimizer):
     def __init__(self, params, lr, momentum=0.0, weight_decay=0.0):
         super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
-    def _update(self, xp, param, grad, state):
-        if self.momentum:  # plain SGD keeps no buffer at all
+    def _update(self, xp, param, grad, state, group):
+        if group["momentum"]:  # plain SGD keeps no buffer at all
             if not state:
                 state["velocity"] = xp.zeros_like(param)
             velocity = state["velocity"]
-            velocity *= self.momentum
+            velocity *= group["momentum"]
             velocity += grad
             grad = velocity
-        param -= self.lr * grad
+        param -= group["lr"] * grad
 
 
 class Adam(Optimizer):
@@ -194,10 +269,12 @@ class Adam(Optimizer):
         betas = tuple(betas) if isinstance(betas, (tuple, list)) else betas  # checked below
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
-    def _update(self, xp, param, grad, state):
+    def _update(self, xp, param, grad, state, group):
         if not state:
             state.update(step=0, m=xp.zeros_like(param), v=xp.zeros_like(param))
-        beta1, beta2 = self.betas
+        if self.decoupled_weight_decay and group["weight_decay"]:
+            param *= 1 - group["lr"] * group["weight_decay"]  # AdamW: decay apart from Adam
+        beta1, beta2 = group["betas"]
         state["step"] += 1
         t, m, v = state["step"], state["m"], state["v"]
         # In place, with one scratch array: an embedding table or a softmax layer is large,
@@ -212,10 +289,22 @@ class Adam(Optimizer):
         # p -= lr * m_hat / (sqrt(v_hat) + eps), with m_hat = m / (1 - b1^t), v_hat likewise
         xp.divide(v, 1 - beta2 ** t, out=scratch)
         xp.sqrt(scratch, out=scratch)
-        scratch += self.eps
+        scratch += group["eps"]
         xp.divide(m, scratch, out=scratch)
-        scratch *= self.lr / (1 - beta1 ** t)
+        scratch *= group["lr"] / (1 - beta1 ** t)
         param -= scratch
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov and Hutter, 2019): each step first
+    shrinks the weights, ``p *= 1 - lr * weight_decay``, then takes the Adam step on the plain
+    gradient, so the decay is not scaled by Adam's per-weight step sizes (default 0.01, as in
+    PyTorch)."""
+
+    decoupled_weight_decay = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
 
 class Adagrad(Optimizer):
@@ -228,21 +317,28 @@ class Adagrad(Optimizer):
     def __init__(self, params, lr=1e-2, eps=1e-10, weight_decay=0.0):
         super().__init__(params, lr=lr, eps=eps, weight_decay=weight_decay)
 
-    def _update(self, xp, param, grad, state):
+    def _update(self, xp, param, grad, state, group):
         if not state:
             state["sum"] = xp.zeros_like(param)
         state["sum"] += grad * grad
-        param -= self.lr * grad / (xp.sqrt(state["sum"]) + self.eps)
+        param -= group["lr"] * grad / (xp.sqrt(state["sum"]) + group["eps"])
 
 
 def clip_grad_norm(params, max_norm):
     """Scale the gradients of ``params`` so their joint L2 norm is at most ``max_norm``;
-    return the norm before clipping."""
+    return the norm before clipping, as a 0-d Tensor on the gradients' device (``.item()``
+    reads it). Nothing here waits for a GPU: the norm and the scale stay on the device, and
+    every gradient is multiplied by ``min(1, max_norm / norm)`` (by 1 when under the limit,
+    which changes no bit), as PyTorch's ``clip_grad_norm_`` does."""
     validate.number(max_norm, "max_norm", "clip_grad_norm", minimum=0.0, open_minimum=True)
     params = [p for p in params if p.grad is not None]
-    total = float(np.sqrt(sum(float((p.grad.data * p.grad.data).sum()) for p in params)))
-    if total > max_norm:
-        scale = max_norm / total
-        for p in params:
-            p.grad = Tensor(p.grad.data * scale)  # a new array: grads may share memory
-    return total
+    if not params:
+        return Tensor(np.zeros((), backend.default_dtype()))
+    grads = [p.grad.data for p in params]
+    xp = backend.get_array_module(*grads, op="clip_grad_norm")
+    total = xp.sqrt(xp.stack([xp.vdot(g.ravel(), g.ravel()) for g in grads]).sum())
+    with np.errstate(divide="ignore"):  # a zero norm: max_norm / 0 is inf, the scale 1
+        scale = xp.minimum(1, max_norm / total)
+    for p, g in zip(params, grads):
+        p.grad = Tensor(g * scale.astype(g.dtype))  # a new array: grads may share memory
+    return Tensor(xp.asarray(total))

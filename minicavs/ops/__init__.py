@@ -2,16 +2,32 @@
 ``registry.py``); composites are written with them. Everything here works on eager Tensors,
 on Symbols while tracing, and on plain arrays (which run eagerly)."""
 
-from .registry import OPS, Aval, Op, apply
-from .elementwise import (add, astype, div, equal, exp, greater, greater_equal, less, less_equal,
-                          log, maximum, mul, neg, pow, relu, sigmoid, sub, tanh, unbroadcast, where)
-from .reduce import max, mean, sum
-from .shape import (broadcast_to, concat, expand_dims, pad_axis, reshape, slice_axis, split,
-                    squeeze, transpose)
+from .registry import OPS, Aval, Op, apply, result_dtype
+from .elementwise import (abs, add, astype, ceil, cos, div, equal, erf, exp, expm1, floor,
+                          greater, greater_equal, isfinite, isinf, isnan, less, less_equal, log,
+                          log1p, logical_and, logical_not, logical_or, logical_xor, maximum,
+                          minimum, mul, neg, not_equal, pow, relu, rint, rsqrt, sigmoid, sign,
+                          sin, sqrt, sub, tanh, unbroadcast, where)
+from .reduce import (all, any, argmax, argmin, cumsum, logsumexp, max, mean, min, prod, std,
+                     sum, var)
+from .shape import (broadcast_to, concat, expand_dims, flatten, pad, pad_axis, repeat, reshape,
+                    slice_axis, split, squeeze, stack, tile, transpose, tril, triu)
 from .linalg import matmul
 from .index import embedding, one_hot, scatter_add_rows, take_rows
-from .loss import softmax_cross_entropy
-from .composite import linear, log_softmax, lstm_gates, softmax
+from .indexing import flip, gather, masked_fill, moveaxis, take
+from .activations import (clip, elu, gelu, hardtanh, leaky_relu, log_softmax, silu, softmax,
+                          softplus)
+from .loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy,
+                   nll_loss, softmax_cross_entropy)
+from .composite import linear, lstm_gates
 from .operators import OperatorMixin
 
 PRIMITIVES = sorted(OPS)
+
+
+def round(x, decimals=0):  # noqa: A001 (mirrors numpy.round)
+    """Round half to even (as NumPy), to ``decimals`` places; the gradient is zero."""
+    if decimals == 0:
+        return rint(x)
+    scale = 10.0 ** decimals
+    return rint(x * scale) / scale

@@ -2,14 +2,20 @@
 input's shape (:func:`unbroadcast`). ``c`` is the C expression the fusion code generator uses:
 ``{0}, {1}, ...`` are the operands, ``{T}`` is the C type, other fields are attributes. ``into``
 is the NumPy writer: a ufunc takes its output array as the positional argument after its
-inputs, so ``np.add`` is already a writer ``np.add(a, b, out)``, with no Python layer between."""
+inputs, so ``np.add`` is already a writer ``np.add(a, b, out)``, with no Python layer between.
+At the end of the module, elementwise functions composed from these primitives (abs, sign,
+sqrt, logical operations, isnan, ...)."""
+
+import re
 
 import numpy as np
+import scipy.special
 
 from . import batching, reduce, shape
 from .formula import c_expr, writer
-from ..errors import ArgumentError
-from .registry import Aval, Op, apply, broadcast_shapes, common_dtype, register, require_float
+from .registry import (Aval, Op, apply, broadcast_shapes, common_dtype, is_scalar, register,
+                       require_float, result_dtype)
+from ..errors import DTypeError
 from .rows import HULL, INTERSECT, KEEPS
 
 
@@ -41,6 +47,8 @@ def elementwise(name, *, vjp, forward=None, c=None, into=None, in_place=True, fo
     """Register an elementwise op: it batches by broadcasting (``batching.elementwise_rule``),
     and has a C expression ``c`` and a NumPy writer ``into``, by default in place. A
     ``formula`` (see formula.py) gives forward, ``c`` and ``into`` from one definition.
+    The operands (``{0}``, ``{1}``, ... of ``c``) but those in ``skip`` (a mask) are promoted
+    to one dtype; ``float_only``: to a float dtype (registry.py, "Type promotion").
     ``rules``: the other fields of :class:`Op` (zero_rows, commutative, ...)."""
     if formula is not None:
         forward, c, into = formula, c_expr(formula), writer(formula)
@@ -48,9 +56,12 @@ def elementwise(name, *, vjp, forward=None, c=None, into=None, in_place=True, fo
         raise ValueError(f"elementwise op {name!r} needs a NumPy writer (into) or a formula")
     if quiet_overflow:
         forward = _quietly(forward)
+    arity = 1 + max(int(k) for k in re.findall(r"{(\d+)}", c))
     return register(Op(name, forward, _infer(name, float_only, out_dtype, skip), vjp, c,
                        batch=batching.elementwise_rule, into=into, in_place=in_place,
-                       quiet_overflow=quiet_overflow, **rules))
+                       quiet_overflow=quiet_overflow,
+                       promotes=tuple(i for i in range(arity) if i not in skip),
+                       promotes_to_float=float_only, **rules))
 
 
 def _quietly(forward):
@@ -76,6 +87,47 @@ def _relu_into(x, out):
 
 def _maximum_into(a, b, out):
     np.maximum(a, b, out=out)  # (NumPy deprecates a positional out for maximum and minimum)
+
+
+def _minimum_into(a, b, out):
+    np.minimum(a, b, out=out)
+
+
+def _pow_grad(g, x, exponent):
+    if exponent == 0:  # x ** 0 is 1 everywhere, also at 0, where x ** -1 is inf
+        return zeros_like(g)
+    return g * exponent * pow(x, exponent - 1)
+
+
+def _power(xp, x, y):
+    if x.dtype.kind in "iu" and y.size and bool((y < 0).any()):
+        raise DTypeError("op 'power': integers to negative integer powers are not allowed "
+                         "(as in NumPy); convert the base to a float first (x.astype('float32'))")
+    return xp.power(x, y)
+
+
+def _power_vjp(g, out, x, y):
+    """d/dx = y x^(y-1) (0 where y is 0); d/dy = x^y log x (0 where x is 0 and y >= 0, the
+    limit PyTorch uses too; NaN for a negative base, whose power is not real nearby)."""
+    safe_y = where(equal(y, 0), 1, y)
+    gx = where(equal(y, 0), 0, g * y * apply(POWER, x, safe_y - 1))
+    zero_limit = logical_and(equal(x, 0), greater_equal(y, 0))
+    gy = where(zero_limit, 0, g * out * log(where(zero_limit, 1, x)))
+    return unbroadcast(gx, x.shape), unbroadcast(gy, y.shape)
+
+
+def _extremum_vjp(g, wins, a, b):
+    half = where(equal(a, b), g * 0.5, 0)
+    return (unbroadcast(where(wins(a, b), g, half), a.shape),
+            unbroadcast(where(wins(b, a), g, half), b.shape))
+
+
+def _special(xp):
+    if xp is np:
+        return scipy.special
+    import cupyx.scipy.special  # minicavs/ops only reaches here with CuPy arrays
+
+    return cupyx.scipy.special
 
 
 def _where_into(cond, a, b, out):
@@ -107,35 +159,78 @@ DIV = elementwise("div", forward=lambda xp, a, b: xp.divide(a, b),
                   c="({0} / {1})", into=np.divide, float_only=True)  # 0/0 is not 0: no zero_rows
 NEG = elementwise("neg", forward=lambda xp, x: xp.negative(x), vjp=lambda g, out, x: (neg(g),),
                   c="(-{0})", into=np.negative, zero_rows=KEEPS)
+# NumPy computes x ** 0.5 as sqrt(x): (-inf) ** 0.5 is NaN and (-0.0) ** 0.5 is -0.0, where C's
+# pow gives inf and 0.0. The C expression does the same; the exponent is a constant, so the
+# compiler keeps one branch.
 POW = elementwise("pow", forward=lambda xp, x, exponent: xp.power(x, exponent),
-                  vjp=lambda g, out, x, exponent: (g * exponent * pow(x, exponent - 1),),
-                  c="pow({0}, ({T}){exponent!r})", into=_pow_into, float_only=True)
+                  vjp=lambda g, out, x, exponent: (_pow_grad(g, x, exponent),),
+                  c="({exponent!r} == 0.5 ? sqrt({0}) : pow({0}, ({T}){exponent!r}))",
+                  into=_pow_into)
+POWER = elementwise("power", forward=lambda xp, x, y: _power(xp, x, y), vjp=_power_vjp,
+                    c="pow({0}, {1})", into=np.power)
 EXP = elementwise("exp", forward=lambda xp, x: xp.exp(x), vjp=lambda g, out, x: (g * out,),
                   c="exp({0})", into=np.exp, float_only=True)
+EXPM1 = elementwise("expm1", forward=lambda xp, x: xp.expm1(x),
+                    vjp=lambda g, out, x: (g * (out + 1),), c="expm1({0})",
+                    into=np.expm1, float_only=True, zero_rows=KEEPS)
 LOG = elementwise("log", forward=lambda xp, x: xp.log(x), vjp=lambda g, out, x: (g / x,),
                   c="log({0})", into=np.log, float_only=True)
+LOG1P = elementwise("log1p", forward=lambda xp, x: xp.log1p(x),
+                    vjp=lambda g, out, x: (g / (x + 1),), c="log1p({0})",
+                    into=np.log1p, float_only=True, zero_rows=KEEPS)
 TANH = elementwise("tanh", forward=lambda xp, x: xp.tanh(x),
                    vjp=lambda g, out, x: (g * (1 - out * out),), c="tanh({0})", into=np.tanh,
                    zero_rows=KEEPS, float_only=True)
 SIGMOID = elementwise("sigmoid", formula=_sigmoid, vjp=lambda g, out, x: (g * out * (1 - out),),
                       quiet_overflow=True, float_only=True)
+SIN = elementwise("sin", forward=lambda xp, x: xp.sin(x),
+                  vjp=lambda g, out, x: (g * cos(x),), c="sin({0})",
+                  into=np.sin, float_only=True, zero_rows=KEEPS)
+COS = elementwise("cos", forward=lambda xp, x: xp.cos(x),
+                  vjp=lambda g, out, x: (neg(g * sin(x)),), c="cos({0})",
+                  into=np.cos, float_only=True)
+ERF = elementwise("erf", forward=lambda xp, x: _special(xp).erf(x),
+                  vjp=lambda g, out, x: (g * (2 / np.sqrt(np.pi)) * exp(neg(x * x)),),
+                  c="erf({0})", into=lambda x, out: scipy.special.erf(x, out=out),
+                  float_only=True, zero_rows=KEEPS)
+# Rounding: piecewise constant, so the gradient is zero (as in PyTorch), not missing. C's rint
+# rounds half to even in the default rounding mode, as NumPy's rint and round do.
+FLOOR = elementwise("floor", forward=lambda xp, x: xp.floor(x),
+                    vjp=lambda g, out, x: (zeros_like(g),), c="floor({0})",
+                    into=np.floor, float_only=True, zero_rows=KEEPS)
+CEIL = elementwise("ceil", forward=lambda xp, x: xp.ceil(x),
+                   vjp=lambda g, out, x: (zeros_like(g),), c="ceil({0})",
+                   into=np.ceil, float_only=True, zero_rows=KEEPS)
+RINT = elementwise("rint", forward=lambda xp, x: xp.rint(x),
+                   vjp=lambda g, out, x: (zeros_like(g),), c="rint({0})",
+                   into=np.rint, float_only=True, zero_rows=KEEPS)
+# maximum and minimum as NumPy computes them: a NaN operand is the result (the first of two
+# NaNs), and otherwise a > b ? a : b, so of two equal zeros the second is returned
+# (maximum(-0.0, 0.0) is 0.0, maximum(0.0, -0.0) is -0.0; x != x tests for NaN without
+# <math.h>, for any C type). The zero signs make them not exactly commutative. A tie splits
+# the gradient evenly between the two sides, as PyTorch does and as the reduction max does.
 RELU = elementwise("relu", forward=lambda xp, x: xp.maximum(x, 0),
                    vjp=lambda g, out, x: (where(greater(out, 0), g, 0),),
-                   c="({0} > 0 ? {0} : 0)", into=_relu_into, zero_rows=KEEPS)
-MAXIMUM = elementwise(
-    "maximum", forward=lambda xp, a, b: xp.maximum(a, b),
-    vjp=lambda g, out, a, b: (unbroadcast(where(greater_equal(a, b), g, 0), a.shape),
-                              unbroadcast(where(greater_equal(a, b), 0, g), b.shape)),
-    c="({0} >= {1} ? {0} : {1})", into=_maximum_into)
+                   c="(({0} > 0 || {0} != {0}) ? {0} : ({T})0)", into=_relu_into,
+                   zero_rows=KEEPS)
+MAXIMUM = elementwise("maximum", forward=lambda xp, a, b: xp.maximum(a, b),
+                      vjp=lambda g, out, a, b: _extremum_vjp(g, greater, a, b),
+                      c="(({0} > {1} || {0} != {0}) ? {0} : {1})", into=_maximum_into)
+MINIMUM = elementwise("minimum", forward=lambda xp, a, b: xp.minimum(a, b),
+                      vjp=lambda g, out, a, b: _extremum_vjp(g, less, a, b),
+                      c="(({0} < {1} || {0} != {0}) ? {0} : {1})", into=_minimum_into)
 WHERE = elementwise(
     "where", forward=lambda xp, cond, a, b: xp.where(cond, a, b),
     vjp=lambda g, out, cond, a, b: (None, unbroadcast(where(cond, g, 0), a.shape),
                                     unbroadcast(where(cond, 0, g), b.shape)),
     c="({0} ? {1} : {2})", into=_where_into, in_place=False, skip=(0,), nondiff_args=(0,))
+# A float -> integer cast of NaN or of a value out of range is undefined in C and platform-
+# dependent in NumPy (which warns): fused code does not promise NumPy's bits there.
 ASTYPE = elementwise("astype", forward=lambda xp, x, dtype: x.astype(dtype, copy=False),
                      vjp=lambda g, out, x, dtype: (astype(g, x.dtype),), c="(({T}){0})",
                      into=_astype_into, zero_rows=KEEPS)
 ASTYPE.infer = lambda x, dtype: Aval(tuple(x.shape), np.dtype(dtype))
+ASTYPE.promotes = ()  # it is what promotion uses
 
 # Comparisons give boolean masks (for where); they have no gradient.
 GREATER = elementwise("greater", forward=lambda xp, a, b: xp.greater(a, b), vjp=None,
@@ -158,6 +253,15 @@ def tanh(x): return apply(TANH, x)
 def sigmoid(x): return apply(SIGMOID, x)
 def relu(x): return apply(RELU, x)
 def maximum(a, b): return apply(MAXIMUM, a, b)
+def minimum(a, b): return apply(MINIMUM, a, b)
+def expm1(x): return apply(EXPM1, x)
+def log1p(x): return apply(LOG1P, x)
+def sin(x): return apply(SIN, x)
+def cos(x): return apply(COS, x)
+def erf(x): return apply(ERF, x)
+def floor(x): return apply(FLOOR, x)
+def ceil(x): return apply(CEIL, x)
+def rint(x): return apply(RINT, x)
 def greater(a, b): return apply(GREATER, a, b)
 def greater_equal(a, b): return apply(GREATER_EQUAL, a, b)
 def less(a, b): return apply(GREATER, b, a)
@@ -166,11 +270,93 @@ def equal(a, b): return apply(EQUAL, a, b)
 
 
 def pow(x, exponent):  # noqa: A001 (mirrors the Python operator)
-    """``x ** exponent`` for a Python scalar exponent."""
-    if not isinstance(exponent, (int, float)):
-        raise ArgumentError(f"op 'pow': the exponent must be a Python number, got "
-                            f"{type(exponent).__name__}")
-    return apply(POW, x, exponent=float(exponent))
+    """``x ** exponent``. A Python number as the exponent is an attribute of the op (its C
+    expression holds it as a literal); a tensor exponent, or a scalar base, is the binary op
+    ``power`` (``2 ** x``: ``pow(2, x)``). Integers stay integers under a non-negative integer
+    exponent (as in NumPy); any other exponent computes in floats."""
+    if is_scalar(exponent) and not is_scalar(x):
+        if np.dtype(x.dtype).kind in "biu":
+            if float(exponent).is_integer() and exponent >= 0:
+                x = astype(x, np.int64) if np.dtype(x.dtype).kind == "b" else x
+                return apply(POW, x, exponent=int(exponent))
+            x = astype(x, result_dtype([x.dtype], [exponent], to_float=True))
+        return apply(POW, x, exponent=float(exponent))
+    return apply(POWER, x, exponent)
+
+
+def zeros_like(x):
+    """Zeros of ``x``'s shape and dtype, made from ``x`` (``x > x`` is false everywhere, NaN
+    and inf included), so that on a symbol it is a node of the same trace."""
+    return astype(greater(x, x), x.dtype)
+
+
+# --- composites ----------------------------------------------------------------------------------
+
+def abs(x):  # noqa: A001 (mirrors numpy.abs)
+    """``|x|``; at 0 the gradient is 0 (maximum splits a tie), as in PyTorch."""
+    return maximum(x, neg(x)) if _dtype(x).kind != "b" else x
+
+
+def sign(x):
+    """-1, 0 or 1 (NaN stays NaN); its gradient is zero."""
+    if _dtype(x).kind in "bu":
+        return astype(greater(x, 0), x.dtype)
+    return where(greater(x, 0), 1, where(less(x, 0), -1, x * 0))
+
+
+def sqrt(x):
+    return pow(x, 0.5)
+
+
+def rsqrt(x):
+    return pow(x, -0.5)
+
+
+def _dtype(x):
+    """The dtype of an operand: an array's, or the one NumPy gives a Python scalar."""
+    return np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
+
+
+def _as_mask(x):
+    return x if _dtype(x) == np.bool_ else not_equal(x, 0)
+
+
+def logical_not(x):
+    return equal(x, False) if _dtype(x) == np.bool_ else equal(x, 0)
+
+
+def logical_and(a, b):
+    """Elementwise ``a and b`` (nonzero is true), as a boolean mask."""
+    return where(_as_mask(a), _as_mask(b), False)
+
+
+def logical_or(a, b):
+    return where(_as_mask(a), True, _as_mask(b))
+
+
+def logical_xor(a, b):
+    return not_equal(_as_mask(a), _as_mask(b))
+
+
+def not_equal(a, b):
+    return logical_not(equal(a, b))
+
+
+def isnan(x):
+    return not_equal(x, x)
+
+
+def isfinite(x):
+    """False at inf, -inf and NaN (NaN < inf is false too)."""
+    if _dtype(x).kind != "f":
+        return equal(x, x)
+    return less(abs(x), float("inf"))
+
+
+def isinf(x):
+    if _dtype(x).kind != "f":
+        return not_equal(x, x)
+    return equal(abs(x), float("inf"))
 
 
 def where(cond, a, b):

@@ -32,17 +32,17 @@ def _check_index_range(opname, idx, num_rows):
                          f"for {num_rows} rows (valid: -1 for a zero row, 0..{num_rows - 1})")
 
 
-def _row_kernels(xp, rows, idx):
-    """The CUDA row kernels (minicavs/cuda/kernels.py), when they apply: CuPy arrays, int32
-    indices, float32/float64 rows. Then a gather or scatter-add is one launch that handles -1
-    itself; the generic path first asks the device whether any index is -1 (a synchronisation)
-    and, if one is, compacts the indices with a boolean mask (several more launches). Indices of
-    other integer types keep the generic path: converting them would cost a launch of its own."""
-    if xp is np or idx.dtype != np.int32 or rows.dtype not in _KERNEL_DTYPES or rows.ndim == 0:
-        return None
+def _row_kernels(xp, rows, idx, num_rows):
+    """The CUDA row kernels (minicavs/cuda/kernels.py) and the indices as int32, when they
+    apply: CuPy arrays, float32/float64 rows, indices already checked to lie in -1..num_rows-1
+    with num_rows below 2**31 (so the cast to int32, one launch, is exact). A gather or
+    scatter-add is then one launch that handles -1 itself. Returns (None, idx) otherwise."""
+    if (xp is np or rows.dtype not in _KERNEL_DTYPES or rows.ndim == 0
+            or num_rows > np.iinfo(np.int32).max):
+        return None, idx
     from ..cuda import kernels
 
-    return kernels
+    return kernels, xp.ascontiguousarray(idx, dtype=np.int32)
 
 
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -50,28 +50,41 @@ _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 def _take_rows_forward(xp, x, idx):
     _check_index_range("take_rows", idx, x.shape[0])
-    kernels = _row_kernels(xp, x, idx)
+    kernels, idx32 = _row_kernels(xp, x, idx, x.shape[0])
     if kernels is not None:  # the range is checked above
-        return kernels.gather_rows(xp.ascontiguousarray(x), xp.ascontiguousarray(idx),
-                                   check_indices=False)
+        return kernels.gather_rows(xp.ascontiguousarray(x), idx32, check_indices=False)
     present = idx >= 0
-    if bool(present.all()):
-        return xp.take(x, idx, axis=0)
-    out = xp.zeros((idx.shape[0],) + x.shape[1:], dtype=x.dtype)
+    if xp is not np:  # asking the device whether any index is -1 would wait for it: mask instead
+        if x.shape[0] == 0:  # every index is -1
+            return xp.zeros((idx.shape[0],) + x.shape[1:], dtype=x.dtype)
+        rows = xp.take(x, xp.where(present, idx, 0), axis=0)
+        mask = present.reshape(present.shape + (1,) * (x.ndim - 1))
+        return xp.where(mask, rows, xp.zeros((), dtype=x.dtype))
+    if present.all():
+        return np.take(x, idx, axis=0)
+    out = np.zeros((idx.shape[0],) + x.shape[1:], dtype=x.dtype)
     out[present] = x[idx[present]]
     return out
 
 
 def scatter_add_into(xp, out, idx, values):
-    """``out[idx[i]] += values[i]`` for every i with idx[i] >= 0, repeated indices adding up."""
-    kernels = _row_kernels(xp, values, idx)
+    """``out[idx[i]] += values[i]`` for every i with idx[i] >= 0, repeated indices adding up.
+    The indices must lie in -1..len(out)-1 (the callers check)."""
+    kernels, idx32 = _row_kernels(xp, values, idx, out.shape[0])
     if kernels is not None and out.flags.c_contiguous and out.dtype == values.dtype:
-        return kernels.scatter_add_rows(xp.ascontiguousarray(values), xp.ascontiguousarray(idx),
-                                        out, check_indices=False)
+        return kernels.scatter_add_rows(xp.ascontiguousarray(values), idx32, out,
+                                        check_indices=False)
     present = idx >= 0
-    if not bool(present.all()):
+    if xp is not np:  # no host round trip: -1 adds into a spare row, which is then dropped
+        import cupyx  # minicavs/ops only reaches here with CuPy arrays, so CuPy is installed
+
+        sums = xp.zeros((out.shape[0] + 1,) + out.shape[1:], dtype=out.dtype)
+        cupyx.scatter_add(sums, xp.where(present, idx, out.shape[0]), values)
+        out += sums[:-1]
+        return out
+    if not present.all():
         idx, values = idx[present], values[present]
-    if xp is np and values.dtype.kind == "f" and values.ndim >= 1 and values.size:
+    if values.dtype.kind == "f" and values.ndim >= 1 and values.size:
         # A sparse (num_rows x n) matrix of ones times the values: each output row sums its
         # rows in index order, as np.add.at does, but in one pass (about 15x faster).
         flat = values.reshape(len(idx), -1)
@@ -81,12 +94,8 @@ def scatter_add_into(xp, out, idx, values):
         selector = scipy.sparse.csr_matrix((np.ones(len(idx), values.dtype), order, indptr),
                                            shape=(out.shape[0], len(idx)))
         out += (selector @ flat).reshape(out.shape)
-    elif xp is np:
-        np.add.at(out, idx, values)
     else:
-        import cupyx  # minicavs/ops only reaches here with CuPy arrays, so CuPy is installed
-
-        cupyx.scatter_add(out, idx, values)
+        np.add.at(out, idx, values)
     return out
 
 

@@ -1,9 +1,55 @@
-"""Python operators and array-style methods, shared by eager Tensors and traced Symbols."""
+"""Python operators and array-style methods, shared by eager Tensors and traced Symbols.
+
+Every operator is elementwise and broadcasts, as in NumPy and PyTorch: ``a == b`` and
+``a != b`` are boolean tensors (never a Python bool; a Tensor still hashes by identity), ``&``,
+``|``, ``^`` and ``~`` are logical operations on boolean tensors, and ``x ** y`` takes a number
+or a tensor as the exponent (``2 ** x`` too). Operands are promoted to one dtype by the op
+registry (registry.py, "Type promotion").
+"""
 
 import numpy as np
 
-from . import elementwise as ew, linalg, reduce, shape
-from ..errors import ArgumentError, IndexRangeError, ShapeError
+from . import activations, elementwise as ew, indexing, linalg, reduce, shape
+from ..errors import UnsupportedError
+
+
+def _operand(other):
+    """``other`` as an operand of an operator, or None if it is not one (the operator then
+    returns NotImplemented, and Python tries the other side or falls back to identity)."""
+    if getattr(type(other), "__minicavs_priority__", None) is not None:
+        return other
+    if isinstance(other, (bool, int, float, np.number, np.bool_)):
+        return other
+    if isinstance(other, np.ndarray) or hasattr(other, "__array_namespace__"):
+        return other
+    if isinstance(other, (list, tuple)):
+        return np.asarray(other)
+    return None
+
+
+def _binary(fn, reflected=False):
+    def operator(self, other):
+        other = _operand(other)
+        if other is None:
+            return NotImplemented
+        return fn(other, self) if reflected else fn(self, other)
+    return operator
+
+
+def _logical(fn, symbol):
+    def operator(self, other):
+        other = _operand(other)
+        if other is None:
+            return NotImplemented
+        for x in (self, other):
+            kind = np.dtype(getattr(x, "dtype", type(x))).kind
+            if kind != "b":
+                raise UnsupportedError(f"operator {symbol}: minicavs defines it on boolean "
+                                       f"tensors (a logical operation), got dtype "
+                                       f"{np.dtype(x.dtype)}; for numbers compare first, e.g. "
+                                       f"(x > 0) {symbol} (y > 0)")
+        return fn(self, other)
+    return operator
 
 
 class OperatorMixin:
@@ -12,22 +58,29 @@ class OperatorMixin:
     __slots__ = ()
     __array_priority__ = 100  # ndarray <op> Tensor defers to Tensor's reflected operator
 
-    def __add__(self, other): return ew.add(self, other)
-    def __radd__(self, other): return ew.add(other, self)
-    def __sub__(self, other): return ew.sub(self, other)
-    def __rsub__(self, other): return ew.sub(other, self)
-    def __mul__(self, other): return ew.mul(self, other)
-    def __rmul__(self, other): return ew.mul(other, self)
-    def __truediv__(self, other): return ew.div(self, other)
-    def __rtruediv__(self, other): return ew.div(other, self)
+    __add__, __radd__ = _binary(ew.add), _binary(ew.add, reflected=True)
+    __sub__, __rsub__ = _binary(ew.sub), _binary(ew.sub, reflected=True)
+    __mul__, __rmul__ = _binary(ew.mul), _binary(ew.mul, reflected=True)
+    __truediv__, __rtruediv__ = _binary(ew.div), _binary(ew.div, reflected=True)
+    __pow__, __rpow__ = _binary(ew.pow), _binary(ew.pow, reflected=True)
+    __matmul__, __rmatmul__ = _binary(linalg.matmul), _binary(linalg.matmul, reflected=True)
+    __gt__, __ge__ = _binary(ew.greater), _binary(ew.greater_equal)
+    __lt__, __le__ = _binary(ew.less), _binary(ew.less_equal)
+    __eq__, __ne__ = _binary(ew.equal), _binary(ew.not_equal)
+    __hash__ = object.__hash__  # by identity, as PyTorch's tensors (== is elementwise)
+    __and__ = __rand__ = _logical(ew.logical_and, "&")
+    __or__ = __ror__ = _logical(ew.logical_or, "|")
+    __xor__ = __rxor__ = _logical(ew.logical_xor, "^")
+
     def __neg__(self): return ew.neg(self)
-    def __pow__(self, exponent): return ew.pow(self, exponent)
-    def __matmul__(self, other): return linalg.matmul(self, other)
-    def __rmatmul__(self, other): return linalg.matmul(other, self)
-    def __gt__(self, other): return ew.greater(self, other)
-    def __ge__(self, other): return ew.greater_equal(self, other)
-    def __lt__(self, other): return ew.less(self, other)
-    def __le__(self, other): return ew.less_equal(self, other)
+    def __pos__(self): return self
+    def __abs__(self): return ew.abs(self)
+
+    def __invert__(self):
+        if np.dtype(self.dtype) != np.bool_:
+            raise UnsupportedError(f"operator ~: minicavs defines it on boolean tensors "
+                                   f"(logical not), got dtype {np.dtype(self.dtype)}")
+        return ew.logical_not(self)
 
     @property
     def ndim(self):
@@ -43,41 +96,60 @@ class OperatorMixin:
 
     def __len__(self):
         if not self.shape:
-            raise ArgumentError("len() of a 0-d tensor: it has no first axis")
+            raise UnsupportedError("len() of a 0-d tensor")
         return self.shape[0]
 
+    # reductions
     def sum(self, axis=None, keepdims=False): return reduce.sum(self, axis, keepdims)
     def mean(self, axis=None, keepdims=False): return reduce.mean(self, axis, keepdims)
     def max(self, axis=None, keepdims=False): return reduce.max(self, axis, keepdims)
+    def min(self, axis=None, keepdims=False): return reduce.min(self, axis, keepdims)
+    def prod(self, axis=None, keepdims=False): return reduce.prod(self, axis, keepdims)
+    def var(self, axis=None, keepdims=False, ddof=0): return reduce.var(self, axis, keepdims, ddof)
+    def std(self, axis=None, keepdims=False, ddof=0): return reduce.std(self, axis, keepdims, ddof)
+    def argmax(self, axis=None, keepdims=False): return reduce.argmax(self, axis, keepdims)
+    def argmin(self, axis=None, keepdims=False): return reduce.argmin(self, axis, keepdims)
+    def cumsum(self, axis=-1): return reduce.cumsum(self, axis)
+    def any(self, axis=None, keepdims=False): return reduce.any(self, axis, keepdims)
+    def all(self, axis=None, keepdims=False): return reduce.all(self, axis, keepdims)
+    def logsumexp(self, axis=None, keepdims=False): return reduce.logsumexp(self, axis, keepdims)
+
+    # elementwise
+    def abs(self): return ew.abs(self)
+    def exp(self): return ew.exp(self)
+    def log(self): return ew.log(self)
+    def sqrt(self): return ew.sqrt(self)
+    def tanh(self): return ew.tanh(self)
+    def sigmoid(self): return ew.sigmoid(self)
+    def relu(self): return ew.relu(self)
+    def clip(self, low=None, high=None): return activations.clip(self, low, high)
+    def astype(self, dtype): return ew.astype(self, dtype)
+    def masked_fill(self, mask, value): return indexing.masked_fill(self, mask, value)
+    def softmax(self, axis=-1): return activations.softmax(self, axis)
+
+    # shapes
     def reshape(self, *shape_):
         return shape.reshape(self, shape_[0] if len(shape_) == 1 else shape_)
-    def transpose(self, *axes): return shape.transpose(self, axes[0] if len(axes) == 1 else (axes or None))
-    def astype(self, dtype): return ew.astype(self, dtype)
+
+    def transpose(self, *axes):
+        return shape.transpose(self, axes[0] if len(axes) == 1 else (axes or None))
+
+    def flatten(self, start_axis=0, end_axis=-1): return shape.flatten(self, start_axis, end_axis)
+    def squeeze(self, axis=None): return shape.squeeze(self, axis)
+    def expand_dims(self, axis): return shape.expand_dims(self, axis)
+    def flip(self, axis=None): return indexing.flip(self, axis)
 
     def __getitem__(self, key):
-        """Basic indexing: integers and step-1 slices (a view-like slice, then a reshape)."""
-        key = key if isinstance(key, tuple) else (key,)
-        if len(key) > self.ndim or not all(isinstance(k, (int, np.integer, slice)) for k in key):
-            raise ShapeError(f"indexing with {key!r}: only integers and slices, at most one per "
-                             f"axis of shape {tuple(self.shape)}, are supported; use take_rows "
-                             f"for gathers")
-        out, out_shape = self, []
-        for axis, k in enumerate(key):
-            size = self.shape[axis]
-            if isinstance(k, slice):
-                start, stop, step = k.indices(size)
-                if step != 1:
-                    raise ShapeError(f"indexing: slice step {step} is not supported")
-                stop = builtins_max(start, stop)
-                out = shape.slice_axis(out, start, stop, axis)
-                out_shape.append(stop - start)
-            else:
-                if not -size <= k < size:  # IndexError ends Python's iteration protocol
-                    raise IndexRangeError(f"index {k} is out of range for axis {axis} of size {size}")
-                k = int(k) % size
-                out = shape.slice_axis(out, k, k + 1, axis)
-        out_shape += list(self.shape[len(key):])
-        return shape.reshape(out, tuple(out_shape))
+        """NumPy's indexing: integers, slices of any step, None, ..., integer arrays and
+        boolean masks (see ops/indexing.py); the gradient scatter-adds."""
+        return indexing.getitem(self, key)
 
+    def __setitem__(self, key, value):
+        raise UnsupportedError(f"{type(self).__name__}s are immutable (their values may be read "
+                               f"by a recorded gradient); build a new one instead, e.g. "
+                               f"mc.where(mask, value, x) or x.masked_fill(mask, value)")
 
-builtins_max = max
+    def __iter__(self):
+        if not self.shape:
+            raise UnsupportedError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))

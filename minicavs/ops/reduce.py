@@ -1,9 +1,12 @@
-"""Reductions over axes: sum and max are primitives, mean is sum scaled."""
+"""Reductions over axes. Primitives: sum, max, min, prod, argmax, argmin, and the running sum
+cumsum; composed from them: mean, var, std, logsumexp, any, all."""
+
+import builtins
 
 import numpy as np
 
 from . import batching, elementwise, shape
-from .registry import Aval, Op, apply, normalize_axes, register
+from .registry import Aval, Op, apply, normalize_axis, normalize_axes, register, result_dtype
 from .rows import FULL, KEEPS
 from ..errors import ShapeError
 
@@ -16,7 +19,7 @@ def _reduced_shape(x_shape, axes, keepdims):
 
 def _infer_reduce(name, allow_empty):
     def infer(x, axes, keepdims):
-        if not allow_empty and any(x.shape[a] == 0 for a in axes):
+        if not allow_empty and builtins.any(x.shape[a] == 0 for a in axes):
             raise ShapeError(f"op '{name}': cannot reduce an empty axis of argument 0 with "
                              f"shape {tuple(x.shape)} over axes {axes}")
         return Aval(_reduced_shape(tuple(x.shape), axes, keepdims), np.dtype(x.dtype))
@@ -45,24 +48,169 @@ def _zero_rows_reduce(ranges, axes, keepdims):
     return FULL if 0 in axes else KEEPS(ranges)  # reducing over the rows mixes them
 
 
+def _prod_vjp(g, out, x, axes, keepdims):
+    """The product of the *other* elements, also where some are zero: with one zero in a
+    slice, only that element gets a gradient (the product of the rest); with two, none does."""
+    kept = _reduced_shape(tuple(x.shape), axes, True)
+    g = shape.reshape(g, kept)
+    nonzero = elementwise.not_equal(x, 0)
+    x_safe = elementwise.where(nonzero, x, 1)
+    product_of_nonzero = prod(x_safe, axis=axes, keepdims=True)
+    zeros = sum(elementwise.astype(elementwise.logical_not(nonzero), x.dtype), axes, True)
+    others = elementwise.where(nonzero,
+                               elementwise.where(elementwise.equal(zeros, 0),
+                                                 product_of_nonzero / x_safe, 0),
+                               elementwise.where(elementwise.equal(zeros, 1),
+                                                 product_of_nonzero, 0))
+    return (g * others,)
+
+
+def _infer_arg(name):
+    def infer(x, axis, keepdims):
+        if axis is None:
+            if int(np.prod(x.shape)) == 0:
+                raise ShapeError(f"op '{name}': argument 0 with shape {tuple(x.shape)} is empty")
+            return Aval((1,) * len(x.shape) if keepdims else (), np.dtype(np.int64))
+        if x.shape[axis] == 0:
+            raise ShapeError(f"op '{name}': cannot reduce the empty axis {axis} of argument 0 "
+                             f"with shape {tuple(x.shape)}")
+        return Aval(_reduced_shape(tuple(x.shape), (axis,), keepdims), np.dtype(np.int64))
+    return infer
+
+
+def _arg_forward(fn):
+    def forward(xp, x, axis, keepdims):
+        return getattr(xp, fn)(x, axis=axis, keepdims=keepdims).astype(np.int64, copy=False)
+    return forward
+
+
+def _batch_arg(op, items, attrs, out):
+    (x, d), = items
+    if attrs["axis"] is None:  # over each vertex's elements: flatten them first
+        flat = shape.reshape(x, (batching.row_count(d), -1)) if len(x.shape) != 2 else x
+        result = apply(op, flat, axis=1, keepdims=False)
+        return shape.reshape(result, (batching.row_count(d),) + tuple(out.shape))
+    return apply(op, x, **dict(attrs, axis=attrs["axis"] + 1))
+
+
+def _cumsum_vjp(g, out, x, axis):
+    # The gradient of a running sum is the running sum from the other end.
+    return (sum(g, axis, keepdims=True) - cumsum(g, axis) + g,)
+
+
 SUM = register(Op("sum", lambda xp, x, axes, keepdims: xp.sum(x, axis=axes, keepdims=keepdims),
                   _infer_reduce("sum", True), _sum_vjp, batch=_batch_reduce,
                   zero_rows=_zero_rows_reduce))
 MAX = register(Op("max", lambda xp, x, axes, keepdims: xp.max(x, axis=axes, keepdims=keepdims),
                   _infer_reduce("max", False), _max_vjp, batch=_batch_reduce,
                   zero_rows=_zero_rows_reduce))
+MIN = register(Op("min", lambda xp, x, axes, keepdims: xp.min(x, axis=axes, keepdims=keepdims),
+                  _infer_reduce("min", False), _max_vjp, batch=_batch_reduce,
+                  zero_rows=_zero_rows_reduce))
+PROD = register(Op("prod", lambda xp, x, axes, keepdims: xp.prod(x, axis=axes, keepdims=keepdims),
+                   _infer_reduce("prod", True), _prod_vjp, batch=_batch_reduce))
+ARGMAX = register(Op("argmax", _arg_forward("argmax"), _infer_arg("argmax"), batch=_batch_arg))
+ARGMIN = register(Op("argmin", _arg_forward("argmin"), _infer_arg("argmin"), batch=_batch_arg))
+CUMSUM = register(Op("cumsum", lambda xp, x, axis: xp.cumsum(x, axis=axis, dtype=x.dtype),
+                     lambda x, axis: Aval(tuple(x.shape), np.dtype(x.dtype)), _cumsum_vjp,
+                     batch=lambda op, items, attrs, out: apply(op, items[0][0],
+                                                               axis=attrs["axis"] + 1),
+                     zero_rows=lambda ranges, axis: FULL if axis == 0 else KEEPS(ranges)))
+
+
+def _wide_int(x):
+    """Sums of bools and small integers are int64 (uint64 for unsigned), as in NumPy and
+    PyTorch: a count of a mask must not wrap around."""
+    kind, size = np.dtype(x.dtype).kind, np.dtype(x.dtype).itemsize
+    if kind == "b" or (kind in "iu" and size < 8):
+        return elementwise.astype(x, np.uint64 if kind == "u" else np.int64)
+    return x
 
 
 def sum(x, axis=None, keepdims=False):  # noqa: A001 (mirrors numpy.sum)
     """Sum over ``axis`` (None: all axes; an int or a tuple)."""
-    return apply(SUM, x, axes=normalize_axes("sum", axis, len(x.shape)), keepdims=bool(keepdims))
+    return apply(SUM, _wide_int(x), axes=normalize_axes("sum", axis, len(x.shape)),
+                 keepdims=bool(keepdims))
 
 
 def max(x, axis=None, keepdims=False):  # noqa: A001 (mirrors numpy.max)
+    """The largest element over ``axis``; the gradient is shared equally among ties."""
     return apply(MAX, x, axes=normalize_axes("max", axis, len(x.shape)), keepdims=bool(keepdims))
 
 
+def min(x, axis=None, keepdims=False):  # noqa: A001 (mirrors numpy.min)
+    return apply(MIN, x, axes=normalize_axes("min", axis, len(x.shape)), keepdims=bool(keepdims))
+
+
+def prod(x, axis=None, keepdims=False):
+    """The product over ``axis``; its gradient is exact where elements are zero."""
+    return apply(PROD, _wide_int(x), axes=normalize_axes("prod", axis, len(x.shape)),
+                 keepdims=bool(keepdims))
+
+
+def _arg(op, x, axis, keepdims):
+    axis = None if axis is None else normalize_axis(op.name, int(axis), len(x.shape))
+    return apply(op, x, axis=axis, keepdims=bool(keepdims))
+
+
+def argmax(x, axis=None, keepdims=False):
+    """The index (int64) of the first largest element along ``axis`` (None: of the flattened
+    array). Not differentiable: an index has no gradient."""
+    return _arg(ARGMAX, x, axis, keepdims)
+
+
+def argmin(x, axis=None, keepdims=False):
+    return _arg(ARGMIN, x, axis, keepdims)
+
+
+def cumsum(x, axis=-1):
+    """The running sum along ``axis``."""
+    return apply(CUMSUM, _wide_int(x), axis=normalize_axis("cumsum", int(axis), len(x.shape)))
+
+
 def mean(x, axis=None, keepdims=False):
+    """The mean over ``axis``: an integer or bool input gives the default float dtype (sum,
+    then a weak float scale, see registry.py); an empty axis gives NaN, as in NumPy."""
     axes = normalize_axes("mean", axis, len(x.shape))
     count = int(np.prod([x.shape[a] for a in axes]))
     return sum(x, axes, keepdims) * (1.0 / count if count else float("nan"))
+
+
+def var(x, axis=None, keepdims=False, ddof=0):
+    """The variance over ``axis``: the mean squared deviation, divided by ``n - ddof`` (NumPy's
+    default ddof=0; PyTorch's ``unbiased=True`` is ddof=1)."""
+    axes = normalize_axes("var", axis, len(x.shape))
+    count = int(np.prod([x.shape[a] for a in axes]))
+    deviation = x - mean(x, axes, keepdims=True)
+    total = sum(deviation * deviation, axes, keepdims)
+    return total * (1.0 / (count - ddof) if count > ddof else float("nan"))
+
+
+def std(x, axis=None, keepdims=False, ddof=0):
+    return elementwise.pow(var(x, axis, keepdims, ddof), 0.5)
+
+
+def logsumexp(x, axis=None, keepdims=False):
+    """``log(sum(exp(x)))`` over ``axis``, shifted by the maximum so nothing overflows; an axis
+    that is all -inf gives -inf (the shift is then 0, not -inf - -inf)."""
+    axes = normalize_axes("logsumexp", axis, len(x.shape))
+    x = elementwise.astype(x, result_dtype([x.dtype], to_float=True))
+    if builtins.any(x.shape[a] == 0 for a in axes):  # the log of an empty sum: -inf
+        return elementwise.zeros_like(sum(x, axes, keepdims)) - float("inf")
+    top = max(x, axes, keepdims=True)
+    shift = elementwise.where(elementwise.isfinite(top), top, 0)
+    total = sum(elementwise.exp(x - shift), axes, keepdims=True)
+    result = elementwise.log(total) + shift
+    return result if keepdims else shape.reshape(result, _reduced_shape(tuple(x.shape), axes,
+                                                                       False))
+
+
+def any(x, axis=None, keepdims=False):  # noqa: A001 (mirrors numpy.any)
+    """Whether any element over ``axis`` is nonzero (an empty axis: False)."""
+    axes = normalize_axes("any", axis, len(x.shape))
+    return elementwise.greater(sum(elementwise.not_equal(x, 0), axes, keepdims), 0)
+
+
+def all(x, axis=None, keepdims=False):  # noqa: A001 (mirrors numpy.all)
+    """Whether every element over ``axis`` is nonzero (an empty axis: True)."""
+    return elementwise.logical_not(any(elementwise.equal(x, 0), axis, keepdims))

@@ -46,12 +46,25 @@ asks the op, never its name. A rule an op does not declare has a safe meaning, s
   ``idx[i]`` of the output (scatter_add_rows); a row whose index is -1 is zero, or unused
   (``rows.index_rows(idx)``: the range of the others).
 
+and, for type promotion (below):
+
+* ``promotes``: the argument positions brought to one dtype before the op runs (a tuple, or
+  ``"all"`` for ops with any number of operands, like concat); the others (a mask, indices)
+  keep theirs. ``()``: the op promotes nothing and its ``infer`` checks the dtypes.
+  ``promotes_to_float``: the promoted dtype must be a float; integers and bools become the
+  default float dtype (division, exp, log, ...).
+
+Type promotion (docs/tensors.md gives the user's view). :func:`apply` is the single entry
+point, and the one place promotion happens: it finds the common dtype of the ``promotes``
+arguments (:func:`result_dtype`), turns Python and NumPy scalars into constants of it, and casts
+an operand of another dtype with an explicit ``astype`` op (recorded like any op, so its gradient
+goes back in the operand's own dtype, and fusion sees it). Primitives therefore always see
+operands of one dtype, and their ``infer`` still checks that. Then the call goes to the handler
+of the "highest" operand kind present: a Symbol turns the call into a graph node, a Tensor runs
+it eagerly and records it for backward.
+
 ``argument_names``: what messages call each argument (a vertex function's pulled input and
 captured parameters); None: "argument i".
-
-:func:`apply` is the single entry point. It converts Python scalars to constants of the
-operands' dtype and hands the call to the handler of the "highest" operand kind present: a
-Symbol turns the call into a graph node, a Tensor runs it eagerly and records it for backward.
 """
 
 from collections import namedtuple
@@ -73,7 +86,8 @@ class Op:
                  multi_output=False, *, batch=None, into=None, in_place=False,
                  quiet_overflow=False, commutative=False, associative=False, zero_rows=None,
                  join=None, keeps_rows=False, assembles_in_place=False, row_index_arg=None,
-                 on_nonzero_rows=None, argument_names=None):
+                 on_nonzero_rows=None, promotes=(), promotes_to_float=False,
+                 argument_names=None):
         if in_place and into is None:
             raise ValueError(f"op {name!r}: in_place needs a writer (into)")
         self.name = name
@@ -94,6 +108,7 @@ class Op:
         self.keeps_rows, self.assembles_in_place = keeps_rows, assembles_in_place
         self.row_index_arg = row_index_arg
         self.on_nonzero_rows = on_nonzero_rows
+        self.promotes, self.promotes_to_float = promotes, promotes_to_float
         self.argument_names = argument_names
 
     def argument_name(self, i):
@@ -137,22 +152,105 @@ def is_scalar(x):
     return isinstance(x, _SCALARS)
 
 
-def _scalar_dtype(args):
-    """The dtype a Python scalar takes in an expression: that of the first array operand."""
-    for a in args:
-        dtype = getattr(a, "dtype", None)
-        if dtype is not None and not is_scalar(a) and np.dtype(dtype) != np.bool_:
-            return np.dtype(dtype)
+# --- type promotion ---------------------------------------------------------------------------
+
+_KIND_ORDER = {"b": 0, "u": 1, "i": 1, "f": 2}  # bool < integer < float
+_SCALAR_KIND = {bool: 0, np.bool_: 0, int: 1, float: 2}
+
+
+def _scalar_kind(x):
+    for kind, order in _SCALAR_KIND.items():
+        if isinstance(x, kind):
+            return order
+    return _KIND_ORDER.get(np.dtype(type(x)).kind, 2)  # a NumPy scalar
+
+
+def _default_of(kind):
     from ..backend import default_dtype
 
-    return default_dtype()
+    return (np.dtype(np.bool_), np.dtype(np.int64), default_dtype())[kind]
+
+
+def result_dtype(dtypes, scalars=(), to_float=False):
+    """The dtype that operands of ``dtypes`` (arrays, tensors: "strong") and ``scalars``
+    (Python and NumPy scalars: "weak") are computed in.
+
+    Between strong dtypes, NumPy's rules (``np.result_type``), except that integers and bools
+    meeting floats take the float dtype (as PyTorch and JAX do: an int mask times float32 data
+    stays float32). A weak scalar never widens a strong dtype of its own kind (``float32 tensor *
+    0.5`` is float32, ``int8 tensor + 1`` is int8); it only lifts the kind: an int tensor plus
+    ``0.5`` is the default float dtype, a bool tensor plus ``1`` is int64. Scalars alone give
+    bool, int64 or the default float dtype. ``to_float``: integers and bools become the default
+    float dtype.
+    """
+    strong = [np.dtype(d) for d in dtypes]
+    floats = [d for d in strong if d.kind == "f"]
+    dtype = np.result_type(*(floats or strong)) if strong else None
+    weak_kind = max((_scalar_kind(x) for x in scalars), default=-1)
+    if dtype is None or weak_kind > _KIND_ORDER.get(dtype.kind, 2):
+        dtype = _default_of(weak_kind) if weak_kind >= 0 else _default_of(2)
+    if to_float and dtype.kind != "f":
+        dtype = _default_of(2)
+    return dtype
+
+
+def _weak_constant(opname, position, x, dtype):
+    """A scalar as a constant of ``dtype``; an integer that does not fit is an error (as in
+    NumPy 2), never a silent wrap-around."""
+    if dtype.kind in "iu" and not isinstance(x, (bool, np.bool_)):
+        info = np.iinfo(dtype)
+        if not info.min <= int(x) <= info.max:
+            raise DTypeError(f"op '{opname}': argument {position} is the integer {int(x)}, out "
+                             f"of range for the other operands' dtype {dtype} "
+                             f"[{info.min}, {info.max}]; convert the tensor first "
+                             f"(e.g. x.astype('int64'))")
+    return dtype.type(x)
+
+
+def promote(op, args):
+    """``args`` with the operands ``op.promotes`` names brought to their common dtype."""
+    positions = range(len(args)) if op.promotes == "all" else op.promotes
+    if not positions:
+        return args
+    args = tuple(_as_array(a) if isinstance(a, (list, tuple)) else a for a in args)
+    dtypes, scalars = [], []
+    for i in positions:
+        a = args[i]
+        if is_scalar(a):
+            scalars.append(a)
+        else:
+            dtypes.append(a.dtype)
+    if not scalars and not op.promotes_to_float and all(d == dtypes[0] for d in dtypes):
+        return args  # the common case: nothing to do
+    dtype = result_dtype(dtypes, scalars, op.promotes_to_float)
+    out = list(args)
+    for i in positions:
+        a = args[i]
+        if is_scalar(a):
+            out[i] = _weak_constant(op.name, i, a, dtype)
+        elif np.dtype(a.dtype) != dtype:
+            if getattr(type(a), "__minicavs_priority__", None) is None:  # a NumPy/CuPy array
+                out[i] = a.astype(dtype)  # plain data stays plain data
+            else:
+                out[i] = apply(_astype_op(), a, dtype=dtype)
+    return tuple(out)
+
+
+def _as_array(values):
+    """A list operand as ``mc.tensor`` reads it: floats in the default dtype."""
+    array = np.asarray(values)
+    return array.astype(_default_of(2)) if array.dtype.kind == "f" else array
+
+
+def _astype_op():
+    return OPS["astype"]
 
 
 def apply(op, *args, **attrs):
     """Apply primitive ``op`` to ``args``: Tensors, Symbols, arrays or Python scalars."""
-    if any(is_scalar(a) for a in args):
-        dtype = _scalar_dtype(args)
-        args = tuple(dtype.type(a) if is_scalar(a) else a for a in args)
+    args = promote(op, args)
+    if any(is_scalar(a) for a in args):  # a scalar where no promotion applies
+        args = tuple(np.asarray(a) if is_scalar(a) else a for a in args)
     handler, priority = _default_handler, -1
     for a in args:
         p = getattr(type(a), "__minicavs_priority__", None)

@@ -37,11 +37,19 @@ def is_empty(r):
 
 def index_rows(idx):
     """The range of the rows whose index is not -1 (an op's ``row_index_arg``): where
-    take_rows' output can be nonzero, which rows of scatter_add_rows' input are read."""
-    valid = np.flatnonzero(backend.to_numpy(idx) >= 0)
+    take_rows' output can be nonzero, which rows of scatter_add_rows' input are read.
+    From a GPU this is three numbers in one copy (still a wait for the device), not the
+    index array."""
+    valid = (idx >= 0).reshape(-1)
     if valid.size == 0:
         return EMPTY
-    return (int(valid[0]), int(valid[-1]) + 1)
+    if isinstance(valid, np.ndarray):
+        found, first, last = bool(valid.any()), int(valid.argmax()), int(valid[::-1].argmax())
+    else:
+        xp = backend.get_array_module(valid)
+        found, first, last = xp.stack((valid.any(), valid.argmax(), valid[::-1].argmax())) \
+            .get().tolist()
+    return (first, valid.size - last) if found else EMPTY
 
 
 # --- the rules several ops share ----------------------------------------------------------------

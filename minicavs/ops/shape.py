@@ -143,7 +143,7 @@ BROADCAST_TO = register(Op("broadcast_to", lambda xp, x, shape: xp.broadcast_to(
                            batch=_batch_broadcast_to, zero_rows=KEEPS))
 CONCAT = register(Op("concat", lambda xp, *xs, axis: xp.concatenate(xs, axis=axis),
                      _infer_concat, _concat_vjp, batch=_batch_along_axis, zero_rows=HULL,
-                     assembles_in_place=True))
+                     assembles_in_place=True, promotes="all"))
 SLICE_AXIS = register(Op("slice_axis", _slice_forward, _infer_slice,
                          lambda g, out, x, start, stop, axis:
                          (pad_axis(g, start, x.shape[axis] - stop, axis),),
@@ -241,14 +241,118 @@ def split(x, sections, axis=-1):
 
 
 def expand_dims(x, axis):
+    """``x`` with a new axis of size 1 at ``axis`` (-1: last)."""
     shape = list(x.shape)
-    shape.insert(axis % (len(shape) + 1), 1)
+    axis = normalize_axis("expand_dims", int(axis), len(shape) + 1)
+    shape.insert(axis, 1)
     return reshape(x, shape)
 
 
-def squeeze(x, axis):
+def squeeze(x, axis=None):
+    """``x`` without the size-1 axes ``axis`` (an int or a tuple; None: all of them)."""
     shape = list(x.shape)
-    if shape[axis] != 1:
-        raise ShapeError(f"op 'squeeze': axis {axis} of shape {describe(x.shape)} is not 1")
-    del shape[axis]
-    return reshape(x, shape)
+    if axis is None:
+        return reshape(x, [d for d in shape if d != 1])
+    axes = {normalize_axis("squeeze", int(a), len(shape))
+            for a in ((axis,) if isinstance(axis, (int, np.integer)) else axis)}
+    for a in sorted(axes):
+        if shape[a] != 1:
+            raise ShapeError(f"op 'squeeze': axis {a} of argument 0 with shape "
+                             f"{describe(x.shape)} has size {shape[a]}, not 1")
+    return reshape(x, [d for a, d in enumerate(shape) if a not in axes])
+
+
+def flatten(x, start_axis=0, end_axis=-1):
+    """Axes ``start_axis`` to ``end_axis`` (both included) merged into one."""
+    ndim = len(x.shape)
+    if ndim == 0:
+        return reshape(x, (1,))
+    start = normalize_axis("flatten", start_axis, ndim)
+    end = normalize_axis("flatten", end_axis, ndim)
+    merged = int(np.prod(x.shape[start:end + 1]))
+    return reshape(x, tuple(x.shape[:start]) + (merged,) + tuple(x.shape[end + 1:]))
+
+
+def stack(xs, axis=0):
+    """Join arrays of one shape along a new axis."""
+    xs = list(xs)
+    if not xs:
+        raise ShapeError("op 'stack': needs at least one array")
+    first = tuple(xs[0].shape)
+    for i, x in enumerate(xs[1:], 1):
+        if tuple(x.shape) != first:
+            raise ShapeError(f"op 'stack': argument 0 has shape {describe(first)} and argument "
+                             f"{i} has shape {describe(x.shape)}; stacked arrays must have one "
+                             f"shape")
+    axis = normalize_axis("stack", axis, len(first) + 1)
+    return concat([expand_dims(x, axis) for x in xs], axis=axis)
+
+
+def repeat(x, repeats, axis=None):
+    """Each element repeated ``repeats`` times (an int) along ``axis`` (None: of the flattened
+    ``x``), as ``numpy.repeat``: ``[a, b]`` -> ``[a, a, b, b]``."""
+    if axis is None:
+        x, axis = reshape(x, (-1,)), 0
+    axis = normalize_axis("repeat", axis, len(x.shape))
+    if not isinstance(repeats, (int, np.integer)) or repeats < 0:
+        raise ShapeError(f"op 'repeat': repeats must be a non-negative int, got {repeats!r}")
+    spread = list(x.shape)
+    spread.insert(axis + 1, int(repeats))
+    out = list(x.shape)
+    out[axis] *= int(repeats)
+    return reshape(broadcast_to(expand_dims(x, axis + 1), spread), out)
+
+
+def tile(x, reps):
+    """``x`` repeated ``reps[i]`` times along axis i, as ``numpy.tile``: ``[a, b]`` ->
+    ``[a, b, a, b]``."""
+    reps = (int(reps),) if isinstance(reps, (int, np.integer)) else tuple(int(r) for r in reps)
+    if any(r < 0 for r in reps):
+        raise ShapeError(f"op 'tile': reps must be non-negative, got {reps}")
+    ndim = max(len(reps), len(x.shape))
+    reps = (1,) * (ndim - len(reps)) + reps
+    x = reshape(x, (1,) * (ndim - len(x.shape)) + tuple(x.shape))
+    spread = [d for r, n in zip(reps, x.shape) for d in (r, n)]
+    ones = [d for n in x.shape for d in (1, n)]
+    return reshape(broadcast_to(reshape(x, ones), spread),
+                   [r * n for r, n in zip(reps, x.shape)])
+
+
+def _triangle(x, k, lower):
+    if len(x.shape) < 2:
+        raise ShapeError(f"op '{'tril' if lower else 'triu'}': needs at least 2 dimensions, got "
+                         f"shape {describe(x.shape)}")
+    n, m = x.shape[-2:]
+    keep = np.tri(n, m, k, dtype=bool) if lower else ~np.tri(n, m, k - 1, dtype=bool)
+    return elementwise.where(keep, x, 0)
+
+
+def tril(x, k=0):
+    """The lower triangle of the last two axes (diagonal ``k`` and below); zeros above."""
+    return _triangle(x, k, lower=True)
+
+
+def triu(x, k=0):
+    """The upper triangle of the last two axes (diagonal ``k`` and above); zeros below."""
+    return _triangle(x, k, lower=False)
+
+
+def pad(x, pad_width, value=0):
+    """``x`` padded with ``value``, as ``numpy.pad(mode="constant")``: ``pad_width`` is one
+    ``(before, after)`` pair per axis, one pair for every axis, or one int for all."""
+    ndim = len(x.shape)
+    if ndim == 0:
+        return x  # nothing to pad (as numpy.pad)
+    widths = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (ndim, 2)) \
+        if np.ndim(pad_width) < 2 else np.asarray(pad_width, dtype=np.int64)
+    if widths.shape != (ndim, 2) or (widths < 0).any():
+        raise ShapeError(f"op 'pad': pad_width {pad_width!r} must give non-negative (before, "
+                         f"after) for each of the {ndim} axes of shape {describe(x.shape)}")
+    for axis, (before, after) in enumerate(widths.tolist()):
+        x = pad_axis(x, before, after, axis)
+    if value == 0 or not widths.any():
+        return x
+    inside = np.pad(np.ones(tuple(int(d) - int(b) - int(a) for d, (b, a)
+                                  in zip(x.shape, widths.tolist())), bool), widths.tolist())
+    return elementwise.where(inside, x, np.asarray(value).astype(x.dtype))
+

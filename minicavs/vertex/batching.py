@@ -62,6 +62,12 @@ class VertexSymbol(OperatorMixin):
     def __complex__(self):
         return self.symbol.__complex__()
 
+    def item(self):
+        return self.symbol.item()
+
+    def tolist(self):
+        return self.symbol.tolist()
+
     @classmethod
     def __minicavs_apply__(cls, op, args, attrs):
         trace = next(a.trace for a in args if isinstance(a, VertexSymbol))

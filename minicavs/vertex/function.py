@@ -36,9 +36,13 @@ from .zero_rows import FULL
 class Vertex:
     """The vertex being defined, as the cell sees it (one object per trace)."""
 
-    def __init__(self, function, tracer):
+    def __init__(self, function, tracer, defer_dtype_errors=False):
         self._f = function
         self._tracer = tracer
+        # While F's dtype is provisional, a dtype mismatch is kept, not raised (see
+        # VertexFunction._trace_with_dtype).
+        self.defer_dtype_errors = defer_dtype_errors
+        self.dtype_errors = []
         self._trace = BatchedTrace(tracer, self.edge_parent)
         self._pull = None
         self._gathers = {}
@@ -112,8 +116,18 @@ class Vertex:
                              f"the vertex function declares {what}_shape={describe(shape)}"
                              + _format_location(where))
         if symbol.dtype != dtype:
-            raise DTypeError(f"v.{what}(x): x has dtype {symbol.dtype}, the vertex function "
-                             f"uses {dtype}" + _format_location(where))
+            f = self._f
+            origin = ("given as dtype=" if f.dtype_given else
+                      "inferred from its parameters and pull; no dtype= given")
+            error = DTypeError(
+                f"vertex function {f.name!r}: v.{what}(x): x has dtype {symbol.dtype}, but the "
+                f"vertex function's states and outputs are {dtype} ({origin}"
+                f"{repr(dtype.name) if f.dtype_given else ''}); pass VertexFunction(..., "
+                f"dtype='{symbol.dtype}') or convert x with x.astype('{dtype}')"
+                + _format_location(where))
+            if not self.defer_dtype_errors:
+                raise error
+            self.dtype_errors.append(error)
         if domain is None:  # the same value for every vertex
             symbol = shape_ops.broadcast_to(symbol, (VERTICES,) + tuple(per_vertex))
         return symbol
@@ -154,8 +168,10 @@ class VertexFunction:
     """A static vertex function F, run over batches of input graphs by the Cavs runtime.
 
     ``pull_shape``/``push_shape`` may be None (no external input / output). ``arity`` bounds
-    the children ``gather(k)`` can address; ``dtype`` is the float type of states (default:
-    ``mc.default_dtype()``), ``pull_dtype`` that of pulled rows (e.g. int64 word ids).
+    the children ``gather(k)`` can address; ``dtype`` is the float type of states and outputs
+    (default: inferred, the common type of the float parameters the cell closes over and of a
+    float ``pull_dtype``, else ``mc.default_dtype()``); ``pull_dtype`` is that of pulled rows
+    (e.g. int64 word ids; default: ``dtype``).
     ``options``: a dict of pass switches (:class:`~minicavs.vertex.passes.Options`), all on by
     default; the ablation benchmark and the tests turn them off one by one.
 
@@ -175,14 +191,15 @@ class VertexFunction:
             push_shape, "push_shape", "VertexFunction", error=ShapeError)
         self.arity = arity
         # States carry gradients, so they are floats; pulled rows may be ids or features.
-        self.dtype = backend.default_dtype() if dtype is None else validate.dtype(
-            dtype, "dtype (of the states)", "VertexFunction", kinds="f", error=DTypeError)
-        self.pull_dtype = self.dtype if pull_dtype is None else validate.dtype(
-            pull_dtype, "pull_dtype", "VertexFunction", error=DTypeError)
+        if dtype is not None:
+            dtype = validate.dtype(dtype, "dtype (of the states)", "VertexFunction", kinds="f",
+                                   error=DTypeError)
+        if pull_dtype is not None:
+            pull_dtype = validate.dtype(pull_dtype, "pull_dtype", "VertexFunction",
+                                        error=DTypeError)
         self.options = passes.Options.of(options)
         self.cell = cell
-        self.gather_sum_shapes = []
-        self._trace(cell)
+        self._trace_with_dtype(cell, dtype, pull_dtype)
         self.program, self.backward_program = passes.compile_programs(self, self.options)
         self._pool = interpreter.BufferPool()  # F's buffers, kept by each call until backward
         self._backward_pool = interpreter.BufferPool()  # ∂F's, for the time of one backward
@@ -191,10 +208,31 @@ class VertexFunction:
                       argument_names=_argument_names(self.pull_input, self.graph.params))
         self._last_stats = None
 
-    def _trace(self, cell):
+    def _trace_with_dtype(self, cell, dtype, pull_dtype):
+        """Trace the cell. Without ``dtype``, F's float type is inferred: the common type of
+        the float parameters the cell captures and of a float ``pull_dtype`` (the default
+        dtype if there are none). The cell is traced once with a provisional dtype; if the
+        parameters call for another, it is traced again with that one."""
+        self.dtype_given = dtype is not None
+        pull = None if pull_dtype is None else np.dtype(pull_dtype)
+        provisional = (np.dtype(dtype) if dtype is not None else
+                       pull if pull is not None and pull.kind == "f" else backend.default_dtype())
+        v = self._trace(cell, provisional, pull or provisional, defer=not self.dtype_given)
+        if not self.dtype_given:
+            floats = [p.dtype for p in self.graph.captured if np.dtype(p.dtype).kind == "f"]
+            floats += [pull] if pull is not None and pull.kind == "f" else []
+            inferred = np.result_type(*floats) if floats else provisional
+            if inferred != provisional:
+                v = self._trace(cell, inferred, pull or inferred, defer=False)
+            elif v.dtype_errors:
+                raise v.dtype_errors[0]
+
+    def _trace(self, cell, dtype, pull_dtype, defer):
+        self.dtype, self.pull_dtype = np.dtype(dtype), np.dtype(pull_dtype)
+        self.gather_sum_shapes = []
         tracer = Tracer()
         with tracer.active():
-            v = Vertex(self, tracer)
+            v = Vertex(self, tracer, defer_dtype_errors=defer)
             cell(v)
         if v.scattered is None:
             raise GraphError(f"vertex function {self.name!r}: the cell never calls "
@@ -216,6 +254,7 @@ class VertexFunction:
         outputs = [self.scatter_output] + ([self.push_output] if self.push_output is not None
                                            else [])
         self.graph = Graph(tracer.nodes, inputs, outputs, name=self.name)
+        return v
 
     @property
     def source_slots(self):
@@ -257,7 +296,9 @@ class VertexFunction:
                                  f"(one row per vertex of the batch)")
             if np.dtype(pull.dtype) != self.pull_dtype:
                 raise DTypeError(f"vertex function {self.name!r}: pull has dtype "
-                                 f"{np.dtype(pull.dtype)}, expected {self.pull_dtype}")
+                                 f"{np.dtype(pull.dtype)}, expected {self.pull_dtype}; declare "
+                                 f"VertexFunction(..., pull_dtype='{np.dtype(pull.dtype)}') or "
+                                 f"convert it with pull.astype('{self.pull_dtype}')")
         shape = self.push_shape if self.push_output is not None else self.scatter_shape
         return registry.Aval((batch.num_vertices,) + shape, self.dtype)
 

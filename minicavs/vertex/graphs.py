@@ -343,6 +343,10 @@ class BatchIndices:
     ``edge_name`` say which sample and vertex a row is, for messages."""
 
     def __init__(self, batch, xp):
+        if xp is not np and max(batch.num_vertices + 1, len(batch.edge_child_row)) >= 2**31:
+            raise GraphError(f"a batch of {batch.num_vertices} vertices and "
+                             f"{len(batch.edge_child_row)} edges has rows past the int32 indices "
+                             f"of the GPU row kernels (2**31 - 1); split it into smaller batches")
         put = self._put = (lambda a: a) if xp is np else (
             lambda a: xp.asarray(a.astype(np.int32)))
         self._batch = batch

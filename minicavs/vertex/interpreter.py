@@ -52,18 +52,19 @@ def run(program, xp, env, ranges=None, rows=None, moves=None):
     the number of instructions run per level."""
     ranges = {} if ranges is None else ranges
     check = FiniteCheck(program, rows, env) if debug.enabled and xp is not RECORD else None
-    sched = streams.scheduler(xp, program) if check is None else streams.NO_STREAMS
-    for ins in program.eager:
-        sched.run(ins, _run_whole, ins, xp, env, ranges, rows)
-        if check:
-            check(ins, env)
-    counts = _level_loop(program, xp, env, ranges, rows, moves, check) if rows is not None \
-        else []
-    for ins in program.lazy:
-        sched.run(ins, _run_whole, ins, xp, env, ranges, rows)
-        if check:
-            check(ins, env)
-    sched.join()
+    # (with the debug check on, everything runs on one stream, in order: the first bad value
+    # is the first one made)
+    with streams.scheduler(xp, program) if check is None else streams.NO_STREAMS as sched:
+        for ins in program.eager:
+            sched.run(ins, _run_whole, ins, xp, env, ranges, rows)
+            if check:
+                check(ins, env)
+        counts = _level_loop(program, xp, env, ranges, rows, moves, check) \
+            if rows is not None else []
+        for ins in program.lazy:
+            sched.run(ins, _run_whole, ins, xp, env, ranges, rows)
+            if check:
+                check(ins, env)
     return counts
 
 
@@ -71,7 +72,8 @@ def _level_loop(program, xp, env, ranges, rows, moves, check=None):
     row_keys = [(k, d) for k, d in program.row_keys if k in env]
     in_buffers = program.buffered | {id(part) for part, *_ in program.aliases}
     candidates = program.zero_candidates
-    sink_slots = [(slot, id(s)) for slot, s in program.slots if s in program.sinks] \
+    sinks = {id(s) for s in program.sinks}
+    sink_slots = [(slot, id(s)) for slot, s in program.slots if id(s) in sinks] \
         if "leaf_sinks" in program.passes else []
     levels = reversed(range(rows.num_levels)) if program.reverse else range(rows.num_levels)
     written, summed, counts = {}, {}, []
@@ -368,8 +370,9 @@ _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def constants(program, xp):
-    return {id(n): (n.value if xp is np else xp.asarray(n.value))
-            for n in program.graph.nodes if n.kind == "const"}
+    """A fresh environment holding the program's constants on ``xp`` (copied to a device once
+    per program)."""
+    return dict(program.constants(xp))
 
 
 def stats(batch, counts, seconds):

@@ -243,7 +243,6 @@ def buffers(program):
     batch-wide buffer, rows in level order. ∂F's sinks are added into the children's rows
     within their level and need none. The scattered state has a spare zero row: what a missing
     child reads."""
-    graph = program.graph
     whole = program.eager + program.lazy
     read_later = {id(k) for k in program.keep} | {id(x) for ins in whole for x in ins.reads} | {
         id(o) for o in _read_after_loop(program)}
@@ -266,8 +265,8 @@ def _read_after_loop(program):
     also another output (the pulled input's gradient when it equals a gather's)."""
     outputs = list(program.graph.outputs)
     if program.reverse:
-        for s in program.sinks:
-            outputs.remove(s)
+        for s in program.sinks:  # one entry per sink, by identity (== is elementwise)
+            del outputs[next(i for i, o in enumerate(outputs) if o is s)]
     return outputs
 
 

@@ -181,7 +181,7 @@ class Program:
     aliases: tuple = ()  # (part, concat, axis, start, stop): part written into concat's columns
     zero_candidates: tuple = ()  # per-row values the core reads that may be zero on a level
     passes: tuple = ()
-    _plans: dict = field(default_factory=dict, repr=False)  # memo of level_plan
+    _plans: dict = field(default_factory=dict, repr=False)  # memo: level plans, constants
 
     def with_(self, **changes):
         return replace(self, _plans={}, **changes)
@@ -203,6 +203,17 @@ class Program:
             id(x) for ins in self.core for x in ins.writes}
         return tuple((id(n), row_domain(n.shape)) for n in self.graph.nodes
                      if row_domain(n.shape) and id(n) in touched)
+
+    def constants(self, xp):
+        """``{id(node): array}`` of the graph's constants on array module ``xp``, memoised (on a
+        GPU, uploaded once)."""
+        key = ("constants", xp.__name__)
+        values = self._plans.get(key)
+        if values is None:
+            values = self._plans[key] = {
+                id(n): (n.value if xp.__name__ == "numpy" else xp.asarray(n.value))
+                for n in self.graph.nodes if n.kind == "const"}
+        return values
 
     def level_plan(self, zero, unneeded):
         """Per core instruction, RUN, ZERO or SKIP on a level where the per-row values ``zero``

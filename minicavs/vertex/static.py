@@ -20,26 +20,89 @@ from .passes import compile_static
 
 
 class StaticFunction:
-    """A traced function used as one differentiable op on Tensors (see :func:`symbolic`)."""
+    """A traced function used as one differentiable op on Tensors (see :func:`symbolic`).
+
+    Given input specs, it is traced once, now. Without them (``@mc.symbolic`` as a bare
+    decorator) it is traced at its first call, for the shapes and dtypes of that call's
+    arguments, and again for each new combination (the traces are kept, as ``jax.jit`` does)."""
 
     def __init__(self, fn, input_specs, name=None):
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "static")
-        self.graph = trace(fn, *input_specs, name=self.name)
-        self.program, self.backward_program = compile_static(self.graph)
-        self._op = Op(f"static:{self.name}", self._forward, self._infer, self._vjp,
-                      multi_output=len(self.graph.outputs) > 1)
+        self._traces = {}  # (shape, dtype) of each input -> _Trace
+        self._latest = None
+        if input_specs is not None:
+            self._latest = _Trace(fn, input_specs, self.name)
+            self._traces[None] = self._latest
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def _current(self):
+        if self._latest is None:
+            raise GraphError(f"static function {self.name!r} has not been traced yet: it is "
+                             f"traced at its first call, for that call's input shapes")
+        return self._latest
+
+    @property
+    def graph(self):
+        return self._current().graph
+
+    @property
+    def program(self):
+        return self._current().program
+
+    @property
+    def backward_program(self):
+        return self._current().backward_program
 
     @property
     def backward_graph(self):
         return self.backward_program.graph
 
+    @property
+    def graphs(self):
+        """The graph of every trace so far."""
+        return [t.graph for t in self._traces.values()]
+
+    def __call__(self, *args):
+        if any(isinstance(a, Symbol) for a in args):
+            return self.fn(*args)  # inside another trace: inline the function
+        if None in self._traces:
+            trace_ = self._traces[None]
+        else:
+            key = tuple(_signature(i, a) for i, a in enumerate(args))
+            trace_ = self._traces.get(key)
+            if trace_ is None:
+                trace_ = self._traces[key] = _Trace(self.fn, [spec_ for spec_ in key], self.name)
+        self._latest = trace_
+        return trace_(*args)
+
+    def __repr__(self):
+        traced = ", ".join(str(len(t.graph.op_nodes())) for t in self._traces.values())
+        return f"StaticFunction({self.name!r}: {len(self._traces)} trace(s), ops {traced or '-'})"
+
+
+def _signature(position, a):
+    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+        raise GraphError(f"static function: argument {position} is a {type(a).__name__}; pass "
+                         f"Tensors or arrays (their shapes and dtypes decide the trace)")
+    return (tuple(int(d) for d in a.shape), np.dtype(a.dtype))
+
+
+class _Trace:
+    """One trace of a static function: its graph, the Programs of it and of its derivative,
+    and the op that runs them."""
+
+    def __init__(self, fn, input_specs, name):
+        self.name = name
+        self.graph = trace(fn, *input_specs, name=name)
+        self.program, self.backward_program = compile_static(self.graph)
+        self._op = Op(f"static:{name}", self._forward, self._infer, self._vjp,
+                      multi_output=len(self.graph.outputs) > 1)
+
     def __call__(self, *args):
         if len(args) != len(self.graph.inputs):
             raise GraphError(f"static function {self.name!r} takes {len(self.graph.inputs)} "
                              f"inputs, got {len(args)}")
-        if any(isinstance(a, Symbol) for a in args):
-            return self.fn(*args)  # inside another trace: inline the function
         # ``saved`` is this call's box for the forward values ∂ reads: the op itself holds no
         # state, the call's attributes (kept by the autodiff record) do.
         return registry.apply(self._op, *args, *self.graph.captured, saved={})
@@ -96,9 +159,19 @@ class StaticFunction:
 
 
 def symbolic(fn=None, *input_specs, name=None):
-    """Trace ``fn`` once for the given input specs and return a :class:`StaticFunction`: a
-    callable on Tensors that runs the traced graph and differentiates through ∂graph.
+    """Trace ``fn`` and return a :class:`StaticFunction`: a callable on Tensors that runs the
+    traced graph and differentiates through ∂graph.
 
-    ``input_specs`` are shapes, ``(shape, dtype)`` pairs, ``mc.spec(...)`` or example arrays.
+    ``input_specs`` are shapes, ``(shape, dtype)`` pairs, ``mc.spec(...)`` or example arrays;
+    with them ``fn`` is traced now. Three decorator forms::
+
+        @mc.symbolic                     # traced at the first call, per input shapes/dtypes
+        @mc.symbolic()                   # the same
+        @mc.symbolic((4, 8), (8,))       # traced now, for these specs
     """
-    return StaticFunction(fn, input_specs, name=name)
+    if fn is None:
+        return lambda f: StaticFunction(f, input_specs or None, name=name)
+    if not callable(fn):  # @mc.symbolic(spec, ...): fn is the first spec
+        specs = (fn,) + input_specs
+        return lambda f: StaticFunction(f, specs, name=name)
+    return StaticFunction(fn, input_specs if input_specs else None, name=name)
