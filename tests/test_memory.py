@@ -137,7 +137,7 @@ def test_splitting_lowers_the_peak_memory_of_a_training_step():
         if budget:
             model, sizes = F.memory_model, memory.batch_sizes(batch)
             mc.set_memory_budget((model.kept.at(sizes) + model.need(sizes, True)) // 2)
-        F._pool, F._backward_pool = interpreter.BufferPool(), interpreter.BufferPool()
+        F._pool, F._backward_pool = memory.BufferPool(), memory.BufferPool()
         tracemalloc.start()
         base = tracemalloc.get_traced_memory()[0]
         _run(F, params, batch, X, True)
@@ -181,9 +181,9 @@ def test_a_failed_allocation_names_the_buffer_the_batch_and_what_to_reduce(monke
         def __getattr__(self, name):
             return refuse if name == "empty" else getattr(np, name)
 
-    pool = interpreter.BufferPool()
+    pool = memory.BufferPool()
     with pytest.raises(mc.OutOfMemoryError) as info:
-        pool.acquire(NoMemory(), interpreter.buffer_specs(F.program, batch.indices(np)))
+        pool.acquire(NoMemory(), memory.buffer_specs(F.program, batch.indices(np)))
     assert len(tries) == 2  # once more after the free sets were dropped
     assert str(info.value).startswith("cannot allocate buffer '") and "of cell" in str(info.value)
 

@@ -8,6 +8,8 @@ execution. Read in this order:
 ``passes.py``       the passes that build a Program from the traced graph, one switch each
 ``zero_rows.py``    the zero-row facts some passes use to skip work
 ``interpreter.py``  the loop that runs a Program over a batch on NumPy or CuPy
+``memory.py``       a call's buffers (pooled), its memory estimate, and sub-batches over budget
+``finite_check.py`` debug mode in F and ∂F: the first NaN or infinity, with its op and vertex
 ``reference.py``    a plain per-sample evaluation the batched runtime is tested against
 ``static.py``       ``mc.symbolic``: a static graph as a Program with no levels, same interpreter
 """

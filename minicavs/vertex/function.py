@@ -201,8 +201,8 @@ class VertexFunction:
         self.cell = cell
         self._trace_with_dtype(cell, dtype, pull_dtype)
         self.program, self.backward_program = passes.compile_programs(self, self.options)
-        self._pool = interpreter.BufferPool()  # F's buffers, kept by each call until backward
-        self._backward_pool = interpreter.BufferPool()  # ∂F's, for the time of one backward
+        self._pool = memory.BufferPool()  # F's buffers, kept by each call until backward
+        self._backward_pool = memory.BufferPool()  # ∂F's, for the time of one backward
         self._memory_model = None
         self._op = Op(f"vertex:{self.name}", self._forward, self._infer, self._vjp,
                       argument_names=_argument_names(self.pull_input, self.graph.params))
@@ -342,7 +342,7 @@ class VertexFunction:
         started = time.perf_counter()
         program = self.program
         rows = batch.indices(xp)
-        store, views = self._pool.acquire(xp, interpreter.buffer_specs(program, rows))
+        store, views = self._pool.acquire(xp, memory.buffer_specs(program, rows))
         weakref.finalize(call, self._pool.release, store)
         call.buffers = views
         env = interpreter.constants(program, xp)
@@ -353,7 +353,7 @@ class VertexFunction:
             env[id(self.pull_input)] = interpreter.take_rows(xp, pull, rows.order)
         if self.edge_parent_input is not None:
             env[id(self.edge_parent_input)] = rows.edge_parent_row
-        interpreter.bind_buffers(program, env, views, rows)
+        memory.bind_buffers(program, env, views, rows)
         states = None
         if program.gathers_from is not None:  # the scattered state, and its spare zero row
             states = views[id(program.gathers_from)]
@@ -385,7 +385,7 @@ class VertexFunction:
         xp = backend.get_array_module(g._array)
         rows = batch.indices(xp)
         store, views = self._backward_pool.acquire(
-            xp, interpreter.buffer_specs(self.backward_program, rows))
+            xp, memory.buffer_specs(self.backward_program, rows))
         try:
             grads, counts = self._backward_in(xp, views, g, rows, call)
         finally:
@@ -401,7 +401,7 @@ class VertexFunction:
         forward_inputs = bw.inputs[len(bw.cotangents):]
         for ref, value in zip(forward_inputs, bw.forward_refs):
             env[id(ref)] = call.values[id(value)]
-        interpreter.bind_buffers(program, env, views, rows)
+        memory.bind_buffers(program, env, views, rows)
         d_states = views[id(program.sources[0])]  # with its spare row
         d_states[...] = 0
         g_rows = interpreter.take_rows(xp, g._array, rows.order)  # caller order -> level order

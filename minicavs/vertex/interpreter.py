@@ -16,21 +16,20 @@ a batch-wide buffer, so scattering copies nothing. Rows move with the named kern
 ``minicavs/cuda/kernels.py`` on CuPy (int32 indices, built once per GraphBatch) and with
 ``np.take``/indexed adds on NumPy, their twins: an absent child reads the spare zero row.
 
-``forward``/``backward`` are F as a differentiable op (function.py registers them): they bind the
-pulled input, parameters and pooled buffers, run the program, and keep in the call's own
-:class:`Call` record what ∂F and ``explain()`` read.
+F as a differentiable op (``VertexFunction._forward``/``_vjp`` in function.py) binds the pulled
+input, the parameters and pooled buffers (memory.py), runs the program here, and keeps in the
+call's own :class:`Call` record what ∂F and ``explain()`` read. In debug mode every instruction's
+outputs are checked for NaN and infinity (finite_check.py).
 """
 
 import numpy as np
 
-from .. import backend
 from ..autodiff import debug
 from ..autodiff.executor import RECORD, OpStep
 from ..cuda import streams
-from ..errors import NonFiniteError, OutOfMemoryError
 from ..ops.index import scatter_add_into
-from ..ops.registry import describe
 from .batching import instantiate, row_domain
+from .finite_check import FiniteCheck
 from .program import RUN, ZERO, Compute, Gather
 from .zero_rows import FULL, hull, index_rows, intersect, is_empty
 
@@ -232,130 +231,7 @@ class RowMoves:
         local[id(symbol)] = self.xp.broadcast_to(self.xp.zeros((), symbol.dtype), shape)
 
 
-class FiniteCheck:
-    """Debug mode (``autodiff/debug.py``): after each instruction, its outputs are checked for
-    NaN and infinity; the first one raises :class:`NonFiniteError` naming the program (F or
-    ∂F), the op and the user's line, the level, and the sample and vertex of the first bad
-    row. F's pulled input is checked before the run."""
-
-    def __init__(self, program, rows, env):
-        self.program, self.rows = program, rows
-        pulled = [n for n in program.graph.inputs if n.role == "pull" and id(n) in env]
-        for n in pulled:
-            self._check(n, env[id(n)], "the pulled input", None, 0)
-
-    def __call__(self, ins, values, t=None, window=None):
-        if not isinstance(ins, Compute):
-            return  # gathers copy checked states; scatter-adds add checked gradients
-        for o in ins.writes:
-            start = window[row_domain(o.shape)][0] if window and row_domain(o.shape) else 0
-            array = values[id(o)]
-            group = getattr(ins.step, "group", None)
-            if group is not None and debug.first_non_finite(array) is not None:
-                o, array = _first_bad_member(group, values, window)  # what the kernel hid
-            self._check(o, array, f"op '{o.op.name}'", t, start)
-
-    def _check(self, symbol, array, what, t, start):
-        found = debug.first_non_finite(array)
-        if found is None:
-            return
-        index, summary = found
-        program = self.program
-        if self.rows is None:
-            where = f"static function {program.name!r}"
-        elif program.reverse:
-            where = f"∂F (the backward) of vertex function {program.name[2:-1]!r}"
-        else:
-            where = f"vertex function {program.name!r}"
-        place = [f"level {t}"] if t is not None else []
-        domain = row_domain(symbol.shape)
-        if self.rows is not None and domain and index:
-            row = start + index[0]
-            place.append(self.rows.vertex_name(row) if domain == "vertex"
-                         else self.rows.edge_name(row))
-        at = f" ({', '.join(place)})" if place else ""
-        verb = "holds" if symbol.kind == "input" else "produced"
-        raise NonFiniteError(f"debug mode: {what} in {where} {verb} a non-finite value{at}: "
-                             f"{summary}" + debug.location_text(symbol.where))
-
-
-def _first_bad_member(group, values, window):
-    """The first member of a fused group whose value is not finite, and that value: the group
-    evaluated again op by op (only when its output was found bad, so never on the normal
-    path)."""
-    xp = backend.get_array_module(*[values[id(x)] for x in group.inputs])
-    n = window["vertex"][1] - window["vertex"][0] if window else 0
-    e = window["edge"][1] - window["edge"][0] if window else 0
-    member_values = {}
-    for m in group.members:
-        args = [member_values.get(id(x), values.get(id(x))) for x in m.inputs]
-        attrs = {k: instantiate(v, n, e) for k, v in m.attrs.items()}
-        member_values[id(m)] = m.op.forward(xp, *args, **attrs)
-        if debug.first_non_finite(member_values[id(m)]) is not None:
-            return m, member_values[id(m)]
-    last = group.outputs[-1]
-    return last, values[id(last)]
-
-
 # --- F as an op --------------------------------------------------------------------------------
-
-class BufferPool:
-    """Grow-only batch buffers, reused across calls; a set in use is never handed out twice."""
-
-    def __init__(self):
-        self._free = []
-
-    def acquire(self, xp, specs):
-        """``specs``: {key: (rows, row_shape, dtype, name)}; returns (store, {key: view of
-        rows}). An allocation that fails is retried once without the free sets (their memory
-        goes back first), then raises :class:`OutOfMemoryError` naming the buffer."""
-        store = self._free.pop() if self._free else {}
-        views = {}
-        for key, (rows, row_shape, dtype, name) in specs.items():
-            array = store.get(key)
-            if (array is None or array.shape[0] < rows or array.shape[1:] != row_shape
-                    or array.dtype != dtype or backend.get_array_module(array) is not xp):
-                grown = 2 * array.shape[0] if array is not None and \
-                    array.shape[1:] == row_shape else rows
-                store[key] = None  # the old array goes before the new one is made
-                array = store[key] = self._allocate(xp, (max(rows, grown),) + row_shape,
-                                                    (rows,) + row_shape, dtype, name)
-            views[key] = array[:rows]
-        return store, views
-
-    def _allocate(self, xp, shape, needed, dtype, name):
-        for attempt in range(2):
-            try:
-                return xp.empty(shape if attempt == 0 else needed, dtype=dtype)
-            except MemoryError:
-                self._free.clear()
-        nbytes = int(np.prod(needed)) * np.dtype(dtype).itemsize
-        raise OutOfMemoryError(f"cannot allocate buffer {name}: {needed[0]:,} rows of "
-                               f"{describe(needed[1:])} {np.dtype(dtype)}, "
-                               f"{nbytes / 2**20:.1f} MB")
-
-    def release(self, store):
-        self._free.append(store)
-
-
-def bind_buffers(program, env, views, rows):
-    """Bind each buffer (without its spare rows) and each aliased part (its columns)."""
-    for b in program.buffers:
-        env[b.key] = views[b.key][:rows.size(b.rows)]
-    for part, concat, axis, start, stop in program.aliases:
-        index = [slice(None)] * len(concat.shape)
-        index[axis] = slice(start, stop)
-        env[id(part)] = env[id(concat)][tuple(index)]
-
-
-def buffer_specs(program, rows):
-    """What :class:`BufferPool` hands out for one run of ``program``: each of its buffers, with
-    the name of its value for messages."""
-    nodes = {id(n): n for n in program.graph.nodes}
-    return {b.key: (rows.size(b.rows) + b.spare, b.row_shape, b.dtype,
-                    f"'{nodes[b.key].label()}' of {program.name}")
-            for b in program.buffers}
-
 
 def take_rows(xp, array, index):
     """``array[index]`` along rows: pulled inputs into level order, pushed rows back out."""

@@ -29,6 +29,7 @@ import numpy as np
 from .. import backend
 from ..errors import ArgumentError, OutOfMemoryError
 from ..ops.batching import instantiate, row_domain
+from ..ops.registry import describe
 from .program import Compute, Gather
 
 _HEADROOM = 0.9  # of the available memory: NumPy's temporaries inside a step are not counted
@@ -288,3 +289,63 @@ def out_of_memory(f, batch, phase, exc, training):
         f"memory budget is {text(memory_budget())}. {_ADVICE}; or lower the budget "
         f"(mc.set_memory_budget, MINICAVS_MEMORY_BUDGET) so that such batches are split into "
         f"sub-batches before they run.")
+
+
+# --- the buffers of a call ----------------------------------------------------------------
+
+class BufferPool:
+    """Grow-only batch buffers, reused across calls; a set in use is never handed out twice."""
+
+    def __init__(self):
+        self._free = []
+
+    def acquire(self, xp, specs):
+        """``specs``: {key: (rows, row_shape, dtype, name)}; returns (store, {key: view of
+        rows}). An allocation that fails is retried once without the free sets (their memory
+        goes back first), then raises :class:`OutOfMemoryError` naming the buffer."""
+        store = self._free.pop() if self._free else {}
+        views = {}
+        for key, (rows, row_shape, dtype, name) in specs.items():
+            array = store.get(key)
+            if (array is None or array.shape[0] < rows or array.shape[1:] != row_shape
+                    or array.dtype != dtype or backend.get_array_module(array) is not xp):
+                grown = 2 * array.shape[0] if array is not None and \
+                    array.shape[1:] == row_shape else rows
+                store[key] = None  # the old array goes before the new one is made
+                array = store[key] = self._allocate(xp, (max(rows, grown),) + row_shape,
+                                                    (rows,) + row_shape, dtype, name)
+            views[key] = array[:rows]
+        return store, views
+
+    def _allocate(self, xp, shape, needed, dtype, name):
+        for attempt in range(2):
+            try:
+                return xp.empty(shape if attempt == 0 else needed, dtype=dtype)
+            except MemoryError:
+                self._free.clear()
+        nbytes = int(np.prod(needed)) * np.dtype(dtype).itemsize
+        raise OutOfMemoryError(f"cannot allocate buffer {name}: {needed[0]:,} rows of "
+                               f"{describe(needed[1:])} {np.dtype(dtype)}, "
+                               f"{nbytes / 2**20:.1f} MB")
+
+    def release(self, store):
+        self._free.append(store)
+
+
+def bind_buffers(program, env, views, rows):
+    """Bind each buffer (without its spare rows) and each aliased part (its columns)."""
+    for b in program.buffers:
+        env[b.key] = views[b.key][:rows.size(b.rows)]
+    for part, concat, axis, start, stop in program.aliases:
+        index = [slice(None)] * len(concat.shape)
+        index[axis] = slice(start, stop)
+        env[id(part)] = env[id(concat)][tuple(index)]
+
+
+def buffer_specs(program, rows):
+    """What :class:`BufferPool` hands out for one run of ``program``: each of its buffers, with
+    the name of its value for messages."""
+    nodes = {id(n): n for n in program.graph.nodes}
+    return {b.key: (rows.size(b.rows) + b.spare, b.row_shape, b.dtype,
+                    f"'{nodes[b.key].label()}' of {program.name}")
+            for b in program.buffers}
