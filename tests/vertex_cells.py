@@ -1,7 +1,6 @@
 """Vertex functions shared by the runtime tests: a binary Tree-LSTM (Cavs Fig. 4), a
-child-sum Tree-LSTM (Tai et al.), and a generic cell that gathers ``arity`` children."""
-
-import numpy as np
+child-sum Tree-LSTM (Tai et al.), and a generic cell that gathers ``arity`` children, and the benchmark's Tree-LSTM that embeds pulled
+word ids inside the cell."""
 
 import minicavs as mc
 
@@ -79,15 +78,16 @@ def k_ary_cell(E, H, arity, rng, dtype="float64", options=None):
     return F, [W] + Us
 
 
-def embedding_tree_lstm(E, H, vocab, rng, dtype="float64", options=None):
+def embedding_tree_lstm(E, H, vocab, rng, dtype="float64", options=None, classes=3, scale=1.0):
     """The benchmark's Tree-LSTM: a word id is pulled and embedded inside the cell (-1, at
     internal vertices, embeds to zeros), so rows of the embedding, of x W and of the table's
     gradient are zero there; it scatters [h, c] and pushes class logits."""
-    table = mc.Parameter(rng.standard_normal((vocab, E)).astype(dtype), name="table")
-    W = mc.Parameter(rng.standard_normal((E, 5 * H)).astype(dtype) * 0.4, name="W")
-    U = mc.Parameter(rng.standard_normal((2 * H, 5 * H)).astype(dtype) * 0.4, name="U")
-    b = mc.Parameter(rng.standard_normal(5 * H).astype(dtype) * 0.1, name="b")
-    Wo = mc.Parameter(rng.standard_normal((H, 3)).astype(dtype) * 0.5, name="Wo")
+    def param(shape, spread, name):
+        return mc.Parameter((rng.standard_normal(shape) * spread * scale).astype(dtype), name=name)
+
+    table = param((vocab, E), 1.0, "table")
+    W, U = param((E, 5 * H), 0.4, "W"), param((2 * H, 5 * H), 0.4, "U")
+    b, Wo = param(5 * H, 0.1, "b"), param((H, classes), 0.5, "Wo")
 
     def cell(v):
         x = mc.embedding(table, v.pull())
@@ -100,5 +100,5 @@ def embedding_tree_lstm(E, H, vocab, rng, dtype="float64", options=None):
         v.push(h @ Wo)
 
     F = mc.VertexFunction(cell, pull_shape=(), pull_dtype="int64", scatter_shape=(2 * H,),
-                          push_shape=(3,), arity=2, dtype=dtype, options=options)
+                          push_shape=(classes,), arity=2, dtype=dtype, options=options)
     return F, [table, W, U, b, Wo]

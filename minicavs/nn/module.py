@@ -22,16 +22,17 @@ from ..vertex import StaticFunction, VertexFunction
 from . import init
 
 
-def _contents(name, value):
-    """(dotted name, Parameter or Module) for what ``value`` holds, containers unpacked."""
-    if isinstance(value, (Parameter, Module)):
+def _held(name, value, kinds):
+    """(dotted name, item) for each instance of ``kinds`` that ``value`` is or holds in its
+    lists, tuples and dicts."""
+    if isinstance(value, kinds):
         yield name, value
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            yield from _contents(f"{name}.{i}", item)
+            yield from _held(f"{name}.{i}", item, kinds)
     elif isinstance(value, dict):
         for key, item in value.items():
-            yield from _contents(f"{name}.{key}", item)
+            yield from _held(f"{name}.{key}", item, kinds)
 
 
 def _captured(value):
@@ -48,18 +49,6 @@ def _captured(value):
                 yield node.name, node.value
 
 
-def _functions(name, value):
-    """(dotted name, function) for the vertex and static functions ``value`` holds."""
-    if isinstance(value, (VertexFunction, StaticFunction)):
-        yield name, value
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from _functions(f"{name}.{i}", item)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _functions(f"{name}.{key}", item)
-
-
 class Module:
     """Base class of layers and models: define ``forward``; call the module to run it."""
 
@@ -74,7 +63,7 @@ class Module:
     def _children(self):
         """(name, Parameter or Module) for each one the attributes hold, containers unpacked."""
         for name, value in vars(self).items():
-            yield from _contents(name, value)
+            yield from _held(name, value, (Parameter, Module))
 
     def named_modules(self, prefix=""):
         """``(dotted name, Module)`` for this module ("") and every submodule, each once."""
@@ -115,7 +104,7 @@ class Module:
         for path, module in self.named_modules():
             prefix = f"{path}." if path else ""
             for attribute, value in vars(module).items():
-                for name, function in _functions(attribute, value):
+                for name, function in _held(attribute, value, (VertexFunction, StaticFunction)):
                     for param_name, p in _captured(function):
                         if id(p) not in seen:
                             seen.add(id(p))
