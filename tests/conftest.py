@@ -39,3 +39,20 @@ def _seeded_cpu():
     mc.seed(0)
     np.random.seed(0)
     yield
+
+
+@pytest.fixture(params=["native", "interpreter"])
+def cpu_backend(request):
+    """Run the test once with vertex functions on the native C++ level loops (minicavs/cpu) and
+    once on the NumPy interpreter: the property tests hold on both backends. Where no native
+    code can run (no compiler, MINICAVS_NATIVE=0) the native case says so and skips."""
+    from minicavs.cpu import interpreter_only, unavailable
+
+    if request.param == "interpreter":
+        with interpreter_only():
+            yield request.param
+        return
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"the native CPU backend is off here: {reason}")
+    yield request.param

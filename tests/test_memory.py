@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import minicavs as mc
+from minicavs.cpu import interpreter_only
 from minicavs.data import random_binary_tree
 from minicavs.vertex import interpreter, memory
 
@@ -207,9 +208,9 @@ def test_fused_kernels_keep_one_level_of_scratch_not_one_per_level_size():
                    for k in getattr(ins.step, "_kernels", {}).values()]
         return sum(a.nbytes for k in kernels for a in getattr(k._local, "flat", {}).values())
 
-    def run(copies):
+    def run(copies):  # (the NumPy interpreter's fused kernels; native loops: test_native.py)
         batch = mc.GraphBatch([mc.InputGraph.complete_binary(2)] * copies)
-        with mc.no_grad():
+        with mc.no_grad(), interpreter_only():
             F(batch, pull=mc.tensor(np.ones((batch.num_vertices, E))))
 
     run(40)  # the largest level first

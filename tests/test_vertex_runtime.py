@@ -15,6 +15,9 @@ from vertex_cells import binary_tree_lstm, child_sum_tree_lstm, embedding_tree_l
 
 E, H = 3, 4
 
+# Every test here runs on both CPU backends: the native level loops and the NumPy interpreter.
+pytestmark = pytest.mark.usefixtures("cpu_backend")
+
 
 def _relative_error(a, b):
     a, b = np.asarray(a), np.asarray(b)

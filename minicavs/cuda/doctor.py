@@ -1,4 +1,5 @@
-"""``python -m minicavs doctor``: what the CUDA layer can use here, and what to install.
+"""``python -m minicavs doctor``: what the CUDA layer can use here, and what to install; then
+which CPU backend runs vertex functions (``minicavs/cpu/doctor.py``).
 
 One line per piece: Python, NumPy, CuPy, the CUDA driver and runtime, NVRTC, a visible GPU,
 the C++ compiler of the CPU shim, the CUDA headers CuPy compiles with. Then one kernel — the
@@ -165,6 +166,9 @@ def run_doctor(file=None):
         _probe(report)
     except Exception as exc:  # a doctor reports; it does not crash
         report.append(("doctor", f"FAILED: {type(exc).__name__}: {exc}", None, True))
+    from ..cpu import doctor as cpu_doctor
+
+    cpu_doctor.probe(report)
     from .. import __version__
 
     print(f"minicavs {__version__} doctor", file=file)

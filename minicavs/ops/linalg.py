@@ -116,7 +116,8 @@ def _matmul_into(a, b, out):
 
 MATMUL = register(Op("matmul", lambda xp, a, b: xp.matmul(a, b), _infer_matmul, _matmul_vjp,
                      batch=_batch_matmul, into=_matmul_into, zero_rows=_zero_rows_matmul,
-                     on_nonzero_rows=_matmul_on_nonzero_rows, promotes=(0, 1)))
+                     on_nonzero_rows=_matmul_on_nonzero_rows, native="product",
+                     promotes=(0, 1)))
 
 
 def matmul(a, b):

@@ -41,6 +41,11 @@ asks the op, never its name. A rule an op does not declare has a safe meaning, s
   (``range_of(symbol)``; ``within``: only these rows are needed) by working on the nonzero rows
   only (matmul: ``X·W`` on X's nonzero rows, ``Xᵀ·G`` over the rows where both are nonzero).
   None, or a None result: the plain forward.
+* ``native``: how the native CPU backend (``minicavs/cpu``) runs the op inside a level loop,
+  when it is not elementwise (those run from ``c_expr``) or a concat (``assembles_in_place``):
+  ``"window"`` — the output is indices ``start:stop`` of input 0 along ``attrs["axis"]``, a view
+  (slice_axis); ``"product"`` — a matrix product, one BLAS gemm (matmul). None: a program whose
+  level loop holds the op runs on the NumPy interpreter.
 * ``row_index_arg``: the position of an argument of row indices (-1: no row): row i of the
   output is row ``idx[i]`` of the table (take_rows), or row i of the input goes to row
   ``idx[i]`` of the output (scatter_add_rows); a row whose index is -1 is zero, or unused
@@ -86,7 +91,7 @@ class Op:
                  multi_output=False, *, batch=None, into=None, in_place=False,
                  quiet_overflow=False, commutative=False, associative=False, zero_rows=None,
                  join=None, keeps_rows=False, assembles_in_place=False, row_index_arg=None,
-                 on_nonzero_rows=None, promotes=(), promotes_to_float=False,
+                 on_nonzero_rows=None, native=None, promotes=(), promotes_to_float=False,
                  argument_names=None):
         if in_place and into is None:
             raise ValueError(f"op {name!r}: in_place needs a writer (into)")
@@ -108,6 +113,7 @@ class Op:
         self.keeps_rows, self.assembles_in_place = keeps_rows, assembles_in_place
         self.row_index_arg = row_index_arg
         self.on_nonzero_rows = on_nonzero_rows
+        self.native = native
         self.promotes, self.promotes_to_float = promotes, promotes_to_float
         self.argument_names = argument_names
 

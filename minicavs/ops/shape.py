@@ -147,7 +147,7 @@ CONCAT = register(Op("concat", lambda xp, *xs, axis: xp.concatenate(xs, axis=axi
 SLICE_AXIS = register(Op("slice_axis", _slice_forward, _infer_slice,
                          lambda g, out, x, start, stop, axis:
                          (pad_axis(g, start, x.shape[axis] - stop, axis),),
-                         batch=_batch_along_axis, zero_rows=KEEPS))
+                         batch=_batch_along_axis, zero_rows=KEEPS, native="window"))
 PAD_AXIS = register(Op("pad_axis", _pad_forward, _infer_pad,
                        lambda g, out, x, before, after, axis:
                        (slice_axis(g, before, before + x.shape[axis], axis),),

@@ -367,6 +367,7 @@ class VertexFunction:
         out = program.graph.outputs[-1]  # the pushed output, else the scattered state
         result = interpreter.take_rows(xp, env[id(out)], rows.row_of)
         call.stats = interpreter.stats(batch, counts, time.perf_counter() - started)
+        call.stats["forward_backend"] = counts.backend
         self._last_stats = call.stats
         return result
 
@@ -391,7 +392,8 @@ class VertexFunction:
         finally:
             self._backward_pool.release(store)  # nothing returned is a view of these buffers
         call.stats.update(backward_seconds=time.perf_counter() - started,
-                          backward_ops_per_level=counts[::-1])
+                          backward_ops_per_level=counts[::-1],
+                          backward_backend=counts.backend)
         return grads
 
     def _backward_in(self, xp, views, g, rows, call):

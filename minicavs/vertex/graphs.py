@@ -356,6 +356,7 @@ class BatchIndices:
         self.is_forest = batch.is_forest
         offsets, edge_offsets = batch.level_offsets.tolist(), batch.edge_level_offsets.tolist()
         self._vertices = list(zip(offsets[:-1], offsets[1:]))
+        self.level_offsets = batch.level_offsets  # host side: the native loop reads it
         self._edges = list(zip(edge_offsets[:-1], edge_offsets[1:]))
         self.order, self.row_of = put(batch.order), put(batch.row_of)
         self.edge_child_row = put(batch.edge_child_row)
@@ -408,6 +409,10 @@ class BatchIndices:
 
     def strided(self, slot, t):
         return self._slot(slot).strided[t]
+
+    def slot_rows(self, slot):
+        """Each row's child ``slot`` row, all levels (-1: absent)."""
+        return self._slot(slot).rows
 
     def child_rows(self, slot, window):
         """The rows of each vertex's child ``slot`` on a level (or of each edge's child)."""

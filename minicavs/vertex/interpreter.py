@@ -26,6 +26,7 @@ import numpy as np
 
 from ..autodiff import debug
 from ..autodiff.executor import RECORD, OpStep
+from ..cpu import native
 from ..cuda import streams
 from ..ops.index import scatter_add_into
 from .batching import instantiate, row_domain
@@ -48,7 +49,8 @@ def run(program, xp, env, ranges=None, rows=None, moves=None):
     ``rows`` the batch's index arrays on ``xp`` (None: a static program, no levels); ``moves``
     the row movers of this call (the states gathers read, the state gradients scatter-adds
     write). ``xp`` may be ``RECORD``: ops then run on Tensors, recorded for autodiff. Returns
-    the number of instructions run per level."""
+    the number of instructions run per level (a :class:`LevelCounts`, which also says which
+    backend ran the level loop: on NumPy, the native one of minicavs/cpu where it can)."""
     ranges = {} if ranges is None else ranges
     check = FiniteCheck(program, rows, env) if debug.enabled and xp is not RECORD else None
     # (with the debug check on, everything runs on one stream, in order: the first bad value
@@ -58,8 +60,14 @@ def run(program, xp, env, ranges=None, rows=None, moves=None):
             sched.run(ins, _run_whole, ins, xp, env, ranges, rows)
             if check:
                 check(ins, env)
-        counts = _level_loop(program, xp, env, ranges, rows, moves, check) \
-            if rows is not None else []
+        counts = LevelCounts()
+        if rows is not None:  # on NumPy, the compiled loop where there is one (minicavs/cpu)
+            loop = native.level_loop(program) if xp is np and check is None else None
+            counts = (loop or _level_loop)(program, xp, env, ranges, rows, moves, check)
+            if loop is None:
+                counts.backend = (native.backend_of(program) if check is None else
+                                  "interpreter (debug mode checks each instruction)") \
+                    if xp is np else getattr(xp, "__name__", "recorded")
         for ins in program.lazy:
             sched.run(ins, _run_whole, ins, xp, env, ranges, rows)
             if check:
@@ -67,30 +75,25 @@ def run(program, xp, env, ranges=None, rows=None, moves=None):
     return counts
 
 
+class LevelCounts(list):
+    """The number of instructions run on each level, and which backend ran the level loop."""
+
+    backend = "interpreter"
+
+
 def _level_loop(program, xp, env, ranges, rows, moves, check=None):
     row_keys = [(k, d) for k, d in program.row_keys if k in env]
     in_buffers = program.buffered | {id(part) for part, *_ in program.aliases}
-    candidates = program.zero_candidates
-    sinks = {id(s) for s in program.sinks}
-    sink_slots = [(slot, id(s)) for slot, s in program.slots if id(s) in sinks] \
-        if "leaf_sinks" in program.passes else []
-    levels = reversed(range(rows.num_levels)) if program.reverse else range(rows.num_levels)
-    written, summed, counts = {}, {}, []
-    for t in levels:
-        window = {"vertex": rows.vertices(t), "edge": rows.edges(t)}
+    written, summed, counts = {}, {}, LevelCounts()
+    for t, window, plan in level_plans(program, ranges, rows):
         local = dict(env)  # shared values as they are, per-row ones cut to the level's rows
         for key, domain in row_keys:
             lo, hi = window[domain]
             local[key] = env[key][lo:hi]
         if program.edge_parent is not None:  # per level, parent rows count from the first
             local[id(program.edge_parent)] = rows.edge_parent_local[slice(*window["edge"])]
-        zero = frozenset(k for k, d in candidates
-                         if k in ranges and is_empty(intersect(ranges[k], window[d])))
-        # A sink no vertex of the level reads (one value may be the sink of several slots).
-        needed = {sink for slot, sink in sink_slots if rows.has_child(slot, t)}
-        unneeded = frozenset(sink for _, sink in sink_slots if sink not in needed)
         ran = 0
-        for ins, action in zip(program.core, program.level_plan(zero, unneeded)):
+        for ins, action in zip(program.core, plan):
             if action == RUN:
                 ran += 1
                 moves.run(ins, local, t, window)
@@ -109,13 +112,39 @@ def _level_loop(program, xp, env, ranges, rows, moves, check=None):
                     moves.zero(o, local, window, id(o) in in_buffers)
         counts.append(ran)
     env.update(summed)
+    record_written(program, ranges, written)
+    return counts
+
+
+def level_plans(program, ranges, rows):
+    """Per level, in the order the loop runs them: ``(t, window, plan)`` — the level, its rows
+    (``{"vertex": (lo, hi), "edge": (lo, hi)}``) and what each core instruction does on it
+    (``Program.level_plan``: from which per-row values are zero there, by ``ranges``, and which
+    sinks no vertex of the level reads). Every backend runs these plans."""
+    candidates = program.zero_candidates
+    sinks = {id(s) for s in program.sinks}
+    sink_slots = [(slot, id(s)) for slot, s in program.slots if id(s) in sinks] \
+        if "leaf_sinks" in program.passes else []
+    levels = reversed(range(rows.num_levels)) if program.reverse else range(rows.num_levels)
+    for t in levels:
+        window = {"vertex": rows.vertices(t), "edge": rows.edges(t)}
+        zero = frozenset(k for k, d in candidates
+                         if k in ranges and is_empty(intersect(ranges[k], window[d])))
+        # A sink no vertex of the level reads (one value may be the sink of several slots).
+        needed = {sink for slot, sink in sink_slots if rows.has_child(slot, t)}
+        unneeded = frozenset(sink for _, sink in sink_slots if sink not in needed)
+        yield t, window, program.level_plan(zero, unneeded)
+
+
+def record_written(program, ranges, written):
+    """After the loop: each buffer's zero-row range is the hull of the levels that wrote it
+    (``written``: id -> (lo, hi))."""
     sources = {id(s) for s in program.sources}
     for b in program.buffers:  # rows no level wrote are stale (the pool's), i.e. unused
         if b.key not in sources:  # (∂F's state gradient is filled by the caller and the adds)
             ranges[b.key] = written.get(b.key, (0, 0))
     for part, concat, *_ in program.aliases:
         ranges[id(part)] = ranges.get(id(concat), FULL)
-    return counts
 
 
 def _run_whole(ins, xp, env, ranges, rows):
@@ -257,5 +286,5 @@ def stats(batch, counts, seconds):
             "vertices_per_level": np.diff(batch.level_offsets).tolist(),
             "forward_ops_per_level": counts, "backward_ops_per_level": None,
             "scheduling_seconds": batch.build_seconds, "forward_seconds": seconds,
-            "backward_seconds": None}
+            "backward_seconds": None, "forward_backend": None, "backward_backend": None}
 

@@ -147,6 +147,14 @@ def _program_needs(program, exclude=()):
             if id(o) not in counted and row_domain(o.shape):
                 total += _whole(o)
                 counted.add(id(o))
+    return total + _level_values(program, counted)
+
+
+def _level_values(program, counted=None):
+    """One level's worth of the core values without a buffer."""
+    counted = {b.key for b in program.buffers} | {id(part) for part, *_ in program.aliases} \
+        if counted is None else counted
+    total = Linear()
     for ins in program.core:
         outs = (ins.target,) if isinstance(ins, Gather) else ins.writes if isinstance(
             ins, Compute) else ()
@@ -177,8 +185,10 @@ class CallModel:
         for r in refs.values():
             self.kept += _whole(r)
         refs_in_bw = bwd.graph.inputs[len(bwd.graph.cotangents):]
+        # (+ F's level scratch: the native loop keeps it for the next call, minicavs/cpu)
         self.backward = (_program_needs(bwd, exclude=refs_in_bw) + _whole(out)
-                         + (pull if f.pull_dtype.kind == "f" else Linear()))
+                         + (pull if f.pull_dtype.kind == "f" else Linear())
+                         + _level_values(fwd))
 
     def need(self, sizes, training):
         """Peak bytes of one call on a batch of ``sizes``: F's run, and when training, what the

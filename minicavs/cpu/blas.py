@@ -1,0 +1,66 @@
+"""The BLAS NumPy already runs, for generated code: no new dependency, no link step.
+
+Generated code receives a gemm's address once, when its library is loaded, and calls it from
+the level loop. Which gemm, in order of preference:
+
+1. **NumPy's own BLAS** (the OpenBLAS its wheels carry, already loaded in the process): its
+   CBLAS ``sgemm``/``dgemm``, 64-bit or 32-bit integers, found among the loaded libraries. One
+   BLAS for the whole process means one pool of BLAS threads: a second pool (SciPy's wheels
+   carry another OpenBLAS) spins against the first, which measured 2–8× slower on 2 cores.
+2. **SciPy's** Fortran ``sgemm``/``dgemm``, exported by ``scipy.linalg.cython_blas`` as
+   function pointers in capsules (``__pyx_capi__``), when NumPy's is not found (another NumPy
+   build, another platform).
+
+:func:`gemm` returns ``(address, interface)``; the interface (``"cblas64"``, ``"cblas32"``,
+``"fortran32"``) tells the code generator which call to write.
+"""
+
+import ctypes
+import functools
+import os
+
+# CBLAS symbol names, by interface, that NumPy's BLAS builds export ({} is "s" or "d").
+_CBLAS_SYMBOLS = (("scipy_cblas_{}gemm64_", "cblas64"), ("cblas_{}gemm64_", "cblas64"),
+                  ("cblas_{}gemm", "cblas32"))
+
+
+def _loaded_blas_libraries():
+    """Paths of loaded shared libraries that look like a BLAS (NumPy's first)."""
+    import numpy  # noqa: F401  (loads NumPy's BLAS)
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if ".so" in line}
+    except OSError:
+        return []
+    names = ("openblas", "blas", "mkl_rt")
+    found = [p for p in paths if any(n in os.path.basename(p).lower() for n in names)]
+    return sorted(found, key=lambda p: "numpy" not in p)
+
+
+@functools.lru_cache(maxsize=None)
+def gemm(dtype):
+    """``(address, interface)`` of the gemm for ``dtype`` (float32 or float64)."""
+    letter = {"float32": "s", "float64": "d"}[str(dtype)]
+    for path in _loaded_blas_libraries():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for symbol, interface in _CBLAS_SYMBOLS:
+            function = getattr(lib, symbol.format(letter), None)
+            if function is not None:
+                return ctypes.cast(function, ctypes.c_void_p).value, interface
+    return _scipy_gemm(letter), "fortran32"
+
+
+def _scipy_gemm(letter):
+    from scipy.linalg import cython_blas
+
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object,
+                                                                 ctypes.c_char_p]
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    capsule = cython_blas.__pyx_capi__[f"{letter}gemm"]
+    return get_pointer(capsule, get_name(capsule))

@@ -1,0 +1,241 @@
+"""The native CPU backend (minicavs/cpu): compiled level loops equal the NumPy interpreter, the
+code cache compiles a source once, and every way of not running natively is said, not hidden.
+
+The batched == per-sample property tests (test_vertex_runtime.py) run on both backends through
+the ``cpu_backend`` fixture; here: the native loop really runs where it should, equals the
+interpreter on the same batch, and the policy around it."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import minicavs as mc
+from minicavs.cpu import build, codegen, native
+from minicavs.errors import KernelCompileError
+
+from graph_strategies import forests
+from vertex_cells import binary_tree_lstm, child_sum_tree_lstm, embedding_tree_lstm, k_ary_cell
+
+E, H = 3, 4
+needs_native = pytest.mark.skipif(native.unavailable() is not None,
+                                  reason=f"the native backend is off: {native.unavailable()}")
+
+
+def _run(F, params, batch, X, weights):
+    out = F(batch, pull=X)
+    loss = (out * mc.tensor(weights)).sum() + (out * out).sum()
+    loss.backward()
+    leaves = ([X] if X.requires_grad else []) + params
+    results = [out.numpy()] + [t.grad.numpy() if t.grad is not None else None for t in leaves]
+    for t in leaves:
+        t.grad = None
+    stats = F.explain()
+    return results, (stats["forward_backend"], stats["backward_backend"])
+
+
+def _native_and_interpreter(F, params, graphs, seed, X=None):
+    rng = np.random.default_rng(seed)
+    batch = mc.GraphBatch(graphs)
+    if X is None:
+        X = mc.tensor(rng.standard_normal((batch.num_vertices, E)), requires_grad=True)
+    weights = rng.standard_normal((batch.num_vertices,) + F.push_shape)
+    got, backends = _run(F, params, batch, X, weights)
+    with native.interpreter_only():
+        want, interpreted = _run(F, params, batch, X, weights)
+    assert interpreted == ("interpreter (interpreter_only() is active)",) * 2
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert (g is None) == (w is None), k
+        if g is not None:
+            error = np.max(np.abs(g - w) / np.maximum(1.0, np.abs(w)), initial=0.0)
+            assert error <= 1e-9, f"result {k}: native differs from the interpreter by {error}"
+    return backends
+
+
+CELLS = {
+    "binary": lambda rng, o: binary_tree_lstm(E, H, rng, options=o),
+    "3-ary": lambda rng, o: k_ary_cell(E, H, 3, rng, options=o),
+    "chain": lambda rng, o: k_ary_cell(E, H, 1, rng, options=o),
+}
+
+
+@needs_native
+@given(st.sampled_from(sorted(CELLS)), st.booleans(), st.booleans(),
+       forests(max_arity=3, max_vertices=14, kinds=("tree", "dag")), st.integers(0, 2**16))
+def test_native_loops_run_and_equal_the_interpreter(cell, fuse, strided, graphs, seed):
+    if cell == "binary":
+        graphs = [g for g in graphs if g.max_arity <= 2] or [mc.InputGraph.chain(3)]
+    if cell == "chain":
+        graphs = [g for g in graphs if g.max_arity <= 1] or [mc.InputGraph.chain(4)]
+    F, params = CELLS[cell](np.random.default_rng(seed),
+                            {"fuse": fuse, "strided_gathers": strided})
+    assert _native_and_interpreter(F, params, graphs, seed) == ("native", "native")
+
+
+@needs_native
+@given(forests(max_arity=2, max_vertices=16), st.integers(0, 2**16))
+def test_embedded_words_run_natively(graphs, seed):
+    rng = np.random.default_rng(seed)
+    F, params = embedding_tree_lstm(E, H, 7, rng)
+    batch = mc.GraphBatch(graphs)
+    words = mc.tensor(np.where(batch.num_children == 0, rng.integers(0, 7, batch.num_vertices),
+                               -1))
+    assert _native_and_interpreter(F, params, graphs, seed, X=words) == ("native", "native")
+
+
+@needs_native
+def test_float32_native_is_close_to_the_interpreter():
+    rng = np.random.default_rng(1)
+    F, params = binary_tree_lstm(E, 16, rng, dtype="float32")
+    graphs = [mc.InputGraph.complete_binary(8), mc.InputGraph([[], [], [0, 1]])]
+    batch = mc.GraphBatch(graphs)
+    X = mc.tensor(rng.standard_normal((batch.num_vertices, E)).astype("float32"))
+    weights = rng.standard_normal((batch.num_vertices,) + F.push_shape).astype("float32")
+    got, backends = _run(F, params, batch, X, weights)
+    with native.interpreter_only():
+        want, _ = _run(F, params, batch, X, weights)
+    assert backends == ("native", "native")
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
+
+
+@needs_native
+def test_what_the_native_loop_does_not_compile_runs_on_the_interpreter_and_says_why():
+    F, params = child_sum_tree_lstm(E, H, np.random.default_rng(0))  # gather_sum: edge lists
+    backends = _native_and_interpreter(F, params, [mc.InputGraph([[], [], [], [0, 1, 2]])], 0)
+    assert all(b.startswith("interpreter (") and "gather_sum" in b for b in backends), backends
+    F, params = binary_tree_lstm(E, H, np.random.default_rng(0),
+                                 options={"lazy_batching": False})  # U's gradient per level
+    backends = _native_and_interpreter(F, params, [mc.InputGraph([[], [], [0, 1]])], 0)
+    assert backends[1].startswith("interpreter (") and "sum" in backends[1], backends
+
+
+@needs_native
+def test_the_generated_source_names_the_instructions_it_came_from():
+    F, _ = binary_tree_lstm(E, H, np.random.default_rng(0))
+    source = codegen.generate(F.program).source
+    for line in F.program.dump().splitlines():
+        if line.strip().startswith("gather "):
+            assert " ".join(line.split()) in source
+    assert "gemm_rows(" in source and "#pragma omp simd" in source
+
+
+@needs_native
+def test_a_source_compiles_once_then_comes_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINICAVS_CACHE_DIR", str(tmp_path))
+    source = 'extern "C" int minicavs_answer(void) { return 42; }\n'
+    lib, compiled = build.build(source, "test")
+    assert compiled and lib.minicavs_answer() == 42
+    lib, compiled = build.build(source, "test")
+    assert not compiled and lib.minicavs_answer() == 42
+    assert os.path.exists(build.library_path(source, "test"))
+    assert os.path.exists(build.library_path(source, "test")[:-3] + ".cpp")
+
+
+@needs_native
+def test_a_compile_error_shows_the_numbered_source_and_the_log(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINICAVS_CACHE_DIR", str(tmp_path))
+    source = "// generated\nextern \"C\" int f(void) { return undefined_name; }\n"
+    with pytest.raises(KernelCompileError) as info:
+        build.build(source, "broken", origin="program 'demo'")
+    message = str(info.value)
+    assert "program 'demo'" in message and "undefined_name" in info.value.log
+    assert "2 | extern \"C\" int f(void)" in message
+    assert not [f for f in os.listdir(tmp_path / "native") if f.startswith("broken")]
+
+
+_SUBPROCESS = textwrap.dedent("""
+    import warnings
+    import numpy as np
+    import minicavs as mc
+    warnings.simplefilter("always")
+    W = mc.Parameter(np.ones((2, 2)) * 0.5, name="W")
+    F = mc.VertexFunction(lambda v: v.scatter(mc.tanh(v.pull() + v.gather(0) @ W)),
+                          pull_shape=(2,), scatter_shape=(2,), arity=1, dtype="float64")
+    batch = mc.GraphBatch([mc.InputGraph.chain(4)])
+    with warnings.catch_warnings(record=True) as caught:
+        for _ in range(2):
+            out = F(batch, pull=mc.tensor(np.ones((4, 2))))
+            out.sum().backward()
+    notes = [str(w.message) for w in caught if "native CPU backend" in str(w.message)]
+    print(len(notes), "|", notes[0] if notes else "", "|", F.explain()["forward_backend"], "|",
+          round(float(out.numpy().sum()), 12))
+""")
+
+
+def _in_subprocess(**env):
+    environment = dict(os.environ, **env)
+    result = subprocess.run([sys.executable, "-c", _SUBPROCESS], capture_output=True, text=True,
+                            env=environment, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return [part.strip() for part in result.stdout.split("|")]
+
+
+def test_minicavs_native_0_runs_the_interpreter_after_one_warning():
+    count, note, backend, total = _in_subprocess(MINICAVS_NATIVE="0")
+    assert count == "1" and "MINICAVS_NATIVE=0" in note and "interpreter" in note
+    assert backend == "interpreter (MINICAVS_NATIVE=0 is set)"
+    if native.unavailable() is None:  # the same result natively
+        assert _in_subprocess(MINICAVS_NATIVE="1")[2:] == ["native", total]
+
+
+def test_without_a_compiler_the_interpreter_runs_after_one_warning(tmp_path):
+    count, note, backend, _ = _in_subprocess(CXX=str(tmp_path / "no-such-compiler"),
+                                             MINICAVS_CACHE_DIR=str(tmp_path))
+    assert count == "1" and "no C++ compiler" in note and "apt-get install g++" in note
+    assert backend.startswith("interpreter (no C++ compiler")
+
+
+def test_doctor_reports_the_cpu_backend():
+    from minicavs.cuda.doctor import run_doctor
+    import io
+
+    text = io.StringIO()
+    status = run_doctor(text)
+    line = next(x for x in text.getvalue().splitlines() if "cpu backend" in x)
+    if native.unavailable() is None:
+        assert "native C++ level loops (ok" in line and status == 0
+    else:
+        assert "NumPy interpreter" in line
+
+
+@needs_native
+def test_native_scratch_is_the_widest_level_kept_for_the_next_call():
+    F, _ = binary_tree_lstm(E, 64, np.random.default_rng(0))
+
+    def run(copies):
+        batch = mc.GraphBatch([mc.InputGraph.complete_binary(2)] * copies)
+        with mc.no_grad():
+            F(batch, pull=mc.tensor(np.ones((batch.num_vertices, E))))
+
+    run(40)  # the widest level first
+    scratch = dict(native.level_loop(F.program)._scratch.arrays)
+    assert scratch and all(len(a) == 80 for a in scratch.values())  # 40 trees: 80 leaves
+    for copies in range(1, 40):  # narrower levels reuse it: no allocation, no page faults
+        run(copies)
+    assert native.level_loop(F.program)._scratch.arrays == scratch
+
+
+@needs_native
+def test_softmax_cross_entropy_kernel_equals_numpy():
+    from minicavs.cpu import kernels
+
+    rng = np.random.default_rng(0)
+    for dtype, tolerance in (("float64", 1e-12), ("float32", 1e-5)):
+        x = (rng.standard_normal((37, 1001)) * 8).astype(dtype)
+        labels = rng.integers(0, 1001, 37)
+        g = rng.standard_normal(37).astype(dtype)
+        shifted = x - x.max(-1, keepdims=True)
+        p = np.exp(shifted.astype("float64"))
+        losses = np.log(p.sum(-1)) - shifted[np.arange(37), labels]
+        p /= p.sum(-1, keepdims=True)
+        p[np.arange(37), labels] -= 1
+        np.testing.assert_allclose(kernels.softmax_cross_entropy(x, labels), losses,
+                                   rtol=tolerance, atol=tolerance)
+        np.testing.assert_allclose(kernels.softmax_cross_entropy_grad(x, labels, g),
+                                   p * g[:, None], rtol=tolerance, atol=tolerance)
+    assert kernels.softmax_cross_entropy(x[:, ::2], labels) is None  # not contiguous: NumPy runs
