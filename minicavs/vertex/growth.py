@@ -48,7 +48,7 @@ ON_BUDGET = ("error", "truncate")
 class Frontier:
     """The vertices F just ran on, one row each, grouped by sample (in sample order):
     ``push`` (F's pushed outputs, or its states if it pushes nothing), ``state``, ``pull``,
-    ``sample`` (which sample), ``vertex`` (its index in that sample, in growth order; 0 is
+    ``sample_of`` (which sample), ``vertex`` (its index in that sample, in growth order; 0 is
     the root), ``depth`` and ``slot`` (its position among its parent's children; 0 at a root).
     Arrays are NumPy or CuPy (the device's).
 
@@ -60,11 +60,11 @@ class Frontier:
 
     def __init__(self, push, state, pull, sample, vertex, depth, slot, streams):
         self.push, self.state, self.pull = push, state, pull
-        self.sample, self.vertex, self.depth, self.slot = sample, vertex, depth, slot
+        self.sample_of, self.vertex, self.depth, self.slot = sample, vertex, depth, slot
         self._streams = streams
 
     def __len__(self):
-        return len(self.sample)
+        return len(self.sample_of)
 
     def argmax(self, values=None):
         """Per row, the index of the largest entry of ``values`` (default: ``push``), last
@@ -81,7 +81,7 @@ class Frontier:
         """Uniform numbers in [0, 1), shape ``(len(self), *size)``, drawn from each sample's
         own seeded generator: a sample draws the same numbers whether it grows alone or in a
         batch, and whatever the other samples do."""
-        return self._streams.uniform(self.sample, size)
+        return self._streams.uniform(self.sample_of, size)
 
     def sample(self, logits=None, temperature=1.0):
         """Per row, an index drawn from softmax(``logits`` / temperature) (default logits:
@@ -203,7 +203,7 @@ class Growth:
                    None for zero samples
     ``parents``    per sample, the parent of each vertex (-1 at the root): the tree, top-down
     ``pull``, ``state``, ``push``  what each vertex pulled, scattered and pushed (arrays)
-    ``depth``, ``slot``, ``sample``  per vertex; ``truncated``: per sample, whether the
+    ``depth``, ``slot``, ``sample_of``  per vertex; ``truncated``: per sample, whether the
                    ``max_vertices`` budget cut its growth
     ``frontier_sizes``  the vertices F ran on at each step
     ``output``     a Tensor of the pushed rows: under ``no_grad`` the growth's own values, else
@@ -235,7 +235,7 @@ class Growth:
             return joined[order] if isinstance(joined, np.ndarray) else \
                 joined[xp.asarray(order)]
 
-        self.sample, self.depth, self.slot = sample[order], gather("depth"), gather("slot")
+        self.sample_of, self.depth, self.slot = sample[order], gather("depth"), gather("slot")
         parent = gather("parent")  # the parent's vertex index in its sample, -1 at a root
         self.parents = [parent[offsets[s]:offsets[s + 1]] for s in range(num_samples)]
         self.pull, self.state, self.push = gather("pull"), gather("state"), gather("push")
