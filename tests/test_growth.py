@@ -299,3 +299,50 @@ def test_bad_input_gets_clear_errors():
     pair = mc.VertexFunction(two_slots, scatter_shape=(H,), arity=2, dtype="float64")
     with pytest.raises(mc.GraphError, match=r"gathers child slot\(s\) \[1\].*v.gather\(0\)"):
         grow(pair, None, _decide("argmax", 2), num_samples=2)
+
+
+# --- incremental decoding ---------------------------------------------------------------------
+
+def _greedy_by_rerunning_the_chain(model, batch, max_length):
+    """What Seq2Seq.generate did before growth: rerun the decoder over the whole chain decoded
+    so far at every step (quadratic), and take the last step's argmax."""
+    from minicavs.models.seq2seq import BOS, EOS
+
+    pairs = batch.num_samples
+    with mc.no_grad():
+        summaries = model._summaries(batch, None)
+        outputs = np.zeros((pairs, 0), np.int64)
+        for length in range(1, max_length + 1):
+            previous = np.concatenate([np.full((pairs, 1), BOS), outputs], axis=1)
+            graphs = mc.GraphBatch([mc.InputGraph.chain(length)] * pairs)
+            logits = model._decode(summaries, graphs, previous.reshape(-1),
+                                   np.repeat(np.arange(pairs), length), None)
+            last = logits.numpy().reshape(pairs, length, -1)[:, -1]
+            outputs = np.concatenate([outputs, last.argmax(-1)[:, None]], axis=1)
+    result = []
+    for row in outputs:
+        end = np.flatnonzero(row == EOS)
+        result.append(row[:end[0]] if end.size else row)
+    return result
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_seq2seq_greedy_decoding_is_linear_and_equals_rerunning_the_chain(seed, monkeypatch):
+    from minicavs.models import Seq2Seq, reversal_task
+    from minicavs.vertex import growth
+
+    mc.seed(seed)
+    model = Seq2Seq(7, embed_dim=4, hidden=6, dtype="float64")
+    pairs = reversal_task(12, vocab_size=7, max_length=5, rng=seed)
+    batch = model.prepare(pairs)
+    rows_run = []
+    run_frontier = growth._run_frontier
+    monkeypatch.setattr(growth, "_run_frontier",
+                        lambda f, xp, pull, parents, *rest:
+                        rows_run.append(len(parents)) or run_frontier(f, xp, pull, parents, *rest))
+    decoded = model.generate(batch, max_length=9)
+    want = _greedy_by_rerunning_the_chain(model, batch, 9)
+    assert [d.tolist() for d in decoded] == [w.tolist() for w in want]
+    # one decoder row per token emitted (the EOS included), not one per prefix of a chain
+    emitted = sum(min(len(d) + 1, 9) for d in decoded)
+    assert sum(rows_run) == emitted and len(rows_run) == max(min(len(d) + 1, 9) for d in decoded)

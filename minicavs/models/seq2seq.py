@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
+from .. import backend, ops, validate
 from ..autodiff import no_grad
 from ..nn import Embedding, Module
-from ..vertex import GraphBatch, InputGraph, VertexFunction
+from ..vertex import GraphBatch, InputGraph, VertexFunction, grow
 from .common import as_ids, bias, cross_entropy_sum, indices, lstm_bias, runner, weight
 
 PAD, BOS, EOS = 0, 1, 2  # special token ids; ordinary tokens are 3..vocab_size-1
@@ -121,24 +121,37 @@ class Seq2Seq(Module):
         return cross_entropy_sum(self.logits(batch, run), batch.targets)
 
     def generate(self, batch, max_length):
-        """Greedy decoding: each step reruns the decoder over the chains decoded so far (a
-        vertex function runs whole graphs; at these lengths the quadratic cost is small).
-        Returns one id array per pair, EOS and what follows cut off."""
-        pairs = batch.num_samples
+        """Greedy decoding in linear time: the decoder chains are grown (``mc.grow``) one
+        vertex per step, the decoder run once per step on the newest vertex of every
+        unfinished pair, which reads its predecessor's state kept from the step before. A
+        pair stops at EOS or after ``max_length`` tokens. Returns one id array per pair, EOS
+        and what follows cut off."""
+        validate.integer(max_length, "max_length", "Seq2Seq.generate", minimum=1)
+        table, W_out, b_out = (p.numpy() for p in (self.embedding.weight, self.W_out,
+                                                   self.b_out))
         with no_grad():
-            summaries = self._summaries(batch, None)
-            outputs = np.zeros((pairs, 0), np.int64)
-            for length in range(1, max_length + 1):
-                previous = np.concatenate([np.full((pairs, 1), BOS), outputs], axis=1)
-                graphs = GraphBatch([self._chain(length)] * pairs)
-                logits = self._decode(summaries, graphs, previous.reshape(-1),
-                                      np.repeat(np.arange(pairs), length), None)
-                last = logits.numpy().reshape(pairs, length, -1)[:, -1]
-                outputs = np.concatenate([outputs, last.argmax(-1)[:, None]], axis=1)
-                if (outputs == EOS).any(axis=1).all():
-                    break
+            summaries = self._summaries(batch, None).numpy()
+        emitted = []  # per step: (pair, position, token) of every frontier vertex
+
+        def next_token(frontier):
+            xp = backend.get_array_module(frontier.push)
+            token = xp.argmax(frontier.push @ xp.asarray(W_out) + xp.asarray(b_out), axis=-1)
+            emitted.append((frontier.sample_of, frontier.vertex, backend.to_numpy(token)))
+            go_on = backend.to_numpy((token != EOS)) & (frontier.vertex + 1 < max_length)
+            keep = xp.asarray(np.flatnonzero(go_on))
+            child_pull = xp.concatenate([xp.asarray(table)[token[keep]], xp.asarray(
+                summaries)[xp.asarray(frontier.sample_of)[keep]]], axis=1)
+            return go_on.astype(np.int64), child_pull
+
+        pairs = batch.num_samples
+        start = np.concatenate([np.repeat(table[BOS][None], pairs, axis=0), summaries], axis=1)
+        with no_grad():
+            grow(self.decoder, backend.to_device(start), next_token, max_vertices=max_length)
+        tokens = np.full((pairs, max_length), EOS, np.int64)
+        for pair, position, token in emitted:
+            tokens[pair, position] = token
         result = []
-        for row in outputs:
+        for row in tokens:
             end = np.flatnonzero(row == EOS)
             result.append(row[:end[0]] if end.size else row)
         return result
