@@ -106,6 +106,15 @@ def test_seq2seq_example(capsys):
     assert "greedy exact match" in capsys.readouterr().out.strip().splitlines()[-1]
 
 
+def test_td_tree_lstm_example(capsys):
+    result = _example("td_tree_lstm").main(QUICK + ["--train-size", "48", "--hidden", "8",
+                                                    "--embed-dim", "4", "--generate", "10",
+                                                    "--max-vertices", "15"])
+    assert result["generated"] == 10 and np.isfinite(result["test"]["loss"])
+    assert 1 <= result["mean_vertices"] <= 15
+    assert "trees/s" in capsys.readouterr().out.strip().splitlines()[-1]
+
+
 def test_examples_explain_their_options():
     for path in sorted(EXAMPLES.glob("*.py")):
         module = _example(path.stem)

@@ -346,3 +346,42 @@ def test_seq2seq_greedy_decoding_is_linear_and_equals_rerunning_the_chain(seed, 
     # one decoder row per token emitted (the EOS included), not one per prefix of a chain
     emitted = sum(min(len(d) + 1, 9) for d in decoded)
     assert sum(rows_run) == emitted and len(rows_run) == max(min(len(d) + 1, 9) for d in decoded)
+
+
+# --- TD-TreeLSTM ----------------------------------------------------------------------------
+
+def test_td_tree_lstm_teacher_forcing_and_generation():
+    from minicavs.data import make_splits
+    from minicavs.models import TDTreeLSTM
+    from minicavs.models.td_tree_lstm import EXPAND
+    from minicavs.vertex import evaluate_per_sample
+
+    splits = make_splits(sizes=(6, 1, 1))
+    mc.seed(3)
+    model = TDTreeLSTM(len(splits.vocab), embed_dim=4, hidden=6, dtype="float64")
+    trees = splits.train[:4]
+    batch = model.prepare(trees)
+    internal = sum(sum(1 for kids in t.children if kids) for t in trees)
+    assert int((batch.targets == EXPAND).sum()) == internal
+    leaf_words = sorted(w for t in trees for w, kids in zip(t.words, t.children) if not kids)
+    assert sorted(batch.targets[batch.targets != EXPAND] - 1) == leaf_words
+    params = model.parameters()
+    model.loss(batch).backward()
+    got = _grads(params)
+    model.loss(batch, run=evaluate_per_sample).backward()
+    for p, g, w in zip(params, got, _grads(params)):
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12, err_msg=p.name)
+
+    # a model that always expands down to the budget, then its generation as Trees
+    model.b_out.data[...] = 0
+    model.b_out.data[EXPAND] = 50.0
+    generated, growth = model.generate([0, 3], vocab=splits.vocab, max_vertices=7, greedy=True)
+    assert growth.truncated.tolist() == [True, True]
+    for tree in generated:  # 7 vertices: a full binary tree of depth 2, its leaves cut
+        assert [len(k) for k in tree.children] == [0, 0, 2, 0, 0, 2, 2]
+        assert tree.tokens == ["…"] * 4
+    model.b_out.data[EXPAND] = -50.0  # now every vertex is a leaf: one word per tree
+    generated, growth = model.generate([1, 2, 4], vocab=splits.vocab, greedy=True)
+    assert [t.num_vertices for t in generated] == [1, 1, 1]
+    words = growth.push.argmax(-1) - 1
+    assert [t.tokens for t in generated] == [[splits.vocab.token(w)] for w in words]
