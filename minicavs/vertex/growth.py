@@ -27,6 +27,7 @@ reference the batched growth is tested against.
 """
 
 from collections import namedtuple
+from functools import cached_property
 
 import numpy as np
 
@@ -173,8 +174,9 @@ def _check_growable(f):
 
 
 def _run_frontier(f, xp, pull, parent_rows, parent_states, names):
-    """F's Program on one frontier: returns (states, outputs) in frontier order. ``parent_states``
-    holds the previous frontier's states plus one zero row (what a root gathers)."""
+    """F's Program on one frontier: returns (states, outputs, what the next frontier gathers)
+    in frontier order. ``parent_states`` holds the previous frontier's states plus one zero row
+    (what a root gathers): the scattered state's own buffer, whose spare row stays zero."""
     program = f.program
     rows = _FrontierRows(xp, parent_rows, names)
     views = {key: xp.zeros((n,) + shape, dtype) for key, (n, shape, dtype, _) in
@@ -190,7 +192,8 @@ def _run_frontier(f, xp, pull, parent_rows, parent_states, names):
         xp.zeros((1,) + f.scatter_shape, f.dtype)
     interpreter.run(program, xp, env, ranges, rows, interpreter.RowMoves(xp, rows, states=states))
     outputs = program.graph.outputs
-    return env[id(outputs[0])], env[id(outputs[-1])]
+    gathered = views[id(program.gathers_from)] if program.gathers_from is not None else None
+    return env[id(outputs[0])], env[id(outputs[-1])], gathered
 
 
 # --- the result --------------------------------------------------------------------------------------
@@ -226,19 +229,11 @@ class Growth:
         order = np.empty_like(where)
         order[where] = np.arange(len(where))
 
-        def gather(key):
-            parts = [r[key] for r in records]
-            per_vertex_ints = key in ("vertex", "parent", "depth", "slot")
-            if not parts or parts[0] is None:
-                return np.zeros(0, np.int64) if per_vertex_ints else None
-            joined = (np if per_vertex_ints else xp).concatenate(parts)
-            return joined[order] if isinstance(joined, np.ndarray) else \
-                joined[xp.asarray(order)]
-
-        self.sample_of, self.depth, self.slot = sample[order], gather("depth"), gather("slot")
-        parent = gather("parent")  # the parent's vertex index in its sample, -1 at a root
+        self._records, self._order, self._xp = records, order, xp
+        self.sample_of = sample[order]
+        self.depth, self.slot = self._joined("depth"), self._joined("slot")
+        parent = self._joined("parent")  # the parent's vertex index in its sample, -1 at a root
         self.parents = [parent[offsets[s]:offsets[s + 1]] for s in range(num_samples)]
-        self.pull, self.state, self.push = gather("pull"), gather("state"), gather("push")
         self.offsets = offsets
         self.batch = None
         if num_samples:
@@ -247,6 +242,31 @@ class Growth:
                                      for s, p in enumerate(self.parents)])
         self._root_pull = root_pull
         self._output = None
+
+    def _joined(self, key):
+        """One per-vertex record of every step, in batch order."""
+        parts = [r[key] for r in self._records]
+        per_vertex_ints = key in ("vertex", "parent", "depth", "slot")
+        if not parts or parts[0] is None:
+            return np.zeros(0, np.int64) if per_vertex_ints else None
+        if per_vertex_ints:
+            return np.concatenate(parts)[self._order]
+        xp = self._xp
+        return xp.concatenate(parts)[self._order if xp is np else xp.asarray(self._order)]
+
+    # (the values are joined on first use: a caller that only needs the structure, or the
+    # replay's differentiable output, does not pay for copying every step's rows)
+    @cached_property
+    def pull(self):
+        return self._joined("pull")
+
+    @cached_property
+    def state(self):
+        return self._joined("state")
+
+    @cached_property
+    def push(self):
+        return self._joined("push")
 
     @property
     def num_vertices(self):
@@ -431,8 +451,8 @@ def grow(F, root_pull, decide, *, num_samples=None, max_vertices=1024, on_budget
         def names(i, sample=sample, vertex=vertex):
             return f"sample {int(sample[i])}, vertex {int(vertex[i])}"
 
-        state, push = _run_frontier(F, xp, pull, parent_rows, parent_states, names)
-        state, push = state.copy(), push.copy()  # (views of this step's buffers)
+        state, push, parent_states = _run_frontier(F, xp, pull, parent_rows, parent_states,
+                                                   names)
         records.append(dict(sample=sample, vertex=vertex, depth=depth, slot=slot, parent=parent,
                             pull=pull, state=state, push=push))
         sizes.append(len(sample))
@@ -449,7 +469,6 @@ def grow(F, root_pull, decide, *, num_samples=None, max_vertices=1024, on_budget
         depth = depth[parent_rows] + 1
         if child_pull is not None:
             pull = child_pull[xp.asarray(np.flatnonzero(keep))] if not keep.all() else child_pull
-        parent_states = xp.concatenate([state, xp.zeros((1,) + state.shape[1:], state.dtype)])
     return Growth(F, n, records, truncated, root_pull, sizes)
 
 
