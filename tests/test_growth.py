@@ -385,3 +385,49 @@ def test_td_tree_lstm_teacher_forcing_and_generation():
     assert [t.num_vertices for t in generated] == [1, 1, 1]
     words = growth.push.argmax(-1) - 1
     assert [t.tokens for t in generated] == [[splits.vocab.token(w)] for w in words]
+
+
+def _sequence_log_p(model, source, tokens, ends_with_eos):
+    """log p(tokens [+ EOS] | source) by teacher forcing."""
+    from minicavs.models.seq2seq import EOS
+
+    target = np.asarray(list(tokens) + [EOS] * ends_with_eos, np.int64)
+    if len(target) == 0:
+        return 0.0
+    with mc.no_grad():
+        logits = model.logits(model.prepare([(source, target)])).numpy().astype(np.float64)
+    z = logits - logits.max(axis=1, keepdims=True)
+    log_p = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    return float(log_p[np.arange(len(target)), target].sum())
+
+
+def test_beam_search_of_width_one_is_greedy_and_a_wide_beam_is_exhaustive():
+    import itertools
+
+    from minicavs.models import Seq2Seq, reversal_task
+    from minicavs.models.seq2seq import EOS
+
+    mc.seed(4)
+    model = Seq2Seq(5, embed_dim=4, hidden=8, dtype="float64")
+    train = reversal_task(256, vocab_size=5, max_length=3, rng=5)
+    optimizer = mc.nn.Adam(model.parameters(), lr=0.05)
+    for step in range(40):  # a little training: hypotheses of different lengths win
+        optimizer.zero_grad()
+        model.loss(model.prepare(train[step % 8 * 32:][:32])).backward()
+        optimizer.step()
+    pairs = reversal_task(6, vocab_size=5, max_length=3, rng=4)
+    batch = model.prepare(pairs)
+    greedy = model.generate(batch, max_length=3)
+    narrow = model.beam_search(batch, beam_size=1, max_length=3)
+    assert [t.tolist() for t, _ in narrow] == [g.tolist() for g in greedy]
+
+    # every hypothesis: up to 2 tokens then EOS, or 3 tokens without it (85 in all)
+    others = [t for t in range(5) if t != EOS]
+    hypotheses = [(list(p), True) for n in range(3) for p in itertools.product(others, repeat=n)]
+    hypotheses += [(list(p), False) for p in itertools.product(others, repeat=3)]
+    wide = model.beam_search(batch, beam_size=100, max_length=3)
+    for (source, _), (tokens, score) in zip(pairs, wide):
+        scored = [(_sequence_log_p(model, source, h, eos), h) for h, eos in hypotheses]
+        best_score, best = max(scored, key=lambda x: x[0])
+        assert tokens.tolist() == best and abs(score - best_score) < 1e-9
+    assert len({len(tokens) for tokens, _ in wide}) > 1

@@ -156,6 +156,75 @@ class Seq2Seq(Module):
             result.append(row[:end[0]] if end.size else row)
         return result
 
+    def beam_search(self, batch, beam_size, max_length):
+        """Beam search with ``mc.grow``: the hypotheses of all pairs form one growing forest
+        (a vertex is a prefix, its children the extensions kept), so each step runs the
+        decoder once on every live hypothesis of every pair. Per pair, the ``beam_size`` best
+        extensions (summed log-probabilities) of its live hypotheses are kept; one ending in
+        EOS, or reaching ``max_length`` tokens, is finished; a pair stops once it has
+        ``beam_size`` finished hypotheses or none of its live ones can beat its best finished
+        one (log-probabilities only fall). Returns per pair ``(tokens, log-probability)`` of
+        its best finished hypothesis (EOS cut off; its log-probability counted)."""
+        validate.integer(beam_size, "beam_size", "Seq2Seq.beam_search", minimum=1)
+        validate.integer(max_length, "max_length", "Seq2Seq.beam_search", minimum=1)
+        table, W_out, b_out = (p.numpy().astype(np.float64) for p in (
+            self.embedding.weight, self.W_out, self.b_out))
+        with no_grad():
+            summaries = self._summaries(batch, None).numpy()
+        pairs = batch.num_samples
+        finished = [[] for _ in range(pairs)]  # (log-probability, vertex, last token or None)
+        token_of = {}  # (pair, vertex) -> the token the hypothesis ends with
+        live = {"score": np.zeros(pairs), "token": np.full(pairs, BOS)}  # rows of the frontier
+
+        def extend(frontier):
+            for (s, v), token in zip(zip(frontier.sample_of.tolist(), frontier.vertex.tolist()),
+                                     live["token"].tolist()):
+                token_of[s, v] = token
+            logits = backend.to_numpy(frontier.push).astype(np.float64) @ W_out + b_out
+            logits -= logits.max(axis=1, keepdims=True)
+            log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+            total = live["score"][:, None] + log_p
+            kept_rows, kept_tokens = [], []
+            starts = np.flatnonzero(np.r_[True, frontier.sample_of[1:] != frontier.sample_of[:-1]])
+            for lo, hi in zip(starts, list(starts[1:]) + [len(frontier)]):
+                s = int(frontier.sample_of[lo])
+                done = finished[s]
+                best = np.argsort(-total[lo:hi], axis=None, kind="stable")[:beam_size]
+                rows, tokens = np.unravel_index(best, total[lo:hi].shape)
+                for r, t in zip((rows + lo).tolist(), tokens.tolist()):
+                    if len(done) >= beam_size or (done and max(d[0] for d in done) >= total[r, t]):
+                        break  # sorted: no later candidate of this pair can do better
+                    if t == EOS:
+                        done.append((total[r, t], int(frontier.vertex[r]), None))
+                    elif frontier.depth[r] + 1 >= max_length:
+                        done.append((total[r, t], int(frontier.vertex[r]), t))
+                    else:
+                        kept_rows.append(r)
+                        kept_tokens.append(t)
+            order = np.argsort(kept_rows, kind="stable")  # children grouped by parent row
+            kept_rows = np.asarray(kept_rows, np.int64)[order]
+            kept_tokens = np.asarray(kept_tokens, np.int64)[order]
+            live["score"] = total[kept_rows, kept_tokens]
+            live["token"] = kept_tokens
+            counts = np.bincount(kept_rows, minlength=len(frontier))
+            child_pull = np.concatenate([table[kept_tokens],
+                                         summaries[frontier.sample_of[kept_rows]]], axis=1)
+            return counts, backend.to_device(child_pull.astype(summaries.dtype))
+
+        start = np.concatenate([np.repeat(table[BOS][None], pairs, axis=0), summaries], axis=1)
+        with no_grad():
+            grown = grow(self.decoder, backend.to_device(start.astype(summaries.dtype)), extend,
+                         max_vertices=beam_size * max_length + 1)
+        result = []
+        for s in range(pairs):
+            score, vertex, last = max(finished[s], key=lambda d: d[0])
+            tokens = [] if last is None else [last]
+            while vertex > 0:  # up to the root (BOS)
+                tokens.append(token_of[s, vertex])
+                vertex = int(grown.parents[s][vertex])
+            result.append((np.array(tokens[::-1], np.int64), float(score)))
+        return result
+
     def evaluate(self, batches, pairs=None):
         """Teacher-forced ``loss`` and ``token_accuracy``; with the raw ``pairs`` (the list
         the batches were made from, in order) also greedy ``sequence_accuracy``."""
