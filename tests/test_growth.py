@@ -386,6 +386,11 @@ def test_td_tree_lstm_teacher_forcing_and_generation():
     words = growth.push.argmax(-1) - 1
     assert [t.tokens for t in generated] == [[splits.vocab.token(w)] for w in words]
 
+    from minicavs.data.tree import DataError, Tree
+    unary = Tree([[], [0]], [3, -1], [2, 2])
+    with pytest.raises(DataError, match="sample 1, vertex 1: has 1 children"):
+        model.prepare([trees[0], unary])
+
 
 def _sequence_log_p(model, source, tokens, ends_with_eos):
     """log p(tokens [+ EOS] | source) by teacher forcing."""

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
+from .. import backend, ops
 from ..autodiff import no_grad
-from ..data.tree import Tree
+from ..data.tree import DataError, Tree
 from ..errors import IndexRangeError
 from ..nn import Embedding, Module
 from ..vertex import InputGraph, VertexFunction, grow, top_down
@@ -78,6 +78,12 @@ class TDTreeLSTM(Module):
 
     def prepare(self, trees):
         """A :class:`TopDownBatch` of labelled trees (``minicavs.data.Tree``, binary)."""
+        for s, tree in enumerate(trees):
+            for v, kids in enumerate(tree.children):
+                if len(kids) not in (0, 2) or (not kids and tree.words[v] < 0):
+                    what = f"{len(kids)} children" if kids else "no word"
+                    raise DataError(f"TDTreeLSTM: sample {s}, vertex {v}: has {what}; the "
+                                    f"model generates binary trees with a word at each leaf")
         structure = top_down([InputGraph(t.children) for t in trees])
         firsts = structure.batch.offsets[:-1]
         sample = structure.batch.sample_of
@@ -114,7 +120,7 @@ class TDTreeLSTM(Module):
         pulling "left" and "right". ``record(frontier, classes)``: called with each step's
         classes."""
         def expand_or_stop(frontier):
-            classes = np.asarray(frontier.argmax() if greedy else frontier.sample())
+            classes = backend.to_numpy(frontier.argmax() if greedy else frontier.sample())
             if record is not None:
                 record(frontier, classes)
             counts = np.where(classes == EXPAND, 2, 0)

@@ -296,16 +296,16 @@ class Growth:
 
     @property
     def output(self):
-        if self._output is None:
-            f = self.F
-            if self.batch is None:
-                shape = f.push_shape if f.push_output is not None else f.scatter_shape
-                self._output = Tensor(np.zeros((0,) + shape, f.dtype))
-            elif is_grad_enabled():
-                self._output = f(self.batch, pull=self.pull_tensor())
-            else:
-                self._output = Tensor(self.push)
-        return self._output
+        """The pushed rows as a Tensor. With gradients enabled, ``F(batch, pull)`` on the
+        structure found with the parameters' current values (made once, at the first such
+        access: read it before an optimiser step); under ``no_grad``, the growth's values."""
+        f = self.F
+        if self.batch is None:
+            shape = f.push_shape if f.push_output is not None else f.scatter_shape
+            return Tensor(np.zeros((0,) + shape, f.dtype))
+        if self._output is None and is_grad_enabled():
+            self._output = f(self.batch, pull=self.pull_tensor())
+        return self._output if self._output is not None else Tensor(self.push)
 
     def __repr__(self):
         return (f"Growth({self.num_samples} samples, {self.num_vertices} vertices, "
