@@ -235,11 +235,6 @@ class Growth:
         parent = self._joined("parent")  # the parent's vertex index in its sample, -1 at a root
         self.parents = [parent[offsets[s]:offsets[s + 1]] for s in range(num_samples)]
         self.offsets = offsets
-        self.batch = None
-        if num_samples:
-            self.batch = GraphBatch([InputGraph._from_csr((p >= 0).astype(np.int64), p[p >= 0],
-                                                          sample=s)
-                                     for s, p in enumerate(self.parents)])
         self._root_pull = root_pull
         self._output = None
 
@@ -253,6 +248,15 @@ class Growth:
             return np.concatenate(parts)[self._order]
         xp = self._xp
         return xp.concatenate(parts)[self._order if xp is np else xp.asarray(self._order)]
+
+    @cached_property
+    def batch(self):
+        """The structure found as a GraphBatch for F (each vertex's child 0 is its parent;
+        made on first use); None for zero samples."""
+        if not self.num_samples:
+            return None
+        return GraphBatch([InputGraph._from_csr((p >= 0).astype(np.int64), p[p >= 0], sample=s)
+                           for s, p in enumerate(self.parents)])
 
     # (the values are joined on first use: a caller that only needs the structure, or the
     # replay's differentiable output, does not pay for copying every step's rows)
