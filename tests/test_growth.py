@@ -292,6 +292,14 @@ def test_bad_input_gets_clear_errors():
         grow(F, roots, _decide("argmax", 2), on_budget="stop")
     with pytest.raises(mc.ArgumentError, match="max_vertices"):
         grow(F, roots, _decide("argmax", 2), max_vertices=0)
+    with pytest.raises(mc.ArgumentError, match="seed"):
+        grow(F, roots, _decide("argmax", 2), seed="x")
+    with pytest.raises(mc.ArgumentError, match="temperature"):
+        grow(F, roots, lambda fr: (fr.sample(temperature=0.0), None))
+    with pytest.raises(mc.DTypeError, match="child_pull has dtype float64, but vertex "
+                                            "function 'top_down_cell' pulls int64"):
+        F_ids, _ = _cell(rng, pull_ids=True)
+        grow(F_ids, np.zeros((2, 1), np.int64), lambda fr: (np.ones(2, int), np.zeros((2, 1))))
 
     def two_slots(v):
         v.scatter(mc.tanh(v.gather(0) + v.gather(1)))

@@ -318,10 +318,11 @@ class Growth:
 
 # --- growing ------------------------------------------------------------------------------------------
 
-def _check_arguments(f, root_pull, num_samples, max_vertices, on_budget, where):
+def _check_arguments(f, root_pull, num_samples, max_vertices, on_budget, seed, where):
     _check_growable(f)
     validate.integer(max_vertices, "max_vertices (the most vertices one sample may grow)", where,
                      minimum=1)
+    validate.integer(seed, "seed (of the per-sample generators)", where, minimum=0)
     if on_budget not in ON_BUDGET:
         raise ArgumentError(f"{where}: on_budget must be 'error' or 'truncate', got "
                             f"{validate.shown(on_budget)}")
@@ -437,7 +438,8 @@ def grow(F, root_pull, decide, *, num_samples=None, max_vertices=1024, on_budget
     the sample in ``Growth.truncated``. ``seed``: of the per-sample generators behind
     ``Frontier.uniform``/``sample``. Returns a :class:`Growth`."""
     where = "grow"
-    pull, n = _check_arguments(F, root_pull, num_samples, max_vertices, on_budget, where)
+    pull, n = _check_arguments(F, root_pull, num_samples, max_vertices, on_budget, seed,
+                                where)
     if not callable(decide):
         raise ArgumentError(f"{where}: decide must be a function decide(frontier) -> (counts, "
                             f"child_pull), got {type(decide).__name__}")
@@ -483,7 +485,8 @@ def grow_per_sample(F, root_pull, decide, *, num_samples=None, max_vertices=1024
     sample's frontier only. Returns a :class:`Growth` whose ``output`` is the eager Tensors
     of the growth itself (differentiable with the eager autodiff)."""
     where = "grow_per_sample"
-    pull, n = _check_arguments(F, root_pull, num_samples, max_vertices, on_budget, where)
+    pull, n = _check_arguments(F, root_pull, num_samples, max_vertices, on_budget, seed,
+                                where)
     streams = _Streams(seed)
     records, outputs = [], []
     made, truncated = np.ones(n, np.int64), np.zeros(n, bool)
