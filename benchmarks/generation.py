@@ -101,7 +101,7 @@ def _result(loop, data, versions):
     return common.summarize(loop, data, versions=versions)
 
 
-# --- minicavs --------------------------------------------------------------------------------------
+# --- minicavs ------------------------------------------------------------------------------------
 
 def run_minicavs(data, params, epochs, warmup, device="cpu"):
     import minicavs as mc
@@ -138,7 +138,7 @@ def run_minicavs(data, params, epochs, warmup, device="cpu"):
     return _result(loop, data, {"minicavs": mc.__version__, "device": device})
 
 
-# --- PyTorch ----------------------------------------------------------------------------------------
+# --- PyTorch -------------------------------------------------------------------------------------
 
 def _torch_cell(P, F):
     def cell(x, h, c):
@@ -221,7 +221,7 @@ def run_torch_batched(data, params, epochs, warmup, device="cpu"):
     return _result(loop, data, _torch.version(device))
 
 
-# --- DyNet ------------------------------------------------------------------------------------------
+# --- DyNet ---------------------------------------------------------------------------------------
 
 def run_dynet(data, params, epochs, warmup):
     """One graph per tree, vertex by vertex: a decision reads its vertex's value."""

@@ -294,6 +294,9 @@ def test_bad_input_gets_clear_errors():
         grow(F, roots, _decide("argmax", 2), max_vertices=0)
     with pytest.raises(mc.ArgumentError, match="seed"):
         grow(F, roots, _decide("argmax", 2), seed="x")
+    with pytest.raises(mc.NonFiniteError, match="logits of sample 1, vertex 0 are not finite"):
+        grow(F, roots, lambda fr: (fr.sample(np.where(fr.sample_of[:, None] == 1, np.nan,
+                                                      fr.push)), None))
     with pytest.raises(mc.ArgumentError, match="temperature"):
         grow(F, roots, lambda fr: (fr.sample(temperature=0.0), None))
     with pytest.raises(mc.DTypeError, match="child_pull has dtype float64, but vertex "
@@ -309,7 +312,7 @@ def test_bad_input_gets_clear_errors():
         grow(pair, None, _decide("argmax", 2), num_samples=2)
 
 
-# --- incremental decoding ---------------------------------------------------------------------
+# --- incremental decoding ------------------------------------------------------------------------
 
 def _greedy_by_rerunning_the_chain(model, batch, max_length):
     """What Seq2Seq.generate did before growth: rerun the decoder over the whole chain decoded
@@ -356,7 +359,7 @@ def test_seq2seq_greedy_decoding_is_linear_and_equals_rerunning_the_chain(seed, 
     assert sum(rows_run) == emitted and len(rows_run) == max(min(len(d) + 1, 9) for d in decoded)
 
 
-# --- TD-TreeLSTM ----------------------------------------------------------------------------
+# --- TD-TreeLSTM ---------------------------------------------------------------------------------
 
 def test_td_tree_lstm_teacher_forcing_and_generation():
     from minicavs.data import make_splits

@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import backend, validate
 from ..autodiff.tensor import Tensor, is_grad_enabled
-from ..errors import ArgumentError, DTypeError, GraphError, ShapeError
+from ..errors import ArgumentError, DTypeError, GraphError, NonFiniteError, ShapeError
 from ..ops import index as index_ops, shape as shape_ops
 from ..ops.registry import describe
 from . import interpreter, memory
@@ -44,7 +44,7 @@ from .reference import _EagerVertex
 ON_BUDGET = ("error", "truncate")
 
 
-# --- what a decision sees and returns -------------------------------------------------------------
+# --- what a decision sees and returns ------------------------------------------------------------
 
 class Frontier:
     """The vertices F just ran on, one row each, grouped by sample (in sample order):
@@ -91,6 +91,12 @@ class Frontier:
                             np.float64)
         validate.number(temperature, "temperature", "Frontier.sample", open_minimum=True,
                         minimum=0)
+        bad = ~np.isfinite(logits).all(axis=-1)
+        if bad.any():  # no probabilities to draw from: say where, do not draw index 0
+            i = int(np.flatnonzero(bad)[0])
+            raise NonFiniteError(f"Frontier.sample: the logits of sample {int(self.sample_of[i])}, "
+                                 f"vertex {int(self.vertex[i])} are not finite "
+                                 f"({logits[i][~np.isfinite(logits[i])][0]})")
         z = logits / temperature
         p = np.exp(z - z.max(axis=-1, keepdims=True))
         cdf = np.cumsum(p, axis=-1)
@@ -118,7 +124,7 @@ class _Streams:
         return out
 
 
-# --- running F on a frontier -----------------------------------------------------------------------
+# --- running F on a frontier ---------------------------------------------------------------------
 
 class _FrontierRows:
     """A frontier as the interpreter reads a batch (the interface of ``BatchIndices``): one
@@ -196,7 +202,7 @@ def _run_frontier(f, xp, pull, parent_rows, parent_states, names):
     return env[id(outputs[0])], env[id(outputs[-1])], gathered
 
 
-# --- the result --------------------------------------------------------------------------------------
+# --- the result ----------------------------------------------------------------------------------
 
 class Growth:
     """What :func:`grow` found. Per-vertex arrays are in the order of ``batch`` (sample by
@@ -316,7 +322,7 @@ class Growth:
                 f"{len(self.frontier_sizes)} steps, {int(np.sum(self.truncated))} truncated)")
 
 
-# --- growing ------------------------------------------------------------------------------------------
+# --- growing -------------------------------------------------------------------------------------
 
 def _check_arguments(f, root_pull, num_samples, max_vertices, on_budget, seed, where):
     _check_growable(f)
@@ -544,7 +550,7 @@ def grow_per_sample(F, root_pull, decide, *, num_samples=None, max_vertices=1024
     return growth
 
 
-# --- teacher forcing: a given structure, top-down -----------------------------------------------------
+# --- teacher forcing: a given structure, top-down ------------------------------------------------
 
 TopDown = namedtuple("TopDown", "batch vertex slot depth")
 
