@@ -63,8 +63,8 @@ def count_flops(data):
     gemm = vertices * (2 * E * 4 * H + 2 * H * C) + (vertices - roots) * 2 * H * 4 * H
     elementwise = vertices * (10 * H + 2 * C)
     return {"gemm": gemm, "elementwise": elementwise, "total": gemm + elementwise,
-            "formula": "vertices·(2E·4H + 2H·C) + non-roots·2H·4H GEMM + vertices·(10H + 2C) "
-                       "elementwise, forward only"}
+            "formula": "vertices·(2E·4H + 2H·C) + non-roots·2H·4H GEMM + "
+                       "vertices·(10H + 2C) elementwise, forward only"}
 
 
 def _sigmoid(x):

@@ -94,8 +94,9 @@ class Frontier:
         bad = ~np.isfinite(logits).all(axis=-1)
         if bad.any():  # no probabilities to draw from: say where, do not draw index 0
             i = int(np.flatnonzero(bad)[0])
-            raise NonFiniteError(f"Frontier.sample: the logits of sample {int(self.sample_of[i])}, "
-                                 f"vertex {int(self.vertex[i])} are not finite "
+            raise NonFiniteError(f"Frontier.sample: the logits of sample "
+                                 f"{int(self.sample_of[i])}, vertex {int(self.vertex[i])} are "
+                                 f"not finite "
                                  f"({logits[i][~np.isfinite(logits[i])][0]})")
         z = logits / temperature
         p = np.exp(z - z.max(axis=-1, keepdims=True))
