@@ -447,3 +447,25 @@ def test_beam_search_of_width_one_is_greedy_and_a_wide_beam_is_exhaustive():
         best_score, best = max(scored, key=lambda x: x[0])
         assert tokens.tolist() == best and abs(score - best_score) < 1e-9
     assert len({len(tokens) for tokens, _ in wide}) > 1
+
+
+@pytest.mark.gpu
+def test_growth_on_the_gpu_equals_the_cpu():
+    rng = np.random.default_rng(9)
+    F, params = _cell(rng, pull_ids=True)
+    roots = rng.integers(0, 6, (8, 1))
+    decide = _decide("sample", 3)
+    on_cpu = grow(F, roots, decide, seed=2)
+    on_cpu.output.sum().backward()
+    want = _grads(params)
+    mc.set_device("cuda")
+    for p in params:
+        p.data = mc.backend.to_device(p.data)
+    on_gpu = grow(F, roots, decide, seed=2)
+    for a, b in zip(on_gpu.parents, on_cpu.parents):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(mc.backend.to_numpy(on_gpu.push), on_cpu.push, rtol=1e-10)
+    on_gpu.output.sum().backward()
+    for p, g, w in zip(params, _grads(params), want):
+        np.testing.assert_allclose(mc.backend.to_numpy(g), w, rtol=1e-9, atol=1e-12,
+                                   err_msg=p.name)

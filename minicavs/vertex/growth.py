@@ -450,7 +450,7 @@ def grow(F, root_pull, decide, *, num_samples=None, max_vertices=1024, on_budget
     if not callable(decide):
         raise ArgumentError(f"{where}: decide must be a function decide(frontier) -> (counts, "
                             f"child_pull), got {type(decide).__name__}")
-    xp = backend.get_array_module(pull) if pull is not None else backend.device_module()
+    xp = backend.device_module()  # F runs where its parameters and F(batch, pull) would
     streams = _Streams(seed)
     made = np.ones(n, np.int64)
     truncated = np.zeros(n, bool)
@@ -458,8 +458,8 @@ def grow(F, root_pull, decide, *, num_samples=None, max_vertices=1024, on_budget
     depth, slot, parent = np.zeros(n, np.int64), np.zeros(n, np.int64), np.full(n, -1)
     parent_rows, parent_states = np.full(n, -1), None
     records, sizes = [], []
-    if pull is not None and xp is not np:
-        pull = xp.asarray(pull)
+    if pull is not None:
+        pull = backend.to_device(pull)
     while len(sample):
         def names(i, sample=sample, vertex=vertex):
             return f"sample {int(sample[i])}, vertex {int(vertex[i])}"
