@@ -34,7 +34,7 @@ def _cell(rng, pull_ids=False, vocab=6):
 
 
 def _decide(rule, max_depth):
-    """A batched decision: how many children (0..2) from the pushed outputs, each child
+    """A batched decision: how many children (0..3) from the pushed outputs, each child
     pulling its parent's first outputs (float pulls) or a chosen id (int pulls)."""
     def decide(frontier):
         if rule == "argmax":
@@ -42,8 +42,8 @@ def _decide(rule, max_depth):
         elif rule == "sample":
             choice = frontier.sample()
         else:
-            choice = 2 * frontier.above(frontier.push[:, 0], 0.0)
-        counts = np.where(frontier.depth >= max_depth, 0, choice % 3)
+            choice = 3 * frontier.above(frontier.push[:, 0], 0.0)
+        counts = np.where(frontier.depth >= max_depth, 0, choice)
         if frontier.pull.dtype.kind == "i":
             child_pull = np.repeat(choice[:, None], counts, axis=0)
         else:
