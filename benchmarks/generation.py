@@ -103,7 +103,7 @@ def _result(loop, data, versions):
 
 # --- minicavs ------------------------------------------------------------------------------------
 
-def run_minicavs(data, params, epochs, warmup, device="cpu"):
+def run_minicavs(data, params, epochs, warmup, device="cpu", vertex_options=None):
     import minicavs as mc
     from minicavs import backend
 
@@ -121,7 +121,7 @@ def run_minicavs(data, params, epochs, warmup, device="cpu"):
 
     F = mc.VertexFunction(td_tree_lstm, pull_shape=(), pull_dtype="int64",
                           scatter_shape=(2 * H,), push_shape=(1 + VOCAB,), arity=1,
-                          dtype="float32", name="td_tree_lstm")
+                          dtype="float32", name="td_tree_lstm", options=vertex_options)
     def expand_or_stop(frontier):
         logits = frontier.push
         expand = backend.to_numpy(logits[:, 0] > 0) & (frontier.depth < MAX_DEPTH)
@@ -135,7 +135,8 @@ def run_minicavs(data, params, epochs, warmup, device="cpu"):
         return {"loss": growth.num_vertices}
 
     loop = common.train_loop(step, data["batches"], epochs, warmup)
-    return _result(loop, data, {"minicavs": mc.__version__, "device": device})
+    return _result(loop, data, {"minicavs": mc.__version__, "device": device,
+                                "vertex_options": vertex_options})
 
 
 # --- PyTorch -------------------------------------------------------------------------------------

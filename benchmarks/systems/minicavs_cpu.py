@@ -136,7 +136,8 @@ def run(data, params, epochs, warmup, options=None, device=DEVICE):
     import minicavs as mc
 
     if data["kind"] == "td_generate":
-        return generation.run_minicavs(data, params, epochs, warmup, device)
+        return generation.run_minicavs(data, params, epochs, warmup, device,
+                                       (options or {}).get("vertex"))
     mc.set_device(device)
     options = options or {}
     F, parameters, prepare, loss_of = build(data, params, options.get("vertex"))
