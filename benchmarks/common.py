@@ -66,6 +66,7 @@ class Workload:
     hidden: int
     unit: str
     num_classes: int = 5
+    batch_size: int = BATCH_SIZE
 
 
 WORKLOADS = {
@@ -74,11 +75,18 @@ WORKLOADS = {
                               "trees/s"),
     "tree_fc": Workload("tree_fc", "tree_fc", "Tree-FC (256 leaves)", 256, 256, "trees/s"),
     "var_lstm": Workload("var_lstm", "var_lstm", "Var-LSTM LM (PTB)", 256, 256, "tokens/s"),
+    # generation: no training, trees grown top-down (benchmarks/generation.py)
+    "td_generate": Workload("td_generate", "td_generate", "TD-TreeLSTM generation", 128, 128,
+                            "trees/s"),
+    "td_generate_1": Workload("td_generate_1", "td_generate", "TD-TreeLSTM generation", 128,
+                              128, "trees/s", batch_size=1),
 }
 
 # How many samples one epoch has: the issue's sizes, and a small one for --quick.
-FULL_SIZES = {"tree_lstm": 1024, "tree_lstm_256": 1024, "tree_fc": 256, "var_lstm": 1024}
-QUICK_SIZES = {"tree_lstm": 128, "tree_lstm_256": 128, "tree_fc": 64, "var_lstm": 128}
+FULL_SIZES = {"tree_lstm": 1024, "tree_lstm_256": 1024, "tree_fc": 256, "var_lstm": 1024,
+              "td_generate": 256, "td_generate_1": 256}
+QUICK_SIZES = {"tree_lstm": 128, "tree_lstm_256": 128, "tree_fc": 64, "var_lstm": 128,
+               "td_generate": 64, "td_generate_1": 64}
 TREE_FC_LEAVES = 256
 TREE_FC_VOCAB = 1000
 
@@ -103,6 +111,10 @@ def load_workload(workload, size, sst_path=None, ptb_path=None, seed=0):
     from minicavs import data as datasets  # the project's readers
 
     spec = WORKLOADS[workload]
+    if spec.kind == "td_generate":
+        from benchmarks import generation
+
+        return generation.load(spec, size)
     data_dir = default_data_dir()
     if spec.kind == "tree_lstm":
         path = Path(sst_path) if sst_path else data_dir / "sst" / "train.txt"
@@ -178,14 +190,18 @@ def init_params(data, seed=0):
     """
     rng = np.random.default_rng(seed)
     E, H, V = data["embed"], data["hidden"], data["vocab_size"]
-    gates = {"tree_lstm": 5, "tree_fc": 1, "var_lstm": 4}[data["kind"]]
-    fan_in_u = H if data["kind"] == "var_lstm" else 2 * H
-    out = V if data["kind"] == "var_lstm" else data["num_classes"]
 
     def uniform(shape, fan_in):
         bound = 1.0 / np.sqrt(fan_in)
         return rng.uniform(-bound, bound, size=shape).astype(np.float32)
 
+    if data["kind"] == "td_generate":
+        from benchmarks import generation
+
+        return generation.init_params(data, rng, uniform)
+    gates = {"tree_lstm": 5, "tree_fc": 1, "var_lstm": 4}[data["kind"]]
+    fan_in_u = H if data["kind"] == "var_lstm" else 2 * H
+    out = V if data["kind"] == "var_lstm" else data["num_classes"]
     b = np.zeros(gates * H, np.float32)
     if data["kind"] == "tree_lstm":
         b[H:3 * H] = 1.0  # forget gates start open
@@ -220,8 +236,12 @@ def count_flops(data):
     var_lstm:  per token 2·E·4H + 2·H·4H + softmax layer 2·H·V; elementwise 13·H + 3·V.
     """
     E, H, C, V = data["embed"], data["hidden"], data["num_classes"], data["vocab_size"]
-    samples = [s for batch in data["batches"] for s in batch]
     kind = data["kind"]
+    if kind == "td_generate":
+        from benchmarks import generation
+
+        return generation.count_flops(data)
+    samples = [s for batch in data["batches"] for s in batch]
     if kind == "var_lstm":
         tokens = sum(len(s) for s in samples)
         gemm = tokens * (2 * E * 4 * H + 2 * H * 4 * H + 2 * H * V)
@@ -475,13 +495,14 @@ def throughput_table(entry, gemm_flops, reference_system=REFERENCE_SYSTEM):
         rows.append([system, f"{r['throughput']:,.0f}", f"{r['best_epoch_seconds']:.2f}",
                      _fmt(ratio, "{:.2f}×"), f"{100 * r['throughput'] / floor_throughput:.1f}%",
                      share, _fmt(r.get("peak_memory_mb"), "{:,.0f}"),
-                     _fmt(r.get("first_loss"), "{:.4f}")])
-    title = (f"{entry['title']}  E=H={entry['hidden']}, B={BATCH_SIZE}, {entry['source']}, "
+                     _fmt(r.get("first_loss"), "{:,.0f}" if "check" in entry else "{:.4f}")])
+    title = (f"{entry['title']}  E=H={entry['hidden']}, B={entry.get('batch_size', BATCH_SIZE)}, "
+             f"{entry['source']}, "
              f"{entry['units']:,} {entry['unit'].split('/')[0]} per epoch\n"
              f"FLOPs/epoch {flops / 1e9:,.1f} G; floor {floor_seconds:.3f} s/epoch = "
              f"{floor_throughput:,.0f} {entry['unit']} at {gemm_flops / 1e9:.1f} GFLOP/s")
     header = ["system", entry["unit"], "epoch s", f"{reference_system} ÷ this", "of floor",
-              "construction s", "peak MB", "loss@1"]
+              "construction s", "peak MB", entry.get("check", "loss@1")]
     return title + "\n" + _table(header, rows) + "".join("\n" + n for n in notes)
 
 

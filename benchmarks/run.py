@@ -184,7 +184,9 @@ def main(argv=None):
             if workload in args.workloads:
                 entry = {key: data[key] for key in ("workload", "title", "unit", "embed",
                                                     "hidden", "units", "num_samples", "source",
-                                                    "vocab_size")}
+                                                    "vocab_size", "batch_size")}
+                if "check" in data:  # what the last column shows instead of loss@1
+                    entry["check"] = data["check"]
                 entry.update(flops=common.count_flops(data), results={})
                 report["workloads"].append(entry)
 

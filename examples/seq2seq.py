@@ -6,12 +6,17 @@
 Two vertex functions joined by push and pull (minicavs.models.Seq2Seq): the encoder runs over
 each source sequence as a chain and pushes its states; the last state of each sequence is
 taken out (an ordinary op on the pushed rows) and pulled, with the previous target token's
-embedding, by every step of the decoder chain. Gradients flow back the same way. The last line
-gives the held-out token accuracy (teacher-forced), the exact-match accuracy of greedy
-decoding, and the throughput.
+embedding, by every step of the decoder chain. Gradients flow back the same way. Greedy
+decoding grows each decoder chain one vertex per step (mc.grow): linear in the output length.
+With --beam-size k > 1 it also decodes with beam search (Seq2Seq.beam_search, the same
+mechanism). The last line gives the held-out token accuracy (teacher-forced), the exact-match
+accuracy of greedy decoding, the training throughput and the decoding throughput.
 """
 
 import argparse
+import time
+
+import numpy as np
 
 import minicavs as mc
 from minicavs import training, validate
@@ -30,6 +35,9 @@ def parse_args(argv=None):
                         help="longest source sequence")
     parser.add_argument("--train-size", type=validate.count(minimum=1), default=4000,
                         help="training pairs (held out: 1/10 of that)")
+    parser.add_argument("--beam-size", type=validate.count(minimum=1), default=1,
+                        help="also decode with beam search of this width (default 1: greedy "
+                             "only)")
     return parser.parse_args(argv)
 
 
@@ -48,11 +56,29 @@ def main(argv=None):
                            batch_size=args.batch_size, seed=args.seed, clip=args.clip or None,
                            unit="pair", progress=args.progress, comm=comm)
 
-    result = model.evaluate(training.prepare_all(model, held_out, 256), held_out)
+    batches = training.prepare_all(model, held_out, 256)
+    result = model.evaluate(batches, held_out)
+    started = time.perf_counter()  # greedy decoding alone: mc.grow, one decoder row per token
+    decoded = [model.generate(batch, args.max_length + 1) for batch in batches]
+    decode_rate = len(held_out) / (time.perf_counter() - started)
+    steps = sum(min(len(d) + 1, args.max_length + 1) for chunk in decoded for d in chunk)
+    if args.beam_size > 1:
+        exact, start = [], 0
+        for batch in batches:
+            chunk = held_out[start:start + batch.num_samples]
+            start += batch.num_samples
+            for (_, target), (found, _) in zip(chunk, model.beam_search(
+                    batch, args.beam_size, args.max_length + 1)):
+                exact.append(np.array_equal(found, target[:-1]))
+        result["beam_sequence_accuracy"] = float(np.mean(exact))
+        comm.log(f"seq2seq: beam search (width {args.beam_size}) exact match "
+                 f"{result['beam_sequence_accuracy']:.3f}")
     comm.log(f"seq2seq: held-out loss {result['loss']:.4f}  token accuracy "
              f"{result['token_accuracy']:.3f}  greedy exact match "
-             f"{result['sequence_accuracy']:.3f}  {training.throughput(history):.0f} pairs/s")
-    return {"held_out": result, "pairs_per_second": training.throughput(history)}
+             f"{result['sequence_accuracy']:.3f}  {training.throughput(history):.0f} pairs/s; "
+             f"greedy decoding {decode_rate:.0f} pairs/s ({steps} decoder steps)")
+    return {"held_out": result, "pairs_per_second": training.throughput(history),
+            "decoded_pairs_per_second": decode_rate}
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from .autodiff.creation import (arange, eye, full, full_like, ones, ones_like, r
                                 randn, randn_like, zeros, zeros_like)
 from .autodiff.debug import debug, is_debug_enabled, set_debug
 from .vertex import (GraphBatch, InputGraph, StaticFunction, VertexFunction, evaluate_per_sample,
-                     symbolic)
+                     grow, grow_per_sample, symbolic, top_down)
 from .vertex.memory import memory_budget, set_memory_budget
 from . import nn
 from .nn import load, save

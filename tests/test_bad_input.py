@@ -242,13 +242,15 @@ def test_every_flag_of_the_examples_is_checked(capsys):
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
     bad = {"tree_lstm": ["--train-size", "0"], "child_sum_tree_lstm": ["--epochs", "-1"],
            "tree_fc": ["--leaves", "6"], "var_lstm_lm": ["--sentences", "3"],
-           "fixed_lstm_lm": ["--steps", "0"], "seq2seq": ["--vocab-size", "3"]}
+           "fixed_lstm_lm": ["--steps", "0"], "seq2seq": ["--vocab-size", "3"],
+           "td_tree_lstm": ["--max-vertices", "0"]}
     expected = {"tree_lstm": "--train-size: must be >= 1, got 0",
                 "child_sum_tree_lstm": "--epochs: must be >= 0, got -1",
                 "tree_fc": "--leaves: must be a power of two, got 6",
                 "var_lstm_lm": "--sentences: must be >= 10, got 3",
                 "fixed_lstm_lm": "--steps: must be >= 1, got 0",
-                "seq2seq": "--vocab-size: must be >= 4, got 3"}
+                "seq2seq": "--vocab-size: must be >= 4, got 3",
+                "td_tree_lstm": "--max-vertices: must be >= 1, got 0"}
     for name, flags in bad.items():
         spec = importlib.util.spec_from_file_location(name, os.path.join(root, f"{name}.py"))
         module = importlib.util.module_from_spec(spec)

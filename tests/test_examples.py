@@ -101,9 +101,19 @@ def test_language_model_example_reads_a_ptb_directory(tmp_path):
 
 def test_seq2seq_example(capsys):
     result = _example("seq2seq").main(QUICK + ["--train-size", "64", "--hidden", "8",
-                                               "--max-length", "3"])
+                                               "--max-length", "3", "--beam-size", "3"])
     assert 0.0 <= result["held_out"]["sequence_accuracy"] <= 1.0
+    assert 0.0 <= result["held_out"]["beam_sequence_accuracy"] <= 1.0
     assert "greedy exact match" in capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_td_tree_lstm_example(capsys):
+    result = _example("td_tree_lstm").main(QUICK + ["--train-size", "48", "--hidden", "8",
+                                                    "--embed-dim", "4", "--generate", "10",
+                                                    "--max-vertices", "15"])
+    assert result["generated"] == 10 and np.isfinite(result["test"]["loss"])
+    assert 1 <= result["mean_vertices"] <= 15
+    assert "trees/s" in capsys.readouterr().out.strip().splitlines()[-1]
 
 
 def test_examples_explain_their_options():

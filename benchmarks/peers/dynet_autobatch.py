@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import common, generation
 
 _CONFIGURED = False
 POOL_MB = int(os.environ.get("BENCH_DYNET_MEM", "512"))  # see the module docstring
@@ -44,6 +44,8 @@ def available():
 
 
 def run(data, params, epochs, warmup, options=None):
+    if data["kind"] == "td_generate":
+        return generation.run_dynet(data, params, epochs, warmup)
     import dynet as dy
 
     H, kind = data["hidden"], data["kind"]

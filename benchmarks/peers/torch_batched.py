@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import common, generation
 from benchmarks.peers import _torch
 
 available = _torch.available
@@ -56,6 +56,8 @@ def tree_schedule(trees):
 
 
 def run(data, params, epochs, warmup, options=None, device="cpu"):
+    if data["kind"] == "td_generate":
+        return generation.run_torch_batched(data, params, epochs, warmup, device)
     import torch
     import torch.nn.functional as F
 

@@ -14,13 +14,15 @@ runs it), so ``construction_seconds`` is not reported.
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import common, generation
 from benchmarks.peers import _torch
 
 available = _torch.available
 
 
 def run(data, params, epochs, warmup, options=None):
+    if data["kind"] == "td_generate":
+        return generation.run_torch_eager(data, params, epochs, warmup)
     import torch
     import torch.nn.functional as F
 

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import common, generation
 
 DEVICE = "cpu"
 
@@ -135,6 +135,9 @@ def build(data, params, vertex_options=None):
 def run(data, params, epochs, warmup, options=None, device=DEVICE):
     import minicavs as mc
 
+    if data["kind"] == "td_generate":
+        return generation.run_minicavs(data, params, epochs, warmup, device,
+                                       (options or {}).get("vertex"))
     mc.set_device(device)
     options = options or {}
     F, parameters, prepare, loss_of = build(data, params, options.get("vertex"))

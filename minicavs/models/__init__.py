@@ -16,8 +16,9 @@ from .tree_fc import TreeFC, tree_fc_dataset
 from .language_model import (FixedLSTMLanguageModel, SentenceBatch, StreamBatch,
                              VarLSTMLanguageModel, stream_rows)
 from .seq2seq import PairBatch, Seq2Seq, reversal_task
+from .td_tree_lstm import TDTreeLSTM, TopDownBatch
 
 __all__ = ["TreeClassifier", "TreeBatch", "TreeLSTMClassifier", "ChildSumTreeLSTMClassifier",
            "TreeFC", "tree_fc_dataset", "VarLSTMLanguageModel", "FixedLSTMLanguageModel",
            "SentenceBatch", "StreamBatch", "stream_rows", "Seq2Seq", "PairBatch",
-           "reversal_task"]
+           "reversal_task", "TDTreeLSTM", "TopDownBatch"]

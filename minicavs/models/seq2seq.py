@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
+from .. import backend, ops, validate
 from ..autodiff import no_grad
 from ..nn import Embedding, Module
-from ..vertex import GraphBatch, InputGraph, VertexFunction
+from ..vertex import GraphBatch, InputGraph, VertexFunction, grow
 from .common import as_ids, bias, cross_entropy_sum, indices, lstm_bias, runner, weight
 
 PAD, BOS, EOS = 0, 1, 2  # special token ids; ordinary tokens are 3..vocab_size-1
@@ -121,26 +121,108 @@ class Seq2Seq(Module):
         return cross_entropy_sum(self.logits(batch, run), batch.targets)
 
     def generate(self, batch, max_length):
-        """Greedy decoding: each step reruns the decoder over the chains decoded so far (a
-        vertex function runs whole graphs; at these lengths the quadratic cost is small).
-        Returns one id array per pair, EOS and what follows cut off."""
-        pairs = batch.num_samples
+        """Greedy decoding in linear time: the decoder chains are grown (``mc.grow``) one
+        vertex per step, the decoder run once per step on the newest vertex of every
+        unfinished pair, which reads its predecessor's state kept from the step before. A
+        pair stops at EOS or after ``max_length`` tokens. Returns one id array per pair, EOS
+        and what follows cut off."""
+        validate.integer(max_length, "max_length", "Seq2Seq.generate", minimum=1)
+        table, W_out, b_out = (p.numpy() for p in (self.embedding.weight, self.W_out,
+                                                   self.b_out))
         with no_grad():
-            summaries = self._summaries(batch, None)
-            outputs = np.zeros((pairs, 0), np.int64)
-            for length in range(1, max_length + 1):
-                previous = np.concatenate([np.full((pairs, 1), BOS), outputs], axis=1)
-                graphs = GraphBatch([self._chain(length)] * pairs)
-                logits = self._decode(summaries, graphs, previous.reshape(-1),
-                                      np.repeat(np.arange(pairs), length), None)
-                last = logits.numpy().reshape(pairs, length, -1)[:, -1]
-                outputs = np.concatenate([outputs, last.argmax(-1)[:, None]], axis=1)
-                if (outputs == EOS).any(axis=1).all():
-                    break
+            summaries = self._summaries(batch, None).numpy()
+        emitted = []  # per step: (pair, position, token) of every frontier vertex
+
+        def next_token(frontier):
+            xp = backend.get_array_module(frontier.push)
+            token = xp.argmax(frontier.push @ xp.asarray(W_out) + xp.asarray(b_out), axis=-1)
+            emitted.append((frontier.sample_of, frontier.vertex, backend.to_numpy(token)))
+            go_on = backend.to_numpy((token != EOS)) & (frontier.vertex + 1 < max_length)
+            keep = xp.asarray(np.flatnonzero(go_on))
+            child_pull = xp.concatenate([xp.asarray(table)[token[keep]], xp.asarray(
+                summaries)[xp.asarray(frontier.sample_of)[keep]]], axis=1)
+            return go_on.astype(np.int64), child_pull
+
+        pairs = batch.num_samples
+        start = np.concatenate([np.repeat(table[BOS][None], pairs, axis=0), summaries], axis=1)
+        with no_grad():
+            grow(self.decoder, backend.to_device(start), next_token, max_vertices=max_length)
+        tokens = np.full((pairs, max_length), EOS, np.int64)
+        for pair, position, token in emitted:
+            tokens[pair, position] = token
         result = []
-        for row in outputs:
+        for row in tokens:
             end = np.flatnonzero(row == EOS)
             result.append(row[:end[0]] if end.size else row)
+        return result
+
+    def beam_search(self, batch, beam_size, max_length):
+        """Beam search with ``mc.grow``: the hypotheses of all pairs form one growing forest
+        (a vertex is a prefix, its children the extensions kept), so each step runs the
+        decoder once on every live hypothesis of every pair. Per pair, the ``beam_size`` best
+        extensions (summed log-probabilities) of its live hypotheses are kept; one ending in
+        EOS, or reaching ``max_length`` tokens, is finished; a pair stops once it has
+        ``beam_size`` finished hypotheses or none of its live ones can beat its best finished
+        one (log-probabilities only fall). Returns per pair ``(tokens, log-probability)`` of
+        its best finished hypothesis (EOS cut off; its log-probability counted)."""
+        validate.integer(beam_size, "beam_size", "Seq2Seq.beam_search", minimum=1)
+        validate.integer(max_length, "max_length", "Seq2Seq.beam_search", minimum=1)
+        table, W_out, b_out = (p.numpy().astype(np.float64) for p in (
+            self.embedding.weight, self.W_out, self.b_out))
+        with no_grad():
+            summaries = self._summaries(batch, None).numpy()
+        pairs = batch.num_samples
+        finished = [[] for _ in range(pairs)]  # (log-probability, vertex, last token or None)
+        token_of = {}  # (pair, vertex) -> the token the hypothesis ends with
+        live = {"score": np.zeros(pairs), "token": np.full(pairs, BOS)}  # rows of the frontier
+
+        def extend(frontier):
+            for (s, v), token in zip(zip(frontier.sample_of.tolist(), frontier.vertex.tolist()),
+                                     live["token"].tolist()):
+                token_of[s, v] = token
+            logits = backend.to_numpy(frontier.push).astype(np.float64) @ W_out + b_out
+            logits -= logits.max(axis=1, keepdims=True)
+            log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+            total = live["score"][:, None] + log_p
+            kept_rows, kept_tokens = [], []
+            starts = np.flatnonzero(np.r_[True, frontier.sample_of[1:] != frontier.sample_of[:-1]])
+            for lo, hi in zip(starts, list(starts[1:]) + [len(frontier)]):
+                s = int(frontier.sample_of[lo])
+                done = finished[s]
+                best = np.argsort(-total[lo:hi], axis=None, kind="stable")[:beam_size]
+                rows, tokens = np.unravel_index(best, total[lo:hi].shape)
+                for r, t in zip((rows + lo).tolist(), tokens.tolist()):
+                    if len(done) >= beam_size or (done and max(d[0] for d in done) >= total[r, t]):
+                        break  # sorted: no later candidate of this pair can do better
+                    if t == EOS:
+                        done.append((total[r, t], int(frontier.vertex[r]), None))
+                    elif frontier.depth[r] + 1 >= max_length:
+                        done.append((total[r, t], int(frontier.vertex[r]), t))
+                    else:
+                        kept_rows.append(r)
+                        kept_tokens.append(t)
+            order = np.argsort(kept_rows, kind="stable")  # children grouped by parent row
+            kept_rows = np.asarray(kept_rows, np.int64)[order]
+            kept_tokens = np.asarray(kept_tokens, np.int64)[order]
+            live["score"] = total[kept_rows, kept_tokens]
+            live["token"] = kept_tokens
+            counts = np.bincount(kept_rows, minlength=len(frontier))
+            child_pull = np.concatenate([table[kept_tokens],
+                                         summaries[frontier.sample_of[kept_rows]]], axis=1)
+            return counts, backend.to_device(child_pull.astype(summaries.dtype))
+
+        start = np.concatenate([np.repeat(table[BOS][None], pairs, axis=0), summaries], axis=1)
+        with no_grad():
+            grown = grow(self.decoder, backend.to_device(start.astype(summaries.dtype)), extend,
+                         max_vertices=beam_size * max_length + 1)
+        result = []
+        for s in range(pairs):
+            score, vertex, last = max(finished[s], key=lambda d: d[0])
+            tokens = [] if last is None else [last]
+            while vertex > 0:  # up to the root (BOS)
+                tokens.append(token_of[s, vertex])
+                vertex = int(grown.parents[s][vertex])
+            result.append((np.array(tokens[::-1], np.int64), float(score)))
         return result
 
     def evaluate(self, batches, pairs=None):

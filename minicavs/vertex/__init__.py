@@ -12,6 +12,7 @@ execution. Read in this order:
 ``finite_check.py`` debug mode in F and ∂F: the first NaN or infinity, with its op and vertex
 ``reference.py``    a plain per-sample evaluation the batched runtime is tested against
 ``static.py``       ``mc.symbolic``: a static graph as a Program with no levels, same interpreter
+``growth.py``       ``mc.grow``: structures decided at run time, F run on every sample's frontier
 """
 
 from .graphs import GraphBatch, InputGraph
@@ -19,3 +20,4 @@ from .function import Vertex, VertexFunction
 from .passes import Options
 from .static import StaticFunction, symbolic
 from .reference import evaluate_per_sample
+from .growth import Frontier, Growth, grow, grow_per_sample, top_down
