@@ -139,7 +139,7 @@ class NativeLoop:
         states, d_states = moves.states, moves.d_states
         offsets = np.ascontiguousarray(rows.level_offsets, dtype=np.int64)
         self._run(rows.num_levels, offsets.ctypes.data, table.ctypes.data,
-                  pointers.ctypes.data, strides.ctypes.data, rows.num_vertices,
+                  pointers.ctypes.data, strides.ctypes.data, _spare_row(states, d_states),
                   _address(states), _row_stride(states), _address(d_states),
                   _row_stride(d_states))
         interpreter.record_written(program, ranges, written)
@@ -200,6 +200,13 @@ class NativeLoop:
         if array is None or len(array) < rows:
             array = arrays[slot.index] = np.empty((rows, slot.width), dtype=self.dtype)
         return array
+
+
+def _spare_row(states, d_states):
+    """Where an absent child (-1) reads and adds: the last row of the state (or its
+    gradient), as ``np.take`` reads it in the interpreter."""
+    array = states if states is not None else d_states
+    return 0 if array is None else len(array) - 1
 
 
 def _address(array):

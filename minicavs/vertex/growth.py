@@ -139,6 +139,7 @@ class _FrontierRows:
         self.num_vertices = n = len(parent_rows)
         self.order = self.row_of = put(np.arange(n))
         self._parents = put(parent_rows)
+        self.level_offsets = np.array([0, n], dtype=np.int64)  # (the native loop reads these)
         present = np.flatnonzero(parent_rows >= 0)
         self._hull = (int(present[0]), int(present[-1]) + 1) if present.size else (0, 0)
         self._names = names  # row -> "sample s, vertex v"
@@ -162,6 +163,9 @@ class _FrontierRows:
         return None
 
     def child_rows(self, slot, window):
+        return self._parents
+
+    def slot_rows(self, slot):
         return self._parents
 
     def vertex_name(self, row):
