@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 from .errors import (ArgumentError, CheckpointError, CheckpointWriteError, DeviceError,
                      DistributedError, DTypeError, GradientCheckError, GraphError,
                      IndexRangeError, InPlaceModificationError, KernelCompileError, MinicavsError,
-                     NonFiniteError, OutOfMemoryError, ShapeError, ToolchainError,
+                     NonFiniteError, OutOfMemoryError, ShapeError, ToolchainError, TracedBranchError,
                      UnsupportedError)
 from .backend import (default_dtype, get_array_module, get_device, gpu_available, seed,
                       set_default_dtype, set_device)
@@ -33,8 +33,8 @@ from .autodiff import (Graph, Parameter, Symbol, Tensor, enable_grad, from_dlpac
 from .autodiff.creation import (arange, eye, full, full_like, ones, ones_like, rand, rand_like,
                                 randn, randn_like, zeros, zeros_like)
 from .autodiff.debug import debug, is_debug_enabled, set_debug
-from .vertex import (GraphBatch, InputGraph, StaticFunction, VertexFunction, evaluate_per_sample,
-                     symbolic)
+from .vertex import (GraphBatch, InputGraph, KindedFunction, RecursiveFunction, StaticFunction,
+                     VertexFunction, evaluate_per_sample, recursive, symbolic)
 from .vertex.memory import memory_budget, set_memory_budget
 from . import nn
 from .nn import load, save

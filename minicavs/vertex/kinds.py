@@ -166,7 +166,7 @@ class KindPrograms:
         f = self.function
         lines = [f"{len(f.cells)} vertex kinds, chosen {f.chosen_by}:"]
         for key, program in self.kinds.items():
-            lines.append(f"kind {key!r}:")
+            lines.append(f"kind {f.kind_names.get(key, repr(key))}:")
             lines.extend("  " + line for line in program.dump().splitlines())
         return "\n".join(lines)
 
@@ -209,6 +209,7 @@ class KindedFunction:
                 raise GraphError(f"VertexFunction.by_kind(by={by!r}): kind {key!r} is not "
                                  f"{wanted}")
         self.by, self.chosen_by = by, _CHOSEN_BY[by]
+        self.kind_names = {}  # kind -> how dump() and explain() name it (default: the key)
         self.name = name or "kinds"
         common = dict(scatter_shape=scatter_shape, pull_shape=pull_shape, push_shape=push_shape,
                       pull_dtype=pull_dtype, options=options)
@@ -359,8 +360,8 @@ class KindedFunction:
         for (f, env, ranges, rows, _, _), count, (_, key) in zip(finish, counts, kinds):
             call.kinds.append(({id(v): env[id(v)] for v in f.backward_graph.forward_refs},
                                ranges))
-            if self.push_shape is not None:
-                result[rows.order] = env[id(f.push_output)]
+            if self.push_shape is not None:  # (the program's graph is a rewritten copy of F's)
+                result[rows.order] = env[id(f.program.graph.outputs[-1])]
         call.states = states
         if self.push_shape is None:
             result = interpreter.take_rows(xp, states[:n], xp.asarray(schedule.row_of)
@@ -372,7 +373,7 @@ class KindedFunction:
     def _stats(self, batch, schedule, kinds, counts, seconds):
         stats = interpreter.stats(batch, [], seconds)
         stats["forward_ops_per_level"] = None
-        stats["kinds"] = {key: {"vertices": schedule.parts[position].num_vertices,
+        stats["kinds"] = {self.kind_names.get(key, key): {"vertices": schedule.parts[position].num_vertices,
                                 "levels": schedule.parts[position].levels,
                                 "forward_ops_per_level": count,
                                 "backward_ops_per_level": None}
@@ -417,7 +418,7 @@ class KindedFunction:
             for f, store in stores:
                 f._backward_pool.release(store)
         for (_, key), count in zip(kinds, counts):
-            call.stats["kinds"][key]["backward_ops_per_level"] = count[::-1]
+            call.stats["kinds"][self.kind_names.get(key, key)]["backward_ops_per_level"] = count[::-1]
         call.stats["backward_seconds"] = time.perf_counter() - started
         return grads
 
