@@ -134,19 +134,22 @@ class RecursiveFunction:
         tags = None if tag is None else check_tag(tag, batch, f"recursive function "
                                                                f"{self.name!r}")
         arities = batch.num_children
-        pairs = list(zip(arities.tolist(), [None] * len(arities) if tags is None
-                         else tags.tolist()))
-        distinct = sorted(set(pairs), key=lambda p: (p[0], -1 if p[1] is None else p[1]))
-        for key in distinct:
+        # The kind of each vertex, vectorised: its (arity, tag) pair, numbered by first trace.
+        if tags is None:
+            distinct, inverse = np.unique(arities, return_inverse=True)
+            keys = [(int(a), None) for a in distinct]
+        else:
+            pairs, inverse = np.unique(np.stack([arities, tags], axis=1), axis=0,
+                                       return_inverse=True)
+            keys = [(int(a), int(t)) for a, t in pairs]
+        for key in keys:
             if key not in self.kinds:
                 self._trace(key)
-        ids = frozenset(self._ids[key] for key in distinct)
-        f = self._functions.get(ids)
+        ids = np.array([self._ids[key] for key in keys], dtype=np.int64)
+        f = self._functions.get(frozenset(ids.tolist()))
         if f is None:
-            f = self._functions[ids] = self._kinded([k for k in self.kinds if self._ids[k] in ids])
-        id_of = {key: self._ids[key] for key in distinct}
-        kind_ids = np.array([id_of[p] for p in pairs], dtype=np.int64) if len(distinct) > 1 \
-            else np.full(len(pairs), id_of[distinct[0]], dtype=np.int64)
+            f = self._functions[frozenset(ids.tolist())] = self._kinded(keys)
+        kind_ids = ids[inverse.reshape(-1)]
         self._last = f
         return f(batch, pull=pull, tag=kind_ids)
 
