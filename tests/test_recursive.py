@@ -311,5 +311,10 @@ def test_kind_errors_name_the_sample_and_vertex():
                                             "'internal' does not"):
         mc.VertexFunction.by_kind({"leaf": pushes, "internal": leaf}, pull_shape=(E,),
                                   scatter_shape=(H,), dtype="float64")
+    too_narrow = mc.VertexFunction.by_kind({"leaf": leaf, "internal": leaf}, pull_shape=(E,),
+                                           scatter_shape=(H,), arity=1, dtype="float64")
+    with pytest.raises(mc.GraphError, match="sample 0, vertex 2: has 2 children, but vertex "
+                                            "function 'kinds' declares arity 1"):
+        too_narrow(batch, pull=X)
     with pytest.raises(mc.GraphError, match="kind 'inner' is not 'leaf' or 'internal'"):
         mc.VertexFunction.by_kind({"inner": leaf}, pull_shape=(E,), scatter_shape=(H,))

@@ -112,7 +112,6 @@ class KindSchedule:
     inverse), and per kind present its block (``parts``: kind position -> _KindBatch)."""
 
     def __init__(self, batch, kind_of):
-        self.batch = batch
         self.order = np.lexsort((batch.level, kind_of))
         self.row_of = np.empty_like(self.order)
         self.row_of[self.order] = np.arange(batch.num_vertices)
@@ -208,7 +207,7 @@ class KindedFunction:
                           "tag": "an integer"}[by]
                 raise GraphError(f"VertexFunction.by_kind(by={by!r}): kind {key!r} is not "
                                  f"{wanted}")
-        self.by, self.chosen_by = by, _CHOSEN_BY[by]
+        self.by, self.chosen_by, self.arity = by, _CHOSEN_BY[by], arity
         self.kind_names = {}  # kind -> how dump() and explain() name it (default: the key)
         self.name = name or "kinds"
         common = dict(scatter_shape=scatter_shape, pull_shape=pull_shape, push_shape=push_shape,
@@ -244,7 +243,6 @@ class KindedFunction:
             raise ShapeError(f"vertex function {self.name!r}: the kinds push different shapes "
                              f"{sorted(shapes)}")
         self.push_shape = first.push_shape if first.push_output is not None else None
-        self.pulls = any(c.pull_input is not None for c in self.cells.values())
         params, seen = [], set()
         for c in self.cells.values():
             for p in c.params:
@@ -266,6 +264,8 @@ class KindedFunction:
         if not isinstance(batch, GraphBatch):
             raise GraphError(f"vertex function {self.name!r} is called on a GraphBatch, got "
                              f"{type(batch).__name__}")
+        if self.arity is not None:  # (by="arity" without it: each kind's arity is exact)
+            batch.check_arity(self.arity, f"vertex function {self.name!r}")
         if self.pull_shape is None and pull is not None:
             raise GraphError(f"vertex function {self.name!r}: no cell pulls, but pull= was "
                              f"given")
@@ -277,15 +277,15 @@ class KindedFunction:
         elif tag is not None:
             raise GraphError(f"vertex function {self.name!r}: tag= given, but kinds are chosen "
                              f"by={self.by!r}")
+        started = time.perf_counter()
         keys, kind_of = kinds_of_vertices(batch, self.by, tag)
         self._check_kinds(batch, keys, kind_of)
-        positions = {key: i for i, key in enumerate(keys)}
         schedule = kind_schedule(batch, kind_of)
-        present = [(keys[k], self.cells[keys[k]]) for k in schedule.parts]
+        call = interpreter.Call()
+        call.kind_seconds = time.perf_counter() - started  # counted as scheduling
         args = ([pull] if pull is not None else []) + self.params
         return registry.apply(self._op, *args, batch=batch, schedule=schedule,
-                              kinds=tuple((positions[key], key) for key, _ in present),
-                              call=interpreter.Call())
+                              kinds=tuple((k, keys[k]) for k in schedule.parts), call=call)
 
     def _check_kinds(self, batch, keys, kind_of):
         missing = [i for i, key in enumerate(keys) if key not in self.cells]
@@ -367,6 +367,7 @@ class KindedFunction:
             result = interpreter.take_rows(xp, states[:n], xp.asarray(schedule.row_of)
                                            if xp is not np else schedule.row_of)
         call.stats = self._stats(batch, schedule, kinds, counts, time.perf_counter() - started)
+        call.stats["scheduling_seconds"] += call.kind_seconds
         self._last_stats = call.stats
         return result
 
