@@ -318,3 +318,30 @@ def test_kind_errors_name_the_sample_and_vertex():
         too_narrow(batch, pull=X)
     with pytest.raises(mc.GraphError, match="kind 'inner' is not 'leaf' or 'internal'"):
         mc.VertexFunction.by_kind({"inner": leaf}, pull_shape=(E,), scatter_shape=(H,))
+
+
+def test_a_kinded_call_over_the_memory_budget_runs_in_sub_batches_with_the_same_result():
+    p = _params(1)
+    model = _recursive(p)
+    graphs = [mc.InputGraph.complete_binary(8) for _ in range(12)]
+    batch = mc.GraphBatch(graphs)
+    X = mc.tensor(np.random.default_rng(2).normal(size=(batch.num_vertices, E)),
+                  requires_grad=True)
+    params = list(p.values())
+    target = np.random.default_rng(3).normal(size=(batch.num_vertices, C))
+    whole = _loss_and_grads(lambda x: model(batch, pull=x), params, X, target)
+    f = model._last
+    sizes = mc.vertex.memory.batch_sizes
+    two_graphs = f.memory_model.need(sizes(batch, 0, 2), True)
+    kept = f.memory_model.kept.at(sizes(batch))  # what the whole batch keeps for backward
+    assert f.memory_model.need(sizes(batch), True) > kept + two_graphs
+    try:
+        mc.set_memory_budget(kept + two_graphs)  # room for about two graphs at a time
+        split = _loss_and_grads(lambda x: model(batch, pull=x), params, X, target)
+        assert model.explain()["graphs"] < batch.num_graphs  # the last call was a sub-batch
+        mc.set_memory_budget(kept // 2)
+        with pytest.raises(mc.OutOfMemoryError, match="vertex function 'model'"):
+            model(batch, pull=X)
+    finally:
+        mc.set_memory_budget(None)
+    _assert_same(whole, split)

@@ -31,7 +31,7 @@ import numpy as np
 from .. import backend, validate
 from ..autodiff.tensor import Tensor, is_grad_enabled
 from ..errors import DTypeError, GraphError, IndexRangeError, ShapeError
-from ..ops import registry
+from ..ops import registry, shape as shape_ops
 from ..ops.registry import Op, describe
 from . import interpreter, memory
 from .graphs import BatchIndices, GraphBatch, InputGraph
@@ -148,6 +148,19 @@ def kind_schedule(batch, kind_of):
     return found
 
 
+class KindsMemoryModel:
+    """What a kinded call needs (memory.py's CallModel protocol): the sum of every kind's
+    CallModel taken at the whole batch's sizes — an upper bound, since each kind's buffers
+    hold only its own rows."""
+
+    def __init__(self, cells):
+        self.models = [c.memory_model for c in cells]
+        self.kept = sum((m.kept for m in self.models), memory.Linear())
+
+    def need(self, sizes, training):
+        return sum(m.need(sizes, training) for m in self.models)
+
+
 class KindPrograms:
     """The Programs of every kind, printable together (``dump``): what ``F.program`` of a
     KindedFunction is (``backward=True``: ∂F's)."""
@@ -256,6 +269,13 @@ class KindedFunction:
                       argument_names=(["the pulled input"] if self.pull_shape is not None else [])
                       + [f"parameter {p.name!r}" for p in params])
         self._last_stats = None
+        self._memory_model = None
+
+    @property
+    def memory_model(self):
+        if self._memory_model is None:
+            self._memory_model = KindsMemoryModel(self.cells.values())
+        return self._memory_model
 
     # --- the call --------------------------------------------------------------------------
     def __call__(self, batch, pull=None, tag=None):
@@ -277,6 +297,9 @@ class KindedFunction:
         elif tag is not None:
             raise GraphError(f"vertex function {self.name!r}: tag= given, but kinds are chosen "
                              f"by={self.by!r}")
+        sub_batches = memory.plan(self, batch, training=is_grad_enabled())
+        if sub_batches is not None:  # over the memory budget: whole graphs at a time
+            return self._call_in_parts(batch, pull, tag, sub_batches)
         started = time.perf_counter()
         keys, kind_of = kinds_of_vertices(batch, self.by, tag)
         self._check_kinds(batch, keys, kind_of)
@@ -286,6 +309,15 @@ class KindedFunction:
         args = ([pull] if pull is not None else []) + self.params
         return registry.apply(self._op, *args, batch=batch, schedule=schedule,
                               kinds=tuple((k, keys[k]) for k in schedule.parts), call=call)
+
+    def _call_in_parts(self, batch, pull, tag, sub_batches):
+        outs = []
+        for first, stop in sub_batches:
+            v0, v1 = int(batch.offsets[first]), int(batch.offsets[stop])
+            outs.append(self(GraphBatch(batch.graphs[first:stop]),
+                             None if pull is None else shape_ops.slice_axis(pull, v0, v1, axis=0),
+                             None if tag is None else tag[v0:v1]))
+        return shape_ops.concat(outs, axis=0)
 
     def _check_kinds(self, batch, keys, kind_of):
         missing = [i for i, key in enumerate(keys) if key not in self.cells]
