@@ -6,6 +6,8 @@ per-sample eager reference (``evaluate_per_sample``) and a single hand-written c
 computes every branch and picks one per vertex with ``mc.where`` (masked work).
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -25,12 +27,12 @@ def _params(seed):
             for name, shape in shapes.items()}
 
 
-def _recursive(p, push=True):
+def _recursive(p, push=True, options=None):
     """A leaf: tanh(x W_leaf + b_leaf); a vertex with children c_k:
     tanh(x W + Σ_k state(c_k) U_k + b). Every vertex pushes h W_out (if ``push``)."""
 
     @mc.recursive(scatter_shape=(H,), pull_shape=(E,), push_shape=(C,) if push else None,
-                  arity=ARITY, dtype="float64")
+                  arity=ARITY, dtype="float64", options=options)
     def model(node):
         x = node.pull()
         if node.is_leaf:
@@ -47,7 +49,7 @@ def _recursive(p, push=True):
     return model
 
 
-def _masked(p):
+def _masked(p, push=True):
     """The same model as one cell: both branches for every vertex, chosen with mc.where from a
     leaf flag pulled as the last column."""
 
@@ -60,10 +62,11 @@ def _masked(p):
             total = total + v.gather(k) @ p[f"U{k}"]
         h = mc.where(is_leaf > 0.5, leaf, mc.tanh(total))
         v.scatter(h)
-        v.push(h @ p["W_out"])
+        if push:
+            v.push(h @ p["W_out"])
 
-    return mc.VertexFunction(cell, pull_shape=(E + 1,), scatter_shape=(H,), push_shape=(C,),
-                             arity=ARITY, dtype="float64")
+    return mc.VertexFunction(cell, pull_shape=(E + 1,), scatter_shape=(H,),
+                             push_shape=(C,) if push else None, arity=ARITY, dtype="float64")
 
 
 def _loss_and_grads(run, params, X, target):
@@ -87,15 +90,21 @@ def _assert_same(a, b):
             np.testing.assert_allclose(ga, gb, rtol=1e-9, atol=1e-10)
 
 
-@given(forests(max_arity=ARITY, max_graphs=6), st.integers(0, 2**16))
-def test_recursive_equals_masked_cell_and_eager_reference(graphs, seed):
+SWITCHES = [f.name for f in dataclasses.fields(mc.vertex.Options)]
+
+
+@given(forests(max_arity=ARITY, max_graphs=6), st.integers(0, 2**16),
+       st.fixed_dictionaries({name: st.booleans() for name in SWITCHES}), st.booleans())
+def test_recursive_equals_masked_cell_and_eager_reference(graphs, seed, options, push):
+    """Every kind's programs, with any pass switched off, give the reference's values and
+    gradients; returning states (no push) sends the caller's gradient in through them."""
     p = _params(seed)
     params = list(p.values())
     batch = mc.GraphBatch(graphs)
     rng = np.random.default_rng(seed + 1)
     X = mc.tensor(rng.normal(size=(batch.num_vertices, E)), requires_grad=True)
-    target = rng.normal(size=(batch.num_vertices, C))
-    model, masked = _recursive(p), _masked(p)
+    target = rng.normal(size=(batch.num_vertices, C if push else H))
+    model, masked = _recursive(p, push, options), _masked(p, push)
     flag = (batch.num_children == 0).astype(np.float64)[:, None]
 
     batched = _loss_and_grads(lambda x: model(batch, pull=x), params, X, target)
@@ -345,3 +354,20 @@ def test_a_kinded_call_over_the_memory_budget_runs_in_sub_batches_with_the_same_
     finally:
         mc.set_memory_budget(None)
     _assert_same(whole, split)
+
+
+def test_debug_mode_names_the_kind_sample_and_vertex_of_a_nan():
+    W = mc.Parameter(np.ones((E, H)))
+
+    @mc.recursive(scatter_shape=(H,), pull_shape=(E,), dtype="float64")
+    def logs(node):
+        if node.is_leaf:
+            return mc.log(node.pull() @ W)
+        return mc.tanh(logs(node.children[0]) + logs(node.children[1]))
+
+    X = np.ones((5, E))
+    X[3] = -1  # the second leaf of the root's right subtree
+    with mc.debug(), np.errstate(invalid="ignore"), \
+            pytest.raises(mc.NonFiniteError, match=r"op 'log' in vertex function "
+                                                   r"'logs\[leaf\]'.*sample 0, vertex 3"):
+        logs(mc.InputGraph([[], [], [0, 1], [], [2, 3]]), pull=mc.tensor(X))
