@@ -14,8 +14,8 @@ losses of a batch summed, one backward and one update per batch):
   zero children states at leaves, written the way a user of each system writes it (the peers
   skip the terms that are zero; minicavs evaluates the one formula). A linear classifier
   ``h W_out + b_out`` (5 classes) at every internal vertex; cross-entropy summed. Unit: trees/s.
-* ``tree_rnn`` / ``rntn`` — the recursive networks of the recursion paper (Figs. 7–8) on the same
-  SST trees, embedding = hidden = 128 (RNTN: 32): a leaf's h is its word vector, an internal
+* ``tree_rnn`` / ``rntn`` — the recursive networks of the recursion paper (Figs. 7–8) on the
+  same SST trees, embedding = hidden = 128 (RNTN: 32): a leaf's h is its word vector, an internal
   vertex has ``h = tanh([h_l, h_r] U + b)`` (TreeRNN) or ``h = tanh(xᵀ V x + x U + b)`` with
   x = [h_l, h_r] and V of H slices 2H × 2H (RNTN); classifier and loss as for tree_lstm.
   The ``minicavs`` system writes each as one cell (leaf and internal formulas masked by a pulled
@@ -258,7 +258,8 @@ def count_flops(data):
             bilinear = 2 * 2 * H * 2 * H * H + 2 * 2 * H * H if kind == "rntn" else 0
             gemm = internal * (2 * 2 * H * H + bilinear + 2 * H * C)
             elementwise = internal * (2 * H + 3 * C)
-            formula = ("internal·(2·2H·H + 2H·C" + (" + 2·2H·2H·H + 2·2H·H" if bilinear else "")
+            formula = ("internal·(2·2H·H + 2H·C"
+                       + (" + 2·2H·2H·H + 2·2H·H" if bilinear else "")
                        + ") GEMM + internal·(2H + 3C) elementwise, ×3")
         else:
             gemm = leaves * 2 * E * H + internal * 2 * 2 * H * H + len(samples) * 2 * H * C

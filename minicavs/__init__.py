@@ -12,8 +12,8 @@ __version__ = "0.1.0"
 from .errors import (ArgumentError, CheckpointError, CheckpointWriteError, DeviceError,
                      DistributedError, DTypeError, GradientCheckError, GraphError,
                      IndexRangeError, InPlaceModificationError, KernelCompileError, MinicavsError,
-                     NonFiniteError, OutOfMemoryError, ShapeError, ToolchainError, TracedBranchError,
-                     UnsupportedError)
+                     NonFiniteError, OutOfMemoryError, ShapeError, ToolchainError,
+                     TracedBranchError, UnsupportedError)
 from .backend import (default_dtype, get_array_module, get_device, gpu_available, seed,
                       set_default_dtype, set_device)
 from .ops import (abs, add, all, any, argmax, argmin, astype, binary_cross_entropy,

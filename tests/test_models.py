@@ -9,8 +9,8 @@ from minicavs.data import Tree, make_splits, random_binary_tree, random_nary_tre
     synthetic_treebank
 from minicavs.models import (ChildSumTreeLSTMClassifier, FixedLSTMLanguageModel,
                              RecursiveTreeLSTMClassifier, RNTNClassifier, Seq2Seq,
-                             TreeFC, TreeLSTMClassifier, TreeRNNClassifier, VarLSTMLanguageModel, reversal_task,
-                             stream_rows, tree_fc_dataset)
+                             TreeFC, TreeLSTMClassifier, TreeRNNClassifier,
+                             VarLSTMLanguageModel, reversal_task, stream_rows, tree_fc_dataset)
 from minicavs.training import get_blas_threads, set_blas_threads, train_epoch
 from minicavs.vertex import evaluate_per_sample
 

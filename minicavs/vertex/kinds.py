@@ -406,11 +406,12 @@ class KindedFunction:
     def _stats(self, batch, schedule, kinds, counts, seconds):
         stats = interpreter.stats(batch, [], seconds)
         stats["forward_ops_per_level"] = None
-        stats["kinds"] = {self.kind_names.get(key, key): {"vertices": schedule.parts[position].num_vertices,
-                                "levels": schedule.parts[position].levels,
-                                "forward_ops_per_level": count,
-                                "backward_ops_per_level": None}
-                          for (position, key), count in zip(kinds, counts)}
+        stats["kinds"] = {}
+        for (position, key), count in zip(kinds, counts):
+            part = schedule.parts[position]
+            stats["kinds"][self.kind_names.get(key, key)] = {
+                "vertices": part.num_vertices, "levels": part.levels,
+                "forward_ops_per_level": count, "backward_ops_per_level": None}
         return stats
 
     def _vjp(self, g, out, *inputs, batch, schedule, kinds, call):
@@ -451,7 +452,8 @@ class KindedFunction:
             for f, store in stores:
                 f._backward_pool.release(store)
         for (_, key), count in zip(kinds, counts):
-            call.stats["kinds"][self.kind_names.get(key, key)]["backward_ops_per_level"] = count[::-1]
+            kind = call.stats["kinds"][self.kind_names.get(key, key)]
+            kind["backward_ops_per_level"] = count[::-1]
         call.stats["backward_seconds"] = time.perf_counter() - started
         return grads
 
