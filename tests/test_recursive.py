@@ -222,7 +222,9 @@ def test_recursive_on_one_input_graph_traces_each_kind_once():
     np.testing.assert_allclose(both, np.concatenate([one, one]), rtol=1e-12)
     assert list(model.kinds) == [(0, None), (2, None)]  # traced on the first call, then cached
     text = model.dump()
+    assert text == model.program.dump()
     assert "kind leaf:" in text and "kind arity 2:" in text
+    assert "top-down" in model.backward_program.dump()
     assert "gather %" not in text.split("kind arity 2:")[0]  # the leaf's program gathers nothing
     leaf_program = model.kinds[(0, None)].program
     assert leaf_program.core == () and not leaf_program.gathers_from

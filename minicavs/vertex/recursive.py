@@ -236,12 +236,22 @@ class RecursiveFunction:
                     params.append(p)
         return params
 
-    def dump(self):
-        """The Programs of F of every kind traced so far."""
+    @property
+    def program(self):
+        """The Programs of F of every kind traced so far (``.dump()`` prints them; the
+        ``backward_program`` property gives ∂F's)."""
         if not self.kinds:
-            raise GraphError(f"dump(): recursive function {self.name!r} has not run yet (it "
-                             f"is traced per kind of vertex on its first call)")
-        return self._kinded(list(self.kinds)).program.dump()
+            raise GraphError(f"recursive function {self.name!r} has not run yet (it is traced "
+                             f"per kind of vertex on its first call)")
+        return self._kinded(list(self.kinds)).program
+
+    @property
+    def backward_program(self):
+        return self.program.function.backward_program
+
+    def dump(self):
+        """``program.dump()``: the Programs of F of every kind traced so far."""
+        return self.program.dump()
 
     def explain(self, out=None):
         """Figures of the latest call (or of the call that returned ``out``), per kind."""
