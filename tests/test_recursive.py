@@ -188,6 +188,8 @@ def test_kinds_by_tag_and_by_arity_match_the_reference(options):
         return mc.sigmoid(total)
 
     params = list(p.values())
+    by_tag(batch, pull=X, tag=tag)
+    assert set(by_tag.kinds) == {(a, t) for a in range(3) for t in range(2)}  # all read the tag
     reference = _loss_and_grads(lambda x: evaluate_per_sample(by_tag, batch, pull=x, tag=tag),
                                 params, X, target)
     _assert_same(_loss_and_grads(lambda x: tagged(batch, pull=x, tag=tag), params, X, target),
@@ -210,6 +212,26 @@ def test_kinds_by_tag_and_by_arity_match_the_reference(options):
                  _loss_and_grads(lambda x: evaluate_per_sample(plain, batch, pull=x), params,
                                  X, target))
     assert set(by_arity.explain()["kinds"]) == {0, 1, 2}
+
+
+def test_a_trace_that_never_reads_the_tag_serves_every_tag():
+    p = _params(4)
+
+    @mc.recursive(scatter_shape=(H,), pull_shape=(E,), dtype="float64")
+    def leaves_ignore_tags(node):
+        if node.is_leaf:
+            return mc.tanh(node.pull() @ p["W_leaf"])
+        total = sum((leaves_ignore_tags(c) @ p[f"U{k}"] for k, c in enumerate(node.children)),
+                    node.pull() @ (p["W"] if node.tag == 0 else p["W_leaf"]))
+        return mc.tanh(total)
+
+    batch = mc.GraphBatch([mc.InputGraph([[], [], [0, 1], [], [2, 3]])])
+    X = mc.tensor(np.random.default_rng(1).normal(size=(5, E)), requires_grad=True)
+    tag = np.array([0, 1, 1, 2, 0])
+    out = leaves_ignore_tags(batch, pull=X, tag=tag)
+    assert set(leaves_ignore_tags.kinds) == {(0, None), (2, 1), (2, 0)}
+    reference = evaluate_per_sample(leaves_ignore_tags, batch, pull=X, tag=tag)
+    np.testing.assert_allclose(out.numpy(), reference.numpy(), rtol=1e-12)
 
 
 def test_recursive_on_one_input_graph_traces_each_kind_once():

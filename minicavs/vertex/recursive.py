@@ -12,7 +12,7 @@ out = tree_rnn(batch, pull=word_ids)       # one row per vertex: what each call 
 ```
 
 The function is traced once per *kind* of vertex that occurs — its number of children, and its
-tag when ``tag=`` is given with the call — into an ordinary vertex function cell: ``node.pull()``
+tag when ``tag=`` is given with the call and the function reads ``node.tag`` — into an ordinary vertex function cell: ``node.pull()``
 and ``node.push(x)`` are ``v.pull()`` and ``v.push(x)``, a call on ``node.children[k]`` is
 ``v.gather(k)``, and the returned value is ``v.scatter``-ed (it is what the parent's call
 receives). The kinds then run as one :class:`~minicavs.vertex.kinds.KindedFunction`: each kind's
@@ -60,6 +60,7 @@ class Node:
 
     @property
     def tag(self):
+        self._function._tag_read = True  # this kind's trace depends on the tag
         if self._tag is None:
             raise GraphError(f"recursive function {self._function.name!r}: node.tag read, but "
                              f"the call gave no tag= (one integer per vertex)"
@@ -118,6 +119,7 @@ class RecursiveFunction:
         self._ids = {}  # (arity, tag) -> the integer that names the kind in a call
         self._functions = {}  # frozenset of kind ids -> KindedFunction
         self._tracing = None  # the Node being traced, while a trace runs
+        self._tag_read = False  # whether the trace running now read node.tag
         self._last = None
 
     def __call__(self, batch, pull=None, tag=None):
@@ -142,13 +144,12 @@ class RecursiveFunction:
             pairs, inverse = np.unique(np.stack([arities, tags], axis=1), axis=0,
                                        return_inverse=True)
             keys = [(int(a), int(t)) for a, t in pairs]
-        for key in keys:
-            if key not in self.kinds:
-                self._trace(key)
+        keys = [self._traced_kind(key) for key in keys]
         ids = np.array([self._ids[key] for key in keys], dtype=np.int64)
-        f = self._functions.get(frozenset(ids.tolist()))
+        present = frozenset(ids.tolist())
+        f = self._functions.get(present)
         if f is None:
-            f = self._functions[frozenset(ids.tolist())] = self._kinded(keys)
+            f = self._functions[present] = self._kinded(list(dict.fromkeys(keys)))
         kind_ids = ids[inverse.reshape(-1)]
         self._last = f
         return f(batch, pull=pull, tag=kind_ids)
@@ -160,6 +161,21 @@ class RecursiveFunction:
         f.chosen_by = "by each vertex's number of children (and tag, where given)"
         f.kind_names = {self._ids[k]: _kind_name(k) for k in keys}
         return f
+
+    def _traced_kind(self, key):
+        """The kind that runs vertices of ``key`` = (arity, tag), traced if new. A trace that
+        never read ``node.tag`` serves every tag of its arity: it is kept as (arity, None)."""
+        arity, tag = key
+        if (arity, None) in self.kinds:
+            return arity, None
+        if key not in self.kinds:
+            self._tag_read = False
+            self._trace(key)
+            if tag is not None and not self._tag_read:
+                self.kinds[arity, None] = self.kinds.pop(key)
+                self._ids[arity, None] = self._ids.pop(key)
+                return arity, None
+        return key
 
     def _trace(self, key):
         from .function import VertexFunction
