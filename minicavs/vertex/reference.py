@@ -93,16 +93,17 @@ class _EagerNode:
 
 
 def _evaluate_recursive(f, batch, pull, tag):
+    tags = None if tag is None else np.asarray(tag).tolist()
     states, outputs = {}, {}
     for v in np.argsort(batch.level, kind="stable").tolist():  # children before parents
         kids = batch.child_ids[batch.child_ptr[v]:batch.child_ptr[v + 1]].tolist()
         node = _EagerNode(pull[v] if pull is not None else None, [states[c] for c in kids],
-                          None if tag is None else int(np.asarray(tag)[v]))
+                          None if tags is None else int(tags[v]))
         outer, f._tracing = f._tracing, node  # f(child) now returns the child's result
         try:
             states[v] = f.fn(node)
         finally:
             f._tracing = outer
-        outputs[v] = node.pushed if f.keywords["push_shape"] is not None else states[v]
+        outputs[v] = node.pushed if node.pushed is not None else states[v]
     rows = [reshape(outputs[v], (1,) + tuple(outputs[v].shape)) for v in range(batch.num_vertices)]
     return concat(rows, axis=0)
