@@ -14,6 +14,13 @@ losses of a batch summed, one backward and one update per batch):
   zero children states at leaves, written the way a user of each system writes it (the peers
   skip the terms that are zero; minicavs evaluates the one formula). A linear classifier
   ``h W_out + b_out`` (5 classes) at every internal vertex; cross-entropy summed. Unit: trees/s.
+* ``tree_rnn`` / ``rntn`` — the recursive networks of the recursion paper (Figs. 7–8) on the
+  same SST trees, embedding = hidden = 128 (RNTN: 32): a leaf's h is its word vector, an internal
+  vertex has ``h = tanh([h_l, h_r] U + b)`` (TreeRNN) or ``h = tanh(xᵀ V x + x U + b)`` with
+  x = [h_l, h_r] and V of H slices 2H × 2H (RNTN); classifier and loss as for tree_lstm.
+  The ``minicavs`` system writes each as one cell (leaf and internal formulas masked by a pulled
+  flag), ``minicavs-recursive`` with ``mc.recursive`` (each kind on its own rows; for tree_lstm,
+  the Tree-LSTM with a leaf cell that has no U products).
 * ``tree_fc`` — complete binary trees of 256 leaves (511 vertices), hidden = embedding = 256:
   leaf ``h = tanh(x W + b)`` with x the embedding of a random word id (vocabulary 1000),
   internal ``h = tanh([h_l, h_r] U + b)`` (the same b); a classifier on the root only.
@@ -49,6 +56,7 @@ BATCH_SIZE = 64
 SYSTEMS = {
     "minicavs": "benchmarks.systems.minicavs_cpu",
     "minicavs-cuda": "benchmarks.systems.minicavs_cuda",
+    "minicavs-recursive": "benchmarks.systems.minicavs_recursive",
     "torch-eager": "benchmarks.peers.torch_eager",
     "torch-batched": "benchmarks.peers.torch_batched",
     "torch-batched-cuda": "benchmarks.peers.torch_batched_cuda",
@@ -74,6 +82,8 @@ WORKLOADS = {
     "tree_lstm_256": Workload("tree_lstm_256", "tree_lstm", "Tree-LSTM (SST)", 256, 256,
                               "trees/s"),
     "tree_fc": Workload("tree_fc", "tree_fc", "Tree-FC (256 leaves)", 256, 256, "trees/s"),
+    "tree_rnn": Workload("tree_rnn", "tree_rnn", "TreeRNN (SST)", 128, 128, "trees/s"),
+    "rntn": Workload("rntn", "rntn", "RNTN (SST)", 32, 32, "trees/s"),
     "var_lstm": Workload("var_lstm", "var_lstm", "Var-LSTM LM (PTB)", 256, 256, "tokens/s"),
     # generation: no training, trees grown top-down (benchmarks/generation.py)
     "td_generate": Workload("td_generate", "td_generate", "TD-TreeLSTM generation", 128, 128,
@@ -84,9 +94,10 @@ WORKLOADS = {
 
 # How many samples one epoch has: the sizes, and a small one for --quick.
 FULL_SIZES = {"tree_lstm": 1024, "tree_lstm_256": 1024, "tree_fc": 256, "var_lstm": 1024,
-              "td_generate": 256, "td_generate_1": 256}
+              "td_generate": 256, "td_generate_1": 256, "tree_rnn": 1024, "rntn": 1024}
 QUICK_SIZES = {"tree_lstm": 128, "tree_lstm_256": 128, "tree_fc": 64, "var_lstm": 128,
-               "td_generate": 64, "td_generate_1": 64}
+               "td_generate": 64, "td_generate_1": 64, "tree_rnn": 128, "rntn": 128}
+SST_KINDS = ("tree_lstm", "tree_rnn", "rntn")  # workloads on SST trees
 TREE_FC_LEAVES = 256
 TREE_FC_VOCAB = 1000
 
@@ -116,7 +127,7 @@ def load_workload(workload, size, sst_path=None, ptb_path=None, seed=0):
 
         return generation.load(spec, size)
     data_dir = default_data_dir()
-    if spec.kind == "tree_lstm":
+    if spec.kind in SST_KINDS:
         path = Path(sst_path) if sst_path else data_dir / "sst" / "train.txt"
         trees = _first_trees(path, size)
         vocab = datasets.Vocabulary.build(t.tokens for t in trees)
@@ -199,7 +210,7 @@ def init_params(data, seed=0):
         from benchmarks import generation
 
         return generation.init_params(data, rng, uniform)
-    gates = {"tree_lstm": 5, "tree_fc": 1, "var_lstm": 4}[data["kind"]]
+    gates = {"tree_lstm": 5, "tree_fc": 1, "var_lstm": 4, "tree_rnn": 1, "rntn": 1}[data["kind"]]
     fan_in_u = H if data["kind"] == "var_lstm" else 2 * H
     out = V if data["kind"] == "var_lstm" else data["num_classes"]
     b = np.zeros(gates * H, np.float32)
@@ -207,7 +218,11 @@ def init_params(data, seed=0):
         b[H:3 * H] = 1.0  # forget gates start open
     elif data["kind"] == "var_lstm":
         b[H:2 * H] = 1.0
+    extra = {}
+    if data["kind"] == "rntn":  # V: H slices of 2H × 2H, small (Socher et al.)
+        extra["V"] = uniform((H, 2 * H, 2 * H), 16 * H * H)
     return {
+        **extra,
         "emb": (rng.standard_normal((V, E)) * 0.1).astype(np.float32),
         "W": uniform((E, gates * H), E),
         "U": uniform((fan_in_u, gates * H), fan_in_u),
@@ -231,6 +246,8 @@ def count_flops(data):
 
     tree_lstm: leaf 2·E·5H; internal 2·2H·5H + classifier 2·H·C; elementwise 17·H per vertex
                (bias 5H, 4 sigmoids + 2 tanh, 4 products, 2 sums) + 3·C per classified vertex.
+    tree_rnn:  internal 2·2H·H + classifier 2·H·C; elementwise 2·H (bias, tanh) + 3·C;
+    rntn:      tree_rnn's + internal 2·2H·(H·2H) (x V) + 2·H·2H (the products with x, summed);
     tree_fc:   leaf 2·E·H; internal 2·2H·H; elementwise 2·H per vertex (bias, tanh);
                root classifier 2·H·C + 3·C.
     var_lstm:  per token 2·E·4H + 2·H·4H + softmax layer 2·H·V; elementwise 13·H + 3·V.
@@ -255,6 +272,13 @@ def count_flops(data):
             elementwise = (leaves + internal) * 17 * H + internal * 3 * C
             formula = ("leaves·2E·5H + internal·(2·2H·5H + 2H·C) GEMM + vertices·17H + "
                        "internal·3C elementwise, ×3")
+        elif kind in ("tree_rnn", "rntn"):
+            bilinear = 2 * 2 * H * 2 * H * H + 2 * 2 * H * H if kind == "rntn" else 0
+            gemm = internal * (2 * 2 * H * H + bilinear + 2 * H * C)
+            elementwise = internal * (2 * H + 3 * C)
+            formula = ("internal·(2·2H·H + 2H·C"
+                       + (" + 2·2H·2H·H + 2·2H·H" if bilinear else "")
+                       + ") GEMM + internal·(2H + 3C) elementwise, ×3")
         else:
             gemm = leaves * 2 * E * H + internal * 2 * 2 * H * H + len(samples) * 2 * H * C
             elementwise = (leaves + internal) * 2 * H + len(samples) * 3 * C

@@ -13,7 +13,7 @@ from .errors import (ArgumentError, CheckpointError, CheckpointWriteError, Devic
                      DistributedError, DTypeError, GradientCheckError, GraphError,
                      IndexRangeError, InPlaceModificationError, KernelCompileError, MinicavsError,
                      NonFiniteError, OutOfMemoryError, ShapeError, ToolchainError,
-                     UnsupportedError)
+                     TracedBranchError, UnsupportedError)
 from .backend import (default_dtype, get_array_module, get_device, gpu_available, seed,
                       set_default_dtype, set_device)
 from .ops import (abs, add, all, any, argmax, argmin, astype, binary_cross_entropy,
@@ -33,8 +33,9 @@ from .autodiff import (Graph, Parameter, Symbol, Tensor, enable_grad, from_dlpac
 from .autodiff.creation import (arange, eye, full, full_like, ones, ones_like, rand, rand_like,
                                 randn, randn_like, zeros, zeros_like)
 from .autodiff.debug import debug, is_debug_enabled, set_debug
-from .vertex import (GraphBatch, InputGraph, StaticFunction, VertexFunction, evaluate_per_sample,
-                     grow, grow_per_sample, symbolic, top_down)
+from .vertex import (GraphBatch, InputGraph, KindedFunction, RecursiveFunction, StaticFunction,
+                     VertexFunction, evaluate_per_sample, grow, grow_per_sample, recursive,
+                     symbolic, top_down)
 from .vertex.memory import memory_budget, set_memory_budget
 from . import nn
 from .nn import load, save

@@ -32,6 +32,11 @@ class GraphError(MinicavsError, ValueError):
     """An input graph, a traced graph or a vertex function is malformed."""
 
 
+class TracedBranchError(GraphError):
+    """Python control flow (``if``, ``while``) asked for the truth value of a traced value,
+    which has none while tracing."""
+
+
 class GradientCheckError(MinicavsError, AssertionError):
     """Analytic and numerical gradients disagree (raised by ``gradcheck``)."""
 

@@ -63,6 +63,15 @@ def test_tree_lstm_example_reads_sst(sst_dir, capsys):
     assert set(result["test"]) == {"loss", "fine", "binary"}
 
 
+@pytest.mark.parametrize("model", ["treernn", "rntn", "treelstm"])
+def test_recursive_trees_example(model, sst_dir, capsys):
+    result = _example("recursive_trees").main(
+        QUICK + ["--model", model, "--data", str(sst_dir), "--hidden", "4", "--embed-dim", "4",
+                 "--train-trees", "2"])
+    assert 0.0 <= result["test"]["fine"] <= 1.0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith(f"{model}: test loss")
+
+
 def test_child_sum_example_on_sst_and_nary_trees(sst_dir):
     module = _example("child_sum_tree_lstm")
     module.main(QUICK + ["--data", str(sst_dir), "--hidden", "4"])

@@ -7,9 +7,10 @@ import pytest
 import minicavs as mc
 from minicavs.data import Tree, make_splits, random_binary_tree, random_nary_tree, \
     synthetic_treebank
-from minicavs.models import (ChildSumTreeLSTMClassifier, FixedLSTMLanguageModel, Seq2Seq,
-                             TreeFC, TreeLSTMClassifier, VarLSTMLanguageModel, reversal_task,
-                             stream_rows, tree_fc_dataset)
+from minicavs.models import (ChildSumTreeLSTMClassifier, FixedLSTMLanguageModel,
+                             RecursiveTreeLSTMClassifier, RNTNClassifier, Seq2Seq,
+                             TreeFC, TreeLSTMClassifier, TreeRNNClassifier,
+                             VarLSTMLanguageModel, reversal_task, stream_rows, tree_fc_dataset)
 from minicavs.training import get_blas_threads, set_blas_threads, train_epoch
 from minicavs.vertex import evaluate_per_sample
 
@@ -64,6 +65,19 @@ def test_tree_lstm_with_leaf_loss_batched_equals_per_sample():
     batch = model.prepare(trees)
     assert batch.num_targets == sum(t.num_vertices for t in trees)
     _check_against_per_sample(model, batch)
+
+
+@pytest.mark.parametrize("make", [
+    lambda v: TreeRNNClassifier(v, hidden=3, dtype="float64", leaf_loss=True),
+    lambda v: RNTNClassifier(v, hidden=3, dtype="float64", leaf_loss=True),
+    lambda v: RecursiveTreeLSTMClassifier(v, embed_dim=4, hidden=3, dtype="float64",
+                                          leaf_loss=True)], ids=["treernn", "rntn", "treelstm"])
+def test_recursive_tree_models_batched_equal_per_tree_eager(make):
+    """Written with mc.recursive: batched with kinds == the definition run eagerly per node."""
+    trees, vocab_size = _tiny_trees()
+    model = make(vocab_size)
+    _check_against_per_sample(model, model.prepare(trees))
+    assert set(model.F.explain()["kinds"]) == {"leaf", "arity 2"}
 
 
 def test_child_sum_tree_lstm_batched_equals_per_sample():

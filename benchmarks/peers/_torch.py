@@ -27,7 +27,9 @@ def parameters(params, device="cpu"):
         tensor = torch.from_numpy(array.T.copy() if transpose else array.copy())
         return torch.nn.Parameter(tensor.to(device))
 
+    extra = {"V": p(params["V"])} if "V" in params else {}  # RNTN: (H, 2H, 2H) as it is
     return {
+        **extra,
         "emb": p(params["emb"]), "W": p(params["W"], True), "U": p(params["U"], True),
         "b": p(params["b"]), "W_out": p(params["W_out"], True), "b_out": p(params["b_out"]),
     }

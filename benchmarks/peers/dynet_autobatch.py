@@ -63,6 +63,9 @@ def run(data, params, epochs, warmup, options=None):
         W = model.parameters_from_numpy(params["W"].T.copy())
         U = model.parameters_from_numpy(params["U"].T.copy())
         b = model.parameters_from_numpy(params["b"])
+    if "V" in params:  # RNTN: row i·2H + j of V_rows is V[i, j, :]
+        H2 = 2 * H
+        V_rows = model.parameters_from_numpy(params["V"].reshape(H * H2, H2).copy())
     trainer = dy.AdamTrainer(model, alpha=1e-3)
 
     if kind == "tree_lstm":
@@ -88,6 +91,24 @@ def run(data, params, epochs, warmup, options=None):
                     if kids:
                         losses.append(dy.pickneglogsoftmax(
                             dy.affine_transform([b_out, W_out, h[v]]), int(tree.labels[v])))
+            return dy.esum(losses)
+
+    elif kind in ("tree_rnn", "rntn"):
+        def declare(trees):
+            losses = []
+            for tree in trees:
+                h = [None] * tree.num_vertices
+                for v, kids in enumerate(tree.children):
+                    if kids:
+                        x = dy.concatenate([h[kids[0]], h[kids[1]]])
+                        total = dy.affine_transform([b, U, x])
+                        if kind == "rntn":  # reshape is column-major: column i is V_i x
+                            total = total + dy.transpose(dy.reshape(V_rows * x, (H2, H))) * x
+                        h[v] = dy.tanh(total)
+                        losses.append(dy.pickneglogsoftmax(
+                            dy.affine_transform([b_out, W_out, h[v]]), int(tree.labels[v])))
+                    else:
+                        h[v] = dy.lookup(emb, int(tree.words[v]))
             return dy.esum(losses)
 
     elif kind == "tree_fc":

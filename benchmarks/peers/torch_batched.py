@@ -6,6 +6,8 @@
   children) is one embedding lookup and one GEMM; each later level gathers its children's
   rows with one ``index_select`` per storage, runs the cell once on the whole level and
   writes its rows into its block. The classifier is one GEMM over all internal rows.
+* TreeRNN / RNTN: the same schedule; leaves are one embedding lookup, each level one
+  ``index_select``, one GEMM (and for the RNTN one ``einsum`` for xᵀ V x).
 * Tree-FC: the perfect reshape. Complete trees numbered level by level make adjacent rows
   siblings, so a level is ``(B, n, H) -> (B, n/2, 2H)`` and one GEMM: no gather at all.
 * Var-LSTM: ``nn.LSTM`` over a ``PackedSequence``, and one GEMM + cross-entropy over the
@@ -97,6 +99,30 @@ def run(data, params, epochs, warmup, options=None, device="cpu"):
             logits = F.linear(h[leaves:], P["W_out"], P["b_out"])
             loss = F.cross_entropy(logits, internal_labels, reduction="sum")
             return loss, construction
+
+    elif kind in ("tree_rnn", "rntn"):
+        V = P.get("V")  # RNTN: (H, 2H, 2H)
+
+        def batch_loss(trees):
+            started = time.perf_counter()
+            order, level_offsets, children = tree_schedule(trees)
+            words = np.concatenate([t.words for t in trees])[order]
+            labels = np.concatenate([t.labels for t in trees])[order]
+            n, leaves = len(order), int(level_offsets[1])
+            levels = [(int(a), int(b), to(children[a:b].reshape(-1)))
+                      for a, b in zip(level_offsets[1:-1], level_offsets[2:])]
+            leaf_words, internal_labels = to(words[:leaves]), to(labels[leaves:])
+            construction = time.perf_counter() - started
+            h = torch.zeros(n, H, device=device)
+            h[:leaves] = F.embedding(leaf_words, P["emb"])
+            for a, b, rows in levels:
+                x = h.index_select(0, rows).view(b - a, 2 * H)
+                total = F.linear(x, P["U"], P["b"])
+                if V is not None:  # x_n V_i x_n for all rows n and slices i at once
+                    total = total + torch.einsum("nj,ijk,nk->ni", x, V, x)
+                h[a:b] = torch.tanh(total)
+            logits = F.linear(h[leaves:], P["W_out"], P["b_out"])
+            return F.cross_entropy(logits, internal_labels, reduction="sum"), construction
 
     elif kind == "tree_fc":
         leaves = common.TREE_FC_LEAVES

@@ -84,6 +84,32 @@ def run(data, params, epochs, warmup, options=None):
                 losses.append(F.cross_entropy(logits, labels, reduction="sum"))
             return torch.stack(losses).sum()
 
+    elif kind in ("tree_rnn", "rntn"):
+        V = P.get("V")  # RNTN: (H, 2H, 2H)
+
+        def batch_loss(trees):
+            words = np.concatenate([t.words[t.words >= 0] for t in trees])
+            xs = F.embedding(torch.from_numpy(words), P["emb"]).unbind(0)
+            losses, k = [], 0
+            for tree in trees:
+                h, internal = [None] * tree.num_vertices, []
+                for v, kids in enumerate(tree.children):
+                    if kids:
+                        x = torch.cat([h[kids[0]], h[kids[1]]])
+                        total = F.linear(x, P["U"], P["b"])
+                        if V is not None:
+                            total = total + torch.mv(torch.matmul(V, x), x)
+                        h[v] = torch.tanh(total)
+                        internal.append(v)
+                    else:
+                        h[v] = xs[k]
+                        k += 1
+                logits = F.linear(torch.stack([h[v] for v in internal]), P["W_out"],
+                                  P["b_out"])
+                losses.append(F.cross_entropy(logits, torch.from_numpy(tree.labels[internal]),
+                                              reduction="sum"))
+            return torch.stack(losses).sum()
+
     else:  # tree_fc
         def batch_loss(trees):
             words = np.concatenate([t.words[t.words >= 0] for t in trees])

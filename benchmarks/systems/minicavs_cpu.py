@@ -9,6 +9,9 @@ Each workload is written as a minicavs user writes it (the math is the common on
   vertices' rows.
 * Tree-FC: ``h = tanh(x W + [h_l, h_r] U + b)``; F pushes nothing, so it returns the scattered
   states and the root classifier runs outside F on the roots' rows.
+* TreeRNN / RNTN: one cell for both kinds of vertex, as a user writes it without kinds: the
+  word id and an "internal" flag are pulled, ``h = x + internal·tanh([h_l, h_r] U + b (+ xᵀVx))``
+  (``minicavs_recursive.py`` runs the same models as recursive definitions, with kinds).
 * Var-LSTM: a chain per sentence; the LSTM cell pushes h, and the softmax layer is one GEMM
   over all tokens of the batch, outside F.
 
@@ -103,6 +106,37 @@ def build(data, params, vertex_options=None):
             h = mc.take_rows(F(batch, pull=words), roots)
             return mc.softmax_cross_entropy(h @ W_out + b_out, labels, reduction="sum")
 
+    elif kind in ("tree_rnn", "rntn"):
+        V = P.get("V")
+
+        def cell(v):  # one cell for both kinds: the pulled flag masks the internal formula
+            ids = v.pull()  # (word id, 1 if internal): -1 at an internal vertex embeds to 0
+            children = mc.concat([v.gather(0), v.gather(1)])
+            total = children @ U + b
+            if V is not None:
+                total = total + bilinear(mc, children, V, H)
+            h = mc.embedding(table, ids[0]) + ids[1].astype("float32") * mc.tanh(total)
+            v.scatter(h)
+            v.push(h @ W_out + b_out)
+
+        F = mc.VertexFunction(cell, pull_shape=(2,), pull_dtype="int64", scatter_shape=(H,),
+                              push_shape=(data["num_classes"],), arity=2, dtype="float32",
+                              options=vertex_options, name=kind)
+
+        def prepare(trees):
+            batch = mc.GraphBatch([graph_of(t) for t in trees])
+            words = np.concatenate([t.words for t in trees])
+            internal = (batch.num_children > 0).astype(np.int64)
+            labels = np.concatenate([t.labels for t in trees])
+            targets = np.flatnonzero(internal)
+            return (batch, mc.tensor(np.stack([words, internal], axis=1)),
+                    (mc.tensor(targets), mc.tensor(labels[targets])))
+
+        def loss_of(batch, words, extra):
+            targets, labels = extra
+            logits = mc.take_rows(F(batch, pull=words), targets)
+            return mc.softmax_cross_entropy(logits, labels, reduction="sum")
+
     else:  # var_lstm
         eos = data["eos"]
 
@@ -132,7 +166,14 @@ def build(data, params, vertex_options=None):
     return F, list(P.values()), prepare, loss_of
 
 
-def run(data, params, epochs, warmup, options=None, device=DEVICE):
+def bilinear(mc, x, V, H):
+    """The RNTN's xᵀ V_i x for every slice i of V (H, 2H, 2H): (x V) as (H, 2H), times x."""
+    v_flat = mc.reshape(mc.transpose(V, (1, 0, 2)), (2 * H, H * 2 * H))
+    return mc.sum(mc.reshape(x @ v_flat, (H, 2 * H)) * x, axis=-1)
+
+
+def run(data, params, epochs, warmup, options=None, device=DEVICE, build_model=None):
+    """Train; ``build_model`` replaces :func:`build` (minicavs_recursive.py passes its own)."""
     import minicavs as mc
 
     if data["kind"] == "td_generate":
@@ -140,7 +181,7 @@ def run(data, params, epochs, warmup, options=None, device=DEVICE):
                                        (options or {}).get("vertex"))
     mc.set_device(device)
     options = options or {}
-    F, parameters, prepare, loss_of = build(data, params, options.get("vertex"))
+    F, parameters, prepare, loss_of = (build_model or build)(data, params, options.get("vertex"))
     optimizer = mc.nn.Adam(parameters, lr=1e-3)
 
     def step(samples):

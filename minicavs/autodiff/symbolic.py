@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from .. import backend
-from ..errors import ArgumentError, GraphError, MinicavsError
+from ..errors import ArgumentError, GraphError, MinicavsError, TracedBranchError
 from ..ops import registry
 from ..ops.operators import OperatorMixin
 from ..ops.registry import Aval
@@ -87,7 +87,7 @@ class Symbol(OperatorMixin):
 
     # A Symbol has no value while tracing: explain instead of failing deep inside NumPy.
     def __bool__(self):
-        raise GraphError(
+        raise TracedBranchError(
             f"the truth value of a traced {self!r} is unknown while tracing: Python control flow "
             f"(if/while) cannot depend on values inside a traced function. Use mc.where(cond, a, b) "
             f"for a choice per element, or branch outside the function."

@@ -12,6 +12,7 @@ model vertex by vertex, the reference the batched runtime must match.
 """
 
 from .tree_lstm import ChildSumTreeLSTMClassifier, TreeBatch, TreeClassifier, TreeLSTMClassifier
+from .recursive_trees import RecursiveTreeLSTMClassifier, RNTNClassifier, TreeRNNClassifier
 from .tree_fc import TreeFC, tree_fc_dataset
 from .language_model import (FixedLSTMLanguageModel, SentenceBatch, StreamBatch,
                              VarLSTMLanguageModel, stream_rows)
@@ -19,6 +20,7 @@ from .seq2seq import PairBatch, Seq2Seq, reversal_task
 from .td_tree_lstm import TDTreeLSTM, TopDownBatch
 
 __all__ = ["TreeClassifier", "TreeBatch", "TreeLSTMClassifier", "ChildSumTreeLSTMClassifier",
+           "TreeRNNClassifier", "RNTNClassifier", "RecursiveTreeLSTMClassifier",
            "TreeFC", "tree_fc_dataset", "VarLSTMLanguageModel", "FixedLSTMLanguageModel",
            "SentenceBatch", "StreamBatch", "stream_rows", "Seq2Seq", "PairBatch",
            "reversal_task", "TDTreeLSTM", "TopDownBatch"]

@@ -10,6 +10,8 @@ execution. Read in this order:
 ``interpreter.py``  the loop that runs a Program over a batch on NumPy or CuPy
 ``memory.py``       a call's buffers (pooled), its memory estimate, and sub-batches over budget
 ``finite_check.py`` debug mode in F and ∂F: the first NaN or infinity, with its op and vertex
+``kinds.py``        vertex kinds: one cell per kind (leaf, arity, tag), each on its own rows
+``recursive.py``    ``mc.recursive``: a function of one node calling itself on its children
 ``reference.py``    a plain per-sample evaluation the batched runtime is tested against
 ``static.py``       ``mc.symbolic``: a static graph as a Program with no levels, same interpreter
 ``growth.py``       ``mc.grow``: structures decided at run time, F run on every sample's frontier
@@ -17,7 +19,9 @@ execution. Read in this order:
 
 from .graphs import GraphBatch, InputGraph
 from .function import Vertex, VertexFunction
+from .kinds import KindedFunction
 from .passes import Options
+from .recursive import RecursiveFunction, recursive
 from .static import StaticFunction, symbolic
 from .reference import evaluate_per_sample
 from .growth import Frontier, Growth, grow, grow_per_sample, top_down

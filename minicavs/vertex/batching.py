@@ -99,10 +99,10 @@ class BatchedTrace:
         for i, a in enumerate(args):
             if isinstance(a, VertexSymbol):
                 items.append((a.symbol, a.domain))
-            elif isinstance(a, Symbol):
+            elif isinstance(a, Symbol) and a.tracer is not self.tracer:
                 raise GraphError(f"op '{op.name}': argument {i} is a symbol of another trace"
                                  + _format_location(where))
-            else:  # a captured Tensor, a constant
+            else:  # a value shared by all vertices (made from parameters), a Tensor, a constant
                 items.append((self.tracer._as_symbol(op, i, a, where), None))
         domains = {d for _, d in items if d}
         if len(domains) > 1:  # per-edge work that uses per-vertex values

@@ -208,6 +208,16 @@ class VertexFunction:
                       argument_names=_argument_names(self.pull_input, self.graph.params))
         self._last_stats = None
 
+    @staticmethod
+    def by_kind(cells, by="leaf", **keywords):
+        """One cell per vertex kind, chosen per vertex (kinds.py): ``cells`` is ``{kind:
+        cell}``; ``by`` is ``"leaf"`` (kinds "leaf", "internal"), ``"arity"`` (the number of
+        children) or ``"tag"`` (an integer per vertex, ``F(batch, pull=X, tag=T)``). The other
+        keywords are this class's. Each kind runs its own cell on its own rows only."""
+        from .kinds import KindedFunction
+
+        return KindedFunction(cells, by, **keywords)
+
     def _trace_with_dtype(self, cell, dtype, pull_dtype):
         """Trace the cell. Without ``dtype``, F's float type is inferred: the common type of
         the float parameters the cell captures and of a float ``pull_dtype`` (the default

@@ -81,10 +81,49 @@ class LevelCounts(list):
     backend = "interpreter"
 
 
+def run_kinds(runs, xp, between=None):
+    """Several programs over one batch, one per vertex kind (kinds.py): ``runs`` holds, per
+    kind, ``(program, env, ranges, rows, moves, levels)``, where ``rows`` counts the kind's own
+    rows and ``levels`` names the batch level of each of its levels. Every kind's eager phase
+    runs first (then ``between()``), then the levels of all kinds in step (bottom-up for F,
+    top-down for ∂F: a level's children are done, whatever their kind), then every lazy phase.
+    Returns the instructions run per level, per kind."""
+    checks = [FiniteCheck(p, rows, env) if debug.enabled else None
+              for p, env, _, rows, _, _ in runs]
+    for (program, env, ranges, rows, _, _), check in zip(runs, checks):
+        for ins in program.eager:
+            _run_whole(ins, xp, env, ranges, rows)
+            if check:
+                check(ins, env)
+    if between is not None:
+        between()
+    steps = [level_steps(p, xp, env, ranges, rows, moves, check)
+             for (p, env, ranges, rows, moves, _), check in zip(runs, checks)]
+    reverse = runs[0][0].reverse
+    events = sorted(((t, k) for k, run in enumerate(runs) for t in run[5]), reverse=reverse)
+    counts = [[] for _ in runs]
+    for _, k in events:
+        counts[k].append(next(steps[k]))
+    for k, step in enumerate(steps):
+        counts[k].extend(step)  # the rest: after the last level, the loop's bookkeeping
+    for (program, env, ranges, rows, _, _), check in zip(runs, checks):
+        for ins in program.lazy:
+            _run_whole(ins, xp, env, ranges, rows)
+            if check:
+                check(ins, env)
+    return counts
+
+
 def _level_loop(program, xp, env, ranges, rows, moves, check=None):
+    return LevelCounts(level_steps(program, xp, env, ranges, rows, moves, check))
+
+
+def level_steps(program, xp, env, ranges, rows, moves, check=None):
+    """The level loop of ``run``, one level per step: yields the instructions run on it (kinds
+    step several programs' loops together: ``run_kinds``)."""
     row_keys = [(k, d) for k, d in program.row_keys if k in env]
     in_buffers = program.buffered | {id(part) for part, *_ in program.aliases}
-    written, summed, counts = {}, {}, LevelCounts()
+    written, summed = {}, {}
     for t, window, plan in level_plans(program, ranges, rows):
         local = dict(env)  # shared values as they are, per-row ones cut to the level's rows
         for key, domain in row_keys:
@@ -110,10 +149,9 @@ def _level_loop(program, xp, env, ranges, rows, moves, check=None):
             elif action == ZERO:
                 for o in ins.writes:
                     moves.zero(o, local, window, id(o) in in_buffers)
-        counts.append(ran)
+        yield ran
     env.update(summed)
     record_written(program, ranges, written)
-    return counts
 
 
 def level_plans(program, ranges, rows):

@@ -45,11 +45,17 @@ class _EagerVertex:
         self.pushed = x
 
 
-def evaluate_per_sample(f, batch, pull=None):
+def evaluate_per_sample(f, batch, pull=None, tag=None):
     """Run ``f``'s cell eagerly on each vertex of ``batch``; return what ``f(batch, pull)``
-    returns (rows in the batch's vertex order), differentiable with the eager autodiff."""
+    returns (rows in the batch's vertex order), differentiable with the eager autodiff.
+    For a recursive function, its definition runs eagerly on each node instead (a call on a
+    child returns that child's result), with ``tag=`` as given to it."""
     if not isinstance(batch, GraphBatch):
         raise GraphError("evaluate_per_sample expects a GraphBatch")
+    from .recursive import RecursiveFunction
+
+    if isinstance(f, RecursiveFunction):
+        return _evaluate_recursive(f, batch, pull, tag)
     states, outputs = {}, {}
     order = np.argsort(batch.level, kind="stable")  # children before parents
     for v in order.tolist():
@@ -59,5 +65,45 @@ def evaluate_per_sample(f, batch, pull=None):
         f.cell(vertex)
         states[v] = vertex.scattered
         outputs[v] = vertex.pushed if f.push_output is not None else vertex.scattered
+    rows = [reshape(outputs[v], (1,) + tuple(outputs[v].shape)) for v in range(batch.num_vertices)]
+    return concat(rows, axis=0)
+
+
+class _EagerNode:
+    """A node of a recursive definition, evaluated eagerly: its children's results are known."""
+
+    def __init__(self, pulled, child_states, tag):
+        from .recursive import Child
+
+        self.arity = len(child_states)
+        self.is_leaf = self.arity == 0
+        self.children = [Child(self, k) for k in range(self.arity)]
+        self.tag = tag
+        self._pulled, self._states = pulled, child_states
+        self.pushed = None
+
+    def pull(self):
+        return self._pulled
+
+    def push(self, x):
+        self.pushed = x
+
+    def state_of(self, child):
+        return self._states[child.k]
+
+
+def _evaluate_recursive(f, batch, pull, tag):
+    tags = None if tag is None else np.asarray(tag).tolist()
+    states, outputs = {}, {}
+    for v in np.argsort(batch.level, kind="stable").tolist():  # children before parents
+        kids = batch.child_ids[batch.child_ptr[v]:batch.child_ptr[v + 1]].tolist()
+        node = _EagerNode(pull[v] if pull is not None else None, [states[c] for c in kids],
+                          None if tags is None else int(tags[v]))
+        outer, f._tracing = f._tracing, node  # f(child) now returns the child's result
+        try:
+            states[v] = f.fn(node)
+        finally:
+            f._tracing = outer
+        outputs[v] = node.pushed if node.pushed is not None else states[v]
     rows = [reshape(outputs[v], (1,) + tuple(outputs[v].shape)) for v in range(batch.num_vertices)]
     return concat(rows, axis=0)

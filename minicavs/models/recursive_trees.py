@@ -1,0 +1,141 @@
+"""Tree sentiment models written recursively (``mc.recursive``), as the recursion paper
+evaluates them (Figs. 7–9): a leaf embeds its word, an internal vertex combines its children's
+states, and the runtime runs each kind of vertex on its own rows (a leaf pays for no child).
+
+* :class:`TreeRNNClassifier` — ``h = tanh(W [h_l; h_r] + b)``; a leaf's h is its word vector.
+* :class:`RNTNClassifier` — Socher et al.'s recursive neural tensor network:
+  ``h = tanh([h_l; h_r]ᵀ V [h_l; h_r] + W [h_l; h_r] + b)``, V a tensor of H slices of 2H × 2H.
+* :class:`RecursiveTreeLSTMClassifier` — the binary Tree-LSTM of tree_lstm.py with a leaf cell
+  that has no U products (a leaf has no children) and an internal cell with no W product (an
+  internal vertex of a parse tree has no word).
+
+Every vertex pushes its class logits ``h W_out + b_out``; batching, loss and evaluation are
+TreeClassifier's. ``loss(batch, run=evaluate_per_sample)`` runs the same definition eagerly,
+tree by tree (the reference the tests compare with).
+"""
+
+from .. import ops
+from ..nn import Embedding
+from ..nn import init
+from ..autodiff import Parameter
+from ..vertex.recursive import recursive
+from .common import bias, lstm_bias, weight
+from .tree_lstm import TreeClassifier
+
+
+class TreeRNNClassifier(TreeClassifier):
+    """The plain recursive network over binary parse trees (word vectors of size ``hidden``)."""
+
+    def __init__(self, vocab_size, hidden=64, num_classes=5, dtype="float32", leaf_loss=False):
+        super().__init__(num_classes, leaf_loss)
+        H, C = int(hidden), int(num_classes)
+        self.vocab_size, self.hidden = int(vocab_size), H
+        self.embedding = Embedding(vocab_size, H, dtype=dtype)
+        self.W = weight((2 * H, H), dtype, "W")
+        self.b = bias(H, dtype, "b")
+        self.W_out = weight((H, C), dtype, "W_out")
+        self.b_out = bias(C, dtype, "b_out")
+        table, W, b, W_out, b_out = self.embedding.weight, self.W, self.b, self.W_out, self.b_out
+
+        @recursive(scatter_shape=(H,), pull_shape=(1,), pull_dtype="int64", push_shape=(C,),
+                   arity=2, dtype=dtype)
+        def tree_rnn(node):
+            if node.is_leaf:
+                h = ops.reshape(ops.embedding(table, node.pull()), (H,))
+            else:
+                h = ops.tanh(ops.concat([tree_rnn(child) for child in node.children]) @ W + b)
+            node.push(h @ W_out + b_out)
+            return h
+
+        self.F = tree_rnn
+
+
+class RNTNClassifier(TreeClassifier):
+    """The recursive neural tensor network (Socher et al., 2013) over binary parse trees."""
+
+    def __init__(self, vocab_size, hidden=32, num_classes=5, dtype="float32", leaf_loss=False):
+        super().__init__(num_classes, leaf_loss)
+        H, C = int(hidden), int(num_classes)
+        self.vocab_size, self.hidden = int(vocab_size), H
+        self.embedding = Embedding(vocab_size, H, dtype=dtype)
+        # slice i of V is the 2H × 2H form of output unit i; small, as Socher et al. start it
+        scale = 1.0 / (4 * H)
+        self.V = Parameter(init.uniform((H, 2 * H, 2 * H), -scale, scale, dtype=dtype),
+                           name="V")
+        self.W = weight((2 * H, H), dtype, "W")
+        self.b = bias(H, dtype, "b")
+        self.W_out = weight((H, C), dtype, "W_out")
+        self.b_out = bias(C, dtype, "b_out")
+        table, V, W, b, W_out, b_out = (self.embedding.weight, self.V, self.W, self.b,
+                                        self.W_out, self.b_out)
+
+        @recursive(scatter_shape=(H,), pull_shape=(1,), pull_dtype="int64", push_shape=(C,),
+                   arity=2, dtype=dtype)
+        def rntn(node):
+            if node.is_leaf:
+                h = ops.reshape(ops.embedding(table, node.pull()), (H,))
+            else:
+                x = ops.concat([rntn(child) for child in node.children])  # [h_l; h_r]
+                # xᵀ V_i x for every slice i: (x V as (H, 2H)) · x, one GEMM for all vertices
+                v_flat = ops.reshape(ops.transpose(V, (1, 0, 2)), (2 * H, H * 2 * H))
+                xv = ops.reshape(x @ v_flat, (H, 2 * H))
+                h = ops.tanh(ops.sum(xv * x, axis=-1) + x @ W + b)
+            node.push(h @ W_out + b_out)
+            return h
+
+        self.F = rntn
+
+
+class RecursiveTreeLSTMClassifier(TreeClassifier):
+    """The binary Tree-LSTM, one cell per kind: leaves ``i, o, u = split(x W + b_leaf, 3)``,
+    ``c = σ(i)⊙tanh(u)``; internal vertices ``i, f_l, f_r, o, u = split([h_l, h_r] U + b, 5)``,
+    ``c = σ(i)⊙tanh(u) + σ(f_l)⊙c_l + σ(f_r)⊙c_r``; both ``h = σ(o)⊙tanh(c)``."""
+
+    def __init__(self, vocab_size, embed_dim=64, hidden=64, num_classes=5, dtype="float32",
+                 leaf_loss=False):
+        super().__init__(num_classes, leaf_loss)
+        E, H, C = int(embed_dim), int(hidden), int(num_classes)
+        self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
+        self.embedding = Embedding(vocab_size, E, dtype=dtype)
+        self.W = weight((E, 3 * H), dtype, "W")
+        self.b_leaf = bias(3 * H, dtype, "b_leaf")
+        self.U = weight((2 * H, 5 * H), dtype, "U")
+        self.b = lstm_bias(H, ["i", "f_l", "f_r", "o", "u"], dtype, "b")
+        self.W_out = weight((H, C), dtype, "W_out")
+        self.b_out = bias(C, dtype, "b_out")
+        table, W, b_leaf, U, b, W_out, b_out = (self.embedding.weight, self.W, self.b_leaf,
+                                                self.U, self.b, self.W_out, self.b_out)
+
+        @recursive(scatter_shape=(2 * H,), pull_shape=(1,), pull_dtype="int64",
+                   push_shape=(C,), arity=2, dtype=dtype)
+        def tree_lstm(node):
+            if node.is_leaf:
+                x = ops.reshape(ops.embedding(table, node.pull()), (E,))
+                i, o, u = ops.split(x @ W + b_leaf, 3)
+                c = ops.sigmoid(i) * ops.tanh(u)
+            else:
+                (h_l, c_l), (h_r, c_r) = [ops.split(tree_lstm(child), 2)
+                                          for child in node.children]
+                i, f_l, f_r, o, u = ops.split(ops.concat([h_l, h_r]) @ U + b, 5)
+                c = (ops.sigmoid(i) * ops.tanh(u) + ops.sigmoid(f_l) * c_l
+                     + ops.sigmoid(f_r) * c_r)
+            h = ops.sigmoid(o) * ops.tanh(c)
+            node.push(h @ W_out + b_out)
+            return ops.concat([h, c])
+
+        self.F = tree_lstm
+
+
+MODELS = {"treernn": TreeRNNClassifier, "rntn": RNTNClassifier,
+          "treelstm": RecursiveTreeLSTMClassifier}
+
+
+def make(name, vocab_size, hidden, embed_dim=None, **keywords):
+    """One of MODELS by name (``embed_dim`` is the Tree-LSTM's; the others embed in ``hidden``)."""
+    if name == "treelstm":
+        return RecursiveTreeLSTMClassifier(vocab_size, embed_dim or hidden, hidden, **keywords)
+    return MODELS[name](vocab_size, hidden, **keywords)
+
+
+__all__ = ["TreeRNNClassifier", "RNTNClassifier", "RecursiveTreeLSTMClassifier", "make",
+           "MODELS"]

@@ -1,0 +1,496 @@
+"""Vertex kinds: one vertex function with several cells, the cell chosen per vertex by graph data.
+
+``mc.VertexFunction.by_kind({"leaf": leaf_cell, "internal": internal_cell}, by="leaf", ...)``
+makes a :class:`KindedFunction`. Each cell is an ordinary :class:`VertexFunction`, traced into
+its own Programs of F and ∂F; the kind of a vertex comes from its graph (``by="leaf"``: leaf or
+internal; ``by="arity"``: its number of children) or from an integer per vertex given with the
+call (``by="tag"``, ``F(batch, pull=X, tag=T)``).
+
+How a call runs (no masked work: each kind's program sees its own rows only):
+
+* the batch's rows are sorted by (kind, level), stably, so each kind owns one contiguous block of
+  rows, and within it one contiguous block per level (:func:`kind_schedule`, once per batch and
+  kind assignment). Each kind gets its own :class:`~minicavs.vertex.graphs.BatchIndices` over
+  its block: its levels are the batch levels where it has vertices; its child rows point into
+  the batch's rows, whatever the child's kind;
+* there is one state buffer for the whole batch: a kind's scattered state is its block of it, so
+  a parent of any kind gathers the state a child of any kind scattered;
+* ``interpreter.run_kinds`` runs every kind's eager phase, then the levels of all kinds in step
+  (bottom-up for F, top-down for ∂F), then every lazy phase; ∂F adds into one state gradient;
+* a parameter several cells close over is one input of the op and gets the sum of their
+  gradients.
+
+With one kind, use a plain VertexFunction: nothing here is on its path.
+"""
+
+import time
+import weakref
+
+import numpy as np
+
+from .. import backend, validate
+from ..autodiff.tensor import Tensor, is_grad_enabled
+from ..errors import DTypeError, GraphError, IndexRangeError, ShapeError
+from ..ops import registry, shape as shape_ops
+from ..ops.registry import Op, describe
+from . import interpreter, memory
+from .graphs import BatchIndices, GraphBatch, InputGraph
+from .zero_rows import FULL
+
+SELECTORS = ("leaf", "arity", "tag")
+
+
+def kinds_of_vertices(batch, by, tag=None):
+    """The kind key of every vertex of ``batch`` (its vertex order), as a list of distinct keys
+    and an int array of positions in it: ``"leaf"``/``"internal"``, the arity, or the tag."""
+    arity = batch.num_children
+    if by == "leaf":
+        keys = np.where(arity == 0, 0, 1)
+        return ["leaf", "internal"], keys
+    if by == "arity":
+        values = arity
+    else:
+        values = tag
+    distinct, keys = np.unique(values, return_inverse=True)
+    return distinct.tolist(), keys.reshape(-1)
+
+
+def check_tag(tag, batch, name):
+    """``tag``: one integer per vertex of the batch (array-like or Tensor)."""
+    if tag is None:
+        raise GraphError(f"{name}: tag= is required (kinds are chosen by a tag per vertex)")
+    array = np.asarray(tag.numpy() if isinstance(tag, Tensor) else tag)
+    if array.dtype.kind not in "iu":
+        raise DTypeError(f"{name}: tag must hold integers, one per vertex, got dtype "
+                         f"{array.dtype}")
+    if array.shape != (batch.num_vertices,):
+        raise ShapeError(f"{name}: tag has shape {describe(array.shape)}, expected "
+                         f"{describe((batch.num_vertices,))} (one per vertex of the batch)")
+    return array.astype(np.int64)
+
+
+class _KindBatch:
+    """The rows of one kind, laid out as :class:`BatchIndices` reads a GraphBatch: its own rows
+    (``num_vertices``, levels, edges by parent row) counted from the first row of its block, and
+    its children's rows counted in the whole batch (where the states are)."""
+
+    def __init__(self, batch, order, first, stop, edges):
+        self.first, self.stop = first, stop
+        self.num_vertices = stop - first
+        self.order = order[first:stop]  # each row's vertex (the caller's order)
+        self.row_of = None  # unused: outputs are put in the caller's order by KindedFunction
+        self.sample_of, self.offsets = batch.sample_of, batch.offsets
+        self.is_forest = batch.is_forest
+        levels, counts = np.unique(batch.level[self.order], return_counts=True)
+        self.levels = levels.tolist()  # the batch level of each of the kind's levels
+        self.num_levels = len(self.levels)
+        self.level_offsets = np.zeros(self.num_levels + 1, dtype=np.int64)
+        np.cumsum(counts, out=self.level_offsets[1:])
+        parent_row, child_row, slot = edges
+        e0, e1 = np.searchsorted(parent_row, [first, stop])
+        self.edge_parent_row = parent_row[e0:e1] - first
+        self.edge_child_row = child_row[e0:e1]
+        self.edge_slot = slot[e0:e1]
+        self.edge_level_offsets = np.searchsorted(self.edge_parent_row, self.level_offsets)
+        level_index = np.repeat(np.arange(self.num_levels), counts)
+        self.edge_parent_local = self.edge_parent_row - self.level_offsets[
+            level_index[self.edge_parent_row]]
+        self._child_rows = {}
+
+    def child_rows_of(self, k):
+        rows = self._child_rows.get(k)
+        if rows is None:
+            rows = np.full(self.num_vertices, -1, dtype=np.int64)
+            has_k = self.edge_slot == k
+            rows[self.edge_parent_row[has_k]] = self.edge_child_row[has_k]
+            self._child_rows[k] = rows
+        return rows
+
+
+class KindSchedule:
+    """A batch's rows sorted by (kind, level): ``order`` (row -> vertex), ``row_of`` (its
+    inverse), and per kind present its block (``parts``: kind position -> _KindBatch)."""
+
+    def __init__(self, batch, kind_of):
+        self.order = np.lexsort((batch.level, kind_of))
+        self.row_of = np.empty_like(self.order)
+        self.row_of[self.order] = np.arange(batch.num_vertices)
+        counts = batch.num_children
+        parent = self.row_of[np.repeat(np.arange(batch.num_vertices), counts)]
+        slot = np.arange(len(batch.child_ids)) - np.repeat(batch.child_ptr[:-1], counts)
+        by_parent = np.argsort(parent, kind="stable")
+        edges = parent[by_parent], self.row_of[batch.child_ids][by_parent], slot[by_parent]
+        sizes = np.bincount(kind_of)
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        self.parts = {k: _KindBatch(batch, self.order, int(starts[k]), int(starts[k + 1]), edges)
+                      for k in np.flatnonzero(sizes).tolist()}
+        self._indices = {}
+
+    def indices(self, xp):
+        """Per kind present, its BatchIndices on ``xp`` (made once)."""
+        found = self._indices.get(xp.__name__)
+        if found is None:
+            found = self._indices[xp.__name__] = {
+                k: BatchIndices(part, xp) for k, part in self.parts.items()}
+        return found
+
+
+def kind_schedule(batch, kind_of):
+    """The KindSchedule of ``batch`` for the kinds ``kind_of``, memoised on the batch (a batch
+    is usually called with one assignment of kinds: leaf, arity, or one tag array)."""
+    memo = batch.__dict__.setdefault("_kind_schedules", {})
+    key = kind_of.tobytes()
+    found = memo.get(key)
+    if found is None:
+        if len(memo) > 8:
+            memo.clear()
+        found = memo[key] = KindSchedule(batch, kind_of)
+    return found
+
+
+class KindsMemoryModel:
+    """What a kinded call needs (memory.py's CallModel protocol): the sum of every kind's
+    CallModel taken at the whole batch's sizes — an upper bound, since each kind's buffers
+    hold only its own rows."""
+
+    def __init__(self, cells):
+        self.models = [c.memory_model for c in cells]
+        self.kept = sum((m.kept for m in self.models), memory.Linear())
+
+    def need(self, sizes, training):
+        return sum(m.need(sizes, training) for m in self.models)
+
+
+class KindPrograms:
+    """The Programs of every kind, printable together (``dump``): what ``F.program`` of a
+    KindedFunction is (``backward=True``: ∂F's)."""
+
+    def __init__(self, function, backward=False):
+        self.function, self.backward = function, backward
+
+    @property
+    def kinds(self):
+        f = self.function
+        return {key: (c.backward_program if self.backward else c.program)
+                for key, c in f.cells.items()}
+
+    def dump(self):
+        f = self.function
+        lines = [f"{len(f.cells)} vertex kinds, chosen {f.chosen_by}:"]
+        for key, program in self.kinds.items():
+            lines.append(f"kind {f.kind_names.get(key, repr(key))}:")
+            lines.extend("  " + line for line in program.dump().splitlines())
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return f"KindPrograms({', '.join(repr(k) for k in self.kinds)})"
+
+
+_CHOSEN_BY = {"leaf": "by whether the vertex has children (leaf / internal)",
+              "arity": "by the number of children of the vertex",
+              "tag": "by the tag given per vertex with the call (tag=)"}
+
+
+class KindedFunction:
+    """A vertex function with one cell per vertex kind (see the module docstring).
+
+    ``cells``: {kind: cell(v)}; kinds are ``"leaf"``/``"internal"`` (``by="leaf"``), numbers of
+    children (``by="arity"``) or integers (``by="tag"``). The other keywords are those of
+    :class:`VertexFunction`, shared by every cell; ``arity`` defaults to the key under
+    ``by="arity"``. Every cell scatters the same state shape; if one pushes, all do.
+    Calling: ``F(batch, pull=X)`` (``tag=T`` under ``by="tag"``), one row per vertex.
+    """
+
+    def __init__(self, cells, by, scatter_shape, pull_shape=None, push_shape=None, arity=None,
+                 dtype=None, pull_dtype=None, name=None, options=None, _traced=None):
+        from .function import VertexFunction
+
+        if by not in SELECTORS:
+            raise GraphError(f"VertexFunction.by_kind: by must be one of {SELECTORS}, got "
+                             f"{by!r}")
+        if not isinstance(cells, dict) or not cells:
+            raise GraphError(f"VertexFunction.by_kind: cells must be a non-empty dict {{kind: "
+                             f"cell}}, got {validate.shown(cells)}")
+        for key in cells:
+            ok = key in ("leaf", "internal") if by == "leaf" else (
+                isinstance(key, (int, np.integer)) and not isinstance(key, bool)
+                and (by == "tag" or key >= 0))
+            if not ok:
+                wanted = {"leaf": "'leaf' or 'internal'", "arity": "a number of children >= 0",
+                          "tag": "an integer"}[by]
+                raise GraphError(f"VertexFunction.by_kind(by={by!r}): kind {key!r} is not "
+                                 f"{wanted}")
+        self.by, self.chosen_by, self.arity = by, _CHOSEN_BY[by], arity
+        self.kind_names = {}  # kind -> how dump() and explain() name it (default: the key)
+        self.name = name or "kinds"
+        common = dict(scatter_shape=scatter_shape, pull_shape=pull_shape, push_shape=push_shape,
+                      pull_dtype=pull_dtype, options=options)
+
+        def make(dt):
+            made = {}
+            for key, cell in cells.items():
+                if _traced is not None and key in _traced and (
+                        dt is None or _traced[key].dtype == dt):
+                    made[key] = _traced[key]
+                    continue
+                a = key if by == "arity" and arity is None else arity
+                made[key] = VertexFunction(cell, arity=a, dtype=dt, name=f"{self.name}[{key}]",
+                                           **common)
+            return made
+
+        self.cells = make(dtype)
+        dtypes = {c.dtype for c in self.cells.values()}
+        if len(dtypes) > 1:  # inferred per cell: all run in their common type
+            self.cells = make(np.result_type(*dtypes))
+        first = next(iter(self.cells.values()))
+        self.dtype, self.pull_dtype = first.dtype, first.pull_dtype
+        self.scatter_shape, self.pull_shape = first.scatter_shape, first.pull_shape
+        pushes = {key: c.push_output is not None for key, c in self.cells.items()}
+        if len(set(pushes.values())) > 1:
+            some = [k for k, p in pushes.items() if p]
+            others = [k for k, p in pushes.items() if not p]
+            raise GraphError(f"vertex function {self.name!r}: kind {some[0]!r} pushes an output "
+                             f"but kind {others[0]!r} does not; every kind pushes, or none")
+        shapes = {c.push_shape for c in self.cells.values()}
+        if first.push_output is not None and len(shapes) > 1:
+            raise ShapeError(f"vertex function {self.name!r}: the kinds push different shapes "
+                             f"{sorted(shapes)}")
+        self.push_shape = first.push_shape if first.push_output is not None else None
+        params, seen = [], set()
+        for c in self.cells.values():
+            for p in c.params:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+        self.params = params  # one input of the op per parameter, however many cells use it
+        self.program = KindPrograms(self)
+        self.backward_program = KindPrograms(self, backward=True)
+        self._op = Op(f"vertex:{self.name}", self._forward, self._infer, self._vjp,
+                      argument_names=(["the pulled input"] if self.pull_shape is not None else [])
+                      + [f"parameter {p.name!r}" for p in params])
+        self._last_stats = None
+        self._memory_model = None
+
+    @property
+    def memory_model(self):
+        if self._memory_model is None:
+            self._memory_model = KindsMemoryModel(self.cells.values())
+        return self._memory_model
+
+    # --- the call --------------------------------------------------------------------------
+    def __call__(self, batch, pull=None, tag=None):
+        if isinstance(batch, InputGraph):
+            batch = GraphBatch([batch])
+        if not isinstance(batch, GraphBatch):
+            raise GraphError(f"vertex function {self.name!r} is called on a GraphBatch, got "
+                             f"{type(batch).__name__}")
+        if self.arity is not None:  # (by="arity" without it: each kind's arity is exact)
+            batch.check_arity(self.arity, f"vertex function {self.name!r}")
+        if self.pull_shape is None and pull is not None:
+            raise GraphError(f"vertex function {self.name!r}: no cell pulls, but pull= was "
+                             f"given")
+        if self.pull_shape is not None and pull is None:
+            raise GraphError(f"vertex function {self.name!r}: pull= is required (a cell calls "
+                             f"v.pull())")
+        if self.by == "tag":
+            tag = check_tag(tag, batch, f"vertex function {self.name!r}")
+        elif tag is not None:
+            raise GraphError(f"vertex function {self.name!r}: tag= given, but kinds are chosen "
+                             f"by={self.by!r}")
+        sub_batches = memory.plan(self, batch, training=is_grad_enabled())
+        if sub_batches is not None:  # over the memory budget: whole graphs at a time
+            return self._call_in_parts(batch, pull, tag, sub_batches)
+        started = time.perf_counter()
+        keys, kind_of = kinds_of_vertices(batch, self.by, tag)
+        self._check_kinds(batch, keys, kind_of)
+        schedule = kind_schedule(batch, kind_of)
+        call = interpreter.Call()
+        call.kind_seconds = time.perf_counter() - started  # counted as scheduling
+        args = ([pull] if pull is not None else []) + self.params
+        return registry.apply(self._op, *args, batch=batch, schedule=schedule,
+                              kinds=tuple((k, keys[k]) for k in schedule.parts), call=call)
+
+    def _call_in_parts(self, batch, pull, tag, sub_batches):
+        outs = []
+        for first, stop in sub_batches:
+            v0, v1 = int(batch.offsets[first]), int(batch.offsets[stop])
+            outs.append(self(GraphBatch(batch.graphs[first:stop]),
+                             None if pull is None else shape_ops.slice_axis(pull, v0, v1, axis=0),
+                             None if tag is None else tag[v0:v1]))
+        return shape_ops.concat(outs, axis=0)
+
+    def _check_kinds(self, batch, keys, kind_of):
+        missing = [i for i, key in enumerate(keys) if key not in self.cells]
+        if missing:
+            v = int(np.flatnonzero(kind_of == missing[0])[0])
+            s = int(batch.sample_of[v])
+            what = {"leaf": "", "arity": " (its number of children)", "tag": " (its tag)"}[
+                self.by]
+            raise IndexRangeError(f"vertex function {self.name!r}: sample {s}, vertex "
+                                  f"{v - int(batch.offsets[s])} is of kind {keys[missing[0]]!r}"
+                                  f"{what}, which has no cell; the kinds are "
+                                  f"{list(self.cells)}")
+
+    def _infer(self, *avals, batch, schedule, kinds, call):  # noqa: ARG002
+        if self.pull_shape is not None:
+            pull = avals[0]
+            expected = (batch.num_vertices,) + self.pull_shape
+            if tuple(pull.shape) != expected:
+                raise ShapeError(f"vertex function {self.name!r}: pull has shape "
+                                 f"{describe(pull.shape)}, expected {describe(expected)} "
+                                 f"(one row per vertex of the batch)")
+            if np.dtype(pull.dtype) != self.pull_dtype:
+                raise DTypeError(f"vertex function {self.name!r}: pull has dtype "
+                                 f"{np.dtype(pull.dtype)}, expected {self.pull_dtype}")
+        shape = self.push_shape if self.push_shape is not None else self.scatter_shape
+        return registry.Aval((batch.num_vertices,) + shape, self.dtype)
+
+    def _arrays_of(self, arrays):
+        pull = arrays[0] if self.pull_shape is not None else None
+        params = arrays[1:] if self.pull_shape is not None else arrays
+        return pull, {id(p): a for p, a in zip(self.params, params)}
+
+    def _forward(self, xp, *arrays, batch, schedule, kinds, call):
+        started = time.perf_counter()
+        pull, param_arrays = self._arrays_of(arrays)
+        n = batch.num_vertices
+        states = xp.empty((n + 1,) + self.scatter_shape, dtype=self.dtype)
+        states[n:] = 0  # the spare row an absent child reads
+        indices = schedule.indices(xp)
+        runs, finish, call.kinds = [], [], []
+        for position, key in kinds:
+            f, rows, part = self.cells[key], indices[position], schedule.parts[position]
+            program = f.program
+            store, views = f._pool.acquire(xp, memory.buffer_specs(program, rows))
+            weakref.finalize(call, f._pool.release, store)
+            sink = program.sinks[0]
+            block = states[part.first:part.stop]
+            if id(sink) in program.buffered:  # the kind's rows of the batch's state
+                views[id(sink)] = block
+            env = interpreter.constants(program, xp)
+            for node, p in zip(f.graph.params, f.params):
+                env[id(node)] = param_arrays[id(p)]
+            if f.pull_input is not None:
+                env[id(f.pull_input)] = interpreter.take_rows(xp, pull, rows.order)
+            if f.edge_parent_input is not None:
+                env[id(f.edge_parent_input)] = rows.edge_parent_row
+            memory.bind_buffers(program, env, views, rows)
+            block = env.get(id(sink), block) if id(sink) in program.buffered else block
+            ranges = {id(s): rows.hull(slot) for slot, s in f.source_slots}
+            runs.append((program, env, ranges, rows,
+                         interpreter.RowMoves(xp, rows, states=states), part.levels))
+            finish.append((f, env, ranges, rows, id(sink), block))
+
+        def states_of_eager_kinds():  # a state made before the loop goes into its block now
+            for _, env, _, _, sink, block in finish:
+                if env.get(sink) is not block and sink in env:
+                    block[...] = env[sink]
+
+        counts = interpreter.run_kinds(runs, xp, between=states_of_eager_kinds)
+        if self.push_shape is not None:
+            result = xp.empty((n,) + self.push_shape, dtype=self.dtype)
+        for (f, env, ranges, rows, _, _), count, (_, key) in zip(finish, counts, kinds):
+            call.kinds.append(({id(v): env[id(v)] for v in f.backward_graph.forward_refs},
+                               ranges))
+            if self.push_shape is not None:  # (the program's graph is a rewritten copy of F's)
+                result[rows.order] = env[id(f.program.graph.outputs[-1])]
+        call.states = states
+        if self.push_shape is None:
+            result = interpreter.take_rows(xp, states[:n], xp.asarray(schedule.row_of)
+                                           if xp is not np else schedule.row_of)
+        call.stats = self._stats(batch, schedule, kinds, counts, time.perf_counter() - started)
+        call.stats["scheduling_seconds"] += call.kind_seconds
+        self._last_stats = call.stats
+        return result
+
+    def _stats(self, batch, schedule, kinds, counts, seconds):
+        stats = interpreter.stats(batch, [], seconds)
+        stats["forward_ops_per_level"] = None
+        stats["kinds"] = {}
+        for (position, key), count in zip(kinds, counts):
+            part = schedule.parts[position]
+            stats["kinds"][self.kind_names.get(key, key)] = {
+                "vertices": part.num_vertices, "levels": part.levels,
+                "forward_ops_per_level": count, "backward_ops_per_level": None}
+        return stats
+
+    def _vjp(self, g, out, *inputs, batch, schedule, kinds, call):
+        if is_grad_enabled():
+            raise GraphError(f"vertex function {self.name!r}: backward(create_graph=True) "
+                             f"through a vertex function is not supported")
+        started = time.perf_counter()
+        xp = backend.get_array_module(g._array)
+        n = batch.num_vertices
+        indices = schedule.indices(xp)
+        d_states = xp.zeros((n + 1,) + self.scatter_shape, dtype=self.dtype)
+        if self.push_shape is None:
+            order = schedule.order if xp is np else xp.asarray(schedule.order)
+            d_states[:n] = interpreter.take_rows(xp, g._array, order)
+        runs, stores = [], []
+        for (position, key), (values, forward_ranges) in zip(kinds, call.kinds):
+            f, rows, part = self.cells[key], indices[position], schedule.parts[position]
+            program = f.backward_program
+            bw = program.graph
+            store, views = f._backward_pool.acquire(xp, memory.buffer_specs(program, rows))
+            stores.append((f, store))
+            views[id(program.sources[0])] = d_states[part.first:part.stop]
+            env = interpreter.constants(program, xp)
+            forward_inputs = bw.inputs[len(bw.cotangents):]
+            for ref, value in zip(forward_inputs, bw.forward_refs):
+                env[id(ref)] = values[id(value)]
+            memory.bind_buffers(program, env, views, rows)
+            if len(bw.cotangents) > 1:
+                env[id(bw.cotangents[1])] = interpreter.take_rows(xp, g._array, rows.order)
+            ranges = {id(ref): forward_ranges.get(id(value), FULL)
+                      for ref, value in zip(forward_inputs, bw.forward_refs)}
+            runs.append((program, env, ranges, rows,
+                         interpreter.RowMoves(xp, rows, d_states=d_states), part.levels))
+        try:
+            counts = interpreter.run_kinds(runs, xp)
+            grads = self._gradients(xp, n, kinds, runs)
+        finally:
+            for f, store in stores:
+                f._backward_pool.release(store)
+        for (_, key), count in zip(kinds, counts):
+            kind = call.stats["kinds"][self.kind_names.get(key, key)]
+            kind["backward_ops_per_level"] = count[::-1]
+        call.stats["backward_seconds"] = time.perf_counter() - started
+        return grads
+
+    def _gradients(self, xp, n, kinds, runs):
+        """Each kind's parameter gradients summed per parameter; the pulled rows' gradients
+        put back in the caller's vertex order."""
+        param_grads, pull_grad = {}, None
+        for (_, key), (program, env, _, rows, _, _) in zip(kinds, runs):
+            f, bw = self.cells[key], program.graph
+            tensor_of = {id(node): p for node, p in zip(f.graph.params, f.params)}
+            for x, g_x in zip(bw.grad_of, bw.outputs):
+                if x.kind == "param":
+                    p, value = tensor_of[id(x)], env[id(g_x)]
+                    param_grads[id(p)] = value + param_grads[id(p)] if id(p) in param_grads \
+                        else value.copy()
+                elif x is f.pull_input and self.pull_dtype.kind == "f":
+                    if pull_grad is None:
+                        pull_grad = xp.zeros((n,) + self.pull_shape, dtype=self.pull_dtype)
+                    pull_grad[rows.order] = env[id(g_x)]
+        grads = [] if self.pull_shape is None else [
+            None if pull_grad is None else Tensor(pull_grad)]
+        return grads + [Tensor(param_grads[id(p)]) if id(p) in param_grads else None
+                        for p in self.params]
+
+    def explain(self, out=None):
+        """Figures of one call, per kind (vertices, levels, instructions run per level);
+        ``out``: a Tensor this function returned (default: the latest call)."""
+        if out is not None:
+            record = getattr(out, "_creator", None)
+            if not isinstance(record, tuple) or record[0].op is not self._op:
+                raise GraphError(f"explain(out): out was not returned by vertex function "
+                                 f"{self.name!r} (or its record was released by backward)")
+            return record[0].attrs["call"].stats
+        if self._last_stats is None:
+            raise GraphError("explain(): the vertex function has not run yet")
+        return self._last_stats
+
+    def __repr__(self):
+        return (f"KindedFunction({self.name!r}: kinds {list(self.cells)} chosen by "
+                f"{self.by}, {len(self.params)} params)")
