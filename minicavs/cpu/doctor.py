@@ -13,7 +13,7 @@ def probe(report):
     reason = native.unavailable()
     try:
         report.append(("c++ (native)", build.compiler()[1], None, False))
-    except Exception as exc:  # noqa: BLE001 (ToolchainError, reported as a row)
+    except Exception:  # noqa: BLE001 (ToolchainError, reported as a row)
         report.append(("c++ (native)", "not found", build.INSTALL_HINT, False))
     if reason is not None:
         report.append(("cpu backend", f"NumPy interpreter ({reason})",
