@@ -40,19 +40,25 @@ LINK_FLAGS = ("-shared", "-fopenmp", "-lmvec", "-lm")
 INSTALL_HINT = "install a C++ compiler (apt-get install g++), or set CXX to one"
 
 
-@functools.lru_cache(maxsize=None)
 def compiler():
     """``(path, version line)`` of the C++ compiler; raises :class:`ToolchainError` if there is
     none that runs."""
+    return find_compiler("native code", INSTALL_HINT)
+
+
+@functools.lru_cache(maxsize=None)
+def find_compiler(user, hint):
+    """``(path, version line)`` of ``$CXX``, else g++, for ``user`` (named in the error, with
+    ``hint``). Shared by the native backend and the CUDA layer's CPU shim."""
     cxx = os.environ.get("CXX") or "g++"
     path = shutil.which(cxx)
     if path is None:
-        raise ToolchainError(f"no C++ compiler: '{cxx}' was not found; {INSTALL_HINT}")
+        raise ToolchainError(f"no C++ compiler for {user}: '{cxx}' was not found; {hint}")
     try:
         version = subprocess.run([path, "--version"], capture_output=True, text=True,
                                  check=True, timeout=60).stdout.splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError) as exc:
-        raise ToolchainError(f"the C++ compiler '{path}' does not run ({exc}); {INSTALL_HINT}")
+        raise ToolchainError(f"the C++ compiler '{path}' does not run ({exc}); {hint}")
     return path, version
 
 
@@ -67,16 +73,17 @@ def cpu_signature():
     return platform.machine() + "".join(lines)
 
 
-def cache_dir():
-    """Where compiled libraries are kept: ``$MINICAVS_CACHE_DIR/native``, else
-    ``~/.cache/minicavs/native``, else a per-user folder in the temp dir."""
+def cache_dir(kind="native"):
+    """Where compiled libraries of ``kind`` are kept: ``$MINICAVS_CACHE_DIR/<kind>``, else
+    ``~/.cache/minicavs/<kind>``, else a per-user folder in the temp dir (the CUDA shim's
+    kind is "shim")."""
     candidates = []
     if os.environ.get("MINICAVS_CACHE_DIR"):
-        candidates.append(os.path.join(os.environ["MINICAVS_CACHE_DIR"], "native"))
+        candidates.append(os.path.join(os.environ["MINICAVS_CACHE_DIR"], kind))
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    candidates.append(os.path.join(base, "minicavs", "native"))
+    candidates.append(os.path.join(base, "minicavs", kind))
     uid = os.getuid() if hasattr(os, "getuid") else "user"
-    candidates.append(os.path.join(tempfile.gettempdir(), f"minicavs-native-{uid}"))
+    candidates.append(os.path.join(tempfile.gettempdir(), f"minicavs-{kind}-{uid}"))
     for folder in candidates:
         try:
             os.makedirs(folder, exist_ok=True)
@@ -84,8 +91,8 @@ def cache_dir():
                 return folder
         except OSError:
             continue
-    raise ToolchainError(f"no writable cache folder for native code (tried {candidates}); "
-                         "set MINICAVS_CACHE_DIR")
+    raise ToolchainError(f"no writable cache folder for compiled {kind} code (tried "
+                         f"{candidates}); set MINICAVS_CACHE_DIR")
 
 
 def library_path(source, tag):

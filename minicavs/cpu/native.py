@@ -161,7 +161,7 @@ class NativeLoop:
         slots = self.spec.slots
         pointers = np.zeros(len(slots), dtype=np.uintp)
         strides = np.zeros(2 * len(slots), dtype=np.int64)
-        widest = max(hi - lo for lo, hi in zip(rows.level_offsets[:-1], rows.level_offsets[1:]))
+        widest = int(np.diff(rows.level_offsets).max())
         for s in slots:
             if s.kind == "batch":
                 array = env[id(s.node)]

@@ -44,7 +44,6 @@ import hashlib
 import os
 import platform
 import re
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -240,41 +239,19 @@ def translation_unit(source, kernels, filename="kernel.cu"):
             f'#line 1 "minicavs_shim_launchers.cpp"\n{launchers}')
 
 
-@functools.lru_cache(maxsize=None)
 def compiler():
     """``(path, version line)`` of the C++ compiler (``$CXX``, else g++); raises if missing."""
-    cxx = os.environ.get("CXX") or "g++"
-    path = shutil.which(cxx)
-    if path is None:
-        raise ToolchainError(f"the CPU shim needs a C++ compiler, and '{cxx}' was not found; "
-                             f"{INSTALL_HINT}")
-    try:
-        version = subprocess.run([path, "--version"], capture_output=True, text=True,
-                                 check=True, timeout=60).stdout.splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError) as exc:
-        raise ToolchainError(f"the C++ compiler '{path}' does not run ({exc}); {INSTALL_HINT}")
-    return path, version
+    from ..cpu.build import find_compiler
+
+    return find_compiler("the CPU shim", INSTALL_HINT)
 
 
 def cache_dir():
     """Where compiled shim libraries are kept: ``$MINICAVS_CACHE_DIR/shim``, else
     ``~/.cache/minicavs/shim``, else a per-user folder in the temp dir."""
-    candidates = []
-    if os.environ.get("MINICAVS_CACHE_DIR"):
-        candidates.append(os.path.join(os.environ["MINICAVS_CACHE_DIR"], "shim"))
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    candidates.append(os.path.join(base, "minicavs", "shim"))
-    uid = os.getuid() if hasattr(os, "getuid") else "user"
-    candidates.append(os.path.join(tempfile.gettempdir(), f"minicavs-shim-{uid}"))
-    for folder in candidates:
-        try:
-            os.makedirs(folder, exist_ok=True)
-            if os.access(folder, os.W_OK):
-                return folder
-        except OSError:
-            continue
-    raise ToolchainError(f"no writable cache folder for the CPU shim (tried {candidates}); "
-                         "set MINICAVS_CACHE_DIR")
+    from ..cpu.build import cache_dir as compiled_code_dir
+
+    return compiled_code_dir("shim")
 
 
 def _build(unit, tag):
