@@ -15,7 +15,7 @@ def _configure_doctor(parser):
 
 
 def _run_doctor(args):
-    from .cuda.doctor import run_doctor
+    from .doctor import run_doctor
 
     return run_doctor()
 

@@ -46,7 +46,8 @@ def cpu_backend(request):
     """Run the test once with vertex functions on the native C++ level loops (minicavs/cpu) and
     once on the NumPy interpreter: the property tests hold on both backends. Where no native
     code can run (no compiler, MINICAVS_NATIVE=0) the native case says so and skips."""
-    from minicavs.cpu import interpreter_only, unavailable
+    from minicavs.cpu import unavailable
+    from minicavs.runtime import interpreter_only
 
     if request.param == "interpreter":
         with interpreter_only():

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from minicavs.__main__ import COMMANDS, build_parser, main
-from minicavs.cuda.doctor import run_doctor
+from minicavs.doctor import run_doctor
 
 
 def test_python_m_minicavs_doctor_runs_and_reports_ok():
@@ -58,7 +58,7 @@ def test_cuda_layer_imports_without_importing_cupy():
 def _doctor_in_subprocess(prelude="", env=None):
     import os
 
-    code = prelude + "from minicavs.cuda.doctor import run_doctor\nraise SystemExit(run_doctor())\n"
+    code = prelude + "from minicavs.doctor import run_doctor\nraise SystemExit(run_doctor())\n"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, env={**os.environ, **(env or {})})
 

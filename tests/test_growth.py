@@ -1,4 +1,4 @@
-"""Structures grown at run time (minicavs/vertex/growth.py): the batched growth equals each
+"""Structures grown at run time (minicavs/vertex/growth/): the batched growth equals each
 sample grown alone, vertex by vertex — same decisions, outputs and gradients, in float64 — and
 the edges (no samples, samples that stop at the root, a stop rule that never fires, bad
 decisions) give what a user expects."""
@@ -340,15 +340,15 @@ def _greedy_by_rerunning_the_chain(model, batch, max_length):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_seq2seq_greedy_decoding_is_linear_and_equals_rerunning_the_chain(seed, monkeypatch):
     from minicavs.models import Seq2Seq, reversal_task
-    from minicavs.vertex import growth
+    from minicavs.vertex.growth import loop as growing
 
     mc.seed(seed)
     model = Seq2Seq(7, embed_dim=4, hidden=6, dtype="float64")
     pairs = reversal_task(12, vocab_size=7, max_length=5, rng=seed)
     batch = model.prepare(pairs)
     rows_run = []
-    run_frontier = growth._run_frontier
-    monkeypatch.setattr(growth, "_run_frontier",
+    run_frontier = growing.run_frontier
+    monkeypatch.setattr(growing, "run_frontier",
                         lambda f, xp, pull, parents, *rest:
                         rows_run.append(len(parents)) or run_frontier(f, xp, pull, parents, *rest))
     decoded = model.generate(batch, max_length=9)

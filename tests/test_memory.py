@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 import minicavs as mc
-from minicavs.cpu import interpreter_only
+from minicavs.runtime import interpreter_only
 from minicavs.data import random_binary_tree
-from minicavs.vertex import interpreter, memory
+from minicavs.runtime import call, memory
 
 from graph_strategies import forests
 from vertex_cells import binary_tree_lstm, child_sum_tree_lstm
@@ -138,7 +138,7 @@ def test_splitting_lowers_the_peak_memory_of_a_training_step():
         if budget:
             model, sizes = F.memory_model, memory.batch_sizes(batch)
             mc.set_memory_budget((model.kept.at(sizes) + model.need(sizes, True)) // 2)
-        F._pool, F._backward_pool = memory.BufferPool(), memory.BufferPool()
+        F.executable.pool, F.backward_executable.pool = memory.BufferPool(), memory.BufferPool()
         tracemalloc.start()
         base = tracemalloc.get_traced_memory()[0]
         _run(F, params, batch, X, True)
@@ -184,13 +184,13 @@ def test_a_failed_allocation_names_the_buffer_the_batch_and_what_to_reduce(monke
 
     pool = memory.BufferPool()
     with pytest.raises(mc.OutOfMemoryError) as info:
-        pool.acquire(NoMemory(), memory.buffer_specs(F.program, batch.indices(np)))
+        pool.acquire(NoMemory(), call.buffer_specs(F.program, batch.indices(np)))
     assert len(tries) == 2  # once more after the free sets were dropped
     assert str(info.value).startswith("cannot allocate buffer '") and "of cell" in str(info.value)
 
     def fail(*args, **kwargs):
         raise MemoryError("Unable to allocate 7.45 GiB for an array with shape (1000000, 2000)")
-    monkeypatch.setattr(interpreter, "take_rows", fail)
+    monkeypatch.setattr(call, "take_rows", fail)
     with pytest.raises(mc.OutOfMemoryError) as info:
         F(batch, pull=X)
     message = str(info.value)

@@ -1,4 +1,4 @@
-"""The native CPU backend (minicavs/cpu): compiled level loops equal the NumPy interpreter, the
+"""The native CPU backend (runtime/native.py on cpu/): compiled level loops equal the interpreter, the
 code cache compiles a source once, and every way of not running natively is said, not hidden.
 
 The batched == per-sample property tests (test_vertex_runtime.py) run on both backends through
@@ -15,15 +15,16 @@ import pytest
 from hypothesis import given, strategies as st
 
 import minicavs as mc
-from minicavs.cpu import build, codegen, native
+from minicavs.cpu import build
+from minicavs.runtime import codegen, interpreter_only
 from minicavs.errors import KernelCompileError
 
 from graph_strategies import forests
 from vertex_cells import binary_tree_lstm, child_sum_tree_lstm, embedding_tree_lstm, k_ary_cell
 
 E, H = 3, 4
-needs_native = pytest.mark.skipif(native.unavailable() is not None,
-                                  reason=f"the native backend is off: {native.unavailable()}")
+needs_native = pytest.mark.skipif(build.unavailable() is not None,
+                                  reason=f"the native backend is off: {build.unavailable()}")
 
 
 def _run(F, params, batch, X, weights):
@@ -45,7 +46,7 @@ def _native_and_interpreter(F, params, graphs, seed, X=None):
         X = mc.tensor(rng.standard_normal((batch.num_vertices, E)), requires_grad=True)
     weights = rng.standard_normal((batch.num_vertices,) + F.push_shape)
     got, backends = _run(F, params, batch, X, weights)
-    with native.interpreter_only():
+    with interpreter_only():
         want, interpreted = _run(F, params, batch, X, weights)
     assert interpreted == ("interpreter (interpreter_only() is active)",) * 2
     for k, (g, w) in enumerate(zip(got, want)):
@@ -96,7 +97,7 @@ def test_float32_native_is_close_to_the_interpreter():
     X = mc.tensor(rng.standard_normal((batch.num_vertices, E)).astype("float32"))
     weights = rng.standard_normal((batch.num_vertices,) + F.push_shape).astype("float32")
     got, backends = _run(F, params, batch, X, weights)
-    with native.interpreter_only():
+    with interpreter_only():
         want, _ = _run(F, params, batch, X, weights)
     assert backends == ("native", "native")
     for g, w in zip(got, want):
@@ -179,7 +180,7 @@ def test_minicavs_native_0_runs_the_interpreter_after_one_warning():
     count, note, backend, total = _in_subprocess(MINICAVS_NATIVE="0")
     assert count == "1" and "MINICAVS_NATIVE=0" in note and "interpreter" in note
     assert backend == "interpreter (MINICAVS_NATIVE=0 is set)"
-    if native.unavailable() is None:  # the same result natively
+    if build.unavailable() is None:  # the same result natively
         assert _in_subprocess(MINICAVS_NATIVE="1")[2:] == ["native", total]
 
 
@@ -191,13 +192,13 @@ def test_without_a_compiler_the_interpreter_runs_after_one_warning(tmp_path):
 
 
 def test_doctor_reports_the_cpu_backend():
-    from minicavs.cuda.doctor import run_doctor
+    from minicavs.doctor import run_doctor
     import io
 
     text = io.StringIO()
     status = run_doctor(text)
     line = next(x for x in text.getvalue().splitlines() if "cpu backend" in x)
-    if native.unavailable() is None:
+    if build.unavailable() is None:
         assert "native C++ level loops (ok" in line and status == 0
     else:
         assert "NumPy interpreter" in line
@@ -213,11 +214,11 @@ def test_native_scratch_is_the_widest_level_kept_for_the_next_call():
             F(batch, pull=mc.tensor(np.ones((batch.num_vertices, E))))
 
     run(40)  # the widest level first
-    scratch = dict(native.level_loop(F.program)._scratch.arrays)
+    scratch = dict(F.executable.native._scratch.arrays)
     assert scratch and all(len(a) == 80 for a in scratch.values())  # 40 trees: 80 leaves
     for copies in range(1, 40):  # narrower levels reuse it: no allocation, no page faults
         run(copies)
-    assert native.level_loop(F.program)._scratch.arrays == scratch
+    assert F.executable.native._scratch.arrays == scratch
 
 
 @needs_native

@@ -21,7 +21,7 @@ from minicavs.ops.elementwise import SIGMOID, elementwise
 from minicavs.ops.formula import c_expr, writer
 from minicavs.ops.registry import Aval, Op, describe
 from minicavs.ops.rows import EMPTY, FULL, hull, index_rows, intersect
-from minicavs.vertex.zero_rows import node_range
+from minicavs.runtime.zero_rows import node_range
 
 ELEMENTWISE = {name for name, op in OPS.items() if op.is_elementwise}
 

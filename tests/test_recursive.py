@@ -364,7 +364,7 @@ def test_a_kinded_call_over_the_memory_budget_runs_in_sub_batches_with_the_same_
     target = np.random.default_rng(3).normal(size=(batch.num_vertices, C))
     whole = _loss_and_grads(lambda x: model(batch, pull=x), params, X, target)
     f = model._last
-    sizes = mc.vertex.memory.batch_sizes
+    sizes = mc.runtime.memory.batch_sizes
     two_graphs = f.memory_model.need(sizes(batch, 0, 2), True)
     kept = f.memory_model.kept.at(sizes(batch))  # what the whole batch keeps for backward
     assert f.memory_model.need(sizes(batch), True) > kept + two_graphs

@@ -17,10 +17,12 @@ from minicavs.autodiff import analysis
 from minicavs.autodiff.analysis import (backward_sources_and_sinks, dependency_classes,
                                         eliminate_dead, freeze, fusion_groups,
                                         merge_common_subexpressions)
-from minicavs.autodiff.executor import (GraphExecutor, NumpyFusedKernel, OpByOpKernel,
-                                        make_fused_kernel, plan_steps, run_steps,
-                                        sigmoid_expit_into, sigmoid_tanh_into)
+from minicavs.autodiff.executor import (NumpyFusedKernel, OpByOpKernel, make_fused_kernel,
+                                        plan_steps, run_steps, sigmoid_expit_into,
+                                        sigmoid_tanh_into)
 from minicavs.ops.elementwise import SIGMOID
+
+from graph_executor import GraphExecutor
 
 N, E, H, C = 3, 5, 4, 2  # vertices in the task, pull size, hidden size, head classes
 

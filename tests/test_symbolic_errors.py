@@ -94,7 +94,7 @@ def test_symbols_do_not_escape_their_trace():
 
 
 def test_executor_reports_a_wrong_number_of_inputs():
-    from minicavs.autodiff.executor import GraphExecutor
+    from graph_executor import GraphExecutor
 
     graph = mc.trace(lambda x, y: x * y, (2,), (2,))
     with pytest.raises(mc.GraphError, match="takes 2 inputs, got 1"):

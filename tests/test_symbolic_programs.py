@@ -11,7 +11,7 @@ from hypothesis import given, strategies as st
 
 import minicavs as mc
 from minicavs.autodiff import analysis
-from minicavs.autodiff.executor import GraphExecutor
+from graph_executor import GraphExecutor
 
 from symbolic_programs import arrays_for, interpret, programs
 

@@ -320,7 +320,7 @@ def test_buffers_are_reused_across_batches_and_not_shared_between_live_calls():
     np.testing.assert_allclose(params[1].grad.numpy(), grads_alone[0], rtol=1e-12)
     np.testing.assert_allclose(g2, grads_alone[1], rtol=1e-12)
     del l1, l2
-    pooled = F._pool._free
+    pooled = F.executable.pool._free
     assert pooled, "released buffers go back to the pool"
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import backend
 from ..errors import NonFiniteError
+from ..locations import format_location, user_location
 
 enabled = os.environ.get("MINICAVS_DEBUG", "").strip().lower() not in ("", "0", "false", "no",
                                                                         "off")
@@ -64,9 +65,7 @@ def first_non_finite(array):
 def location_text(where):
     if where is None:
         return ""
-    from .symbolic import _format_location
-
-    return _format_location(where)
+    return format_location(where)
 
 
 def check_eager(op, inputs, outputs):
@@ -76,8 +75,6 @@ def check_eager(op, inputs, outputs):
         found = first_non_finite(out._array)
         if found is None:
             continue
-        from .symbolic import _user_location
-
         index, summary = found
         which = f" output {k}" if len(outputs) > 1 else ""
         bad_inputs = [i for i, x in enumerate(inputs) if first_non_finite(x._array)]
@@ -91,4 +88,4 @@ def check_eager(op, inputs, outputs):
                          else ""))
         raise NonFiniteError(f"debug mode: op '{op.name}'{which}{during} produced a non-finite "
                              f"value ({summary}; first at index {index}); {cause}"
-                             + location_text(_user_location()))
+                             + location_text(user_location()))

@@ -16,38 +16,17 @@ differentiable op on Tensors (static declaration, Cavs Fig. 2a), run by the vert
 """
 
 import contextlib
-import linecache
-import os
-import sys
 
 import numpy as np
 
 from .. import backend
 from ..errors import ArgumentError, GraphError, MinicavsError, TracedBranchError
+from ..locations import format_location, user_location
 from ..ops import registry
 from ..ops.operators import OperatorMixin
 from ..ops.registry import Aval
 from .tensor import Tensor
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _user_location():
-    """(file, line) of the innermost stack frame outside the minicavs package."""
-    frame = sys._getframe(2)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
-        frame = frame.f_back
-    if frame is None:
-        return None
-    return frame.f_code.co_filename, frame.f_lineno
-
-
-def _format_location(where):
-    if where is None:
-        return ""
-    filename, line = where
-    code = linecache.getline(filename, line).strip()
-    return f"\n  at {filename}:{line}: {code}" if code else f"\n  at {filename}:{line}"
 
 
 class Symbol(OperatorMixin):
@@ -91,19 +70,19 @@ class Symbol(OperatorMixin):
             f"the truth value of a traced {self!r} is unknown while tracing: Python control flow "
             f"(if/while) cannot depend on values inside a traced function. Use mc.where(cond, a, b) "
             f"for a choice per element, or branch outside the function."
-            + _format_location(_user_location()))
+            + format_location(user_location()))
 
     def __array__(self, *args, **kwargs):
         raise GraphError(f"{self!r} has no value while tracing; it cannot become a NumPy array. "
                          "Compute with mc.* functions inside traced functions."
-                         + _format_location(_user_location()))
+                         + format_location(user_location()))
 
     def _no_number(self, conversion="conversion to a Python number"):
         raise GraphError(f"{conversion} of traced value '{self.label()}' of shape "
                          f"{registry.describe(self.shape)}: a symbol has no value while "
                          f"tracing, so it cannot become a Python number. Compute with mc.* "
                          f"functions (mc.astype for a dtype change) inside traced functions."
-                         + _format_location(_user_location()))
+                         + format_location(user_location()))
 
     def __float__(self):
         self._no_number("float()")
@@ -172,7 +151,7 @@ class Tracer:
                     "a traced function used a Tensor that was itself computed from parameters "
                     "outside the function; its gradient would stop there. Compute it inside "
                     "the traced function from the parameters instead."
-                    + _format_location(where))
+                    + format_location(where))
             symbol = self.add(Symbol("param", t.shape, t.dtype, value=t, where=where,
                                      name=t.name or f"p{len(self.captured)}"))
             self.captured[id(t)] = symbol
@@ -188,7 +167,7 @@ class Tracer:
             if a.tracer is not self:
                 raise GraphError(f"op '{op.name}': argument {position} is a symbol of another "
                                  f"(finished or outer) trace; pass values into a traced function "
-                                 f"as its inputs" + _format_location(where))
+                                 f"as its inputs" + format_location(where))
             return a
         if isinstance(a, Tensor):
             return self.capture(a, where)
@@ -203,18 +182,18 @@ class Tracer:
             f"{getattr(a, 'shape', '?')}. A traced function captures only minicavs Tensors: "
             f"wrap the array as mc.Parameter(array) if it should be trained, or "
             f"mc.tensor(array) for a constant, and use that in the function."
-            + _format_location(where))
+            + format_location(where))
 
     def record(self, op, args, attrs):
-        where = self.location or _user_location()
+        where = self.location or user_location()
         if op.multi_output:
             raise GraphError(f"op '{op.name}' returns several values and cannot be recorded in "
-                             f"a traced graph" + _format_location(where))
+                             f"a traced graph" + format_location(where))
         inputs = [self._as_symbol(op, i, a, where) for i, a in enumerate(args)]
         try:
             aval = op.infer(*inputs, **attrs)
         except MinicavsError as exc:
-            raise type(exc)(str(exc) + _format_location(where)) from None
+            raise type(exc)(str(exc) + format_location(where)) from None
         return self.add(Symbol("op", aval.shape, aval.dtype, op=op, inputs=inputs, attrs=attrs,
                                where=where))
 

@@ -22,6 +22,7 @@ from ..errors import DeviceError, DTypeError, MinicavsError, ShapeError
 from ..ops import registry
 from ..ops.operators import OperatorMixin
 from . import debug, versions
+from ..locations import user_location
 
 _grad_enabled = True
 
@@ -259,7 +260,7 @@ class _Record:
         # Outputs are held weakly: a result nobody keeps has no gradient, and is not kept alive.
         self.outputs = [weakref.ref(t) for t in outputs]
         self.saved = versions.save(inputs + outputs)
-        self.where = _user_location() if debug.enabled else None
+        self.where = user_location() if debug.enabled else None
 
     def check_saved(self, outs):
         """Refuse to differentiate if an input or a kept output changed in place since."""
@@ -421,12 +422,6 @@ def _to_numpy(data):
 def _short(value, limit=60):
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _user_location():
-    from .symbolic import _user_location as locate  # (symbolic imports this module)
-
-    return locate()
 
 
 def from_dlpack(obj):

@@ -1,5 +1,6 @@
-"""The native CPU backend: a Program's level loop compiled to C++ (codegen.py), built once and
-cached on disk (build.py), calling the BLAS SciPy ships (blas.py); native.py decides, per
-program, whether it or the NumPy interpreter runs. See docs/native.md."""
+"""The native CPU toolchain: generated C++ compiled once and cached on disk (build.py), the BLAS
+NumPy/SciPy ship (blas.py), and hand-written kernels called on NumPy arrays (kernels.py). The
+Program backend that generates the level loops is ``minicavs/runtime/native.py``. See
+docs/native.md."""
 
-from .native import backend_of, interpreter_only, unavailable  # noqa: F401
+from .build import unavailable  # noqa: F401

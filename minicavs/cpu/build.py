@@ -40,6 +40,18 @@ LINK_FLAGS = ("-shared", "-fopenmp", "-lmvec", "-lm")
 INSTALL_HINT = "install a C++ compiler (apt-get install g++), or set CXX to one"
 
 
+def unavailable():
+    """Why no native code runs in this process (None: it can): ``MINICAVS_NATIVE=0``, or no
+    C++ compiler."""
+    if os.environ.get("MINICAVS_NATIVE", "1").strip() == "0":
+        return "MINICAVS_NATIVE=0 is set"
+    try:
+        compiler()
+    except ToolchainError as exc:
+        return str(exc)
+    return None
+
+
 def compiler():
     """``(path, version line)`` of the C++ compiler; raises :class:`ToolchainError` if there is
     none that runs."""

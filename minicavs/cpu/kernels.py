@@ -6,7 +6,7 @@ as them. Here each row is two passes — its maximum, then ``sum(exp(x - max))``
 vector ``exp`` — and rows are split between cores; the gradient is one more pass writing
 ``softmax * g`` (minus ``g`` at the label). The ops call these on NumPy arrays
 (``ops/loss.py``) and keep their NumPy form for CuPy, for other dtypes, and where native code
-is off (``native.unavailable()``).
+is off (``build.unavailable()``).
 """
 
 import ctypes
@@ -79,9 +79,7 @@ _lock = threading.Lock()
 
 @functools.lru_cache(maxsize=None)
 def _library():
-    from .native import unavailable
-
-    if unavailable() is not None:
+    if build.unavailable() is not None:
         return None
     with _lock:
         lib, _ = build.build(_SOURCE, "kernels", origin="minicavs/cpu/kernels.py")

@@ -15,6 +15,7 @@
   stream, independent work on a side stream, ordered with events; a no-op on NumPy);
 * ``nccl``     — NCCL through ``cupy.cuda.nccl`` for the data-parallel all-reduce of
   ``minicavs.distributed`` (unique id over MPI, in-place collectives waited on with a deadline);
+* ``cupyx_ops`` — the ``cupyx`` functions the ops call on CuPy arrays (nothing else names cupyx);
 * ``doctor``   — ``python -m minicavs doctor``: what is installed, what is missing, and one
   kernel compiled as CuPy compiles it and run through the shim and, where there is one, the GPU.
 

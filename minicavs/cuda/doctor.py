@@ -1,5 +1,5 @@
-"""``python -m minicavs doctor``: what the CUDA layer can use here, and what to install; then
-which CPU backend runs vertex functions (``minicavs/cpu/doctor.py``).
+"""The CUDA part of ``python -m minicavs doctor`` (``minicavs/doctor.py``): what the CUDA layer
+can use here, and what to install.
 
 One line per piece: Python, NumPy, CuPy, the CUDA driver and runtime, NVRTC, a visible GPU,
 the C++ compiler of the CPU shim, the CUDA headers CuPy compiles with. Then one kernel — the
@@ -158,25 +158,10 @@ def _run_row(report, label, source, runner, where, hint=None):
         report.append((label, f"FAILED: {type(exc).__name__}: {exc}", hint, True))
 
 
-def run_doctor(file=None):
-    """Print the report to ``file`` (stdout); return 0, or 1 if a present piece is broken."""
-    file = file or sys.stdout
-    report = []
+def probe(report):
+    """Append the CUDA layer's (label, value, hint-or-None, failed) rows to ``report``; a
+    doctor reports, it does not crash."""
     try:
         _probe(report)
-    except Exception as exc:  # a doctor reports; it does not crash
+    except Exception as exc:  # noqa: BLE001
         report.append(("doctor", f"FAILED: {type(exc).__name__}: {exc}", None, True))
-    from ..cpu import doctor as cpu_doctor
-
-    cpu_doctor.probe(report)
-    from .. import __version__
-
-    print(f"minicavs {__version__} doctor", file=file)
-    width = max(len(label) for label, *_ in report)
-    for label, value, hint, failed in report:
-        print(f"  {label:<{width}}  {value}", file=file)
-        if hint:
-            print(f"  {'':<{width}}  -> {hint}", file=file)
-    broken = [label for label, _, _, failed in report if failed]
-    print("  status: " + (f"BROKEN ({', '.join(broken)})" if broken else "ok"), file=file)
-    return 1 if broken else 0

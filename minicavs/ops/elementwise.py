@@ -43,13 +43,16 @@ def _infer(name, float_only=False, out_dtype=None, skip=()):
 
 
 def elementwise(name, *, vjp, forward=None, c=None, into=None, in_place=True, formula=None,
-                quiet_overflow=False, float_only=False, out_dtype=None, skip=(), **rules):
+                quiet_overflow=False, float_only=False, out_dtype=None, skip=(), infer=None,
+                promotes=None, **rules):
     """Register an elementwise op: it batches by broadcasting (``batching.elementwise_rule``),
     and has a C expression ``c`` and a NumPy writer ``into``, by default in place. A
     ``formula`` (see formula.py) gives forward, ``c`` and ``into`` from one definition.
     The operands (``{0}``, ``{1}``, ... of ``c``) but those in ``skip`` (a mask) are promoted
     to one dtype; ``float_only``: to a float dtype (registry.py, "Type promotion").
-    ``rules``: the other fields of :class:`Op` (zero_rows, commutative, ...)."""
+    ``infer`` replaces the shape/dtype rule and ``promotes`` the promoted operands (astype,
+    whose output dtype is an attribute, promotes nothing). ``rules``: the other fields of
+    :class:`Op` (zero_rows, commutative, ...)."""
     if formula is not None:
         forward, c, into = formula, c_expr(formula), writer(formula)
     if into is None:
@@ -57,10 +60,11 @@ def elementwise(name, *, vjp, forward=None, c=None, into=None, in_place=True, fo
     if quiet_overflow:
         forward = _quietly(forward)
     arity = 1 + max(int(k) for k in re.findall(r"{(\d+)}", c))
-    return register(Op(name, forward, _infer(name, float_only, out_dtype, skip), vjp, c,
-                       batch=batching.elementwise_rule, into=into, in_place=in_place,
-                       quiet_overflow=quiet_overflow,
-                       promotes=tuple(i for i in range(arity) if i not in skip),
+    if promotes is None:
+        promotes = tuple(i for i in range(arity) if i not in skip)
+    return register(Op(name, forward, infer or _infer(name, float_only, out_dtype, skip), vjp,
+                       c, batch=batching.elementwise_rule, into=into, in_place=in_place,
+                       quiet_overflow=quiet_overflow, promotes=promotes,
                        promotes_to_float=float_only, **rules))
 
 
@@ -125,9 +129,9 @@ def _extremum_vjp(g, wins, a, b):
 def _special(xp):
     if xp is np:
         return scipy.special
-    import cupyx.scipy.special  # minicavs/ops only reaches here with CuPy arrays
+    from ..cuda import cupyx_ops  # (only reached with CuPy arrays)
 
-    return cupyx.scipy.special
+    return cupyx_ops.special()
 
 
 def _where_into(cond, a, b, out):
@@ -228,9 +232,9 @@ WHERE = elementwise(
 # dependent in NumPy (which warns): fused code does not promise NumPy's bits there.
 ASTYPE = elementwise("astype", forward=lambda xp, x, dtype: x.astype(dtype, copy=False),
                      vjp=lambda g, out, x, dtype: (astype(g, x.dtype),), c="(({T}){0})",
-                     into=_astype_into, zero_rows=KEEPS)
-ASTYPE.infer = lambda x, dtype: Aval(tuple(x.shape), np.dtype(dtype))
-ASTYPE.promotes = ()  # it is what promotion uses
+                     into=_astype_into, zero_rows=KEEPS,
+                     infer=lambda x, dtype: Aval(tuple(x.shape), np.dtype(dtype)),
+                     promotes=())  # it is what promotion uses
 
 # Comparisons give boolean masks (for where); they have no gradient.
 GREATER = elementwise("greater", forward=lambda xp, a, b: xp.greater(a, b), vjp=None,

@@ -76,10 +76,10 @@ def scatter_add_into(xp, out, idx, values):
                                         check_indices=False)
     present = idx >= 0
     if xp is not np:  # no host round trip: -1 adds into a spare row, which is then dropped
-        import cupyx  # minicavs/ops only reaches here with CuPy arrays, so CuPy is installed
+        from ..cuda import cupyx_ops
 
         sums = xp.zeros((out.shape[0] + 1,) + out.shape[1:], dtype=out.dtype)
-        cupyx.scatter_add(sums, xp.where(present, idx, out.shape[0]), values)
+        cupyx_ops.scatter_add(sums, xp.where(present, idx, out.shape[0]), values)
         out += sums[:-1]
         return out
     if not present.all():

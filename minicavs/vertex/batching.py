@@ -18,7 +18,8 @@ from ..ops.batching import (EDGES, VERTICES, has_symbolic_size, instantiate,  # 
                             row_domain)  # (re-exported: the runtime's names for them)
 from ..ops.registry import Aval
 from ..ops.operators import OperatorMixin
-from ..autodiff.symbolic import Symbol, _format_location, _user_location
+from ..autodiff.symbolic import Symbol
+from ..locations import format_location, user_location
 
 
 class VertexSymbol(OperatorMixin):
@@ -94,14 +95,14 @@ class BatchedTrace:
         return edges
 
     def apply(self, op, args, attrs):
-        where = _user_location()
+        where = user_location()
         items = []  # (batched symbol, domain) per argument
         for i, a in enumerate(args):
             if isinstance(a, VertexSymbol):
                 items.append((a.symbol, a.domain))
             elif isinstance(a, Symbol) and a.tracer is not self.tracer:
                 raise GraphError(f"op '{op.name}': argument {i} is a symbol of another trace"
-                                 + _format_location(where))
+                                 + format_location(where))
             else:  # a value shared by all vertices (made from parameters), a Tensor, a constant
                 items.append((self.tracer._as_symbol(op, i, a, where), None))
         domains = {d for _, d in items if d}
@@ -114,10 +115,10 @@ class BatchedTrace:
         try:
             out = op.infer(*per_vertex, **attrs)
         except MinicavsError as exc:
-            raise type(exc)(str(exc) + _format_location(where)) from None
+            raise type(exc)(str(exc) + format_location(where)) from None
         if not domains:
             return VertexSymbol(registry.apply(op, *[s for s, _ in items], **attrs), None, self)
         if op.batch is None:
             raise GraphError(f"op '{op.name}' has no batching rule, so it cannot be used inside "
-                             f"a vertex function" + _format_location(where))
+                             f"a vertex function" + format_location(where))
         return self.wrap(op.batch(op, items, attrs, out))

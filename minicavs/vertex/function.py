@@ -10,27 +10,28 @@ primitives return per-vertex symbols (Cavs §3.1):
 * ``v.scatter(x)``  this vertex's state, what its parents gather;
 * ``v.push(x)``     this vertex's output to the outside (returned by ``F(batch, ...)``).
 
-The recorded graph F is batched (see batching.py). The passes (passes.py) make the Programs of
-F and its derivative ∂F from it once (program.py), and every call runs them over the batch with
-the interpreter (interpreter.py). A VertexFunction is then one differentiable op: its forward
-runs F's Program, its VJP runs ∂F's.
+The recorded graph F is batched (see batching.py). The passes (``minicavs/runtime/passes.py``)
+make the Programs of F and its derivative ∂F from it once, and every call binds them to its
+values and runs them through the runtime's driver (``runtime/call.py``, ``runtime/driver.py``).
+A VertexFunction is then one differentiable op: its forward runs F's Program, its VJP ∂F's.
 """
 
 import time
-import weakref
 
 import numpy as np
 
 from .. import backend, validate
-from ..autodiff.symbolic import Graph, Symbol, Tracer, _format_location, _user_location
+from ..autodiff.symbolic import Graph, Symbol, Tracer
 from ..autodiff.tensor import Tensor, is_grad_enabled
 from ..errors import DTypeError, GraphError, ShapeError
 from ..ops import index, registry, shape as shape_ops
 from ..ops.registry import Op, describe
-from . import interpreter, memory, passes
+from ..runtime import call, driver, memory, passes
+from ..runtime.executable import Executable
 from .batching import EDGES, VERTICES, BatchedTrace, VertexSymbol
+from .frontend import BatchedFunction
 from .graphs import GraphBatch
-from .zero_rows import FULL
+from ..locations import format_location, user_location
 
 
 class Vertex:
@@ -55,7 +56,7 @@ class Vertex:
         f = self._f
         if f.pull_shape is None:
             raise GraphError("v.pull() used, but the vertex function declares no pull_shape"
-                             + _format_location(_user_location()))
+                             + format_location(user_location()))
         if self._pull is None:
             self._pull = self._tracer.input((VERTICES,) + f.pull_shape, f.pull_dtype,
                                             name="pull", role="pull")
@@ -67,7 +68,7 @@ class Vertex:
             declared = "declares no arity" if f.arity is None else f"declares arity {f.arity}"
             raise GraphError(f"v.gather({k}): the vertex function {declared}; gather(k) needs "
                              f"0 <= k < arity (use gather_sum for any number of children)"
-                             + _format_location(_user_location()))
+                             + format_location(user_location()))
         if k not in self._gathers:
             self._gathers[k] = self._tracer.input((VERTICES,) + f.scatter_shape, f.dtype,
                                                   name=f"gather{k}", role=("gather", k))
@@ -87,10 +88,10 @@ class Vertex:
                                                   name="child_state", role="edge_child")
         child = self._trace.wrap(self._edge_child)
         per_edge = child if fn is None else fn(child)
-        where = _user_location()
+        where = user_location()
         if not isinstance(per_edge, VertexSymbol) or per_edge.domain is None:
             raise GraphError("gather_sum(fn): fn must return a value computed from the child's "
-                             "state it is given" + _format_location(where))
+                             "state it is given" + format_location(where))
         edges = per_edge.symbol
         if per_edge.domain == "vertex":
             edges = self._trace.to_edges(edges)
@@ -99,22 +100,22 @@ class Vertex:
         return self._trace.wrap(total)
 
     def _as_vertex_symbol(self, x, what, shape, dtype):
-        where = _user_location()
+        where = user_location()
         if isinstance(x, VertexSymbol):
             symbol, domain = x.symbol, x.domain
         elif isinstance(x, Symbol):
             symbol, domain = x, None
         else:
             raise GraphError(f"v.{what}(x): x must be a value computed in the cell, got "
-                             f"{type(x).__name__}" + _format_location(where))
+                             f"{type(x).__name__}" + format_location(where))
         per_vertex = symbol.shape[1:] if domain else symbol.shape
         if domain == "edge":
             raise GraphError(f"v.{what}(x): x is a per-edge value; sum it over the children "
-                             f"with v.gather_sum first" + _format_location(where))
+                             f"with v.gather_sum first" + format_location(where))
         if shape is not None and tuple(per_vertex) != tuple(shape):
             raise ShapeError(f"v.{what}(x): x has per-vertex shape {describe(per_vertex)}, but "
                              f"the vertex function declares {what}_shape={describe(shape)}"
-                             + _format_location(where))
+                             + format_location(where))
         if symbol.dtype != dtype:
             f = self._f
             origin = ("given as dtype=" if f.dtype_given else
@@ -124,7 +125,7 @@ class Vertex:
                 f"vertex function's states and outputs are {dtype} ({origin}"
                 f"{repr(dtype.name) if f.dtype_given else ''}); pass VertexFunction(..., "
                 f"dtype='{symbol.dtype}') or convert x with x.astype('{dtype}')"
-                + _format_location(where))
+                + format_location(where))
             if not self.defer_dtype_errors:
                 raise error
             self.dtype_errors.append(error)
@@ -135,13 +136,13 @@ class Vertex:
     def scatter(self, x):
         if self.scattered is not None:
             raise GraphError("v.scatter() called twice: a vertex scatters one state"
-                             + _format_location(_user_location()))
+                             + format_location(user_location()))
         self.scattered = self._as_vertex_symbol(x, "scatter", self._f.scatter_shape, self._f.dtype)
 
     def push(self, x):
         if self.pushed is not None:
             raise GraphError("v.push() called twice: a vertex pushes one output"
-                             + _format_location(_user_location()))
+                             + format_location(user_location()))
         self.pushed = self._as_vertex_symbol(x, "push", self._f.push_shape, self._f.dtype)
 
 
@@ -156,15 +157,7 @@ def _check_arguments(cell, name, arity):
                          "VertexFunction", minimum=0, error=GraphError)
 
 
-def _argument_names(pull, params):
-    """What messages call the arguments of F as an op: its pulled input, its parameters."""
-    def where(p):
-        return f" (captured at {p.where[0]}:{p.where[1]})" if p.where else ""
-    return (["the pulled input"] if pull is not None else []) + [
-        f"parameter {p.name!r}{where(p)}" for p in params]
-
-
-class VertexFunction:
+class VertexFunction(BatchedFunction):
     """A static vertex function F, run over batches of input graphs by the Cavs runtime.
 
     ``pull_shape``/``push_shape`` may be None (no external input / output). ``arity`` bounds
@@ -200,12 +193,13 @@ class VertexFunction:
         self.options = passes.Options.of(options)
         self.cell = cell
         self._trace_with_dtype(cell, dtype, pull_dtype)
-        self.program, self.backward_program = passes.compile_programs(self, self.options)
-        self._pool = memory.BufferPool()  # F's buffers, kept by each call until backward
-        self._backward_pool = memory.BufferPool()  # ∂F's, for the time of one backward
+        program, backward_program = passes.compile_programs(self, self.options)
+        # What runs the Programs, with their caches (buffers, level plans, native loops).
+        self.executable = Executable(program)
+        self.backward_executable = Executable(backward_program)
         self._memory_model = None
         self._op = Op(f"vertex:{self.name}", self._forward, self._infer, self._vjp,
-                      argument_names=_argument_names(self.pull_input, self.graph.params))
+                      argument_names=self._argument_names(self.graph.params))
         self._last_stats = None
 
     @staticmethod
@@ -286,6 +280,16 @@ class VertexFunction:
         return self.graph.captured
 
     @property
+    def program(self):
+        """F's Program (``program.dump()`` prints it)."""
+        return self.executable.program
+
+    @property
+    def backward_program(self):
+        """∂F's Program."""
+        return self.backward_executable.program
+
+    @property
     def backward_graph(self):
         return self.backward_program.graph
 
@@ -297,35 +301,14 @@ class VertexFunction:
         return self._memory_model
 
     def _infer(self, *avals, batch, call):  # noqa: ARG002 (call: the call's record)
-        pull = avals[0] if self.pull_shape is not None else None
-        if pull is not None:
-            expected = (batch.num_vertices,) + self.pull_shape
-            if tuple(pull.shape) != expected:
-                raise ShapeError(f"vertex function {self.name!r}: pull has shape "
-                                 f"{describe(pull.shape)}, expected {describe(expected)} "
-                                 f"(one row per vertex of the batch)")
-            if np.dtype(pull.dtype) != self.pull_dtype:
-                raise DTypeError(f"vertex function {self.name!r}: pull has dtype "
-                                 f"{np.dtype(pull.dtype)}, expected {self.pull_dtype}; declare "
-                                 f"VertexFunction(..., pull_dtype='{np.dtype(pull.dtype)}') or "
-                                 f"convert it with pull.astype('{self.pull_dtype}')")
-        shape = self.push_shape if self.push_output is not None else self.scatter_shape
-        return registry.Aval((batch.num_vertices,) + shape, self.dtype)
+        return self._infer_output(avals, batch)
 
     def __call__(self, batch, pull=None):
-        if not isinstance(batch, GraphBatch):
-            raise GraphError(f"vertex function {self.name!r} is called on a GraphBatch, got "
-                             f"{type(batch).__name__}")
-        if self.arity is not None:
-            batch.check_arity(self.arity, f"vertex function {self.name!r}")
-        if (pull is None) != (self.pull_shape is None):
-            raise GraphError(f"vertex function {self.name!r}: "
-                             + ("pull= is required (the cell calls v.pull())"
-                                if pull is None else "the cell pulls nothing, but pull= was given"))
+        batch = self._check_call(batch, pull)
         sub_batches = memory.plan(self, batch, training=is_grad_enabled())
         if sub_batches is None:
             args = ([pull] if pull is not None else []) + self.params
-            return registry.apply(self._op, *args, batch=batch, call=interpreter.Call())
+            return registry.apply(self._op, *args, batch=batch, call=call.CallRecord())
         return self._call_in_parts(batch, pull, sub_batches)
 
     def _call_in_parts(self, batch, pull, sub_batches):
@@ -338,7 +321,7 @@ class VertexFunction:
             v0, v1 = int(batch.offsets[first]), int(batch.offsets[stop])
             args = [] if pull is None else [shape_ops.slice_axis(pull, v0, v1, axis=0)]
             outs.append(registry.apply(self._op, *args, *self.params, batch=part,
-                                       call=interpreter.Call()))
+                                       call=call.CallRecord()))
         return shape_ops.concat(outs, axis=0)
 
     # --- F and ∂F as one op: bind the call's values, run the Program --------------------------
@@ -348,37 +331,17 @@ class VertexFunction:
         except MemoryError as exc:
             raise memory.out_of_memory(self, batch, "forward", exc, is_grad_enabled()) from None
 
-    def _run_forward(self, xp, arrays, batch, call):
+    def _run_forward(self, xp, arrays, batch, record):
         started = time.perf_counter()
-        program = self.program
         rows = batch.indices(xp)
-        store, views = self._pool.acquire(xp, memory.buffer_specs(program, rows))
-        weakref.finalize(call, self._pool.release, store)
-        call.buffers = views
-        env = interpreter.constants(program, xp)
-        pull = arrays[0] if self.pull_input is not None else None
-        for p, a in zip(self.graph.params, arrays[1:] if pull is not None else arrays):
-            env[id(p)] = a
-        if pull is not None:  # the caller's rows into level order
-            env[id(self.pull_input)] = interpreter.take_rows(xp, pull, rows.order)
-        if self.edge_parent_input is not None:
-            env[id(self.edge_parent_input)] = rows.edge_parent_row
-        memory.bind_buffers(program, env, views, rows)
-        states = None
-        if program.gathers_from is not None:  # the scattered state, and its spare zero row
-            states = views[id(program.gathers_from)]
-            states[rows.num_vertices:] = 0
-        ranges = {id(s): rows.hull(slot) for slot, s in self.source_slots}
-        counts = interpreter.run(program, xp, env, ranges, rows,
-                                 interpreter.RowMoves(xp, rows, states=states))
-        # Keep only what ∂F reads: the rest of F's values go now, not at backward.
-        call.values = {id(v): env[id(v)] for v in self.backward_graph.forward_refs}
-        call.ranges = ranges
-        out = program.graph.outputs[-1]  # the pushed output, else the scattered state
-        result = interpreter.take_rows(xp, env[id(out)], rows.row_of)
-        call.stats = interpreter.stats(batch, counts, time.perf_counter() - started)
-        call.stats["forward_backend"] = counts.backend
-        self._last_stats = call.stats
+        pull, params = (arrays[0], arrays[1:]) if self.pull_input is not None else (None, arrays)
+        part = call.bind_forward(self.executable, xp, rows, params, pull, record=record)
+        driver.run([part], xp)
+        record.saved = [part.saved(self.backward_graph)]  # only what ∂F reads is kept
+        result = call.take_rows(xp, part.output, rows.row_of)
+        record.stats = call.stats(batch, part.counts, time.perf_counter() - started)
+        record.stats["forward_backend"] = part.backend
+        self._last_stats = record.stats
         return result
 
     def _vjp(self, g, out, *inputs, batch, call):
@@ -391,65 +354,31 @@ class VertexFunction:
         except MemoryError as exc:
             raise memory.out_of_memory(self, batch, "backward", exc, True) from None
 
-    def _run_backward(self, g, batch, call):
+    def _run_backward(self, g, batch, record):
         started = time.perf_counter()
         xp = backend.get_array_module(g._array)
         rows = batch.indices(xp)
-        store, views = self._backward_pool.acquire(
-            xp, memory.buffer_specs(self.backward_program, rows))
+        part = call.bind_backward(self.backward_executable, xp, rows, record.saved[0], g._array)
         try:
-            grads, counts = self._backward_in(xp, views, g, rows, call)
+            driver.run([part], xp)
+            grads = self._gradients(xp, part.gradients(), rows)
         finally:
-            self._backward_pool.release(store)  # nothing returned is a view of these buffers
-        call.stats.update(backward_seconds=time.perf_counter() - started,
-                          backward_ops_per_level=counts[::-1],
-                          backward_backend=counts.backend)
+            part.release()
+        record.stats.update(backward_seconds=time.perf_counter() - started,
+                            backward_ops_per_level=part.counts[::-1],
+                            backward_backend=part.backend)
         return grads
 
-    def _backward_in(self, xp, views, g, rows, call):
-        program = self.backward_program
-        bw = program.graph
-        env = interpreter.constants(program, xp)
-        forward_inputs = bw.inputs[len(bw.cotangents):]
-        for ref, value in zip(forward_inputs, bw.forward_refs):
-            env[id(ref)] = call.values[id(value)]
-        memory.bind_buffers(program, env, views, rows)
-        d_states = views[id(program.sources[0])]  # with its spare row
-        d_states[...] = 0
-        g_rows = interpreter.take_rows(xp, g._array, rows.order)  # caller order -> level order
-        if len(bw.cotangents) > 1:  # F pushes: the caller's gradient is the push's
-            env[id(bw.cotangents[1])] = g_rows
-        else:  # F returns its scattered states
-            d_states[:rows.num_vertices] = g_rows
-        ranges = {id(ref): call.ranges.get(id(value), FULL)
-                  for ref, value in zip(forward_inputs, bw.forward_refs)}
-        counts = interpreter.run(program, xp, env, ranges, rows,
-                                 interpreter.RowMoves(xp, rows, d_states=d_states))
-        grad_of = {id(x): env[id(g_x)] for x, g_x in zip(bw.grad_of, bw.outputs)
-                   if x.kind == "param" or x is self.pull_input}
+    def _gradients(self, xp, grad_of, rows):
+        """The op's gradients, in its arguments' order: the pulled rows' (caller's vertex
+        order; None for ids), then each parameter's (shared shapes: never a pooled buffer)."""
         grads = []
         if self.pull_input is not None:
             pull_grad = grad_of.get(id(self.pull_input))
             grads.append(None if pull_grad is None or self.pull_dtype.kind != "f" else
-                         Tensor(interpreter.take_rows(xp, pull_grad, rows.row_of)))
-        grads += [Tensor(grad_of[id(p)]) if id(p) in grad_of else None  # (shared shapes:
-                  for p in self.graph.params]                             # never a buffer)
-        return grads, counts
-
-    def explain(self, out=None):
-        """Figures of one call (and of its backward, once run): levels, vertices and
-        instructions run per level, seconds spent where. ``out``: a Tensor this function
-        returned, for that call's figures; default the latest call. ``F.program.dump()`` shows
-        the instructions themselves."""
-        if out is not None:
-            record = getattr(out, "_creator", None)
-            if not isinstance(record, tuple) or record[0].op is not self._op:
-                raise GraphError(f"explain(out): out was not returned by vertex function "
-                                 f"{self.name!r} (or its record was released by backward)")
-            return record[0].attrs["call"].stats
-        if self._last_stats is None:
-            raise GraphError("explain(): the vertex function has not run yet")
-        return self._last_stats
+                         Tensor(call.take_rows(xp, pull_grad, rows.row_of)))
+        return grads + [Tensor(grad_of[id(p)]) if id(p) in grad_of else None
+                        for p in self.graph.params]
 
     def __repr__(self):
         return (f"VertexFunction({self.name!r}: {len(self.graph.op_nodes())} ops in F, "

@@ -15,8 +15,11 @@ How a call runs (no masked work: each kind's program sees its own rows only):
   the batch's rows, whatever the child's kind;
 * there is one state buffer for the whole batch: a kind's scattered state is its block of it, so
   a parent of any kind gathers the state a child of any kind scattered;
-* ``interpreter.run_kinds`` runs every kind's eager phase, then the levels of all kinds in step
-  (bottom-up for F, top-down for ∂F), then every lazy phase; ∂F adds into one state gradient;
+* each kind's Program is bound as one part of the call (``runtime/call.py``) and the runtime's
+  driver (``runtime/driver.py``) runs every kind's eager phase, then the levels of all kinds in
+  step (bottom-up for F, top-down for ∂F), each kind's consecutive levels in one call of its
+  backend (the native loop where it compiles), then every lazy phase; ∂F adds into one state
+  gradient;
 * a parameter several cells close over is one input of the op and gets the sum of their
   gradients.
 
@@ -24,7 +27,6 @@ With one kind, use a plain VertexFunction: nothing here is on its path.
 """
 
 import time
-import weakref
 
 import numpy as np
 
@@ -33,9 +35,9 @@ from ..autodiff.tensor import Tensor, is_grad_enabled
 from ..errors import DTypeError, GraphError, IndexRangeError, ShapeError
 from ..ops import registry, shape as shape_ops
 from ..ops.registry import Op, describe
-from . import interpreter, memory
-from .graphs import BatchIndices, GraphBatch, InputGraph
-from .zero_rows import FULL
+from ..runtime import call, driver, memory
+from .frontend import BatchedFunction
+from .graphs import BatchIndices, GraphBatch
 
 SELECTORS = ("leaf", "arity", "tag")
 
@@ -191,7 +193,7 @@ _CHOSEN_BY = {"leaf": "by whether the vertex has children (leaf / internal)",
               "tag": "by the tag given per vertex with the call (tag=)"}
 
 
-class KindedFunction:
+class KindedFunction(BatchedFunction):
     """A vertex function with one cell per vertex kind (see the module docstring).
 
     ``cells``: {kind: cell(v)}; kinds are ``"leaf"``/``"internal"`` (``by="leaf"``), numbers of
@@ -266,8 +268,7 @@ class KindedFunction:
         self.program = KindPrograms(self)
         self.backward_program = KindPrograms(self, backward=True)
         self._op = Op(f"vertex:{self.name}", self._forward, self._infer, self._vjp,
-                      argument_names=(["the pulled input"] if self.pull_shape is not None else [])
-                      + [f"parameter {p.name!r}" for p in params])
+                      argument_names=self._argument_names(params))
         self._last_stats = None
         self._memory_model = None
 
@@ -279,19 +280,7 @@ class KindedFunction:
 
     # --- the call --------------------------------------------------------------------------
     def __call__(self, batch, pull=None, tag=None):
-        if isinstance(batch, InputGraph):
-            batch = GraphBatch([batch])
-        if not isinstance(batch, GraphBatch):
-            raise GraphError(f"vertex function {self.name!r} is called on a GraphBatch, got "
-                             f"{type(batch).__name__}")
-        if self.arity is not None:  # (by="arity" without it: each kind's arity is exact)
-            batch.check_arity(self.arity, f"vertex function {self.name!r}")
-        if self.pull_shape is None and pull is not None:
-            raise GraphError(f"vertex function {self.name!r}: no cell pulls, but pull= was "
-                             f"given")
-        if self.pull_shape is not None and pull is None:
-            raise GraphError(f"vertex function {self.name!r}: pull= is required (a cell calls "
-                             f"v.pull())")
+        batch = self._check_call(batch, pull, who="a cell" if len(self.cells) > 1 else "the cell")
         if self.by == "tag":
             tag = check_tag(tag, batch, f"vertex function {self.name!r}")
         elif tag is not None:
@@ -304,11 +293,10 @@ class KindedFunction:
         keys, kind_of = kinds_of_vertices(batch, self.by, tag)
         self._check_kinds(batch, keys, kind_of)
         schedule = kind_schedule(batch, kind_of)
-        call = interpreter.Call()
-        call.kind_seconds = time.perf_counter() - started  # counted as scheduling
+        record = call.CallRecord(scheduling_seconds=time.perf_counter() - started)
         args = ([pull] if pull is not None else []) + self.params
         return registry.apply(self._op, *args, batch=batch, schedule=schedule,
-                              kinds=tuple((k, keys[k]) for k in schedule.parts), call=call)
+                              kinds=tuple((k, keys[k]) for k in schedule.parts), call=record)
 
     def _call_in_parts(self, batch, pull, tag, sub_batches):
         outs = []
@@ -332,18 +320,7 @@ class KindedFunction:
                                   f"{list(self.cells)}")
 
     def _infer(self, *avals, batch, schedule, kinds, call):  # noqa: ARG002
-        if self.pull_shape is not None:
-            pull = avals[0]
-            expected = (batch.num_vertices,) + self.pull_shape
-            if tuple(pull.shape) != expected:
-                raise ShapeError(f"vertex function {self.name!r}: pull has shape "
-                                 f"{describe(pull.shape)}, expected {describe(expected)} "
-                                 f"(one row per vertex of the batch)")
-            if np.dtype(pull.dtype) != self.pull_dtype:
-                raise DTypeError(f"vertex function {self.name!r}: pull has dtype "
-                                 f"{np.dtype(pull.dtype)}, expected {self.pull_dtype}")
-        shape = self.push_shape if self.push_shape is not None else self.scatter_shape
-        return registry.Aval((batch.num_vertices,) + shape, self.dtype)
+        return self._infer_output(avals, batch)
 
     def _arrays_of(self, arrays):
         pull = arrays[0] if self.pull_shape is not None else None
@@ -351,146 +328,120 @@ class KindedFunction:
         return pull, {id(p): a for p, a in zip(self.params, params)}
 
     def _forward(self, xp, *arrays, batch, schedule, kinds, call):
+        try:
+            return self._run_forward(xp, arrays, batch, schedule, kinds, call)
+        except MemoryError as exc:
+            raise memory.out_of_memory(self, batch, "forward", exc, is_grad_enabled()) from None
+
+    def _run_forward(self, xp, arrays, batch, schedule, kinds, record):
         started = time.perf_counter()
         pull, param_arrays = self._arrays_of(arrays)
         n = batch.num_vertices
         states = xp.empty((n + 1,) + self.scatter_shape, dtype=self.dtype)
         states[n:] = 0  # the spare row an absent child reads
         indices = schedule.indices(xp)
-        runs, finish, call.kinds = [], [], []
-        for position, key in kinds:
-            f, rows, part = self.cells[key], indices[position], schedule.parts[position]
-            program = f.program
-            store, views = f._pool.acquire(xp, memory.buffer_specs(program, rows))
-            weakref.finalize(call, f._pool.release, store)
-            sink = program.sinks[0]
-            block = states[part.first:part.stop]
-            if id(sink) in program.buffered:  # the kind's rows of the batch's state
-                views[id(sink)] = block
-            env = interpreter.constants(program, xp)
-            for node, p in zip(f.graph.params, f.params):
-                env[id(node)] = param_arrays[id(p)]
-            if f.pull_input is not None:
-                env[id(f.pull_input)] = interpreter.take_rows(xp, pull, rows.order)
-            if f.edge_parent_input is not None:
-                env[id(f.edge_parent_input)] = rows.edge_parent_row
-            memory.bind_buffers(program, env, views, rows)
-            block = env.get(id(sink), block) if id(sink) in program.buffered else block
-            ranges = {id(s): rows.hull(slot) for slot, s in f.source_slots}
-            runs.append((program, env, ranges, rows,
-                         interpreter.RowMoves(xp, rows, states=states), part.levels))
-            finish.append((f, env, ranges, rows, id(sink), block))
-
-        def states_of_eager_kinds():  # a state made before the loop goes into its block now
-            for _, env, _, _, sink, block in finish:
-                if env.get(sink) is not block and sink in env:
-                    block[...] = env[sink]
-
-        counts = interpreter.run_kinds(runs, xp, between=states_of_eager_kinds)
+        parts = []
+        for position, key in kinds:  # each kind on its block of rows, gathering from all
+            f, rows, block = self.cells[key], indices[position], schedule.parts[position]
+            params = [param_arrays[id(p)] for p in f.params]
+            parts.append(call.bind_forward(f.executable, xp, rows, params, pull, record=record,
+                                           states=states, block=states[block.first:block.stop],
+                                           levels=block.levels))
+        driver.run(parts, xp)
+        record.saved = [part.saved(self.cells[key].backward_graph)
+                        for part, (_, key) in zip(parts, kinds)]
         if self.push_shape is not None:
             result = xp.empty((n,) + self.push_shape, dtype=self.dtype)
-        for (f, env, ranges, rows, _, _), count, (_, key) in zip(finish, counts, kinds):
-            call.kinds.append(({id(v): env[id(v)] for v in f.backward_graph.forward_refs},
-                               ranges))
-            if self.push_shape is not None:  # (the program's graph is a rewritten copy of F's)
-                result[rows.order] = env[id(f.program.graph.outputs[-1])]
-        call.states = states
-        if self.push_shape is None:
-            result = interpreter.take_rows(xp, states[:n], xp.asarray(schedule.row_of)
-                                           if xp is not np else schedule.row_of)
-        call.stats = self._stats(batch, schedule, kinds, counts, time.perf_counter() - started)
-        call.stats["scheduling_seconds"] += call.kind_seconds
-        self._last_stats = call.stats
+            for part in parts:
+                result[part.rows.order] = part.output
+        else:
+            row_of = schedule.row_of if xp is np else xp.asarray(schedule.row_of)
+            result = call.take_rows(xp, states[:n], row_of)
+        record.stats = self._stats(batch, schedule, kinds, parts, time.perf_counter() - started)
+        record.stats["scheduling_seconds"] += record.scheduling_seconds
+        self._last_stats = record.stats
         return result
 
-    def _stats(self, batch, schedule, kinds, counts, seconds):
-        stats = interpreter.stats(batch, [], seconds)
-        stats["forward_ops_per_level"] = None
+    def _stats(self, batch, schedule, kinds, parts, seconds):
+        stats = call.stats(batch, None, seconds)
         stats["kinds"] = {}
-        for (position, key), count in zip(kinds, counts):
-            part = schedule.parts[position]
+        for (position, key), part in zip(kinds, parts):
+            block = schedule.parts[position]
             stats["kinds"][self.kind_names.get(key, key)] = {
-                "vertices": part.num_vertices, "levels": part.levels,
-                "forward_ops_per_level": count, "backward_ops_per_level": None}
+                "vertices": block.num_vertices, "levels": block.levels,
+                "forward_ops_per_level": part.counts, "backward_ops_per_level": None,
+                "forward_backend": part.backend, "backward_backend": None}
+        stats["forward_backend"] = _one_backend(self._named(kinds, parts))
         return stats
+
+    def _named(self, kinds, parts):
+        return [(self.kind_names.get(key, key), part) for (_, key), part in zip(kinds, parts)]
 
     def _vjp(self, g, out, *inputs, batch, schedule, kinds, call):
         if is_grad_enabled():
             raise GraphError(f"vertex function {self.name!r}: backward(create_graph=True) "
                              f"through a vertex function is not supported")
+        try:
+            return self._run_backward(g, schedule, kinds, call)
+        except MemoryError as exc:
+            raise memory.out_of_memory(self, batch, "backward", exc, True) from None
+
+    def _run_backward(self, g, schedule, kinds, record):
         started = time.perf_counter()
         xp = backend.get_array_module(g._array)
-        n = batch.num_vertices
+        n = len(schedule.order)
         indices = schedule.indices(xp)
         d_states = xp.zeros((n + 1,) + self.scatter_shape, dtype=self.dtype)
-        if self.push_shape is None:
-            order = schedule.order if xp is np else xp.asarray(schedule.order)
-            d_states[:n] = interpreter.take_rows(xp, g._array, order)
-        runs, stores = [], []
-        for (position, key), (values, forward_ranges) in zip(kinds, call.kinds):
-            f, rows, part = self.cells[key], indices[position], schedule.parts[position]
-            program = f.backward_program
-            bw = program.graph
-            store, views = f._backward_pool.acquire(xp, memory.buffer_specs(program, rows))
-            stores.append((f, store))
-            views[id(program.sources[0])] = d_states[part.first:part.stop]
-            env = interpreter.constants(program, xp)
-            forward_inputs = bw.inputs[len(bw.cotangents):]
-            for ref, value in zip(forward_inputs, bw.forward_refs):
-                env[id(ref)] = values[id(value)]
-            memory.bind_buffers(program, env, views, rows)
-            if len(bw.cotangents) > 1:
-                env[id(bw.cotangents[1])] = interpreter.take_rows(xp, g._array, rows.order)
-            ranges = {id(ref): forward_ranges.get(id(value), FULL)
-                      for ref, value in zip(forward_inputs, bw.forward_refs)}
-            runs.append((program, env, ranges, rows,
-                         interpreter.RowMoves(xp, rows, d_states=d_states), part.levels))
+        parts = []
         try:
-            counts = interpreter.run_kinds(runs, xp)
-            grads = self._gradients(xp, n, kinds, runs)
+            for (position, key), saved in zip(kinds, record.saved):
+                f, rows, block = self.cells[key], indices[position], schedule.parts[position]
+                parts.append(call.bind_backward(
+                    f.backward_executable, xp, rows, saved, g._array, d_states=d_states,
+                    block=d_states[block.first:block.stop], levels=block.levels))
+            driver.run(parts, xp)
+            grads = self._gradients(xp, n, kinds, parts)
         finally:
-            for f, store in stores:
-                f._backward_pool.release(store)
-        for (_, key), count in zip(kinds, counts):
-            kind = call.stats["kinds"][self.kind_names.get(key, key)]
-            kind["backward_ops_per_level"] = count[::-1]
-        call.stats["backward_seconds"] = time.perf_counter() - started
+            for part in parts:
+                part.release()
+        for (_, key), part in zip(kinds, parts):
+            kind = record.stats["kinds"][self.kind_names.get(key, key)]
+            kind["backward_ops_per_level"] = part.counts[::-1]
+            kind["backward_backend"] = part.backend
+        record.stats["backward_backend"] = _one_backend(self._named(kinds, parts))
+        record.stats["backward_seconds"] = time.perf_counter() - started
         return grads
 
-    def _gradients(self, xp, n, kinds, runs):
+    def _gradients(self, xp, n, kinds, parts):
         """Each kind's parameter gradients summed per parameter; the pulled rows' gradients
         put back in the caller's vertex order."""
         param_grads, pull_grad = {}, None
-        for (_, key), (program, env, _, rows, _, _) in zip(kinds, runs):
-            f, bw = self.cells[key], program.graph
-            tensor_of = {id(node): p for node, p in zip(f.graph.params, f.params)}
-            for x, g_x in zip(bw.grad_of, bw.outputs):
-                if x.kind == "param":
-                    p, value = tensor_of[id(x)], env[id(g_x)]
+        for (_, key), part in zip(kinds, parts):
+            f, grad_of = self.cells[key], part.gradients()
+            for node, p in zip(f.graph.params, f.params):
+                value = grad_of.get(id(node))
+                if value is not None:
                     param_grads[id(p)] = value + param_grads[id(p)] if id(p) in param_grads \
                         else value.copy()
-                elif x is f.pull_input and self.pull_dtype.kind == "f":
-                    if pull_grad is None:
-                        pull_grad = xp.zeros((n,) + self.pull_shape, dtype=self.pull_dtype)
-                    pull_grad[rows.order] = env[id(g_x)]
+            value = grad_of.get(id(f.pull_input)) if f.pull_input is not None else None
+            if value is not None and self.pull_dtype.kind == "f":
+                if pull_grad is None:
+                    pull_grad = xp.zeros((n,) + self.pull_shape, dtype=self.pull_dtype)
+                pull_grad[part.rows.order] = value
         grads = [] if self.pull_shape is None else [
             None if pull_grad is None else Tensor(pull_grad)]
         return grads + [Tensor(param_grads[id(p)]) if id(p) in param_grads else None
                         for p in self.params]
 
-    def explain(self, out=None):
-        """Figures of one call, per kind (vertices, levels, instructions run per level);
-        ``out``: a Tensor this function returned (default: the latest call)."""
-        if out is not None:
-            record = getattr(out, "_creator", None)
-            if not isinstance(record, tuple) or record[0].op is not self._op:
-                raise GraphError(f"explain(out): out was not returned by vertex function "
-                                 f"{self.name!r} (or its record was released by backward)")
-            return record[0].attrs["call"].stats
-        if self._last_stats is None:
-            raise GraphError("explain(): the vertex function has not run yet")
-        return self._last_stats
-
     def __repr__(self):
         return (f"KindedFunction({self.name!r}: kinds {list(self.cells)} chosen by "
                 f"{self.by}, {len(self.params)} params)")
+
+
+def _one_backend(named_parts):
+    """The backend of every kind with per-level work, or each kind's where they differ;
+    ``named_parts``: (kind name, part)."""
+    working = [p for _, p in named_parts if p.program.core] or [p for _, p in named_parts]
+    backends = {p.backend for p in working}
+    return backends.pop() if len(backends) == 1 else "; ".join(
+        f"kind {name}: {p.backend}" for name, p in named_parts)

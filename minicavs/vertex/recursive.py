@@ -28,11 +28,12 @@ is grown at run time, which a recursive definition is not.
 import numpy as np
 
 from .. import validate
-from ..autodiff.symbolic import Symbol, _format_location, _user_location
+from ..autodiff.symbolic import Symbol
 from ..errors import GraphError, ShapeError, TracedBranchError
 from .batching import VertexSymbol
 from .graphs import GraphBatch, InputGraph
 from .kinds import KindedFunction, check_tag
+from ..locations import format_location, user_location
 
 
 class Child:
@@ -64,7 +65,7 @@ class Node:
         if self._tag is None:
             raise GraphError(f"recursive function {self._function.name!r}: node.tag read, but "
                              f"the call gave no tag= (one integer per vertex)"
-                             + _format_location(_user_location()))
+                             + format_location(user_location()))
         return self._tag
 
     def pull(self):
@@ -224,7 +225,7 @@ class RecursiveFunction:
 
     def _recurse(self, target, pull, tag):
         node = self._tracing
-        where = _format_location(_user_location())
+        where = format_location(user_location())
         if pull is not None or tag is not None:
             raise GraphError(f"recursive function {self.name!r}: a call on a child takes no "
                              f"pull= or tag= (the child pulls its own row)" + where)

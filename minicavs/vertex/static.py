@@ -2,7 +2,7 @@
 
 Static declaration (Cavs Fig. 2a): the function is traced once; its graph and the graph of its
 derivative go through the same passes as a vertex function's (rewrites, fusion) and run on the
-same interpreter — a Program with no levels, only an eager phase. ``backward(create_graph=True)``
+same driver — a Program with no levels, only an eager phase. ``backward(create_graph=True)``
 replays both programs on recorded Tensors, so the gradient is differentiable again.
 """
 
@@ -15,8 +15,9 @@ from ..autodiff.tensor import Tensor, is_grad_enabled
 from ..errors import DTypeError, GraphError, ShapeError
 from ..ops import registry
 from ..ops.registry import Aval, Op
-from . import interpreter
-from .passes import compile_static
+from ..runtime import call, driver
+from ..runtime.executable import Executable
+from ..runtime.passes import compile_static
 
 
 class StaticFunction:
@@ -48,11 +49,11 @@ class StaticFunction:
 
     @property
     def program(self):
-        return self._current().program
+        return self._current().forward.program
 
     @property
     def backward_program(self):
-        return self._current().backward_program
+        return self._current().backward.program
 
     @property
     def backward_graph(self):
@@ -95,7 +96,7 @@ class _Trace:
     def __init__(self, fn, input_specs, name):
         self.name = name
         self.graph = trace(fn, *input_specs, name=name)
-        self.program, self.backward_program = compile_static(self.graph)
+        self.forward, self.backward = map(Executable, compile_static(self.graph))
         self._op = Op(f"static:{name}", self._forward, self._infer, self._vjp,
                       multi_output=len(self.graph.outputs) > 1)
 
@@ -118,29 +119,29 @@ class _Trace:
         outs = [Aval(o.shape, o.dtype) for o in self.graph.outputs]
         return tuple(outs) if self._op.multi_output else outs[0]
 
-    def _bind(self, program, xp, values):
-        """An environment with the program's constants and ``values`` (symbol -> value)."""
-        env = interpreter.constants(program, xp) if xp is not RECORD else {
-            id(n): Tensor(n.value) for n in program.graph.nodes if n.kind == "const"}
-        env.update((id(s), v) for s, v in values)
-        return env
+    def _run(self, exe, xp, values):
+        """Run ``exe``'s program on ``values`` (symbol -> value); returns its environment. On
+        ``RECORD`` (differentiating again) constants are Tensors, recorded like the rest."""
+        constants = None if xp is not RECORD else {
+            id(n): Tensor(n.value) for n in exe.program.graph.nodes if n.kind == "const"}
+        part = call.bind_static(exe, xp, values, constants)
+        driver.run([part], xp)
+        return part.env
 
     def _forward(self, xp, *arrays, saved):
-        env = self._bind(self.program, xp, zip(self.graph.inputs + self.graph.params, arrays))
-        interpreter.run(self.program, xp, env)
-        outs = [env[id(o)] for o in self.program.graph.outputs]
+        env = self._run(self.forward, xp, zip(self.graph.inputs + self.graph.params, arrays))
+        outs = [env[id(o)] for o in self.forward.program.graph.outputs]
         if is_grad_enabled():
             saved["env"] = env
         return tuple(outs) if self._op.multi_output else outs[0]
 
     def _vjp(self, g, out, *inputs, saved):
         gs = list(g) if self._op.multi_output else [g]
-        program, bw = self.backward_program, self.backward_program.graph
+        bw = self.backward.program.graph
         if is_grad_enabled():  # create_graph: replay both programs on recorded Tensors
             xp = RECORD
-            forward = self._bind(self.program, xp, zip(self.graph.inputs + self.graph.params,
-                                                        inputs))
-            interpreter.run(self.program, xp, forward)
+            forward = self._run(self.forward, xp, zip(self.graph.inputs + self.graph.params,
+                                                      inputs))
             zero = lambda o: Tensor(np.zeros(o.shape, o.dtype))  # noqa: E731
         else:
             xp = backend.get_array_module(*[t.data for t in inputs])
@@ -148,10 +149,9 @@ class _Trace:
             zero = lambda o: xp.zeros(o.shape, o.dtype)  # noqa: E731
             gs = [None if gi is None else gi.data for gi in gs]
         cotangents = [zero(o) if gi is None else gi for gi, o in zip(gs, self.graph.outputs)]
-        env = self._bind(program, xp, list(zip(bw.cotangents, cotangents)) + [
+        env = self._run(self.backward, xp, list(zip(bw.cotangents, cotangents)) + [
             (ref, forward[id(value)]) for ref, value in zip(bw.inputs[len(bw.cotangents):],
                                                            bw.forward_refs)])
-        interpreter.run(program, xp, env)
         by_symbol = {id(s): env[id(o)] for s, o in zip(bw.grad_of, bw.outputs)}
         wrap = (lambda v: v) if xp is RECORD else Tensor
         return [wrap(by_symbol[id(s)]) if id(s) in by_symbol else None

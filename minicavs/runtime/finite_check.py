@@ -7,7 +7,7 @@ so the normal path of the interpreter pays nothing for it.
 from .. import backend
 from ..autodiff import debug
 from ..errors import NonFiniteError
-from .batching import instantiate, row_domain
+from ..ops.batching import instantiate, row_domain
 from .program import Compute
 
 

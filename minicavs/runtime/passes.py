@@ -37,7 +37,7 @@ from ..autodiff.analysis import (NodeClasses, clone, dependency_classes, elimina
 from ..autodiff.executor import OpStep, plan_steps
 from ..autodiff.symbolic import Graph, Symbol, grad_graph
 from ..errors import GraphError
-from .batching import has_symbolic_size, row_domain
+from ..ops.batching import has_symbolic_size, row_domain
 from .program import Buffer, Compute, Gather, Program, ScatterAdd
 from .zero_rows import ZeroRowRule
 
@@ -377,7 +377,7 @@ def leaf_sinks(program):
         serves_of[id(ins)] = None if always else frozenset(serves)
     core = tuple(_replace(ins, serves=serves_of[id(ins)]) if isinstance(ins, Compute) else ins
                  for ins in program.core)
-    return program.with_(core=core)
+    return program.with_(core=core, skips_unread_sinks=True)
 
 
 def strided_gathers(program):

@@ -340,22 +340,3 @@ class BufferPool:
 
     def release(self, store):
         self._free.append(store)
-
-
-def bind_buffers(program, env, views, rows):
-    """Bind each buffer (without its spare rows) and each aliased part (its columns)."""
-    for b in program.buffers:
-        env[b.key] = views[b.key][:rows.size(b.rows)]
-    for part, concat, axis, start, stop in program.aliases:
-        index = [slice(None)] * len(concat.shape)
-        index[axis] = slice(start, stop)
-        env[id(part)] = env[id(concat)][tuple(index)]
-
-
-def buffer_specs(program, rows):
-    """What :class:`BufferPool` hands out for one run of ``program``: each of its buffers, with
-    the name of its value for messages."""
-    nodes = {id(n): n for n in program.graph.nodes}
-    return {b.key: (rows.size(b.rows) + b.spare, b.row_shape, b.dtype,
-                    f"'{nodes[b.key].label()}' of {program.name}")
-            for b in program.buffers}

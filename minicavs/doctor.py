@@ -1,16 +1,43 @@
-"""The native CPU backend's part of ``python -m minicavs doctor``: which backend runs vertex
-functions here and why, the compiler, the BLAS the generated code calls, and one real check —
-a small Tree-LSTM-like cell compiled, run on both backends and compared (values and every
-gradient, float64, within 1e-9)."""
+"""``python -m minicavs doctor``: what this machine can run, and what to install.
+
+The CUDA layer's rows (``cuda/doctor.py``: NVRTC, the CPU shim, a GPU) and then the native CPU
+backend's: which backend runs vertex functions here and why, the compiler, the BLAS the
+generated code calls, and one real check — a small Tree-LSTM-like cell compiled, run on both
+backends and compared (values and every gradient, float64, within 1e-9). The exit status is 1
+only when a piece that is present does not work.
+"""
+
+import sys
 
 import numpy as np
 
+from .cpu import blas, build
+from .cuda import doctor as cuda_doctor
+from .runtime.backends import interpreter_only
 
-def probe(report):
-    """Append (label, value, hint-or-None, failed) rows to ``report``."""
-    from . import blas, build, native
 
-    reason = native.unavailable()
+def run_doctor(file=None):
+    """Print the report to ``file`` (stdout); return 0, or 1 if a present piece is broken."""
+    file = file or sys.stdout
+    report = []
+    cuda_doctor.probe(report)
+    _probe_native(report)
+    from . import __version__
+
+    print(f"minicavs {__version__} doctor", file=file)
+    width = max(len(label) for label, *_ in report)
+    for label, value, hint, failed in report:
+        print(f"  {label:<{width}}  {value}", file=file)
+        if hint:
+            print(f"  {'':<{width}}  -> {hint}", file=file)
+    broken = [label for label, _, _, failed in report if failed]
+    print("  status: " + (f"BROKEN ({', '.join(broken)})" if broken else "ok"), file=file)
+    return 1 if broken else 0
+
+
+def _probe_native(report):
+    """Append the native CPU backend's (label, value, hint-or-None, failed) rows to ``report``."""
+    reason = build.unavailable()
     try:
         report.append(("c++ (native)", build.compiler()[1], None, False))
     except Exception:  # noqa: BLE001 (ToolchainError, reported as a row)
@@ -38,8 +65,6 @@ def _compare():
     """Run a small cell natively and on the interpreter; (largest relative error, the
     backends F and ∂F ran on natively)."""
     import minicavs as mc
-
-    from .native import interpreter_only
 
     rng = np.random.default_rng(0)
     H = 6

@@ -1,9 +1,9 @@
 """The Program: F (or ∂F) of a vertex function as explicit instructions, ready to run on a batch.
 
-A vertex function is traced once into a static graph (function.py). The passes (passes.py) turn
-that graph into a :class:`Program` — immutable, printable with :meth:`Program.dump` — and the
-interpreter (interpreter.py) runs it over a GraphBatch. Everything the interpreter does is
-written here as data:
+A front-end (a vertex function, its kinds, a recursive definition, a static function) traces a
+static graph; the passes (passes.py) turn it into a :class:`Program` — immutable, printable with
+:meth:`Program.dump` — and the driver (driver.py) runs it over a batch on a backend. Everything a
+backend does is written here as data:
 
 * three phases (Cavs Proposition 1): ``eager`` instructions run once over all rows of the batch
   before the level loop, ``core`` instructions run once per level on that level's rows, ``lazy``
@@ -20,11 +20,11 @@ Row counts are symbolic: ``V`` is the number of vertices of a task (or batch), `
 
 import textwrap
 from functools import cached_property
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from ..autodiff.visualize import node_text
+from ..ops.batching import row_domain
 from ..ops.registry import describe
-from .batching import row_domain
 
 RUN, ZERO, SKIP = "run", "zero", "skip"  # what a core instruction does on one level
 
@@ -162,7 +162,8 @@ class Program:
     vertices wait for (F: the scattered state; ∂F: the gradients of the gather inputs);
     ``slots`` pairs each F source / ∂F sink with its child slot. ``keep``: values another
     program reads (F keeps what ∂F needs). ``reverse``: levels run top-down (∂F).
-    The rest is filled in by the passes, whose names ``passes`` lists in order."""
+    The rest is filled in by the passes, whose names ``passes`` lists in order (for people:
+    what a backend needs to know of a pass is a field, e.g. ``skips_unread_sinks``)."""
 
     name: str
     graph: object
@@ -180,11 +181,11 @@ class Program:
     buffers: tuple = ()
     aliases: tuple = ()  # (part, concat, axis, start, stop): part written into concat's columns
     zero_candidates: tuple = ()  # per-row values the core reads that may be zero on a level
+    skips_unread_sinks: bool = False  # a level's sinks no vertex reads are skipped (leaf_sinks)
     passes: tuple = ()
-    _plans: dict = field(default_factory=dict, repr=False)  # memo: level plans, constants
 
     def with_(self, **changes):
-        return replace(self, _plans={}, **changes)
+        return replace(self, **changes)
 
     @property
     def gathers_from(self):
@@ -203,33 +204,6 @@ class Program:
             id(x) for ins in self.core for x in ins.writes}
         return tuple((id(n), row_domain(n.shape)) for n in self.graph.nodes
                      if row_domain(n.shape) and id(n) in touched)
-
-    def constants(self, xp):
-        """``{id(node): array}`` of the graph's constants on array module ``xp``, memoised (on a
-        GPU, uploaded once)."""
-        key = ("constants", xp.__name__)
-        values = self._plans.get(key)
-        if values is None:
-            values = self._plans[key] = {
-                id(n): (n.value if xp.__name__ == "numpy" else xp.asarray(n.value))
-                for n in self.graph.nodes if n.kind == "const"}
-        return values
-
-    def level_plan(self, zero, unneeded):
-        """Per core instruction, RUN, ZERO or SKIP on a level where the per-row values ``zero``
-        (ids) are all zero and the sinks ``unneeded`` (ids) are read by no one. Levels share few
-        such patterns, so plans are memoised."""
-        key = (zero, unneeded)
-        plan = self._plans.get(key)
-        if plan is None:
-            zero = set(zero)
-            plan = []
-            for ins in self.core:
-                action, zeros = ins.action(zero, unneeded)
-                zero.update(zeros)
-                plan.append(action)
-            plan = self._plans[key] = tuple(plan)
-        return plan
 
     def dump(self):
         """The program as text: buffers, then each phase's instructions."""

@@ -4,14 +4,15 @@ The core of a Program (program.py) runs once per level; on the interpreter that 
 call per instruction per level. Here the whole loop becomes one function, so F costs one call
 from Python (plus its few eager and lazy instructions, which stay whole-batch NumPy/BLAS calls):
 
-    void minicavs_levels(num_levels, offsets, plan, p, a, spare):
-        for each level t (bottom-up for F, top-down for ∂F):
+    void minicavs_levels(num_levels, first, stop, offsets, plan, p, a, spare, ...):
+        for levels first..stop of the loop's order (bottom-up for F, top-down for ∂F):
             lo, n = the level's first row and row count
             for each core instruction k:
                 plan[t][k] says RUN (its code below), ZERO (write zeros) or SKIP
 
-The plan is the interpreter's own (``Program.level_plan``, computed per call in Python), so
-both backends skip and zero the same work. Every per-row value the core touches is a strided
+The plan is the interpreter's own (``plans.py``, computed per call in Python), so both backends
+skip and zero the same work. One cell runs all its levels in one call; kinds, stepping several
+programs together, call each program for its runs of consecutive levels. Every per-row value the core touches is a strided
 matrix, one row per vertex of the level:
 
 * **batch** values exist before the loop, with a row for every vertex of the batch (buffers,
@@ -42,7 +43,8 @@ import numpy as np
 from ..autodiff.analysis import FusedGroup
 from ..cuda import fusion
 from ..ops.batching import row_domain
-from ..vertex.program import RUN, SKIP, ZERO, Compute, Gather
+from .plans import RUN, SKIP, ZERO
+from .program import Compute, Gather
 
 ACTIONS = {SKIP: 0, RUN: 1, ZERO: 2}  # plan codes, as the generated loop reads them
 ENTRY = "minicavs_levels"
@@ -346,18 +348,19 @@ class _Generator:
             else:
                 declare.append(f"T *const P{i} = (T *)p[{i}];")
         level = "num_levels - 1 - s" if program.reverse else "s"
-        return f"""// minicavs native level loop of program {program.name!r} (minicavs/cpu/codegen.py)
+        return f"""// minicavs native level loop of program {program.name!r} (minicavs/runtime/codegen.py)
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 using std::exp; using std::log; using std::tanh; using std::sqrt; using std::pow;
 typedef {ctype} T;
 {_GEMM[self.blas]}
-extern "C" void {ENTRY}(int64_t num_levels, const int64_t *offsets, const signed char *plan,
-                        void *const *p, const int64_t *a, int64_t spare, T *states,
-                        int64_t states_ld, T *d_states, int64_t d_states_ld) {{
+extern "C" void {ENTRY}(int64_t num_levels, int64_t first, int64_t stop,
+                        const int64_t *offsets, const signed char *plan, void *const *p,
+                        const int64_t *a, int64_t spare, T *states, int64_t states_ld,
+                        T *d_states, int64_t d_states_ld) {{
 {_indent(chr(10).join(declare), 2)}
-  for (int64_t s = 0; s < num_levels; ++s) {{
+  for (int64_t s = first; s < stop; ++s) {{
     const int64_t t = {level};
     const int64_t lo = offsets[t], n = offsets[t + 1] - lo;
     const signed char *act = plan + t * {len(program.core)};

@@ -1,0 +1,219 @@
+"""A call: one Program bound to one call's values, ready for the driver (driver.py).
+
+Every front-end — a vertex function, each kind of a kinded one (and so a recursive definition),
+a frontier of a growing graph, a static function — runs its Programs the same way:
+
+    part = bind_forward(exe, xp, rows, params, pull=...)   # or bind_backward / bind_static
+    driver.run([part], xp)                                 # N parts: kinds, stepped together
+    part.saved(bw), part.output, part.gradients()          # what the front-end keeps or returns
+
+Binding is by the *role* each input of F's graph was traced with (``pull``, ``edge_parent``,
+parameters, the gather inputs), so this module knows no front-end. A :class:`Part` is one
+Program's share of a call: its environment (symbol id -> array), the zero-row ranges of its
+per-row values, its rows (a ``BatchIndices`` or a stand-in with its interface) and the arrays
+its gathers read and its scatter-adds write. :class:`CallRecord` is what a call keeps between
+its forward and its backward, and for ``explain()``.
+"""
+
+from dataclasses import dataclass, field
+import weakref
+
+import numpy as np
+
+from .zero_rows import FULL
+
+
+@dataclass(eq=False)
+class Part:
+    """One Program bound for one call (see the module docstring). ``levels``: the batch level
+    of each of the part's levels when several parts step together (kinds; None: one part, all
+    levels). ``block``: where a state made before the loop must go for other parts' gathers
+    (kinds). The driver fills in ``counts`` (instructions run per level) and ``backend``."""
+
+    exe: object
+    env: dict
+    rows: object = None
+    ranges: dict = field(default_factory=dict)
+    states: object = None
+    d_states: object = None
+    levels: list = None
+    block: object = None
+    scattered: object = None  # F's state buffer with its spare zero row (gathers_from)
+    counts: list = None
+    backend: str = None
+    store: dict = None  # pooled buffers held until release() (∂F: for the time of backward)
+
+    @property
+    def program(self):
+        return self.exe.program
+
+    @property
+    def output(self):
+        """The pushed output (else the scattered state) of an F, rows in level order."""
+        return self.env[id(self.program.graph.outputs[-1])]
+
+    def publish_state(self):
+        """Kinds: a scattered state made before the level loop goes into the rows other kinds'
+        gathers read (the driver calls this after every part's eager phase)."""
+        if self.block is None:
+            return
+        sink = id(self.program.sinks[0])
+        if sink in self.env and self.env[sink] is not self.block:
+            self.block[...] = self.env[sink]
+
+    def release(self):
+        """Give the part's pooled buffers back (nothing returned may view them)."""
+        if self.store is not None:
+            self.exe.pool.release(self.store)
+            self.store = None
+
+    def saved(self, backward_graph):
+        """What ∂F reads of this forward part: the values it refers to, and their ranges."""
+        return Saved({id(v): self.env[id(v)] for v in backward_graph.forward_refs}, self.ranges)
+
+    def gradients(self):
+        """``{id(x): gradient}`` for each parameter and the pulled input of F that ∂F (this
+        part) differentiates (the gather inputs' gradients went to the children, per level)."""
+        bw = self.program.graph
+        return {id(x): self.env[id(g_x)] for x, g_x in zip(bw.grad_of, bw.outputs)
+                if x.kind == "param" or x.role == "pull"}
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What a forward part keeps for its backward: ∂F's forward references, their ranges."""
+
+    values: dict
+    ranges: dict
+
+
+@dataclass(eq=False)
+class CallRecord:
+    """One call's own record (held by the autodiff tape through the op's attributes, never on
+    a shared object): ``saved`` per part (Saved), ``stats`` for ``explain()``, and the pooled
+    buffers it holds until it is released."""
+
+    saved: list = field(default_factory=list)
+    stats: dict = None
+    scheduling_seconds: float = 0.0
+
+
+# --- binding ------------------------------------------------------------------------------------
+
+def bind_forward(exe, xp, rows, params, pull=None, *, record=None, states=None, block=None,
+                 levels=None):
+    """F of ``exe`` bound for a call over ``rows``: ``params`` are the arrays of the graph's
+    parameters in order, ``pull`` the caller's pulled rows (caller's vertex order). Batch
+    buffers come from ``exe.pool`` and go back when ``record`` is released (without a record:
+    fresh ones, owned by the caller). ``states``: the array gathers read (default: F's own
+    scattered state, whose spare row is cleared); ``block``: this part's rows of it (kinds)."""
+    program = exe.program
+    specs = buffer_specs(program, rows)
+    if record is not None:
+        store, views = exe.pool.acquire(xp, specs)
+        weakref.finalize(record, exe.pool.release, store)
+    else:
+        views = {key: xp.empty((n,) + shape, dtype) for key, (n, shape, dtype, _) in
+                 specs.items()}
+    sink = id(program.sinks[0])
+    if block is not None and sink in program.buffered:  # kinds: the shared state's rows
+        views[sink] = block
+    env = exe.constants(xp)
+    graph = program.graph
+    env.update((id(p), a) for p, a in zip(graph.params, params))
+    for node in graph.inputs:
+        if node.role == "pull":  # the caller's rows into level order
+            env[id(node)] = take_rows(xp, pull, rows.order)
+        elif node.role == "edge_parent":
+            env[id(node)] = rows.edge_parent_row
+    bind_buffers(program, env, views, rows)
+    scattered = None
+    if program.gathers_from is not None and block is None:
+        scattered = views[id(program.gathers_from)]
+        scattered[rows.num_vertices:] = 0  # the spare row: what an absent child reads
+    ranges = {id(s): rows.hull(slot) for slot, s in program.slots}
+    return Part(exe, env, rows, ranges, states=scattered if states is None else states,
+                levels=levels, block=block, scattered=scattered)
+
+
+def bind_backward(exe, xp, rows, saved, cotangent=None, *, d_states=None, block=None,
+                  levels=None):
+    """∂F of ``exe`` bound for the backward of a forward part that kept ``saved``, its buffers
+    held until :meth:`Part.release`. ``cotangent``: the caller's gradient of F's output
+    (caller's vertex order): of the pushed output, or — F pushing nothing — of the scattered
+    states. ``d_states``: the state gradient the scatter-adds write, with its spare row, and
+    ``block`` this part's rows of it (kinds); default: ∂F's own buffer, cleared."""
+    program = exe.program
+    bw = program.graph
+    store, views = exe.pool.acquire(xp, buffer_specs(program, rows))
+    env = exe.constants(xp)
+    forward_inputs = bw.inputs[len(bw.cotangents):]
+    for ref, value in zip(forward_inputs, bw.forward_refs):
+        env[id(ref)] = saved.values[id(value)]
+    state_grad = id(program.sources[0])
+    if block is not None:
+        views[state_grad] = block
+    else:
+        d_states = views[state_grad]
+        d_states[...] = 0
+    bind_buffers(program, env, views, rows)
+    if cotangent is not None:
+        g_rows = take_rows(xp, cotangent, rows.order)  # caller order -> level order
+        if len(bw.cotangents) > 1:  # F pushes: the caller's gradient is the push's
+            env[id(bw.cotangents[1])] = g_rows
+        else:  # F returns its scattered states
+            env[state_grad][...] = g_rows
+    ranges = {id(ref): saved.ranges.get(id(value), FULL)
+              for ref, value in zip(forward_inputs, bw.forward_refs)}
+    return Part(exe, env, rows, ranges, d_states=d_states, levels=levels, store=store)
+
+
+def bind_static(exe, xp, values, constants=None):
+    """A static program (no levels) bound to ``values`` (symbol -> value); ``constants``: the
+    graph's constants on ``xp`` (default: the Executable's)."""
+    env = exe.constants(xp) if constants is None else constants
+    env.update((id(s), v) for s, v in values)
+    return Part(exe, env)
+
+
+def buffer_specs(program, rows):
+    """What the buffer pool hands out for one run of ``program``: each of its buffers, with
+    the name of its value for messages."""
+    nodes = {id(n): n for n in program.graph.nodes}
+    return {b.key: (rows.size(b.rows) + b.spare, b.row_shape, b.dtype,
+                    f"'{nodes[b.key].label()}' of {program.name}")
+            for b in program.buffers}
+
+
+def bind_buffers(program, env, views, rows):
+    """Bind each buffer (without its spare rows) and each aliased part (its columns)."""
+    for b in program.buffers:
+        env[b.key] = views[b.key][:rows.size(b.rows)]
+    for part, concat, axis, start, stop in program.aliases:
+        index = [slice(None)] * len(concat.shape)
+        index[axis] = slice(start, stop)
+        env[id(part)] = env[id(concat)][tuple(index)]
+
+
+# --- rows in and out ----------------------------------------------------------------------------
+
+def take_rows(xp, array, index):
+    """``array[index]`` along rows: pulled inputs into level order, pushed rows back out."""
+    if xp is not np and array.dtype in _KERNEL_DTYPES and array.ndim > 0:
+        from ..cuda import kernels
+
+        return kernels.gather_rows(xp.ascontiguousarray(array), index, check_indices=False)
+    return xp.take(array, index, axis=0)
+
+
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def stats(batch, counts, seconds):
+    """The figures of one forward call, as ``explain()`` returns them."""
+    return {"graphs": batch.num_graphs, "vertices": batch.num_vertices,
+            "levels": batch.num_levels,
+            "vertices_per_level": np.diff(batch.level_offsets).tolist(),
+            "forward_ops_per_level": counts, "backward_ops_per_level": None,
+            "scheduling_seconds": batch.build_seconds, "forward_seconds": seconds,
+            "backward_seconds": None, "forward_backend": None, "backward_backend": None}

@@ -1,0 +1,79 @@
+"""The driver: runs the bound Programs of one call (call.py) — one level loop for N Programs.
+
+This is the Cavs loop (Alg. 1–2), for one cell (N = 1) or for several cells stepped together
+(vertex kinds: N > 1, each on its own rows)::
+
+    every part's eager instructions, once over all its rows   (lazy/eager batching, Cavs §3.4)
+    for each batch level (bottom-up for F, top-down for ∂F):
+        each part with vertices on that level runs its core instructions there
+    every part's lazy instructions, once over all its rows
+
+Each part's level loop is run by a backend chosen in ``backends.py`` (the native loop or the
+interpreter); consecutive levels of one part go to its backend in one ``run(first, stop)``, so
+one cell is one call for all its levels, and kinds a call per run of levels of one kind. In
+debug mode each instruction's outputs are checked (finite_check.py), everything on one stream.
+"""
+
+import contextlib
+
+from ..autodiff import debug
+from ..autodiff.executor import RECORD
+from ..cuda import streams
+from . import backends
+from .finite_check import FiniteCheck
+from .interpreter import run_whole
+
+
+def run(parts, xp):
+    """Run ``parts`` (one or more :class:`~.call.Part`, over one batch) on array module ``xp``
+    (or ``RECORD``); fills in each part's ``counts`` and ``backend``."""
+    checks = [FiniteCheck(p.program, p.rows, p.env) if debug.enabled and xp is not RECORD
+              else None for p in parts]
+    with contextlib.ExitStack() as stack:
+        # (with the debug check on, everything runs on one stream, in order: the first bad
+        # value is the first one made)
+        schedulers = [stack.enter_context(streams.scheduler(xp, p.program) if c is None
+                                          else streams.NO_STREAMS)
+                      for p, c in zip(parts, checks)]
+        _whole_phase("eager", parts, schedulers, checks, xp)
+        for p in parts:
+            p.publish_state()
+        loops = [backends.level_loop(p, xp, c) if p.rows is not None else None
+                 for p, c in zip(parts, checks)]
+        for k, first, stop in level_runs(parts):
+            loops[k].run(first, stop)
+        for p, loop in zip(parts, loops):
+            p.counts, p.backend = (loop.finish(), loop.backend) if loop else ([], None)
+        _whole_phase("lazy", parts, schedulers, checks, xp)
+    return parts
+
+
+def _whole_phase(phase, parts, schedulers, checks, xp):
+    for p, sched, check in zip(parts, schedulers, checks):
+        for ins in getattr(p.program, phase):
+            sched.run(ins, run_whole, ins, xp, p.env, p.ranges, p.rows)
+            if check:
+                check(ins, p.env)
+
+
+def level_runs(parts):
+    """``(k, first, stop)``: part k runs levels ``first``..``stop`` of its own loop order
+    next. One part runs all its levels at once; several step together by batch level
+    (bottom-up, or top-down for ∂F: a level's children are done, whatever their kind), a run of
+    consecutive levels of one part at a time."""
+    if len(parts) == 1:
+        if parts[0].rows is not None:
+            yield 0, 0, parts[0].rows.num_levels
+        return
+    reverse = parts[0].program.reverse
+    events = sorted(((t, k) for k, p in enumerate(parts) for t in p.levels), reverse=reverse)
+    done = [0] * len(parts)
+    i = 0
+    while i < len(events):
+        k = events[i][1]
+        j = i
+        while j < len(events) and events[j][1] == k:
+            j += 1
+        yield k, done[k], done[k] + j - i
+        done[k] += j - i
+        i = j

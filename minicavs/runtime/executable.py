@@ -1,0 +1,36 @@
+"""An :class:`Executable`: a Program together with everything running it fills in.
+
+A Program is immutable; what its runs learn is kept beside it, in explicit caches owned by the
+one object that fills them: the level plans (plans.py), the graph's constants per array module
+(uploaded to a GPU once), the pooled batch buffers (memory.py), and the backend's compiled
+level loop with the reason a backend was or was not chosen (backends.py). A front-end holds
+one Executable per Program (F and ∂F of each cell) and binds calls to it (call.py).
+"""
+
+from .memory import BufferPool
+from .plans import LevelPlans
+
+
+class Executable:
+    """``program`` with its caches: ``plans``, ``pool``, constants (:meth:`constants`) and
+    ``native`` (set by backends.py: the compiled loop, or the reason there is none)."""
+
+    def __init__(self, program):
+        self.program = program
+        self.plans = LevelPlans(program)
+        self.pool = BufferPool()
+        self.native = None
+        self._constants = {}
+
+    def constants(self, xp):
+        """``{id(node): array}`` of the graph's constants on array module ``xp`` (a fresh dict,
+        the arrays shared: on a GPU, uploaded once)."""
+        values = self._constants.get(xp.__name__)
+        if values is None:
+            values = self._constants[xp.__name__] = {
+                id(n): (n.value if xp.__name__ == "numpy" else xp.asarray(n.value))
+                for n in self.program.graph.nodes if n.kind == "const"}
+        return dict(values)
+
+    def __repr__(self):
+        return f"Executable({self.program!r})"

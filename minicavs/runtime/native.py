@@ -1,0 +1,166 @@
+"""The native backend: a Program's level loop compiled to C++ (codegen.py), built and cached
+by the toolchain in ``minicavs/cpu/`` (build.py, blas.py).
+
+:func:`compile_loop` makes a Program's :class:`NativeLoop` — or says, as a string, why the
+program stays on the interpreter (the generator does not compile something it holds). The
+choice between backends is made in one place, ``backends.py``, which keeps the loop in the
+program's :class:`~.executable.Executable`.
+
+A call's loop (:meth:`NativeLoop.start`) computes the level plans in Python — the same plans
+the interpreter runs, a few microseconds a level — then each :meth:`_NativeRun.run` is one C
+call over a range of levels: the whole loop for one cell, a run of consecutive levels of one
+kind when several kinds step together. Eager and lazy instructions stay whole-batch NumPy/BLAS
+calls (interpreter.py).
+"""
+
+import ctypes
+import threading
+
+import numpy as np
+
+from ..cpu import blas, build
+from ..ops.batching import row_domain
+from .plans import RUN, record_written, widen
+
+
+def compile_loop(program):
+    """A :class:`NativeLoop` for ``program``, or the reason (a string) it stays interpreted."""
+    from . import codegen  # (imports the fusion code generator: only when compiling)
+
+    try:
+        spec = codegen.generate(program, blas.gemm("float32")[1])  # one interface for s and d
+    except codegen.Unsupported as exc:
+        return str(exc)
+    lib, _ = build.build(spec.source, "levels", origin=f"program {program.name!r}")
+    return NativeLoop(spec, lib)
+
+
+class NativeLoop:
+    """One program's compiled level loop."""
+
+    backend = "native"
+
+    def __init__(self, spec, lib):
+        self.spec = spec
+        self.dtype = spec.dtype
+        lib.minicavs_set_gemm(ctypes.c_void_p(blas.gemm(spec.dtype)[0]))
+        self._run = lib.minicavs_levels
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        self._run.argtypes = [i64, i64, i64, p, p, p, p, i64, p, i64, p, i64]
+        self._run.restype = None
+        self._lib = lib
+        self._codes = {}  # plan -> (action codes, keys and domains of the buffers it writes)
+        self._scratch = threading.local()  # per thread: reused scratch rows (no page faults)
+
+    def start(self, part):
+        """The loop of one bound call (a :class:`~.call.Part`): a :class:`_NativeRun`, or the
+        reason (a string) the interpreter must run it."""
+        keep = []  # arrays the C call reads, alive until it returns
+        args = self._bind(part.env, part.rows, keep)
+        if args is None:
+            return "an input of the loop is not row-contiguous"
+        return _NativeRun(self, part, args, keep)
+
+    def _codes_of(self, program, plan, env):
+        entry = self._codes.get(plan)
+        if entry is None:
+            codes = np.array([self.spec.actions[a] for a in plan], dtype=np.int8)
+            writes = [(id(o), row_domain(o.shape)) for ins, a in zip(program.core, plan)
+                      if a == RUN for o in ins.writes
+                      if id(o) in env and row_domain(o.shape)]
+            entry = self._codes[plan] = (codes, writes)
+        return entry
+
+    def _bind(self, env, rows, keep):
+        """The pointer and stride arrays of the C call, or None if an array cannot be read
+        with unit column stride."""
+        slots = self.spec.slots
+        pointers = np.zeros(len(slots), dtype=np.uintp)
+        strides = np.zeros(2 * len(slots), dtype=np.int64)
+        widest = int(np.diff(rows.level_offsets).max())
+        for s in slots:
+            if s.kind == "batch":
+                array = env[id(s.node)]
+                if array.dtype != self.dtype or (array.ndim == 2 and
+                                                 array.strides[1] != array.itemsize):
+                    return None
+                strides[2 * s.index] = array.strides[0] // array.itemsize
+            elif s.kind == "shared":
+                array = env[id(s.node)]
+                if array.dtype != self.dtype:
+                    return None
+                if array.ndim == 2 and array.strides[1] == array.itemsize:
+                    strides[2 * s.index] = array.strides[0] // array.itemsize
+                elif array.ndim == 2 and array.strides[0] == array.itemsize:  # a transpose
+                    strides[2 * s.index: 2 * s.index + 2] = (
+                        array.strides[1] // array.itemsize, 1)
+                else:
+                    array = np.ascontiguousarray(array)
+                    strides[2 * s.index] = array.shape[-1] if array.ndim == 2 else 1
+            elif s.kind == "scratch":
+                array = self._scratch_rows(s, widest)
+            else:  # child
+                array = np.ascontiguousarray(rows.slot_rows(s.slot), dtype=np.int64)
+            keep.append(array)
+            pointers[s.index] = array.ctypes.data
+        return pointers, strides
+
+    def _scratch_rows(self, slot, rows):
+        """Scratch of ``rows`` rows for ``slot``, reused from the thread's last call: fresh
+        memory each call costs a page fault per 4 KiB, more than the loops that use it."""
+        arrays = getattr(self._scratch, "arrays", None)
+        if arrays is None:
+            arrays = self._scratch.arrays = {}
+        array = arrays.get(slot.index)
+        if array is None or len(array) < rows:
+            array = arrays[slot.index] = np.empty((rows, slot.width), dtype=self.dtype)
+        return array
+
+
+class _NativeRun:
+    """The native loop of one call: the plan of every level made up front, then C calls."""
+
+    backend = "native"
+
+    def __init__(self, loop, part, args, keep):
+        program, rows, ranges = part.program, part.rows, part.ranges
+        self.loop, self.part, self.keep = loop, part, keep
+        self.table = np.empty((rows.num_levels, loop.spec.num_core), dtype=np.int8)
+        self.counts, self.written = [], {}
+        for t, window, plan in part.exe.plans.levels(ranges, rows):
+            codes, writes = loop._codes_of(program, plan, part.env)
+            self.table[t] = codes
+            self.counts.append(int(np.count_nonzero(codes == 1)))
+            for key, domain in writes:
+                widen(self.written, key, window[domain])
+        self.pointers, self.strides = args
+        self.offsets = np.ascontiguousarray(rows.level_offsets, dtype=np.int64)
+
+    def run(self, first, stop):
+        """Levels ``first`` to ``stop`` of the loop's order (top-down for ∂F), in one C call."""
+        part = self.part
+        states, d_states = part.states, part.d_states
+        self.loop._run(part.rows.num_levels, first, stop, self.offsets.ctypes.data,
+                       self.table.ctypes.data, self.pointers.ctypes.data,
+                       self.strides.ctypes.data, _spare_row(states, d_states),
+                       _address(states), _row_stride(states), _address(d_states),
+                       _row_stride(d_states))
+
+    def finish(self):
+        record_written(self.part.program, self.part.ranges, self.written)
+        return self.counts
+
+
+def _spare_row(states, d_states):
+    """Where an absent child (-1) reads and adds: the last row of the state (or its
+    gradient), as ``np.take`` reads it in the interpreter."""
+    array = states if states is not None else d_states
+    return 0 if array is None else len(array) - 1
+
+
+def _address(array):
+    return None if array is None else array.ctypes.data
+
+
+def _row_stride(array):
+    return 0 if array is None else array.strides[0] // array.itemsize

@@ -1,0 +1,65 @@
+"""One growing step: F's Program run on the frontier of every sample, as one batching task,
+through the runtime's call and driver like any other call of F."""
+
+import numpy as np
+
+from ...runtime import call, driver
+
+
+class FrontierRows:
+    """A frontier as the interpreter reads a batch (the interface of ``BatchIndices``): one
+    level of ``n`` rows whose child 0 is a row of the parents' states (-1 at a root: the spare
+    zero row)."""
+
+    num_levels, num_edges, is_forest = 1, 0, True
+
+    def __init__(self, xp, parent_rows, names):
+        put = (lambda a: a) if xp is np else (lambda a: xp.asarray(a.astype(np.int32)))
+        self.num_vertices = n = len(parent_rows)
+        self.order = self.row_of = put(np.arange(n))
+        self._parents = put(parent_rows)
+        self.level_offsets = np.array([0, n], dtype=np.int64)  # (the native loop reads these)
+        present = np.flatnonzero(parent_rows >= 0)
+        self._hull = (int(present[0]), int(present[-1]) + 1) if present.size else (0, 0)
+        self._names = names  # row -> "sample s, vertex v"
+
+    def size(self, rows):
+        return self.num_vertices if rows == "V" else 0
+
+    def vertices(self, t):
+        return (0, self.num_vertices)
+
+    def edges(self, t):
+        return (0, 0)
+
+    def has_child(self, slot, t):
+        return slot == 0 and self._hull[1] > self._hull[0]
+
+    def hull(self, slot):
+        return self._hull if slot == 0 else (0, 0)
+
+    def strided(self, slot, t):
+        return None
+
+    def child_rows(self, slot, window):
+        return self._parents
+
+    def slot_rows(self, slot):
+        return self._parents
+
+    def vertex_name(self, row):
+        return self._names(row)
+
+
+def run_frontier(f, xp, pull, parent_rows, parent_states, names):
+    """F's Program on one frontier: returns (states, outputs, what the next frontier gathers)
+    in frontier order. ``parent_states`` holds the previous frontier's states plus one zero row
+    (what a root gathers): the scattered state's own buffer, whose spare row stays zero. The
+    buffers are fresh (not pooled): the next step reads this one's."""
+    rows = FrontierRows(xp, parent_rows, names)
+    states = parent_states if parent_states is not None else \
+        xp.zeros((1,) + f.scatter_shape, f.dtype)
+    params = [tensor._array for tensor in f.params]  # (no .data: handing it out is a write)
+    part = call.bind_forward(f.executable, xp, rows, params, pull, states=states)
+    driver.run([part], xp)
+    return part.env[id(f.program.graph.outputs[0])], part.output, part.scattered
