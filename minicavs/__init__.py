@@ -3,11 +3,17 @@ vertex-centric execution model, on NumPy (CPU) and CuPy (GPU).
 
 Layers (see DESIGN.md): ``backend`` picks numpy or cupy; ``ops`` defines every primitive once;
 ``autodiff`` holds eager Tensors, the symbolic graph builder and gradient checking; ``vertex``
-runs a vertex function over batches of input graphs; ``nn`` has layers, optimisers and
-checkpoints; ``cuda`` has the GPU kernels.
+holds the front-ends (vertex functions, kinds, recursive definitions, growth, static
+functions) and ``runtime`` the Programs they make and the one driver that runs them, on the
+interpreter or the native code; ``nn`` has layers, optimisers and checkpoints; ``cpu`` the
+native toolchain; ``cuda`` the GPU kernels.
 """
 
 __version__ = "0.1.0"
+
+from .cpu.malloc import keep_freed_memory as _keep_freed_memory
+
+_keep_freed_memory()  # freed temporaries reused, not re-faulted each batch (cpu/malloc.py)
 
 from .errors import (ArgumentError, CheckpointError, CheckpointWriteError, DeviceError,
                      DistributedError, DTypeError, GradientCheckError, GraphError,

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from .cpu import blas, build
+from .cpu import blas, build, malloc
 from .cuda import doctor as cuda_doctor
 from .runtime.backends import interpreter_only
 
@@ -50,6 +50,7 @@ def _probe_native(report):
     where = "NumPy's BLAS" if interface.startswith("cblas") else "SciPy's cython_blas"
     report.append(("blas (native)", f"{interface} gemm from {where}", None, False))
     report.append(("native cache", build.cache_dir(), None, False))
+    report.append(("host memory", malloc.state, None, False))
     try:
         error, backends = _compare()
     except Exception as exc:  # noqa: BLE001 (a doctor reports; it does not crash)

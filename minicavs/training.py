@@ -23,6 +23,7 @@ from tqdm import tqdm
 from . import backend, validate
 from .distributed import (DEFAULT_TIMEOUT, DistributedSampler, LocalCommunicator,
                           create_communicator, launched_by_mpi, shard)
+from .data.batches import minibatches  # noqa: F401 (the training loop's, re-exported)
 from .errors import MinicavsError
 from .nn import clip_grad_norm
 
@@ -111,15 +112,6 @@ def setup(args):
 
 
 # --- the loop ------------------------------------------------------------------------------
-
-def minibatches(samples, batch_size, rng=None):
-    """``samples`` cut into lists of at most ``batch_size``, shuffled first if ``rng`` is
-    given (a numpy Generator)."""
-    validate.integer(batch_size, "batch_size", "minibatches", minimum=1)
-    order = np.arange(len(samples)) if rng is None else rng.permutation(len(samples))
-    return [[samples[i] for i in order[k:k + batch_size]]
-            for k in range(0, len(order), batch_size)]
-
 
 def prepare_all(model, samples, batch_size):
     """Prepared batches of ``samples`` in order: evaluation data is batched once per run."""

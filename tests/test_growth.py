@@ -63,6 +63,7 @@ def _grads(leaves):
     return grads
 
 
+@pytest.mark.usefixtures("cpu_backend")  # F on each frontier: native loop and interpreter
 @given(st.integers(1, 6), st.sampled_from(["argmax", "sample", "threshold"]),
        st.booleans(), st.integers(0, 2**16))
 def test_batched_growth_equals_per_sample_growth(samples, rule, pull_ids, seed):
@@ -110,6 +111,7 @@ def test_levels_of_the_structure_found_are_the_growth_steps():
             assert found.slot[rows][kids].tolist() == list(range(len(kids)))
 
 
+@pytest.mark.usefixtures("cpu_backend")
 def test_teacher_forcing_on_a_given_tree_equals_growing_it():
     """F on top_down(trees) (training on known structures) computes what growing the same
     trees computes: a decision that follows the trees reproduces them."""

@@ -93,6 +93,12 @@ def _assert_same(a, b):
 SWITCHES = [f.name for f in dataclasses.fields(mc.vertex.Options)]
 
 
+# The backends a kinded call may report: the native loop (the cpu_backend fixture's "native"
+# case), the interpreter when the fixture asks for it, nothing for a kind without levels.
+RAN = ("native", "interpreter (interpreter_only() is active)", "none (no per-level instructions)")
+
+
+@pytest.mark.usefixtures("cpu_backend")  # every kind through the one driver, on both backends
 @given(forests(max_arity=ARITY, max_graphs=6), st.integers(0, 2**16),
        st.fixed_dictionaries({name: st.booleans() for name in SWITCHES}), st.booleans())
 def test_recursive_equals_masked_cell_and_eager_reference(graphs, seed, options, push):
@@ -119,8 +125,13 @@ def test_recursive_equals_masked_cell_and_eager_reference(graphs, seed, options,
     assert sum(k["vertices"] for k in kinds.values()) == batch.num_vertices
     assert set(kinds) == {"leaf" if a == 0 else f"arity {a}"
                           for a in set(batch.num_children.tolist())}
+    if not options["lazy_batching"]:  # (per-level parameter sums stay on the interpreter)
+        return
+    for kind in kinds.values():
+        assert kind["forward_backend"] in RAN and kind["backward_backend"] in RAN, kind
 
 
+@pytest.mark.usefixtures("cpu_backend")
 @given(forests(max_arity=2, max_graphs=6), st.integers(0, 2**16))
 def test_kinds_equal_one_masked_cell(graphs, seed):
     p = _params(seed)
@@ -148,6 +159,8 @@ def test_kinds_equal_one_masked_cell(graphs, seed):
     _assert_same(_loss_and_grads(lambda x: kinds(batch, pull=x), params, X, target),
                  _loss_and_grads(lambda x: masked(batch, pull=mc.concat([x, mc.tensor(flag)])),
                                  params, X, target))
+    stats = kinds.explain()
+    assert stats["forward_backend"] in RAN and stats["backward_backend"] in RAN, stats
 
 
 @pytest.mark.parametrize("options", [None, {"fuse": False, "lazy_batching": False,

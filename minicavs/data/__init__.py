@@ -6,6 +6,7 @@ root last, ready for ``InputGraph(children=tree.children)``) or int64 id arrays,
 :class:`Vocabulary` mapping tokens to ids (``<unk>`` = 0).
 """
 
+from .batches import minibatches
 from .tree import DataError, Tree, TreebankSplits
 from .vocab import Vocabulary
 from .sst import (binary_accuracy, fine_grained_accuracy, load_sst, parse_tree, read_sst,
@@ -16,7 +17,7 @@ from .trees import (chain_tree, complete_binary_tree, random_binary_tree, random
 from .synthetic import make_splits, synthetic_labels, synthetic_treebank, synthetic_vocabulary
 
 __all__ = [
-    "DataError", "Tree", "TreebankSplits", "Vocabulary",
+    "minibatches", "DataError", "Tree", "TreebankSplits", "Vocabulary",
     "parse_tree", "read_sst", "load_sst", "root_labels", "to_binary", "fine_grained_accuracy",
     "binary_accuracy",
     "EOS", "PTBCorpus", "read_ptb", "load_ptb", "batch_sentences", "pad_batch",

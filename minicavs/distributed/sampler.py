@@ -1,14 +1,16 @@
 """Each rank's share of an epoch.
 
 ``--batch-size`` is per rank. Step k of an epoch with N ranks trains on the global batch k that
-one process with batch N × B would train on (the same shuffle: :func:`minicavs.training.
-minibatches` with the generator seeded by (seed, epoch)), cut into N contiguous parts whose
+one process with batch N × B would train on (the same shuffle: :func:`minicavs.data.
+batches.minibatches` with the generator seeded by (seed, epoch)), cut into N contiguous parts whose
 sizes differ by at most one; rank r takes part r. Every rank therefore makes the same number of
 steps, and a short last batch is spread over the ranks (a rank may get nothing in a step where
 fewer samples than ranks are left; it still takes part in the step's collectives).
 """
 
 import numpy as np
+
+from ..data.batches import minibatches
 
 
 def shard(batch, rank, size):
@@ -48,8 +50,6 @@ class DistributedSampler:
 
     def global_batches(self, epoch):
         """The batches of all ranks together, as one process with N × B would see them."""
-        from ..training import minibatches
-
         rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
         return minibatches(self.samples, self.batch_size * self.size, rng)
 
