@@ -3,7 +3,7 @@
 Switched on by the environment variable ``MINICAVS_DEBUG=1`` or, for a block, by
 ``with mc.debug(): ...`` (``mc.set_debug(True)`` for the rest of the process). Then every op
 output of eager code (forward and backward) and every instruction of a vertex function's F and
-∂F (``vertex/interpreter.py``) is checked, and the first non-finite value raises
+∂F (``runtime/driver.py``, ``runtime/finite_check.py``) is checked, and the first non-finite value raises
 :class:`~minicavs.errors.NonFiniteError` naming the op, the user's line and, inside a vertex
 function, the level, sample and vertex of the first bad row. Recorded ops also keep the user's
 line and a fingerprint of what they saved (``versions.py``). Off, none of this runs: the checks

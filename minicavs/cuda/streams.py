@@ -28,7 +28,7 @@ the main stream may still have kernels queued that read the block's old contents
 first makes the side stream wait for the main one, and only then overwrites the block.
 
 Which instruction goes where is decided once, by the ``streams`` pass
-(``minicavs/vertex/passes.py``), and written in each instruction's ``stream`` field. On NumPy, or
+(``minicavs/runtime/passes.py``), and written in each instruction's ``stream`` field. On NumPy, or
 when no instruction is on the side stream, :func:`scheduler` returns :data:`NO_STREAMS`, which
 just calls each step: no cost on the CPU. The interpreter routes its eager and lazy
 instructions through ``sched.run(ins, fn, ...)`` and calls ``sched.join()`` before results leave

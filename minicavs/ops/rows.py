@@ -3,7 +3,7 @@
 Many rows of a batch's per-row values are exactly zero (a leaf gathers no child state; an
 internal vertex of a parse tree pulls no word). A *range* ``(lo, hi)`` says that a per-row
 value is exactly zero outside rows [lo, hi); ``FULL`` says nothing is known, ``EMPTY`` that
-every row is zero. The vertex runtime skips work on zero rows (minicavs/vertex/zero_rows.py).
+every row is zero. The vertex runtime skips work on zero rows (minicavs/runtime/zero_rows.py).
 
 An op's rule is ``rule(ranges, **attrs) -> range``: ``ranges[i]`` is None if input i is shared
 by all rows (no vertex axis), else its range. It is asked only for an op whose output is per
