@@ -38,7 +38,7 @@ class GraphExecutor:
                              f"{len(params)} values")
         env = {} if env is None else env
         for symbol, array in zip(graph.inputs + graph.params, list(inputs) + params):
-            env[id(symbol)] = array
+            env[symbol.key] = array
         xp = backend.get_array_module(*inputs, *params)
         return run_steps(self.steps, env, xp)
 

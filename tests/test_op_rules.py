@@ -91,9 +91,9 @@ def test_an_op_without_a_batching_rule_cannot_be_used_in_a_cell():
 def test_an_op_without_a_writer_is_computed_and_copied():
     graph = mc.trace(lambda x: registry.apply(_throwaway(), x), mc.spec((2, 3), "float64"))
     x, out = np.arange(6.0).reshape(2, 3), np.empty((2, 3))
-    env = {id(graph.inputs[0]): x}
-    OpStep(graph.outputs[0]).run(np, env, outs={id(graph.outputs[0]): out})
-    assert env[id(graph.outputs[0])] is out
+    env = {graph.inputs[0].key: x}
+    OpStep(graph.outputs[0]).run(np, env, outs={graph.outputs[0].key: out})
+    assert env[graph.outputs[0].key] is out
     np.testing.assert_array_equal(out, 2 * x)
 
 

@@ -193,7 +193,7 @@ def test_tree_lstm_classes_match_figure_7():
         assert classes[p] == "eager"
     assert classes.nodes("lazy") == [s["head"]]
     assert classes.counts() == {"eager": 1, "core": len(graph.op_nodes()) - 2, "lazy": 1}
-    assert dict(classes)[id(s["Wx"])] == "eager"  # it is also a plain dict keyed by id
+    assert dict(classes)[s["Wx"].key] == "eager"  # it is also a plain dict keyed by node.key
 
 
 def test_tree_lstm_backward_classes_match_figure_7():
@@ -307,7 +307,7 @@ def test_cse_on_backward_graph_keeps_it_a_backward_graph():
     rng = np.random.default_rng(1)
     env = graph.run(tree_lstm_inputs())
     cots = [rng.standard_normal(o.shape) for o in graph.outputs]
-    args = cots + [env[id(f)] for f in bw.forward_refs]
+    args = cots + [env[f.key] for f in bw.forward_refs]
     for got, want in zip(GraphExecutor(merged).run(*args), bw.evaluate(*args)):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
 
@@ -368,8 +368,8 @@ def test_kernel_strategies_agree_and_results_survive_later_calls():
     graph, _ = tree_lstm(dtype="float32")
     group = fusion_groups(graph)[1]
     env = graph.run(tree_lstm_inputs("float32"))
-    args = [env[id(x)] for x in group.inputs]
-    want = [env[id(o)] for o in group.outputs]
+    args = [env[x.key] for x in group.inputs]
+    want = [env[o.key] for o in group.outputs]
     kernels = [OpByOpKernel(group, np, np.float32)] + [
         NumpyFusedKernel(group, np, np.float32, writers=w)
         for w in (None, {SIGMOID: (sigmoid_tanh_into, True)},
@@ -413,21 +413,21 @@ def test_run_steps_on_subsets_with_preallocated_outputs():
     eager = [st for st in steps if all(classes[o] == "eager" for o in st.outputs)]
     core = [st for st in steps if st not in eager]
     inputs = tree_lstm_inputs()
-    env = {id(x): a for x, a in zip(graph.inputs, inputs)}
-    env.update({id(p): p.value.data for p in graph.params})
+    env = {x.key: a for x, a in zip(graph.inputs, inputs)}
+    env.update({p.key: p.value.data for p in graph.params})
     run_steps(eager, env)
-    assert id(s["Wx"]) in env and id(s["Uh"]) not in env
+    assert s["Wx"].key in env and s["Uh"].key not in env
     h_buf, c_buf, wx_buf = np.empty((N, H)), np.empty((N, H)), np.empty((N, 5 * H))
-    run_steps(core, env, outs={id(s["h"]): h_buf, id(s["c"]): c_buf})
-    assert env[id(s["h"])] is h_buf and env[id(s["c"])] is c_buf
+    run_steps(core, env, outs={s["h"].key: h_buf, s["c"].key: c_buf})
+    assert env[s["h"].key] is h_buf and env[s["c"].key] is c_buf
     want = graph.evaluate(*inputs)
-    np.testing.assert_allclose(env[id(s["scatter"])], want[0], rtol=1e-12)
+    np.testing.assert_allclose(env[s["scatter"].key], want[0], rtol=1e-12)
     np.testing.assert_allclose(h_buf, want[1], rtol=1e-12)
     # An op step writes into a given array too (matmul directly, others by a copy).
-    env2 = {id(x): a for x, a in zip(graph.inputs, inputs)}
-    env2.update({id(p): p.value.data for p in graph.params})
-    run_steps(eager, env2, outs={id(s["Wx"]): wx_buf})
-    assert env2[id(s["Wx"])] is wx_buf
+    env2 = {x.key: a for x, a in zip(graph.inputs, inputs)}
+    env2.update({p.key: p.value.data for p in graph.params})
+    run_steps(eager, env2, outs={s["Wx"].key: wx_buf})
+    assert env2[s["Wx"].key] is wx_buf
     np.testing.assert_allclose(wx_buf, inputs[0] @ graph.params[0].value.data, rtol=1e-12)
     with pytest.raises(mc.GraphError, match="no value"):
         run_steps(core, {})

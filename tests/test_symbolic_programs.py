@@ -37,7 +37,7 @@ def eager_run(program, input_arrays, param_arrays, cotangents):
 def grads_from_backward_graph(graph, bw, executor_env, cotangents, fuse, params):
     """Gradients of the inputs, then of ``params`` (the Tensors the program closes over; zeros
     for one the graph does not use), from ∂graph run on the forward environment."""
-    refs = [executor_env[id(f)] for f in bw.forward_refs]
+    refs = [executor_env[f.key] for f in bw.forward_refs]
     values = GraphExecutor(bw, fuse=fuse).run(*cotangents, *refs) if fuse is not None \
         else bw.evaluate(*cotangents, *refs)
     by_symbol = {id(s): v for s, v in zip(bw.grad_of, values)}

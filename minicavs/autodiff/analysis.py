@@ -14,7 +14,7 @@ times, so it pays to study it once before it runs:
   ∂F in particular repeats itself (the same reshape of a gradient for two matmul VJPs, the
   constant 1 of every ``1 - σ``).
 
-Nodes are :class:`Symbol` objects; like the rest of minicavs we key tables by ``id(symbol)``.
+Nodes are :class:`Symbol` objects; like the rest of minicavs we key tables by ``symbol.key``.
 """
 
 import copy
@@ -59,13 +59,13 @@ class FusedGroup:
         (``("in", k)``: group input k; ``("m", j)``: member j), then the output member positions
         and the inputs' dtypes and ranks (a kernel that broadcasts needs to know them)."""
         if self._signature is None:
-            where = {id(x): ("in", k) for k, x in enumerate(self.inputs)}
+            where = {x.key: ("in", k) for k, x in enumerate(self.inputs)}
             body = []
             for j, m in enumerate(self.members):
-                body.append((m.op.name, freeze(m.attrs), tuple(where[id(x)] for x in m.inputs)))
-                where[id(m)] = ("m", j)
-            position = {id(m): j for j, m in enumerate(self.members)}
-            self._signature = (tuple(body), tuple(position[id(o)] for o in self.outputs),
+                body.append((m.op.name, freeze(m.attrs), tuple(where[x.key] for x in m.inputs)))
+                where[m.key] = ("m", j)
+            position = {m.key: j for j, m in enumerate(self.members)}
+            self._signature = (tuple(body), tuple(position[o.key] for o in self.outputs),
                                tuple((x.dtype.str, len(x.shape)) for x in self.inputs))
         return self._signature
 
@@ -103,7 +103,7 @@ def fusion_groups(graph, classes=None, keep=(), min_size=2):
     Returns the groups in an order in which they can run (see :func:`schedule`).
     """
     nodes = graph.nodes
-    index = {id(n): i for i, n in enumerate(nodes)}
+    index = {n.key: i for i, n in enumerate(nodes)}
     users = graph.consumers()
     parent = list(range(len(nodes)))  # union-find over node positions
     members = {i: [i] for i, n in enumerate(nodes) if _is_fusible(n)}
@@ -121,7 +121,7 @@ def fusion_groups(graph, classes=None, keep=(), min_size=2):
     def reaches_around(a, b):
         """Is there a path from group ``a`` to group ``b`` through some unit outside both?"""
         last_b = max(members[b])  # nothing after b's last member can lead back into b
-        start = [index[id(u)] for m in members[a] for u in users[id(nodes[m])]]
+        start = [index[u.key] for m in members[a] for u in users[nodes[m].key]]
         seen, stack = set(), [unit(i) for i in start if unit(i) not in (a, b)]
         while stack:
             u = stack.pop()
@@ -131,8 +131,8 @@ def fusion_groups(graph, classes=None, keep=(), min_size=2):
             for m in members.get(u, [u]):
                 if m > last_b:
                     continue
-                for user in users[id(nodes[m])]:
-                    v = unit(index[id(user)])
+                for user in users[nodes[m].key]:
+                    v = unit(index[user.key])
                     if v == b:
                         return True
                     if v != a and v not in seen:
@@ -151,7 +151,7 @@ def fusion_groups(graph, classes=None, keep=(), min_size=2):
             for u in v.inputs:
                 if not _is_fusible(u) or not same_class(u, v):
                     continue
-                a, b = find(index[id(u)]), find(i)
+                a, b = find(index[u.key]), find(i)
                 if a == b or reaches_around(a, b) or reaches_around(b, a):
                     continue
                 # Keep the smaller position as the root, so roots stay group minima.
@@ -160,21 +160,21 @@ def fusion_groups(graph, classes=None, keep=(), min_size=2):
                 members[a] = sorted(members[a] + members.pop(b))
                 merged = True
 
-    kept = {id(k) for k in keep} | {id(o) for o in graph.outputs}
+    kept = {k.key for k in keep} | {o.key for o in graph.outputs}
     groups = []
     for root, positions in members.items():
         if len(positions) < min_size:
             continue
         group_nodes = [nodes[p] for p in positions]
-        inside = {id(n) for n in group_nodes}
+        inside = {n.key for n in group_nodes}
         inputs, seen = [], set()
         for m in group_nodes:
             for x in m.inputs:
-                if id(x) not in inside and id(x) not in seen:
-                    seen.add(id(x))
+                if x.key not in inside and x.key not in seen:
+                    seen.add(x.key)
                     inputs.append(x)
-        outputs = [m for m in group_nodes if id(m) in kept or any(
-            id(user) not in inside for user in users[id(m)])]
+        outputs = [m for m in group_nodes if m.key in kept or any(
+            user.key not in inside for user in users[m.key])]
         groups.append(FusedGroup(group_nodes, inputs, outputs))
     order = schedule(graph, groups)
     return [step for step in order if isinstance(step, FusedGroup)]
@@ -190,27 +190,27 @@ def schedule(graph, groups=()):
     one vertex; among the ready steps the one whose first node comes earliest in ``graph.nodes``
     goes first, which keeps the order close to the traced one.
     """
-    step_of = {}  # id(node) -> position in steps
+    step_of = {}  # node.key -> position in steps
     steps = []
     for group in groups:
         for m in group.members:
-            if id(m) in step_of:
+            if m.key in step_of:
                 raise GraphError(f"schedule: node {m!r} is in two fused groups")
-            step_of[id(m)] = len(steps)
+            step_of[m.key] = len(steps)
         steps.append(group)
     for n in graph.nodes:
-        if n.kind == "op" and id(n) not in step_of:
-            step_of[id(n)] = len(steps)
+        if n.kind == "op" and n.key not in step_of:
+            step_of[n.key] = len(steps)
             steps.append(n)
-    position = {id(n): i for i, n in enumerate(graph.nodes)}
-    first = [min(position[id(m)] for m in s.members) if isinstance(s, FusedGroup)
-             else position[id(s)] for s in steps]
+    position = {n.key: i for i, n in enumerate(graph.nodes)}
+    first = [min(position[m.key] for m in s.members) if isinstance(s, FusedGroup)
+             else position[s.key] for s in steps]
     needs = [set() for _ in steps]
     users = [set() for _ in steps]
     for k, s in enumerate(steps):
         for n in (s.members if isinstance(s, FusedGroup) else [s]):
             for x in n.inputs:
-                j = step_of.get(id(x))
+                j = step_of.get(x.key)
                 if j is not None and j != k:
                     needs[k].add(j)
                     users[j].add(k)
@@ -233,7 +233,7 @@ def schedule(graph, groups=()):
 # --- eager / core / lazy --------------------------------------------------------------------
 
 class NodeClasses(dict):
-    """The result of :func:`dependency_classes`: a dict ``id(node) -> "eager" | "core" | "lazy"``
+    """The result of :func:`dependency_classes`: a dict ``node.key -> "eager" | "core" | "lazy"``
     that can also be indexed by the node itself (``classes[node]``); ``classes.nodes("core")``
     lists the nodes of one class in topological order."""
 
@@ -244,14 +244,14 @@ class NodeClasses(dict):
         self.sinks = list(sinks)
 
     def __getitem__(self, node):
-        key = node if isinstance(node, int) else id(node)
+        key = node if isinstance(node, int) else node.key
         try:
             return dict.__getitem__(self, key)
         except KeyError:
             raise GraphError(f"{node!r} is not a node of graph {self.graph.name!r}") from None
 
     def __contains__(self, node):
-        return dict.__contains__(self, node if isinstance(node, int) else id(node))
+        return dict.__contains__(self, node if isinstance(node, int) else node.key)
 
     def nodes(self, kind):
         if kind not in (EAGER, CORE, LAZY):
@@ -292,28 +292,28 @@ def dependency_classes(graph, sources, sinks):
     Every node gets exactly one class. A source itself is core when some sink needs it and lazy
     otherwise (a gather nobody on the path uses).
     """
-    known = {id(n) for n in graph.nodes}
+    known = {n.key for n in graph.nodes}
     for role, ends in (("source", sources), ("sink", sinks)):
         for n in ends:
-            if id(n) not in known:
+            if n.key not in known:
                 raise GraphError(f"dependency_classes: {role} {n!r} is not a node of graph "
                                  f"{graph.name!r}")
-    depends = {id(s) for s in sources}
+    depends = {s.key for s in sources}
     for n in graph.nodes:  # topological: inputs first
-        if any(id(x) in depends for x in n.inputs):
-            depends.add(id(n))
-    needed = {id(s) for s in sinks}
+        if any(x.key in depends for x in n.inputs):
+            depends.add(n.key)
+    needed = {s.key for s in sinks}
     for n in reversed(graph.nodes):  # users first
-        if id(n) in needed:
-            needed.update(id(x) for x in n.inputs)
+        if n.key in needed:
+            needed.update(x.key for x in n.inputs)
     of = {}
     for n in graph.nodes:
-        if id(n) not in depends:
-            of[id(n)] = EAGER
-        elif id(n) in needed:
-            of[id(n)] = CORE
+        if n.key not in depends:
+            of[n.key] = EAGER
+        elif n.key in needed:
+            of[n.key] = CORE
         else:
-            of[id(n)] = LAZY
+            of[n.key] = LAZY
     return NodeClasses(graph, of, sources, sinks)
 
 
@@ -343,8 +343,8 @@ def backward_sources_and_sinks(bw, forward_sources, forward_sinks):
                     if positions else f"backward_sources_and_sinks: {s!r} is not an output of "
                                       f"graph {forward.name!r}")
         sources.extend(bw.cotangents[p] for p in positions)
-    wanted = {id(s) for s in forward_sources}
-    sinks = [out for out, of in zip(bw.outputs, bw.grad_of) if id(of) in wanted]
+    wanted = {s.key for s in forward_sources}
+    sinks = [out for out, of in zip(bw.outputs, bw.grad_of) if of.key in wanted]
     return sources, sinks
 
 
@@ -376,20 +376,20 @@ def clone(node, inputs):
 def eliminate_dead(graph):
     """A copy of ``graph`` without the nodes no output depends on. Inputs and parameters are
     kept even when unused: they are the graph's signature (callers pass values by position)."""
-    needed = {id(o) for o in graph.outputs}
+    needed = {o.key for o in graph.outputs}
     for n in reversed(graph.nodes):
-        if id(n) in needed:
-            needed.update(id(x) for x in n.inputs)
+        if n.key in needed:
+            needed.update(x.key for x in n.inputs)
     new_of = {}
     nodes = []
     for n in graph.nodes:
         if n.kind in ("input", "param"):
-            new_of[id(n)] = n
+            new_of[n.key] = n
             nodes.append(n)
-        elif id(n) in needed:
-            new_of[id(n)] = clone(n, [new_of[id(x)] for x in n.inputs])
-            nodes.append(new_of[id(n)])
-    return _rebuilt(graph, nodes, [new_of[id(o)] for o in graph.outputs])
+        elif n.key in needed:
+            new_of[n.key] = clone(n, [new_of[x.key] for x in n.inputs])
+            nodes.append(new_of[n.key])
+    return _rebuilt(graph, nodes, [new_of[o.key] for o in graph.outputs])
 
 
 def merge_common_subexpressions(graph):
@@ -400,27 +400,27 @@ def merge_common_subexpressions(graph):
     different values). Graph outputs that become the same node stay separate entries of
     ``outputs``."""
     canonical = {}  # key -> the new node
-    new_of = {}  # id(old node) -> new node
+    new_of = {}  # old node's key -> new node
     nodes = []
     for n in graph.nodes:
         if n.kind in ("input", "param"):
-            new_of[id(n)] = n
+            new_of[n.key] = n
             nodes.append(n)
             continue
-        inputs = [new_of[id(x)] for x in n.inputs]
+        inputs = [new_of[x.key] for x in n.inputs]
         if n.kind == "const":
             value = backend.to_numpy(n.value)
             key = ("const", value.dtype.str, value.shape, value.tobytes())
         else:
-            ids = tuple(id(x) for x in inputs)
+            ids = tuple(x.key for x in inputs)
             if n.op.commutative:
                 ids = tuple(sorted(ids))
             key = ("op", id(n.op), ids, freeze(n.attrs))
         if key not in canonical:
             canonical[key] = clone(n, inputs)
             nodes.append(canonical[key])
-        new_of[id(n)] = canonical[key]
-    return _rebuilt(graph, nodes, [new_of[id(o)] for o in graph.outputs])
+        new_of[n.key] = canonical[key]
+    return _rebuilt(graph, nodes, [new_of[o.key] for o in graph.outputs])
 
 
 class _Unique:

@@ -1,9 +1,9 @@
 """Running a static graph step by step, with fused elementwise groups (Cavs §3.4).
 
 A *step* is either one op node (:class:`OpStep`) or one fused group (:class:`GroupStep`); both
-read their inputs from an environment ``env`` (``id(symbol) -> array``), write their outputs
+read their inputs from an environment ``env`` (``symbol.key -> array``), write their outputs
 into it, and can be told to write an output into a preallocated array instead of a new one
-(``outs``: ``id(symbol) -> array``). That is all the vertex runtime needs to run *subsets* of a
+(``outs``: ``symbol.key -> array``). That is all the vertex runtime needs to run *subsets* of a
 graph — eager steps once, core steps per level on row blocks, lazy steps at the end — into its
 batch buffers; :func:`run_steps` runs a list of steps (``Graph.evaluate`` runs a whole graph
 with it; the runtime's driver runs Programs of steps).
@@ -42,13 +42,13 @@ from .analysis import FusedGroup, fusion_groups, schedule
 # --- steps --------------------------------------------------------------------------------------
 
 def _value(env, x, xp):
-    """``env[id(x)]``; a constant not yet in ``env`` is put there (on ``xp``'s device)."""
+    """``env[x.key]``; a constant not yet in ``env`` is put there (on ``xp``'s device)."""
     try:
-        return env[id(x)]
+        return env[x.key]
     except KeyError:
         if x.kind == "const":
             value = x.value if xp is np else xp.asarray(x.value)
-            env[id(x)] = value
+            env[x.key] = value
             return value
         raise GraphError(f"no value for {x!r} (a {x.kind}) in the environment; the steps that "
                          f"produce it must run first, and inputs and parameters must be bound"
@@ -69,7 +69,7 @@ RECORD = _Record()
 
 
 def _record(node, env, attrs):
-    env[id(node)] = registry.apply(node.op, *[env[id(x)] for x in node.inputs], **attrs)
+    env[node.key] = registry.apply(node.op, *[env[x.key] for x in node.inputs], **attrs)
 
 
 class OpStep:
@@ -91,11 +91,11 @@ class OpStep:
         if xp is RECORD:
             return _record(node, env, self.attrs)
         args = [_value(env, x, xp) for x in node.inputs]
-        out = outs.get(id(node)) if outs else None
+        out = outs.get(node.key) if outs else None
         if out is None:
-            env[id(node)] = node.op.forward(xp, *args, **self.attrs)
+            env[node.key] = node.op.forward(xp, *args, **self.attrs)
         else:
-            env[id(node)] = _forward_into(node, xp, args, self.attrs, out)
+            env[node.key] = _forward_into(node, xp, args, self.attrs, out)
 
     def __repr__(self):
         return f"OpStep({self.node.op.name} -> {self.node.shape})"
@@ -140,10 +140,10 @@ class GroupStep:
             return
         args = [_value(env, x, xp) for x in self.group.inputs]
         kernel = self.kernel(xp, _compute_dtype(self.group, args))
-        out_arrays = [outs.get(id(o)) for o in self.group.outputs] if outs else None
+        out_arrays = [outs.get(o.key) for o in self.group.outputs] if outs else None
         results = kernel(*args, outs=out_arrays)
         for o, r in zip(self.group.outputs, results):
-            env[id(o)] = r
+            env[o.key] = r
 
     def __repr__(self):
         return f"GroupStep({self.group!r})"
@@ -176,9 +176,9 @@ def plan_steps(graph, fuse=True, groups=None, **fusion_options):
 
 
 def run_steps(steps, env, xp=None, outs=None):
-    """Run ``steps`` in order on the environment ``env`` (``id(symbol) -> array``), which must
+    """Run ``steps`` in order on the environment ``env`` (``symbol.key -> array``), which must
     already hold every input the steps read from outside themselves (constants are added on
-    first use). ``outs`` (``id(symbol) -> array``) gives preallocated arrays for some step
+    first use). ``outs`` (``symbol.key -> array``) gives preallocated arrays for some step
     outputs: those values are written there (they must not overlap the step's inputs). ``xp``
     defaults to the module of the first array in ``env``. Returns ``env``."""
     if xp is None:
@@ -204,16 +204,16 @@ class FusedKernel:
         self.xp = xp
         self.dtype = np.dtype(dtype)
         self.n_inputs = len(group.inputs)
-        position = {id(m): j for j, m in enumerate(group.members)}
-        where = {id(x): k for k, x in enumerate(group.inputs)}
+        position = {m.key: j for j, m in enumerate(group.members)}
+        where = {x.key: k for k, x in enumerate(group.inputs)}
         n = len(group.inputs)
         # Slots: 0..n-1 are the inputs, n+j is member j.
         self.body = []  # per member: (op, attrs, argument slots)
         for j, m in enumerate(group.members):
-            args = tuple(where[id(x)] if id(x) in where else n + position[id(x)]
+            args = tuple(where[x.key] if x.key in where else n + position[x.key]
                          for x in m.inputs)
             self.body.append((m.op, dict(m.attrs), args))
-        self.output_slots = [n + position[id(o)] for o in group.outputs]
+        self.output_slots = [n + position[o.key] for o in group.outputs]
         # Members of the group's traced float dtype compute in the kernel's dtype; the others
         # (masks, and the results of an explicit astype) keep the dtype they were traced with.
         traced = _compute_dtype(group, group.inputs)

@@ -16,6 +16,7 @@ differentiable op on Tensors (static declaration, Cavs Fig. 2a), run by the vert
 """
 
 import contextlib
+import itertools
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from .tensor import Tensor
 
 
 
+_KEYS = itertools.count()
+
+
 class Symbol(OperatorMixin):
     """A value in a traced graph: an input, a captured parameter, a constant or an op's output.
 
@@ -36,7 +40,7 @@ class Symbol(OperatorMixin):
     """
 
     __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "kind", "value", "name", "where",
-                 "tracer", "role", "__weakref__")
+                 "tracer", "role", "key", "__weakref__")
     __minicavs_priority__ = 2  # a Symbol anywhere among the operands turns the call into a node
 
     def __init__(self, kind, shape, dtype, op=None, inputs=(), attrs=None, value=None, name=None,
@@ -50,6 +54,9 @@ class Symbol(OperatorMixin):
         self.where = where
         self.tracer = tracer
         self.role = role  # free-form tag for the vertex runtime ("gather", "pull", ...)
+        # What tables of symbols are keyed by (environments, plans, passes): unique for the
+        # life of the process, unlike id(), which a collected symbol's successor may reuse.
+        self.key = next(_KEYS)
 
     @classmethod
     def __minicavs_apply__(cls, op, args, attrs):
@@ -260,20 +267,20 @@ class Graph:
 
     def consumers(self):
         """node -> list of the nodes that use it (by identity)."""
-        users = {id(n): [] for n in self.nodes}
+        users = {n.key: [] for n in self.nodes}
         for n in self.nodes:
             for x in n.inputs:
-                users[id(x)].append(n)
+                users[x.key].append(n)
         return users
 
     def evaluate(self, *input_arrays, params=None):
         """Run on arrays; return the list of output arrays. ``params`` overrides the captured
         Tensors' current values (a list of arrays in the order of ``self.params``)."""
         env = self.run(input_arrays, params)
-        return [env[id(o)] for o in self.outputs]
+        return [env[o.key] for o in self.outputs]
 
     def run(self, input_arrays, params=None, env=None):
-        """Evaluate every node, op by op; return the environment ``id(node) -> array``."""
+        """Evaluate every node, op by op; return the environment ``node.key -> array``."""
         from .executor import plan_steps, run_steps
 
         if len(input_arrays) != len(self.inputs):
@@ -281,12 +288,13 @@ class Graph:
                              f"got {len(input_arrays)}")
         env = {} if env is None else env
         param_values = params if params is not None else [p.value.data for p in self.params]
-        env.update(zip(map(id, self.inputs + self.params), list(input_arrays) + param_values))
+        env.update(zip((s.key for s in self.inputs + self.params),
+                       list(input_arrays) + param_values))
         xp = backend.get_array_module(*input_arrays, *param_values)
         run_steps(plan_steps(self, fuse=False), env, xp)
         for n in self.nodes:  # constants no op reads (an output that is a constant)
-            if n.kind == "const" and id(n) not in env:
-                env[id(n)] = n.value if xp is np else xp.asarray(n.value)
+            if n.kind == "const" and n.key not in env:
+                env[n.key] = n.value if xp is np else xp.asarray(n.value)
         return env
 
     def summary(self, classes=None, groups=None):
@@ -309,15 +317,15 @@ class Graph:
 
 def _reachable_in_order(nodes, outputs, keep=()):
     """The nodes that outputs depend on, in the given (topological) order; ``keep`` always."""
-    needed = {id(k) for k in keep}
+    needed = {k.key for k in keep}
     stack = list(outputs)
     while stack:
         n = stack.pop()
-        if id(n) in needed:
+        if n.key in needed:
             continue
-        needed.add(id(n))
+        needed.add(n.key)
         stack.extend(n.inputs)
-    return [n for n in nodes if id(n) in needed]
+    return [n for n in nodes if n.key in needed]
 
 
 # --- symbolic backward ----------------------------------------------------------------------------
@@ -331,9 +339,9 @@ class BackwardGraph(Graph):
         self.cotangents = cotangents
         self.forward = forward
         self.grad_of = grad_of
-        used = {id(x) for n in _reachable_in_order(nodes, outputs) for x in (n,) + n.inputs}
-        self.forward_refs = [fwd for fwd, sym in refs if id(sym) in used]
-        ref_inputs = [sym for fwd, sym in refs if id(sym) in used]
+        used = {x.key for n in _reachable_in_order(nodes, outputs) for x in (n,) + n.inputs}
+        self.forward_refs = [fwd for fwd, sym in refs if sym.key in used]
+        ref_inputs = [sym for fwd, sym in refs if sym.key in used]
         super().__init__(nodes, cotangents + ref_inputs, outputs,
                          name=f"d({forward.name})" if forward.name else "backward")
 
@@ -347,47 +355,47 @@ def grad_graph(graph, wrt=None, unreached="zeros"):
     """
     if wrt is None:
         wrt = [s for s in graph.inputs + graph.params if s.dtype.kind == "f"]
-    wanted = {id(s) for s in wrt}
+    wanted = {s.key for s in wrt}
     # Only nodes that depend on something in wrt carry gradient.
     carries = set(wanted)
     for n in graph.nodes:
-        if n.kind == "op" and any(id(x) in carries for i, x in enumerate(n.inputs)
+        if n.kind == "op" and any(x.key in carries for i, x in enumerate(n.inputs)
                                   if i not in n.op.nondiff_args):
-            carries.add(id(n))
+            carries.add(n.key)
 
     tracer = Tracer()
-    refs = {}  # id(forward symbol) -> (forward symbol, backward input mirroring it)
+    refs = {}  # forward symbol's key -> (forward symbol, backward input mirroring it)
 
     def mirror(s):
         if s.kind == "const":
-            return tracer.constant(s.value) if id(s) not in refs else refs[id(s)][1]
-        if id(s) not in refs:
-            refs[id(s)] = (s, tracer.input(s.shape, s.dtype, name=f"fwd%{s.label()}", role="ref"))
-        return refs[id(s)][1]
+            return tracer.constant(s.value) if s.key not in refs else refs[s.key][1]
+        if s.key not in refs:
+            refs[s.key] = (s, tracer.input(s.shape, s.dtype, name=f"fwd%{s.label()}", role="ref"))
+        return refs[s.key][1]
 
     with tracer.active():
         cotangents = [tracer.input(o.shape, o.dtype, name=f"d_out{i}", role="cotangent")
                       for i, o in enumerate(graph.outputs)]
-        grads = {}  # id(forward symbol) -> the gradient contributions reaching it
+        grads = {}  # forward symbol's key -> the gradient contributions reaching it
         for o, c in zip(graph.outputs, cotangents):
-            if id(o) in carries:
-                grads.setdefault(id(o), []).append(c)
+            if o.key in carries:
+                grads.setdefault(o.key, []).append(c)
         for n in reversed(graph.nodes):
-            if n.kind != "op" or id(n) not in grads or n.op.vjp is None:
+            if n.kind != "op" or n.key not in grads or n.op.vjp is None:
                 continue
-            g = _sum_gradients(grads.pop(id(n)))
+            g = _sum_gradients(grads.pop(n.key))
             tracer.location = n.where  # ∂'s nodes point at the line of the op they differentiate
             input_grads = n.op.vjp(g, mirror(n), *[mirror(x) for x in n.inputs], **n.attrs)
             tracer.location = None
             for i, (x, gx) in enumerate(zip(n.inputs, input_grads)):
-                if gx is None or i in n.op.nondiff_args or id(x) not in carries:
+                if gx is None or i in n.op.nondiff_args or x.key not in carries:
                     continue
                 if isinstance(gx, Symbol) and gx.tracer is not tracer:
                     gx = tracer.constant(gx.value)
-                grads.setdefault(id(x), []).append(gx)
+                grads.setdefault(x.key, []).append(gx)
         outputs, grad_of = [], []
         for s in wrt:
-            g = _sum_gradients(grads[id(s)]) if id(s) in grads else None
+            g = _sum_gradients(grads[s.key]) if s.key in grads else None
             if g is None and unreached == "drop":
                 continue
             if g is None:  # not reached: the gradient is zero

@@ -68,8 +68,8 @@ def to_dot(graph, classes=None, groups=None, title=None):
     """
     if groups is None:
         groups = fusion_groups(graph, classes=classes)
-    index = {id(n): i for i, n in enumerate(graph.nodes)}
-    group_of = {id(m): k for k, g in enumerate(groups) for m in g.members}
+    index = {n.key: i for i, n in enumerate(graph.nodes)}
+    group_of = {m.key: k for k, g in enumerate(groups) for m in g.members}
     name = title or graph.name or "graph"
     lines = [f"digraph {_quote(name)} {{",
              f"  label={_quote(name)}; labelloc=t; rankdir=TB;",
@@ -85,10 +85,10 @@ def to_dot(graph, classes=None, groups=None, title=None):
         if n.where:
             attrs["tooltip"] = f"{n.where[0]}:{n.where[1]}"
         body = ", ".join(f"{k}={_quote(v)}" for k, v in attrs.items())
-        return f"{indent}n{index[id(n)]} [{body}];"
+        return f"{indent}n{index[n.key]} [{body}];"
 
     for n in graph.nodes:
-        if id(n) not in group_of:
+        if n.key not in group_of:
             lines.append(declare(n))
     for k, g in enumerate(groups):
         lines.append(f"  subgraph cluster_fused_{k} {{")
@@ -98,10 +98,10 @@ def to_dot(graph, classes=None, groups=None, title=None):
         lines.append("  }")
     for n in graph.nodes:
         for x in n.inputs:
-            lines.append(f"  n{index[id(x)]} -> n{index[id(n)]};")
+            lines.append(f"  n{index[x.key]} -> n{index[n.key]};")
     for i, o in enumerate(graph.outputs):
         lines.append(f'  out{i} [label={_quote(f"output {i}")}, shape=plaintext];')
-        lines.append(f"  n{index[id(o)]} -> out{i};")
+        lines.append(f"  n{index[o.key]} -> out{i};")
     if classes is not None:
         lines.append("  subgraph cluster_legend {")
         lines.append('    label="legend"; style=rounded; color="#999999";')
@@ -118,16 +118,16 @@ def to_dot(graph, classes=None, groups=None, title=None):
 def summary(graph, classes=None, groups=None):
     """One line per node, as ``Graph.summary()``, plus the node's class (eager/core/lazy) when
     ``classes`` is given and its fused group (``g0``, ``g1``, ...) when ``groups`` is given."""
-    index = {id(n): i for i, n in enumerate(graph.nodes)}
-    group_of = {id(m): k for k, g in enumerate(groups or []) for m in g.members}
+    index = {n.key: i for i, n in enumerate(graph.nodes)}
+    group_of = {m.key: k for k, g in enumerate(groups or []) for m in g.members}
     outputs = {}
     for i, o in enumerate(graph.outputs):
-        outputs.setdefault(id(o), []).append(str(i))
+        outputs.setdefault(o.key, []).append(str(i))
     lines = [f"graph {graph.name or ''}: {len(graph.inputs)} inputs, {len(graph.params)} params, "
              f"{len(graph.op_nodes())} ops, {len(graph.outputs)} outputs"
              + (f", {len(groups)} fused groups" if groups else "")]
     for i, n in enumerate(graph.nodes):
-        args = ", ".join(f"%{index[id(x)]}" for x in n.inputs)
+        args = ", ".join(f"%{index[x.key]}" for x in n.inputs)
         what = node_text(n)
         if n.kind == "op":
             op_attrs = what[len(n.op.name) + 1:-1]  # node_text: "op(attrs)" or "op"
@@ -136,8 +136,8 @@ def summary(graph, classes=None, groups=None):
         if classes is not None:
             notes.append(f"{classes[n]:<5}")
         if groups is not None:
-            notes.append(f"g{group_of[id(n)]:<3}" if id(n) in group_of else "    ")
-        tail = f"   -> output {', '.join(outputs[id(n)])}" if id(n) in outputs else ""
+            notes.append(f"g{group_of[n.key]:<3}" if n.key in group_of else "    ")
+        tail = f"   -> output {', '.join(outputs[n.key])}" if n.key in outputs else ""
         lines.append(f"  %{i:<3} {what:<48} {describe(n.shape):<14} {str(n.dtype):<8}"
                      f"{' '.join(notes)}{tail}".rstrip())
     return "\n".join(lines)

@@ -166,26 +166,26 @@ def _generate(group, dtype):
         return "T" if d == dtype else C_TYPES[d]
 
     inputs = tuple((d.name, C_TYPES[d], f"x{k}") for k, d in enumerate(input_dtypes))
-    name_of = {id(x): f"x{k}" for k, x in enumerate(group.inputs)}
+    name_of = {x.key: f"x{k}" for k, x in enumerate(group.inputs)}
     lines = []
     for j, (m, d) in enumerate(zip(group.members, member_dtypes)):
         if m.op.c_expr is None:
             raise KernelCompileError(f"fusion: member {j} ({m.op.name}) has no C expression")
         attrs = {k: _CLiteral(v) for k, v in m.attrs.items()}
         try:
-            expr = m.op.c_expr.format(*[name_of[id(x)] for x in m.inputs], T=ctype(d), **attrs)
+            expr = m.op.c_expr.format(*[name_of[x.key] for x in m.inputs], T=ctype(d), **attrs)
         except (IndexError, KeyError) as exc:
             raise KernelCompileError(f"fusion: the C expression {m.op.c_expr!r} of op "
                                      f"'{m.op.name}' needs {exc}, which member {j} does not "
                                      f"have") from None
         lines.append(f"const {ctype(d)} t{j} = {expr};  // {m.op.name}")
-        name_of[id(m)] = f"t{j}"
-    position = {id(m): j for j, m in enumerate(group.members)}
+        name_of[m.key] = f"t{j}"
+    position = {m.key: j for j, m in enumerate(group.members)}
     outputs = []
     for p, o in enumerate(group.outputs):
-        d = member_dtypes[position[id(o)]]
+        d = member_dtypes[position[o.key]]
         outputs.append((d.name, C_TYPES[d], f"y{p}"))
-        lines.append(f"y{p} = {name_of[id(o)]};")
+        lines.append(f"y{p} = {name_of[o.key]};")
     outputs = tuple(outputs)
     in_params = ", ".join(f"{label(np.dtype(d))} {n}" for d, _, n in inputs)
     out_params = ", ".join(f"{label(np.dtype(d))} {n}" for d, _, n in outputs)
@@ -256,12 +256,12 @@ class GeneratedFusedKernel:
         self.dtype = np.dtype(dtype)
         self.n_inputs = len(group.inputs)
         n = self.n_inputs
-        where = {id(x): k for k, x in enumerate(group.inputs)}
-        position = {id(m): j for j, m in enumerate(group.members)}
-        self.body = [(m.op, dict(m.attrs), tuple(where[id(x)] if id(x) in where
-                                                 else n + position[id(x)] for x in m.inputs))
+        where = {x.key: k for k, x in enumerate(group.inputs)}
+        position = {m.key: j for j, m in enumerate(group.members)}
+        self.body = [(m.op, dict(m.attrs), tuple(where[x.key] if x.key in where
+                                                 else n + position[x.key] for x in m.inputs))
                      for m in group.members]
-        self.output_slots = [n + position[id(o)] for o in group.outputs]
+        self.output_slots = [n + position[o.key] for o in group.outputs]
         try:
             self.source = elementwise_source(group, self.dtype)
         except KernelCompileError:

@@ -133,9 +133,9 @@ class StreamScheduler:
             self._side_used = True
             with self.streams.use(SIDE):
                 fn(*args, **kwargs)
-            self._made_on_side.update(id(o) for o in ins.writes)
+            self._made_on_side.update(o.key for o in ins.writes)
         else:
-            if any(id(x) in self._made_on_side for x in ins.reads):
+            if any(x.key in self._made_on_side for x in ins.reads):
                 self.join()
             fn(*args, **kwargs)
 

@@ -9,7 +9,7 @@ a frontier of a growing graph, a static function — runs its Programs the same 
 
 Binding is by the *role* each input of F's graph was traced with (``pull``, ``edge_parent``,
 parameters, the gather inputs), so this module knows no front-end. A :class:`Part` is one
-Program's share of a call: its environment (symbol id -> array), the zero-row ranges of its
+Program's share of a call: its environment (symbol key -> array), the zero-row ranges of its
 per-row values, its rows (a ``BatchIndices`` or a stand-in with its interface) and the arrays
 its gathers read and its scatter-adds write. :class:`CallRecord` is what a call keeps between
 its forward and its backward, and for ``explain()``.
@@ -50,14 +50,14 @@ class Part:
     @property
     def output(self):
         """The pushed output (else the scattered state) of an F, rows in level order."""
-        return self.env[id(self.program.graph.outputs[-1])]
+        return self.env[self.program.graph.outputs[-1].key]
 
     def publish_state(self):
         """Kinds: a scattered state made before the level loop goes into the rows other kinds'
         gathers read (the driver calls this after every part's eager phase)."""
         if self.block is None:
             return
-        sink = id(self.program.sinks[0])
+        sink = self.program.sinks[0].key
         if sink in self.env and self.env[sink] is not self.block:
             self.block[...] = self.env[sink]
 
@@ -69,13 +69,13 @@ class Part:
 
     def saved(self, backward_graph):
         """What ∂F reads of this forward part: the values it refers to, and their ranges."""
-        return Saved({id(v): self.env[id(v)] for v in backward_graph.forward_refs}, self.ranges)
+        return Saved({v.key: self.env[v.key] for v in backward_graph.forward_refs}, self.ranges)
 
     def gradients(self):
-        """``{id(x): gradient}`` for each parameter and the pulled input of F that ∂F (this
+        """``{x.key: gradient}`` for each parameter and the pulled input of F that ∂F (this
         part) differentiates (the gather inputs' gradients went to the children, per level)."""
         bw = self.program.graph
-        return {id(x): self.env[id(g_x)] for x, g_x in zip(bw.grad_of, bw.outputs)
+        return {x.key: self.env[g_x.key] for x, g_x in zip(bw.grad_of, bw.outputs)
                 if x.kind == "param" or x.role == "pull"}
 
 
@@ -115,23 +115,23 @@ def bind_forward(exe, xp, rows, params, pull=None, *, record=None, states=None, 
     else:
         views = {key: xp.empty((n,) + shape, dtype) for key, (n, shape, dtype, _) in
                  specs.items()}
-    sink = id(program.sinks[0])
+    sink = program.sinks[0].key
     if block is not None and sink in program.buffered:  # kinds: the shared state's rows
         views[sink] = block
     env = exe.constants(xp)
     graph = program.graph
-    env.update((id(p), a) for p, a in zip(graph.params, params))
+    env.update((p.key, a) for p, a in zip(graph.params, params))
     for node in graph.inputs:
         if node.role == "pull":  # the caller's rows into level order
-            env[id(node)] = take_rows(xp, pull, rows.order)
+            env[node.key] = take_rows(xp, pull, rows.order)
         elif node.role == "edge_parent":
-            env[id(node)] = rows.edge_parent_row
+            env[node.key] = rows.edge_parent_row
     bind_buffers(program, env, views, rows)
     scattered = None
     if program.gathers_from is not None and block is None:
-        scattered = views[id(program.gathers_from)]
+        scattered = views[program.gathers_from.key]
         scattered[rows.num_vertices:] = 0  # the spare row: what an absent child reads
-    ranges = {id(s): rows.hull(slot) for slot, s in program.slots}
+    ranges = {s.key: rows.hull(slot) for slot, s in program.slots}
     return Part(exe, env, rows, ranges, states=scattered if states is None else states,
                 levels=levels, block=block, scattered=scattered)
 
@@ -149,8 +149,8 @@ def bind_backward(exe, xp, rows, saved, cotangent=None, *, d_states=None, block=
     env = exe.constants(xp)
     forward_inputs = bw.inputs[len(bw.cotangents):]
     for ref, value in zip(forward_inputs, bw.forward_refs):
-        env[id(ref)] = saved.values[id(value)]
-    state_grad = id(program.sources[0])
+        env[ref.key] = saved.values[value.key]
+    state_grad = program.sources[0].key
     if block is not None:
         views[state_grad] = block
     else:
@@ -160,10 +160,10 @@ def bind_backward(exe, xp, rows, saved, cotangent=None, *, d_states=None, block=
     if cotangent is not None:
         g_rows = take_rows(xp, cotangent, rows.order)  # caller order -> level order
         if len(bw.cotangents) > 1:  # F pushes: the caller's gradient is the push's
-            env[id(bw.cotangents[1])] = g_rows
+            env[bw.cotangents[1].key] = g_rows
         else:  # F returns its scattered states
             env[state_grad][...] = g_rows
-    ranges = {id(ref): saved.ranges.get(id(value), FULL)
+    ranges = {ref.key: saved.ranges.get(value.key, FULL)
               for ref, value in zip(forward_inputs, bw.forward_refs)}
     return Part(exe, env, rows, ranges, d_states=d_states, levels=levels, store=store)
 
@@ -172,14 +172,14 @@ def bind_static(exe, xp, values, constants=None):
     """A static program (no levels) bound to ``values`` (symbol -> value); ``constants``: the
     graph's constants on ``xp`` (default: the Executable's)."""
     env = exe.constants(xp) if constants is None else constants
-    env.update((id(s), v) for s, v in values)
+    env.update((s.key, v) for s, v in values)
     return Part(exe, env)
 
 
 def buffer_specs(program, rows):
     """What the buffer pool hands out for one run of ``program``: each of its buffers, with
     the name of its value for messages."""
-    nodes = {id(n): n for n in program.graph.nodes}
+    nodes = {n.key: n for n in program.graph.nodes}
     return {b.key: (rows.size(b.rows) + b.spare, b.row_shape, b.dtype,
                     f"'{nodes[b.key].label()}' of {program.name}")
             for b in program.buffers}
@@ -192,7 +192,7 @@ def bind_buffers(program, env, views, rows):
     for part, concat, axis, start, stop in program.aliases:
         index = [slice(None)] * len(concat.shape)
         index[axis] = slice(start, stop)
-        env[id(part)] = env[id(concat)][tuple(index)]
+        env[part.key] = env[concat.key][tuple(index)]
 
 
 # --- rows in and out ----------------------------------------------------------------------------

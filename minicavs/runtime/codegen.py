@@ -114,10 +114,10 @@ def _width(node):
 class _Generator:
     def __init__(self, program, blas):
         self.program, self.blas = program, blas
-        self.names = {id(n): i for i, n in enumerate(program.graph.nodes)}
+        self.names = {n.key: i for i, n in enumerate(program.graph.nodes)}
         self.slots = []
-        self.views = {}  # id(node) -> View (per-row values)
-        self.shared = {}  # id(node) -> Slot (values without rows)
+        self.views = {}  # node.key -> View (per-row values)
+        self.shared = {}  # node.key -> Slot (values without rows)
         self.children = {}  # child slot -> Slot
         self.dtype = None
 
@@ -140,11 +140,11 @@ class _Generator:
             raise Unsupported("the vertex function gathers over edges (gather_sum)")
         self.dtype = self._dtype()
         core = program.core
-        written = {id(o) for ins in core for o in ins.writes}
-        bound = set(program.buffered) | {id(part) for part, *_ in program.aliases}
+        written = {o.key for ins in core for o in ins.writes}
+        bound = set(program.buffered) | {part.key for part, *_ in program.aliases}
         for ins in core:  # everything the loop reads that exists before it
-            bound |= {id(x) for x in ins.reads if id(x) not in written}
-        nodes = {id(n): n for n in program.graph.nodes}
+            bound |= {x.key for x in ins.reads if x.key not in written}
+        nodes = {n.key: n for n in program.graph.nodes}
         for key in sorted(bound, key=self.names.get):
             node = nodes[key]
             domain = row_domain(node.shape)
@@ -161,7 +161,7 @@ class _Generator:
     # --- values ---------------------------------------------------------------------------------
 
     def view(self, node):
-        view = self.views.get(id(node))
+        view = self.views.get(node.key)
         if view is None:
             raise Unsupported(f"value {node.label()} is read by the level loop before it is "
                               f"written")
@@ -172,11 +172,11 @@ class _Generator:
         if row_domain(node.shape) != "vertex":
             raise Unsupported(f"the level loop computes {node.label()} of shape {node.shape}, "
                               f"which has no row per vertex (a per-level sum)")
-        view = self.views.get(id(node))
+        view = self.views.get(node.key)
         if view is None:
             width = _width(node)
             slot = self._slot("scratch", node=node, width=width)
-            view = self.views[id(node)] = View(f"P{slot.index}", str(width), 0, width)
+            view = self.views[node.key] = View(f"P{slot.index}", str(width), 0, width)
         return view
 
     def child(self, slot):
@@ -198,7 +198,7 @@ class _Generator:
             run = self.gather(ins)
         else:
             run = self.scatter_add(ins)
-        zero = "\n".join(self.zero(self.views[id(o)]) for o in ins.writes if id(o) in self.views)
+        zero = "\n".join(self.zero(self.views[o.key]) for o in ins.writes if o.key in self.views)
         return (f"    // [{k}] {note}\n"
                 f"    if (act[{k}] == {ACTIONS[RUN]}) {{\n{_indent(run, 6)}\n    }}"
                 + (f" else if (act[{k}] == {ACTIONS[ZERO]}) {{\n{_indent(zero, 6)}\n    }}"
@@ -229,9 +229,9 @@ class _Generator:
         source = self.view(x)
         start, stop = int(attrs["start"]), int(attrs["stop"])
         window = View(source.base, source.ld, source.col + start, stop - start)
-        if id(node) in self.views:  # it has rows of its own (a buffer): copy the columns
-            return self.copy_columns(window, self.views[id(node)])
-        self.views[id(node)] = window
+        if node.key in self.views:  # it has rows of its own (a buffer): copy the columns
+            return self.copy_columns(window, self.views[node.key])
+        self.views[node.key] = window
         return "// a view: nothing to do"
 
     def concat(self, node, attrs, aliased):
@@ -254,12 +254,12 @@ class _Generator:
     def product(self, node):
         x, w = node.inputs
         if row_domain(x.shape) != "vertex" or len(x.shape) != 2 or row_domain(w.shape) or \
-                len(w.shape) != 2 or id(w) not in self.shared:
+                len(w.shape) != 2 or w.key not in self.shared:
             raise Unsupported(f"matmul {node.label()}: only per-row X times a shared matrix W "
                               f"runs natively")
         a, out = self.view(x), self.output(node)
         k, m = (int(d) for d in w.shape)
-        s = self.shared[id(w)].index
+        s = self.shared[w.key].index
         return (f"gemm_rows(n, {m}, {k}, P{s}, a[{2 * s}], a[{2 * s + 1}], "
                 f"{a.row(0)}, {a.ld}, {out.row(0)}, {out.ld});")
 
@@ -297,7 +297,7 @@ class _Generator:
                 f"  for (int64_t j = 0; j < {width}; ++j) {{\n{_indent(body, 4)}\n  }}\n}}")
 
     def shared_slot(self, node):
-        slot = self.shared.get(id(node))
+        slot = self.shared.get(node.key)
         if slot is None:
             raise Unsupported(f"{node.label()} is made inside the level loop without rows")
         return slot.index

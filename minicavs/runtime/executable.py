@@ -23,12 +23,12 @@ class Executable:
         self._constants = {}
 
     def constants(self, xp):
-        """``{id(node): array}`` of the graph's constants on array module ``xp`` (a fresh dict,
+        """``{node.key: array}`` of the graph's constants on array module ``xp`` (a fresh dict,
         the arrays shared: on a GPU, uploaded once)."""
         values = self._constants.get(xp.__name__)
         if values is None:
             values = self._constants[xp.__name__] = {
-                id(n): (n.value if xp.__name__ == "numpy" else xp.asarray(n.value))
+                n.key: (n.value if xp.__name__ == "numpy" else xp.asarray(n.value))
                 for n in self.program.graph.nodes if n.kind == "const"}
         return dict(values)
 

@@ -19,16 +19,16 @@ class FiniteCheck:
 
     def __init__(self, program, rows, env):
         self.program, self.rows = program, rows
-        pulled = [n for n in program.graph.inputs if n.role == "pull" and id(n) in env]
+        pulled = [n for n in program.graph.inputs if n.role == "pull" and n.key in env]
         for n in pulled:
-            self._check(n, env[id(n)], "the pulled input", None, 0)
+            self._check(n, env[n.key], "the pulled input", None, 0)
 
     def __call__(self, ins, values, t=None, window=None):
         if not isinstance(ins, Compute):
             return  # gathers copy checked states; scatter-adds add checked gradients
         for o in ins.writes:
             start = window[row_domain(o.shape)][0] if window and row_domain(o.shape) else 0
-            array = values[id(o)]
+            array = values[o.key]
             group = getattr(ins.step, "group", None)
             if group is not None and debug.first_non_finite(array) is not None:
                 o, array = _first_bad_member(group, values, window)  # what the kernel hid
@@ -62,15 +62,15 @@ def _first_bad_member(group, values, window):
     """The first member of a fused group whose value is not finite, and that value: the group
     evaluated again op by op (only when its output was found bad, so never on the normal
     path)."""
-    xp = backend.get_array_module(*[values[id(x)] for x in group.inputs])
+    xp = backend.get_array_module(*[values[x.key] for x in group.inputs])
     n = window["vertex"][1] - window["vertex"][0] if window else 0
     e = window["edge"][1] - window["edge"][0] if window else 0
     member_values = {}
     for m in group.members:
-        args = [member_values.get(id(x), values.get(id(x))) for x in m.inputs]
+        args = [member_values.get(x.key, values.get(x.key)) for x in m.inputs]
         attrs = {k: instantiate(v, n, e) for k, v in m.attrs.items()}
-        member_values[id(m)] = m.op.forward(xp, *args, **attrs)
-        if debug.first_non_finite(member_values[id(m)]) is not None:
-            return m, member_values[id(m)]
+        member_values[m.key] = m.op.forward(xp, *args, **attrs)
+        if debug.first_non_finite(member_values[m.key]) is not None:
+            return m, member_values[m.key]
     last = group.outputs[-1]
-    return last, values[id(last)]
+    return last, values[last.key]

@@ -56,7 +56,7 @@ def _level_steps(part, xp, check):
     program, env, ranges, rows = part.program, part.env, part.ranges, part.rows
     moves = RowMoves(xp, rows, part.states, part.d_states)
     row_keys = [(k, d) for k, d in program.row_keys if k in env]
-    in_buffers = program.buffered | {id(p) for p, *_ in program.aliases}
+    in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
     written, summed = {}, {}
     for t, window, plan in part.exe.plans.levels(ranges, rows):
         local = dict(env)  # shared values as they are, per-row ones cut to the level's rows
@@ -64,7 +64,7 @@ def _level_steps(part, xp, check):
             lo, hi = window[domain]
             local[key] = env[key][lo:hi]
         if program.edge_parent is not None:  # per level, parent rows count from the first
-            local[id(program.edge_parent)] = rows.edge_parent_local[slice(*window["edge"])]
+            local[program.edge_parent.key] = rows.edge_parent_local[slice(*window["edge"])]
         ran = 0
         for ins, action in zip(program.core, plan):
             if action == RUN:
@@ -74,14 +74,14 @@ def _level_steps(part, xp, check):
                     check(ins, local, t, window)
                 for o, add in zip(ins.writes, getattr(ins, "accumulate", ())):
                     if add:
-                        summed[id(o)] = summed[id(o)] + local[id(o)] if id(o) in summed \
-                            else local[id(o)]
+                        summed[o.key] = summed[o.key] + local[o.key] if o.key in summed \
+                            else local[o.key]
                 for o in ins.writes:
-                    if id(o) in env and row_domain(o.shape):
-                        widen(written, id(o), window[row_domain(o.shape)])
+                    if o.key in env and row_domain(o.shape):
+                        widen(written, o.key, window[row_domain(o.shape)])
             elif action == ZERO:
                 for o in ins.writes:
-                    moves.zero(o, local, window, id(o) in in_buffers)
+                    moves.zero(o, local, window, o.key in in_buffers)
         yield ran
     env.update(summed)
     record_written(program, ranges, written)
@@ -95,25 +95,25 @@ def run_whole(ins, xp, env, ranges, rows):
     node = getattr(step, "node", None)
 
     def range_of(x):
-        return ranges.get(id(x), FULL) if row_domain(x.shape) else None
+        return ranges.get(x.key, FULL) if row_domain(x.shape) else None
 
-    buffers = [env.get(id(o)) for o in ins.writes]  # outputs with a batch buffer: keep it
+    buffers = [env.get(o.key) for o in ins.writes]  # outputs with a batch buffer: keep it
     done = None
     if ins.restrict:
-        within = index_rows(env[id(ins.demand)]) if ins.demand is not None else None
-        done = node.op.on_nonzero_rows(xp, node, [env[id(x)] for x in node.inputs], range_of,
+        within = index_rows(env[ins.demand.key]) if ins.demand is not None else None
+        done = node.op.on_nonzero_rows(xp, node, [env[x.key] for x in node.inputs], range_of,
                                        within)
     if done is not None:
-        env[id(node)], out_range = done
+        env[node.key], out_range = done
     else:
         _compute(ins, xp, env, *((rows.num_vertices, rows.num_edges) if rows else (0, 0)))
     for o, buffer in zip(ins.writes, buffers):
-        if buffer is not None and env[id(o)] is not buffer:
-            buffer[...] = env[id(o)]
-            env[id(o)] = buffer
+        if buffer is not None and env[o.key] is not buffer:
+            buffer[...] = env[o.key]
+            env[o.key] = buffer
     if done is not None:
         if out_range is not None:
-            ranges[id(node)] = out_range
+            ranges[node.key] = out_range
         return
     if ins.zero_rule is None:
         return
@@ -121,10 +121,10 @@ def run_whole(ins, xp, env, ranges, rows):
     index = node.op.row_index_arg if node is not None else None
     if index is not None and out_ranges[0] is not None and \
             node.inputs[index].shape[:1] == node.shape[:1]:  # row i is zero where idx[i] is -1
-        out_ranges[0] = intersect(out_ranges[0], index_rows(env[id(node.inputs[index])]))
+        out_ranges[0] = intersect(out_ranges[0], index_rows(env[node.inputs[index].key]))
     for o, r in zip(ins.writes, out_ranges):
         if r is not None:
-            ranges[id(o)] = r
+            ranges[o.key] = r
 
 
 def _compute(ins, xp, env, n, e, outs=None):
@@ -156,25 +156,25 @@ class RowMoves:
             self.scatter_add(ins, local, t, window)
 
     def gather(self, ins, local, t, window):
-        block = local.get(id(ins.target))
+        block = local.get(ins.target.key)
         strided = self.rows.strided(ins.slot, t) if ins.strided else None
         if strided is not None:  # evenly spaced children: a strided copy, no index array
             if block is None:
-                local[id(ins.target)] = self.states[strided].copy()
+                local[ins.target.key] = self.states[strided].copy()
             else:
                 block[...] = self.states[strided]
             return
         index = self.rows.child_rows(ins.slot, window)
         if self.xp is np:  # -1 reads the last row, the spare zero row
-            local[id(ins.target)] = np.take(self.states, index, axis=0, out=block)
+            local[ins.target.key] = np.take(self.states, index, axis=0, out=block)
         else:
             from ..cuda import kernels
 
-            local[id(ins.target)] = kernels.gather_rows(self.states, index, out=block,
+            local[ins.target.key] = kernels.gather_rows(self.states, index, out=block,
                                                         check_indices=False)
 
     def scatter_add(self, ins, local, t, window):
-        values = local[id(ins.source)]
+        values = local[ins.source.key]
         strided = self.rows.strided(ins.slot, t) if ins.strided else None
         if strided is not None:  # distinct, evenly spaced rows: add into a strided view
             self.d_states[strided] += values
@@ -193,11 +193,11 @@ class RowMoves:
     def zero(self, symbol, local, window, in_buffer):
         """A value that is zero on the level: clear its buffer rows, or stand in a zero view."""
         if in_buffer:
-            local[id(symbol)][...] = 0
+            local[symbol.key][...] = 0
             return
         lo, hi = window["vertex"]
         e0, e1 = window["edge"]
         shape = instantiate(symbol.shape, hi - lo, e1 - e0)
-        local[id(symbol)] = self.xp.broadcast_to(self.xp.zeros((), symbol.dtype), shape)
+        local[symbol.key] = self.xp.broadcast_to(self.xp.zeros((), symbol.dtype), shape)
 
 

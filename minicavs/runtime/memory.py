@@ -129,7 +129,7 @@ def _linear(shape, dtype, spare=0):
 
 def _buffer_bytes(program):
     """The bytes of ``program``'s batch buffers (spare rows included)."""
-    nodes = {id(n): n for n in program.graph.nodes}
+    nodes = {n.key: n for n in program.graph.nodes}
     total = Linear()
     for b in program.buffers:
         total += _whole(nodes[b.key], b.spare)
@@ -139,29 +139,29 @@ def _buffer_bytes(program):
 def _program_needs(program, exclude=()):
     """The bytes one run of ``program`` allocates: its batch buffers, the per-row values of
     its eager and lazy phases, and one level's worth of the other core values."""
-    counted = {id(x) for x in exclude} | {b.key for b in program.buffers} | {
-        id(part) for part, *_ in program.aliases}
+    counted = {x.key for x in exclude} | {b.key for b in program.buffers} | {
+        part.key for part, *_ in program.aliases}
     total = _buffer_bytes(program)
     for ins in program.eager + program.lazy:
         for o in ins.writes:
-            if id(o) not in counted and row_domain(o.shape):
+            if o.key not in counted and row_domain(o.shape):
                 total += _whole(o)
-                counted.add(id(o))
+                counted.add(o.key)
     return total + _level_values(program, counted)
 
 
 def _level_values(program, counted=None):
     """One level's worth of the core values without a buffer."""
-    counted = {b.key for b in program.buffers} | {id(part) for part, *_ in program.aliases} \
+    counted = {b.key for b in program.buffers} | {part.key for part, *_ in program.aliases} \
         if counted is None else counted
     total = Linear()
     for ins in program.core:
         outs = (ins.target,) if isinstance(ins, Gather) else ins.writes if isinstance(
             ins, Compute) else ()
         for o in outs:
-            if id(o) not in counted and row_domain(o.shape):
+            if o.key not in counted and row_domain(o.shape):
                 total += _per_level(o)
-                counted.add(id(o))
+                counted.add(o.key)
     return total
 
 
@@ -178,9 +178,9 @@ class CallModel:
         index_bytes = Linear(8 * slots, 0, 0, 0, 0)
         pull = _whole(f.pull_input) if f.pull_input is not None else Linear()
         self.forward = _program_needs(fwd) + index_bytes + pull + _whole(out)
-        in_buffers = fwd.buffered | {id(part) for part, *_ in fwd.aliases}
-        refs = {id(r): r for r in bwd.graph.forward_refs
-                if r.kind != "param" and row_domain(r.shape) and id(r) not in in_buffers}
+        in_buffers = fwd.buffered | {part.key for part, *_ in fwd.aliases}
+        refs = {r.key: r for r in bwd.graph.forward_refs
+                if r.kind != "param" and row_domain(r.shape) and r.key not in in_buffers}
         self.kept = _buffer_bytes(fwd) + _whole(out)
         for r in refs.values():
             self.kept += _whole(r)

@@ -65,9 +65,9 @@ class NativeLoop:
         entry = self._codes.get(plan)
         if entry is None:
             codes = np.array([self.spec.actions[a] for a in plan], dtype=np.int8)
-            writes = [(id(o), row_domain(o.shape)) for ins, a in zip(program.core, plan)
+            writes = [(o.key, row_domain(o.shape)) for ins, a in zip(program.core, plan)
                       if a == RUN for o in ins.writes
-                      if id(o) in env and row_domain(o.shape)]
+                      if o.key in env and row_domain(o.shape)]
             entry = self._codes[plan] = (codes, writes)
         return entry
 
@@ -80,13 +80,13 @@ class NativeLoop:
         widest = int(np.diff(rows.level_offsets).max())
         for s in slots:
             if s.kind == "batch":
-                array = env[id(s.node)]
+                array = env[s.node.key]
                 if array.dtype != self.dtype or (array.ndim == 2 and
                                                  array.strides[1] != array.itemsize):
                     return None
                 strides[2 * s.index] = array.strides[0] // array.itemsize
             elif s.kind == "shared":
-                array = env[id(s.node)]
+                array = env[s.node.key]
                 if array.dtype != self.dtype:
                     return None
                 if array.ndim == 2 and array.strides[1] == array.itemsize:

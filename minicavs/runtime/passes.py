@@ -91,31 +91,31 @@ def regroup_sums(program):
     graph = program.graph
     depends = _depends_on(graph, program.sources)
     users = graph.consumers()
-    protected = {id(o) for o in graph.outputs}
+    protected = {o.key for o in graph.outputs}
     new_of, nodes = {}, []
 
     def new(x):
-        return new_of.get(id(x), x)
+        return new_of.get(x.key, x)
 
     for n in graph.nodes:
         inner = n.inputs[0] if n.kind == "op" and n.op.associative else None
-        if (inner is not None and id(n.inputs[1]) not in depends and inner.kind == "op"
-                and inner.op is n.op and id(inner) in depends and len(users[id(inner)]) == 1
-                and id(inner) not in protected):
-            eager = [x for x in inner.inputs if id(x) not in depends]
-            core = [x for x in inner.inputs if id(x) in depends]
+        if (inner is not None and n.inputs[1].key not in depends and inner.kind == "op"
+                and inner.op is n.op and inner.key in depends and len(users[inner.key]) == 1
+                and inner.key not in protected):
+            eager = [x for x in inner.inputs if x.key not in depends]
+            core = [x for x in inner.inputs if x.key in depends]
             if len(eager) == 1 and len(core) == 1:
                 aval = n.op.infer(eager[0], n.inputs[1])
                 hoisted = Symbol("op", aval.shape, aval.dtype, op=n.op,
                                  inputs=(new(eager[0]), new(n.inputs[1])), where=n.where,
                                  tracer=n.tracer)
                 nodes.append(hoisted)
-                new_of[id(n)] = clone(n, (hoisted, new(core[0])))
-                nodes.append(new_of[id(n)])
+                new_of[n.key] = clone(n, (hoisted, new(core[0])))
+                nodes.append(new_of[n.key])
                 continue
-        if n.kind == "op" and any(id(x) in new_of for x in n.inputs):
-            new_of[id(n)] = clone(n, tuple(new(x) for x in n.inputs))
-            n = new_of[id(n)]
+        if n.kind == "op" and any(x.key in new_of for x in n.inputs):
+            new_of[n.key] = clone(n, tuple(new(x) for x in n.inputs))
+            n = new_of[n.key]
         nodes.append(n)
     return _with_graph(program, nodes, [new(o) for o in graph.outputs])
 
@@ -138,10 +138,10 @@ def _with_graph(program, nodes, outputs):
 
 
 def _depends_on(graph, sources):
-    depends = {id(s) for s in sources}
+    depends = {s.key for s in sources}
     for n in graph.nodes:
-        if any(id(x) in depends for x in n.inputs):
-            depends.add(id(n))
+        if any(x.key in depends for x in n.inputs):
+            depends.add(n.key)
     return depends
 
 
@@ -156,7 +156,7 @@ def classify(program):
     of = {}
     for n in graph.nodes:
         per_row_eager = base[n] == EAGER and row_domain(n.shape) and n.kind == "op"
-        of[id(n)] = CORE if base[n] != EAGER or per_row_eager else EAGER
+        of[n.key] = CORE if base[n] != EAGER or per_row_eager else EAGER
     return program.with_(classes=NodeClasses(graph, of, program.sources, program.sinks))
 
 
@@ -177,12 +177,12 @@ def elementwise_per_level(program):
     core's groups: the same elements either way, and no full-size write and read."""
     graph, cls = program.graph, dict(program.classes)
     users = graph.consumers()
-    outputs = {id(o) for o in graph.outputs}
+    outputs = {o.key for o in graph.outputs}
     for n in reversed(graph.nodes):
-        if (cls[id(n)] == EAGER and n.kind == "op" and n.op.is_elementwise
-                and row_domain(n.shape) and id(n) not in outputs and users[id(n)]
-                and all(cls[id(u)] == CORE for u in users[id(n)])):
-            cls[id(n)] = CORE
+        if (cls[n.key] == EAGER and n.kind == "op" and n.op.is_elementwise
+                and row_domain(n.shape) and n.key not in outputs and users[n.key]
+                and all(cls[u.key] == CORE for u in users[n.key])):
+            cls[n.key] = CORE
     return _reclassify(program, cls)
 
 
@@ -192,10 +192,10 @@ def keep_mixed_rows_per_level(program):
     graph, cls = program.graph, dict(program.classes)
     users = graph.consumers()
     for n in reversed(graph.nodes):
-        if (cls[id(n)] == EAGER and n.kind == "op" and not row_domain(n.shape)
+        if (cls[n.key] == EAGER and n.kind == "op" and not row_domain(n.shape)
                 and has_symbolic_size(n.shape)
-                and any(cls[id(u)] == CORE for u in users[id(n)])):
-            cls[id(n)] = CORE
+                and any(cls[u.key] == CORE for u in users[n.key])):
+            cls[n.key] = CORE
     return _reclassify(program, cls)
 
 
@@ -218,7 +218,7 @@ def lower(program):
     """Steps (ops and fused groups) in a runnable order, split by phase; gathers first in the
     core of F, scatter-adds last in the core of ∂F."""
     graph, cls = program.graph, program.classes
-    outputs = {id(o) for o in graph.outputs}
+    outputs = {o.key for o in graph.outputs}
     phases = {EAGER: [], CORE: [], LAZY: []}
     for step in plan_steps(graph, fuse=bool(program.groups), groups=list(program.groups)):
         node = step.node if isinstance(step, OpStep) else None
@@ -226,13 +226,13 @@ def lower(program):
         symbolic = node is not None and any(has_symbolic_size(v) for v in node.attrs.values())
         # A shared-shaped graph output computed per level (a parameter gradient without lazy
         # batching) is summed over the levels.
-        accumulate = tuple(phase == CORE and not row_domain(o.shape) and id(o) in outputs
+        accumulate = tuple(phase == CORE and not row_domain(o.shape) and o.key in outputs
                            for o in step.outputs)
         phases[phase].append(Compute(step, symbolic=symbolic, accumulate=accumulate))
     core = phases[CORE]
-    sources = {id(s) for s in program.sources}
-    gathers = [Gather(slot, s) for slot, s in program.slots if id(s) in sources]
-    scatters = [ScatterAdd(slot, s) for slot, s in program.slots if id(s) not in sources]
+    sources = {s.key for s in program.sources}
+    gathers = [Gather(slot, s) for slot, s in program.slots if s.key in sources]
+    scatters = [ScatterAdd(slot, s) for slot, s in program.slots if s.key not in sources]
     return program.with_(eager=tuple(phases[EAGER]), core=tuple(gathers + core + scatters),
                          lazy=tuple(phases[LAZY]))
 
@@ -244,18 +244,18 @@ def buffers(program):
     within their level and need none. The scattered state has a spare zero row: what a missing
     child reads."""
     whole = program.eager + program.lazy
-    read_later = {id(k) for k in program.keep} | {id(x) for ins in whole for x in ins.reads} | {
-        id(o) for o in _read_after_loop(program)}
+    read_later = {k.key for k in program.keep} | {x.key for ins in whole for x in ins.reads} | {
+        o.key for o in _read_after_loop(program)}
     specs = {}
     for o in [o for ins in program.core for o in ins.writes]:
-        if row_domain(o.shape) and id(o) in read_later:
-            specs[id(o)] = _buffer(o)
+        if row_domain(o.shape) and o.key in read_later:
+            specs[o.key] = _buffer(o)
     # The state gathers read (F) and the state gradient scatter-adds write into (∂F), each
     # with a spare row for an absent child.
     if any(isinstance(ins, Gather) for ins in program.core) and not program.reverse:
-        specs[id(program.sinks[0])] = _buffer(program.sinks[0], spare=1)
+        specs[program.sinks[0].key] = _buffer(program.sinks[0], spare=1)
     if program.reverse:
-        specs[id(program.sources[0])] = _buffer(program.sources[0], spare=1)
+        specs[program.sources[0].key] = _buffer(program.sources[0], spare=1)
     return program.with_(buffers=tuple(specs.values()))
 
 
@@ -272,7 +272,7 @@ def _read_after_loop(program):
 
 def _buffer(symbol, spare=0):
     rows = "V" if row_domain(symbol.shape) == "vertex" else "E"
-    return Buffer(id(symbol), rows, symbol.shape[1:], symbol.dtype, spare)
+    return Buffer(symbol.key, rows, symbol.shape[1:], symbol.dtype, spare)
 
 
 def alias_concats(program):
@@ -280,20 +280,20 @@ def alias_concats(program):
     place: each part is a view of its columns of the concat's buffer (which it then needs no
     buffer of its own for), and the concat copies nothing (the scattered [h, c], the
     gate-gradient block of ∂F)."""
-    computed = {id(o) for ins in program.core if isinstance(ins, Compute) for o in ins.writes}
+    computed = {o.key for ins in program.core if isinstance(ins, Compute) for o in ins.writes}
     buffered = program.buffered
     aliases, core, taken = [], [], set()
     for ins in program.core:
         node = getattr(ins.step, "node", None) if isinstance(ins, Compute) else None
         parts = node.inputs if node is not None else ()
-        if (node is not None and node.op.assembles_in_place and id(node) in buffered
-                and len({id(x) for x in parts}) == len(parts)
-                and all(id(x) in computed and id(x) not in taken
+        if (node is not None and node.op.assembles_in_place and node.key in buffered
+                and len({x.key for x in parts}) == len(parts)
+                and all(x.key in computed and x.key not in taken
                         and row_domain(x.shape) == row_domain(node.shape) for x in parts)):
             axis, start = node.attrs["axis"], 0
             for x in parts:
                 aliases.append((x, node, axis, start, start + x.shape[axis]))
-                taken.add(id(x))
+                taken.add(x.key)
                 start += x.shape[axis]
             ins = _replace(ins, aliased=True)
         core.append(ins)
@@ -307,7 +307,7 @@ def zero_rows(program):
     core reads may be zero on a level (the gathers, and eager values with zero rows)."""
     graph = program.graph
     users = graph.consumers()
-    outputs = {id(o) for o in graph.outputs}
+    outputs = {o.key for o in graph.outputs}
     core = tuple(_replace(ins, zero_rule=ZeroRowRule(ins.step)) if isinstance(ins, Compute)
                  else ins for ins in program.core)
 
@@ -318,8 +318,8 @@ def zero_rows(program):
         demand = None
         if restrict:  # only rows a later scatter keeps are needed (an embedding gradient)
             value = node
-            while len(users[id(value)]) == 1 and id(value) not in outputs:
-                reader = users[id(value)][0]
+            while len(users[value.key]) == 1 and value.key not in outputs:
+                reader = users[value.key][0]
                 if reader.op.keeps_rows and row_domain(reader.shape) == row_domain(value.shape):
                     value = reader
                     continue
@@ -330,14 +330,14 @@ def zero_rows(program):
                 break
         return _replace(ins, zero_rule=rule, restrict=restrict, demand=demand)
 
-    made = {id(o) for ins in core for o in ins.writes if not isinstance(ins, Gather)}
+    made = {o.key for ins in core for o in ins.writes if not isinstance(ins, Gather)}
     read = [x for ins in core for x in ins.reads] + [ins.target for ins in core
                                                      if isinstance(ins, Gather)]
     candidates, seen = [], set()
     for x in read:
-        if row_domain(x.shape) and id(x) not in made and id(x) not in seen:
-            seen.add(id(x))
-            candidates.append((id(x), row_domain(x.shape)))
+        if row_domain(x.shape) and x.key not in made and x.key not in seen:
+            seen.add(x.key)
+            candidates.append((x.key, row_domain(x.shape)))
     return program.with_(core=core, eager=tuple(whole(i) for i in program.eager),
                          lazy=tuple(whole(i) for i in program.lazy),
                          zero_candidates=tuple(candidates))
@@ -347,35 +347,35 @@ def leaf_sinks(program):
     """Mark the core steps whose results only feed sinks (in ∂F: the children's gradients). On a
     level where no vertex has that child those steps have nothing to do."""
     graph = program.graph
-    sinks = {id(s) for s in program.sinks}
-    read_after = {id(o) for o in _read_after_loop(program)}
+    sinks = {s.key for s in program.sinks}
+    read_after = {o.key for o in _read_after_loop(program)}
     buffered = program.buffered
     owner = {}
     for ins in program.core:
         if isinstance(ins, Compute):
             for m in _members(ins.step):
-                owner[id(m)] = ins
+                owner[m.key] = ins
     users = graph.consumers()
     serves_of = {}
     for ins in reversed(program.core):
         if not isinstance(ins, Compute):
             continue
-        members = {id(m) for m in _members(ins.step)}
+        members = {m.key for m in _members(ins.step)}
         serves, always = set(), False
         for o in ins.writes:
-            always |= id(o) in buffered or id(o) in read_after
-            if id(o) in sinks:
-                serves.add(id(o))
-            for u in users[id(o)]:
-                if id(u) in members:
+            always |= o.key in buffered or o.key in read_after
+            if o.key in sinks:
+                serves.add(o.key)
+            for u in users[o.key]:
+                if u.key in members:
                     continue
-                reader = owner.get(id(u))
-                if reader is None or serves_of.get(id(reader)) is None:
+                reader = owner.get(u.key)
+                if reader is None or serves_of.get(reader) is None:
                     always = True
                 else:
-                    serves |= serves_of[id(reader)]
-        serves_of[id(ins)] = None if always else frozenset(serves)
-    core = tuple(_replace(ins, serves=serves_of[id(ins)]) if isinstance(ins, Compute) else ins
+                    serves |= serves_of[reader]
+        serves_of[ins] = None if always else frozenset(serves)
+    core = tuple(_replace(ins, serves=serves_of[ins]) if isinstance(ins, Compute) else ins
                  for ins in program.core)
     return program.with_(core=core, skips_unread_sinks=True)
 
@@ -396,26 +396,26 @@ def streams(program):
     when its outputs lead only to parameter gradients (``Xᵀ·δ``), which leave the runtime last.
     The level loop itself stays on the main stream. See ``minicavs/cuda/streams.py``."""
     graph = program.graph
-    need = {id(x) for ins in program.core for x in ins.reads} | {id(s) for s in program.sinks}
+    need = {x.key for ins in program.core for x in ins.reads} | {s.key for s in program.sinks}
     eager = []
     for ins in reversed(program.eager):
-        if any(id(o) in need for o in ins.writes):
-            need.update(id(x) for x in ins.reads)
+        if any(o.key in need for o in ins.writes):
+            need.update(x.key for x in ins.reads)
             eager.append(ins)
         else:
             eager.append(_replace(ins, stream="side"))
-    side_need = {id(o) for o, of in zip(graph.outputs, getattr(graph, "grad_of", ()))
+    side_need = {o.key for o, of in zip(graph.outputs, getattr(graph, "grad_of", ()))
                  if of.kind == "param"}
-    main_need = {id(s) for s in program.sinks} | {id(o) for o in graph.outputs
-                                                  if id(o) not in side_need}
+    main_need = {s.key for s in program.sinks} | {o.key for o in graph.outputs
+                                                  if o.key not in side_need}
     lazy = []
     for ins in reversed(program.lazy):
-        outs = {id(o) for o in ins.writes}
+        outs = {o.key for o in ins.writes}
         if outs & side_need and not outs & main_need:
-            side_need.update(id(x) for x in ins.reads)
+            side_need.update(x.key for x in ins.reads)
             lazy.append(_replace(ins, stream="side"))
         else:
-            main_need.update(id(x) for x in ins.reads)
+            main_need.update(x.key for x in ins.reads)
             lazy.append(ins)
     return program.with_(eager=tuple(reversed(eager)), lazy=tuple(reversed(lazy)))
 
@@ -464,11 +464,13 @@ def compile_programs(f, options):
     backward = run_passes(Program(f"d({f.name})", bw, (bw.cotangents[0],), (), (), reverse=True),
                           GRAPH_PASSES, options)
     bw = backward.graph
-    grad_of = {id(x): g for x, g in zip(bw.grad_of, bw.outputs)}
-    sinks = tuple((slot, grad_of[id(s)]) for slot, s in slots if id(s) in grad_of)
-    refs = dict(zip(map(id, bw.forward_refs), bw.inputs[len(bw.cotangents):]))
+    grad_of = {x.key: g for x, g in zip(bw.grad_of, bw.outputs)}
+    sinks = tuple((slot, grad_of[s.key]) for slot, s in slots if s.key in grad_of)
+    refs = {fwd.key: ref for fwd, ref in zip(bw.forward_refs, bw.inputs[len(bw.cotangents):])}
+    edge_parent = f.edge_parent_input
     backward = backward.with_(sinks=tuple(g for _, g in sinks), slots=sinks,
-                              edge_parent=refs.get(id(f.edge_parent_input)))
+                              edge_parent=None if edge_parent is None else
+                              refs.get(edge_parent.key))
     backward = run_passes(backward, PIPELINE, options)
     forward = run_passes(forward.with_(keep=_read_by(bw)), PIPELINE, options)
     return forward, backward
@@ -476,9 +478,9 @@ def compile_programs(f, options):
 
 def _read_by(bw):
     """The forward values ∂ still reads after its rewrites: what F must keep."""
-    used = {id(x) for n in bw.nodes for x in n.inputs} | {id(o) for o in bw.outputs}
+    used = {x.key for n in bw.nodes for x in n.inputs} | {o.key for o in bw.outputs}
     return tuple(fwd for fwd, ref in zip(bw.forward_refs, bw.inputs[len(bw.cotangents):])
-                 if id(ref) in used)
+                 if ref.key in used)
 
 
 # What a static graph (``mc.symbolic``) runs through: the rewrites and fusion; it has no levels

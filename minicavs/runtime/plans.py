@@ -19,7 +19,7 @@ class LevelPlans:
 
     def plan(self, zero, unneeded):
         """Per core instruction, RUN, ZERO or SKIP on a level where the per-row values ``zero``
-        (ids) are all zero and the sinks ``unneeded`` (ids) are read by no one."""
+        (keys) are all zero and the sinks ``unneeded`` (keys) are read by no one."""
         key = (zero, unneeded)
         plan = self._plans.get(key)
         if plan is None:
@@ -34,12 +34,12 @@ class LevelPlans:
 
     def levels(self, ranges, rows):
         """Per level, in the order the loop runs them: ``(t, window, plan)`` — the level, its
-        rows (``{"vertex": (lo, hi), "edge": (lo, hi)}``) and its plan; ``ranges`` (id -> (lo,
+        rows (``{"vertex": (lo, hi), "edge": (lo, hi)}``) and its plan; ``ranges`` (key -> (lo,
         hi)) are the rows outside which per-row values are zero."""
         program = self.program
         candidates = program.zero_candidates
-        sinks = {id(s) for s in program.sinks}
-        sink_slots = [(slot, id(s)) for slot, s in program.slots if id(s) in sinks] \
+        sinks = {s.key for s in program.sinks}
+        sink_slots = [(slot, s.key) for slot, s in program.slots if s.key in sinks] \
             if program.skips_unread_sinks else []
         levels = range(rows.num_levels)
         for t in (reversed(levels) if program.reverse else levels):
@@ -54,15 +54,15 @@ class LevelPlans:
 
 def record_written(program, ranges, written):
     """After the loop: each buffer's zero-row range is the hull of the levels that wrote it
-    (``written``: id -> (lo, hi))."""
-    sources = {id(s) for s in program.sources}
+    (``written``: key -> (lo, hi))."""
+    sources = {s.key for s in program.sources}
     for b in program.buffers:  # rows no level wrote are stale (the pool's), i.e. unused
         if b.key not in sources:  # (∂F's state gradient is filled by the caller and the adds)
             ranges[b.key] = written.get(b.key, (0, 0))
     for part, concat, *_ in program.aliases:
-        ranges[id(part)] = ranges.get(id(concat), FULL)
+        ranges[part.key] = ranges.get(concat.key, FULL)
 
 
 def widen(written, key, window):
-    """Add one level's rows ``window`` to what ``key`` has written (``written``: id -> hull)."""
+    """Add one level's rows ``window`` to what ``key`` has written (``written``: key -> hull)."""
     written[key] = hull(written.get(key, (0, 0)), window)

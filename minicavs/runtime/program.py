@@ -31,7 +31,7 @@ RUN, ZERO, SKIP = "run", "zero", "skip"  # what a core instruction does on one l
 
 def label(symbol, names):
     """``%i`` for a symbol of the program's graph (its position), as in ``Graph.summary()``."""
-    return f"%{names[id(symbol)]}" if id(symbol) in names else symbol.label()
+    return f"%{names[symbol.key]}" if symbol.key in names else symbol.label()
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,14 +64,14 @@ class Compute:
         return self.step.outputs
 
     def action(self, zero, unneeded):
-        """What to do on a level where the per-row values ``zero`` (ids) are all zero and the
-        sinks ``unneeded`` (ids) are read by no one: (RUN, ZERO — every output is zero — or
+        """What to do on a level where the per-row values ``zero`` (keys) are all zero and the
+        sinks ``unneeded`` (keys) are read by no one: (RUN, ZERO — every output is zero — or
         SKIP — only unneeded sinks read it; and the ids of the outputs that are zero)."""
         if self.serves is not None and self.serves <= unneeded:
-            return SKIP, [id(o) for o in self.writes]
+            return SKIP, [o.key for o in self.writes]
         if self.zero_rule is None or self.zero_rule.never_zero:
             return RUN, []
-        zeros = [id(o) for o, z in zip(self.writes, self.zero_rule.zero_outputs(zero)) if z]
+        zeros = [o.key for o, z in zip(self.writes, self.zero_rule.zero_outputs(zero)) if z]
         return (ZERO if len(zeros) == len(self.writes) else RUN), zeros
 
     def dump(self, names):
@@ -108,7 +108,7 @@ class Gather:
         return (self.target,)
 
     def action(self, zero, unneeded):
-        return (ZERO, [id(self.target)]) if id(self.target) in zero else (RUN, [])
+        return (ZERO, [self.target.key]) if self.target.key in zero else (RUN, [])
 
     def dump(self, names):
         which = "the children (per edge)" if self.slot == "edges" else f"child {self.slot}"
@@ -132,7 +132,7 @@ class ScatterAdd:
         return (self.source,)
 
     def action(self, zero, unneeded):
-        skip = id(self.source) in unneeded or id(self.source) in zero
+        skip = self.source.key in unneeded or self.source.key in zero
         return (SKIP if skip else RUN), []
 
     def dump(self, names):
@@ -200,14 +200,14 @@ class Program:
     @cached_property
     def row_keys(self):
         """The per-row values the core reads or writes: sliced to a level's rows each level."""
-        touched = {id(x) for ins in self.core for x in ins.reads} | {
-            id(x) for ins in self.core for x in ins.writes}
-        return tuple((id(n), row_domain(n.shape)) for n in self.graph.nodes
-                     if row_domain(n.shape) and id(n) in touched)
+        touched = {x.key for ins in self.core for x in ins.reads} | {
+            x.key for ins in self.core for x in ins.writes}
+        return tuple((n.key, row_domain(n.shape)) for n in self.graph.nodes
+                     if row_domain(n.shape) and n.key in touched)
 
     def dump(self):
         """The program as text: buffers, then each phase's instructions."""
-        names = {id(n): i for i, n in enumerate(self.graph.nodes)}
+        names = {n.key: i for i, n in enumerate(self.graph.nodes)}
         lines = [f"program {self.name}: {len(self.eager)} eager, {len(self.core)} core per "
                  f"level{' (top-down)' if self.reverse else ''}, {len(self.lazy)} lazy "
                  f"instructions", f"  passes: {', '.join(self.passes)}"]
@@ -221,7 +221,7 @@ class Program:
         lines.append("  buffers (rows in level order):")
         for b in self.buffers:
             rows = b.rows + (f"+{b.spare}" if b.spare else "")
-            node = next(n for n in self.graph.nodes if id(n) == b.key)
+            node = next(n for n in self.graph.nodes if n.key == b.key)
             shape = ", ".join([rows] + [str(d) for d in b.row_shape])
             lines.append(f"    {label(node, names):<6} ({shape}) {b.dtype}")
         for part, concat, axis, start, stop in self.aliases:

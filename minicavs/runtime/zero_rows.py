@@ -49,14 +49,14 @@ class ZeroRowRule:
         the step's outputs, in order."""
         local = {}
         for m in self.members:
-            args = [local[id(x)] if id(x) in local else range_of(x) for x in m.inputs]
-            local[id(m)] = node_range(m, args)
-        return [local[id(o)] for o in self.outputs]
+            args = [local[x.key] if x.key in local else range_of(x) for x in m.inputs]
+            local[m.key] = node_range(m, args)
+        return [local[o.key] for o in self.outputs]
 
     def zero_outputs(self, zero):
-        """Per output, whether it is zero on a level where the per-row values ``zero`` (ids)
+        """Per output, whether it is zero on a level where the per-row values ``zero`` (keys)
         are."""
-        ranges = self(lambda x: (EMPTY if id(x) in zero else FULL) if row_domain(x.shape)
+        ranges = self(lambda x: (EMPTY if x.key in zero else FULL) if row_domain(x.shape)
                       else None)
         return [r is not None and is_empty(r) for r in ranges]
 

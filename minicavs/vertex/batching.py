@@ -81,17 +81,17 @@ class BatchedTrace:
     def __init__(self, tracer, edge_parent):
         self.tracer = tracer
         self.edge_parent = edge_parent  # per-edge index of the parent row (a graph input)
-        self._on_edges = {}  # id(vertex symbol) -> its broadcast to edges
+        self._on_edges = {}  # vertex symbol's key -> its broadcast to edges
 
     def wrap(self, symbol):
         return VertexSymbol(symbol, row_domain(symbol.shape), self)
 
     def to_edges(self, symbol):
         """A per-vertex symbol repeated for each edge of the vertex (one take of rows)."""
-        edges = self._on_edges.get(id(symbol))
+        edges = self._on_edges.get(symbol.key)
         if edges is None:
             edges = index.take_rows(symbol, self.edge_parent())
-            self._on_edges[id(symbol)] = edges
+            self._on_edges[symbol.key] = edges
         return edges
 
     def apply(self, op, args, attrs):

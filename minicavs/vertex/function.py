@@ -374,10 +374,10 @@ class VertexFunction(BatchedFunction):
         order; None for ids), then each parameter's (shared shapes: never a pooled buffer)."""
         grads = []
         if self.pull_input is not None:
-            pull_grad = grad_of.get(id(self.pull_input))
+            pull_grad = grad_of.get(self.pull_input.key)
             grads.append(None if pull_grad is None or self.pull_dtype.kind != "f" else
                          Tensor(call.take_rows(xp, pull_grad, rows.row_of)))
-        return grads + [Tensor(grad_of[id(p)]) if id(p) in grad_of else None
+        return grads + [Tensor(grad_of[p.key]) if p.key in grad_of else None
                         for p in self.graph.params]
 
     def __repr__(self):

@@ -419,11 +419,11 @@ class KindedFunction(BatchedFunction):
         for (_, key), part in zip(kinds, parts):
             f, grad_of = self.cells[key], part.gradients()
             for node, p in zip(f.graph.params, f.params):
-                value = grad_of.get(id(node))
+                value = grad_of.get(node.key)
                 if value is not None:
                     param_grads[id(p)] = value + param_grads[id(p)] if id(p) in param_grads \
                         else value.copy()
-            value = grad_of.get(id(f.pull_input)) if f.pull_input is not None else None
+            value = grad_of.get(f.pull_input.key) if f.pull_input is not None else None
             if value is not None and self.pull_dtype.kind == "f":
                 if pull_grad is None:
                     pull_grad = xp.zeros((n,) + self.pull_shape, dtype=self.pull_dtype)

@@ -123,14 +123,14 @@ class _Trace:
         """Run ``exe``'s program on ``values`` (symbol -> value); returns its environment. On
         ``RECORD`` (differentiating again) constants are Tensors, recorded like the rest."""
         constants = None if xp is not RECORD else {
-            id(n): Tensor(n.value) for n in exe.program.graph.nodes if n.kind == "const"}
+            n.key: Tensor(n.value) for n in exe.program.graph.nodes if n.kind == "const"}
         part = call.bind_static(exe, xp, values, constants)
         driver.run([part], xp)
         return part.env
 
     def _forward(self, xp, *arrays, saved):
         env = self._run(self.forward, xp, zip(self.graph.inputs + self.graph.params, arrays))
-        outs = [env[id(o)] for o in self.forward.program.graph.outputs]
+        outs = [env[o.key] for o in self.forward.program.graph.outputs]
         if is_grad_enabled():
             saved["env"] = env
         return tuple(outs) if self._op.multi_output else outs[0]
@@ -150,11 +150,11 @@ class _Trace:
             gs = [None if gi is None else gi.data for gi in gs]
         cotangents = [zero(o) if gi is None else gi for gi, o in zip(gs, self.graph.outputs)]
         env = self._run(self.backward, xp, list(zip(bw.cotangents, cotangents)) + [
-            (ref, forward[id(value)]) for ref, value in zip(bw.inputs[len(bw.cotangents):],
+            (ref, forward[value.key]) for ref, value in zip(bw.inputs[len(bw.cotangents):],
                                                            bw.forward_refs)])
-        by_symbol = {id(s): env[id(o)] for s, o in zip(bw.grad_of, bw.outputs)}
+        by_symbol = {s.key: env[o.key] for s, o in zip(bw.grad_of, bw.outputs)}
         wrap = (lambda v: v) if xp is RECORD else Tensor
-        return [wrap(by_symbol[id(s)]) if id(s) in by_symbol else None
+        return [wrap(by_symbol[s.key]) if s.key in by_symbol else None
                 for s in self.graph.inputs + self.graph.params]
 
 

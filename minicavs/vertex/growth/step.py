@@ -62,4 +62,4 @@ def run_frontier(f, xp, pull, parent_rows, parent_states, names):
     params = [tensor._array for tensor in f.params]  # (no .data: handing it out is a write)
     part = call.bind_forward(f.executable, xp, rows, params, pull, states=states)
     driver.run([part], xp)
-    return part.env[id(f.program.graph.outputs[0])], part.output, part.scattered
+    return part.env[f.program.graph.outputs[0].key], part.output, part.scattered
