@@ -27,8 +27,10 @@ from .zero_rows import FULL
 class Part:
     """One Program bound for one call (see the module docstring). ``levels``: the batch level
     of each of the part's levels when several parts step together (kinds; None: one part, all
-    levels). ``block``: where a state made before the loop must go for other parts' gathers
-    (kinds). The driver fills in ``counts`` (instructions run per level) and ``backend``."""
+    levels). ``states``: the array F's gathers read (its last row the spare zero row);
+    ``d_states``: the one ∂F's scatter-adds add into. ``block``: this part's rows of the shared
+    state (kinds), where a state made before the loop is copied for other parts' gathers. The
+    driver fills in ``counts`` (instructions run per level) and ``backend``."""
 
     exe: object
     env: dict
@@ -90,8 +92,8 @@ class Saved:
 @dataclass(eq=False)
 class CallRecord:
     """One call's own record (held by the autodiff tape through the op's attributes, never on
-    a shared object): ``saved`` per part (Saved), ``stats`` for ``explain()``, and the pooled
-    buffers it holds until it is released."""
+    a shared object): ``saved`` per part (Saved) and ``stats`` for ``explain()``. The pooled
+    buffers of its forward parts go back to their pools when the record is collected."""
 
     saved: list = field(default_factory=list)
     stats: dict = None

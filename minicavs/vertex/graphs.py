@@ -358,7 +358,8 @@ class BatchIndices:
         self._vertices = list(zip(offsets[:-1], offsets[1:]))
         self.level_offsets = batch.level_offsets  # host side: the native loop reads it
         self._edges = list(zip(edge_offsets[:-1], edge_offsets[1:]))
-        self.order, self.row_of = put(batch.order), put(batch.row_of)
+        self.order = put(batch.order)
+        self.row_of = None if batch.row_of is None else put(batch.row_of)  # (a kind's: None)
         self.edge_child_row = put(batch.edge_child_row)
         self.edge_parent_row = put(batch.edge_parent_row)
         self.edge_parent_local = put(batch.edge_parent_local)
