@@ -240,3 +240,64 @@ def test_softmax_cross_entropy_kernel_equals_numpy():
         np.testing.assert_allclose(kernels.softmax_cross_entropy_grad(x, labels, g),
                                    p * g[:, None], rtol=tolerance, atol=tolerance)
     assert kernels.softmax_cross_entropy(x[:, ::2], labels) is None  # not contiguous: NumPy runs
+
+
+# --- layouts: every array the generated code reads is in a layout it supports ---------------------
+
+def _view(values, layout, rng):
+    """``values`` (2-D or 1-D) as an array of the same values in another memory layout: what a
+    user can hand a Parameter (``p.data = view``) or capture through DLPack."""
+    if layout == "contiguous":
+        return values
+    if layout == "reversed rows":  # negative row stride
+        return np.ascontiguousarray(values[::-1])[::-1]
+    if layout == "reversed columns":  # negative column stride
+        return np.ascontiguousarray(values[..., ::-1])[..., ::-1]
+    if layout == "fortran":
+        return np.asfortranarray(values)
+    if layout == "strided":  # every other row and a column step of 3 out of a larger block
+        big = np.zeros((2 * values.shape[0],) + (3 * values.shape[-1],) if values.ndim == 2
+                       else (3 * values.shape[0],), values.dtype)
+        view = big[::2, ::3] if values.ndim == 2 else big[::3]
+        view[...] = values
+        return view
+    if layout == "offset":  # a window starting past the first element
+        big = np.zeros((values.shape[0] + 1,) + values.shape[1:], values.dtype)
+        big[1:] = values
+        return big[1:]
+    if layout == "broadcast":  # stride 0: one row repeated (the values become that row's)
+        return np.broadcast_to(values[:1], values.shape)
+    if layout == "dlpack":
+        return np.from_dlpack(np.asfortranarray(values))
+    raise AssertionError(layout)
+
+
+LAYOUTS = ["contiguous", "reversed rows", "reversed columns", "fortran", "strided", "offset",
+           "broadcast", "dlpack"]
+
+
+@needs_native
+@given(st.sampled_from(LAYOUTS), st.sampled_from(LAYOUTS), st.sampled_from(LAYOUTS),
+       st.sampled_from(["float64", "float32"]), st.integers(0, 2**16))
+def test_native_equals_the_interpreter_for_weights_in_any_layout(w_layout, u_layout, b_layout,
+                                                                dtype, seed):
+    """A captured weight whose rows are reversed, broadcast, strided, offset, Fortran-ordered
+    or shared through DLPack gives the interpreter's outputs and gradients natively."""
+    rng = np.random.default_rng(seed)
+    F, params = binary_tree_lstm(E, H, rng, dtype=dtype)
+    W, U, b, _ = params
+    for p, layout in ((W, w_layout), (U, u_layout), (b, b_layout)):
+        p.data = _view(np.array(p.data), layout, rng)
+    graphs = [mc.InputGraph.complete_binary(4), mc.InputGraph([[], [], [0, 1], [], [2, 3]])]
+    batch = mc.GraphBatch(graphs)
+    X = mc.tensor(rng.standard_normal((batch.num_vertices, E)).astype(dtype),
+                  requires_grad=True)
+    weights = rng.standard_normal((batch.num_vertices,) + F.push_shape).astype(dtype)
+    got, backends = _run(F, params, batch, X, weights)
+    with interpreter_only():
+        want, _ = _run(F, params, batch, X, weights)
+    assert backends == ("native", "native")
+    tolerance = 1e-9 if dtype == "float64" else 1e-4
+    for k, (g, w) in enumerate(zip(got, want)):
+        error = np.max(np.abs(g - w) / np.maximum(1.0, np.abs(w)), initial=0.0)
+        assert error <= tolerance, f"result {k}: native differs from the interpreter by {error}"

@@ -56,9 +56,9 @@ class NativeLoop:
         """The loop of one bound call (a :class:`~.call.Part`): a :class:`_NativeRun`, or the
         reason (a string) the interpreter must run it."""
         keep = []  # arrays the C call reads, alive until it returns
-        args = self._bind(part.env, part.rows, keep)
+        args = self._bind(part.program, part.env, part.rows, keep)
         if args is None:
-            return "an input of the loop is not row-contiguous"
+            return "a value the loop writes is not in a layout it can write"
         return _NativeRun(self, part, args, keep)
 
     def _codes_of(self, program, plan, env):
@@ -71,32 +71,39 @@ class NativeLoop:
             entry = self._codes[plan] = (codes, writes)
         return entry
 
-    def _bind(self, env, rows, keep):
-        """The pointer and stride arrays of the C call, or None if an array cannot be read
-        with unit column stride."""
+    def _bind(self, program, env, rows, keep):
+        """The pointer and stride arrays of the C call, or None if an array the loop writes is
+        in a layout it cannot write. Every array is read in a layout the generated code
+        supports (:func:`_rows_layout`, :func:`_matrix_layout`), else from a contiguous copy:
+        reversed, broadcast (stride 0), strided, unaligned or DLPack-shared arrays give the
+        interpreter's values."""
         slots = self.spec.slots
         pointers = np.zeros(len(slots), dtype=np.uintp)
         strides = np.zeros(2 * len(slots), dtype=np.int64)
         widest = int(np.diff(rows.level_offsets).max())
+        written = program.buffered | {part.key for part, *_ in program.aliases}
         for s in slots:
             if s.kind == "batch":
                 array = env[s.node.key]
-                if array.dtype != self.dtype or (array.ndim == 2 and
-                                                 array.strides[1] != array.itemsize):
+                if array.dtype != self.dtype:
                     return None
-                strides[2 * s.index] = array.strides[0] // array.itemsize
+                ld = _rows_layout(array)
+                if ld is None:
+                    if s.node.key in written:  # (our own buffers always have a good layout)
+                        return None
+                    array = np.ascontiguousarray(array)
+                    ld = _rows_layout(array)
+                strides[2 * s.index] = ld
             elif s.kind == "shared":
                 array = env[s.node.key]
                 if array.dtype != self.dtype:
                     return None
-                if array.ndim == 2 and array.strides[1] == array.itemsize:
-                    strides[2 * s.index] = array.strides[0] // array.itemsize
-                elif array.ndim == 2 and array.strides[0] == array.itemsize:  # a transpose
-                    strides[2 * s.index: 2 * s.index + 2] = (
-                        array.strides[1] // array.itemsize, 1)
-                else:
+                layout = _matrix_layout(array) if array.ndim == 2 else (
+                    (0, 0) if array.flags.c_contiguous and _aligned(array) else None)
+                if layout is None:
                     array = np.ascontiguousarray(array)
-                    strides[2 * s.index] = array.shape[-1] if array.ndim == 2 else 1
+                    layout = (array.shape[-1], 0) if array.ndim == 2 else (0, 0)
+                strides[2 * s.index: 2 * s.index + 2] = layout
             elif s.kind == "scratch":
                 array = self._scratch_rows(s, widest)
             else:  # child
@@ -149,6 +156,38 @@ class _NativeRun:
     def finish(self):
         record_written(self.part.program, self.part.ranges, self.written)
         return self.counts
+
+
+def _aligned(array):
+    return array.ctypes.data % array.itemsize == 0
+
+
+def _rows_layout(array):
+    """The row stride (in elements) of a per-row value the loop reads as ``base + i * ld``
+    with unit column stride, or None: rows must not overlap or run backwards, columns must be
+    contiguous (a 1-D value is one column)."""
+    if not _aligned(array) or array.strides[0] % array.itemsize:
+        return None
+    width = array.shape[1] if array.ndim == 2 else 1
+    if array.ndim == 2 and array.strides[1] != array.itemsize and width > 1:
+        return None
+    ld = array.strides[0] // array.itemsize
+    return ld if ld >= max(width, 1) or array.shape[0] <= 1 and ld >= 0 else None
+
+
+def _matrix_layout(array):
+    """``(ld, transposed)`` of a shared matrix as BLAS reads it — rows of unit stride with a
+    leading dimension of at least a row (row-major), or the same for its transpose — or None
+    (reversed, broadcast, strided or unaligned: the caller copies it)."""
+    if not _aligned(array) or any(s % array.itemsize for s in array.strides):
+        return None
+    rows, cols = array.shape
+    s0, s1 = (s // array.itemsize for s in array.strides)
+    if (s1 == 1 or cols == 1) and s0 >= max(cols, 1):
+        return s0, 0
+    if (s0 == 1 or rows == 1) and s1 >= max(rows, 1):
+        return s1, 1
+    return None
 
 
 def _spare_row(states, d_states):
