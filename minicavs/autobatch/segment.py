@@ -152,8 +152,7 @@ class Segment:
                 env[symbol] = slabs[slab][lo:lo + n] if rows is None else slabs[slab][rows]
             for symbol, t in b.shared:
                 env[symbol] = t._array
-            out = b.sig.forward.run(env, n, xp)
-            slabs[b.out_slab][b.out_row:b.out_row + n] = out
+            b.sig.forward.run(env, n, xp, slabs[b.out_slab][b.out_row:b.out_row + n])
             if b.sig.can_grad:
                 b.env = env  # what its backward reads
         self.stats["forward_s"] = time.perf_counter() - began

@@ -14,6 +14,8 @@ when it runs. Its backward graphs are derived symbolically from it (``grad_graph
 parameter gradient of ``x @ W`` over a batch is one product Xᵀ·G, as in ∂F.
 """
 
+import contextlib
+
 import numpy as np
 
 from ..errors import GraphError, MinicavsError
@@ -21,6 +23,9 @@ from ..autodiff.symbolic import Graph, Tracer, grad_graph
 from ..locations import format_location, user_location
 from ..ops.batching import VERTICES, has_symbolic_size, instantiate, row_domain
 from ..ops.registry import Aval
+
+
+_nothing = contextlib.nullcontext()
 
 
 class Signature:
@@ -101,7 +106,7 @@ class BatchedKernel:
                     s = None
                 self.inputs.append(s)
             out = sig.op.batch(sig.op, items, sig.attrs, sig.out)
-        if out.kind != "op":  # a rule that returns an operand unchanged
+        if out.kind != "op" or out is not tracer.nodes[-1]:  # (the output must be the last op)
             with tracer.active():
                 out = out + 0
         self.sig = sig
@@ -109,10 +114,24 @@ class BatchedKernel:
         self.output = out
         self.steps = _steps(self.graph)
 
-    def run(self, env, n, xp):
-        """Evaluate into ``env`` (input symbol id -> array, filled by the caller)."""
-        run_steps(self.steps, env, n, xp)
-        return env[id(self.output)]
+    def run(self, env, n, xp, out):
+        """Evaluate into ``env`` (input symbol id -> array, filled by the caller), the result
+        into ``out`` (the batch's rows of its slab): the last op writes there directly when it
+        has a writer (``op.into``), saving a copy of every batch's output."""
+        steps, consts = self.steps
+        run_steps((steps[:-1], consts), env, n, xp)
+        node, attrs, symbolic = steps[-1]
+        if symbolic:
+            attrs = {k: instantiate(v, n, 0) for k, v in attrs.items()}
+        args = [env[id(x)] for x in node.inputs]
+        op = node.op
+        if op.into is not None and xp is np and not any(a is out for a in args):
+            with np.errstate(over="ignore", invalid="ignore") if op.quiet_overflow else _nothing:
+                op.into(*args, out, **attrs)
+            env[id(node)] = out
+        else:
+            out[...] = env[id(node)] = op.forward(xp, *args, **attrs)
+        return out
 
     def derive(self, split_shared):
         sig = self.sig
