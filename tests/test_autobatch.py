@@ -212,3 +212,64 @@ def test_no_grad_inside_the_block_stops_gradients():
     np.testing.assert_allclose(p["W2"].grad.numpy(),
                                np.outer(np.tanh(np.ones(D) @ p["W1"].numpy()), np.ones(D)),
                                rtol=RTOL)
+
+
+# --- the plain models, autobatched == eager ------------------------------------------------------
+
+def _tiny_tagger(char_lstm):
+    from minicavs.models.plain import BiLSTMTagger
+    sentences = [[("the", "DET"), ("cat", "NOUN"), ("sat", "VERB")],
+                 [("a", "DET"), ("dog", "NOUN")],
+                 [("the", "DET"), ("zebra", "NOUN"), ("ran", "VERB"), ("off", "ADP")]]
+    words = [w for s in sentences for w, _ in s] + ["the", "the"]
+    model = BiLSTMTagger(words, [t for s in sentences for _, t in s], embed=6, hidden=5,
+                         mlp=4, char_embed=3, rare=2, char_lstm=char_lstm, dtype=np.float64)
+    return model, sentences, model.loss
+
+
+def _tiny_tree_lstm():
+    from minicavs.data.tree import Tree
+    from minicavs.models.plain import PlainTreeLSTM
+    trees = [Tree([[], [], [0, 1]], [1, 2, -1], [-1, -1, 3]),
+             Tree([[], [], [0, 1], [], [2, 3]], [0, 3, -1, 4, -1], [-1, -1, -1, -1, 1]),
+             Tree([[]], [2], [4])]
+    model = PlainTreeLSTM(5, embed=4, hidden=3, dtype=np.float64)
+    return model, trees, model.loss
+
+
+@pytest.mark.parametrize("make", [lambda: _tiny_tagger(False), lambda: _tiny_tagger(True),
+                                  _tiny_tree_lstm], ids=["tagger", "tagger-char", "tree-lstm"])
+def test_plain_models_match_eager(make):
+    model, samples, loss_of = make()
+    eager = mc.sum(mc.stack([loss_of(s) for s in samples]))
+    eager.backward()
+    reference = [p.grad.numpy().copy() for p in model.parameters()]
+    assert any(np.abs(g).sum() > 0 for g in reference)
+    for strategy in STRATEGIES:
+        for p in model.parameters():
+            p.grad = None
+        with mc.autobatch(strategy):
+            loss = mc.sum(mc.stack([loss_of(s) for s in samples]))
+            loss.backward()
+        assert float(loss) == pytest.approx(float(eager), rel=RTOL)
+        for p, ref in zip(model.parameters(), reference):
+            got = np.zeros_like(ref) if p.grad is None else p.grad.numpy()
+            np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL, err_msg=strategy)
+
+
+def test_autobatch_example_trains_and_reports_accuracy(tmp_path, capsys):
+    import importlib.util
+    import pathlib
+    lines = ["The|DET cat|NOUN sat|VERB .|PUNCT", "A|DET dog|NOUN ran|VERB", "Dogs|NOUN run|VERB"]
+    for name in ("dev", "test"):
+        (tmp_path / f"{name}.txt").write_text("\n".join(lines * 4) + "\n")
+    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / "autobatch.py"
+    spec = importlib.util.spec_from_file_location("example_autobatch", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for task in ("tagger", "tagger-char"):
+        result = module.main(["--task", task, "--data", str(tmp_path), "--epochs", "2",
+                              "--batch-size", "4", "--hidden", "6", "--embed-dim", "4",
+                              "--lr", "0.05", "--no-progress", "--strategy", "depth+"])
+        assert 0.0 <= result["accuracy"] <= 1.0 and result["per_second"] > 0
+        assert "held-out tagging accuracy" in capsys.readouterr().out.splitlines()[-1]

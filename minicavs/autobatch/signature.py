@@ -56,9 +56,12 @@ class Signature:
         self.nodes = []  # indices of the recorded nodes of this signature, in recording order
         self.arg_rows = []  # flat: per node, the source id of each per-row operand
         self._forward = self._backward = None
-        shapes = ",".join(str(tuple(a.shape)) if a is not None
-                          else "W" if hasattr(s, "requires_grad") else "c"
-                          for a, s in zip(row_avals, shared))
+        parts = [str(tuple(a.shape)) if a is not None
+                 else "W" if hasattr(s, "requires_grad") else "c"
+                 for a, s in zip(row_avals, shared)]
+        if len(parts) > 3 and len(set(parts)) == 1:  # concat of many: "12x(1,)"
+            parts = [f"{len(parts)}x{parts[0]}"]
+        shapes = ",".join(parts)
         self.label = f"{op.name}{shapes and ' ' + shapes}"
 
     def shared_grads(self):
