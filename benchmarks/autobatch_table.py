@@ -217,7 +217,7 @@ def worker(system, task, batches, threads):
     samples, vocab = load(task, BATCH * (batches + 1) if task != "tagger-char" else 2000)
     if system.startswith("dynet"):
         import dynet_config
-        dynet_config.set(autobatch=1 if system == "dynet-agenda" else 2, mem=4096,
+        dynet_config.set(autobatch=1 if system == "dynet-agenda" else 2, mem=os.environ.get("BENCH_DYNET_MEM", "1024,1024,512,1024"),
                          random_seed=1)
         step = dynet_models(task, samples, vocab)
     elif system == "torch-eager":
