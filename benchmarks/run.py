@@ -74,6 +74,9 @@ def parse_args(argv=None):
                              "native CPU loop) or over the padded block (oneDNN's fused LSTM, "
                              "loss on the real tokens only)")
     parser.add_argument("--quick", action="store_true", help="a fast smoke run")
+    parser.add_argument("--autobatch", action="store_true",
+                        help="instead: the autobatching table (backward-batching paper, "
+                             "Table 2) of benchmarks/autobatch_table.py")
     parser.add_argument("--cuda", action="store_true",
                         help=f"the GPU comparison: {' and '.join(CUDA_SYSTEMS)} on "
                              f"{CUDA_WORKLOAD} over the whole SST training set "
@@ -145,6 +148,9 @@ def log(message):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.autobatch:  # its own table: every system writes the same plain models
+        from benchmarks import autobatch_table
+        return autobatch_table.main(["--threads", str(args.threads or 2)])
     started = time.time()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,7 @@ from .autodiff.debug import debug, is_debug_enabled, set_debug
 from .vertex import (GraphBatch, InputGraph, KindedFunction, RecursiveFunction, StaticFunction,
                      VertexFunction, evaluate_per_sample, grow, grow_per_sample, recursive,
                      symbolic, top_down)
+from .autobatch import autobatch
 from .runtime.memory import memory_budget, set_memory_budget
 from . import nn
 from .nn import load, save

@@ -26,6 +26,17 @@ from ..locations import user_location
 
 _grad_enabled = True
 
+# While an automatic-batching scope is active (``minicavs/autobatch``), ops on Tensors are handed
+# to its recorder instead of being run: the layer above installs it here, so nothing in
+# autodiff imports it.
+_lazy_recorder = None
+
+
+def set_lazy_recorder(recorder):
+    """Install ``recorder(op, args, attrs)`` for ops on Tensors (None: run them eagerly)."""
+    global _lazy_recorder
+    _lazy_recorder = recorder
+
 
 @contextlib.contextmanager
 def no_grad():
@@ -205,6 +216,8 @@ class Tensor(OperatorMixin):
     # --- eager execution --------------------------------------------------------------------------
     @classmethod
     def __minicavs_apply__(cls, op, args, attrs):
+        if _lazy_recorder is not None and not registry.tracing:
+            return _lazy_recorder(op, args, attrs)
         if registry.tracing and any(isinstance(a, Tensor) and a.requires_grad for a in args):
             return registry.tracing[-1].record(op, args, attrs)
         inputs = [a if isinstance(a, Tensor) else Tensor(a) for a in args]

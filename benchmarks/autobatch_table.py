@@ -1,0 +1,296 @@
+"""Table 2 of the backward-batching paper, on this CPU: plain per-sample models batched
+automatically, in sentences (trees) per second of training, mini-batch 64.
+
+    python benchmarks/run.py --autobatch --threads 2          # the table (via run.py)
+    python benchmarks/autobatch_table.py --batches 4 --threads 2
+
+Tasks: the BiLSTM tagger, the BiLSTM tagger with character LSTMs for rare words (the paper's
+sizes: word embedding 128, character embedding 64, LSTM 256 per direction, MLP 32, characters
+for words seen fewer than 5 times) on the shared POS data, and the per-tree Tree-LSTM
+(E = H = 256) on SST. Systems: minicavs ``mc.autobatch`` with depth, depth+, agenda, agenda+
+(``minicavs.models.plain``); DyNet 2.x (dynet38) with its own autobatching, agenda (flag 1)
+and depth (flag 2), the models written as dynet-benchmark writes them; PyTorch eager, one
+sample at a time; and for the Tree-LSTM minicavs's vertex-function form. Every (system, task)
+runs in its own subprocess (DyNet reads its autobatch flag once per process).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DATA = ROOT.parent / "shared" / "data"
+TASKS = ["tagger", "tagger-char", "treelstm"]
+SYSTEMS = ["minicavs-depth", "minicavs-depth+", "minicavs-agenda", "minicavs-agenda+",
+           "dynet-depth", "dynet-agenda", "torch-eager", "minicavs-vertex"]
+BATCH = 64
+
+
+def load(task, count):
+    sys.path.insert(0, str(ROOT))
+    if task == "treelstm":
+        from minicavs import data
+        trees = data.read_sst(DATA / "sst" / "train.txt")
+        vocab = data.Vocabulary.build((t.tokens for t in trees))
+        return [vocab.encode_tree(t) for t in trees[:count]], vocab
+    from minicavs.models.plain import read_tagged
+    return read_tagged(DATA / "tags" / "dev.txt", limit=count), None
+
+
+# --- the systems, each: (setup(samples, vocab) -> step(batch)) ---------------------------------
+
+def minicavs_plain(task, strategy, samples, vocab):
+    import minicavs as mc
+    from minicavs.models.plain import BiLSTMTagger, PlainTreeLSTM
+    if task == "treelstm":
+        model = PlainTreeLSTM(len(vocab))
+    else:
+        model = BiLSTMTagger([w for s in samples for w, _ in s], [t for s in samples for _, t in s],
+                             char_lstm=task == "tagger-char")
+    optimizer = mc.nn.SGD(model.parameters(), lr=0.01)
+
+    def step(batch):
+        optimizer.zero_grad()
+        with mc.autobatch(strategy):
+            loss = mc.sum(mc.stack([model.loss(s) for s in batch]))
+            loss.backward()
+        optimizer.step()
+    return step
+
+
+def minicavs_vertex(task, samples, vocab):
+    import minicavs as mc
+    from minicavs.models import TreeLSTMClassifier
+    model = TreeLSTMClassifier(len(vocab), embed_dim=256, hidden=256)
+    optimizer = mc.nn.SGD(model.parameters(), lr=0.01)
+
+    def step(batch):
+        optimizer.zero_grad()
+        model.loss(model.prepare(batch)).backward()
+        optimizer.step()
+    return step
+
+
+def dynet_models(task, samples, vocab):
+    import dynet as dy
+    pc = dy.ParameterCollection()
+    trainer = dy.SimpleSGDTrainer(pc, 0.01)
+    if task == "treelstm":
+        H = 256
+        E = pc.add_lookup_parameters((len(vocab), H))
+        W, bW = pc.add_parameters((3 * H, H)), pc.add_parameters(3 * H)
+        U, bU = pc.add_parameters((5 * H, 2 * H)), pc.add_parameters(5 * H)
+        O, bO = pc.add_parameters((5, H)), pc.add_parameters(5)
+
+        def encode(tree, v):
+            kids = tree.children[v]
+            if not kids:
+                g = dy.affine_transform([bW, W, E[max(int(tree.words[v]), 0)]])
+                i, o, u = (dy.pick_range(g, k * H, (k + 1) * H) for k in range(3))
+                c = dy.cmult(dy.logistic(i), dy.tanh(u))
+            else:
+                (hl, cl), (hr, cr) = encode(tree, kids[0]), encode(tree, kids[-1])
+                g = dy.affine_transform([bU, U, dy.concatenate([hl, hr])])
+                i, fl, fr, o, u = (dy.pick_range(g, k * H, (k + 1) * H) for k in range(5))
+                c = (dy.cmult(dy.logistic(i), dy.tanh(u)) + dy.cmult(dy.logistic(fl), cl)
+                     + dy.cmult(dy.logistic(fr), cr))
+            return dy.cmult(dy.logistic(o), dy.tanh(c)), c
+
+        def loss_of(tree):
+            h = encode(tree, len(tree.children) - 1)[0]
+            return dy.pickneglogsoftmax(dy.affine_transform([bO, O, h]), int(tree.labels[-1]))
+    else:
+        from collections import Counter
+        counts = Counter(w for s in samples for w, _ in s)
+        vocab_ids = {w: i + 1 for i, w in enumerate(sorted(counts))}
+        tags = {t: i for i, t in enumerate(sorted({t for s in samples for _, t in s}))}
+        chars = {c: i + 1 for i, c in enumerate(sorted({c for w in counts for c in w}))}
+        rare = {w for w, n in counts.items() if n < 5} if task == "tagger-char" else set()
+        WE = pc.add_lookup_parameters((len(vocab_ids) + 1, 128))
+        CE = pc.add_lookup_parameters((len(chars) + 1, 64))
+        fwd, bwd = dy.VanillaLSTMBuilder(1, 128, 256, pc), dy.VanillaLSTMBuilder(1, 128, 256, pc)
+        cfwd, cbwd = dy.VanillaLSTMBuilder(1, 64, 64, pc), dy.VanillaLSTMBuilder(1, 64, 64, pc)
+        H1, b1 = pc.add_parameters((32, 512)), pc.add_parameters(32)
+        O, bO = pc.add_parameters((len(tags), 32)), pc.add_parameters(len(tags))
+
+        def word(w):
+            if w in rare:
+                cs = [CE[chars[c]] for c in w]
+                return dy.concatenate([cfwd.initial_state().transduce(cs)[-1],
+                                       cbwd.initial_state().transduce(cs[::-1])[-1]])
+            return WE[vocab_ids.get(w, 0)]
+
+        def loss_of(sentence):
+            xs = [word(w) for w, _ in sentence]
+            f = fwd.initial_state().transduce(xs)
+            b = bwd.initial_state().transduce(xs[::-1])[::-1]
+            return dy.esum([dy.pickneglogsoftmax(dy.affine_transform(
+                [bO, O, dy.tanh(dy.affine_transform([b1, H1, dy.concatenate([fi, bi])]))]),
+                tags[t]) for fi, bi, (_, t) in zip(f, b, sentence)])
+
+    def step(batch):
+        dy.renew_cg()
+        loss = dy.esum([loss_of(s) for s in batch])
+        loss.value()
+        loss.backward()
+        trainer.update()
+    return step
+
+
+def torch_eager(task, samples, vocab):
+    import torch
+    torch.manual_seed(0)
+    F = torch.nn.functional
+    if task == "treelstm":
+        H = 256
+        emb = torch.nn.Embedding(len(vocab), H)
+        leaf, node, out = torch.nn.Linear(H, 3 * H), torch.nn.Linear(2 * H, 5 * H), \
+            torch.nn.Linear(H, 5)
+        params = [*emb.parameters(), *leaf.parameters(), *node.parameters(), *out.parameters()]
+
+        def encode(tree, v):
+            kids = tree.children[v]
+            if not kids:
+                i, o, u = leaf(emb.weight[max(int(tree.words[v]), 0)]).chunk(3)
+                c = torch.sigmoid(i) * torch.tanh(u)
+            else:
+                (hl, cl), (hr, cr) = encode(tree, kids[0]), encode(tree, kids[-1])
+                i, fl, fr, o, u = node(torch.cat([hl, hr])).chunk(5)
+                c = (torch.sigmoid(i) * torch.tanh(u) + torch.sigmoid(fl) * cl
+                     + torch.sigmoid(fr) * cr)
+            return torch.sigmoid(o) * torch.tanh(c), c
+
+        def loss_of(tree):
+            h = encode(tree, len(tree.children) - 1)[0]
+            return F.cross_entropy(out(h)[None], torch.tensor([int(tree.labels[-1])]))
+    else:
+        from collections import Counter
+        counts = Counter(w for s in samples for w, _ in s)
+        vocab_ids = {w: i + 1 for i, w in enumerate(sorted(counts))}
+        tags = {t: i for i, t in enumerate(sorted({t for s in samples for _, t in s}))}
+        chars = {c: i + 1 for i, c in enumerate(sorted({c for w in counts for c in w}))}
+        rare = {w for w, n in counts.items() if n < 5} if task == "tagger-char" else set()
+        WE, CE = torch.nn.Embedding(len(vocab_ids) + 1, 128), torch.nn.Embedding(len(chars) + 1, 64)
+        fwd, bwd = torch.nn.LSTMCell(128, 256), torch.nn.LSTMCell(128, 256)
+        cfwd, cbwd = torch.nn.LSTMCell(64, 64), torch.nn.LSTMCell(64, 64)
+        mlp, out = torch.nn.Linear(512, 32), torch.nn.Linear(32, len(tags))
+        mods = [WE, CE, fwd, bwd, cfwd, cbwd, mlp, out]
+        params = [p for m in mods for p in m.parameters()]
+
+        def run(cell, xs, size):
+            h = c = torch.zeros(1, size)
+            hs = []
+            for x in xs:
+                h, c = cell(x[None], (h, c))
+                hs.append(h[0])
+            return hs
+
+        def word(w):
+            if w in rare:
+                cs = [CE.weight[chars[c]] for c in w]
+                return torch.cat([run(cfwd, cs, 64)[-1], run(cbwd, cs[::-1], 64)[-1]])
+            return WE.weight[vocab_ids.get(w, 0)]
+
+        def loss_of(sentence):
+            xs = [word(w) for w, _ in sentence]
+            f, b = run(fwd, xs, 256), run(bwd, xs[::-1], 256)[::-1]
+            return sum(F.cross_entropy(out(torch.tanh(mlp(torch.cat([fi, bi]))))[None],
+                                       torch.tensor([tags[t]]))
+                       for fi, bi, (_, t) in zip(f, b, sentence))
+    optimizer = torch.optim.SGD(params, lr=0.01)
+
+    def step(batch):
+        optimizer.zero_grad()
+        sum(loss_of(s) for s in batch).backward()
+        optimizer.step()
+    return step
+
+
+def worker(system, task, batches, threads):
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    samples, vocab = load(task, BATCH * (batches + 1) if task != "tagger-char" else 2000)
+    if system.startswith("dynet"):
+        import dynet_config
+        dynet_config.set(autobatch=1 if system == "dynet-agenda" else 2, mem=os.environ.get("BENCH_DYNET_MEM", "1024,1024,512,1024"),
+                         random_seed=1)
+        step = dynet_models(task, samples, vocab)
+    elif system == "torch-eager":
+        import torch
+        torch.set_num_threads(threads)
+        step = torch_eager(task, samples, vocab)
+    elif system == "minicavs-vertex":
+        if task != "treelstm":
+            return None
+        from minicavs.training import set_blas_threads
+        set_blas_threads(threads)
+        step = minicavs_vertex(task, samples, vocab)
+    else:
+        from minicavs.training import set_blas_threads
+        set_blas_threads(threads)
+        step = minicavs_plain(task, system.split("-", 1)[1], samples, vocab)
+    chunks = [samples[i * BATCH:(i + 1) * BATCH] for i in range(batches + 1)]
+    step(chunks[0])  # warm-up: caches, kernels, pools
+    began = time.perf_counter()
+    for chunk in chunks[1:]:
+        step(chunk)
+    return BATCH * batches / (time.perf_counter() - began)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, default=4, help="measured mini-batches of 64")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--worker", nargs=2, metavar=("SYSTEM", "TASK"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(*args.worker, args.batches, args.threads)))
+        return None
+    table = {}
+    for task in args.tasks.split(","):
+        for system in args.systems.split(","):
+            if system == "minicavs-vertex" and task != "treelstm":
+                continue
+            env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
+                       OPENBLAS_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT))
+            run = subprocess.run([sys.executable, __file__, "--worker", system, task,
+                                  "--batches", str(args.batches), "--threads", str(args.threads)],
+                                 capture_output=True, text=True, env=env, timeout=1800)
+            try:
+                rate = json.loads(run.stdout.strip().splitlines()[-1])
+            except (IndexError, ValueError):
+                rate = None
+                print(f"{system} on {task} failed:\n{run.stderr[-1500:]}", file=sys.stderr)
+            table[(task, system)] = rate
+            print(f"{task:<12} {system:<18} "
+                  f"{'failed' if rate is None else f'{rate:8.1f} samples/s'}", flush=True)
+    print(render(table, args.tasks.split(",")))
+    return table
+
+
+def render(table, tasks):
+    lines = ["", "| task | " + " | ".join(SYSTEMS) + " | agenda+ ÷ dynet-agenda | agenda+ ÷ agenda "
+             "| depth+ ÷ dynet-depth |",
+             "|---" * (len(SYSTEMS) + 4) + "|"]
+    for task in tasks:
+        row = [table.get((task, s)) for s in SYSTEMS]
+
+        def ratio(a, b):
+            x, y = table.get((task, a)), table.get((task, b))
+            return f"{x / y:.2f}×" if x and y else "-"
+        lines.append(f"| {task} | " + " | ".join("-" if r is None else f"{r:.1f}" for r in row)
+                     + f" | {ratio('minicavs-agenda+', 'dynet-agenda')} | "
+                     f"{ratio('minicavs-agenda+', 'minicavs-agenda')} | "
+                     f"{ratio('minicavs-depth+', 'dynet-depth')} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""``AutoBatch.explain()``: what was recorded, the batches formed, what was copied, the time.
+
+The picture lists the batches of a segment in execution order, one line each: the signature
+(op and per-node operand shapes, ``W`` for a shared parameter), one ``#`` per node, and how its
+operands were read (``=`` a view of contiguous rows, ``g`` a gather).
+"""
+
+
+def explain(scope, picture=True, max_batches=40):
+    lines = [f"autobatch strategy={scope.strategy!r}: {len(scope.segments)} segment(s)"]
+    for i, seg in enumerate(scope.segments):
+        st = seg.stats
+        batches = max(st.get("batches", 0), 1)
+        lines.append(
+            f"segment {i}: {st['nodes']} nodes -> {st.get('batches', 0)} batches "
+            f"(average {st['nodes'] / batches:.1f} nodes per batch)")
+        lines.append(
+            f"  forward gathers: {st['copies_made']} copied, {st['copies_avoided']} avoided "
+            f"(operand rows already contiguous)")
+        if st["backward_s"]:
+            lines.append(
+                f"  backward scatters: {st['scatter_made']} indexed, {st['scatter_avoided']} "
+                f"into contiguous rows")
+            if seg.plus:
+                lines.append(
+                    f"  parameter gradients ('+'): {st['plus_products']} products instead of "
+                    f"{st['plus_products'] + st['plus_products_saved']}, "
+                    f"{st['plus_copies']} contiguous copies made for them")
+        lines.append(
+            f"  time: recording {_ms(st.get('record_s'))}, scheduling {_ms(st.get('schedule_s'))}"
+            f", forward {_ms(st.get('forward_s'))}, backward {_ms(st['backward_s'])}")
+        lines.append("  batches per signature (batches, nodes):")
+        for label, (count, nodes) in sorted(st["by_signature"].items(),
+                                            key=lambda kv: -kv[1][1]):
+            lines.append(f"    {label:<46} {count:>5} {nodes:>7}   avg {nodes / count:.1f}")
+        if picture:
+            lines.append("  batches in execution order (# = one node; operands: = view, g gather):")
+            for j, b in enumerate(seg.plan[:max_batches]):
+                reads = "".join("=" if rows is None else "g" for _, _, _, rows, _ in b.inputs)
+                lines.append(f"    {j:>3} {b.sig.label:<40} {reads:<3} {'#' * min(b.n, 60)}"
+                             f"{'+' if b.n > 60 else ''} {b.n}")
+            if len(seg.plan) > max_batches:
+                lines.append(f"    ... {len(seg.plan) - max_batches} more")
+    return "\n".join(lines)
+
+
+def _ms(seconds):
+    return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"

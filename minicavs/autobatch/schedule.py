@@ -1,0 +1,102 @@
+"""Partitioning a recorded graph into batches: the depth and agenda strategies.
+
+Input: per node its signature id and depth (1 + the deepest pending input; recorded as the
+graph is built) and the edges between pending nodes. Output: a list of batches, each an array
+of node indices of one signature whose inputs are all in earlier batches. All of it is NumPy
+over whole arrays; the agenda loop does a fixed handful of array operations per *batch*, never
+per node.
+
+* ``depth`` (TensorFlow Fold's dynamic batching, Looks et al. 2017): one batch per
+  (depth, signature), in order of depth. Nodes of equal depth never depend on each other.
+* ``agenda`` (DyNet's on-the-fly batching, Neubig, Goldberg and Dyer 2017): keep the set of
+  ready nodes (all inputs computed); repeatedly run, as one batch, every ready node of the
+  signature whose nodes have the lowest *average* depth over the whole graph. Cheap
+  signatures that many nodes wait on (a sentence's embeddings, an LSTM's input products)
+  thereby run early and in one piece, and nodes that are ready early but belong to a deep
+  signature wait for their siblings instead of forming small batches.
+* ``none``: every node its own batch, in recording order (DyNet without autobatching).
+"""
+
+import numpy as np
+
+
+def batches_none(num_nodes):
+    return [np.array([i], dtype=np.int64) for i in range(num_nodes)]
+
+
+def batches_by_depth(sig, depth):
+    """One batch per (depth, signature), by depth, then signature."""
+    if not len(sig):
+        return []
+    order = np.lexsort((sig, depth))
+    d, s = depth[order], sig[order]
+    cuts = np.flatnonzero((d[1:] != d[:-1]) | (s[1:] != s[:-1])) + 1
+    return np.split(order, cuts)
+
+
+def batches_by_agenda(sig, depth, src, dst, num_sigs):
+    """DyNet's agenda over nodes with signatures ``sig`` and depths ``depth``; ``src -> dst``
+    are the edges between nodes (repeats allowed)."""
+    n = len(sig)
+    if not n:
+        return []
+    waiting = np.bincount(dst, minlength=n).astype(np.int64)  # inputs not yet computed
+    # Consumers of each node as CSR, to release them when a batch is done.
+    by_src = np.argsort(src, kind="stable")
+    consumers = dst[by_src]
+    consumer_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=consumer_ptr[1:])
+    # The nodes of each signature contiguous, so "the ready nodes of signature s" is a scan
+    # of that signature's segment only.
+    per_sig = np.argsort(sig, kind="stable")
+    position = np.empty(n, dtype=np.int64)
+    position[per_sig] = np.arange(n)
+    sig_count = np.bincount(sig, minlength=num_sigs)
+    sig_start = np.zeros(num_sigs + 1, dtype=np.int64)
+    np.cumsum(sig_count, out=sig_start[1:])
+    average_depth = np.bincount(sig, weights=depth, minlength=num_sigs) / np.maximum(sig_count, 1)
+    ready = np.zeros(n, dtype=bool)  # indexed by position in per_sig
+    first = np.flatnonzero(waiting == 0)
+    ready[position[first]] = True
+    ready_count = np.bincount(sig[first], minlength=num_sigs)
+    priority = np.where(ready_count > 0, average_depth, np.inf)
+    batches, done = [], 0
+    while done < n:
+        s = int(priority.argmin())
+        lo, hi = sig_start[s], sig_start[s + 1]
+        hits = np.flatnonzero(ready[lo:hi])
+        batch = per_sig[lo + hits]
+        ready[lo + hits] = False
+        ready_count[s] = 0
+        priority[s] = np.inf
+        batches.append(batch)
+        done += len(batch)
+        # Release the consumers: one fewer input waiting for each edge out of the batch.
+        starts, stops = consumer_ptr[batch], consumer_ptr[batch + 1]
+        lengths = stops - starts
+        total = int(lengths.sum())
+        if not total:
+            continue
+        offsets = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
+        released = consumers[np.arange(total) + offsets]
+        np.subtract.at(waiting, released, 1)
+        now_ready = np.unique(released[waiting[released] == 0])
+        if len(now_ready):
+            ready[position[now_ready]] = True
+            newly = np.bincount(sig[now_ready], minlength=num_sigs)
+            ready_count += newly
+            touched = newly > 0
+            priority[touched] = average_depth[touched]
+    return batches
+
+
+STRATEGIES = ("none", "depth", "agenda", "depth+", "agenda+")
+
+
+def plan(strategy, sig, depth, src, dst, num_sigs):
+    base = strategy.rstrip("+")
+    if base == "none":
+        return batches_none(len(sig))
+    if base == "depth":
+        return batches_by_depth(sig, depth)
+    return batches_by_agenda(sig, depth, src, dst, num_sigs)

@@ -1,0 +1,353 @@
+"""The autobatch scope: recording eager ops as a lazy graph, and forcing it.
+
+Inside ``with mc.autobatch(strategy):`` every op on Tensors is handed to
+:meth:`AutoBatch.record` (the hook in ``autodiff/tensor.py``), which returns a
+:class:`LazyTensor` — a Tensor whose value is computed when something needs it. Recording is
+the only per-node Python work: classify the operands (per-row or shared), look the signature up
+in a dict, append the node's signature id, depth and per-row sources to flat lists. Everything
+after that — partitioning into batches, laying out rows, gathering — works on whole arrays
+(``schedule.py``, ``segment.py``).
+
+A value is needed by ``numpy()``, ``item()``, ``float()``, ``bool()`` (a data-dependent branch),
+printing, ``backward()`` and leaving the block. Then every pending node is executed as one
+*segment*; nodes recorded afterwards form the next segment, and read the earlier values as
+data. ``backward()`` runs the segments in reverse, each batched as its forward was.
+"""
+
+import bisect
+import time
+
+import numpy as np
+
+from .. import backend
+from ..autodiff.tensor import Tensor, is_grad_enabled, set_lazy_recorder
+from ..errors import ArgumentError, MinicavsError, ShapeError, UnsupportedError
+from ..locations import format_location, user_location
+from ..ops.registry import Aval
+from . import schedule
+from .segment import Segment
+from .signature import Signature
+
+_active = None  # the AutoBatch whose block is running
+
+
+class LazyTensor(Tensor):
+    """A Tensor recorded inside an autobatch block: its shape and dtype are known at once, its
+    value when the scope runs the pending graph (on first use of ``_array``)."""
+
+    __slots__ = ("_scope", "_index", "_depth", "_aval", "_value")
+    __minicavs_priority__ = 1.5  # ahead of Tensor, so a mixed call sees the lazy operand
+
+    @property
+    def _array(self):
+        value = self._value
+        if value is None:
+            value = self._value = self._scope.value_of(self)
+        return value
+
+    @property
+    def data(self):
+        return self._array
+
+    @data.setter
+    def data(self, array):
+        raise UnsupportedError("an autobatched value cannot be assigned to; make a new tensor")
+
+    @property
+    def shape(self):
+        return self._aval.shape
+
+    @property
+    def dtype(self):
+        return self._aval.dtype
+
+    @property
+    def device(self):
+        return "cuda" if backend.is_cupy_array(self._array) else "cpu"
+
+    @property
+    def is_leaf(self):
+        return False
+
+    @classmethod
+    def __minicavs_apply__(cls, op, args, attrs):
+        if _active is not None:
+            return _active.record(op, args, attrs)
+        if is_grad_enabled() and any(
+                isinstance(a, LazyTensor) and a.requires_grad for a in args):
+            raise MinicavsError(
+                f"op '{op.name}' on a value computed inside an autobatch block, after the "
+                f"block ended: its gradient would stop there. Compute it inside the block, "
+                f"or .detach() the value first" + format_location(user_location()))
+        return Tensor.__minicavs_apply__(op, args, attrs)
+
+    def backward(self, grad=None, retain_graph=False, create_graph=False):
+        """Batched reverse pass over the scope's recorded graph (see ``segment.py``)."""
+        if create_graph:
+            raise UnsupportedError("backward(create_graph=True) is not supported under "
+                                   "autobatch; differentiate twice with eager tensors")
+        if not self.requires_grad:
+            raise MinicavsError("backward() on a tensor that does not require grad: no input "
+                                "of the computation had requires_grad=True")
+        xp_grad = None
+        if grad is None:
+            if int(np.prod(self.shape)) != 1:
+                raise ShapeError(f"backward() without a gradient needs a tensor with one "
+                                 f"element, got shape {self.shape}; pass grad= explicitly")
+        else:
+            xp_grad = grad._array if isinstance(grad, Tensor) else np.asarray(grad)
+            if tuple(xp_grad.shape) != tuple(self.shape):
+                raise ShapeError(f"backward(): grad has shape {tuple(xp_grad.shape)}, the "
+                                 f"tensor has shape {self.shape}")
+        self._scope.backward([(self, xp_grad)], retain_graph)
+
+    def __repr__(self):
+        return "lazy " + super().__repr__()
+
+
+def _new_node(scope, index, depth, aval, requires_grad):
+    node = LazyTensor.__new__(LazyTensor)
+    node._scope, node._index, node._depth, node._aval = scope, index, depth, aval
+    node._value = node._versions = node._creator = node.grad = node.name = None
+    node.requires_grad = requires_grad
+    return node
+
+
+class AutoBatch:
+    """``with mc.autobatch(strategy) as ab:`` — record per-sample eager code, run it batched.
+
+    ``strategy``: ``"agenda"`` (DyNet's), ``"depth"`` (TensorFlow Fold's), the same with
+    ``"+"`` (``"agenda+"``, ``"depth+"``: parameter gradients of one signature gathered from
+    all its forward batches into one product, the backward-batching paper's strategy), or
+    ``"none"`` (every node its own batch, through the same machinery). ``ab.explain()`` says
+    what was batched, how much was copied and where the time went.
+    """
+
+    def __init__(self, strategy="agenda+"):
+        if strategy not in schedule.STRATEGIES:
+            raise ArgumentError(f"mc.autobatch: unknown strategy {strategy!r}; choose one of "
+                                f"{', '.join(schedule.STRATEGIES)}")
+        self.strategy = strategy
+        self.segments = []  # executed segments, in order
+        self._starts = []  # first node index of each segment (for bisect)
+        self._signatures = {}  # key -> Signature (a scope's; kernels are cached globally)
+        self._released = False
+        self.backward_stats = []
+        self._reset_pending(0)
+
+    def _reset_pending(self, start):
+        self.start = start  # index of the first pending node
+        self.count = start  # index the next recorded node gets
+        self.node_sig, self.node_depth = [], []
+        self.active = []  # signatures with nodes in the pending segment, by local id
+        self.leaves, self._leaf_ids = [], {}
+        self.record_began = None
+
+    # --- the block ------------------------------------------------------------------------------
+    def __enter__(self):
+        global _active
+        if _active is not None:
+            raise MinicavsError("mc.autobatch blocks cannot be nested; end the outer block first")
+        _active = self
+        set_lazy_recorder(self.record)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        global _active
+        _active = None
+        set_lazy_recorder(None)
+        if exc_type is None:
+            self.run_pending()
+        return False
+
+    # --- recording (the hot path) -----------------------------------------------------------------
+    def record(self, op, args, attrs):
+        if op.multi_output:
+            raise UnsupportedError(f"op '{op.name}' returns several values and cannot be "
+                                   f"autobatched; call it outside the mc.autobatch block")
+        if self.record_began is None:
+            self.record_began = time.perf_counter()
+        grad_on = is_grad_enabled()
+        key, sources, depth, needs_grad = self._classify(args, -1)
+        if not sources:
+            if not needs_grad:  # data only: nothing to batch or differentiate, run it now
+                return self._eager(op, args, attrs)
+            # Only shared operands (``W.T``): treat the first as this node's own row.
+            first = next(i for i, a in enumerate(args) if isinstance(a, Tensor))
+            key, sources, depth, needs_grad = self._classify(args, first)
+        try:
+            full_key = (op, grad_on, tuple(attrs.items()), *key)
+            sig = self._signatures.get(full_key)
+        except TypeError:  # an unhashable attribute
+            full_key = (op, grad_on, repr(attrs), *key)
+            sig = self._signatures.get(full_key)
+        if sig is None:
+            sig = self._signature(full_key, op, args, attrs, grad_on, sources)
+        index = self.count
+        self.count += 1
+        if not sig.nodes:
+            sig.local = len(self.active)
+            self.active.append(sig)
+        sig.nodes.append(index)
+        sig.arg_rows.extend(sources)
+        self.node_sig.append(sig.local)
+        self.node_depth.append(depth + 1)
+        return _new_node(self, index, depth + 1, sig.out, needs_grad and sig.can_grad)
+
+    def _classify(self, args, force_row):
+        """Per operand, its part of the signature key; the per-row sources (a pending node's
+        index, or -1-j for leaf j); the depth; whether anything requires grad."""
+        key, sources, depth, needs_grad = [], [], 0, False
+        start = self.start
+        for i, a in enumerate(args):
+            if type(a) is LazyTensor:
+                if a._scope is self and a._index >= start:
+                    sources.append(a._index)
+                    if a._depth > depth:
+                        depth = a._depth
+                else:  # computed in an earlier segment or scope: data for this one
+                    sources.append(self._leaf(a))
+                key.append(a._aval)
+                needs_grad = needs_grad or a.requires_grad
+            elif isinstance(a, Tensor):
+                if a.requires_grad and i != force_row:  # a parameter: shared by the batch
+                    key.append(id(a))
+                    needs_grad = True
+                else:
+                    sources.append(self._leaf(a))
+                    key.append(Aval(a.shape, a.dtype))
+                    needs_grad = needs_grad or a.requires_grad
+            elif getattr(a, "ndim", 1) == 0:  # a scalar constant: shared, by value
+                key.append(("const", a.dtype.str, a.item()))
+            else:  # an array of data
+                sources.append(self._leaf(a))
+                key.append(Aval(a.shape, a.dtype))
+        return key, sources, depth, needs_grad
+
+    def _leaf(self, value):
+        j = self._leaf_ids.get(id(value))
+        if j is None:
+            j = self._leaf_ids[id(value)] = len(self.leaves)
+            self.leaves.append(value)  # (kept alive, so its id stays unique)
+        return -1 - j
+
+    def _signature(self, full_key, op, args, attrs, grad_on, sources):
+        row_avals, shared = [], []
+        pending = iter(sources)
+        for i, k in enumerate(full_key[3:]):
+            if isinstance(k, Aval):
+                row_avals.append(Aval(tuple(k.shape), np.dtype(k.dtype)))
+                shared.append(None)
+                next(pending)
+            else:
+                row_avals.append(None)
+                shared.append(args[i])
+        sig = Signature(len(self._signatures), op, attrs, row_avals, shared, grad_on)
+        sig.can_grad = bool(grad_on and op.vjp is not None and np.dtype(sig.out.dtype).kind == "f")
+        sig.local = -1
+        self._signatures[full_key] = sig
+        return sig
+
+    @staticmethod
+    def _eager(op, args, attrs):
+        set_lazy_recorder(None)
+        try:
+            return Tensor.__minicavs_apply__(op, args, attrs)
+        finally:
+            set_lazy_recorder(_active.record if _active is not None else None)
+
+    # --- forcing --------------------------------------------------------------------------------
+    def run_pending(self):
+        """Execute every pending node as one segment (batched by the strategy)."""
+        if self.count == self.start:
+            return
+        began = self.record_began or time.perf_counter()
+        segment = Segment(self, self.start, self.count, self.strategy)
+        segment.stats["record_s"] = time.perf_counter() - began
+        segment.run(self.active, self.node_sig, self.node_depth, self.leaves)
+        for sig in self.active:
+            sig.nodes, sig.arg_rows = [], []
+        self.segments.append(segment)
+        self._starts.append(self.start)
+        self._reset_pending(self.count)
+
+    def value_of(self, node):
+        if node._index >= self.start:
+            self.run_pending()
+        segment = self.segments[bisect.bisect_right(self._starts, node._index) - 1]
+        return segment.value_of(node._index)
+
+    # --- reverse ------------------------------------------------------------------------------
+    def backward(self, seeds, retain_graph=False):
+        """Propagate ``seeds`` ((LazyTensor of this scope, gradient array or None) pairs)
+        back through the segments, and on into leaves, parameters and other graphs."""
+        self.run_pending()
+        if self._released:
+            raise MinicavsError(
+                "backward() through an autobatched graph a second time: the first backward() "
+                "released it. Sum the losses and call backward() once (or pass "
+                "retain_graph=True to the first call)")
+        began = time.perf_counter()
+        last = max(bisect.bisect_right(self._starts, t._index) - 1 for t, _ in seeds)
+        for segment in self.segments[:last + 1]:
+            segment.begin_backward()
+        for t, g in seeds:
+            segment = self.segments[bisect.bisect_right(self._starts, t._index) - 1]
+            segment.seed(t._index, g)
+        params, outside = {}, []
+        for segment in reversed(self.segments[:last + 1]):
+            for value, g in segment.backward(params):
+                self._route(value, g, params, outside)
+        for t, g in params.values():
+            _accumulate_grad(t, g)
+        if not retain_graph:
+            self._released = True
+            for segment in self.segments:
+                segment.release()
+        self.backward_stats.append(time.perf_counter() - began)
+        _continue_outside(outside)
+
+    def _route(self, value, g, params, outside):
+        """A leaf's gradient: into an earlier segment, a parameter, or another graph."""
+        if isinstance(value, LazyTensor):
+            if value._scope is self:
+                segment = self.segments[bisect.bisect_right(self._starts, value._index) - 1]
+                segment.add_grad(value._index, g)
+            elif value.requires_grad:
+                outside.append((value, g))
+        elif isinstance(value, Tensor) and value.requires_grad:
+            if value._creator is None:
+                entry = params.get(id(value))
+                params[id(value)] = (value, g if entry is None else entry[1] + g)
+            else:
+                outside.append((value, g))
+
+    # --- reporting ------------------------------------------------------------------------------
+    def explain(self, picture=True, max_batches=40):
+        """What was batched and what it cost; see ``explain.py``."""
+        from .explain import explain
+        return explain(self, picture, max_batches)
+
+
+def _accumulate_grad(t, g):
+    g = g.reshape(t.shape)
+    t.grad = Tensor(g.copy() if not g.flags.owndata else g) if t.grad is None else \
+        Tensor(t.grad._array + g)
+
+
+def _continue_outside(outside):
+    """Gradients reaching values made outside this graph: another autobatch scope's values
+    (its own batched backward) or eager tensors with a tape (their eager backward)."""
+    by_scope = {}
+    for value, g in outside:
+        if isinstance(value, LazyTensor):
+            by_scope.setdefault(id(value._scope), (value._scope, []))[1].append((value, g))
+        else:
+            value.backward(Tensor(g.reshape(value.shape)), retain_graph=True)
+    for scope, seeds in by_scope.values():
+        scope.backward(seeds)
+
+
+def autobatch(strategy="agenda+"):
+    """Batch plain per-sample eager code automatically (see :class:`AutoBatch`)."""
+    return AutoBatch(strategy)

@@ -1,0 +1,267 @@
+"""One forced execution of a scope's pending nodes: layout, batched forward, batched backward.
+
+**Layout (DyNet's memory, the paper's contiguity).** Every value of one per-row shape and dtype
+lives in one *slab*, an array with a row per value: first the segment's leaves of that shape
+(its data, and values of earlier segments), then the nodes in execution order. The nodes of a
+batch are consecutive in execution order and share their output shape, so a batch writes one
+contiguous block. A later batch whose operand rows are one contiguous run of a slab (an LSTM
+step reading the previous step's ``h`` of every sentence) reads a view — no copy; otherwise the
+rows are gathered with one ``take``. ``explain()`` counts both.
+
+**Forward.** Each batch binds its operands (views or gathers), runs its signature's batched
+kernel (the op's batching rule, ``signature.py``) and writes its block.
+
+**Backward.** Gradients live in slabs shaped like the values, zero at first. The batches run in
+reverse: the cotangent of a batch is its block of the gradient slab; its kernel's ∂ gives the
+operands' gradients, added into their rows (``+=`` on a view when they were contiguous, a
+scatter-add otherwise) and into the shared parameters' gradients.
+
+**The ``+`` strategies** (the backward-batching paper, ``docs/autobatch.md``): the gradient of a
+shared operand is a sum over rows (``Xᵀ·G`` for ``x @ W``), so instead of one product per
+forward batch, the cotangents and saved operands of *every* batch of the signature are copied
+into one contiguous block each and the parameter gradient is computed once. An LSTM's
+recurrent ``W_h`` — one forward batch per time step, since step t needs step t-1 — thus gets
+one large product instead of one per step.
+"""
+
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from .. import backend
+from ..autodiff.tensor import Tensor
+from . import schedule
+
+
+class _Batch:
+    __slots__ = ("sig", "n", "inputs", "shared", "out_slab", "out_row", "env", "targets")
+
+
+class Segment:
+    def __init__(self, scope, start, stop, strategy):
+        self.scope, self.start, self.stop, self.strategy = scope, start, stop, strategy
+        self.plus = strategy.endswith("+")
+        self.stats = {"nodes": stop - start, "copies_made": 0, "copies_avoided": 0,
+                      "scatter_made": 0, "scatter_avoided": 0, "plus_copies": 0,
+                      "plus_products": 0, "plus_products_saved": 0, "backward_s": 0.0,
+                      "by_signature": defaultdict(lambda: [0, 0])}
+        self.gslabs = None
+
+    # --- scheduling and layout ------------------------------------------------------------------
+    def run(self, active, node_sig, node_depth, leaves):
+        began = time.perf_counter()
+        start, n = self.start, self.stop - self.start
+        sig_of = np.asarray(node_sig, dtype=np.int64)
+        depth = np.asarray(node_depth, dtype=np.int64)
+        tables, sources, targets = [], [], []
+        position = np.empty(n, dtype=np.int64)  # a node's row in its signature's table
+        for sig in active:
+            nodes = np.asarray(sig.nodes, dtype=np.int64) - start
+            position[nodes] = np.arange(len(nodes))
+            table = np.asarray(sig.arg_rows, dtype=np.int64).reshape(len(nodes), sig.arity)
+            pending = table >= 0
+            # Value ids: a pending node's local index, or n + j for leaf j.
+            table = np.where(pending, table - start, n - 1 - table)
+            tables.append(table)
+            if pending.any():
+                sources.append(table[pending])
+                targets.append(np.broadcast_to(nodes[:, None], table.shape)[pending])
+        src = np.concatenate(sources) if sources else np.zeros(0, np.int64)
+        dst = np.concatenate(targets) if targets else np.zeros(0, np.int64)
+        batches = schedule.plan(self.strategy, sig_of, depth, src, dst, len(active))
+
+        # Slabs: one per (per-row shape, dtype); leaves first, then nodes in execution order.
+        slab_ids = {}
+
+        def slab_of(aval):
+            key = (tuple(aval.shape), np.dtype(aval.dtype))
+            return slab_ids.setdefault(key, len(slab_ids))
+
+        leaf_values = [v._array if isinstance(v, Tensor) else v for v in leaves]
+        leaf_slab = np.array([slab_of(v) for v in leaf_values], dtype=np.int64)
+        out_slab = np.array([slab_of(sig.out) for sig in active], dtype=np.int64)
+        in_slabs = [[slab_of(a) for a in sig.row_avals if a is not None] for sig in active]
+        num_slabs = len(slab_ids)
+        leaf_row, leaf_count = _ranks(leaf_slab, num_slabs)
+        order = np.concatenate(batches)
+        node_slab = out_slab[sig_of]
+        node_rank, node_count = _ranks(node_slab[order], num_slabs)
+        row_of = np.empty(n, dtype=np.int64)
+        row_of[order] = leaf_count[node_slab[order]] + node_rank
+        self.node_slab, self.row_of = node_slab, row_of
+        self.leaves, self.leaf_slab, self.leaf_row = leaves, leaf_slab, leaf_row
+        lookup = np.concatenate([row_of, leaf_row])
+
+        xp = backend.get_array_module(*leaf_values[:1]) if leaf_values else np
+        self.xp = xp
+        shapes = {v: k for k, v in slab_ids.items()}
+        self.slabs = [xp.empty((int(leaf_count[i] + node_count[i]),) + shapes[i][0],
+                               shapes[i][1]) for i in range(num_slabs)]
+        for i in range(num_slabs):
+            members = [v for v, s in zip(leaf_values, leaf_slab) if s == i]
+            if members:
+                self.slabs[i][:len(members)] = xp.stack([xp.asarray(m) for m in members])
+        self.plan = [self._plan_batch(nodes, active, sig_of, tables, position, lookup,
+                                      in_slabs, out_slab, row_of) for nodes in batches]
+        self.stats["batches"] = len(batches)
+        self.stats["schedule_s"] = time.perf_counter() - began
+        self._forward()
+
+    def _plan_batch(self, nodes, active, sig_of, tables, position, lookup, in_slabs, out_slab,
+                    row_of):
+        s = int(sig_of[nodes[0]])
+        sig = active[s]
+        kernel = sig.forward
+        b = _Batch()
+        b.sig, b.n = sig, len(nodes)
+        rows = lookup[tables[s][position[nodes]]]  # (n, per-row operands): slab rows
+        if b.n > 1:
+            contiguous = ((rows[1:] - rows[:-1]) == 1).all(axis=0)
+        else:
+            contiguous = np.ones(rows.shape[1], dtype=bool)
+        b.inputs, b.shared, b.targets = [], [], {}
+        k = 0
+        for symbol, aval, shared in zip(kernel.inputs, sig.row_avals, sig.shared):
+            if aval is not None:
+                r = rows[:, k]
+                entry = (id(symbol), in_slabs[s][k], int(r[0]),
+                         None if contiguous[k] else r, _unique(r, contiguous[k]))
+                self.stats["copies_avoided" if contiguous[k] else "copies_made"] += 1
+                b.inputs.append(entry)
+                b.targets[id(symbol)] = entry
+                k += 1
+            elif symbol is not None:
+                b.shared.append((id(symbol), shared))
+                b.targets[id(symbol)] = shared
+        b.out_slab, b.out_row = int(out_slab[s]), int(row_of[nodes[0]])
+        b.env = None
+        counts = self.stats["by_signature"][sig.label]
+        counts[0] += 1
+        counts[1] += b.n
+        return b
+
+    # --- forward --------------------------------------------------------------------------------
+    def _forward(self):
+        began = time.perf_counter()
+        slabs, xp = self.slabs, self.xp
+        for b in self.plan:
+            n = b.n
+            env = {}
+            for symbol, slab, lo, rows, _ in b.inputs:
+                env[symbol] = slabs[slab][lo:lo + n] if rows is None else slabs[slab][rows]
+            for symbol, t in b.shared:
+                env[symbol] = t._array
+            b.sig.forward.run(env, n, xp, slabs[b.out_slab][b.out_row:b.out_row + n])
+            if b.sig.can_grad:
+                b.env = env  # what its backward reads
+        self.stats["forward_s"] = time.perf_counter() - began
+
+    def value_of(self, index):
+        local = index - self.start
+        return self.slabs[self.node_slab[local]][self.row_of[local]]
+
+    # --- backward -------------------------------------------------------------------------------
+    def begin_backward(self):
+        if self.gslabs is None:
+            self.gslabs = [self.xp.zeros_like(s) for s in self.slabs]
+
+    def seed(self, index, grad):
+        local = index - self.start
+        self.gslabs[self.node_slab[local]][self.row_of[local]] += 1 if grad is None else grad
+
+    add_grad = seed
+
+    def backward(self, params):
+        """Run the batches in reverse; return (leaf, gradient) for the leaves that need one."""
+        began = time.perf_counter()
+        gslabs, xp, stats = self.gslabs, self.xp, self.stats
+        deferred = defaultdict(list)  # signature -> [(cotangent, env, n)] (the + strategies)
+        for b in reversed(self.plan):
+            if b.env is None:
+                continue
+            rows_kernel, shared_kernel = b.sig.backward(self.plus)
+            n = b.n
+            cotangent = gslabs[b.out_slab][b.out_row:b.out_row + n]
+            if rows_kernel is not None:
+                grads = rows_kernel.run(cotangent, b.env, n, xp)
+                for symbol, g in zip(rows_kernel.wrt, grads):
+                    target = b.targets[symbol]
+                    if isinstance(target, tuple):
+                        self._scatter(gslabs[target[1]], target, g, n)
+                    else:
+                        _add_param(params, target, g)
+            if shared_kernel is not None:
+                deferred[b.sig].append((cotangent, b.env, n))
+        for sig, terms in deferred.items():
+            self._shared_gradients(sig, terms, params)
+        stats["backward_s"] += time.perf_counter() - began
+        out = []
+        for j, leaf in enumerate(self.leaves):
+            if getattr(leaf, "requires_grad", False):
+                out.append((leaf, gslabs[self.leaf_slab[j]][self.leaf_row[j]]))
+        return out
+
+    def _scatter(self, gslab, target, g, n):
+        _, _, lo, rows, unique = target
+        if rows is None:
+            gslab[lo:lo + n] += g
+            self.stats["scatter_avoided"] += 1
+        elif unique:
+            gslab[rows] += g
+            self.stats["scatter_made"] += 1
+        else:  # a value read twice by one batch: add each row's terms
+            _scatter_add(self.xp, gslab, rows, g)
+            self.stats["scatter_made"] += 1
+
+    def _shared_gradients(self, sig, terms, params):
+        """The backward-batching strategy: one product for the shared operands' gradients of
+        every forward batch of ``sig``, over their rows copied into one block."""
+        _, kernel = sig.backward(True)
+        xp = self.xp
+        total = sum(n for _, _, n in terms)
+        if len(terms) == 1:
+            cotangent, env, _ = terms[0]
+        else:
+            cotangent = xp.concatenate([c for c, _, _ in terms])
+            env = {}
+            for (f, _), is_row in zip(kernel.refs, kernel.ref_is_row):
+                env[id(f)] = (xp.concatenate([e[id(f)] for _, e, _ in terms]) if is_row
+                              else terms[0][1][id(f)])
+            self.stats["plus_copies"] += 1 + sum(kernel.ref_is_row)
+        grads = kernel.run(cotangent, env, total, xp)
+        self.stats["plus_products"] += 1
+        self.stats["plus_products_saved"] += len(terms) - 1
+        for position, g in zip(sig.shared_grads(), grads):
+            _add_param(params, sig.shared[position], g)
+
+    def release(self):
+        for b in self.plan:
+            b.env = None
+        self.gslabs = None
+
+
+def _add_param(params, t, g):
+    entry = params.get(id(t))
+    params[id(t)] = (t, g if entry is None else entry[1] + g)
+
+
+def _ranks(groups, num_groups):
+    """Each element's rank among the elements of its group (in order), and the group sizes."""
+    order = np.argsort(groups, kind="stable")
+    counts = np.bincount(groups, minlength=num_groups)
+    starts = np.cumsum(counts) - counts
+    rank = np.empty(len(groups), dtype=np.int64)
+    rank[order] = np.arange(len(groups)) - np.repeat(starts, counts)
+    return rank, counts
+
+
+def _unique(rows, contiguous):
+    return bool(contiguous) or len(np.unique(rows)) == len(rows)
+
+
+def _scatter_add(xp, target, rows, values):
+    if xp is np:
+        np.add.at(target, rows, values)
+    else:
+        xp.add.at(target, rows, values)

@@ -1,0 +1,193 @@
+"""Signatures: which recorded nodes may run as one batch, and the batched kernel they run.
+
+Two nodes have the same signature when they apply the same op with the same attributes to
+operands of the same per-node shapes and dtypes, and share the same *shared* operands: the
+parameters (one object for every node, e.g. the ``W`` of ``x @ W``) and scalar constants (by
+value). Their other operands ("per-row": values computed in the scope, data) are stacked along a
+new leading axis, one row per node.
+
+The batched kernel of a signature is what the vertex runtime runs for a batching task: the op's
+batching rule (``op.batch``, declared with the op in ``minicavs/ops/``) is traced once on
+symbols whose per-row operands have a leading axis of the symbolic size ``VERTICES``; the
+result is a small static graph whose attributes are instantiated with a batch's real row count
+when it runs. Its backward graphs are derived symbolically from it (``grad_graph``), so the
+parameter gradient of ``x @ W`` over a batch is one product Xᵀ·G, as in ∂F.
+"""
+
+import contextlib
+
+import numpy as np
+
+from ..errors import GraphError, MinicavsError
+from ..autodiff.symbolic import Graph, Tracer, grad_graph
+from ..locations import format_location, user_location
+from ..ops.batching import VERTICES, has_symbolic_size, instantiate, row_domain
+from ..ops.registry import Aval
+
+
+_nothing = contextlib.nullcontext()
+
+
+class Signature:
+    """One signature: the op, its attributes, and per operand either a per-row aval or the
+    shared value (a Tensor or a 0-d constant array). Kernels are built on first use."""
+
+    __slots__ = ("id", "op", "attrs", "row_avals", "shared", "out", "grad_enabled", "nodes",
+                 "arg_rows", "arity", "_forward", "_backward", "label", "can_grad", "local")
+
+    def __init__(self, sig_id, op, attrs, row_avals, shared, grad_enabled):
+        self.id = sig_id
+        self.op, self.attrs = op, attrs
+        self.row_avals = row_avals  # per operand: Aval of one row, or None when shared
+        self.shared = shared  # per operand: the shared Tensor / constant array, or None
+        self.arity = sum(a is not None for a in row_avals)  # per-row operands
+        self.grad_enabled = grad_enabled
+        avals = [a if a is not None else Aval(tuple(s.shape), np.dtype(s.dtype))
+                 for a, s in zip(row_avals, shared)]
+        try:
+            out = op.infer(*avals, **attrs)
+        except MinicavsError as exc:
+            raise type(exc)(str(exc) + format_location(user_location())) from None
+        self.out = Aval(tuple(int(d) for d in out.shape), np.dtype(out.dtype))
+        if op.batch is None:
+            raise GraphError(f"op '{op.name}' has no batching rule, so it cannot run under "
+                             f"mc.autobatch; compute it outside the block"
+                             + format_location(user_location()))
+        self.nodes = []  # indices of the recorded nodes of this signature, in recording order
+        self.arg_rows = []  # flat: per node, the source id of each per-row operand
+        self._forward = self._backward = None
+        parts = [str(tuple(a.shape)) if a is not None
+                 else "W" if hasattr(s, "requires_grad") else "c"
+                 for a, s in zip(row_avals, shared)]
+        if len(parts) > 3 and len(set(parts)) == 1:  # concat of many: "12x(1,)"
+            parts = [f"{len(parts)}x{parts[0]}"]
+        shapes = ",".join(parts)
+        self.label = f"{op.name}{shapes and ' ' + shapes}"
+
+    def shared_grads(self):
+        """Positions of the shared operands that get a gradient (Tensors requiring grad)."""
+        return [i for i, s in enumerate(self.shared)
+                if s is not None and getattr(s, "requires_grad", False)]
+
+    @property
+    def forward(self):
+        if self._forward is None:
+            self._forward = BatchedKernel(self)
+        return self._forward
+
+    def backward(self, split_shared):
+        """The backward kernels: ``(rows, shared)`` — ∂ for the per-row operands, run per
+        batch, and ∂ for the shared operands, run per batch (``split_shared`` False: both
+        in one graph, ``shared`` is None) or once over all batches of the signature (True:
+        the backward-batching paper's strategy)."""
+        if self._backward is None:
+            self._backward = {}
+        if split_shared not in self._backward:
+            self._backward[split_shared] = self.forward.derive(split_shared)
+        return self._backward[split_shared]
+
+
+class BatchedKernel:
+    """The batching rule of a signature traced once: a list of op nodes over symbols whose
+    per-row operands have the leading axis ``VERTICES``; ``run`` executes it for n rows."""
+
+    def __init__(self, sig):
+        tracer = Tracer()
+        with tracer.active():
+            self.inputs = []  # per operand: its input symbol (None: a constant baked in)
+            items = []
+            for row, value in zip(sig.row_avals, sig.shared):
+                if row is not None:
+                    s = tracer.input((VERTICES,) + tuple(row.shape), row.dtype)
+                    items.append((s, "vertex"))
+                elif hasattr(value, "requires_grad"):  # a Tensor: its value is read each run
+                    s = tracer.input(tuple(value.shape), value.dtype)
+                    items.append((s, None))
+                else:
+                    s = tracer.constant(np.asarray(value))
+                    items.append((s, None))
+                    s = None
+                self.inputs.append(s)
+            out = sig.op.batch(sig.op, items, sig.attrs, sig.out)
+        if out.kind != "op" or out is not tracer.nodes[-1]:  # (the output must be the last op)
+            with tracer.active():
+                out = out + 0
+        self.sig = sig
+        self.graph = Graph(tracer.nodes, [s for s in self.inputs if s is not None], [out])
+        self.output = out
+        self.steps = _steps(self.graph)
+
+    def run(self, env, n, xp, out):
+        """Evaluate into ``env`` (input symbol id -> array, filled by the caller), the result
+        into ``out`` (the batch's rows of its slab): the last op writes there directly when it
+        has a writer (``op.into``), saving a copy of every batch's output."""
+        steps, consts = self.steps
+        run_steps((steps[:-1], consts), env, n, xp)
+        node, attrs, symbolic = steps[-1]
+        if symbolic:
+            attrs = {k: instantiate(v, n, 0) for k, v in attrs.items()}
+        args = [env[id(x)] for x in node.inputs]
+        op = node.op
+        if op.into is not None and xp is np and not any(a is out for a in args):
+            with np.errstate(over="ignore", invalid="ignore") if op.quiet_overflow else _nothing:
+                op.into(*args, out, **attrs)
+            env[id(node)] = out
+        else:
+            out[...] = env[id(node)] = op.forward(xp, *args, **attrs)
+        return out
+
+    def derive(self, split_shared):
+        sig = self.sig
+        rows = [s for s, a in zip(self.inputs, sig.row_avals)
+                if a is not None and np.dtype(a.dtype).kind == "f"]
+        shared = [self.inputs[i] for i in sig.shared_grads()]
+        if not sig.grad_enabled or sig.op.vjp is None:
+            rows, shared = [], []
+        if split_shared and shared:
+            return (BackwardKernel(self, rows) if rows else None), BackwardKernel(self, shared)
+        wrt = rows + shared
+        return (BackwardKernel(self, wrt) if wrt else None), None
+
+
+class BackwardKernel:
+    """∂ of a batched kernel with respect to some of its inputs. Inputs: the output cotangent
+    and the forward values its VJPs read (``refs``: forward symbols, looked up in the forward
+    run's environment)."""
+
+    def __init__(self, kernel, wrt):
+        self.graph = grad_graph(kernel.graph, wrt=wrt)
+        self.cotangent = self.graph.cotangents[0]
+        self.refs = list(zip(self.graph.forward_refs, self.graph.inputs[1:]))
+        self.wrt = [id(s) for s in wrt]  # forward input symbol ids, in the order of outputs
+        self.outputs = self.graph.outputs
+        self.steps = _steps(self.graph)
+        # Refs with the vertex axis are rows of the batch; others (a parameter) are shared.
+        self.ref_is_row = [row_domain(f.shape) is not None for f, _ in self.refs]
+
+    def run(self, cotangent, forward_env, n, xp):
+        env = {id(self.cotangent): cotangent}
+        for f, s in self.refs:
+            env[id(s)] = forward_env[id(f)]
+        run_steps(self.steps, env, n, xp)
+        return [env[id(o)] for o in self.outputs]
+
+
+def _steps(graph):
+    """(node, attrs, symbolic) per op node; constants are bound once."""
+    steps = []
+    for node in graph.nodes:
+        if node.kind == "op":
+            symbolic = any(has_symbolic_size(v) for v in node.attrs.values())
+            steps.append((node, node.attrs, symbolic))
+    consts = {id(n): n.value for n in graph.nodes if n.kind == "const"}
+    return steps, consts
+
+
+def run_steps(steps, env, n, xp):
+    steps, consts = steps
+    if consts:
+        env.update(consts if xp is np else {k: xp.asarray(v) for k, v in consts.items()})
+    for node, attrs, symbolic in steps:
+        if symbolic:
+            attrs = {k: instantiate(v, n, 0) for k, v in attrs.items()}
+        env[id(node)] = node.op.forward(xp, *[env[id(x)] for x in node.inputs], **attrs)

@@ -1,0 +1,174 @@
+"""Models written the plain way — one sample at a time, op by op, with Python loops — as the
+DyNet benchmark suite writes them. Run eagerly they compute one small op at a time; run inside
+``with mc.autobatch(strategy):`` the same code is batched across the samples of a mini-batch
+(``minicavs/autobatch``, ``docs/autobatch.md``).
+
+* :class:`BiLSTMTagger`: word embeddings (128), a forward and a backward LSTM (256 each), an
+  MLP (32, tanh) per word, softmax over the tags (dynet-benchmark ``bilstm-tagger.py``).
+  ``char_lstm=True``: a word seen fewer than ``rare`` (5) times in training is represented by
+  the final states of a forward and a backward character LSTM (character embedding 64, 64 per
+  direction) instead of its embedding (``bilstm-tagger-withchar.py``).
+* :class:`PlainTreeLSTM`: a binary Tree-LSTM over one tree, written recursively (E = H = 256;
+  ``treenn.py``); the root's label is classified.
+
+Every parameter is an ``mc.Parameter`` attribute; ``parameters()`` lists them, ``.arrays()``
+gives them as NumPy arrays (the benchmark loads the same values into its peers).
+"""
+
+from collections import Counter
+
+import numpy as np
+
+from .. import ops
+from ..autodiff import Parameter, tensor
+
+
+def _uniform(rng, shape, dtype, scale=None):
+    scale = np.sqrt(6.0 / sum(shape[-2:])) if scale is None else scale
+    return Parameter(rng.uniform(-scale, scale, size=shape).astype(dtype))
+
+
+class _Plain:
+    def parameters(self):
+        return [v for v in vars(self).values() if isinstance(v, Parameter)]
+
+    def named_arrays(self):
+        return {k: v.numpy() for k, v in vars(self).items() if isinstance(v, Parameter)}
+
+
+class _LSTM(_Plain):
+    """One LSTM direction: gates [i, f, o, u] = x·W + h·U + b (``mc.lstm_gates``)."""
+
+    def __init__(self, rng, inputs, hidden, dtype):
+        self.W = _uniform(rng, (inputs, 4 * hidden), dtype)
+        self.U = _uniform(rng, (hidden, 4 * hidden), dtype)
+        self.b = Parameter(np.zeros(4 * hidden, dtype))
+        self.hidden, self.dtype = hidden, dtype
+
+    def run(self, xs):
+        """The hidden state after each input, in the order of ``xs``."""
+        h = c = tensor(np.zeros(self.hidden, self.dtype))
+        out = []
+        for x in xs:
+            h, c = ops.lstm_gates(x @ self.W + h @ self.U + self.b, c)
+            out.append(h)
+        return out
+
+    def parameters(self):
+        return [self.W, self.U, self.b]
+
+
+class BiLSTMTagger(_Plain):
+    """Part-of-speech tagger, plain per-sentence code (see the module docstring).
+
+    ``words``: the training words (to build the vocabulary and find the rare ones);
+    ``tags``: the tag set; sentences are lists of ``(word, tag)``."""
+
+    def __init__(self, words, tags, *, embed=128, hidden=256, mlp=32, char_lstm=False,
+                 char_embed=64, rare=5, seed=0, dtype=np.float32):
+        rng = np.random.default_rng(seed)
+        counts = Counter(words)
+        self.vocab = {w: i + 1 for i, w in enumerate(sorted(counts))}  # 0: unknown
+        self.tag_ids = {t: i for i, t in enumerate(sorted(set(tags)))}
+        self.rare = {w for w, n in counts.items() if n < rare} if char_lstm else set()
+        self.char_lstm = char_lstm
+        self.E = _uniform(rng, (len(self.vocab) + 1, embed), dtype, scale=0.1)
+        self.fwd = _LSTM(rng, embed, hidden, dtype)
+        self.bwd = _LSTM(rng, embed, hidden, dtype)
+        self.W1 = _uniform(rng, (2 * hidden, mlp), dtype)
+        self.b1 = Parameter(np.zeros(mlp, dtype))
+        self.W2 = _uniform(rng, (mlp, len(self.tag_ids)), dtype)
+        self.b2 = Parameter(np.zeros(len(self.tag_ids), dtype))
+        if char_lstm:
+            chars = sorted({ch for w in counts for ch in w})
+            self.char_ids = {ch: i + 1 for i, ch in enumerate(chars)}
+            self.C = _uniform(rng, (len(chars) + 1, char_embed), dtype, scale=0.1)
+            self.cfwd = _LSTM(rng, char_embed, embed // 2, dtype)
+            self.cbwd = _LSTM(rng, char_embed, embed // 2, dtype)
+        self.dtype = dtype
+
+    def parameters(self):
+        own = [self.E, self.W1, self.b1, self.W2, self.b2] + self.fwd.parameters() + \
+            self.bwd.parameters()
+        if self.char_lstm:
+            own += [self.C] + self.cfwd.parameters() + self.cbwd.parameters()
+        return own
+
+    def word_vector(self, word):
+        if word in self.rare or (self.char_lstm and word not in self.vocab):
+            chars = [ops.embedding(self.C, np.array(self.char_ids.get(ch, 0))) for ch in word]
+            return ops.concat([self.cfwd.run(chars)[-1], self.cbwd.run(chars[::-1])[-1]])
+        return ops.embedding(self.E, np.array(self.vocab.get(word, 0)))
+
+    def scores(self, words):
+        """Tag scores of each word of one sentence (a list of Tensors)."""
+        xs = [self.word_vector(w) for w in words]
+        forward = self.fwd.run(xs)
+        backward = self.bwd.run(xs[::-1])[::-1]
+        return [ops.tanh(ops.concat([f, b]) @ self.W1 + self.b1) @ self.W2 + self.b2
+                for f, b in zip(forward, backward)]
+
+    def loss(self, sentence):
+        """The summed tagging loss of one sentence (a list of (word, tag))."""
+        words, tags = zip(*sentence)
+        losses = [ops.softmax_cross_entropy(s, np.array(self.tag_ids[t]))
+                  for s, t in zip(self.scores(words), tags)]
+        return ops.sum(ops.stack(losses))
+
+    def tag(self, words):
+        """The predicted tag of each word (forces the scores)."""
+        names = sorted(self.tag_ids, key=self.tag_ids.get)
+        return [names[int(np.argmax(s.numpy()))] for s in self.scores(words)]
+
+
+class PlainTreeLSTM(_Plain):
+    """Binary Tree-LSTM over one tree, written recursively (dynet-benchmark ``treenn.py``):
+    a leaf's word embedding x gives [i, o, u] = x·W + b, c = σ(i)⊙tanh(u); an internal vertex
+    with children (h_l, c_l), (h_r, c_r) gives [i, f_l, f_r, o, u] = [h_l, h_r]·U + b_U,
+    c = σ(i)⊙tanh(u) + σ(f_l)⊙c_l + σ(f_r)⊙c_r; h = σ(o)⊙tanh(c). The root's h is classified.
+    ``trees``: ``minicavs.data`` Trees (binary, children first, root last)."""
+
+    def __init__(self, vocab_size, *, embed=256, hidden=256, labels=5, seed=0,
+                 dtype=np.float32):
+        rng = np.random.default_rng(seed)
+        self.E = _uniform(rng, (vocab_size, embed), dtype, scale=0.1)
+        self.W = _uniform(rng, (embed, 3 * hidden), dtype)
+        self.bW = Parameter(np.zeros(3 * hidden, dtype))
+        self.U = _uniform(rng, (2 * hidden, 5 * hidden), dtype)
+        self.bU = Parameter(np.zeros(5 * hidden, dtype))
+        self.O = _uniform(rng, (hidden, labels), dtype)
+        self.bO = Parameter(np.zeros(labels, dtype))
+
+    def encode(self, tree, v=None):
+        """(h, c) of vertex ``v`` (default: the root), recursively."""
+        v = len(tree.children) - 1 if v is None else v
+        kids = tree.children[v]
+        if not kids:
+            x = ops.embedding(self.E, np.array(max(int(tree.words[v]), 0)))
+            i, o, u = ops.split(x @ self.W + self.bW, 3)
+            c = ops.sigmoid(i) * ops.tanh(u)
+        else:
+            (hl, cl), (hr, cr) = self.encode(tree, kids[0]), self.encode(tree, kids[-1])
+            i, fl, fr, o, u = ops.split(ops.concat([hl, hr]) @ self.U + self.bU, 5)
+            c = (ops.sigmoid(i) * ops.tanh(u) + ops.sigmoid(fl) * cl
+                 + ops.sigmoid(fr) * cr)
+        return ops.sigmoid(o) * ops.tanh(c), c
+
+    def scores(self, tree):
+        return self.encode(tree)[0] @ self.O + self.bO
+
+    def loss(self, tree):
+        return ops.softmax_cross_entropy(self.scores(tree), np.array(int(tree.labels[-1])))
+
+
+def read_tagged(path, limit=None):
+    """Sentences of ``word|TAG word|TAG ...`` lines (the DyNet benchmark's tagging format)."""
+    sentences = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            pairs = [tok.rsplit("|", 1) for tok in line.split()]
+            if pairs:
+                sentences.append([(w, t) for w, t in pairs])
+            if limit and len(sentences) >= limit:
+                break
+    return sentences
