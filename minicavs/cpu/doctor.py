@@ -8,9 +8,14 @@ import numpy as np
 
 def probe(report):
     """Append (label, value, hint-or-None, failed) rows to ``report``."""
-    from . import blas, build, native
+    from ..errors import MinicavsError
+    from . import blas, build
 
-    reason = native.unavailable()
+    try:
+        reason = build.native_unavailable()
+    except MinicavsError as exc:  # a bad MINICAVS_NATIVE: reported, as vertex functions would
+        report.append(("cpu backend", f"FAILED: {exc}", None, True))
+        return
     try:
         report.append(("c++ (native)", build.compiler()[1], None, False))
     except Exception:  # noqa: BLE001 (ToolchainError, reported as a row)

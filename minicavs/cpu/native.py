@@ -18,13 +18,11 @@ CuPy arrays.
 
 import contextlib
 import ctypes
-import os
 import threading
 import warnings
 
 import numpy as np
 
-from ..errors import ToolchainError
 from ..ops.batching import row_domain
 from ..vertex.program import RUN
 from ..vertex.zero_rows import hull
@@ -48,13 +46,7 @@ def interpreter_only():
 
 def unavailable():
     """Why no native code runs at all in this process (None: it can)."""
-    if os.environ.get("MINICAVS_NATIVE", "1").strip() == "0":
-        return "MINICAVS_NATIVE=0 is set"
-    try:
-        build.compiler()
-    except ToolchainError as exc:
-        return str(exc)
-    return None
+    return build.native_unavailable()
 
 
 def _warn_once(reason):
