@@ -144,7 +144,7 @@ def compile_timeout():
 def _run(command, timeout):
     """``command``'s CompletedProcess (text output), killed with everything it started once
     ``timeout`` seconds pass (then TimeoutExpired): ``subprocess.run`` alone kills only the
-    driver, and waits on for a ``cc1plus`` that still holds the pipes."""
+    driver, and its ``cc1plus`` (or a script's ``sleep``) runs on."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
     try:
