@@ -67,7 +67,15 @@ def _check_device_name(name):
     return name
 
 
-_device = _check_device_name(os.environ.get("MINICAVS_DEVICE", "cpu").strip().lower() or "cpu")
+def _device_from_environment():
+    name = os.environ.get("MINICAVS_DEVICE", "").strip().lower() or "cpu"
+    if name not in _DEVICES:
+        raise DeviceError(f"unknown device {name!r} in environment variable MINICAVS_DEVICE; "
+                          f"expected one of {_DEVICES}")
+    return name
+
+
+_device = _device_from_environment()
 
 
 def set_device(name):

@@ -13,6 +13,7 @@ import numpy as np
 
 from .cpu import blas, build, malloc
 from .cuda import doctor as cuda_doctor
+from .errors import MinicavsError
 from .runtime.backends import interpreter_only
 
 
@@ -37,7 +38,11 @@ def run_doctor(file=None):
 
 def _probe_native(report):
     """Append the native CPU backend's (label, value, hint-or-None, failed) rows to ``report``."""
-    reason = build.unavailable()
+    try:
+        reason = build.unavailable()
+    except MinicavsError as exc:  # a bad MINICAVS_NATIVE: reported, as vertex functions would
+        report.append(("cpu backend", f"FAILED: {exc}", None, True))
+        return
     try:
         report.append(("c++ (native)", build.compiler()[1], None, False))
     except Exception:  # noqa: BLE001 (ToolchainError, reported as a row)

@@ -9,8 +9,11 @@ embedding and hidden size 64, Adam; what they reach is stated in :data:`DESCRIPT
 """
 
 import argparse
+import hashlib
 import os
 import time
+
+import numpy as np
 
 from . import data as datasets, validate
 from .errors import CheckpointError, MinicavsError
@@ -18,6 +21,7 @@ from .models import ChildSumTreeLSTMClassifier, TreeLSTMClassifier
 from .nn import Adam, load_checkpoint, save_checkpoint
 from .training import add_common_arguments, fit, format_metrics, prepare_all, setup, throughput
 
+DEFAULT_LR = 0.005
 MODELS = {"tree-lstm": TreeLSTMClassifier, "child-sum-tree-lstm": ChildSumTreeLSTMClassifier}
 
 DESCRIPTION = """\
@@ -49,7 +53,7 @@ def configure(parser):
     parser.add_argument("model", choices=sorted(MODELS),
                         help="tree-lstm: the binary Tree-LSTM (Cavs §5, DyNet treenn); "
                              "child-sum-tree-lstm: the child-sum Tree-LSTM (any arity)")
-    add_common_arguments(parser, epochs=4, batch_size=32, lr=0.005,
+    add_common_arguments(parser, epochs=4, batch_size=32, lr=DEFAULT_LR,
                          data_help="SST directory with train.txt, dev.txt and test.txt "
                                    "(default: the embedded synthetic treebank)")
     parser.add_argument("--embed-dim", type=validate.count(minimum=1), default=64,
@@ -66,8 +70,10 @@ def configure(parser):
                              "'' to save nothing)")
     parser.add_argument("--resume", metavar="PATH", default=None,
                         help="continue from this checkpoint (weights, optimiser state and "
-                             "epoch count) up to --epochs in total; the model options must "
-                             "match the checkpoint's")
+                             "epoch count) up to --epochs in total; the model options and "
+                             "the data must match the checkpoint's. Its learning rate goes "
+                             "on unless --lr is given")
+    parser.set_defaults(lr=None)  # None: not given (a resumed run keeps the checkpoint's)
 
 
 def _sizes(text):
@@ -79,6 +85,41 @@ def _sizes(text):
         raise argparse.ArgumentTypeError(f"expected three positive sizes TRAIN,DEV,TEST, "
                                          f"got {text!r}")
     return sizes
+
+
+def data_fingerprint(splits):
+    """SHA-256 digests of the vocabulary (its tokens in id order) and of the training trees
+    (structure, words, labels): recorded in the checkpoint, so a resumed run on other data —
+    even of the same vocabulary size — is refused instead of training on silently."""
+    vocabulary = hashlib.sha256("\n".join(splits.vocab.tokens).encode("utf-8"))
+    train = hashlib.sha256()
+    for tree in splits.train:
+        train.update(repr(tree.children).encode())
+        train.update(np.ascontiguousarray(tree.words, dtype=np.int64).tobytes())
+        train.update(np.ascontiguousarray(tree.labels, dtype=np.int64).tobytes())
+    return {"vocabulary": vocabulary.hexdigest(), "train": train.hexdigest(),
+            "train_trees": len(splits.train)}
+
+
+def check_same_data(saved, current):
+    """A :class:`CheckpointError` unless the checkpoint's data fingerprint is ``current``'s
+    (a checkpoint written before fingerprints were recorded is not checked)."""
+    theirs, mine = saved.get("data_fingerprint"), current["data_fingerprint"]
+    if theirs is None:
+        return
+    if theirs["vocabulary"] != mine["vocabulary"]:
+        raise CheckpointError(f"the checkpoint was trained with another vocabulary (of "
+                              f"{saved.get('vocab_size')} words, data {saved.get('data')!r}; "
+                              f"this run has {current['vocab_size']}, data "
+                              f"{current['data']!r}): its embeddings would mean other words. "
+                              f"Resume with the checkpoint's data, or start a new run")
+    if theirs["train"] != mine["train"]:
+        raise CheckpointError(f"the checkpoint was trained on other training data "
+                              f"({theirs['train_trees']} trees, data {saved.get('data')!r}, "
+                              f"seed {saved.get('seed')}; this run has {mine['train_trees']}, "
+                              f"data {current['data']!r}, seed {current['seed']}) with the same "
+                              f"vocabulary. Resume with the checkpoint's data (--data, --sizes, "
+                              f"--seed), or start a new run")
 
 
 def load_treebank(args):
@@ -108,12 +149,13 @@ def run(args):
         return comm.fail(f"minicavs train: {exc}")
     model = MODELS[args.model](len(splits.vocab), args.embed_dim, args.hidden, 5,
                                dtype=args.dtype, leaf_loss=args.leaf_loss)
-    optimizer = Adam(model.parameters(), lr=args.lr)
+    optimizer = Adam(model.parameters(), lr=DEFAULT_LR if args.lr is None else args.lr)
     hyperparameters = {"model": args.model, "vocab_size": len(splits.vocab),
                        "embed_dim": args.embed_dim, "hidden": args.hidden,
-                       "dtype": args.dtype, "leaf_loss": args.leaf_loss, "lr": args.lr,
+                       "dtype": args.dtype, "leaf_loss": args.leaf_loss, "lr": optimizer.lr,
                        "batch_size": args.batch_size, "ranks": comm.size, "seed": args.seed,
-                       "data": args.data or "synthetic"}
+                       "data": args.data or "synthetic",
+                       "data_fingerprint": data_fingerprint(splits)}
     start_epoch = 0
     if args.resume:
         # Rank 0 reads the checkpoint; fit() gives its weights and optimiser state to the rest.
@@ -121,8 +163,14 @@ def run(args):
         if comm.is_root:
             try:
                 saved = load_checkpoint(args.resume, model, optimizer)
+                check_same_data(saved["hyperparameters"] or {}, hyperparameters)
             except MinicavsError as exc:
                 return comm.fail(f"minicavs train: --resume: {exc}")
+            if args.lr is not None and args.lr != optimizer.lr:
+                comm.log(f"learning rate {args.lr:g} (--lr), where the checkpoint trained "
+                         f"with {optimizer.lr:g}")
+                optimizer.lr = args.lr  # after the load, which restored the checkpoint's
+            hyperparameters["lr"] = optimizer.lr  # what this run trains with, recorded
         start_epoch = int((comm.broadcast_object(saved)["extra"] or {}).get("epoch", 0))
         comm.log(f"resumed from {args.resume} after epoch {start_epoch}")
 

@@ -65,7 +65,8 @@ def add_common_arguments(parser, *, epochs, batch_size, lr, data_help):
     group.add_argument("--communicator", choices=["auto", "mpi", "nccl"], default="auto",
                        help="how gradients travel: mpi (host memory), nccl (CuPy arrays on "
                             "GPUs) or auto: nccl with --device cuda, else mpi (default auto)")
-    group.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+    group.add_argument("--timeout", type=validate.real(minimum=0, open_minimum=True),
+                       default=DEFAULT_TIMEOUT, metavar="SECONDS",
                        help=f"a rank waiting longer than this for the others stops the job "
                             f"(default {DEFAULT_TIMEOUT:g})")
 
@@ -212,7 +213,7 @@ def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=N
         validate.number(clip, "clip", "fit", minimum=0)
     comm = comm or LocalCommunicator()
     log = log or comm.log
-    comm.broadcast_parameters(model.parameters())
+    comm.broadcast_parameters(model.named_parameters())  # names: same shapes, other order
     comm.broadcast_optimizer_state(optimizer)
     sampler = DistributedSampler(train, batch_size, rank=comm.rank, size=comm.size, seed=seed)
     dev_batches = prepare_all(model, dev, eval_batch_size) if dev and comm.is_root else None

@@ -127,6 +127,40 @@ def writable_file(path, name="path", owner=""):
     return path
 
 
+# --- environment variables -------------------------------------------------------------------
+
+ON_WORDS, OFF_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def env_flag(name, default):
+    """The switch in environment variable ``name``: ``1/true/yes/on`` or ``0/false/no/off`` (any
+    case, spaces ignored); unset or empty gives ``default``. Anything else is an
+    :class:`ArgumentError` naming the variable: a typo must not switch the wrong way silently."""
+    text = os.environ.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text in ON_WORDS or text in OFF_WORDS:
+        return text in ON_WORDS
+    raise ArgumentError(f"environment variable {name}={os.environ[name]!r}: expected one of "
+                        f"{'/'.join(ON_WORDS)} (on) or {'/'.join(OFF_WORDS)} (off)")
+
+
+def env_seconds(name, default):
+    """A positive, finite number of seconds from environment variable ``name`` (``default``
+    when unset or empty); anything else is an :class:`ArgumentError` naming the variable."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise ArgumentError(f"environment variable {name}={os.environ[name]!r}: expected a "
+                            f"positive number of seconds")
+    return value
+
+
 # --- command-line flags ---------------------------------------------------------------------
 
 def option(check, convert=str, **limits):

@@ -11,16 +11,15 @@ sit behind one flag test.
 """
 
 import contextlib
-import os
 
 import numpy as np
 
-from .. import backend
+from .. import backend, validate
 from ..errors import NonFiniteError
 from ..locations import format_location, user_location
 
-enabled = os.environ.get("MINICAVS_DEBUG", "").strip().lower() not in ("", "0", "false", "no",
-                                                                        "off")
+# 1/true/yes/on or 0/false/no/off; a typo is an error naming the variable, not "on".
+enabled = validate.env_flag("MINICAVS_DEBUG", False)
 # The record whose VJP is running, so a bad gradient names the forward op it belongs to.
 backward_of = None
 

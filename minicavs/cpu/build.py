@@ -1,10 +1,35 @@
-"""Compiling generated C++ into a shared library, once: the native backend's code cache.
+"""Compiling generated C++ into a shared library, once: the native backend's code cache (and the
+CUDA shim's: :func:`compile_library` serves both).
 
 A source is compiled by the system compiler (``$CXX``, else ``g++``) with :data:`CXX_FLAGS` and
 kept on disk under a hash of everything that decides the machine code — the source, the
 compiler's version line, the flags and the CPU's feature flags (``-march=native`` code must not
 run on another CPU) — as CuPy's kernel cache and TorchInductor's code cache do. A second run,
 or a second process, finds the library and compiles nothing.
+
+The cache is not trusted blindly (ccache does the same): every library ends in a trailer after
+its ELF bytes (the loader ignores bytes past the sections) holding the full key it was built
+for, the ELF size and its SHA-256. Before a cached library is loaded the trailer is read and
+checked; a truncated, empty, junk, swapped (another key's library under this name),
+unreadable or foreign-owned entry is rebuilt, with one warning naming the file. A library is
+written to a unique ``.part`` file, fsync'ed, then renamed over its name, so a reader sees the
+whole old file or the whole new one; ``.part`` files older than :data:`STALE_SECONDS` (left by
+killed compiles) are removed by the next compile. The compiler runs under a time limit
+(``MINICAVS_COMPILE_TIMEOUT`` seconds, default :data:`COMPILE_TIMEOUT`): a compiler that hangs
+is killed, with its children, and the error says so and how to run without native code.
+
+``MINICAVS_NATIVE`` takes ``0/false/no/off`` (the interpreter runs every vertex function) or
+``1/true/yes/on``; any other value is an error naming the variable (:func:`unavailable`).
+``MINICAVS_CACHE_DIR`` must name a folder this user can write (created if missing); a file or
+an unwritable folder there is an error, not a silent move elsewhere.
+
+**Fork.** libgomp's worker threads do not survive ``fork()``: a child whose forking thread ran
+a parallel loop before the fork waits forever for them at its next parallel loop
+(multiprocessing's ``fork`` context, DataLoader-style workers). An at-fork handler sets, in the
+child, that thread's OpenMP thread count to 1: its loops then run serially and never touch the
+dead pool (measured: the child hung before, finishes now with the parent's result). Threads the
+child starts later make a pool of their own and run in parallel as usual. :func:`forked_child`
+says whether this process is such a child.
 
 The flags, and why:
 
@@ -28,23 +53,48 @@ import hashlib
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
+import time
+import warnings
 
+from .. import validate
 from ..cuda.errors import numbered
-from ..errors import KernelCompileError, ToolchainError
+from ..errors import ArgumentError, KernelCompileError, ToolchainError
 
 CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
              "-D__FAST_MATH__", "-fPIC", "-std=c++17", "-w")
 LINK_FLAGS = ("-shared", "-fopenmp", "-lmvec", "-lm")
 INSTALL_HINT = "install a C++ compiler (apt-get install g++), or set CXX to one"
+OFF_HINT = "set MINICAVS_NATIVE=0 to run vertex functions on the NumPy interpreter instead"
+COMPILE_TIMEOUT = 300.0  # seconds; the largest generated program compiles in about 10 s
+VERSION_TIMEOUT = 30.0  # seconds for ``$CXX --version``
+STALE_SECONDS = 3600.0  # a .part file this old belongs to a compile that was killed
+CACHE_FORMAT = "minicavs-cache-2"  # part of every key: libraries of older layouts are not read
+_MAGIC = b"\0MINICAVS-CACHE-ENTRY\0"
+_TRAILER = len(_MAGIC) + 64 + 16 + 64  # magic, key, ELF size (hex), SHA-256 of the ELF bytes
+
+_loaded_openmp = False  # a library using OpenMP was loaded in this process
+_forked_after_openmp = False
+_serial_in_child = None  # omp_set_num_threads of the loaded OpenMP runtime, for the child
+_lock = threading.Lock()
+
+
+# --- on or off, the compiler -------------------------------------------------------------------
+
+def native_disabled():
+    """True when ``MINICAVS_NATIVE`` switches native code off (``0/false/no/off``); an
+    :class:`~minicavs.errors.ArgumentError` naming the variable for a value that is neither."""
+    return not validate.env_flag("MINICAVS_NATIVE", True)
 
 
 def unavailable():
-    """Why no native code runs in this process (None: it can): ``MINICAVS_NATIVE=0``, or no
-    C++ compiler."""
-    if os.environ.get("MINICAVS_NATIVE", "1").strip() == "0":
-        return "MINICAVS_NATIVE=0 is set"
+    """Why no native code runs at all in this process (None: it can): ``MINICAVS_NATIVE`` is
+    off, or no C++ compiler runs."""
+    if native_disabled():
+        return f"MINICAVS_NATIVE={os.environ['MINICAVS_NATIVE'].strip()} is set"
     try:
         compiler()
     except ToolchainError as exc:
@@ -58,21 +108,58 @@ def compiler():
     return find_compiler("native code", INSTALL_HINT)
 
 
-@functools.lru_cache(maxsize=None)
 def find_compiler(user, hint):
     """``(path, version line)`` of ``$CXX``, else g++, for ``user`` (named in the error, with
-    ``hint``). Shared by the native backend and the CUDA layer's CPU shim."""
+    ``hint``). Shared by the native backend and the CUDA layer's CPU shim; probed once per
+    value of ``$CXX``."""
     cxx = os.environ.get("CXX") or "g++"
+    found = _probe(cxx)
+    if isinstance(found, str):
+        raise ToolchainError(f"{found.format(user=user)}; {hint}")
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(cxx):
+    """``(path, version)`` or an error message with ``{user}`` to fill in."""
     path = shutil.which(cxx)
     if path is None:
-        raise ToolchainError(f"no C++ compiler for {user}: '{cxx}' was not found; {hint}")
+        return f"no C++ compiler for {{user}}: '{cxx}' was not found"
     try:
-        version = subprocess.run([path, "--version"], capture_output=True, text=True,
-                                 check=True, timeout=60).stdout.splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError) as exc:
-        raise ToolchainError(f"the C++ compiler '{path}' does not run ({exc}); {hint}")
-    return path, version
+        done = _run([path, "--version"], VERSION_TIMEOUT)
+        if done.returncode != 0:
+            raise OSError(f"exit status {done.returncode}")
+        return path, done.stdout.splitlines()[0]
+    except subprocess.TimeoutExpired:
+        return f"the C++ compiler '{path}' did not answer --version within {VERSION_TIMEOUT:g} s"
+    except (OSError, IndexError) as exc:
+        return f"the C++ compiler '{path}' does not run ({exc or 'no version line'})"
 
+
+def compile_timeout():
+    """Seconds a compile may take: ``MINICAVS_COMPILE_TIMEOUT``, else :data:`COMPILE_TIMEOUT`."""
+    return validate.env_seconds("MINICAVS_COMPILE_TIMEOUT", COMPILE_TIMEOUT)
+
+
+def _run(command, timeout):
+    """``command``'s CompletedProcess (text output), killed with everything it started once
+    ``timeout`` seconds pass (then TimeoutExpired): ``subprocess.run`` alone kills only the
+    driver, and its ``cc1plus`` (or a script's ``sleep``) runs on."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except BaseException:  # the timeout, or an interrupt: leave no compiler running
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+# --- where libraries live ----------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
 def cpu_signature():
@@ -88,18 +175,34 @@ def cpu_signature():
 def cache_dir(kind="native"):
     """Where compiled libraries of ``kind`` are kept: ``$MINICAVS_CACHE_DIR/<kind>``, else
     ``~/.cache/minicavs/<kind>``, else a per-user folder in the temp dir (the CUDA shim's
-    kind is "shim")."""
-    candidates = []
-    if os.environ.get("MINICAVS_CACHE_DIR"):
-        candidates.append(os.path.join(os.environ["MINICAVS_CACHE_DIR"], kind))
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    candidates.append(os.path.join(base, "minicavs", kind))
-    uid = os.getuid() if hasattr(os, "getuid") else "user"
-    candidates.append(os.path.join(tempfile.gettempdir(), f"minicavs-{kind}-{uid}"))
-    for folder in candidates:
+    kind is "shim"). A ``MINICAVS_CACHE_DIR`` that cannot be used (a file, a folder this user
+    cannot write) is an :class:`ArgumentError` naming it."""
+    chosen = os.environ.get("MINICAVS_CACHE_DIR", "").strip()
+    if chosen:
+        folder = os.path.join(chosen, kind)
         try:
             os.makedirs(folder, exist_ok=True)
-            if os.access(folder, os.W_OK):
+            usable = os.access(folder, os.W_OK | os.X_OK)
+            problem = None if usable else "this user cannot write there"
+        except OSError as exc:
+            problem = ("it is a file, not a folder" if os.path.isfile(chosen)
+                       else exc.strerror or str(exc))
+        if problem:
+            raise ArgumentError(f"environment variable MINICAVS_CACHE_DIR={chosen!r} cannot "
+                                f"hold compiled code: {problem}; point it at a folder this "
+                                f"user can write (it is created if missing), or unset it")
+        return folder
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    candidates = [os.path.join(base, "minicavs", kind),
+                  os.path.join(tempfile.gettempdir(), f"minicavs-{kind}-{uid or 'user'}")]
+    for i, folder in enumerate(candidates):
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            # In the shared temp dir, a folder someone else made first is not ours to trust.
+            if i == 1 and uid is not None and os.stat(folder).st_uid != uid:
+                continue
+            if os.access(folder, os.W_OK | os.X_OK):
                 return folder
         except OSError:
             continue
@@ -107,13 +210,150 @@ def cache_dir(kind="native"):
                          f"{candidates}); set MINICAVS_CACHE_DIR")
 
 
+def cache_key(*parts):
+    """The full key (64 hex digits) of a library built from ``parts``."""
+    return hashlib.sha256("\0".join((CACHE_FORMAT, *parts)).encode()).hexdigest()
+
+
 def library_path(source, tag):
     """The path of ``source``'s compiled library in the cache (it may not exist yet)."""
-    _, version = compiler()
-    key = hashlib.sha256("\0".join((source, version, cpu_signature(), *CXX_FLAGS, *LINK_FLAGS))
-                         .encode()).hexdigest()[:24]
-    return os.path.join(cache_dir(), f"{tag}-{key}.so")
+    return os.path.join(cache_dir(), f"{tag}-{_native_key(source)[:24]}.so")
 
+
+def _native_key(source):
+    _, version = compiler()
+    return cache_key(source, version, cpu_signature(), *CXX_FLAGS, *LINK_FLAGS)
+
+
+# --- the cache entry: the library and its trailer ------------------------------------------
+
+def _trailer(key, body):
+    return (_MAGIC + key.encode() + f"{len(body):016x}".encode()
+            + hashlib.sha256(body).hexdigest().encode())
+
+
+def entry_problem(path, key):
+    """Why the cached library at ``path`` must not be loaded for ``key`` (None: it is sound)."""
+    try:
+        info = os.stat(path)
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            return f"it belongs to another user (uid {info.st_uid})"
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror or exc})"
+    if len(data) < _TRAILER or not data[-_TRAILER:].startswith(_MAGIC):
+        return (f"it is {'empty' if not data else 'truncated or not a minicavs library'} "
+                f"({len(data)} bytes, no cache trailer)")
+    trailer = data[-_TRAILER:][len(_MAGIC):].decode("ascii", "replace")
+    stored_key, size, digest = trailer[:64], trailer[64:80], trailer[80:]
+    if stored_key != key:
+        return f"it was built for another source (key {stored_key[:12]}..., wanted {key[:12]}...)"
+    body = data[:-_TRAILER]
+    if size != f"{len(body):016x}" or hashlib.sha256(body).hexdigest() != digest:
+        return "its bytes do not match the checksum written with them"
+    return None
+
+
+def compile_library(source, tag, *, kind, key, commands, failure):
+    """The path of ``source``'s library in the ``kind`` cache, compiled unless a sound entry
+    of ``key`` is there: ``(path, compiled)``.
+
+    ``commands(cpp, obj, out)`` gives the compiler command lines that make ``out`` from the
+    source file ``cpp`` (``obj`` is a scratch object file); ``failure(log)`` the
+    :class:`KernelCompileError` for a source that does not compile.
+    """
+    folder = cache_dir(kind)
+    target = os.path.join(folder, f"{tag}-{key[:24]}.so")
+    if os.path.lexists(target):
+        problem = entry_problem(target, key)
+        if problem is None:
+            return target, False
+        warnings.warn(f"minicavs: the cached library {target} is not sound ({problem}); "
+                      f"rebuilding it", RuntimeWarning, stacklevel=3)
+    _remove_stale_parts(folder)
+    # Unique scratch names, then atomic renames: concurrent builds of one key (several
+    # processes) never see each other's half-written files.
+    scratch = [_scratch(folder, tag, suffix) for suffix in (".cpp.part", ".o.part", ".so.part")]
+    cpp, obj, partial = scratch
+    try:
+        _write_synced(cpp, source.encode())
+        timeout = compile_timeout()
+        for command in commands(cpp, obj, partial):
+            try:
+                result = _run(command, timeout)
+            except subprocess.TimeoutExpired:
+                raise KernelCompileError(
+                    f"the C++ compiler '{command[0]}' did not finish compiling {tag!r} within "
+                    f"{timeout:g} s (MINICAVS_COMPILE_TIMEOUT) and was stopped; give it longer "
+                    f"with MINICAVS_COMPILE_TIMEOUT=<seconds>, or {OFF_HINT}",
+                    source=source) from None
+            if result.returncode != 0:
+                raise failure((result.stderr or result.stdout).strip())
+        with open(partial, "rb") as f:
+            body = f.read()
+        _write_synced(partial, body + _trailer(key, body))
+        os.replace(cpp, target[:-3] + ".cpp")  # kept beside the library, for reading
+        try:
+            os.replace(partial, target)
+        except OSError:  # a foreign file we may not replace: load a private copy, once
+            os.replace(partial, private := _scratch(folder, tag, ".so.private"))
+            warnings.warn(f"minicavs: cannot replace the cached library {target}; this "
+                          f"process uses an uncached build", RuntimeWarning, stacklevel=3)
+            return private, True
+        _sync_folder(folder)
+    finally:
+        for path in scratch:
+            if os.path.exists(path):
+                os.remove(path)
+    return target, True
+
+
+def _scratch(folder, tag, suffix):
+    fd, path = tempfile.mkstemp(prefix=f"{tag}-", suffix=suffix, dir=folder)
+    os.close(fd)
+    return path
+
+
+def _write_synced(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())  # the bytes are on disk before a name points at them
+
+
+def _sync_folder(folder):
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)  # the rename itself survives a crash
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_parts(folder):
+    """Remove scratch files of compiles that were killed: ``.part`` (and private ``.so``
+    copies) older than :data:`STALE_SECONDS` — a live compile is younger (time-boxed)."""
+    cutoff = time.time() - max(STALE_SECONDS, 2 * compile_timeout())
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if name.endswith((".part", ".so.private")):
+            path = os.path.join(folder, name)
+            try:
+                if os.lstat(path).st_mtime < cutoff:
+                    os.remove(path)
+            except OSError:
+                pass  # another process removed it first
+
+
+# --- the native backend's build and load -------------------------------------------------------
 
 def build(source, tag, origin=""):
     """Compile ``source`` (unless cached) and load it: ``(ctypes.CDLL, compiled)``, ``compiled``
@@ -122,34 +362,59 @@ def build(source, tag, origin=""):
     # Idle OpenMP threads sleep instead of spinning: spinning starves OpenBLAS's threads (and
     # other processes) on a machine with few cores. Read when libgomp loads, so set first.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    target = library_path(source, tag)
-    if os.path.exists(target):
-        return ctypes.CDLL(target), False
     cxx, version = compiler()
-    folder = os.path.dirname(target)
-    # Unique scratch names, then atomic renames: concurrent builds of one key (several
-    # processes) never see each other's half-written files.
-    fd, cpp = tempfile.mkstemp(prefix=f"{tag}-", suffix=".cpp.part", dir=folder)
-    with os.fdopen(fd, "w") as f:
-        f.write(source)
-    fd, obj = tempfile.mkstemp(prefix=f"{tag}-", suffix=".o.part", dir=folder)
-    os.close(fd)
-    fd, partial = tempfile.mkstemp(prefix=f"{tag}-", suffix=".so.part", dir=folder)
-    os.close(fd)
+
+    def commands(cpp, obj, out):
+        return ([cxx, *CXX_FLAGS, "-x", "c++", "-c", "-o", obj, cpp],
+                [cxx, "-o", out, obj, *LINK_FLAGS])
+
+    def failure(log):
+        return KernelCompileError(
+            f"native code for {origin or tag} did not compile ({version}).\n"
+            f"--- compiler log ---\n{log}\n--- generated source ---\n{numbered(source)}",
+            log=log, source=source)
+
+    path, compiled = compile_library(source, tag, kind="native", key=_native_key(source),
+                                     commands=commands, failure=failure)
+    return load_openmp_library(path), compiled
+
+
+def load_openmp_library(path):
+    """``ctypes.CDLL(path)`` for a library built with ``-fopenmp``, remembered for the fork
+    handler; a private copy (see :func:`compile_library`) is unlinked once loaded."""
+    global _loaded_openmp, _serial_in_child
     try:
-        for command in ([cxx, *CXX_FLAGS, "-x", "c++", "-c", "-o", obj, cpp],
-                        [cxx, "-o", partial, obj, *LINK_FLAGS]):
-            result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-            if result.returncode != 0:
-                log = (result.stderr or result.stdout).strip()
-                raise KernelCompileError(
-                    f"native code for {origin or tag} did not compile ({version}).\n"
-                    f"--- compiler log ---\n{log}\n--- generated source ---\n{numbered(source)}",
-                    log=log, source=source)
-        os.replace(cpp, target[:-3] + ".cpp")  # kept beside the library, for reading
-        os.replace(partial, target)
-    finally:
-        for scratch in (cpp, obj, partial):
-            if os.path.exists(scratch):
-                os.remove(scratch)
-    return ctypes.CDLL(target), True
+        lib = ctypes.CDLL(path)
+    except OSError as exc:
+        raise ToolchainError(f"the compiled library {path} does not load ({exc}); remove it "
+                             f"to rebuild, or {OFF_HINT}") from None
+    if path.endswith(".so.private"):
+        os.remove(path)  # mapped now; nothing else may load it
+    with _lock:
+        if _serial_in_child is None:
+            try:  # dlsym searches the library's dependencies: the OpenMP runtime it links
+                _serial_in_child = lib.omp_set_num_threads
+                _serial_in_child.argtypes, _serial_in_child.restype = [ctypes.c_int], None
+            except AttributeError:
+                pass
+        _loaded_openmp = True
+    return lib
+
+
+def forked_child():
+    """True in a process forked (``os.fork``, multiprocessing's ``fork`` context) after its
+    parent loaded OpenMP code: the forking thread's native loops run on one core here (see the
+    module docstring)."""
+    return _forked_after_openmp
+
+
+def _after_fork_in_child():
+    global _forked_after_openmp
+    if _loaded_openmp:
+        _forked_after_openmp = True
+        if _serial_in_child is not None:
+            _serial_in_child(1)  # no parallel region touches the pool whose threads are gone
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -68,6 +68,9 @@ def wheel_library_dirs():
 def _candidate_libraries():
     """Paths of libnvrtc to preload, the builtins library first (libnvrtc opens it by name)."""
     override = os.environ.get("MINICAVS_NVRTC_LIB")
+    if override and not os.path.isfile(override):  # not silently some other libnvrtc
+        raise ToolchainError(f"environment variable MINICAVS_NVRTC_LIB={override!r}: no such "
+                             f"file; point it at a libnvrtc.so.*, or unset it")
     if override:
         folder = os.path.dirname(os.path.abspath(override))
         return sorted(glob.glob(os.path.join(folder, "libnvrtc-builtins.so.*"))) + [override]

@@ -40,12 +40,8 @@ so generated fusion kernels run through the same path.
 
 import ctypes
 import functools
-import hashlib
-import os
 import platform
 import re
-import subprocess
-import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -255,36 +251,24 @@ def cache_dir():
 
 
 def _build(unit, tag):
-    """Compile ``unit`` to a shared library in the cache (reused when present); return its path."""
+    """Compile ``unit`` to a shared library in the cache (reused when its entry is sound: the
+    checks and atomic writes of :func:`minicavs.cpu.build.compile_library`); return its path."""
+    from ..cpu.build import cache_key, compile_library
+
     cxx, version = compiler()
-    key = hashlib.sha256("\0".join((unit, version, *CXX_FLAGS)).encode()).hexdigest()[:24]
-    folder = cache_dir()
-    target = os.path.join(folder, f"{tag}-{key}.so")
-    if os.path.exists(target):
-        return target
-    # Unique scratch names, then atomic renames: concurrent builds of one key (pytest-xdist,
-    # several processes) never see each other's half-written files.
-    fd, cpp = tempfile.mkstemp(prefix=f"{tag}-", suffix=".cpp.part", dir=folder)
-    with os.fdopen(fd, "w") as f:
-        f.write(unit)
-    fd, partial = tempfile.mkstemp(prefix=f"{tag}-", suffix=".so.part", dir=folder)
-    os.close(fd)
-    try:
-        result = subprocess.run([cxx, *CXX_FLAGS, "-x", "c++", "-o", partial, cpp],
-                                capture_output=True, text=True, timeout=600)
-        if result.returncode != 0:
-            log = (result.stderr or result.stdout).strip()
-            raise KernelCompileError(
-                f"the CPU shim ({version}) could not compile kernel source '{tag}'.\n"
-                f"--- compiler log ---\n{log}\n--- translation unit ---\n{numbered(unit)}",
-                log=log, source=unit)
-        os.replace(cpp, target[:-3] + ".cpp")  # kept beside the library, for reading
-        os.replace(partial, target)
-    finally:
-        for scratch in (cpp, partial):
-            if os.path.exists(scratch):
-                os.remove(scratch)
-    return target
+
+    def commands(cpp, obj, out):  # noqa: ARG001 (one step: no object file)
+        return ([cxx, *CXX_FLAGS, "-x", "c++", "-o", out, cpp],)
+
+    def failure(log):
+        return KernelCompileError(
+            f"the CPU shim ({version}) could not compile kernel source '{tag}'.\n"
+            f"--- compiler log ---\n{log}\n--- translation unit ---\n{numbered(unit)}",
+            log=log, source=unit)
+
+    path, _ = compile_library(unit, tag, kind="shim", key=cache_key(unit, version, *CXX_FLAGS),
+                              commands=commands, failure=failure)
+    return path
 
 
 class ShimModule:

@@ -3,7 +3,7 @@ runs Chainer: every rank holds the whole model, trains on its own share of each 
 and the gradients are summed over the ranks before every update.
 
     comm = distributed.create_communicator()          # under mpiexec -n N; mpi4py inside
-    comm.broadcast_parameters(model.parameters())     # rank 0's initial weights everywhere
+    comm.broadcast_parameters(model.named_parameters())  # rank 0's weights, names checked
     for batch in distributed.DistributedSampler(train, B, rank=comm.rank, size=comm.size,
                                                 seed=0).batches(epoch):
         ...loss.backward()...

@@ -43,6 +43,25 @@ class Traffic:
     bytes: int = 0
 
 
+def _named(params):
+    """``(names, tensors)`` of ``params``: Tensors (named by ``.name``, else None) or
+    ``(name, Tensor)`` pairs."""
+    names, tensors = [], []
+    for item in params:
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            names.append(item[0])
+            tensors.append(item[1])
+        else:
+            names.append(getattr(item, "name", None))
+            tensors.append(item)
+    return names, tensors
+
+
+def _described(entry):
+    shape, dtype, name = entry
+    return f"{shape} {dtype}" if name is None else f"{name!r} {shape} {dtype}"
+
+
 class Communicator:
     """What data-parallel training asks of the ranks. Subclasses provide the primitives (in
     place ``_allreduce_array`` and ``_broadcast_array``, pickled ``_broadcast_object`` and
@@ -82,20 +101,23 @@ class Communicator:
         """
         if self.size == 1:
             return
-        params = list(params)
+        names, params = _named(params)
         scale = 1.0 / self.size if average else 1.0
-        for bucket in self._buckets(params):
+        for bucket in self._buckets(params, names):
             buffer = pack_gradients(bucket, params)
             self._reduce(buffer)
             unpack_gradients(bucket, params, buffer, scale)
 
     def broadcast_parameters(self, params, root=0):
         """Give every rank ``root``'s parameter values (in place), after checking that every
-        rank has the same parameters (shapes and dtypes)."""
+        rank has the same parameters: names, shapes and dtypes. ``params`` are Tensors or
+        ``(name, Tensor)`` pairs — pass ``model.named_parameters()``: a model built with its
+        parts in another order on one rank has equal shapes in another order, which only the
+        names tell apart (a Tensor alone is known by its ``.name``, if it has one)."""
         if self.size == 1:
             return
-        params = list(params)
-        for bucket in self._buckets(params):
+        names, params = _named(params)
+        for bucket in self._buckets(params, names):
             buffer = pack_values(bucket, params)
             self._broadcast(buffer, root)
             unpack_values(bucket, params, buffer)
@@ -152,18 +174,18 @@ class Communicator:
         return 1
 
     # --- the bucket plan ---------------------------------------------------------------------
-    def _buckets(self, params):
-        key = tuple((tuple(p.shape), str(p.dtype), p.device) for p in params)
+    def _buckets(self, params, names):
+        key = tuple((n, tuple(p.shape), str(p.dtype), p.device) for n, p in zip(names, params))
         plan = self._plans.get(key)
         if plan is None:
-            self._check_same_parameters(params)
+            self._check_same_parameters(params, names)
             plan = self._plans[key] = plan_buckets(params, self.bucket_bytes)
         return plan
 
-    def _check_same_parameters(self, params):
+    def _check_same_parameters(self, params, names):
         """Every rank must hold the same parameters in the same order; otherwise the buckets
         would not line up and the sums would mix unrelated values (or MPI would fail)."""
-        mine = [(tuple(p.shape), str(p.dtype)) for p in params]
+        mine = [(tuple(p.shape), str(p.dtype), n) for n, p in zip(names, params)]
         everyone = self.allgather_object(mine)
         problems = []
         for rank, theirs in enumerate(everyone):
@@ -174,8 +196,8 @@ class Communicator:
                                 f"{len(everyone[0])}")
                 continue
             i = next(i for i, (a, b) in enumerate(zip(theirs, everyone[0])) if a != b)
-            problems.append(f"parameter {i} is {theirs[i][0]} {theirs[i][1]} on rank {rank}, "
-                            f"{everyone[0][i][0]} {everyone[0][i][1]} on rank 0")
+            problems.append(f"parameter {i} is {_described(theirs[i])} on rank {rank}, "
+                            f"{_described(everyone[0][i])} on rank 0")
         if problems:
             raise DistributedError("the ranks do not hold the same parameters (build the same "
                                    "model on every rank):\n  " + "\n  ".join(problems))

@@ -185,7 +185,12 @@ def _to_json(value):
     raise TypeError(f"{type(value).__name__} {value!r} is not JSON-serialisable")
 
 
-def _write_atomically(path, arrays):
+def _write_atomically(path, arrays, function="save_checkpoint"):
+    for key, value in arrays.items():
+        if np.asarray(value).dtype.hasobject:  # np.savez would pickle it; np.load refuses that
+            raise CheckpointError(f"{function}: array {key!r} has dtype object, which a "
+                                  f"checkpoint cannot hold (it is never unpickled); convert "
+                                  f"it to a numeric, bool or string array")
     directory = os.path.dirname(os.path.abspath(path))
     _remove_stale_temporaries(path)
     temporary = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}."
@@ -357,7 +362,8 @@ def save(obj, path):
 
     The file is an ``.npz`` of plain arrays plus the tree as JSON, so :func:`load` never
     unpickles anything. Tensors come back as NumPy arrays, tuples as lists; dict keys must be
-    strings."""
+    strings, and ``"__tree__"`` is reserved (it marks an array in the file). The file holds a
+    SHA-256 checksum of its arrays: :func:`load` refuses one damaged or edited since."""
     path = os.fspath(path)
     arrays = {}
 
@@ -367,6 +373,10 @@ def save(obj, path):
             if bad:
                 raise CheckpointError(f"save: keys must be strings; {where or 'the top level'} "
                                       f"has key {bad[0]!r}")
+            if _TREE in value:
+                raise CheckpointError(f"save: key {_TREE!r} (at {where or 'the top level'}) is "
+                                      f"reserved: it marks an array in the file, and would be "
+                                      f"read back as one; rename it")
             return {k: encode(v, f"{where}/{k}") for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [encode(v, f"{where}/{i}") for i, v in enumerate(value)]
@@ -375,6 +385,11 @@ def save(obj, path):
         if isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__"):
             key = f"array/{len(arrays)}"
             arrays[key] = np.asarray(value.get() if hasattr(value, "get") else value)
+            if arrays[key].dtype.hasobject:
+                raise CheckpointError(f"save: {where or 'the object'} is an array of dtype "
+                                      f"{arrays[key].dtype} (Python objects), which mc.save "
+                                      f"does not pickle; convert it to a numeric, bool or "
+                                      f"string array, or to lists")
             return {_TREE: key}
         if isinstance(value, np.generic):
             return value.item()
@@ -386,9 +401,10 @@ def save(obj, path):
 
     tree = encode(obj, "")
     text = json.dumps({"format": FORMAT + "-tree", "format_version": FORMAT_VERSION,
-                       "minicavs_version": __version__, "tree": tree})
+                       "minicavs_version": __version__, "tree": tree,
+                       "checksum": _checksum(arrays)})
     arrays[_METADATA] = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-    _write_atomically(path, arrays)
+    _write_atomically(path, arrays, "save")
 
 
 def load(path):
@@ -405,6 +421,7 @@ def load(path):
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT + "-tree":
         raise CheckpointError(f"{path!r} was not written by mc.save (for save_checkpoint's "
                               f"files use load_checkpoint)")
+    _verify_checksum(path, arrays, metadata)  # files written before the checksum: unverified
 
     def decode(value):
         if isinstance(value, dict):

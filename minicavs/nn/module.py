@@ -3,13 +3,27 @@
 There is nothing to register by hand: a Module's attributes that are Parameters or Modules (or
 lists, tuples and dicts of them, nested) *are* its parameters and submodules, found by walking
 ``vars(self)`` in the order they were assigned. Names are dotted paths: ``encoder.weight``,
-``layers.0.bias``, ``heads.sentiment.weight``. The Parameters a vertex function or a static
-function (``mc.symbolic``) captured from its cell, held in an attribute, are found too, after
-all the others: ``F.W`` (the Parameter's name, else ``p0``, ``p1``, ... in capture order).
+``layers.0.bias``, ``heads.sentiment.weight``. The Parameters a function held in an
+attribute uses are found too, after all the others, so optimisers and checkpoints see them:
+
+* a vertex function or a static function (``mc.symbolic``): those its cell captured, ``F.W``
+  (the Parameter's name, else ``p0``, ``p1``, ... in capture order);
+* a function of several kinds (``VertexFunction.by_kind``): those of every kind's cell, each
+  once, ``F.W`` (unnamed: ``F.<kind>.p0``, its place in that kind's capture order);
+* a recursive function (``mc.recursive``): it is traced only on its first call, per kind of
+  vertex, so before that nothing has been captured. What is knowable before is what its
+  Python function closes over: Parameters in its closure cells and the globals it reads (also
+  inside lists, tuples and dicts), named by the Parameter's name, else the variable
+  (``F.table``, ``F.layers.0``) — the same names before and after the first call. Parameters
+  reached only another way (an attribute, ``self.W``) join once a kind that uses them has been
+  traced (``F.p0``, ...): hold them in the Module, or close over them, to have them from the
+  start.
 
 ``train()`` and ``eval()`` set ``training`` on a module and every submodule: Dropout drops
 only in training.
 """
+
+import inspect
 
 import numpy as np
 
@@ -18,7 +32,7 @@ from ..autodiff import Parameter, versions
 from ..errors import CheckpointError
 from ..ops import embedding, linear
 from ..ops.registry import describe
-from ..vertex import StaticFunction, VertexFunction
+from ..vertex import KindedFunction, RecursiveFunction, StaticFunction, VertexFunction
 from . import init
 
 
@@ -35,18 +49,54 @@ def _held(name, value, kinds):
             yield from _held(f"{name}.{key}", item, kinds)
 
 
+FUNCTIONS = (VertexFunction, StaticFunction, KindedFunction, RecursiveFunction)
+
+
 def _captured(value):
-    """(name, Parameter) for each Parameter a vertex or static function captured."""
+    """(name, Parameter) for each Parameter a function of :data:`FUNCTIONS` uses (see the
+    module docstring), each once, the names unique within the function."""
     if isinstance(value, VertexFunction):
-        graphs = [value.graph]
+        found = _graph_params([value.graph])
     elif isinstance(value, StaticFunction):
-        graphs = value.graphs
+        found = _graph_params(value.graphs)
+    elif isinstance(value, KindedFunction):
+        found = [(name if p.name else f"{kind}.{name}", p) for kind, cell in value.cells.items()
+                 for name, p in _graph_params([cell.graph])]
+    elif isinstance(value, RecursiveFunction):
+        found = list(_closed_over(value.fn))
+        traced = [p for p in value.params if isinstance(p, Parameter)]  # in kind order
+        found += [(p.name or f"p{i}", p) for i, p in enumerate(traced)]
     else:
         return
-    for graph in graphs:
-        for node in graph.params:
-            if isinstance(node.value, Parameter):
-                yield node.name, node.value
+    seen, names = set(), set()
+    for name, p in found:
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        unique, k = name, 1
+        while unique in names:  # two Parameters of one name: the second gets a suffix
+            unique, k = f"{name}_{k}", k + 1
+        names.add(unique)
+        yield unique, p
+
+
+def _graph_params(graphs):
+    return [(node.name, node.value) for graph in graphs for node in graph.params
+            if isinstance(node.value, Parameter)]
+
+
+def _closed_over(fn):
+    """(name, Parameter) for the Parameters ``fn``'s closure cells and the globals it reads
+    hold, directly or in lists, tuples and dicts: what a recursive function can capture when
+    it is traced, known before."""
+    fn = getattr(fn, "__func__", fn)
+    if not inspect.isfunction(fn):
+        return
+    variables = inspect.getclosurevars(fn)
+    for scope in (variables.nonlocals, variables.globals):
+        for variable, value in scope.items():
+            for name, p in _held(variable, value, Parameter):
+                yield (p.name or name), p
 
 
 class Module:
@@ -85,7 +135,7 @@ class Module:
 
     def named_parameters(self):
         """``(dotted name, Parameter)`` pairs in assignment order (depth first), then those only
-        a vertex or static function captured; a Parameter shared by two submodules comes once,
+        a function held in an attribute uses (see the module docstring); a Parameter shared by two submodules comes once,
         under its first name, so an optimiser never updates it twice."""
         seen, found = set(), []
 
@@ -104,7 +154,7 @@ class Module:
         for path, module in self.named_modules():
             prefix = f"{path}." if path else ""
             for attribute, value in vars(module).items():
-                for name, function in _held(attribute, value, (VertexFunction, StaticFunction)):
+                for name, function in _held(attribute, value, FUNCTIONS):
                     for param_name, p in _captured(function):
                         if id(p) not in seen:
                             seen.add(id(p))

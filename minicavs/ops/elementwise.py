@@ -15,7 +15,7 @@ from . import batching, reduce, shape
 from .formula import c_expr, writer
 from .registry import (Aval, Op, apply, broadcast_shapes, common_dtype, is_scalar, register,
                        require_float, result_dtype)
-from ..errors import DTypeError
+from ..errors import ArgumentError, DTypeError
 from .rows import HULL, INTERSECT, KEEPS
 
 
@@ -277,10 +277,17 @@ def pow(x, exponent):  # noqa: A001 (mirrors the Python operator)
     """``x ** exponent``. A Python number as the exponent is an attribute of the op (its C
     expression holds it as a literal); a tensor exponent, or a scalar base, is the binary op
     ``power`` (``2 ** x``: ``pow(2, x)``). Integers stay integers under a non-negative integer
-    exponent (as in NumPy); any other exponent computes in floats."""
+    exponent (as in NumPy and PyTorch); a float exponent, even ``2.0``, computes in floats; a
+    negative integer exponent of integers is refused (NumPy and PyTorch refuse it too: the
+    result is not an integer)."""
     if is_scalar(exponent) and not is_scalar(x):
         if np.dtype(x.dtype).kind in "biu":
-            if float(exponent).is_integer() and exponent >= 0:
+            if isinstance(exponent, (int, np.integer)) and exponent < 0:
+                raise ArgumentError(f"op 'pow': an integer tensor ({x.dtype}) to the negative "
+                                    f"integer power {exponent} is not an integer; convert it "
+                                    f"to a float dtype first, or use a float exponent "
+                                    f"({float(exponent)})")
+            if isinstance(exponent, (int, np.integer)):
                 x = astype(x, np.int64) if np.dtype(x.dtype).kind == "b" else x
                 return apply(POW, x, exponent=int(exponent))
             x = astype(x, result_dtype([x.dtype], [exponent], to_float=True))

@@ -104,8 +104,10 @@ def flip(x, axis=None):
     """``x`` reversed along ``axis`` (an int, a tuple, or None: every axis)."""
     axes = range(len(x.shape)) if axis is None else (
         (axis,) if isinstance(axis, _INTEGERS) else tuple(axis))
+    axes = [normalize_axis("flip", a, len(x.shape)) for a in axes]
+    if len(set(axes)) != len(axes):  # twice reversed would be no flip at all: a mistake
+        raise ShapeError(f"op 'flip': repeated axis in {axis}")
     for a in axes:
-        a = normalize_axis("flip", a, len(x.shape))
         if x.shape[a] > 1:
             x = take(x, np.arange(x.shape[a] - 1, -1, -1), a)
     return x

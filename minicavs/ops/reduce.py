@@ -177,13 +177,17 @@ def mean(x, axis=None, keepdims=False):
 
 
 def var(x, axis=None, keepdims=False, ddof=0):
-    """The variance over ``axis``: the mean squared deviation, divided by ``n - ddof`` (NumPy's
-    default ddof=0; PyTorch's ``unbiased=True`` is ddof=1)."""
+    """The variance over ``axis``: the mean squared deviation, divided by ``max(n - ddof, 0)``
+    (NumPy's default ddof=0; PyTorch's ``unbiased=True`` is ddof=1). With ``ddof >= n`` that is
+    a division by zero, as in NumPy and PyTorch: inf, or NaN where every value is equal (and
+    for an empty axis)."""
     axes = normalize_axes("var", axis, len(x.shape))
     count = int(np.prod([x.shape[a] for a in axes]))
     deviation = x - mean(x, axes, keepdims=True)
     total = sum(deviation * deviation, axes, keepdims)
-    return total * (1.0 / (count - ddof) if count > ddof else float("nan"))
+    if count > ddof:
+        return total * (1.0 / (count - ddof))
+    return total / elementwise.zeros_like(total)  # x / 0: inf, 0 / 0: NaN
 
 
 def std(x, axis=None, keepdims=False, ddof=0):

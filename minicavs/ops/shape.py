@@ -324,7 +324,8 @@ def _triangle(x, k, lower):
                          f"shape {describe(x.shape)}")
     n, m = x.shape[-2:]
     keep = np.tri(n, m, k, dtype=bool) if lower else ~np.tri(n, m, k - 1, dtype=bool)
-    return elementwise.where(keep, x, 0)
+    zero = False if np.dtype(x.dtype).kind == "b" else 0  # a bool triangle stays bool
+    return elementwise.where(keep, x, zero)
 
 
 def tril(x, k=0):

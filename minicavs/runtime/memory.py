@@ -37,15 +37,15 @@ _budget = None  # bytes, set by set_memory_budget; None: the environment, else t
 _default = {}  # device -> the default budget, measured at the first call
 
 
-def parse_size(size):
+def parse_size(size, what="memory budget"):
     """Bytes from an int or a string such as ``"8G"``, ``"512MB"``, ``"1.5 GiB"``, ``"2000"``."""
     if isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size > 0:
         return int(size)
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b?)\s*", str(size).lower())
-    if match is None or float(match.group(1)) <= 0:
-        raise ArgumentError(f"memory budget: expected a positive number of bytes or a size "
-                            f"such as '8G' or '512M', got {size!r}")
-    scale = 1024 ** " kmgt".index(match.group(2) or " ")
+    scale = 1024 ** " kmgt".index(match.group(2) or " ") if match else 0
+    if match is None or float(match.group(1)) * scale < 1:  # "0.5": not even one byte
+        raise ArgumentError(f"{what}: expected a positive number of bytes (at least 1) or a "
+                            f"size such as '8G' or '512M', got {size!r}")
     return int(float(match.group(1)) * scale)
 
 
@@ -62,7 +62,8 @@ def memory_budget(device=None):
     if _budget is not None:
         return _budget
     if os.environ.get("MINICAVS_MEMORY_BUDGET"):
-        return parse_size(os.environ["MINICAVS_MEMORY_BUDGET"])
+        return parse_size(os.environ["MINICAVS_MEMORY_BUDGET"],
+                          "environment variable MINICAVS_MEMORY_BUDGET")
     device = device or backend.get_device()
     if device not in _default:
         available = backend.available_memory(device)
