@@ -9,6 +9,7 @@ from hypothesis import given, strategies as st
 
 import minicavs as mc
 from minicavs.vertex.growth import grow, grow_per_sample, top_down
+from minicavs.vertex.growth.frontier import Frontier, SampleStreams
 
 P, H, OUT = 3, 5, 4
 
@@ -185,6 +186,47 @@ def test_a_stop_rule_that_never_fires_meets_max_vertices():
     reference = grow_per_sample(F, cut.pull[cut.offsets[:-1]], always_two, max_vertices=10,
                                 on_budget="truncate")
     np.testing.assert_allclose(cut.push, reference.push, rtol=1e-10)
+
+
+@pytest.mark.parametrize("huge", [2**40, 2**63 - 1, 1e30, np.uint64(2**64 - 1)])
+def test_an_enormous_child_count_meets_the_budget_at_once(huge):
+    """Counts past any budget neither wrap around in int64 nor allocate a row per child asked
+    for before the budget is checked (issue 23: terabytes, or a negative count)."""
+    num_samples = 2
+
+    def enormous(frontier):  # each root asks for a huge number of children, then none
+        return np.where(frontier.depth == 0, huge, 0), None
+
+    def cell(v):  # pulls nothing: no child_pull rows bound what decide may ask for
+        h = mc.tanh(v.gather(0) + 1.0)
+        v.scatter(h)
+        v.push(h)
+
+    nothing_pulled = mc.VertexFunction(cell, scatter_shape=(3,), push_shape=(3,), arity=1,
+                                       dtype="float64")
+    with pytest.raises(mc.GraphError, match="reached max_vertices=50"):
+        grow(nothing_pulled, None, enormous, num_samples=num_samples, max_vertices=50)
+    cut = grow(nothing_pulled, None, enormous, num_samples=num_samples, max_vertices=50,
+               on_budget="truncate")
+    assert [len(p) for p in cut.parents] == [50, 50] and cut.truncated.all()
+
+
+def test_sampling_at_a_tiny_temperature_is_the_argmax():
+    logits = np.array([[0.0, 3.0, 1.0], [-5.0, -7.0, -6.0], [2.0, 2.5, 900.0]])
+    frontier = Frontier(logits, logits, None, np.arange(3), np.zeros(3, np.int64),
+                        np.zeros(3, np.int64), np.zeros(3, np.int64), SampleStreams(0))
+    for temperature in (1e-3, 1e-12, 1e-300, 1e-308):  # (logits / 1e-308 overflow to inf)
+        assert frontier.sample(temperature=temperature).tolist() == [1, 0, 2]
+
+
+def test_frontier_above_takes_one_value_per_row():
+    values = np.array([[0.5], [-1.0]])
+    frontier = Frontier(values, values, None, np.arange(2), np.zeros(2, np.int64),
+                        np.zeros(2, np.int64), np.zeros(2, np.int64), SampleStreams(0))
+    assert frontier.above(values).tolist() == [1, 0]
+    with pytest.raises(mc.ShapeError, match=r"Frontier.above: values has shape \(2, 2\), "
+                                            r"expected \(2,\) or \(2, 1\)"):
+        frontier.above(np.ones((2, 2)))
 
 
 def test_an_empty_batch_grows_nothing():

@@ -76,7 +76,8 @@ def check_children(f, answer, frontier, names, where):
         if counts.dtype.kind != "f" or not (counts == np.round(counts)).all():
             raise DTypeError(f"{where}: decide's counts must be integers, got dtype "
                              f"{counts.dtype}")
-    counts = counts.astype(np.int64)
+    # (a count past any budget is as good as 2**62, and no longer wraps around in int64)
+    counts = np.minimum(counts, 2**62).astype(np.int64)
     if (counts < 0).any():
         i = int(np.flatnonzero(counts < 0)[0])
         raise GraphError(f"{where}: {names(i)}: decide asked for {int(counts[i])} children "
@@ -110,24 +111,36 @@ def check_children(f, answer, frontier, names, where):
 
 def apply_budget(counts, sample, made, max_vertices, on_budget, truncated, where):
     """Cut ``counts`` so that no sample passes ``max_vertices`` (or raise); ``made``: per
-    sample, the vertices grown so far (updated)."""
-    child_sample = np.repeat(sample, counts)
-    asked = np.bincount(child_sample, minlength=len(made))
+    sample, the vertices grown so far (updated). Returns ``(counts, asked)``: ``asked`` is the
+    counts decide gave when some were cut (:func:`kept_children` then says which children
+    stay), else None. Nothing here is sized by what decide asked for, which may be huge."""
+    asked = np.bincount(sample, weights=counts, minlength=len(made))  # (float: no overflow)
     over = np.flatnonzero(made + asked > max_vertices)
     if over.size and on_budget == "error":
         s = int(over[0])
         raise GraphError(
             f"{where}: sample {s} reached max_vertices={max_vertices}: it has {int(made[s])} "
-            f"vertices and decide asks for {int(asked[s])} more (its stop rule has not "
+            f"vertices and decide asks for {asked[s]:.0f} more (its stop rule has not "
             f"fired); raise max_vertices, check the stop rule, or pass on_budget='truncate' "
             f"to keep the first {max_vertices} vertices")
-    keep = np.ones(len(child_sample), bool)
-    if over.size:
-        first = np.searchsorted(child_sample, child_sample)  # children are grouped by sample
-        rank = np.arange(len(child_sample)) - first
-        keep = made[child_sample] + rank < max_vertices
-        truncated[over] = True
-        parent = np.repeat(np.arange(len(counts)), counts)
-        counts = np.bincount(parent[keep], minlength=len(counts))
-    made += np.bincount(child_sample[keep], minlength=len(made))
-    return counts, keep
+    if not over.size:
+        made += asked.astype(np.int64)
+        return counts, None
+    # Rows are grouped by sample: each row keeps what room its sample has left after the
+    # rows before it.
+    before = np.cumsum(counts, dtype=np.float64) - counts
+    first_row = np.searchsorted(sample, sample)
+    before -= before[first_row]
+    room = (max_vertices - made)[sample]
+    kept = np.clip(room - before, 0, counts).astype(np.int64)
+    truncated[over] = True
+    made += np.bincount(sample, weights=kept, minlength=len(made)).astype(np.int64)
+    return kept, counts
+
+
+def kept_children(asked, kept):
+    """Which of the children decide asked for (``asked`` per row; row i's children first)
+    stay when each row keeps its first ``kept`` of them: a mask over all of them."""
+    starts = np.cumsum(asked) - asked
+    rank = np.arange(int(asked.sum())) - np.repeat(starts, asked)
+    return rank < np.repeat(kept, asked)

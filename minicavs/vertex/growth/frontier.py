@@ -4,7 +4,8 @@ generator of each sample behind its random choices."""
 import numpy as np
 
 from ... import backend, validate
-from ...errors import NonFiniteError
+from ...errors import NonFiniteError, ShapeError
+from ...ops.registry import describe
 
 
 class Frontier:
@@ -37,6 +38,10 @@ class Frontier:
     def above(self, values, threshold=0.0):
         """Per row, 1 where ``values`` (one per row) exceeds ``threshold``, else 0."""
         xp = backend.get_array_module(values)
+        shape = tuple(getattr(values, "shape", ()))
+        if shape not in ((len(self),), (len(self), 1)):
+            raise ShapeError(f"Frontier.above: values has shape {describe(shape)}, expected "
+                             f"({len(self)},) or ({len(self)}, 1): one value per frontier row")
         return (xp.reshape(values, (len(self),)) > threshold).astype(np.int64)
 
     def uniform(self, size=()):
@@ -59,8 +64,10 @@ class Frontier:
                                  f"{int(self.sample_of[i])}, vertex {int(self.vertex[i])} are "
                                  f"not finite "
                                  f"({logits[i][~np.isfinite(logits[i])][0]})")
-        z = logits / temperature
-        p = np.exp(z - z.max(axis=-1, keepdims=True))
+        # Shift before dividing: at a tiny temperature logits / temperature overflows to inf,
+        # and inf - inf is NaN (which drew index 0); shifted, the largest is 0 and exp(0) = 1.
+        with np.errstate(over="ignore"):  # (-inf for the others: probability 0)
+            p = np.exp((logits - logits.max(axis=-1, keepdims=True)) / temperature)
         cdf = np.cumsum(p, axis=-1)
         u = self.uniform() * cdf[:, -1]
         return np.minimum((cdf <= u[:, None]).sum(axis=-1), logits.shape[-1] - 1)

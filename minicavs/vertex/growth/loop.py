@@ -4,7 +4,7 @@ import numpy as np
 
 from ... import backend
 from ...errors import ArgumentError
-from .checks import apply_budget, check_arguments, check_children
+from .checks import apply_budget, check_arguments, check_children, kept_children
 from .frontier import Frontier, SampleStreams
 from .result import Growth
 from .step import run_frontier
@@ -48,7 +48,8 @@ def grow(F, root_pull, decide, *, num_samples=None, max_vertices=1024, on_budget
         frontier = Frontier(push, state, pull, sample, vertex, depth, slot, streams)
         counts, child_pull = check_children(F, decide(frontier), frontier, names, where)
         first_new = made.copy()
-        counts, keep = apply_budget(counts, sample, made, max_vertices, on_budget, truncated, where)
+        counts, asked = apply_budget(counts, sample, made, max_vertices, on_budget, truncated,
+                                     where)
         parent_rows = np.repeat(np.arange(len(sample)), counts)
         starts = np.cumsum(counts) - counts
         slot = np.arange(len(parent_rows)) - np.repeat(starts, counts)
@@ -57,5 +58,6 @@ def grow(F, root_pull, decide, *, num_samples=None, max_vertices=1024, on_budget
         vertex = first_new[sample] + np.arange(len(sample)) - np.searchsorted(sample, sample)
         depth = depth[parent_rows] + 1
         if child_pull is not None:
-            pull = child_pull[xp.asarray(np.flatnonzero(keep))] if not keep.all() else child_pull
+            pull = child_pull if asked is None else \
+                child_pull[xp.asarray(np.flatnonzero(kept_children(asked, counts)))]
     return Growth(F, n, records, truncated, root_pull, sizes)

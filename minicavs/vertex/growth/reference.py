@@ -6,7 +6,7 @@ import numpy as np
 from ...autodiff.tensor import Tensor
 from ...ops import shape as shape_ops
 from ..reference import _EagerVertex
-from .checks import apply_budget, check_arguments, check_children
+from .checks import apply_budget, check_arguments, check_children, kept_children
 from .frontier import Frontier, SampleStreams
 from .result import Growth
 
@@ -56,8 +56,8 @@ def grow_per_sample(F, root_pull, decide, *, num_samples=None, max_vertices=1024
             frontier = Frontier(push, state, rows_pull, sample, vertex, depth, slot, streams)
             counts, child_pull = check_children(F, decide(frontier), frontier, names, where)
             first_new = int(made[s])
-            counts, keep = apply_budget(counts, sample, made, max_vertices, on_budget, truncated,
-                                   where)
+            counts, asked = apply_budget(counts, sample, made, max_vertices, on_budget,
+                                         truncated, where)
             parent_of = np.repeat(np.arange(len(vertex)), counts)
             slot = np.arange(len(parent_of)) - np.repeat(np.cumsum(counts) - counts, counts)
             parent = vertex[parent_of]
@@ -65,7 +65,10 @@ def grow_per_sample(F, root_pull, decide, *, num_samples=None, max_vertices=1024
             depth = depth[parent_of] + 1
             parents_state = states
             if child_pull is not None:
-                frontier_pull = [Tensor(row) for row in np.asarray(child_pull)[keep]]
+                rows = np.asarray(child_pull)
+                if asked is not None:
+                    rows = rows[kept_children(asked, counts)]
+                frontier_pull = [Tensor(row) for row in rows]
     growth = Growth(F, n, records, truncated, root_pull, [steps[t] for t in sorted(steps)])
     rows = [None] * growth.num_vertices
     for s, vertex, pushes in outputs:
