@@ -148,6 +148,8 @@ def test_plus_strategy_makes_one_product_per_parameter_signature():
     plus = stats["agenda+"]
     # The recurrent product runs once per step forward, but its W gradient once in all.
     assert plus["plus_products_saved"] >= 4 and plus["plus_copies"] > 0
+    # All batches of a signature are one run of slab rows: their cotangents join as a view.
+    assert plus["plus_copies_avoided"] > 0
     assert stats["agenda"]["plus_products"] == 0
 
 
