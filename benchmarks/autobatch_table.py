@@ -30,6 +30,10 @@ TASKS = ["tagger", "tagger-char", "treelstm"]
 SYSTEMS = ["minicavs-depth", "minicavs-depth+", "minicavs-agenda", "minicavs-agenda+",
            "dynet-depth", "dynet-agenda", "torch-eager", "minicavs-vertex"]
 BATCH = 64
+# DyNet's autobatcher needs its memory pool preallocated: start here, double on failure
+# (as benchmarks/run.py does for the tree peers).
+DYNET_POOL_MB = 512
+DYNET_POOL_MAX_MB = 8192
 
 
 def load(task, count):
@@ -80,7 +84,6 @@ def minicavs_vertex(task, samples, vocab):
 def dynet_models(task, samples, vocab):
     import dynet as dy
     pc = dy.ParameterCollection()
-    trainer = dy.SimpleSGDTrainer(pc, 0.01)
     if task == "treelstm":
         H = 256
         E = pc.add_lookup_parameters((len(vocab), H))
@@ -134,12 +137,18 @@ def dynet_models(task, samples, vocab):
                 [bO, O, dy.tanh(dy.affine_transform([b1, H1, dy.concatenate([fi, bi])]))]),
                 tags[t]) for fi, bi, (_, t) in zip(f, b, sentence)])
 
+    trainer = dy.SimpleSGDTrainer(pc, 0.01)
+
     def step(batch):
         dy.renew_cg()
         loss = dy.esum([loss_of(s) for s in batch])
         loss.value()
         loss.backward()
         trainer.update()
+    # The trainer keeps a bare C++ pointer to the collection's storage: the Python object must
+    # outlive it, or the first update() reads freed memory (the segfault, with or without
+    # autobatching, once this function had returned and ``pc`` was collected).
+    step.model = pc
     return step
 
 
@@ -217,8 +226,9 @@ def worker(system, task, batches, threads):
     samples, vocab = load(task, BATCH * (batches + 1) if task != "tagger-char" else 2000)
     if system.startswith("dynet"):
         import dynet_config
-        dynet_config.set(autobatch=1 if system == "dynet-agenda" else 2, mem=os.environ.get("BENCH_DYNET_MEM", "1024,1024,512,1024"),
-                         random_seed=1)
+        # --dynet-autobatch 1 (agenda) or 2 (depth) and the pool, before dynet is imported
+        dynet_config.set(autobatch=1 if system == "dynet-agenda" else 2,
+                         mem=os.environ.get("BENCH_DYNET_MEM", str(DYNET_POOL_MB)), random_seed=1)
         step = dynet_models(task, samples, vocab)
     elif system == "torch-eager":
         import torch
@@ -242,6 +252,29 @@ def worker(system, task, batches, threads):
     return BATCH * batches / (time.perf_counter() - began)
 
 
+def run_worker(system, task, args, env):
+    """One (system, task) in a fresh process; DyNet's pool doubles (a fresh process per try,
+    as ``run.py`` does) while it runs out of memory or crashes, up to DYNET_POOL_MAX_MB."""
+    pool = DYNET_POOL_MB
+    while True:
+        if system.startswith("dynet"):
+            env = dict(env, BENCH_DYNET_MEM=str(pool))
+        run = subprocess.run([sys.executable, __file__, "--worker", system, task,
+                              "--batches", str(args.batches), "--threads", str(args.threads)],
+                             capture_output=True, text=True, env=env, timeout=1800)
+        try:
+            return json.loads(run.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            pass
+        out_of_memory = "pre-allocate enough memory" in run.stderr or run.returncode < 0
+        if not system.startswith("dynet") or not out_of_memory or pool >= DYNET_POOL_MAX_MB:
+            print(f"{system} on {task} failed (rc {run.returncode}"
+                  f"{f', pool {pool} MB' if system.startswith('dynet') else ''}):\n"
+                  f"{run.stderr[-1500:]}", file=sys.stderr)
+            return None
+        pool *= 2
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=4, help="measured mini-batches of 64")
@@ -260,14 +293,7 @@ def main(argv=None):
                 continue
             env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
                        OPENBLAS_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT))
-            run = subprocess.run([sys.executable, __file__, "--worker", system, task,
-                                  "--batches", str(args.batches), "--threads", str(args.threads)],
-                                 capture_output=True, text=True, env=env, timeout=1800)
-            try:
-                rate = json.loads(run.stdout.strip().splitlines()[-1])
-            except (IndexError, ValueError):
-                rate = None
-                print(f"{system} on {task} failed:\n{run.stderr[-1500:]}", file=sys.stderr)
+            rate = run_worker(system, task, args, env)
             table[(task, system)] = rate
             print(f"{task:<12} {system:<18} "
                   f"{'failed' if rate is None else f'{rate:8.1f} samples/s'}", flush=True)

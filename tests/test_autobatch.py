@@ -148,7 +148,36 @@ def test_plus_strategy_makes_one_product_per_parameter_signature():
     plus = stats["agenda+"]
     # The recurrent product runs once per step forward, but its W gradient once in all.
     assert plus["plus_products_saved"] >= 4 and plus["plus_copies"] > 0
+    # All batches of a signature are one run of slab rows: their cotangents join as a view.
+    assert plus["plus_copies_avoided"] > 0
     assert stats["agenda"]["plus_products"] == 0
+
+
+def test_fast_path_reuses_signatures_and_never_skips_a_promotion():
+    rng = np.random.default_rng(3)
+    W = mc.Parameter(rng.normal(size=(D, D)))
+    x64, x32 = rng.normal(size=D), rng.normal(size=D).astype(np.float32)
+
+    def program():
+        h = mc.tensor(x64) @ W
+        h = mc.tanh(h @ W) + h  # the same forms again: fast-path hits
+        k = mc.sigmoid(mc.tensor(x32) * 2.0)  # float32
+        mixed = h + k  # float64 + float32: promotion inserts an astype, never cached
+        return mc.sum(mixed * (mc.tanh(mixed @ W) + h))
+
+    with mc.autobatch("agenda+") as ab:
+        loss = program()
+        loss.backward()
+        value = float(loss)
+    grad = W.grad.numpy()
+    cached = [sig for sig, _ in ab._known.values()]
+    assert len(cached) >= 4  # (the add of float64 and float32 is recorded, not cached:)
+    assert all(len({a.dtype for a in sig.row_avals if a is not None}) == 1 for sig in cached)
+    W.grad = None
+    eager = program()
+    eager.backward()
+    assert value == pytest.approx(float(eager), rel=1e-12)
+    np.testing.assert_allclose(grad, W.grad.numpy(), rtol=RTOL, atol=ATOL)
 
 
 def test_value_read_mid_block_runs_a_partial_execution():

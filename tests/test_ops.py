@@ -557,6 +557,25 @@ def test_softmax_cross_entropy(data, num_classes):
                         [logits, labels])
 
 
+@covers("lstm_cell", "lstm_cell_grad")
+@given(data=st.data(), forget=st.integers(0, 2), hidden=st.integers(1, 3))
+def test_lstm_cell_equals_its_composition_and_gradchecks(data, forget, hidden):
+    """lstm_cell(pre, *c_prev) = [h, c] of the gates composed from primitives (0, 1 or 2
+    forget gates); its gradient primitive by finite differences (gradcheck of lstm_cell)."""
+    batch = data.draw(shapes(max_dims=2, max_side=3))
+    pre = t(data.draw(float_arrays(batch + ((3 + forget) * hidden,), bound=3.0)), True)
+    cs = [t(data.draw(float_arrays(batch + (hidden,), bound=2.0)), True) for _ in range(forget)]
+    gates = mc.split(pre, 3 + forget)
+    c = mc.sigmoid(gates[0]) * mc.tanh(gates[-1])
+    for f, c_prev in zip(gates[1:1 + forget], cs):
+        c = c + mc.sigmoid(f) * c_prev
+    h = mc.sigmoid(gates[1 + forget]) * mc.tanh(c)
+    check(mc.lstm_cell(pre, *cs), mc.concat([h, c]).numpy(), rtol=1e-12, atol=1e-14)
+    assert mc.gradcheck(lambda p, *c: mc.lstm_cell(p, *c), [pre, *cs])
+    with pytest.raises(mc.ShapeError, match="lstm_cell"):
+        mc.lstm_cell(t(np.zeros((3 + forget) * hidden + 1)), *cs)
+
+
 @covers("softmax_cross_entropy_grad")
 @given(data=st.data(), num_classes=st.integers(1, 4))
 def test_softmax_cross_entropy_grad(data, num_classes):

@@ -25,7 +25,8 @@ def explain(scope, picture=True, max_batches=40):
                 lines.append(
                     f"  parameter gradients ('+'): {st['plus_products']} products instead of "
                     f"{st['plus_products'] + st['plus_products_saved']}, "
-                    f"{st['plus_copies']} contiguous copies made for them")
+                    f"{st['plus_copies']} contiguous copies made for them, "
+                    f"{st['plus_copies_avoided']} avoided (rows already one run)")
         lines.append(
             f"  time: recording {_ms(st.get('record_s'))}, scheduling {_ms(st.get('schedule_s'))}"
             f", forward {_ms(st.get('forward_s'))}, backward {_ms(st['backward_s'])}")

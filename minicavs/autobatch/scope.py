@@ -23,7 +23,7 @@ from .. import backend
 from ..autodiff.tensor import Tensor, is_grad_enabled, set_lazy_recorder
 from ..errors import ArgumentError, MinicavsError, ShapeError, UnsupportedError
 from ..locations import format_location, user_location
-from ..ops.registry import Aval
+from ..ops.registry import Aval, set_fast_path, tracing
 from . import schedule
 from .segment import Segment
 from .signature import Signature
@@ -131,6 +131,7 @@ class AutoBatch:
         self.segments = []  # executed segments, in order
         self._starts = []  # first node index of each segment (for bisect)
         self._signatures = {}  # key -> Signature (a scope's; kernels are cached globally)
+        self._known = {}  # the fast path's key -> (Signature, the avals its key names by id)
         self._released = False
         self.backward_stats = []
         self._reset_pending(0)
@@ -150,12 +151,14 @@ class AutoBatch:
             raise MinicavsError("mc.autobatch blocks cannot be nested; end the outer block first")
         _active = self
         set_lazy_recorder(self.record)
+        set_fast_path(self.record_known)
         return self
 
     def __exit__(self, exc_type, exc, tb):
         global _active
         _active = None
         set_lazy_recorder(None)
+        set_fast_path(None)
         if exc_type is None:
             self.run_pending()
         return False
@@ -165,8 +168,6 @@ class AutoBatch:
         if op.multi_output:
             raise UnsupportedError(f"op '{op.name}' returns several values and cannot be "
                                    f"autobatched; call it outside the mc.autobatch block")
-        if self.record_began is None:
-            self.record_began = time.perf_counter()
         grad_on = is_grad_enabled()
         key, sources, depth, needs_grad = self._classify(args, -1)
         if not sources:
@@ -183,6 +184,12 @@ class AutoBatch:
             sig = self._signatures.get(full_key)
         if sig is None:
             sig = self._signature(full_key, op, args, attrs, grad_on, sources)
+        self._last_signature = sig
+        return self._append(sig, sources, depth, needs_grad)
+
+    def _append(self, sig, sources, depth, needs_grad):
+        if self.record_began is None:
+            self.record_began = time.perf_counter()
         index = self.count
         self.count += 1
         if not sig.nodes:
@@ -193,6 +200,53 @@ class AutoBatch:
         self.node_sig.append(sig.local)
         self.node_depth.append(depth + 1)
         return _new_node(self, index, depth + 1, sig.out, needs_grad and sig.can_grad)
+
+    def record_known(self, op, args, attrs):
+        """The fast path (``registry.set_fast_path``), taken before promotion: a call whose
+        form — the op, its attributes, per operand a lazy value's aval or a parameter — was
+        recorded before (with promotion leaving it unchanged) reuses that signature, skipping
+        promotion, dispatch, shape inference and the signature's key. Anything else (data,
+        scalars, symbols being traced): None, the usual way."""
+        if tracing:
+            return None
+        parts, sources, depth, needs_grad = [op, is_grad_enabled()], [], 0, False
+        start = self.start
+        for a in args:
+            if type(a) is LazyTensor:
+                parts.append(id(a._aval))  # (the cache entry keeps the aval alive)
+                if a._scope is self and a._index >= start:
+                    sources.append(a._index)
+                    if a._depth > depth:
+                        depth = a._depth
+                else:
+                    sources.append(self._leaf(a))
+                if a.requires_grad:
+                    needs_grad = True
+            elif isinstance(a, Tensor) and a.requires_grad:  # a parameter, by identity
+                parts.append(id(a))  # (its signature keeps it alive)
+                needs_grad = True
+            else:
+                return None
+        if not sources:
+            return None
+        if attrs:
+            parts.append(tuple(attrs.items()))
+        key = tuple(parts)
+        try:
+            known = self._known.get(key)
+        except TypeError:  # an unhashable attribute
+            return None
+        if known is None:
+            return self._learn(key, op, args, attrs)
+        return self._append(known[0], sources, depth, needs_grad)
+
+    def _learn(self, key, op, args, attrs):
+        if op.multi_output or _promotes(op, args):
+            return None  # (promotion would change the call: never cached)
+        node = self.record(op, args, attrs)
+        self._known[key] = (self._last_signature,
+                            [a._aval for a in args if type(a) is LazyTensor])
+        return node
 
     def _classify(self, args, force_row):
         """Per operand, its part of the signature key; the per-row sources (a pending node's
@@ -251,10 +305,12 @@ class AutoBatch:
     @staticmethod
     def _eager(op, args, attrs):
         set_lazy_recorder(None)
+        set_fast_path(None)
         try:
             return Tensor.__minicavs_apply__(op, args, attrs)
         finally:
             set_lazy_recorder(_active.record if _active is not None else None)
+            set_fast_path(_active.record_known if _active is not None else None)
 
     # --- forcing --------------------------------------------------------------------------------
     def run_pending(self):
@@ -327,6 +383,14 @@ class AutoBatch:
         """What was batched and what it cost; see ``explain.py``."""
         from .explain import explain
         return explain(self, picture, max_batches)
+
+
+def _promotes(op, args):
+    """Whether ``registry.promote`` would change these Tensor operands (without calling it:
+    a cast it made would be recorded)."""
+    positions = range(len(args)) if op.promotes == "all" else op.promotes
+    dtypes = {np.dtype(args[i].dtype) for i in positions}
+    return len(dtypes) > 1 or (op.promotes_to_float and any(d.kind != "f" for d in dtypes))
 
 
 def _accumulate_grad(t, g):

@@ -43,7 +43,7 @@ class Segment:
         self.scope, self.start, self.stop, self.strategy = scope, start, stop, strategy
         self.plus = strategy.endswith("+")
         self.stats = {"nodes": stop - start, "copies_made": 0, "copies_avoided": 0,
-                      "scatter_made": 0, "scatter_avoided": 0, "plus_copies": 0,
+                      "scatter_made": 0, "scatter_avoided": 0, "plus_copies": 0, "plus_copies_avoided": 0,
                       "plus_products": 0, "plus_products_saved": 0, "backward_s": 0.0,
                       "by_signature": defaultdict(lambda: [0, 0])}
         self.gslabs = None
@@ -84,7 +84,12 @@ class Segment:
         in_slabs = [[slab_of(a) for a in sig.row_avals if a is not None] for sig in active]
         num_slabs = len(slab_ids)
         leaf_row, leaf_count = _ranks(leaf_slab, num_slabs)
+        # Within a slab, the nodes of one signature together, in execution order: a batch
+        # is still one block, and all batches of a signature are one run of rows, so the
+        # '+' strategy reads their outputs' gradients (and operands they read in one piece)
+        # as one view instead of copying them together.
         order = np.concatenate(batches)
+        order = order[np.argsort(sig_of[order], kind="stable")]
         node_slab = out_slab[sig_of]
         node_rank, node_count = _ranks(node_slab[order], num_slabs)
         row_of = np.empty(n, dtype=np.int64)
@@ -192,7 +197,7 @@ class Segment:
                     else:
                         _add_param(params, target, g)
             if shared_kernel is not None:
-                deferred[b.sig].append((cotangent, b.env, n))
+                deferred[b.sig].append(b)
         for sig, terms in deferred.items():
             self._shared_gradients(sig, terms, params)
         stats["backward_s"] += time.perf_counter() - began
@@ -218,22 +223,43 @@ class Segment:
         """The backward-batching strategy: one product for the shared operands' gradients of
         every forward batch of ``sig``, over their rows copied into one block."""
         _, kernel = sig.backward(True)
-        xp = self.xp
-        total = sum(n for _, _, n in terms)
-        if len(terms) == 1:
-            cotangent, env, _ = terms[0]
-        else:
-            cotangent = xp.concatenate([c for c, _, _ in terms])
-            env = {}
-            for (f, _), is_row in zip(kernel.refs, kernel.ref_is_row):
-                env[id(f)] = (xp.concatenate([e[id(f)] for _, e, _ in terms]) if is_row
-                              else terms[0][1][id(f)])
-            self.stats["plus_copies"] += 1 + sum(kernel.ref_is_row)
-        grads = kernel.run(cotangent, env, total, xp)
+        terms = terms[::-1]  # forward order: their rows ascend
+        total = sum(b.n for b in terms)
+        cotangent = self._joined(self.gslabs, [(b.out_slab, b.out_row, b.n) for b in terms],
+                                 None)
+        env = {}
+        for (f, _), is_row in zip(kernel.refs, kernel.ref_is_row):
+            if not is_row or len(terms) == 1:
+                env[id(f)] = terms[0].env[id(f)]
+                continue
+            spans = [b.targets.get(id(f)) for b in terms]  # (an operand read as a view)
+            spans = None if any(not isinstance(t, tuple) or t[3] is not None for t in spans) \
+                else [(t[1], t[2], b.n) for t, b in zip(spans, terms)]
+            env[id(f)] = self._joined(self.slabs, spans, [b.env[id(f)] for b in terms])
+        grads = kernel.run(cotangent, env, total, self.xp)
         self.stats["plus_products"] += 1
         self.stats["plus_products_saved"] += len(terms) - 1
         for position, g in zip(sig.shared_grads(), grads):
             _add_param(params, sig.shared[position], g)
+
+    def _joined(self, slabs, spans, arrays):
+        """The rows of several batches as one array: a view where their ``spans`` ((slab,
+        first row, rows) each) follow each other in one slab, else one copy."""
+        if spans is not None:
+            slab, lo, _ = spans[0]
+            end = lo
+            for s, r, n in spans:
+                if s != slab or r != end:
+                    break
+                end += n
+            else:
+                if len(spans) > 1:
+                    self.stats["plus_copies_avoided"] += 1
+                return slabs[slab][lo:end]
+        if arrays is None:
+            arrays = [slabs[s][r:r + n] for s, r, n in spans]
+        self.stats["plus_copies"] += 1
+        return self.xp.concatenate(arrays)
 
     def release(self):
         for b in self.plan:

@@ -33,7 +33,7 @@ class Signature:
     shared value (a Tensor or a 0-d constant array). Kernels are built on first use."""
 
     __slots__ = ("id", "op", "attrs", "row_avals", "shared", "out", "grad_enabled", "nodes",
-                 "arg_rows", "arity", "_forward", "_backward", "label", "can_grad", "local")
+                 "arg_rows", "arity", "_forward", "label", "can_grad", "local")
 
     def __init__(self, sig_id, op, attrs, row_avals, shared, grad_enabled):
         self.id = sig_id
@@ -55,7 +55,7 @@ class Signature:
                              + format_location(user_location()))
         self.nodes = []  # indices of the recorded nodes of this signature, in recording order
         self.arg_rows = []  # flat: per node, the source id of each per-row operand
-        self._forward = self._backward = None
+        self._forward = None
         parts = [str(tuple(a.shape)) if a is not None
                  else "W" if hasattr(s, "requires_grad") else "c"
                  for a, s in zip(row_avals, shared)]
@@ -72,7 +72,11 @@ class Signature:
     @property
     def forward(self):
         if self._forward is None:
-            self._forward = BatchedKernel(self)
+            key = self.structure()
+            kernel = _KERNELS.get(key)
+            if kernel is None:
+                kernel = _KERNELS[key] = BatchedKernel(self)
+            self._forward = kernel
         return self._forward
 
     def backward(self, split_shared):
@@ -80,11 +84,32 @@ class Signature:
         batch, and ∂ for the shared operands, run per batch (``split_shared`` False: both
         in one graph, ``shared`` is None) or once over all batches of the signature (True:
         the backward-batching paper's strategy)."""
-        if self._backward is None:
-            self._backward = {}
-        if split_shared not in self._backward:
-            self._backward[split_shared] = self.forward.derive(split_shared)
-        return self._backward[split_shared]
+        return self.forward.backward(split_shared)
+
+    def structure(self):
+        """What the batched kernel depends on: the op, its attributes, per operand the per-row
+        aval, a shared Tensor's aval and whether it needs a gradient (its value is read at
+        each run, so not its identity), or a constant's value."""
+        attrs = tuple(self.attrs.items())
+        try:
+            hash(attrs)
+        except TypeError:  # an unhashable attribute
+            attrs = repr(self.attrs)
+        parts = [self.op, self.grad_enabled, attrs]
+        for row, value in zip(self.row_avals, self.shared):
+            if row is not None:
+                parts.append(("row", tuple(row.shape), np.dtype(row.dtype).str))
+            elif hasattr(value, "requires_grad"):
+                parts.append(("shared", tuple(value.shape), np.dtype(value.dtype).str,
+                              bool(value.requires_grad)))
+            else:
+                parts.append(("const", np.dtype(value.dtype).str, np.asarray(value).item()))
+        return tuple(parts)
+
+
+# Batched kernels by structure (``Signature.structure``): traced, and their ∂ derived, once per
+# process rather than once per scope — a training loop opens a scope per mini-batch.
+_KERNELS = {}
 
 
 class BatchedKernel:
@@ -112,10 +137,18 @@ class BatchedKernel:
         if out.kind != "op" or out is not tracer.nodes[-1]:  # (the output must be the last op)
             with tracer.active():
                 out = out + 0
-        self.sig = sig
+        # (what ∂ needs of the signature, not the signature: it holds the parameters)
+        self.row_avals, self.grad_enabled, self.op = sig.row_avals, sig.grad_enabled, sig.op
+        self.shared_grads = sig.shared_grads()
         self.graph = Graph(tracer.nodes, [s for s in self.inputs if s is not None], [out])
         self.output = out
         self.steps = _steps(self.graph)
+        self._backward = {}
+
+    def backward(self, split_shared):
+        if split_shared not in self._backward:
+            self._backward[split_shared] = self.derive(split_shared)
+        return self._backward[split_shared]
 
     def run(self, env, n, xp, out):
         """Evaluate into ``env`` (input symbol id -> array, filled by the caller), the result
@@ -137,11 +170,10 @@ class BatchedKernel:
         return out
 
     def derive(self, split_shared):
-        sig = self.sig
-        rows = [s for s, a in zip(self.inputs, sig.row_avals)
+        rows = [s for s, a in zip(self.inputs, self.row_avals)
                 if a is not None and np.dtype(a.dtype).kind == "f"]
-        shared = [self.inputs[i] for i in sig.shared_grads()]
-        if not sig.grad_enabled or sig.op.vjp is None:
+        shared = [self.inputs[i] for i in self.shared_grads]
+        if not self.grad_enabled or self.op.vjp is None:
             rows, shared = [], []
         if split_shared and shared:
             return (BackwardKernel(self, rows) if rows else None), BackwardKernel(self, shared)

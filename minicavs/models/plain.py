@@ -37,7 +37,8 @@ class _Plain:
 
 
 class _LSTM(_Plain):
-    """One LSTM direction: gates [i, f, o, u] = x·W + h·U + b (``mc.lstm_gates``)."""
+    """One LSTM direction: gates [i, f, o, u] = x·W + b + h·U, one ``mc.lstm_cell`` (x·W + b
+    does not wait for the previous step, so under autobatch it runs for all steps at once)."""
 
     def __init__(self, rng, inputs, hidden, dtype):
         self.W = _uniform(rng, (inputs, 4 * hidden), dtype)
@@ -50,7 +51,7 @@ class _LSTM(_Plain):
         h = c = tensor(np.zeros(self.hidden, self.dtype))
         out = []
         for x in xs:
-            h, c = ops.lstm_gates(x @ self.W + h @ self.U + self.b, c)
+            h, c = ops.split(ops.lstm_cell(x @ self.W + self.b + h @ self.U, c), 2)
             out.append(h)
         return out
 
@@ -125,7 +126,8 @@ class PlainTreeLSTM(_Plain):
     """Binary Tree-LSTM over one tree, written recursively (dynet-benchmark ``treenn.py``):
     a leaf's word embedding x gives [i, o, u] = x·W + b, c = σ(i)⊙tanh(u); an internal vertex
     with children (h_l, c_l), (h_r, c_r) gives [i, f_l, f_r, o, u] = [h_l, h_r]·U + b_U,
-    c = σ(i)⊙tanh(u) + σ(f_l)⊙c_l + σ(f_r)⊙c_r; h = σ(o)⊙tanh(c). The root's h is classified.
+    c = σ(i)⊙tanh(u) + σ(f_l)⊙c_l + σ(f_r)⊙c_r; h = σ(o)⊙tanh(c) (one ``mc.lstm_cell``). The
+    root's h is classified.
     ``trees``: ``minicavs.data`` Trees (binary, children first, root last)."""
 
     def __init__(self, vocab_size, *, embed=256, hidden=256, labels=5, seed=0,
@@ -145,14 +147,12 @@ class PlainTreeLSTM(_Plain):
         kids = tree.children[v]
         if not kids:
             x = ops.embedding(self.E, np.array(max(int(tree.words[v]), 0)))
-            i, o, u = ops.split(x @ self.W + self.bW, 3)
-            c = ops.sigmoid(i) * ops.tanh(u)
+            hc = ops.lstm_cell(x @ self.W + self.bW)  # gates i, o, u
         else:
             (hl, cl), (hr, cr) = self.encode(tree, kids[0]), self.encode(tree, kids[-1])
-            i, fl, fr, o, u = ops.split(ops.concat([hl, hr]) @ self.U + self.bU, 5)
-            c = (ops.sigmoid(i) * ops.tanh(u) + ops.sigmoid(fl) * cl
-                 + ops.sigmoid(fr) * cr)
-        return ops.sigmoid(o) * ops.tanh(c), c
+            hc = ops.lstm_cell(ops.concat([hl, hr]) @ self.U + self.bU, cl, cr)  # i, fl, fr, o, u
+        h, c = ops.split(hc, 2)
+        return h, c
 
     def scores(self, tree):
         return self.encode(tree)[0] @ self.O + self.bO

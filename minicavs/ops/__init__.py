@@ -20,6 +20,7 @@ from .activations import (clip, elu, gelu, hardtanh, leaky_relu, log_softmax, si
 from .loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy,
                    nll_loss, softmax_cross_entropy)
 from .composite import linear, lstm_gates
+from .cells import lstm_cell
 from .operators import OperatorMixin
 
 PRIMITIVES = sorted(OPS)

@@ -1,0 +1,113 @@
+"""The LSTM cell as one primitive, for code that records every op: ``lstm_cell``.
+
+Composed from primitives (``composite.lstm_gates``) an LSTM update is 13 ops — four slices,
+three sigmoids, two tanhs, three products, a sum — which the vertex runtime fuses into one
+kernel anyway. Automatic batching (``minicavs/autobatch``) records and schedules each op of
+every sample, so there it is 13 nodes per step and sample, and 13 batches per step. As one
+primitive it is one node and one batch; its gradient is one primitive too (as
+``softmax_cross_entropy_grad``), with no batching rule: it appears only in ∂ graphs, which
+are derived from batched ones. Measured on the BiLSTM tagger (64 sentences): see
+``docs/autobatch.md``.
+
+``lstm_cell(pre, *c_prev)``: ``pre`` holds the gate pre-activations [i, f_1 … f_k, o, u] on its
+last axis ((3 + k)·H), one forget gate per previous cell ``c_prev[j]`` (k = 0: a leaf of a
+Tree-LSTM; 1: a chain LSTM; 2: a binary Tree-LSTM vertex). The result is [h, c] (2H):
+c = σ(i)⊙tanh(u) + Σ_j σ(f_j)⊙c_prev[j], h = σ(o)⊙tanh(c).
+"""
+
+import numpy as np
+
+from . import batching, shape
+from .registry import Aval, Op, apply, describe, register, require_float
+from ..errors import ShapeError
+
+
+def _sigmoid(xp, x):
+    with np.errstate(over="ignore"):  # e^-x is inf for very negative x: the limit 0 is right
+        return 1 / (1 + xp.exp(-x))
+
+
+def _gates(xp, pre, k):
+    """σ(i), [σ(f_j)], σ(o), tanh(u) from the stacked pre-activations."""
+    H = pre.shape[-1] // (3 + k)
+    s = _sigmoid(xp, pre[..., :(2 + k) * H])
+    forget = [s[..., (1 + j) * H:(2 + j) * H] for j in range(k)]
+    return s[..., :H], forget, s[..., (1 + k) * H:(2 + k) * H], xp.tanh(pre[..., (2 + k) * H:])
+
+
+def _forward(xp, pre, *c_prev):
+    i, forget, o, u = _gates(xp, pre, len(c_prev))
+    H = u.shape[-1]
+    out = xp.empty(pre.shape[:-1] + (2 * H,), pre.dtype)
+    c = out[..., H:]
+    xp.multiply(i, u, out=c)
+    for f, cj in zip(forget, c_prev):
+        c += f * cj
+    xp.multiply(o, xp.tanh(c), out=out[..., :H])
+    return out
+
+
+def _infer(pre, *c_prev):
+    require_float("lstm_cell", pre, 0)
+    k = len(c_prev)
+    last = pre.shape[-1] if len(pre.shape) else 0
+    if not len(pre.shape) or last % (3 + k) or not last:
+        raise ShapeError(f"op 'lstm_cell': argument 0 (the gate pre-activations) has shape "
+                         f"{describe(pre.shape)}; with {k} previous cell(s) its last axis must "
+                         f"be a positive multiple of {3 + k} (gates i, {k} forget, o, u)")
+    H = last // (3 + k)
+    for j, c in enumerate(c_prev):
+        if tuple(c.shape) != tuple(pre.shape[:-1]) + (H,) or np.dtype(c.dtype) != np.dtype(
+                pre.dtype):
+            raise ShapeError(f"op 'lstm_cell': argument {j + 1} (a previous cell) has shape "
+                             f"{describe(c.shape)} and dtype {c.dtype}; expected "
+                             f"{describe(tuple(pre.shape[:-1]) + (H,))} and {pre.dtype}")
+    return Aval(tuple(pre.shape[:-1]) + (2 * H,), np.dtype(pre.dtype))
+
+
+def _vjp(g, out, pre, *c_prev):
+    grads = apply(LSTM_CELL_GRAD, pre, *c_prev, out, g)
+    k = len(c_prev)
+    H = pre.shape[-1] // (3 + k)
+    d_pre = shape.slice_axis(grads, 0, (3 + k) * H)
+    return (d_pre, *(shape.slice_axis(grads, (3 + k + j) * H, (4 + k + j) * H)
+                     for j in range(k)))
+
+
+LSTM_CELL = register(Op("lstm_cell", _forward, _infer, _vjp, batch=batching.leading_axes_rule))
+
+
+def _grad_forward(xp, pre, *rest):
+    *c_prev, out, g = rest
+    k = len(c_prev)
+    i, forget, o, u = _gates(xp, pre, k)
+    H = u.shape[-1]
+    c, gh = out[..., H:], g[..., :H]
+    tc = xp.tanh(c)
+    grads = xp.empty(pre.shape[:-1] + ((3 + 2 * k) * H,), pre.dtype)
+    d_c = g[..., H:] + gh * o * (1 - tc * tc)
+    grads[..., :H] = d_c * u * i * (1 - i)
+    for j, (f, cj) in enumerate(zip(forget, c_prev)):
+        grads[..., (1 + j) * H:(2 + j) * H] = d_c * cj * f * (1 - f)
+        grads[..., (3 + k + j) * H:(4 + k + j) * H] = d_c * f
+    grads[..., (1 + k) * H:(2 + k) * H] = gh * tc * o * (1 - o)
+    grads[..., (2 + k) * H:(3 + k) * H] = d_c * i * (1 - u * u)
+    return grads
+
+
+def _grad_infer(pre, *rest):
+    *c_prev, out, g = rest
+    _infer(pre, *c_prev)
+    k = len(c_prev)
+    H = pre.shape[-1] // (3 + k)
+    return Aval(tuple(pre.shape[:-1]) + ((3 + 2 * k) * H,), np.dtype(pre.dtype))
+
+
+# [∂pre, ∂c_prev[0], …] side by side. No vjp: second derivatives of lstm_cell are not
+# supported (compose the cell from primitives, ``lstm_gates``, for those).
+LSTM_CELL_GRAD = register(Op("lstm_cell_grad", _grad_forward, _grad_infer))
+
+
+def lstm_cell(pre, *c_prev):
+    """[h, c] of one LSTM update (see the module docstring); ``h, c = split(result, 2)``."""
+    return apply(LSTM_CELL, pre, *c_prev)
