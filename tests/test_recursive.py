@@ -408,3 +408,21 @@ def test_debug_mode_names_the_kind_sample_and_vertex_of_a_nan():
             pytest.raises(mc.NonFiniteError, match=r"op 'log' in vertex function "
                                                    r"'logs\[leaf\]'.*sample 0, vertex 3"):
         logs(mc.InputGraph([[], [], [0, 1], [], [2, 3]]), pull=mc.tensor(X))
+
+
+def test_an_arity_the_function_was_not_written_for_names_the_kind():
+    """A binary definition meeting a vertex of three children fails while tracing that kind,
+    and the error says which kind (issue 23: it failed inside matmul, naming nothing)."""
+    H = 3
+    U = mc.Parameter(np.ones((2 * H, H)), name="U")
+
+    @mc.recursive(scatter_shape=(H,), pull_shape=(H,), dtype="float64")
+    def binary(node):
+        if node.is_leaf:
+            return node.pull()
+        return mc.tanh(mc.concat([binary(child) for child in node.children]) @ U)
+
+    batch = mc.GraphBatch([mc.InputGraph([[], [], [], [0, 1, 2]])])
+    with pytest.raises(mc.ShapeError, match=r"recursive function 'binary', tracing a vertex of "
+                                            r"kind 'arity 3' \(3 children.*op 'matmul'"):
+        binary(batch, pull=mc.tensor(np.ones((4, H))))

@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import validate
 from ..autodiff.symbolic import Symbol
-from ..errors import GraphError, ShapeError, TracedBranchError
+from ..errors import GraphError, MinicavsError, ShapeError, TracedBranchError
 from .batching import VertexSymbol
 from .graphs import GraphBatch, InputGraph
 from .kinds import KindedFunction, check_tag
@@ -197,6 +197,11 @@ class RecursiveFunction:
                     f"node.children); a structure decided by computed values must be grown at "
                     f"run time, which mc.recursive does not do. For a choice per element, use "
                     f"mc.where." + (f"\n  at {at}" if at else "")) from None
+            except MinicavsError as exc:  # e.g. a binary cell meeting a vertex of 3 children
+                what = f"{arity} children" + ("" if tag is None else f", tag {tag}")
+                raise type(exc)(f"recursive function {self.name!r}, tracing a vertex of kind "
+                                f"{_kind_name(key)!r} ({what}; traced when a batch first has "
+                                f"one): {exc}") from None
             finally:
                 self._tracing = outer
             self._check_return(state, key)
