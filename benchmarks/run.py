@@ -30,7 +30,7 @@ from benchmarks import common  # noqa: E402
 from minicavs.vertex import Options  # noqa: E402
 
 DEFAULT_SYSTEMS = ["minicavs", "minicavs-recursive", "minicavs-cuda", "torch-eager",
-                   "torch-batched", "dynet"]
+                   "torch-batched", "dynet", "c-reference"]
 # --cuda: the GPU comparison. One epoch is the whole SST training set, and the goal is that
 # minicavs-cuda trains the Tree-LSTM-256 on it in under a second on an H100-class GPU.
 CUDA_SYSTEMS = ["minicavs-cuda", "torch-batched-cuda"]
@@ -200,6 +200,9 @@ def main(argv=None):
                 if system == "minicavs-recursive" and \
                         common.WORKLOADS[entry["workload"]].kind not in common.SST_KINDS:
                     continue  # a recursive definition of the tree models only
+                if system == "c-reference" and \
+                        common.WORKLOADS[entry["workload"]].kind != "tree_lstm":
+                    continue  # hand-written for the Tree-LSTM only
                 log(f"{entry['workload']}: {system} ...")
                 t = time.perf_counter()
                 result = run_one(system, entry["workload"], paths[entry["workload"]], args)
