@@ -240,3 +240,40 @@ def test_softmax_cross_entropy_kernel_equals_numpy():
         np.testing.assert_allclose(kernels.softmax_cross_entropy_grad(x, labels, g),
                                    p * g[:, None], rtol=tolerance, atol=tolerance)
     assert kernels.softmax_cross_entropy(x[:, ::2], labels) is None  # not contiguous: NumPy runs
+
+
+@needs_native
+def test_scatter_add_rows_kernel_equals_numpy():
+    from minicavs.cpu import kernels
+
+    rng = np.random.default_rng(1)
+    for dtype in ("float64", "float32"):
+        out = rng.standard_normal((9, 5)).astype(dtype)
+        idx = rng.integers(-1, 9, 40)  # repeats and absent (-1) rows
+        values = rng.standard_normal((40, 5)).astype(dtype)
+        want = out.copy()
+        np.add.at(want, idx[idx >= 0], values[idx >= 0])
+        assert kernels.scatter_add_rows(out, idx, values)
+        np.testing.assert_allclose(out, want, rtol=1e-6 if dtype == "float32" else 1e-12)
+    assert not kernels.scatter_add_rows(out, idx, values.astype("float64"))  # NumPy runs
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ["Adam", "AdamW"])
+def test_native_adam_equals_the_numpy_update(kind):
+    rng = np.random.default_rng(2)
+    shapes = [(7, 3), (5,), (4, 2, 2)]
+    values = [rng.standard_normal(s) for s in shapes]
+    native = [mc.Parameter(v.copy()) for v in values]
+    numpy_ = [mc.Parameter(v.copy()) for v in values]
+    opts = [getattr(mc.nn, kind)(ps, lr=0.01) for ps in (native, numpy_)]
+    opts[1].step = lambda o=opts[1]: mc.nn.Optimizer.step(o)  # the one-by-one NumPy form
+    for _ in range(3):
+        grads = [rng.standard_normal(s) for s in shapes]
+        for ps, opt in zip((native, numpy_), opts):
+            for p, g in zip(ps, grads):
+                p.grad = mc.tensor(g.copy())
+            opt.step()
+    for a, b in zip(native, numpy_):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12, atol=1e-14)
+    assert opts[0].state_dict()["state"][0]["step"] == 3

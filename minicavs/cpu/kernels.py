@@ -63,7 +63,60 @@ static void xent_grad(const T *x, const int64_t *label, const T *g, int64_t rows
   }
 }
 
+// out[idx[i]] += values[i] for each i with idx[i] >= 0, in order of i (repeats add up, as
+// np.add.at does): an embedding's gradient. One core: two rows may name one output row.
+template <typename T>
+static void scatter_add(T *out, const int64_t *idx, const T *values, int64_t rows,
+                        int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) {
+    if (idx[i] < 0) continue;
+    T *__restrict__ o = out + idx[i] * cols;
+    const T *__restrict__ v = values + i * cols;
+    #pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) o[j] += v[j];
+  }
+}
+
+// Adam (decay: AdamW's p *= 1 - lr * wd first; 1 when none) over several parameters in one
+// pass each: m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// p -= step * m / (sqrt(v / bc2) + eps), step = lr / bc1. Each parameter's elements are split
+// between the cores when there are enough of them in all.
+template <typename T>
+static void adam(int64_t count, T *const *p, const T *const *g, T *const *m, T *const *v,
+                 const int64_t *size, const double *hyper) {
+  const T b1 = hyper[0], b2 = hyper[1], eps = hyper[2], bc2 = hyper[3], step = hyper[4],
+          decay = hyper[5];
+  int64_t total = 0;
+  for (int64_t k = 0; k < count; ++k) total += size[k];
+  #pragma omp parallel if (total >= (1 << 18))
+  {
+    for (int64_t k = 0; k < count; ++k) {
+      T *__restrict__ pk = p[k];
+      T *__restrict__ mk = m[k];
+      T *__restrict__ vk = v[k];
+      const T *__restrict__ gk = g[k];
+      #pragma omp for simd schedule(static) nowait
+      for (int64_t i = 0; i < size[k]; ++i) {
+        const T gi = gk[i];
+        const T mi = b1 * mk[i] + (1 - b1) * gi;
+        const T vi = b2 * vk[i] + (1 - b2) * (gi * gi);
+        mk[i] = mi;
+        vk[i] = vi;
+        pk[i] = pk[i] * decay - step * (mi / (std::sqrt(vi / bc2) + eps));
+      }
+    }
+  }
+}
+
 extern "C" {
+void scatter_add_f32(float *o, const int64_t *i, const float *v, int64_t r, int64_t c) {
+  scatter_add(o, i, v, r, c); }
+void scatter_add_f64(double *o, const int64_t *i, const double *v, int64_t r, int64_t c) {
+  scatter_add(o, i, v, r, c); }
+void adam_f32(int64_t n, float *const *p, const float *const *g, float *const *m,
+              float *const *v, const int64_t *s, const double *h) { adam(n, p, g, m, v, s, h); }
+void adam_f64(int64_t n, double *const *p, const double *const *g, double *const *m,
+              double *const *v, const int64_t *s, const double *h) { adam(n, p, g, m, v, s, h); }
 void xent_f32(const float *x, const int64_t *l, int64_t r, int64_t c, float *o) { xent(x, l, r, c, o); }
 void xent_f64(const double *x, const int64_t *l, int64_t r, int64_t c, double *o) { xent(x, l, r, c, o); }
 void xent_grad_f32(const float *x, const int64_t *l, const float *g, int64_t r, int64_t c,
@@ -124,6 +177,42 @@ def softmax_cross_entropy_grad(logits, labels, g):
                                         ctypes.c_int64(logits.size // cols),
                                         ctypes.c_int64(cols), _p(out))
     return out
+
+
+def scatter_add_rows(out, idx, values):
+    """``out[idx[i]] += values[i]`` (rows; idx -1 skipped, repeats add up, in order), in place;
+    False where it does not apply (the caller's NumPy form runs). Indices must be checked."""
+    suffix = _SUFFIX.get(getattr(out, "dtype", None))
+    if suffix is None or values.dtype != out.dtype or out.ndim == 0 or len(idx) != len(values) \
+            or not _usable(out, values) or idx.dtype != np.int64 or not idx.flags.c_contiguous:
+        return False
+    lib = _library()
+    if lib is None:
+        return False
+    cols = out.size // out.shape[0] if out.shape[0] else 0
+    getattr(lib, f"scatter_add_{suffix}")(_p(out), _p(idx), _p(values),
+                                          ctypes.c_int64(len(idx)), ctypes.c_int64(cols))
+    return True
+
+
+def adam(params, grads, ms, vs, beta1, beta2, eps, bc2, step, decay):
+    """One Adam step for same-dtype, contiguous NumPy ``params`` (in place, with their
+    gradients and moments), one C call; False where it does not apply (NumPy runs)."""
+    suffix = _SUFFIX.get(params[0].dtype) if params else None
+    if suffix is None or not all(a.dtype == params[0].dtype and _usable(a)
+                                 for group in (params, grads, ms, vs) for a in group):
+        return False
+    lib = _library()
+    if lib is None:
+        return False
+    n = len(params)
+    pointers = [np.array([a.ctypes.data for a in group], dtype=np.uintp)
+                for group in (params, grads, ms, vs)]
+    sizes = np.array([a.size for a in params], dtype=np.int64)
+    hyper = np.array([beta1, beta2, eps, bc2, step, decay], dtype=np.float64)
+    getattr(lib, f"adam_{suffix}")(ctypes.c_int64(n), *(_p(a) for a in pointers), _p(sizes),
+                                   _p(hyper))
+    return True
 
 
 def _p(array):
