@@ -57,6 +57,9 @@ def _native_and_interpreter(F, params, graphs, seed, X=None):
     return backends
 
 
+# The passes that only change what the native loop does: each on and off.
+NATIVE_PASSES = ("direct_gathers", "inline_windows", "direct_scatters")
+
 CELLS = {
     "binary": lambda rng, o: binary_tree_lstm(E, H, rng, options=o),
     "3-ary": lambda rng, o: k_ary_cell(E, H, 3, rng, options=o),
@@ -66,14 +69,16 @@ CELLS = {
 
 @needs_native
 @given(st.sampled_from(sorted(CELLS)), st.booleans(), st.booleans(),
-       forests(max_arity=3, max_vertices=14, kinds=("tree", "dag")), st.integers(0, 2**16))
-def test_native_loops_run_and_equal_the_interpreter(cell, fuse, strided, graphs, seed):
+       forests(max_arity=3, max_vertices=14, kinds=("tree", "dag")), st.integers(0, 2**16),
+       st.fixed_dictionaries({name: st.booleans() for name in NATIVE_PASSES}))
+def test_native_loops_run_and_equal_the_interpreter(cell, fuse, strided, graphs, seed,
+                                                    native_passes):
     if cell == "binary":
         graphs = [g for g in graphs if g.max_arity <= 2] or [mc.InputGraph.chain(3)]
     if cell == "chain":
         graphs = [g for g in graphs if g.max_arity <= 1] or [mc.InputGraph.chain(4)]
     F, params = CELLS[cell](np.random.default_rng(seed),
-                            {"fuse": fuse, "strided_gathers": strided})
+                            {"fuse": fuse, "strided_gathers": strided, **native_passes})
     assert _native_and_interpreter(F, params, graphs, seed) == ("native", "native")
 
 
@@ -277,3 +282,14 @@ def test_native_adam_equals_the_numpy_update(kind):
     for a, b in zip(native, numpy_):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12, atol=1e-14)
     assert opts[0].state_dict()["state"][0]["step"] == 3
+
+
+def test_the_native_passes_fire_on_a_tree_lstm():
+    F, _ = binary_tree_lstm(E, H, np.random.default_rng(0), options={"inline_windows": True})
+    forward, backward = F.program.dump(), F.backward_program.dump()
+    assert "[native: into its windows' rows]" in forward  # the gathers
+    assert "native: computed where read" in forward  # x W + b + h U, inside the gates
+    assert "[native: from its concat's parts]" in backward  # [dh, dc] of each child
+    F, _ = binary_tree_lstm(E, H, np.random.default_rng(0), options=dict.fromkeys(
+        NATIVE_PASSES, False))
+    assert "native" not in F.program.dump() + F.backward_program.dump()

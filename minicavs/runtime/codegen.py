@@ -36,6 +36,7 @@ A program holding anything else (another op, edge lists, a per-level sum) raises
 :class:`Unsupported`, with the reason; that program stays on the interpreter.
 """
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +52,10 @@ ENTRY = "minicavs_levels"
 # Elements of a loop from which it is split between cores. Measured on 2 shared cores: below
 # this, waking OpenMP's threads (and their contention with OpenBLAS's) costs more than it saves.
 PARALLEL_MIN = 1 << 18
+
+
+# The names a fused group's C uses (cuda/fusion.py): inputs x0.., temporaries t0.., outputs y0..
+_NAMES = re.compile(r"\b[xty]\d+\b")
 
 
 class Unsupported(Exception):
@@ -120,6 +125,10 @@ class _Generator:
         self.shared = {}  # node.key -> Slot (values without rows)
         self.children = {}  # child slot -> Slot
         self.dtype = None
+        self.inlined = {}  # node.key -> (Compute, output index, column, width): no rows of its own
+        self.concats = {}  # node.key -> [(View, column)]: a concat added by its parts
+        self.prewritten = set()  # window keys whose rows a direct gather wrote
+        self.readers = {}  # node.key -> core instructions reading it
 
     def _dtype(self):
         touched = [x for ins in self.program.core for x in (*ins.reads, *ins.writes)]
@@ -155,6 +164,9 @@ class _Generator:
                 self.views[key] = View(f"B{slot.index}", f"L{slot.index}", 0, _width(node))
             else:
                 self.shared[key] = self._slot("shared", node=node)
+        for ins in core:
+            for x in ins.reads:
+                self.readers.setdefault(x.key, []).append(ins)
         body = [self.instruction(k, ins) for k, ins in enumerate(core)]
         return LevelLoop(self.source(body), self.dtype, tuple(self.slots), len(core), ACTIONS)
 
@@ -190,15 +202,28 @@ class _Generator:
 
     def instruction(self, k, ins):
         note = " ".join(ins.dump(self.names).split())
+        zero_views = None
+        if isinstance(ins, Compute) and ins.inlined:
+            node = getattr(ins.step, "node", None)
+            if node is not None and node.op.assembles_in_place:
+                self.concat_parts(node)
+            else:
+                for p, o in enumerate(ins.writes):
+                    self.inlined[o.key] = (ins, p, 0, _width(o))
+            return f"    // [{k}] {note}: computed where it is read"
         if isinstance(ins, Compute):
             if any(ins.accumulate):
                 raise Unsupported("a value is summed over levels (lazy_batching is off)")
             run = self.compute(ins)
+        elif isinstance(ins, Gather) and ins.direct:
+            run, zero_views = self.direct_gather(ins)
         elif isinstance(ins, Gather):
             run = self.gather(ins)
         else:
             run = self.scatter_add(ins)
-        zero = "\n".join(self.zero(self.views[o.key]) for o in ins.writes if o.key in self.views)
+        if zero_views is None:
+            zero_views = [self.views[o.key] for o in ins.writes if o.key in self.views]
+        zero = "\n".join(self.zero(v) for v in zero_views)
         return (f"    // [{k}] {note}\n"
                 f"    if (act[{k}] == {ACTIONS[RUN]}) {{\n{_indent(run, 6)}\n    }}"
                 + (f" else if (act[{k}] == {ACTIONS[ZERO]}) {{\n{_indent(zero, 6)}\n    }}"
@@ -226,8 +251,14 @@ class _Generator:
         if row_domain(x.shape) != "vertex" or len(x.shape) != 2 or attrs["axis"] not in (1, -1):
             raise Unsupported(f"slice_axis {node.label()}: only column windows of per-row "
                               f"matrices run natively")
-        source = self.view(x)
         start, stop = int(attrs["start"]), int(attrs["stop"])
+        if x.key in self.inlined:  # a window of a value computed where it is read
+            producer, index, col, _ = self.inlined[x.key]
+            self.inlined[node.key] = (producer, index, col + start, stop - start)
+            return "// a window of a value computed where it is read"
+        if node.key in self.prewritten:
+            return "// the gather wrote its rows"
+        source = self.view(x)
         window = View(source.base, source.ld, source.col + start, stop - start)
         if node.key in self.views:  # it has rows of its own (a buffer): copy the columns
             return self.copy_columns(window, self.views[node.key])
@@ -270,7 +301,13 @@ class _Generator:
         if any(o.width != width for o in outs):
             raise Unsupported("a fused group with outputs of different widths")
         rows, loads = [], []
+        self.inline_rows = rows
         for k, x in enumerate(group.inputs):
+            if x.key in self.inlined:
+                if self.inlined[x.key][3] not in (width, 1):
+                    raise Unsupported(f"{x.label()} broadcast against {width} columns")
+                loads.append(self.inline_value(x.key, "j", f"x{k}"))
+                continue
             if row_domain(x.shape) == "vertex":
                 view = self.view(x)
                 if view.width not in (width, 1):
@@ -296,6 +333,74 @@ class _Generator:
                 f"  #pragma omp simd\n"
                 f"  for (int64_t j = 0; j < {width}; ++j) {{\n{_indent(body, 4)}\n  }}\n}}")
 
+    def group_of(self, ins):
+        group = getattr(ins.step, "group", None)
+        if group is not None:
+            return group
+        node = ins.step.node
+        return FusedGroup([node], node.inputs, [node])
+
+    def inline_value(self, key, column, name):
+        """Statements that set ``const T name`` to column ``column`` of row i of the inlined
+        value ``key``, computed from its group's inputs (the group's names prefixed by
+        ``name``: plain statements, which the loop vectorises)."""
+        producer, index, col, width = self.inlined[key]
+        group = self.group_of(producer)
+        full = _width(group.outputs[index])
+        at = f"({column}) + {col}" if width > 1 else f"{col}"
+        source = fusion.elementwise_source(group, self.dtype)
+        lines = []
+        for k, x in enumerate(group.inputs):
+            if x.key in self.inlined:
+                lines.append(self.inline_value(x.key, at, f"{name}_x{k}"))
+            elif row_domain(x.shape) == "vertex":
+                view = self.view(x)
+                if view.width not in (full, 1):
+                    raise Unsupported(f"{x.label()} broadcast against {full} columns")
+                self.inline_rows.append(f"const T *__restrict__ {name}_r{k} = {view.row('i')};")
+                lines.append(f"const T {name}_x{k} = {name}_r{k}[{at if view.width == full else 0}];")
+            else:
+                size = int(np.prod(x.shape, dtype=np.int64))
+                lines.append(f"const T {name}_x{k} = P{self.shared_slot(x)}"
+                             f"[{at if size > 1 else 0}];")
+        lines += [f"T {name}_y{p};" for p in range(len(group.outputs))]
+        lines.append(_NAMES.sub(lambda m: f"{name}_{m.group(0)}", source.operation))
+        lines.append(f"const T {name} = {name}_y{index};")
+        return "\n".join(lines)
+
+    def direct_gather(self, ins):
+        """The children's rows copied straight into the rows each window of the target owns
+        (into scratch for windows without rows). Returns the code and what ZERO clears."""
+        child = self.child(ins.slot)
+        copies, zero, scratch = [], [], None
+        for w in self.readers.get(ins.target.key, ()):
+            node = w.step.node
+            start, stop = int(node.attrs["start"]), int(node.attrs["stop"])
+            if node.key in self.views:
+                dest = self.views[node.key]
+                self.prewritten.add(node.key)
+            else:
+                scratch = scratch or self.output(ins.target)
+                dest = View(scratch.base, scratch.ld, scratch.col + start, stop - start)
+            zero.append(dest)
+            copies.append(f"  std::memcpy({dest.row('i')}, states + c * states_ld + {start}, "
+                          f"{stop - start} * sizeof(T));")
+        code = (f"for (int64_t i = 0; i < n; ++i) {{\n"
+                f"  const int64_t c = {child}[lo + i] < 0 ? spare : {child}[lo + i];\n"
+                + "\n".join(copies) + "\n}")
+        return code, zero
+
+    def concat_parts(self, node):
+        parts, col = [], 0
+        for part in node.inputs:
+            if row_domain(part.shape) != "vertex":
+                raise Unsupported(f"concat {node.label()}: a part without rows")
+            view = self.view(part)
+            parts.append((view, col))
+            col += view.width
+        self.concats[node.key] = parts
+        return "// added by its parts where it is read"
+
     def shared_slot(self, node):
         slot = self.shared.get(node.key)
         if slot is None:
@@ -313,8 +418,17 @@ class _Generator:
                 f"{out.width} * sizeof(T));\n}}")
 
     def scatter_add(self, ins):
-        values = self.view(ins.source)
         child = self.child(ins.slot)
+        if ins.source.key in self.concats:
+            adds = [f"  {{ const T *__restrict__ v = {view.row('i')};\n"
+                    f"    #pragma omp simd\n"
+                    f"    for (int64_t j = 0; j < {view.width}; ++j) d[{col} + j] += v[j]; }}"
+                    for view, col in self.concats[ins.source.key]]
+            return (f"for (int64_t i = 0; i < n; ++i) {{\n"
+                    f"  const int64_t c = {child}[lo + i] < 0 ? spare : {child}[lo + i];\n"
+                    f"  T *__restrict__ d = d_states + c * d_states_ld;\n"
+                    + "\n".join(adds) + "\n}")
+        values = self.view(ins.source)
         # One core: in a DAG two vertices of a level may share a child.
         return (f"for (int64_t i = 0; i < n; ++i) {{\n"
                 f"  const int64_t c = {child}[lo + i] < 0 ? spare : {child}[lo + i];\n"
