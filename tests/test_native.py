@@ -293,3 +293,32 @@ def test_the_native_passes_fire_on_a_tree_lstm():
     F, _ = binary_tree_lstm(E, H, np.random.default_rng(0), options=dict.fromkeys(
         NATIVE_PASSES, False))
     assert "native" not in F.program.dump() + F.backward_program.dump()
+
+
+def _random_binary_tree(rng, leaves):
+    children, frontier = [[] for _ in range(leaves)], list(range(leaves))
+    while len(frontier) > 1:
+        i, j = sorted(rng.choice(len(frontier), 2, replace=False))
+        children.append([frontier[i], frontier[j]])
+        frontier = [v for k, v in enumerate(frontier) if k not in (i, j)] + [len(children) - 1]
+    return mc.InputGraph(children)
+
+
+@needs_native
+@pytest.mark.parametrize("dag", [False, True])
+def test_wide_levels_split_between_threads_equal_the_interpreter(dag):
+    """Levels of at least ``codegen.SPLIT_ROWS`` rows run on a team of threads (rows and a
+    product's columns split); in a DAG the adds into shared children stay on one thread."""
+    from minicavs.runtime import native
+
+    rng = np.random.default_rng(3)
+    if dag:  # two parents share both children on every level
+        graphs = [mc.InputGraph([[], [], [0, 1], [0, 1], [2, 3]]) for _ in range(80)]
+    else:
+        graphs = [_random_binary_tree(rng, int(rng.integers(2, 9))) for _ in range(40)]
+    batch = mc.GraphBatch(graphs)
+    assert max(np.diff(batch.level_offsets)) >= codegen.SPLIT_ROWS
+    F, params = binary_tree_lstm(E, 40, rng)  # 200 gate columns: the product splits too
+    assert _native_and_interpreter(F, params, graphs, 3) == ("native", "native")
+    if native.blas.threads_local() is not None and native._cores() > 1:
+        assert native.team_size(batch) > 1

@@ -49,9 +49,13 @@ from .program import Compute, Gather
 
 ACTIONS = {SKIP: 0, RUN: 1, ZERO: 2}  # plan codes, as the generated loop reads them
 ENTRY = "minicavs_levels"
-# Elements of a loop from which it is split between cores. Measured on 2 shared cores: below
-# this, waking OpenMP's threads (and their contention with OpenBLAS's) costs more than it saves.
-PARALLEL_MIN = 1 << 18
+# Multiply-adds of a level's product from which its columns are split between the team's
+# threads (each calls a one-thread gemm on its block); below, one thread runs it.
+GEMM_SPLIT_MIN = 1 << 16
+# Rows of a level from which the team splits it (below, one thread runs the level).
+SPLIT_ROWS = 64
+# One loop per row: for a split by rows, a row-parallel loop the team shares.
+TEAM_FOR = "#pragma omp for schedule(static)"
 
 
 # The names a fused group's C uses (cuda/fusion.py): inputs x0.., temporaries t0.., outputs y0..
@@ -291,7 +295,7 @@ class _Generator:
         a, out = self.view(x), self.output(node)
         k, m = (int(d) for d in w.shape)
         s = self.shared[w.key].index
-        return (f"gemm_rows(n, {m}, {k}, P{s}, a[{2 * s}], a[{2 * s + 1}], "
+        return (f"gemm_team(n, {m}, {k}, P{s}, a[{2 * s}], a[{2 * s + 1}], "
                 f"{a.row(0)}, {a.ld}, {out.row(0)}, {out.ld});")
 
     def elementwise(self, group):
@@ -327,7 +331,7 @@ class _Generator:
         body = "\n".join(loads) + "\n" + "\n".join(
             f"T y{p};" for p in range(len(outs))) + "\n" + source.operation + "\n" + "\n".join(
             f"o{p}[j] = y{p};" for p in range(len(outs)))
-        return (f"#pragma omp parallel for schedule(static) if (n * {width} >= {PARALLEL_MIN})\n"
+        return (f"{TEAM_FOR}\n"
                 f"for (int64_t i = 0; i < n; ++i) {{\n"
                 f"{_indent(chr(10).join(rows), 2)}\n"
                 f"  #pragma omp simd\n"
@@ -385,7 +389,8 @@ class _Generator:
             zero.append(dest)
             copies.append(f"  std::memcpy({dest.row('i')}, states + c * states_ld + {start}, "
                           f"{stop - start} * sizeof(T));")
-        code = (f"for (int64_t i = 0; i < n; ++i) {{\n"
+        code = (f"{TEAM_FOR}\n"
+                f"for (int64_t i = 0; i < n; ++i) {{\n"
                 f"  const int64_t c = {child}[lo + i] < 0 ? spare : {child}[lo + i];\n"
                 + "\n".join(copies) + "\n}")
         return code, zero
@@ -410,40 +415,48 @@ class _Generator:
     def gather(self, ins):
         out = self.output(ins.target)
         child = self.child(ins.slot)
-        return (f"#pragma omp parallel for schedule(static) if (n * {out.width} >= "
-                f"{PARALLEL_MIN})\n"
+        return (f"{TEAM_FOR}\n"
                 f"for (int64_t i = 0; i < n; ++i) {{\n"
                 f"  const int64_t c = {child}[lo + i] < 0 ? spare : {child}[lo + i];\n"
                 f"  std::memcpy({out.row('i')}, states + c * states_ld, "
                 f"{out.width} * sizeof(T));\n}}")
 
     def scatter_add(self, ins):
+        """Row adds into the children's gradients: split by rows in a forest (each child has
+        one parent), one thread in a DAG (two vertices of a level may share a child)."""
         child = self.child(ins.slot)
         if ins.source.key in self.concats:
-            adds = [f"  {{ const T *__restrict__ v = {view.row('i')};\n"
-                    f"    #pragma omp simd\n"
-                    f"    for (int64_t j = 0; j < {view.width}; ++j) d[{col} + j] += v[j]; }}"
-                    for view, col in self.concats[ins.source.key]]
-            return (f"for (int64_t i = 0; i < n; ++i) {{\n"
-                    f"  const int64_t c = {child}[lo + i] < 0 ? spare : {child}[lo + i];\n"
-                    f"  T *__restrict__ d = d_states + c * d_states_ld;\n"
-                    + "\n".join(adds) + "\n}")
-        values = self.view(ins.source)
-        # One core: in a DAG two vertices of a level may share a child.
+            return _rows_once_per_child(self._direct_scatter(ins, child))
+        return _rows_once_per_child(self._scatter(ins, child))
+
+    def _direct_scatter(self, ins, child):
+        adds = [f"  {{ const T *__restrict__ v = {view.row('i')};\n"
+                f"    #pragma omp simd\n"
+                f"    for (int64_t j = 0; j < {view.width}; ++j) d[{col} + j] += v[j]; }}"
+                for view, col in self.concats[ins.source.key]]
         return (f"for (int64_t i = 0; i < n; ++i) {{\n"
-                f"  const int64_t c = {child}[lo + i] < 0 ? spare : {child}[lo + i];\n"
-                f"  T *__restrict__ d = d_states + c * d_states_ld;\n"
+                f"  if ({child}[lo + i] < 0) continue;  // absent: nothing reads its gradient\n"
+                f"  T *__restrict__ d = d_states + {child}[lo + i] * d_states_ld;\n"
+                + "\n".join(adds) + "\n}")
+
+    def _scatter(self, ins, child):
+        values = self.view(ins.source)
+        return (f"for (int64_t i = 0; i < n; ++i) {{\n"
+                f"  if ({child}[lo + i] < 0) continue;  // absent: nothing reads its gradient\n"
+                f"  T *__restrict__ d = d_states + {child}[lo + i] * d_states_ld;\n"
                 f"  const T *__restrict__ v = {values.row('i')};\n"
                 f"  #pragma omp simd\n"
                 f"  for (int64_t j = 0; j < {values.width}; ++j) d[j] += v[j];\n}}")
 
     def copy_columns(self, source, target):
-        return (f"for (int64_t i = 0; i < n; ++i)\n"
+        return (f"{TEAM_FOR}\n"
+                f"for (int64_t i = 0; i < n; ++i)\n"
                 f"  std::memcpy({target.row('i')}, {source.row('i')}, "
                 f"{source.width} * sizeof(T));")
 
     def zero(self, view):
-        return (f"for (int64_t i = 0; i < n; ++i)\n"
+        return (f"{TEAM_FOR}\n"
+                f"for (int64_t i = 0; i < n; ++i)\n"
                 f"  std::memset({view.row('i')}, 0, {view.width} * sizeof(T));")
 
     # --- the translation unit -----------------------------------------------------------------
@@ -466,21 +479,33 @@ class _Generator:
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <omp.h>
 using std::exp; using std::log; using std::tanh; using std::sqrt; using std::pow;
 typedef {ctype} T;
 {_GEMM[self.blas]}
 extern "C" void {ENTRY}(int64_t num_levels, int64_t first, int64_t stop,
                         const int64_t *offsets, const signed char *plan, void *const *p,
                         const int64_t *a, int64_t spare, T *states, int64_t states_ld,
-                        T *d_states, int64_t d_states_ld) {{
+                        T *d_states, int64_t d_states_ld, int64_t threads, int64_t forest) {{
 {_indent(chr(10).join(declare), 2)}
+  // Each wide level runs on a team: every instruction's rows (or a product's columns) are
+  // split between its threads, each calling a one-thread gemm; the implicit barrier of each
+  // loop orders the instructions. The BLAS runs one thread per call while the team splits the products (its setter is
+  // process-wide in a pthreads OpenBLAS: set once here, restored after the team).
+  const bool split = threads > 1 && blas_threads != nullptr;
+  const int blas_before = split ? blas_threads(1) : 0;
   for (int64_t s = first; s < stop; ++s) {{
     const int64_t t = {level};
     const int64_t lo = offsets[t], n = offsets[t + 1] - lo;
     const signed char *act = plan + t * {len(program.core)};
+    // A level of few rows runs on one thread: its work costs less than waking the team.
+    #pragma omp parallel num_threads((int)threads) if (split && n >= {SPLIT_ROWS})
+    {{
 {_indent(chr(10).join(per_level), 4)}
 {chr(10).join(body)}
+    }}
   }}
+  if (split) blas_threads(blas_before);
 }}
 """
 
@@ -511,9 +536,36 @@ static inline void gemm_rows(int64_t n, int64_t m, int64_t k, const T *w, int64_
   gemm(w_transposed ? "T" : "N", "N", &cols, &rows, &inner, &one, w, &lw, x, &lx, &zero, out,
        &lo);
 }"""
-_GEMM = {"cblas64": "typedef int64_t I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}"),
-         "cblas32": "typedef int I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}"),
-         "fortran32": _FORTRAN}
+# The team's gemm: the product's columns split between the threads (one-thread gemms: the loop
+# sets the BLAS to one thread for the call, ``openblas_set_num_threads_local``), or one thread.
+_TEAM = """typedef int (*blas_threads_t)(int);  // sets the BLAS's threads, returns the old count
+static blas_threads_t blas_threads;
+extern "C" void minicavs_set_blas_threads(void *f) { blas_threads = (blas_threads_t)f; }
+static inline void gemm_team(int64_t n, int64_t m, int64_t k, const T *w, int64_t ldw,
+                             int64_t w_transposed, const T *x, int64_t ldx, T *out,
+                             int64_t ldo) {
+  const int64_t team = omp_get_num_threads();
+  if (team == 1 || n * m * k < %d || m < 32 * team) {
+    #pragma omp single
+    gemm_rows(n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
+    return;
+  }
+  const int64_t block = ((m + team - 1) / team + 15) / 16 * 16;
+  const int64_t c0 = omp_get_thread_num() * block, c1 = c0 + block < m ? c0 + block : m;
+  if (c1 > c0)
+    gemm_rows(n, c1 - c0, k, w_transposed ? w + c0 * ldw : w + c0, ldw, w_transposed, x, ldx,
+              out + c0, ldo);
+  #pragma omp barrier
+}""" % GEMM_SPLIT_MIN
+_GEMM = {"cblas64": "typedef int64_t I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}") + "\n" + _TEAM,
+         "cblas32": "typedef int I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}") + "\n" + _TEAM,
+         "fortran32": _FORTRAN + "\n" + _TEAM}
+
+
+def _rows_once_per_child(loop):
+    """A loop of adds into children's rows: split by rows in a forest, one thread in a DAG."""
+    return (f"if (forest) {{\n{_indent(TEAM_FOR, 2)}\n{_indent(loop, 2)}\n}} else {{\n"
+            f"  #pragma omp single\n  {{\n{_indent(loop, 4)}\n  }}\n}}")
 
 
 def _indent(text, spaces):

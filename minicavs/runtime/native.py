@@ -14,6 +14,8 @@ calls (interpreter.py).
 """
 
 import ctypes
+import functools
+import os
 import threading
 
 import numpy as np
@@ -44,9 +46,10 @@ class NativeLoop:
         self.spec = spec
         self.dtype = spec.dtype
         lib.minicavs_set_gemm(ctypes.c_void_p(blas.gemm(spec.dtype)[0]))
+        lib.minicavs_set_blas_threads(ctypes.c_void_p(blas.threads_local()))
         self._run = lib.minicavs_levels
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._run.argtypes = [i64, i64, i64, p, p, p, p, i64, p, i64, p, i64]
+        self._run.argtypes = [i64, i64, i64, p, p, p, p, i64, p, i64, p, i64, i64, i64]
         self._run.restype = None
         self._lib = lib
         self._codes = {}  # plan -> (action codes, keys and domains of the buffers it writes)
@@ -135,6 +138,7 @@ class _NativeRun:
                 widen(self.written, key, window[domain])
         self.pointers, self.strides = args
         self.offsets = np.ascontiguousarray(rows.level_offsets, dtype=np.int64)
+        self.threads = team_size(rows)
 
     def run(self, first, stop):
         """Levels ``first`` to ``stop`` of the loop's order (top-down for ∂F), in one C call."""
@@ -144,11 +148,34 @@ class _NativeRun:
                        self.table.ctypes.data, self.pointers.ctypes.data,
                        self.strides.ctypes.data, _spare_row(states, d_states),
                        _address(states), _row_stride(states), _address(d_states),
-                       _row_stride(d_states))
+                       _row_stride(d_states), self.threads, int(part.rows.is_forest))
 
     def finish(self):
         record_written(self.part.program, self.part.ranges, self.written)
         return self.counts
+
+
+def team_size(rows):
+    """How many threads run a call's level loop, chosen here and never by the user: the cores
+    this process may use (``OMP_NUM_THREADS`` caps it, as it caps OpenBLAS), one when the BLAS
+    cannot be told to run one thread (two pools would contend), and one for a batch without a
+    level wide enough to split (``codegen.SPLIT_ROWS``: each such level runs on one thread)."""
+    from .codegen import SPLIT_ROWS
+
+    if blas.threads_local() is None:
+        return 1
+    widest = int(np.diff(rows.level_offsets).max()) if rows.num_levels else 0
+    return _cores() if widest >= SPLIT_ROWS else 1
+
+
+@functools.lru_cache(maxsize=None)
+def _cores():
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    cap = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return max(1, min(cores, int(cap))) if cap.isdigit() and int(cap) > 0 else cores
 
 
 def _spare_row(states, d_states):
