@@ -322,3 +322,20 @@ def test_wide_levels_split_between_threads_equal_the_interpreter(dag):
     assert _native_and_interpreter(F, params, graphs, 3) == ("native", "native")
     if native.blas.threads_local() is not None and native._cores() > 1:
         assert native.team_size(batch) > 1
+
+
+@needs_native
+def test_large_products_on_the_native_team_equal_numpy():
+    from minicavs.cpu import kernels
+
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((300, 200)), rng.standard_normal((200, 700))
+    for x, y in ((a, b), (np.asfortranarray(a), b), (a, np.asfortranarray(b)),
+                 (a, b[:, :24]), (a.T.copy().T[:, :], b[:, 5:29])):
+        got = kernels.matmul(x, y)
+        if kernels.team_size() > 1:
+            np.testing.assert_allclose(got, x @ y, rtol=1e-12, atol=1e-12)
+        else:
+            assert got is None  # one core, or a BLAS that cannot be told one thread
+    assert kernels.matmul(a[:4], b[:, :4]) is None  # small: NumPy's call
+    assert kernels.matmul(a.astype("float32"), b) is None  # mixed dtypes: NumPy
