@@ -330,12 +330,15 @@ def test_large_products_on_the_native_team_equal_numpy():
 
     rng = np.random.default_rng(4)
     a, b = rng.standard_normal((300, 200)), rng.standard_normal((200, 700))
+    assert kernels.matmul(a, b) is None  # outside a call of native loops: NumPy's BLAS
     for x, y in ((a, b), (np.asfortranarray(a), b), (a, np.asfortranarray(b)),
                  (a, b[:, :24]), (a.T.copy().T[:, :], b[:, 5:29])):
-        got = kernels.matmul(x, y)
+        with kernels.team_products():
+            got = kernels.matmul(x, y)
         if kernels.team_size() > 1:
             np.testing.assert_allclose(got, x @ y, rtol=1e-12, atol=1e-12)
         else:
             assert got is None  # one core, or a BLAS that cannot be told one thread
-    assert kernels.matmul(a[:4], b[:, :4]) is None  # small: NumPy's call
-    assert kernels.matmul(a.astype("float32"), b) is None  # mixed dtypes: NumPy
+    with kernels.team_products():
+        assert kernels.matmul(a[:4], b[:, :4]) is None  # small: NumPy's call
+        assert kernels.matmul(a.astype("float32"), b) is None  # mixed dtypes: NumPy

@@ -52,8 +52,10 @@ ENTRY = "minicavs_levels"
 # Multiply-adds of a level's product from which its columns are split between the team's
 # threads (each calls a one-thread gemm on its block); below, one thread runs it.
 GEMM_SPLIT_MIN = 1 << 16
-# Rows of a level from which the team splits it (below, one thread runs the level).
+# Rows of a level from which the team may split it, and the work (multiply-adds and elements,
+# rows x the program's per-row work) from which it does: below, one thread runs the level.
 SPLIT_ROWS = 64
+SPLIT_WORK = int(__import__("os").environ.get("XWORK", 1 << 23))
 # One loop per row: for a split by rows, a row-parallel loop the team shares.
 TEAM_FOR = "#pragma omp for schedule(static)"
 
@@ -406,6 +408,23 @@ class _Generator:
         self.concats[node.key] = parts
         return "// added by its parts where it is read"
 
+    def row_work(self):
+        """Multiply-adds and elements per row of a level, over the core's instructions."""
+        work = 0
+        for ins in self.program.core:
+            for o in ins.writes:
+                if row_domain(o.shape) != "vertex":
+                    continue
+                node = getattr(getattr(ins, "step", None), "node", None)
+                if node is not None and node.op.native == "product":
+                    work += int(np.prod(node.inputs[1].shape, dtype=np.int64))
+                else:
+                    try:
+                        work += _width(o)
+                    except Unsupported:
+                        pass
+        return max(1, work)
+
     def shared_slot(self, node):
         slot = self.shared.get(node.key)
         if slot is None:
@@ -499,7 +518,7 @@ extern "C" void {ENTRY}(int64_t num_levels, int64_t first, int64_t stop,
     const int64_t lo = offsets[t], n = offsets[t + 1] - lo;
     const signed char *act = plan + t * {len(program.core)};
     // A level of few rows runs on one thread: its work costs less than waking the team.
-    #pragma omp parallel num_threads((int)threads) if (split && n >= {SPLIT_ROWS})
+    #pragma omp parallel num_threads((int)threads) if (split && n >= {SPLIT_ROWS} && n * {self.row_work()} >= {SPLIT_WORK})
     {{
 {_indent(chr(10).join(per_level), 4)}
 {chr(10).join(body)}
