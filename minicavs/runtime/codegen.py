@@ -55,7 +55,7 @@ GEMM_SPLIT_MIN = 1 << 16
 # Rows of a level from which the team may split it, and the work (multiply-adds and elements,
 # rows x the program's per-row work) from which it does: below, one thread runs the level.
 SPLIT_ROWS = 64
-SPLIT_WORK = int(__import__("os").environ.get("XWORK", 1 << 23))
+SPLIT_WORK = 1 << 23
 # One loop per row: for a split by rows, a row-parallel loop the team shares.
 TEAM_FOR = "#pragma omp for schedule(static)"
 
