@@ -61,6 +61,7 @@ SYSTEMS = {
     "torch-batched": "benchmarks.peers.torch_batched",
     "torch-batched-cuda": "benchmarks.peers.torch_batched_cuda",
     "dynet": "benchmarks.peers.dynet_autobatch",
+    "c-reference": "benchmarks.peers.c_reference",  # the hand-written C ceiling (tree_lstm)
 }
 REFERENCE_SYSTEM = "minicavs"
 

@@ -57,6 +57,9 @@ def _native_and_interpreter(F, params, graphs, seed, X=None):
     return backends
 
 
+# The passes that only change what the native loop does: each on and off.
+NATIVE_PASSES = ("direct_gathers", "inline_windows", "direct_scatters")
+
 CELLS = {
     "binary": lambda rng, o: binary_tree_lstm(E, H, rng, options=o),
     "3-ary": lambda rng, o: k_ary_cell(E, H, 3, rng, options=o),
@@ -66,14 +69,16 @@ CELLS = {
 
 @needs_native
 @given(st.sampled_from(sorted(CELLS)), st.booleans(), st.booleans(),
-       forests(max_arity=3, max_vertices=14, kinds=("tree", "dag")), st.integers(0, 2**16))
-def test_native_loops_run_and_equal_the_interpreter(cell, fuse, strided, graphs, seed):
+       forests(max_arity=3, max_vertices=14, kinds=("tree", "dag")), st.integers(0, 2**16),
+       st.fixed_dictionaries({name: st.booleans() for name in NATIVE_PASSES}))
+def test_native_loops_run_and_equal_the_interpreter(cell, fuse, strided, graphs, seed,
+                                                    native_passes):
     if cell == "binary":
         graphs = [g for g in graphs if g.max_arity <= 2] or [mc.InputGraph.chain(3)]
     if cell == "chain":
         graphs = [g for g in graphs if g.max_arity <= 1] or [mc.InputGraph.chain(4)]
     F, params = CELLS[cell](np.random.default_rng(seed),
-                            {"fuse": fuse, "strided_gathers": strided})
+                            {"fuse": fuse, "strided_gathers": strided, **native_passes})
     assert _native_and_interpreter(F, params, graphs, seed) == ("native", "native")
 
 
@@ -301,3 +306,101 @@ def test_native_equals_the_interpreter_for_weights_in_any_layout(w_layout, u_lay
     for k, (g, w) in enumerate(zip(got, want)):
         error = np.max(np.abs(g - w) / np.maximum(1.0, np.abs(w)), initial=0.0)
         assert error <= tolerance, f"result {k}: native differs from the interpreter by {error}"
+
+
+@needs_native
+def test_scatter_add_rows_kernel_equals_numpy():
+    from minicavs.cpu import kernels
+
+    rng = np.random.default_rng(1)
+    for dtype in ("float64", "float32"):
+        out = rng.standard_normal((9, 5)).astype(dtype)
+        idx = rng.integers(-1, 9, 40)  # repeats and absent (-1) rows
+        values = rng.standard_normal((40, 5)).astype(dtype)
+        want = out.copy()
+        np.add.at(want, idx[idx >= 0], values[idx >= 0])
+        assert kernels.scatter_add_rows(out, idx, values)
+        np.testing.assert_allclose(out, want, rtol=1e-6 if dtype == "float32" else 1e-12)
+    assert not kernels.scatter_add_rows(out, idx, values.astype("float64"))  # NumPy runs
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ["Adam", "AdamW"])
+def test_native_adam_equals_the_numpy_update(kind):
+    rng = np.random.default_rng(2)
+    shapes = [(7, 3), (5,), (4, 2, 2)]
+    values = [rng.standard_normal(s) for s in shapes]
+    native = [mc.Parameter(v.copy()) for v in values]
+    numpy_ = [mc.Parameter(v.copy()) for v in values]
+    opts = [getattr(mc.nn, kind)(ps, lr=0.01) for ps in (native, numpy_)]
+    opts[1].step = lambda o=opts[1]: mc.nn.Optimizer.step(o)  # the one-by-one NumPy form
+    for _ in range(3):
+        grads = [rng.standard_normal(s) for s in shapes]
+        for ps, opt in zip((native, numpy_), opts):
+            for p, g in zip(ps, grads):
+                p.grad = mc.tensor(g.copy())
+            opt.step()
+    for a, b in zip(native, numpy_):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12, atol=1e-14)
+    assert opts[0].state_dict()["state"][0]["step"] == 3
+
+
+def test_the_native_passes_fire_on_a_tree_lstm():
+    F, _ = binary_tree_lstm(E, H, np.random.default_rng(0), options={"inline_windows": True})
+    forward, backward = F.program.dump(), F.backward_program.dump()
+    assert "[native: into its windows' rows]" in forward  # the gathers
+    assert "native: computed where read" in forward  # x W + b + h U, inside the gates
+    assert "[native: from its concat's parts]" in backward  # [dh, dc] of each child
+    F, _ = binary_tree_lstm(E, H, np.random.default_rng(0), options=dict.fromkeys(
+        NATIVE_PASSES, False))
+    assert "native" not in F.program.dump() + F.backward_program.dump()
+
+
+def _random_binary_tree(rng, leaves):
+    children, frontier = [[] for _ in range(leaves)], list(range(leaves))
+    while len(frontier) > 1:
+        i, j = sorted(rng.choice(len(frontier), 2, replace=False))
+        children.append([frontier[i], frontier[j]])
+        frontier = [v for k, v in enumerate(frontier) if k not in (i, j)] + [len(children) - 1]
+    return mc.InputGraph(children)
+
+
+@needs_native
+@pytest.mark.parametrize("dag", [False, True])
+def test_wide_levels_split_between_threads_equal_the_interpreter(dag):
+    """Levels of at least ``codegen.SPLIT_ROWS`` rows run on a team of threads (rows and a
+    product's columns split); in a DAG the adds into shared children stay on one thread."""
+    from minicavs.cpu import kernels
+    from minicavs.runtime import native
+
+    rng = np.random.default_rng(3)
+    if dag:  # two parents share both children on every level
+        graphs = [mc.InputGraph([[], [], [0, 1], [0, 1], [2, 3]]) for _ in range(80)]
+    else:
+        graphs = [_random_binary_tree(rng, int(rng.integers(2, 9))) for _ in range(40)]
+    batch = mc.GraphBatch(graphs)
+    assert max(np.diff(batch.level_offsets)) >= codegen.SPLIT_ROWS
+    F, params = binary_tree_lstm(E, 40, rng)  # 200 gate columns: the product splits too
+    assert _native_and_interpreter(F, params, graphs, 3) == ("native", "native")
+    if kernels.team_size() > 1:
+        assert native.team_size(batch) > 1
+
+
+@needs_native
+def test_large_products_on_the_native_team_equal_numpy():
+    from minicavs.cpu import kernels
+
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((300, 200)), rng.standard_normal((200, 700))
+    assert kernels.matmul(a, b) is None  # outside a call of native loops: NumPy's BLAS
+    for x, y in ((a, b), (np.asfortranarray(a), b), (a, np.asfortranarray(b)),
+                 (a, b[:, :24]), (a.T.copy().T[:, :], b[:, 5:29])):
+        with kernels.team_products():
+            got = kernels.matmul(x, y)
+        if kernels.team_size() > 1:
+            np.testing.assert_allclose(got, x @ y, rtol=1e-12, atol=1e-12)
+        else:
+            assert got is None  # one core, or a BLAS that cannot be told one thread
+    with kernels.team_products():
+        assert kernels.matmul(a[:4], b[:, :4]) is None  # small: NumPy's call
+        assert kernels.matmul(a.astype("float32"), b) is None  # mixed dtypes: NumPy

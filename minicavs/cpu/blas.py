@@ -54,6 +54,25 @@ def gemm(dtype):
     return _scipy_gemm(letter), "fortran32"
 
 
+@functools.lru_cache(maxsize=None)
+def threads_local():
+    """Address of the BLAS's ``openblas_set_num_threads_local`` (OpenBLAS >= 0.3.27: sets
+    its threads, returning the previous count; in NumPy's pthreads build for the whole
+    process, measured), or None. The native level loop sets one thread for its call and
+    splits each product between its own threads, each running a one-thread gemm."""
+    for path in _loaded_blas_libraries():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        if getattr(lib, _CBLAS_SYMBOLS[0][0].format("s"), None) is None and \
+                getattr(lib, "cblas_sgemm", None) is None:
+            continue
+        function = getattr(lib, "openblas_set_num_threads_local", None)
+        return None if function is None else ctypes.cast(function, ctypes.c_void_p).value
+    return None
+
+
 def _scipy_gemm(letter):
     from scipy.linalg import cython_blas
 

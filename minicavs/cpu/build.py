@@ -37,6 +37,8 @@ The flags, and why:
 * ``-fopenmp``: rows of a level are split between cores (``#pragma omp parallel for``), and
   ``#pragma omp simd`` loops call glibc's vector math (libmvec: ``_ZGVdN8v_expf`` is 8 ``expf``
   at once);
+* ``-mprefer-vector-width=512`` where the CPU has AVX-512 (:func:`cxx_flags`): 16 floats per
+  vector, and libmvec's ``_ZGVeN16v_expf``; gcc picks 256-bit vectors without it;
 * ``-fno-math-errno -fno-trapping-math -D__FAST_MATH__``: what glibc's ``math.h`` needs to
   declare the vector variants of ``exp``/``tanh``/``log`` — *without* ``-ffast-math``, so NaN and
   infinity keep IEEE semantics, sums are not reassociated, and no ``crtfastmath.o`` is linked
@@ -66,6 +68,9 @@ from ..errors import ArgumentError, KernelCompileError, ToolchainError
 
 CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
              "-D__FAST_MATH__", "-fPIC", "-std=c++17", "-w")
+# On a CPU with AVX-512, 512-bit vectors (and libmvec's 16-wide exp/tanh): gcc prefers 256
+# otherwise. Measured on the fused gate groups of the Tree-LSTM (benchmarks, issue 22).
+WIDE_VECTORS = ("-mprefer-vector-width=512",)
 LINK_FLAGS = ("-shared", "-fopenmp", "-lmvec", "-lm")
 INSTALL_HINT = "install a C++ compiler (apt-get install g++), or set CXX to one"
 OFF_HINT = "set MINICAVS_NATIVE=0 to run vertex functions on the NumPy interpreter instead"
@@ -215,6 +220,13 @@ def cache_key(*parts):
     return hashlib.sha256("\0".join((CACHE_FORMAT, *parts)).encode()).hexdigest()
 
 
+@functools.lru_cache(maxsize=None)
+def cxx_flags():
+    """:data:`CXX_FLAGS`, with :data:`WIDE_VECTORS` where the CPU has AVX-512."""
+    wide = " avx512f" in cpu_signature() and os.environ.get("MINICAVS_VECTOR_WIDTH") != "256"
+    return CXX_FLAGS + (WIDE_VECTORS if wide else ())
+
+
 def library_path(source, tag):
     """The path of ``source``'s compiled library in the cache (it may not exist yet)."""
     return os.path.join(cache_dir(), f"{tag}-{_native_key(source)[:24]}.so")
@@ -222,7 +234,7 @@ def library_path(source, tag):
 
 def _native_key(source):
     _, version = compiler()
-    return cache_key(source, version, cpu_signature(), *CXX_FLAGS, *LINK_FLAGS)
+    return cache_key(source, version, cpu_signature(), *cxx_flags(), *LINK_FLAGS)
 
 
 # --- the cache entry: the library and its trailer ------------------------------------------
@@ -365,7 +377,7 @@ def build(source, tag, origin=""):
     cxx, version = compiler()
 
     def commands(cpp, obj, out):
-        return ([cxx, *CXX_FLAGS, "-x", "c++", "-c", "-o", obj, cpp],
+        return ([cxx, *cxx_flags(), "-x", "c++", "-c", "-o", obj, cpp],
                 [cxx, "-o", out, obj, *LINK_FLAGS])
 
     def failure(log):

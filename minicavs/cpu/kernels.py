@@ -9,6 +9,7 @@ vector ``exp`` — and rows are split between cores; the gradient is one more pa
 is off (``build.unavailable()``).
 """
 
+import contextlib
 import ctypes
 import functools
 import threading
@@ -20,6 +21,7 @@ from . import build
 _SOURCE = r"""// minicavs native kernels (minicavs/cpu/kernels.py)
 #include <cmath>
 #include <cstdint>
+#include <omp.h>
 
 template <typename T>
 static inline T row_max(const T *x, int64_t n) {
@@ -63,7 +65,100 @@ static void xent_grad(const T *x, const int64_t *label, const T *g, int64_t rows
   }
 }
 
+// out[idx[i]] += values[i] for each i with idx[i] >= 0, in order of i (repeats add up, as
+// np.add.at does): an embedding's gradient. One core: two rows may name one output row.
+template <typename T>
+static void scatter_add(T *out, const int64_t *idx, const T *values, int64_t rows,
+                        int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) {
+    if (idx[i] < 0) continue;
+    T *__restrict__ o = out + idx[i] * cols;
+    const T *__restrict__ v = values + i * cols;
+    #pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) o[j] += v[j];
+  }
+}
+
+// Adam (decay: AdamW's p *= 1 - lr * wd first; 1 when none) over several parameters in one
+// pass each: m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// p -= step * m / (sqrt(v / bc2) + eps), step = lr / bc1. Each parameter's elements are split
+// between the cores when there are enough of them in all.
+template <typename T>
+static void adam(int64_t count, T *const *p, const T *const *g, T *const *m, T *const *v,
+                 const int64_t *size, const double *hyper) {
+  const T b1 = hyper[0], b2 = hyper[1], eps = hyper[2], bc2 = hyper[3], step = hyper[4],
+          decay = hyper[5];
+  int64_t total = 0;
+  for (int64_t k = 0; k < count; ++k) total += size[k];
+  #pragma omp parallel if (total >= (1 << 18))
+  {
+    for (int64_t k = 0; k < count; ++k) {
+      T *__restrict__ pk = p[k];
+      T *__restrict__ mk = m[k];
+      T *__restrict__ vk = v[k];
+      const T *__restrict__ gk = g[k];
+      #pragma omp for simd schedule(static) nowait
+      for (int64_t i = 0; i < size[k]; ++i) {
+        const T gi = gk[i];
+        const T mi = b1 * mk[i] + (1 - b1) * gi;
+        const T vi = b2 * vk[i] + (1 - b2) * (gi * gi);
+        mk[i] = mi;
+        vk[i] = vi;
+        pk[i] = pk[i] * decay - step * (mi / (std::sqrt(vi / bc2) + eps));
+      }
+    }
+  }
+}
+
+// C = op(A) op(B) (row-major; op: transposed or not), on a team of threads each running a
+// one-thread gemm on its block: C's columns split, or its rows when it has few columns. The
+// BLAS is set to one thread for the call (process-wide in a pthreads OpenBLAS), then restored.
+template <typename T, typename I>
+static void team_gemm(void *function, void *set_threads, int ta, int tb, I M, I N, I K,
+                      const T *A, I lda, const T *B, I ldb, T *C, I ldc, int threads) {
+  typedef void (*gemm_t)(int, int, int, I, I, I, T, const T *, I, const T *, I, T, T *, I);
+  typedef int (*set_t)(int);
+  const gemm_t gemm = (gemm_t)function;
+  const set_t set = (set_t)set_threads;
+  const int before = set(1);
+  const bool by_columns = N > M && N >= 32 * threads;  // split the longer side: each thread packs all of the other operand
+  #pragma omp parallel num_threads(threads)
+  {
+    const I team = omp_get_num_threads(), tid = omp_get_thread_num();
+    const I size = by_columns ? N : M;
+    const I block = by_columns ? ((size + team - 1) / team + 15) / 16 * 16
+                               : (size + team - 1) / team;
+    const I a0 = tid * block, a1 = a0 + block < size ? a0 + block : size;
+    if (a1 > a0) {
+      if (by_columns)
+        gemm(101, ta ? 112 : 111, tb ? 112 : 111, M, a1 - a0, K, (T)1, A, lda,
+             B + (tb ? a0 * ldb : a0), ldb, (T)0, C + a0, ldc);
+      else
+        gemm(101, ta ? 112 : 111, tb ? 112 : 111, a1 - a0, N, K, (T)1,
+             A + (ta ? a0 : a0 * lda), lda, B, ldb, (T)0, C + a0 * ldc, ldc);
+    }
+  }
+  set(before);
+}
+
 extern "C" {
+#define TEAM_GEMM(name, T, I)                                                                  \
+  void name(void *f, void *s, int ta, int tb, I M, I N, I K, const T *A, I lda, const T *B,   \
+            I ldb, T *C, I ldc, int threads) {                                                \
+    team_gemm<T, I>(f, s, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, threads);                  \
+  }
+TEAM_GEMM(team_gemm_f32_64, float, int64_t)
+TEAM_GEMM(team_gemm_f64_64, double, int64_t)
+TEAM_GEMM(team_gemm_f32_32, float, int)
+TEAM_GEMM(team_gemm_f64_32, double, int)
+void scatter_add_f32(float *o, const int64_t *i, const float *v, int64_t r, int64_t c) {
+  scatter_add(o, i, v, r, c); }
+void scatter_add_f64(double *o, const int64_t *i, const double *v, int64_t r, int64_t c) {
+  scatter_add(o, i, v, r, c); }
+void adam_f32(int64_t n, float *const *p, const float *const *g, float *const *m,
+              float *const *v, const int64_t *s, const double *h) { adam(n, p, g, m, v, s, h); }
+void adam_f64(int64_t n, double *const *p, const double *const *g, double *const *m,
+              double *const *v, const int64_t *s, const double *h) { adam(n, p, g, m, v, s, h); }
 void xent_f32(const float *x, const int64_t *l, int64_t r, int64_t c, float *o) { xent(x, l, r, c, o); }
 void xent_f64(const double *x, const int64_t *l, int64_t r, int64_t c, double *o) { xent(x, l, r, c, o); }
 void xent_grad_f32(const float *x, const int64_t *l, const float *g, int64_t r, int64_t c,
@@ -124,6 +219,141 @@ def softmax_cross_entropy_grad(logits, labels, g):
                                         ctypes.c_int64(logits.size // cols),
                                         ctypes.c_int64(cols), _p(out))
     return out
+
+
+def scatter_add_rows(out, idx, values):
+    """``out[idx[i]] += values[i]`` (rows; idx -1 skipped, repeats add up, in order), in place;
+    False where it does not apply (the caller's NumPy form runs). Indices must be checked."""
+    suffix = _SUFFIX.get(getattr(out, "dtype", None))
+    if suffix is None or values.dtype != out.dtype or out.ndim == 0 or len(idx) != len(values) \
+            or not _usable(out, values) or idx.dtype != np.int64 or not idx.flags.c_contiguous:
+        return False
+    lib = _library()
+    if lib is None:
+        return False
+    cols = out.size // out.shape[0] if out.shape[0] else 0
+    getattr(lib, f"scatter_add_{suffix}")(_p(out), _p(idx), _p(values),
+                                          ctypes.c_int64(len(idx)), ctypes.c_int64(cols))
+    return True
+
+
+# Multiply-adds from which a product runs on the team (below, NumPy's call costs less).
+TEAM_GEMM_MIN = 1 << 20
+
+
+_team = threading.local()
+
+
+@contextlib.contextmanager
+def team_products(on=True):
+    """Inside this block (on a thread), large NumPy products run on the native team
+    (:func:`matmul`); the runtime opens it around a call whose level loops are all native, so
+    the whole call uses one pool of threads. Elsewhere NumPy's BLAS runs them: work that mixes
+    the two pools (an interpreted loop's products between the team's) measured slower than
+    either (RNTN: 183 -> 240 ms per 8 batches)."""
+    before = getattr(_team, "on", False)
+    _team.on = on
+    try:
+        yield
+    finally:
+        _team.on = before
+
+
+def matmul(a, b, out=None):
+    """``a @ b`` for 2-D float32/float64 NumPy matrices (each row-contiguous or a transpose of
+    one), inside :func:`team_products`, on a team of threads (:func:`team_size`), each running a one-thread gemm of NumPy's
+    BLAS; into ``out`` (C-contiguous) when given. None where it does not apply (NumPy runs):
+    another BLAS, one core, a small product. Every large product of a step goes here, not
+    only some: switching between OpenBLAS's threads and the team's costs more than either
+    (measured: with the Xᵀ·G products left to OpenBLAS the step was 12 % slower)."""
+    if not getattr(_team, "on", False):
+        return None
+    dtype = getattr(a, "dtype", None)
+    suffix = _SUFFIX.get(dtype)
+    if suffix is None or getattr(b, "dtype", None) != dtype or a.ndim != 2 or b.ndim != 2 \
+            or a.shape[1] != b.shape[0] or not isinstance(a, np.ndarray) \
+            or not isinstance(b, np.ndarray):
+        return None
+    (m, k), n = a.shape, b.shape[1]
+    if m * n * k < TEAM_GEMM_MIN or (out is not None and (
+            out.dtype != dtype or out.shape != (m, n) or not out.flags.c_contiguous)):
+        return None
+    threads = team_size()
+    if threads < 2:
+        return None
+    from . import blas
+
+    address, interface = blas.gemm(dtype)
+    if interface not in ("cblas64", "cblas32"):
+        return None
+    lib = _library()
+    if lib is None:
+        return None
+    (ta, lda, a), (tb, ldb, b) = _operand(a), _operand(b)
+    if out is None:
+        out = np.empty((m, n), dtype=dtype)
+    integer = ctypes.c_int64 if interface == "cblas64" else ctypes.c_int
+    getattr(lib, f"team_gemm_{suffix}_{interface[-2:]}")(
+        ctypes.c_void_p(address), ctypes.c_void_p(blas.threads_local()), ctypes.c_int(ta),
+        ctypes.c_int(tb), integer(m), integer(n), integer(k), _p(a), integer(lda), _p(b),
+        integer(ldb), _p(out), integer(n), ctypes.c_int(threads))
+    return out
+
+
+def _operand(x):
+    """(transposed, leading dimension, array) of a matrix as a gemm reads it."""
+    item = x.itemsize
+    if x.strides[1] == item and x.strides[0] >= max(1, x.shape[1]) * item:
+        return 0, x.strides[0] // item, x
+    if x.strides[0] == item and x.strides[1] >= max(1, x.shape[0]) * item:
+        return 1, x.strides[1] // item, x
+    x = np.ascontiguousarray(x)
+    return 0, max(1, x.shape[1]), x
+
+
+def team_size():
+    """Threads of a native team, chosen here and never by the user (the level loops' teams in
+    ``runtime/native.py`` too): the cores this process may use (``OMP_NUM_THREADS`` caps it,
+    as it caps OpenBLAS); 1 where the BLAS cannot be set to one thread per call (two pools of
+    threads would contend), and 1 in a child forked after OpenMP started (its parent's pool
+    threads are gone: a team there would wait for them forever; ``build.forked_child``)."""
+    from . import blas
+
+    if build.forked_child() or blas.threads_local() is None:
+        return 1
+    return _cores()
+
+
+@functools.lru_cache(maxsize=None)
+def _cores():
+    import os
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    cap = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return max(1, min(cores, int(cap))) if cap.isdigit() and int(cap) > 0 else cores
+
+
+def adam(params, grads, ms, vs, beta1, beta2, eps, bc2, step, decay):
+    """One Adam step for same-dtype, contiguous NumPy ``params`` (in place, with their
+    gradients and moments), one C call; False where it does not apply (NumPy runs)."""
+    suffix = _SUFFIX.get(params[0].dtype) if params else None
+    if suffix is None or not all(a.dtype == params[0].dtype and _usable(a)
+                                 for group in (params, grads, ms, vs) for a in group):
+        return False
+    lib = _library()
+    if lib is None:
+        return False
+    n = len(params)
+    pointers = [np.array([a.ctypes.data for a in group], dtype=np.uintp)
+                for group in (params, grads, ms, vs)]
+    sizes = np.array([a.size for a in params], dtype=np.int64)
+    hyper = np.array([beta1, beta2, eps, bc2, step, decay], dtype=np.float64)
+    getattr(lib, f"adam_{suffix}")(ctypes.c_int64(n), *(_p(a) for a in pointers), _p(sizes),
+                                   _p(hyper))
+    return True
 
 
 def _p(array):

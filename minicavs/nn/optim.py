@@ -269,6 +269,55 @@ class Adam(Optimizer):
         betas = tuple(betas) if isinstance(betas, (tuple, list)) else betas  # checked below
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
+    def step(self):
+        """Each group's NumPy parameters in one native pass (``cpu/kernels.py``: m, v and p
+        read and written once each), where native code is on; the others one by one."""
+        self.check_hyperparameters()
+        i = 0
+        for group in self.param_groups:
+            batch = []
+            for p in group["params"]:
+                if not self._native_one(i, p, self.state[i], group, batch):
+                    self._step_one(i, p, self.state[i], group)
+                i += 1
+            if batch:
+                self._native_step(group, batch)
+
+    def _native_one(self, i, p, state, group, batch):
+        """Queue parameter ``i`` for the group's native step; False if NumPy must update it
+        (another array module, an L2 penalty, a gradient of another shape or dtype)."""
+        grad = p.grad.data if p.grad is not None else None
+        if grad is None or type(p._array) is not np.ndarray or type(grad) is not np.ndarray \
+                or grad.shape != p.shape or grad.dtype != p.dtype \
+                or p.dtype not in (np.float32, np.float64) \
+                or (group["weight_decay"] and not self.decoupled_weight_decay) \
+                or not p._array.flags.c_contiguous:
+            return False
+        if not state:
+            state.update(step=0, m=np.zeros_like(p._array), v=np.zeros_like(p._array))
+        batch.append((p, np.ascontiguousarray(grad), state))
+        return True
+
+    def _native_step(self, group, batch):
+        from ..cpu import kernels
+
+        beta1, beta2 = group["betas"]
+        by_step = {}
+        for p, grad, state in batch:  # (parameters added later have fewer steps)
+            state["step"] += 1
+            by_step.setdefault((state["step"], p.dtype), []).append((p, grad, state))
+        decay = 1 - group["lr"] * group["weight_decay"] if self.decoupled_weight_decay else 1.0
+        for (t, _), members in by_step.items():
+            arrays = [[p._array for p, _, _ in members], [g for _, g, _ in members],
+                      [s["m"] for _, _, s in members], [s["v"] for _, _, s in members]]
+            if not kernels.adam(*arrays, beta1, beta2, group["eps"], 1 - beta2 ** t,
+                                group["lr"] / (1 - beta1 ** t), decay):
+                for p, grad, state in members:
+                    state["step"] -= 1
+                    self._update(np, p._array, grad, state, group)
+            for p, _, _ in members:
+                versions.changed(p)
+
     def _update(self, xp, param, grad, state, group):
         if not state:
             state.update(step=0, m=xp.zeros_like(param), v=xp.zeros_like(param))

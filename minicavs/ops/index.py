@@ -7,6 +7,7 @@ import scipy.sparse
 
 from . import batching, shape
 from .. import backend
+from ..cpu import kernels as native_kernels
 from .registry import Aval, Op, apply, describe, register, require_int
 from ..errors import GraphError, IndexRangeError, ShapeError
 
@@ -74,6 +75,9 @@ def scatter_add_into(xp, out, idx, values):
     if kernels is not None and out.flags.c_contiguous and out.dtype == values.dtype:
         return kernels.scatter_add_rows(xp.ascontiguousarray(values), idx32, out,
                                         check_indices=False)
+    if xp is np and native_kernels.scatter_add_rows(out, np.asarray(idx, dtype=np.int64),
+                                                    np.ascontiguousarray(values)):
+        return out  # (one pass, in index order; the sparse product below where it is off)
     present = idx >= 0
     if xp is not np:  # no host round trip: -1 adds into a spare row, which is then dropped
         from ..cuda import cupyx_ops

@@ -5,6 +5,7 @@ import numpy as np
 
 from . import batching, elementwise, shape
 from .. import backend
+from ..cpu import kernels as native_kernels
 from .registry import Aval, Op, apply, broadcast_shapes, common_dtype, describe, register
 from .rows import FULL, intersect, is_empty
 from ..errors import GraphError, ShapeError
@@ -90,7 +91,7 @@ def _matmul_on_nonzero_rows(xp, node, args, range_of, within):
             return None
         out = xp.zeros(x.shape[:1] + tuple(node.shape[1:]), node.dtype)
         if not is_empty((lo, hi)):
-            xp.matmul(x[lo:hi], w, out=out[lo:hi])
+            _product(xp, x[lo:hi], w, out=out[lo:hi])
         return out, (lo, hi)
     if (a.kind == "op" and a.op is shape.TRANSPOSE and a.attrs["axes"] == (1, 0)
             and batching.row_domain(a.inputs[0].shape)
@@ -102,19 +103,31 @@ def _matmul_on_nonzero_rows(xp, node, args, range_of, within):
             return None
         if hi <= lo:
             return xp.zeros(node.shape, node.dtype), None
-        return xp.matmul(xt[:, lo:hi], g[lo:hi]), None
+        return _product(xp, xt[:, lo:hi], g[lo:hi]), None
     return None
+
+
+def _product(xp, a, b, out=None):
+    """``a @ b``: a large product of NumPy matrices on the native team (cpu/kernels.py: the
+    process's cores, one-thread gemms), else ``xp.matmul``."""
+    if xp is np:
+        done = native_kernels.matmul(a, b, out)
+        if done is not None:
+            return done
+    return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
 
 
 def _matmul_into(a, b, out):
     xp = backend.get_array_module(out)
+    if xp is np and native_kernels.matmul(a, b, out) is not None:
+        return
     try:
         xp.matmul(a, b, out=out)
     except (ValueError, TypeError):  # e.g. 1-D operands, whose result NumPy won't write
         out[...] = xp.matmul(a, b)
 
 
-MATMUL = register(Op("matmul", lambda xp, a, b: xp.matmul(a, b), _infer_matmul, _matmul_vjp,
+MATMUL = register(Op("matmul", _product, _infer_matmul, _matmul_vjp,
                      batch=_batch_matmul, into=_matmul_into, zero_rows=_zero_rows_matmul,
                      on_nonzero_rows=_matmul_on_nonzero_rows, native="product",
                      promotes=(0, 1)))

@@ -55,6 +55,14 @@ def level_loop(part, xp, check=None):
     return InterpreterLoop(part, xp, backend=f"interpreter ({reason})")
 
 
+def native_ready(part):
+    """Whether ``part``'s level loop will run natively (compiling it now if needed), before
+    the loop is bound; a part without level work counts as native."""
+    if part.rows is None or not part.program.core:
+        return True
+    return _why_not_native(part.exe) is None
+
+
 def _why_not_native(exe):
     """None if ``exe``'s compiled loop can run (compiled on first use, kept in ``exe``), else
     why not."""

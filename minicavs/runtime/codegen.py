@@ -36,6 +36,7 @@ A program holding anything else (another op, edge lists, a per-level sum) raises
 :class:`Unsupported`, with the reason; that program stays on the interpreter.
 """
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,9 +49,19 @@ from .program import Compute, Gather
 
 ACTIONS = {SKIP: 0, RUN: 1, ZERO: 2}  # plan codes, as the generated loop reads them
 ENTRY = "minicavs_levels"
-# Elements of a loop from which it is split between cores. Measured on 2 shared cores: below
-# this, waking OpenMP's threads (and their contention with OpenBLAS's) costs more than it saves.
-PARALLEL_MIN = 1 << 18
+# Multiply-adds of a level's product from which its columns are split between the team's
+# threads (each calls a one-thread gemm on its block); below, one thread runs it.
+GEMM_SPLIT_MIN = 1 << 16
+# Rows of a level from which the team may split it, and the work (multiply-adds and elements,
+# rows x the program's per-row work) from which it does: below, one thread runs the level.
+SPLIT_ROWS = 64
+SPLIT_WORK = 1 << 23
+# One loop per row: for a split by rows, a row-parallel loop the team shares.
+TEAM_FOR = "#pragma omp for schedule(static)"
+
+
+# The names a fused group's C uses (cuda/fusion.py): inputs x0.., temporaries t0.., outputs y0..
+_NAMES = re.compile(r"\b[xty]\d+\b")
 
 
 class Unsupported(Exception):
@@ -120,6 +131,10 @@ class _Generator:
         self.shared = {}  # node.key -> Slot (values without rows)
         self.children = {}  # child slot -> Slot
         self.dtype = None
+        self.inlined = {}  # node.key -> (Compute, output index, column, width): no rows of its own
+        self.concats = {}  # node.key -> [(View, column)]: a concat added by its parts
+        self.prewritten = set()  # window keys whose rows a direct gather wrote
+        self.readers = {}  # node.key -> core instructions reading it
 
     def _dtype(self):
         touched = [x for ins in self.program.core for x in (*ins.reads, *ins.writes)]
@@ -155,6 +170,9 @@ class _Generator:
                 self.views[key] = View(f"B{slot.index}", f"L{slot.index}", 0, _width(node))
             else:
                 self.shared[key] = self._slot("shared", node=node)
+        for ins in core:
+            for x in ins.reads:
+                self.readers.setdefault(x.key, []).append(ins)
         body = [self.instruction(k, ins) for k, ins in enumerate(core)]
         return LevelLoop(self.source(body), self.dtype, tuple(self.slots), len(core), ACTIONS)
 
@@ -190,15 +208,28 @@ class _Generator:
 
     def instruction(self, k, ins):
         note = " ".join(ins.dump(self.names).split())
+        zero_views = None
+        if isinstance(ins, Compute) and ins.inlined:
+            node = getattr(ins.step, "node", None)
+            if node is not None and node.op.assembles_in_place:
+                self.concat_parts(node)
+            else:
+                for p, o in enumerate(ins.writes):
+                    self.inlined[o.key] = (ins, p, 0, _width(o))
+            return f"    // [{k}] {note}: computed where it is read"
         if isinstance(ins, Compute):
             if any(ins.accumulate):
                 raise Unsupported("a value is summed over levels (lazy_batching is off)")
             run = self.compute(ins)
+        elif isinstance(ins, Gather) and ins.direct:
+            run, zero_views = self.direct_gather(ins)
         elif isinstance(ins, Gather):
             run = self.gather(ins)
         else:
             run = self.scatter_add(ins)
-        zero = "\n".join(self.zero(self.views[o.key]) for o in ins.writes if o.key in self.views)
+        if zero_views is None:
+            zero_views = [self.views[o.key] for o in ins.writes if o.key in self.views]
+        zero = "\n".join(self.zero(v) for v in zero_views)
         return (f"    // [{k}] {note}\n"
                 f"    if (act[{k}] == {ACTIONS[RUN]}) {{\n{_indent(run, 6)}\n    }}"
                 + (f" else if (act[{k}] == {ACTIONS[ZERO]}) {{\n{_indent(zero, 6)}\n    }}"
@@ -226,8 +257,14 @@ class _Generator:
         if row_domain(x.shape) != "vertex" or len(x.shape) != 2 or attrs["axis"] not in (1, -1):
             raise Unsupported(f"slice_axis {node.label()}: only column windows of per-row "
                               f"matrices run natively")
-        source = self.view(x)
         start, stop = int(attrs["start"]), int(attrs["stop"])
+        if x.key in self.inlined:  # a window of a value computed where it is read
+            producer, index, col, _ = self.inlined[x.key]
+            self.inlined[node.key] = (producer, index, col + start, stop - start)
+            return "// a window of a value computed where it is read"
+        if node.key in self.prewritten:
+            return "// the gather wrote its rows"
+        source = self.view(x)
         window = View(source.base, source.ld, source.col + start, stop - start)
         if node.key in self.views:  # it has rows of its own (a buffer): copy the columns
             return self.copy_columns(window, self.views[node.key])
@@ -260,7 +297,7 @@ class _Generator:
         a, out = self.view(x), self.output(node)
         k, m = (int(d) for d in w.shape)
         s = self.shared[w.key].index
-        return (f"gemm_rows(n, {m}, {k}, P{s}, a[{2 * s}], a[{2 * s + 1}], "
+        return (f"gemm_team(n, {m}, {k}, P{s}, a[{2 * s}], a[{2 * s + 1}], "
                 f"{a.row(0)}, {a.ld}, {out.row(0)}, {out.ld});")
 
     def elementwise(self, group):
@@ -270,7 +307,13 @@ class _Generator:
         if any(o.width != width for o in outs):
             raise Unsupported("a fused group with outputs of different widths")
         rows, loads = [], []
+        self.inline_rows = rows
         for k, x in enumerate(group.inputs):
+            if x.key in self.inlined:
+                if self.inlined[x.key][3] not in (width, 1):
+                    raise Unsupported(f"{x.label()} broadcast against {width} columns")
+                loads.append(self.inline_value(x.key, "j", f"x{k}"))
+                continue
             if row_domain(x.shape) == "vertex":
                 view = self.view(x)
                 if view.width not in (width, 1):
@@ -290,11 +333,97 @@ class _Generator:
         body = "\n".join(loads) + "\n" + "\n".join(
             f"T y{p};" for p in range(len(outs))) + "\n" + source.operation + "\n" + "\n".join(
             f"o{p}[j] = y{p};" for p in range(len(outs)))
-        return (f"#pragma omp parallel for schedule(static) if (n * {width} >= {PARALLEL_MIN})\n"
+        return (f"{TEAM_FOR}\n"
                 f"for (int64_t i = 0; i < n; ++i) {{\n"
                 f"{_indent(chr(10).join(rows), 2)}\n"
                 f"  #pragma omp simd\n"
                 f"  for (int64_t j = 0; j < {width}; ++j) {{\n{_indent(body, 4)}\n  }}\n}}")
+
+    def group_of(self, ins):
+        group = getattr(ins.step, "group", None)
+        if group is not None:
+            return group
+        node = ins.step.node
+        return FusedGroup([node], node.inputs, [node])
+
+    def inline_value(self, key, column, name):
+        """Statements that set ``const T name`` to column ``column`` of row i of the inlined
+        value ``key``, computed from its group's inputs (the group's names prefixed by
+        ``name``: plain statements, which the loop vectorises)."""
+        producer, index, col, width = self.inlined[key]
+        group = self.group_of(producer)
+        full = _width(group.outputs[index])
+        at = f"({column}) + {col}" if width > 1 else f"{col}"
+        source = fusion.elementwise_source(group, self.dtype)
+        lines = []
+        for k, x in enumerate(group.inputs):
+            if x.key in self.inlined:
+                lines.append(self.inline_value(x.key, at, f"{name}_x{k}"))
+            elif row_domain(x.shape) == "vertex":
+                view = self.view(x)
+                if view.width not in (full, 1):
+                    raise Unsupported(f"{x.label()} broadcast against {full} columns")
+                self.inline_rows.append(f"const T *__restrict__ {name}_r{k} = {view.row('i')};")
+                lines.append(f"const T {name}_x{k} = {name}_r{k}[{at if view.width == full else 0}];")
+            else:
+                size = int(np.prod(x.shape, dtype=np.int64))
+                lines.append(f"const T {name}_x{k} = P{self.shared_slot(x)}"
+                             f"[{at if size > 1 else 0}];")
+        lines += [f"T {name}_y{p};" for p in range(len(group.outputs))]
+        lines.append(_NAMES.sub(lambda m: f"{name}_{m.group(0)}", source.operation))
+        lines.append(f"const T {name} = {name}_y{index};")
+        return "\n".join(lines)
+
+    def direct_gather(self, ins):
+        """The children's rows copied straight into the rows each window of the target owns
+        (into scratch for windows without rows). Returns the code and what ZERO clears."""
+        child = self.child(ins.slot)
+        copies, zero, scratch = [], [], None
+        for w in self.readers.get(ins.target.key, ()):
+            node = w.step.node
+            start, stop = int(node.attrs["start"]), int(node.attrs["stop"])
+            if node.key in self.views:
+                dest = self.views[node.key]
+                self.prewritten.add(node.key)
+            else:
+                scratch = scratch or self.output(ins.target)
+                dest = View(scratch.base, scratch.ld, scratch.col + start, stop - start)
+            zero.append(dest)
+            copies.append(f"  std::memcpy({dest.row('i')}, states + c * states_ld + {start}, "
+                          f"{stop - start} * sizeof(T));")
+        code = (f"{TEAM_FOR}\n"
+                f"for (int64_t i = 0; i < n; ++i) {{\n"
+                f"  const int64_t c = {child}[lo + i] < 0 ? spare : {child}[lo + i];\n"
+                + "\n".join(copies) + "\n}")
+        return code, zero
+
+    def concat_parts(self, node):
+        parts, col = [], 0
+        for part in node.inputs:
+            if row_domain(part.shape) != "vertex":
+                raise Unsupported(f"concat {node.label()}: a part without rows")
+            view = self.view(part)
+            parts.append((view, col))
+            col += view.width
+        self.concats[node.key] = parts
+        return "// added by its parts where it is read"
+
+    def row_work(self):
+        """Multiply-adds and elements per row of a level, over the core's instructions."""
+        work = 0
+        for ins in self.program.core:
+            for o in ins.writes:
+                if row_domain(o.shape) != "vertex":
+                    continue
+                node = getattr(getattr(ins, "step", None), "node", None)
+                if node is not None and node.op.native == "product":
+                    work += int(np.prod(node.inputs[1].shape, dtype=np.int64))
+                else:
+                    try:
+                        work += _width(o)
+                    except Unsupported:
+                        pass
+        return max(1, work)
 
     def shared_slot(self, node):
         slot = self.shared.get(node.key)
@@ -305,31 +434,48 @@ class _Generator:
     def gather(self, ins):
         out = self.output(ins.target)
         child = self.child(ins.slot)
-        return (f"#pragma omp parallel for schedule(static) if (n * {out.width} >= "
-                f"{PARALLEL_MIN})\n"
+        return (f"{TEAM_FOR}\n"
                 f"for (int64_t i = 0; i < n; ++i) {{\n"
                 f"  const int64_t c = {child}[lo + i] < 0 ? spare : {child}[lo + i];\n"
                 f"  std::memcpy({out.row('i')}, states + c * states_ld, "
                 f"{out.width} * sizeof(T));\n}}")
 
     def scatter_add(self, ins):
-        values = self.view(ins.source)
+        """Row adds into the children's gradients: split by rows in a forest (each child has
+        one parent), one thread in a DAG (two vertices of a level may share a child)."""
         child = self.child(ins.slot)
-        # One core: in a DAG two vertices of a level may share a child.
+        if ins.source.key in self.concats:
+            return _rows_once_per_child(self._direct_scatter(ins, child))
+        return _rows_once_per_child(self._scatter(ins, child))
+
+    def _direct_scatter(self, ins, child):
+        adds = [f"  {{ const T *__restrict__ v = {view.row('i')};\n"
+                f"    #pragma omp simd\n"
+                f"    for (int64_t j = 0; j < {view.width}; ++j) d[{col} + j] += v[j]; }}"
+                for view, col in self.concats[ins.source.key]]
         return (f"for (int64_t i = 0; i < n; ++i) {{\n"
-                f"  const int64_t c = {child}[lo + i] < 0 ? spare : {child}[lo + i];\n"
-                f"  T *__restrict__ d = d_states + c * d_states_ld;\n"
+                f"  if ({child}[lo + i] < 0) continue;  // absent: nothing reads its gradient\n"
+                f"  T *__restrict__ d = d_states + {child}[lo + i] * d_states_ld;\n"
+                + "\n".join(adds) + "\n}")
+
+    def _scatter(self, ins, child):
+        values = self.view(ins.source)
+        return (f"for (int64_t i = 0; i < n; ++i) {{\n"
+                f"  if ({child}[lo + i] < 0) continue;  // absent: nothing reads its gradient\n"
+                f"  T *__restrict__ d = d_states + {child}[lo + i] * d_states_ld;\n"
                 f"  const T *__restrict__ v = {values.row('i')};\n"
                 f"  #pragma omp simd\n"
                 f"  for (int64_t j = 0; j < {values.width}; ++j) d[j] += v[j];\n}}")
 
     def copy_columns(self, source, target):
-        return (f"for (int64_t i = 0; i < n; ++i)\n"
+        return (f"{TEAM_FOR}\n"
+                f"for (int64_t i = 0; i < n; ++i)\n"
                 f"  std::memcpy({target.row('i')}, {source.row('i')}, "
                 f"{source.width} * sizeof(T));")
 
     def zero(self, view):
-        return (f"for (int64_t i = 0; i < n; ++i)\n"
+        return (f"{TEAM_FOR}\n"
+                f"for (int64_t i = 0; i < n; ++i)\n"
                 f"  std::memset({view.row('i')}, 0, {view.width} * sizeof(T));")
 
     # --- the translation unit -----------------------------------------------------------------
@@ -352,21 +498,33 @@ class _Generator:
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <omp.h>
 using std::exp; using std::log; using std::tanh; using std::sqrt; using std::pow;
 typedef {ctype} T;
 {_GEMM[self.blas]}
 extern "C" void {ENTRY}(int64_t num_levels, int64_t first, int64_t stop,
                         const int64_t *offsets, const signed char *plan, void *const *p,
                         const int64_t *a, int64_t spare, T *states, int64_t states_ld,
-                        T *d_states, int64_t d_states_ld) {{
+                        T *d_states, int64_t d_states_ld, int64_t threads, int64_t forest) {{
 {_indent(chr(10).join(declare), 2)}
+  // Each wide level runs on a team: every instruction's rows (or a product's columns) are
+  // split between its threads, each calling a one-thread gemm; the implicit barrier of each
+  // loop orders the instructions. The BLAS runs one thread per call while the team splits the products (its setter is
+  // process-wide in a pthreads OpenBLAS: set once here, restored after the team).
+  const bool split = threads > 1 && blas_threads != nullptr;
+  const int blas_before = split ? blas_threads(1) : 0;
   for (int64_t s = first; s < stop; ++s) {{
     const int64_t t = {level};
     const int64_t lo = offsets[t], n = offsets[t + 1] - lo;
     const signed char *act = plan + t * {len(program.core)};
+    // A level of few rows runs on one thread: its work costs less than waking the team.
+    #pragma omp parallel num_threads((int)threads) if (split && n >= {SPLIT_ROWS} && n * {self.row_work()} >= {SPLIT_WORK})
+    {{
 {_indent(chr(10).join(per_level), 4)}
 {chr(10).join(body)}
+    }}
   }}
+  if (split) blas_threads(blas_before);
 }}
 """
 
@@ -397,9 +555,36 @@ static inline void gemm_rows(int64_t n, int64_t m, int64_t k, const T *w, int64_
   gemm(w_transposed ? "T" : "N", "N", &cols, &rows, &inner, &one, w, &lw, x, &lx, &zero, out,
        &lo);
 }"""
-_GEMM = {"cblas64": "typedef int64_t I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}"),
-         "cblas32": "typedef int I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}"),
-         "fortran32": _FORTRAN}
+# The team's gemm: the product's columns split between the threads (one-thread gemms: the loop
+# sets the BLAS to one thread for the call, ``openblas_set_num_threads_local``), or one thread.
+_TEAM = """typedef int (*blas_threads_t)(int);  // sets the BLAS's threads, returns the old count
+static blas_threads_t blas_threads;
+extern "C" void minicavs_set_blas_threads(void *f) { blas_threads = (blas_threads_t)f; }
+static inline void gemm_team(int64_t n, int64_t m, int64_t k, const T *w, int64_t ldw,
+                             int64_t w_transposed, const T *x, int64_t ldx, T *out,
+                             int64_t ldo) {
+  const int64_t team = omp_get_num_threads();
+  if (team == 1 || n * m * k < %d || m < 32 * team) {
+    #pragma omp single
+    gemm_rows(n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
+    return;
+  }
+  const int64_t block = ((m + team - 1) / team + 15) / 16 * 16;
+  const int64_t c0 = omp_get_thread_num() * block, c1 = c0 + block < m ? c0 + block : m;
+  if (c1 > c0)
+    gemm_rows(n, c1 - c0, k, w_transposed ? w + c0 * ldw : w + c0, ldw, w_transposed, x, ldx,
+              out + c0, ldo);
+  #pragma omp barrier
+}""" % GEMM_SPLIT_MIN
+_GEMM = {"cblas64": "typedef int64_t I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}") + "\n" + _TEAM,
+         "cblas32": "typedef int I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}") + "\n" + _TEAM,
+         "fortran32": _FORTRAN + "\n" + _TEAM}
+
+
+def _rows_once_per_child(loop):
+    """A loop of adds into children's rows: split by rows in a forest, one thread in a DAG."""
+    return (f"if (forest) {{\n{_indent(TEAM_FOR, 2)}\n{_indent(loop, 2)}\n}} else {{\n"
+            f"  #pragma omp single\n  {{\n{_indent(loop, 4)}\n  }}\n}}")
 
 
 def _indent(text, spaces):

@@ -16,8 +16,11 @@ debug mode each instruction's outputs are checked (finite_check.py), everything 
 
 import contextlib
 
+import numpy as np
+
 from ..autodiff import debug
 from ..autodiff.executor import RECORD
+from ..cpu import kernels
 from ..cuda import streams
 from . import backends
 from .finite_check import FiniteCheck
@@ -30,6 +33,10 @@ def run(parts, xp):
     checks = [FiniteCheck(p.program, p.rows, p.env) if debug.enabled and xp is not RECORD
               else None for p in parts]
     with contextlib.ExitStack() as stack:
+        # Where every level loop is native, the call's large products run on the same team of
+        # threads as the loops (one pool: cpu/kernels.py).
+        stack.enter_context(kernels.team_products(
+            xp is np and not any(checks) and all(backends.native_ready(p) for p in parts)))
         # (with the debug check on, everything runs on one stream, in order: the first bad
         # value is the first one made)
         schedulers = [stack.enter_context(streams.scheduler(xp, p.program) if c is None

@@ -18,7 +18,7 @@ import threading
 
 import numpy as np
 
-from ..cpu import blas, build
+from ..cpu import blas, build, kernels
 from ..ops.batching import row_domain
 from .plans import RUN, record_written, widen
 
@@ -44,9 +44,10 @@ class NativeLoop:
         self.spec = spec
         self.dtype = spec.dtype
         lib.minicavs_set_gemm(ctypes.c_void_p(blas.gemm(spec.dtype)[0]))
+        lib.minicavs_set_blas_threads(ctypes.c_void_p(blas.threads_local()))
         self._run = lib.minicavs_levels
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._run.argtypes = [i64, i64, i64, p, p, p, p, i64, p, i64, p, i64]
+        self._run.argtypes = [i64, i64, i64, p, p, p, p, i64, p, i64, p, i64, i64, i64]
         self._run.restype = None
         self._lib = lib
         self._codes = {}  # plan -> (action codes, keys and domains of the buffers it writes)
@@ -142,6 +143,7 @@ class _NativeRun:
                 widen(self.written, key, window[domain])
         self.pointers, self.strides = args
         self.offsets = np.ascontiguousarray(rows.level_offsets, dtype=np.int64)
+        self.threads = team_size(rows)
 
     def run(self, first, stop):
         """Levels ``first`` to ``stop`` of the loop's order (top-down for ∂F), in one C call."""
@@ -151,7 +153,7 @@ class _NativeRun:
                        self.table.ctypes.data, self.pointers.ctypes.data,
                        self.strides.ctypes.data, _spare_row(states, d_states),
                        _address(states), _row_stride(states), _address(d_states),
-                       _row_stride(d_states))
+                       _row_stride(d_states), self.threads, int(part.rows.is_forest))
 
     def finish(self):
         record_written(self.part.program, self.part.ranges, self.written)
@@ -188,6 +190,16 @@ def _matrix_layout(array):
     if (s0 == 1 or rows == 1) and s1 >= max(rows, 1):
         return s1, 1
     return None
+
+
+def team_size(rows):
+    """How many threads run a call's level loop: the library's team (``cpu.kernels.team_size``:
+    the usable cores, one where a team cannot run), and one for a batch without a level wide
+    enough to split (``codegen.SPLIT_ROWS``: each such level runs on one thread)."""
+    from .codegen import SPLIT_ROWS
+
+    widest = int(np.diff(rows.level_offsets).max()) if rows.num_levels else 0
+    return kernels.team_size() if widest >= SPLIT_ROWS else 1
 
 
 def _spare_row(states, d_states):

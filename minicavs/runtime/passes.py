@@ -27,6 +27,18 @@ scheduling
   ``leaf_sinks``     steps that only feed the children's gradients are skipped on levels with
                      no children (the leaves)
   ``strided_gathers`` evenly spaced child rows are read and added through strided views
+native level loop (codegen.py; the interpreter computes the same values its own way)
+  ``direct_gathers``  a gather whose readers are column windows copies the children's rows
+                     straight into the rows the windows own (the GEMM's concatenated input,
+                     the kept c of a child): no scratch block, no column copies
+  ``inline_windows``  an elementwise group whose outputs are only read through column windows
+                     by other elementwise groups is computed inside them, at the windows'
+                     columns (the bias add joins the gates that read the GEMM's output).
+                     Off by default: on the Tree-LSTM-128 it made the gate group slower
+                     (1.93 -> 2.23 ms per batch with the bias add, min of 30): reading x W, b
+                     and h U at five column offsets each costs more than one linear pass
+  ``direct_scatters`` a scatter-add of a concat made only for it adds the concat's parts into
+                     their columns: no concat copy (∂F's [dh, dc] of a child)
   ``streams``        (CUDA) work off the level loop's path goes to a second stream
 """
 
@@ -59,6 +71,9 @@ class Options:
     zero_rows: bool = True
     leaf_sinks: bool = True
     strided_gathers: bool = True
+    direct_gathers: bool = True
+    inline_windows: bool = False  # measured slower here (passes.inline_windows); off by default
+    direct_scatters: bool = True
     streams: bool = True
 
     @classmethod
@@ -388,6 +403,87 @@ def strided_gathers(program):
     return program.with_(core=core)
 
 
+def _core_readers(program):
+    """key -> the core instructions that read it."""
+    readers = {}
+    for ins in program.core:
+        for x in ins.reads:
+            readers.setdefault(x.key, []).append(ins)
+    return readers
+
+
+def _is_window(ins):
+    node = getattr(ins.step, "node", None) if isinstance(ins, Compute) else None
+    return node is not None and node.op.native == "window"
+
+
+def _read_outside_core(program):
+    """Keys of the values read after their level or by someone else than the core."""
+    return ({k.key for k in program.keep} | {x.key for ins in program.eager + program.lazy
+                                             for x in ins.reads}
+            | {o.key for o in _read_after_loop(program)} | set(program.buffered)
+            | {part.key for part, *_ in program.aliases})
+
+
+def direct_gathers(program):
+    """(native) Gathers read only by column windows write the windows' rows directly."""
+    readers = _core_readers(program)
+    core = tuple(_replace(ins, direct=True) if isinstance(ins, Gather) and ins.slot != "edges"
+                 and readers.get(ins.target.key)
+                 and all(_is_window(r) for r in readers[ins.target.key]) else ins
+                 for ins in program.core)
+    return program.with_(core=core)
+
+
+def inline_windows(program):
+    """(native) An elementwise core group whose outputs live only during their level and are
+    read only through column windows, themselves read only by elementwise core groups, is
+    computed inside those groups (marked ``inlined``; the native loop writes nothing for it)."""
+    readers = _core_readers(program)
+    outside = _read_outside_core(program)
+
+    def elementwise(ins):
+        if not isinstance(ins, Compute) or any(ins.accumulate):
+            return False
+        return (getattr(ins.step, "group", None) is not None
+                or getattr(ins.step, "node", None) is not None and ins.step.node.op.is_elementwise)
+
+    core = []
+    for ins in program.core:
+        ok = elementwise(ins) and all(
+            o.key not in outside and readers.get(o.key)
+            and all(_is_window(w) and w.writes[0].key not in outside
+                    and readers.get(w.writes[0].key)
+                    and all(elementwise(r) for r in readers[w.writes[0].key])
+                    for w in readers[o.key])
+            for o in ins.writes)
+        core.append(_replace(ins, inlined=True) if ok else ins)
+    return program.with_(core=tuple(core))
+
+
+def direct_scatters(program):
+    """(native) A scatter-add whose source is a concat computed per level only for it adds the
+    concat's parts into their columns instead (the concat is marked ``inlined``)."""
+    readers = _core_readers(program)
+    outside = _read_outside_core(program)
+    concats = {}
+    for ins in program.core:
+        node = getattr(ins.step, "node", None) if isinstance(ins, Compute) else None
+        if node is not None and node.op.assembles_in_place and not ins.aliased \
+                and len(node.shape) == 2 and node.attrs.get("axis") in (1, -1):
+            concats[node.key] = ins
+    direct = set()
+    for ins in program.core:
+        if isinstance(ins, ScatterAdd) and ins.slot != "edges" and ins.source.key in concats \
+                and ins.source.key not in outside and readers[ins.source.key] == [ins]:
+            direct.add(ins.source.key)
+    core = tuple(_replace(ins, direct=True) if isinstance(ins, ScatterAdd)
+                 and ins.source.key in direct else
+                 _replace(ins, inlined=True) if isinstance(ins, Compute)
+                 and ins.writes[0].key in direct else ins for ins in program.core)
+    return program.with_(core=core)
+
+
 def streams(program):
     """(CUDA) Which eager and lazy steps run on the side stream, beside the level loop.
 
@@ -434,7 +530,8 @@ def _replace(ins, **changes):
 GRAPH_PASSES = (regroup_sums, cse, dce)
 PIPELINE = (classify, hoist_eager, lazy_batching, elementwise_per_level,
             keep_mixed_rows_per_level, fuse, lower, buffers, alias_concats, zero_rows,
-            leaf_sinks, strided_gathers, streams)
+            leaf_sinks, strided_gathers, direct_gathers, inline_windows, direct_scatters,
+            streams)
 _SWITCHES = {f.name for f in fields(Options)}
 
 
@@ -486,7 +583,8 @@ def _read_by(bw):
 # What a static graph (``mc.symbolic``) runs through: the rewrites and fusion; it has no levels
 # and no vertex axis, so the passes about rows and streams have nothing to do.
 STATIC_OPTIONS = Options(regroup_sums=False, alias_concats=False, zero_rows=False,
-                         leaf_sinks=False, strided_gathers=False, streams=False)
+                         leaf_sinks=False, strided_gathers=False, direct_gathers=False,
+                         inline_windows=False, direct_scatters=False, streams=False)
 
 
 def compile_static(graph, options=STATIC_OPTIONS):

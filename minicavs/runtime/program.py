@@ -54,6 +54,7 @@ class Compute:
     demand: object = None
     aliased: bool = False
     stream: str = "main"
+    inlined: bool = False
 
     @property
     def reads(self):
@@ -82,6 +83,7 @@ class Compute:
             for m in nodes), width=92, subsequent_indent=" " * 10, break_long_words=False)
         what = "fused" if members is not None else "op"
         notes = [n for n, on in (("in place", self.aliased), ("nonzero rows", self.restrict),
+                                 ("native: computed where read", self.inlined),
                                  ("side stream", self.stream != "main"),
                                  ("summed over levels", any(self.accumulate))) if on]
         if self.serves is not None:
@@ -100,6 +102,7 @@ class Gather:
     slot: object
     target: object
     strided: bool = False
+    direct: bool = False  # (native) rows copied straight into the columns its windows own
 
     reads = ()
 
@@ -113,6 +116,7 @@ class Gather:
     def dump(self, names):
         which = "the children (per edge)" if self.slot == "edges" else f"child {self.slot}"
         how = " (strided where the batch allows)" if self.strided else ""
+        how += " [native: into its windows' rows]" if self.direct else ""
         return f"gather {label(self.target, names)} = states of {which}{how}"
 
 
@@ -124,6 +128,7 @@ class ScatterAdd:
     slot: object
     source: object
     strided: bool = False
+    direct: bool = False  # (native) the parts of its concat source are added, not the concat
 
     writes = ()
 
@@ -138,6 +143,7 @@ class ScatterAdd:
     def dump(self, names):
         which = "the children (per edge)" if self.slot == "edges" else f"child {self.slot}"
         how = " (strided where the batch allows)" if self.strided else ""
+        how += " [native: from its concat's parts]" if self.direct else ""
         return f"add   {label(self.source, names)} into the state gradients of {which}{how}"
 
 
