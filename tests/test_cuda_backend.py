@@ -69,6 +69,8 @@ def _cases():
              lambda a: mc.softmax(a) * mc.log_softmax(a, axis=0)),
         Case("lstm_gates", lambda r: [f(r, 3, 8), f(r, 3, 2)],
              lambda pre, c: mc.concat(list(mc.lstm_gates(pre, c)), axis=1)),
+        Case("lstm_cell (two forget gates) and its gradient",
+             lambda r: [f(r, 3, 10), f(r, 3, 2), f(r, 3, 2)], mc.lstm_cell),
         Case("minimum min prod power", lambda r: [f(r, 3, 4), f(r, 3, 4)],
              lambda a, b: mc.minimum(a, b) + mc.min(a, axis=1, keepdims=True)
              + mc.prod(a, axis=0) + mc.exp(a) ** b),
