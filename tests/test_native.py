@@ -404,3 +404,26 @@ def test_large_products_on_the_native_team_equal_numpy():
     with kernels.team_products():
         assert kernels.matmul(a[:4], b[:, :4]) is None  # small: NumPy's call
         assert kernels.matmul(a.astype("float32"), b) is None  # mixed dtypes: NumPy
+
+
+@needs_native
+def test_numpy_products_in_a_native_call_run_on_one_blas_thread():
+    """Inside a call of native loops, products too small for the team stay on NumPy's BLAS
+    with one thread (its spinning pool would share the cores with the team), and the count
+    the user had comes back after."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from minicavs.cpu import blas, kernels
+
+    if blas.threads_local() is None:
+        pytest.skip("this BLAS has no openblas_set_num_threads_local")
+
+    def blas_threads():
+        return [p["num_threads"] for p in threadpoolctl.threadpool_info()
+                if p["user_api"] == "blas"][0]
+
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        with kernels.team_products():
+            assert blas_threads() == 1
+            with kernels.team_products(False):  # nested: the outer call still owns the count
+                assert blas_threads() == 1
+        assert blas_threads() == 2
