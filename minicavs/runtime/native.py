@@ -135,12 +135,19 @@ class _NativeRun:
         self.loop, self.part, self.keep = loop, part, keep
         self.table = np.empty((rows.num_levels, loop.spec.num_core), dtype=np.int8)
         self.counts, self.written = [], {}
+        spans = {}  # plan -> the hull of its levels' rows, per domain
         for t, window, plan in part.exe.plans.levels(ranges, rows):
             codes, writes = loop._codes_of(program, plan, part.env)
             self.table[t] = codes
             self.counts.append(int(np.count_nonzero(codes == 1)))
-            for key, domain in writes:
-                widen(self.written, key, window[domain])
+            span = spans.setdefault(plan, {})
+            for domain, rows_of_level in window.items():
+                widen(span, domain, rows_of_level)
+        # What each buffer holds: the hull of the rows of every level that wrote it, taken
+        # once per plan (a plan's writes are the same on each of its levels).
+        for plan, span in spans.items():
+            for key, domain in loop._codes_of(program, plan, part.env)[1]:
+                widen(self.written, key, span.get(domain, (0, 0)))
         self.pointers, self.strides = args
         self.offsets = np.ascontiguousarray(rows.level_offsets, dtype=np.int64)
         self.threads = team_size(rows)
