@@ -307,6 +307,68 @@ def test_sampling_is_seeded_per_sample():
     np.testing.assert_array_equal(alone.parents[0], a.parents[1])
 
 
+def test_a_sample_with_its_own_seed_grows_the_same_tree_at_any_position():
+    """seed=[...] (one per sample): a sample's draws follow it, not its position."""
+    rng = np.random.default_rng(9)
+    F, _ = _cell(rng)
+    roots = rng.standard_normal((4, P))
+    decide = _decide("sample", 4)
+    seeds = [5, 17, 3, 40]
+    batch = grow(F, roots, decide, seed=seeds)
+    reversed_batch = grow(F, roots[::-1], decide, seed=seeds[::-1])
+    reference = grow_per_sample(F, roots, decide, seed=seeds)
+    assert len({len(p) for p in batch.parents}) > 1  # the samples grew different trees
+    for s in range(4):
+        alone = grow(F, roots[s:s + 1], decide, seed=[seeds[s]])
+        np.testing.assert_array_equal(alone.parents[0], batch.parents[s])
+        np.testing.assert_array_equal(reversed_batch.parents[3 - s], batch.parents[s])
+        np.testing.assert_array_equal(reference.parents[s], batch.parents[s])
+    for bad, error, text in (([1, 2], mc.ShapeError, "2 per-sample seeds for 4 samples"),
+                             ([1, -2, 3, 4], mc.ArgumentError, "seed of sample 1 is -2"),
+                             ([1.5, 2, 3, 4], mc.ArgumentError, "one integer per sample"),
+                             (-1, mc.ArgumentError, "seed")):
+        with pytest.raises(error, match=text):
+            grow(F, roots, decide, seed=bad)
+
+
+def test_grow_keeps_to_the_memory_budget(monkeypatch):
+    """A frontier too large for the budget left beside what the growth keeps runs in chunks of
+    rows (the same structure and values as unbudgeted); where not one row fits, a clear
+    OutOfMemoryError before anything is allocated."""
+    from minicavs.vertex.growth import step as growth_step
+
+    rng = np.random.default_rng(12)
+    F, _ = _cell(rng)
+    roots = rng.standard_normal((24, P))
+    decide = _decide("argmax", 3)
+    free = grow(F, roots, decide, seed=0)
+    forward = F.memory_model.forward
+    kept_at_most = sum(len(p) for p in free.parents) * (H + OUT + P) * 8
+    chunks = []
+    real = growth_step.run_frontier
+    monkeypatch.setattr(growth_step, "run_frontier",
+                        lambda *a: chunks.append(len(a[3])) or real(*a))
+    budget = kept_at_most + forward.at((5, 0, 5, 0))
+    mc.set_memory_budget(budget)
+    try:
+        budgeted = grow(F, roots, decide, seed=0)
+        sizes = free.frontier_sizes
+        assert sum(chunks) == sum(sizes) and len(chunks) > len(sizes)  # some step was split
+        assert max(chunks) < max(sizes)
+        assert all(forward.at((c, 0, c, 0)) <= budget for c in chunks)
+        for a, b in zip(budgeted.parents, free.parents):
+            np.testing.assert_array_equal(a, b)
+        with mc.no_grad():  # the growth's own values (with gradients: F re-run, budgeted)
+            np.testing.assert_allclose(budgeted.output.numpy(), free.output.numpy(),
+                                       rtol=1e-12)
+        mc.set_memory_budget(forward.at((0, 0, 0, 0)) + 1)
+        with pytest.raises(mc.OutOfMemoryError, match=r"grow: step 0 \(a frontier of 24 "
+                                                      r"vertices\).*memory budget"):
+            grow(F, roots, decide, seed=0)
+    finally:
+        mc.set_memory_budget(None)
+
+
 def _renumbered(frontier, s):
     frontier.sample_of = frontier.sample_of + s
     return frontier
@@ -384,7 +446,7 @@ def _greedy_by_rerunning_the_chain(model, batch, max_length):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_seq2seq_greedy_decoding_is_linear_and_equals_rerunning_the_chain(seed, monkeypatch):
     from minicavs.models import Seq2Seq, reversal_task
-    from minicavs.vertex.growth import loop as growing
+    from minicavs.vertex.growth import step as growing
 
     mc.seed(seed)
     model = Seq2Seq(7, embed_dim=4, hidden=6, dtype="float64")

@@ -207,6 +207,17 @@ def test_kinds_by_tag_and_by_arity_match_the_reference(options):
                                 params, X, target)
     _assert_same(_loss_and_grads(lambda x: tagged(batch, pull=x, tag=tag), params, X, target),
                  reference)
+    # the per-sample reference runs kinds too: each vertex its kind's cell
+    _assert_same(_loss_and_grads(lambda x: evaluate_per_sample(tagged, batch, pull=x, tag=tag),
+                                 params, X, target), reference)
+    for beyond in (2, -1, 2**40):  # a tag with no cell: the same clear error, batched or not
+        bad = tag.copy()
+        bad[4] = beyond
+        for run in (tagged, lambda *a, **k: evaluate_per_sample(tagged, *a, **k)):
+            with pytest.raises(mc.IndexRangeError,
+                               match=rf"sample 0, vertex 4 is of kind {beyond} \(its tag\), "
+                                     r"which has no cell; the kinds are \[0, 1\]"):
+                run(batch, pull=X, tag=bad)
     _assert_same(_loss_and_grads(lambda x: by_tag(batch, pull=x, tag=tag), params, X, target),
                  reference)
 

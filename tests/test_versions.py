@@ -134,3 +134,27 @@ def test_static_functions_are_checked_too():
     W.data[0, 0] = 5.0
     with pytest.raises(mc.InPlaceModificationError, match="static:"):
         y.backward()
+
+
+def test_memory_shared_through_dlpack_and_changed_before_backward_is_refused():
+    """A DLPack producer owns the memory (NumPy's here; PyTorch's below when installed): its
+    writes bump no counter, so records fingerprint imported tensors, in any mode."""
+    owner = np.array([0.5, 1.0, 2.0])
+    x = mc.from_dlpack(owner)
+    W = mc.Parameter(np.ones(3), name="W")
+    loss = mc.sum(mc.exp(x * W))
+    owner[1] = 7.0  # the owner writes between forward and backward
+    with pytest.raises(mc.InPlaceModificationError, match="op 'mul'"):
+        loss.backward()
+    loss = mc.sum(mc.exp(x * W))  # unchanged: backward runs, gradients from these values
+    loss.backward()
+    np.testing.assert_allclose(W.grad.numpy(), owner * np.exp(owner))
+
+    torch = pytest.importorskip("torch")
+    t = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    shared = mc.from_dlpack(t)  # (a Parameter copies: optimisers write their own array)
+    shared.name = "from torch"
+    loss = mc.sum(shared * W[:2])
+    t.mul_(3)
+    with pytest.raises(mc.InPlaceModificationError, match="tensor 'from torch'"):
+        loss.backward()

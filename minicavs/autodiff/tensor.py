@@ -439,17 +439,22 @@ def _short(value, limit=60):
 
 def from_dlpack(obj):
     """A Tensor sharing the memory of ``obj``, any DLPack producer (a PyTorch, JAX or CuPy
-    array, a NumPy array): CPU memory becomes NumPy data, CUDA memory CuPy data."""
+    array, a NumPy array): CPU memory becomes NumPy data, CUDA memory CuPy data. Its owner
+    may write the memory behind minicavs' back, so a record that saves it keeps a checksum,
+    and backward refuses it if it changed (``versions.py``)."""
     if not hasattr(obj, "__dlpack_device__"):
         raise DTypeError(f"from_dlpack: {type(obj).__name__} does not implement the DLPack "
                          f"protocol (__dlpack__ and __dlpack_device__)")
     device_type = int(obj.__dlpack_device__()[0])
     if device_type in (1, 3):  # kDLCPU, kDLCUDAHost
-        return Tensor(np.from_dlpack(obj))
-    if device_type in (2, 13):  # kDLCUDA, kDLCUDAManaged
-        return Tensor(backend.cupy_or_error().from_dlpack(obj))
-    raise DeviceError(f"from_dlpack: DLPack device type {device_type} is neither the CPU nor "
+        tensor = Tensor(np.from_dlpack(obj))
+    elif device_type in (2, 13):  # kDLCUDA, kDLCUDAManaged
+        tensor = Tensor(backend.cupy_or_error().from_dlpack(obj))
+    else:
+        raise DeviceError(f"from_dlpack: DLPack device type {device_type} is neither the CPU nor "
                       f"a CUDA GPU")
+    tensor._versions.external = True  # its owner may write it: records fingerprint it
+    return tensor
 
 
 registry.set_default_handler(Tensor.__minicavs_apply__)

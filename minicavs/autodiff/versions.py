@@ -14,6 +14,13 @@ is taken first. Backward then compares the content with the fingerprint, so mere
 forward and backward) costs one integer comparison per saved tensor. In debug mode
 (``minicavs.autodiff.debug``) every saved tensor is fingerprinted when it is saved, which also
 catches writes through an array reference taken before the forward pass.
+
+Memory another library owns (``mc.from_dlpack``: a PyTorch, JAX or CuPy tensor) can be written
+by its owner at any time, with no counter to bump; a record fingerprints such tensors when it
+saves them, so backward catches a change there in any mode, at the cost of one checksum per
+save of an imported tensor. A NumPy array wrapped without a copy and written through the
+user's own reference is caught only in debug mode (a checksum of every saved tensor costs too
+much to run always).
 """
 
 import zlib
@@ -32,12 +39,13 @@ class Version:
     """A tensor's version counter (shared by tensors sharing an array), the version a record
     last saved, and the fingerprints of saved versions that were handed out through .data."""
 
-    __slots__ = ("count", "saved_at", "fingerprints")
+    __slots__ = ("count", "saved_at", "fingerprints", "external")
 
     def __init__(self):
         self.count = 0
         self.saved_at = -1
         self.fingerprints = None  # {version: fingerprint}, made on the first exposure
+        self.external = False  # memory another library owns (mc.from_dlpack): it may write
 
 
 def fingerprint(array):
@@ -70,13 +78,17 @@ def changed(tensor):
 
 def save(tensors):
     """The versions of ``tensors`` as a record saves them (and, in debug mode, fingerprints)."""
-    saved = []
+    saved, external = [], False
     for t in tensors:
         v = t._versions
         v.saved_at = v.count
         saved.append(v.count)
+        external = external or v.external
     if debug.enabled:
         return tuple(saved), tuple(fingerprint(t._array) for t in tensors)
+    if external:  # memory shared through DLPack: its owner's writes bump no counter
+        return tuple(saved), tuple(fingerprint(t._array) if t._versions.external else None
+                                   for t in tensors)
     return tuple(saved), None
 
 
@@ -88,7 +100,7 @@ def check(tensors, saved, op_name, where=None, roles=None):
         if t is None:
             continue
         v = t._versions
-        if prints is not None:
+        if prints is not None and prints[i] is not None:
             same = fingerprint(t._array) == prints[i]
         elif v.count == count:
             continue

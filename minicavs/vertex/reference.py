@@ -48,23 +48,35 @@ class _EagerVertex:
 def evaluate_per_sample(f, batch, pull=None, tag=None):
     """Run ``f``'s cell eagerly on each vertex of ``batch``; return what ``f(batch, pull)``
     returns (rows in the batch's vertex order), differentiable with the eager autodiff.
+    For vertex kinds (``VertexFunction.by_kind``), each vertex runs the cell of its kind.
     For a recursive function, its definition runs eagerly on each node instead (a call on a
     child returns that child's result), with ``tag=`` as given to it."""
     if not isinstance(batch, GraphBatch):
         raise GraphError("evaluate_per_sample expects a GraphBatch")
     from .recursive import RecursiveFunction
 
+    from .kinds import KindedFunction, check_tag, kinds_of_vertices
+
     if isinstance(f, RecursiveFunction):
         return _evaluate_recursive(f, batch, pull, tag)
+    if isinstance(f, KindedFunction):  # each vertex runs the cell of its kind
+        if f.by == "tag":
+            tag = check_tag(tag, batch, f"evaluate_per_sample({f.name!r})")
+        keys, kind_of = kinds_of_vertices(batch, f.by, tag)
+        f._check_kinds(batch, keys, kind_of)  # (a kind with no cell: the call's own error)
+        cell_of = [f.cells[keys[k]] for k in kind_of.tolist()]
+    else:
+        cell_of = [f] * batch.num_vertices
     states, outputs = {}, {}
     order = np.argsort(batch.level, kind="stable")  # children before parents
     for v in order.tolist():
         kids = batch.child_ids[batch.child_ptr[v]:batch.child_ptr[v + 1]].tolist()
-        vertex = _EagerVertex(f, pull[v] if pull is not None else None,
+        cell = cell_of[v]
+        vertex = _EagerVertex(cell, pull[v] if pull is not None else None,
                               [states[c] for c in kids])
-        f.cell(vertex)
+        cell.cell(vertex)
         states[v] = vertex.scattered
-        outputs[v] = vertex.pushed if f.push_output is not None else vertex.scattered
+        outputs[v] = vertex.pushed if cell.push_output is not None else vertex.scattered
     rows = [reshape(outputs[v], (1,) + tuple(outputs[v].shape)) for v in range(batch.num_vertices)]
     return concat(rows, axis=0)
 

@@ -28,7 +28,6 @@ def check_arguments(f, root_pull, num_samples, max_vertices, on_budget, seed, wh
     check_growable(f)
     validate.integer(max_vertices, "max_vertices (the most vertices one sample may grow)", where,
                      minimum=1)
-    validate.integer(seed, "seed (of the per-sample generators)", where, minimum=0)
     if on_budget not in ON_BUDGET:
         raise ArgumentError(f"{where}: on_budget must be 'error' or 'truncate', got "
                             f"{validate.shown(on_budget)}")
@@ -40,6 +39,7 @@ def check_arguments(f, root_pull, num_samples, max_vertices, on_budget, seed, wh
             raise GraphError(f"{where}: vertex function {f.name!r} pulls nothing: say how many "
                              f"samples to grow with num_samples=")
         validate.integer(num_samples, "num_samples", where, minimum=0)
+        check_seed(seed, int(num_samples), where)
         return None, int(num_samples)
     if root_pull is None:
         raise GraphError(f"{where}: vertex function {f.name!r} pulls: give root_pull, one "
@@ -58,7 +58,26 @@ def check_arguments(f, root_pull, num_samples, max_vertices, on_budget, seed, wh
     if not np.can_cast(array.dtype, f.pull_dtype, "same_kind"):
         raise DTypeError(f"{where}: root_pull has dtype {array.dtype}, but vertex function "
                          f"{f.name!r} pulls {f.pull_dtype}")
+    check_seed(seed, int(array.shape[0]), where)
     return array.astype(f.pull_dtype, copy=False), int(array.shape[0])
+
+
+def check_seed(seed, num_samples, where):
+    """``seed``: one integer (sample s draws from the stream of ``(seed, s)``) or one integer
+    per sample (sample s from the stream of ``seed[s]``, wherever it sits in the batch)."""
+    if validate.is_integer(seed):
+        validate.integer(seed, "seed (of the per-sample generators)", where, minimum=0)
+        return
+    seeds = np.asarray(seed) if isinstance(seed, (list, tuple, np.ndarray)) else None
+    if seeds is None or seeds.ndim != 1 or (seeds.size and seeds.dtype.kind not in "iu"):
+        raise ArgumentError(f"{where}: seed must be an integer, or one integer per sample, got "
+                            f"{validate.shown(seed)}")
+    if len(seeds) != num_samples:
+        raise ShapeError(f"{where}: seed has {len(seeds)} per-sample seeds for "
+                         f"{num_samples} samples")
+    if seeds.size and seeds.min() < 0:
+        i = int(np.argmin(seeds))
+        raise ArgumentError(f"{where}: the seed of sample {i} is {int(seeds[i])}, expected >= 0")
 
 
 def check_children(f, answer, frontier, names, where):

@@ -46,8 +46,9 @@ class Frontier:
 
     def uniform(self, size=()):
         """Uniform numbers in [0, 1), shape ``(len(self), *size)``, drawn from each sample's
-        own seeded generator: a sample draws the same numbers whether it grows alone or in a
-        batch, and whatever the other samples do."""
+        own seeded generator (``grow``'s ``seed``): a sample draws the same numbers whatever
+        the other samples do, and, given its own seed (``seed=[...]``, one per sample), at any
+        position of any batch."""
         return self._streams.uniform(self.sample_of, size)
 
     def sample(self, logits=None, temperature=1.0):
@@ -74,11 +75,21 @@ class Frontier:
 
 
 class SampleStreams:
-    """One seeded generator per sample, made when the sample first draws."""
+    """One seeded generator per sample, made when the sample first draws: seeded with
+    ``(seed, s)`` for sample s when ``seed`` is one integer (a sample's numbers depend on its
+    position in the batch), or with ``seed[s]`` when it is one integer per sample (the same
+    numbers wherever the sample sits)."""
 
     def __init__(self, seed):
         self.seed = seed
         self._rngs = {}
+
+    def _stream(self, s):
+        rng = self._rngs.get(s)
+        if rng is None:
+            entropy = [self.seed, s] if np.ndim(self.seed) == 0 else int(self.seed[s])
+            rng = self._rngs[s] = np.random.default_rng(entropy)
+        return rng
 
     def uniform(self, sample, size):
         sample = backend.to_numpy(sample)
@@ -86,8 +97,5 @@ class SampleStreams:
         out = np.empty((len(sample),) + size)
         starts = np.flatnonzero(np.r_[True, sample[1:] != sample[:-1]]) if len(sample) else []
         for lo, hi in zip(starts, list(starts[1:]) + [len(sample)]):
-            s = int(sample[lo])
-            if s not in self._rngs:
-                self._rngs[s] = np.random.default_rng([self.seed, s])
-            out[lo:hi] = self._rngs[s].random((hi - lo,) + size)
+            out[lo:hi] = self._stream(int(sample[lo])).random((hi - lo,) + size)
         return out

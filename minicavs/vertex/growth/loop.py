@@ -7,7 +7,7 @@ from ...errors import ArgumentError
 from .checks import apply_budget, check_arguments, check_children, kept_children
 from .frontier import Frontier, SampleStreams
 from .result import Growth
-from .step import run_frontier
+from .step import run_step
 
 
 def grow(F, root_pull, decide, *, num_samples=None, max_vertices=1024, on_budget="error",
@@ -19,7 +19,8 @@ def grow(F, root_pull, decide, *, num_samples=None, max_vertices=1024, on_budget
     (:class:`Frontier`). ``max_vertices``: the most vertices one sample may have; past it,
     ``on_budget="error"`` raises a GraphError, ``"truncate"`` keeps the first ones and marks
     the sample in ``Growth.truncated``. ``seed``: of the per-sample generators behind
-    ``Frontier.uniform``/``sample``. Returns a :class:`Growth`."""
+    ``Frontier.uniform``/``sample`` — one integer (sample s draws from ``(seed, s)``) or one
+    per sample (sample s draws from ``seed[s]``, at whatever position it sits). Returns a :class:`Growth`."""
     where = "grow"
     pull, n = check_arguments(F, root_pull, num_samples, max_vertices, on_budget, seed,
                                 where)
@@ -34,14 +35,16 @@ def grow(F, root_pull, decide, *, num_samples=None, max_vertices=1024, on_budget
     depth, slot, parent = np.zeros(n, np.int64), np.zeros(n, np.int64), np.full(n, -1)
     parent_rows, parent_states = np.full(n, -1), None
     records, sizes = [], []
+    kept_bytes = 0  # the records' arrays: every vertex grown so far, kept for the Growth
     if pull is not None:
         pull = backend.to_device(pull)
     while len(sample):
         def names(i, sample=sample, vertex=vertex):
             return f"sample {int(sample[i])}, vertex {int(vertex[i])}"
 
-        state, push, parent_states = run_frontier(F, xp, pull, parent_rows, parent_states,
-                                                   names)
+        state, push, parent_states = run_step(F, xp, pull, parent_rows, parent_states, names,
+                                              kept_bytes, len(sizes))
+        kept_bytes += sum(a.nbytes for a in (state, push, pull) if a is not None)
         records.append(dict(sample=sample, vertex=vertex, depth=depth, slot=slot, parent=parent,
                             pull=pull, state=state, push=push))
         sizes.append(len(sample))

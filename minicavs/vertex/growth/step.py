@@ -1,9 +1,11 @@
 """One growing step: F's Program run on the frontier of every sample, as one batching task,
-through the runtime's call and driver like any other call of F."""
+through the runtime's call and driver like any other call of F — in row chunks when the
+frontier does not fit the memory budget beside what the growth keeps."""
 
 import numpy as np
 
-from ...runtime import call, driver
+from ...errors import OutOfMemoryError
+from ...runtime import call, driver, memory
 
 
 class FrontierRows:
@@ -63,3 +65,39 @@ def run_frontier(f, xp, pull, parent_rows, parent_states, names):
     part = call.bind_forward(f.executable, xp, rows, params, pull, states=states)
     driver.run([part], xp)
     return part.env[f.program.graph.outputs[0].key], part.output, part.scattered
+
+
+def run_step(f, xp, pull, parent_rows, parent_states, names, kept, step):
+    """:func:`run_frontier` within the memory budget: the frontier's rows are independent (each
+    reads its parent's state only), so a frontier too large for the budget left beside
+    ``kept`` (the bytes of everything grown so far) runs in chunks of rows that fit, and the
+    chunks' states make the next step's parent buffer. Raises :class:`OutOfMemoryError`
+    before allocating when not even one row fits."""
+    n = len(parent_rows)
+    forward = f.memory_model.forward
+    room = memory.memory_budget() - kept
+    if forward.at((n, 0, n, 0)) <= room:
+        return run_frontier(f, xp, pull, parent_rows, parent_states, names)
+    per_row = forward.at((1, 0, 1, 0)) - forward.at((0, 0, 0, 0))
+    rows = int((room - forward.at((0, 0, 0, 0))) // max(per_row, 1))
+    if rows < 1:
+        raise OutOfMemoryError(
+            f"grow: step {step} (a frontier of {n:,} vertices) of vertex function {f.name!r} "
+            f"needs about {memory.text(forward.at((1, 0, 1, 0)))} for one vertex, beside the "
+            f"{memory.text(kept)} the growth keeps of the vertices grown so far, more than the "
+            f"memory budget of {memory.text(memory.memory_budget())}. Lower max_vertices, grow "
+            f"fewer samples at once, or raise the budget (mc.set_memory_budget, "
+            f"MINICAVS_MEMORY_BUDGET) if more memory is free.")
+    states, pushes, scattered = [], [], []
+    for lo in range(0, n, rows):
+        hi = min(lo + rows, n)
+        chunk_pull = None if pull is None else pull[lo:hi]
+        state, push, buffer = run_frontier(f, xp, chunk_pull, parent_rows[lo:hi],
+                                           parent_states, lambda i, lo=lo: names(lo + i))
+        states.append(state)
+        pushes.append(push)
+        scattered.append(buffer[:hi - lo])
+    zero_row = xp.zeros((1,) + f.scatter_shape, f.dtype)  # (what a root of the next step reads)
+    join = lambda parts: parts[0] if len(parts) == 1 else xp.concatenate(parts)  # noqa: E731
+    return (join(states), None if pushes[0] is None else join(pushes),
+            xp.concatenate(scattered + [zero_row]))
