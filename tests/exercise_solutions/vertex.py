@@ -1,5 +1,3 @@
-import minicavs as mc
-
 
 def cell(v):
     v.scatter(v.gather(0) + v.gather(1) + 1.0)
