@@ -5,6 +5,7 @@ CI selects the bounded ``ci`` profile (HYPOTHESIS_PROFILE=ci); locally ``dev`` e
 """
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -57,3 +58,12 @@ def cpu_backend(request):
     if reason is not None:
         pytest.skip(f"the native CPU backend is off here: {reason}")
     yield request.param
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many code blocks of the documentation ran (tests/test_docs.py)."""
+    counts = getattr(sys.modules.get("test_docs"), "COUNTS", None)
+    if counts and counts["pages"]:
+        terminalreporter.write_line(
+            f"docs: {counts['python']} python blocks and {counts['figure']} figures ran on "
+            f"{counts['pages']} pages; {counts['not_run']} blocks marked not to run")

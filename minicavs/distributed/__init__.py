@@ -1,6 +1,6 @@
 """Data-parallel training over MPI (NumPy arrays) and NCCL (CuPy arrays), the way ChainerMN
 runs Chainer: every rank holds the whole model, trains on its own share of each step's batch,
-and the gradients are summed over the ranks before every update.
+and the gradients are summed over the ranks before every update::
 
     comm = distributed.create_communicator()          # under mpiexec -n N; mpi4py inside
     comm.broadcast_parameters(model.named_parameters())  # rank 0's weights, names checked

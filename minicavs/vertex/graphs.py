@@ -314,6 +314,39 @@ class GraphBatch(_ChildLists):
                              f"{int(self.num_children[v])} children, but {function_name} "
                              f"declares arity {arity}")
 
+    def to_dot(self):
+        """The level schedule as Graphviz DOT text: each graph a cluster, each vertex labelled
+        ``sample:vertex`` and with its row in the dynamic tensors, edges from child to parent
+        (the way states flow), the vertices of one batching task on one rank, coloured by
+        level, with a legend giving each task's rows. Render with ``dot -Tsvg``."""
+        palette = ["#c6dbef", "#fdd0a2", "#c7e9c0", "#dadaeb", "#fcbba1", "#d9d9d9"]
+        lines = ["digraph batch {", "  rankdir=BT; newrank=true;",
+                 '  node [shape=circle, style=filled, fontname="Helvetica", fontsize=9,'
+                 " width=0.45, fixedsize=true];", '  edge [color="#555555", arrowsize=0.5];']
+        for s in range(self.num_graphs):
+            lines.append(f'  subgraph cluster_{s} {{ label="sample {s}"; fontsize=10; '
+                         'color="#999999";')
+            for v in range(int(self.offsets[s]), int(self.offsets[s + 1])):
+                colour = palette[int(self.level[v]) % len(palette)]
+                lines.append(f'    v{v} [label="{s}:{v - int(self.offsets[s])}\\nrow '
+                             f'{int(self.row_of[v])}", fillcolor="{colour}"];')
+            lines.append("  }")
+        for v in range(self.num_vertices):
+            for child in self.child_ids[self.child_ptr[v]:self.child_ptr[v + 1]]:
+                lines.append(f"  v{int(child)} -> v{v};")
+        lines.append('  node [shape=box, fixedsize=false, fontsize=9];')
+        for t in range(self.num_levels):
+            r0, r1 = self.rows_of_level(t)
+            colour = palette[t % len(palette)]
+            lines.append(f'  task{t} [label="task {t}: level {t}\\nrows {r0}..{r1 - 1}", '
+                         f'fillcolor="{colour}"];')
+            members = " ".join(f"v{int(v)};" for v in self.order[r0:r1])
+            lines.append(f"  {{ rank=same; task{t}; {members} }}")
+        for t in range(self.num_levels - 1):
+            lines.append(f"  task{t} -> task{t + 1} [style=invis];")
+        lines.append("}")
+        return "\n".join(lines)
+
     def __repr__(self):
         return (f"GraphBatch({self.num_graphs} graphs, {self.num_vertices} vertices, "
                 f"{self.num_levels} levels)")

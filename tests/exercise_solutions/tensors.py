@@ -1,0 +1,5 @@
+import minicavs as mc
+
+
+def softsign(x):
+    return x / (1 + mc.abs(x))
