@@ -1,0 +1,1 @@
+"""The exercise templates (copied by ``python -m minicavs.exercises start``)."""
