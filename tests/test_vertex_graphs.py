@@ -170,3 +170,25 @@ def test_explain_reads_each_calls_own_record():
         F.explain(out_small)
     with pytest.raises(mc.GraphError, match="not returned by vertex function"):
         F.explain(mc.tensor(np.ones(3)))
+
+
+def test_the_level_schedule_as_dot_lists_every_vertex_edge_and_task():
+    """GraphBatch.to_dot(): a cluster per graph, one node per vertex with its row, an edge per
+    child -> parent, and per level a task box ranked with exactly that level's vertices
+    (parsed back from the text, checked against the batch's own arrays)."""
+    import re
+
+    batch = mc.GraphBatch([mc.InputGraph([[], [], [0, 1], [], [2, 3]]),
+                           mc.InputGraph.chain(3)])
+    dot = batch.to_dot()
+    assert dot.startswith("digraph batch {") and dot.rstrip().endswith("}")
+    assert len(re.findall(r"subgraph cluster_\d+", dot)) == batch.num_graphs
+    rows = {int(v): int(r) for v, r in re.findall(r'v(\d+) \[label="\d+:\d+\\nrow (\d+)"', dot)}
+    assert rows == {v: int(batch.row_of[v]) for v in range(batch.num_vertices)}
+    edges = sorted((int(c), int(p)) for c, p in re.findall(r"v(\d+) -> v(\d+);", dot))
+    assert edges == sorted((int(c), v) for v in range(batch.num_vertices)
+                           for c in batch.child_ids[batch.child_ptr[v]:batch.child_ptr[v + 1]])
+    for t in range(batch.num_levels):
+        members = re.search(rf"{{ rank=same; task{t}; ([^}}]*)}}", dot).group(1)
+        assert sorted(int(v) for v in re.findall(r"v(\d+);", members)) == \
+            sorted(np.flatnonzero(batch.level == t).tolist())
