@@ -213,15 +213,25 @@ def random_inputs(group, dtype, n, e, rng):
     return arrays
 
 
-def assert_outputs_close(got, want, dtype, what):
+def assert_outputs_close(got, want, dtype, what, chained=False):
+    """Equal (integers, masks) or close. ``chained``: the outputs of a long chain of ops, where
+    a few ulps per op add up and a cancellation late in the chain leaves them as an absolute
+    error of the size of the values cancelled: the absolute tolerance then scales with the
+    largest value of the output (hypothesis found -0.069670 against -0.069674 in float32, the
+    other entries 3.25: 3.8e-6 off, 1.2e-6 of the scale)."""
     assert len(got) == len(want), what
+    tolerance = TOLERANCE[np.dtype(dtype)]
     for p, (a, b) in enumerate(zip(got, want)):
         assert a.shape == b.shape and a.dtype == b.dtype, f"{what}: output {p}"
         if a.dtype == np.bool_ or a.dtype.kind in "iu":
             np.testing.assert_array_equal(a, b, err_msg=f"{what}: output {p}")
-        else:
-            np.testing.assert_allclose(a, b, **TOLERANCE[np.dtype(dtype)],
-                                       err_msg=f"{what}: output {p}")
+            continue
+        atol = tolerance["atol"]
+        if chained and b.size:
+            finite = np.abs(b[np.isfinite(b)])
+            atol *= max(1.0, float(finite.max())) if finite.size else 1.0
+        np.testing.assert_allclose(a, b, rtol=tolerance["rtol"], atol=atol,
+                                   err_msg=f"{what}: output {p}")
 
 
 @pytest.mark.parametrize("cell, dtype", CASES, ids=CASE_IDS)
@@ -289,8 +299,10 @@ def test_every_c_expression_in_the_shim_equals_numpy(dtype, data):
         == [source.name]
     inputs = draw_inputs(data, group, dtype, 5, 0)
     got = fusion.ShimFusedKernel(group, np, dtype)(*inputs)
-    assert_outputs_close(got, NumpyFusedKernel(group, np, dtype)(*inputs), dtype, "all ops")
-    assert_outputs_close(got, OpByOpKernel(group, np, dtype)(*inputs), dtype, "all ops")
+    assert_outputs_close(got, NumpyFusedKernel(group, np, dtype)(*inputs), dtype, "all ops",
+                         chained=True)
+    assert_outputs_close(got, OpByOpKernel(group, np, dtype)(*inputs), dtype, "all ops",
+                         chained=True)
 
 
 # ----------------------------------------------------------------------------- NaN, zeros, infinities

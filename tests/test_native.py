@@ -417,9 +417,11 @@ def test_numpy_products_in_a_native_call_run_on_one_blas_thread():
     if blas.threads_local() is None:
         pytest.skip("this BLAS has no openblas_set_num_threads_local")
 
+    numpy_blas = os.path.realpath(blas._loaded_blas_libraries()[0])  # (SciPy may bring its own)
+
     def blas_threads():
         return [p["num_threads"] for p in threadpoolctl.threadpool_info()
-                if p["user_api"] == "blas"][0]
+                if p["user_api"] == "blas" and os.path.realpath(p["filepath"]) == numpy_blas][0]
 
     with threadpoolctl.threadpool_limits(2, user_api="blas"):
         with kernels.team_products():
