@@ -236,8 +236,17 @@ def split(x, sections, axis=-1):
         if sum(sizes) != size or any(s < 0 for s in sizes):
             raise ShapeError(f"op 'split': sizes {sizes} do not add up to {size}, the length of "
                              f"axis {axis} of argument 0 with shape {describe(x.shape)}")
-    bounds = np.cumsum([0] + sizes)
-    return [slice_axis(x, int(a), int(b), axis) for a, b in zip(bounds[:-1], bounds[1:])]
+    if len(sizes) == 1:
+        return [x]
+    # The bounds are checked above: each part is one slice_axis, applied directly (a split
+    # is recorded per step of a recurrent model, where these checks would cost as much as
+    # the recording).
+    parts, start = [], 0
+    for part_size in sizes:
+        parts.append(x if part_size == size else
+                     apply(SLICE_AXIS, x, start=start, stop=start + part_size, axis=axis))
+        start += part_size
+    return parts
 
 
 def expand_dims(x, axis):
