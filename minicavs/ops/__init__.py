@@ -27,8 +27,8 @@ from .bitwise import (bitwise_and, bitwise_not, bitwise_or, bitwise_xor, left_sh
                       right_shift)
 from .sorting import SortResult, argsort, sort, take_along_axis, topk, unique
 from .scan import cummax, cummin, cumprod
-from .scatter import scatter, scatter_add, scatter_reduce
-from .einsum import einsum
+from .scattering import scatter, scatter_add, scatter_reduce
+from .contraction import einsum
 from .operators import OperatorMixin
 
 PRIMITIVES = sorted(OPS)

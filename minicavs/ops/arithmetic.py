@@ -158,8 +158,10 @@ def isclose(a, b, rtol=1e-5, atol=1e-8, equal_nan=False):
         return ew.equal(a, b)
     if ew._dtype(a).kind != "f" and ew._dtype(b).kind != "f":  # integers: exact in float64
         a, b = ew.astype(a, np.float64), ew.astype(b, np.float64)
-    close = ew.less_equal(ew.abs(a - b), atol + rtol * ew.abs(b))
-    close = ew.logical_or(close, ew.equal(a, b))  # inf == inf (inf - inf is NaN)
+    finite = ew.logical_and(ew.isfinite(a), ew.isfinite(b))
+    a0, b0 = ew.where(finite, a, 0), ew.where(finite, b, 0)  # (no inf - inf to warn about)
+    near = ew.less_equal(ew.abs(a0 - b0), atol + rtol * ew.abs(b0))
+    close = ew.where(finite, near, ew.equal(a, b))  # infinities: only equal ones
     if equal_nan:
         close = ew.logical_or(close, ew.logical_and(ew.isnan(a), ew.isnan(b)))
     return close

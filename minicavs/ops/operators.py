@@ -12,7 +12,7 @@ registry (registry.py, "Type promotion").
 import numpy as np
 
 from . import (activations, arithmetic, bitwise, elementwise as ew, indexing, linalg, reduce,
-               scan, scatter as scatters, shape, sorting)
+               scan, scattering, shape, sorting)
 from ..errors import UnsupportedError
 
 
@@ -168,12 +168,12 @@ class OperatorMixin:
     def cummin(self, axis=-1): return scan.cummin(self, axis)
     def roll(self, shift, axis=None): return indexing.roll(self, shift, axis)
     def scatter(self, axis, index, src=None, value=None, reduce=None):
-        return scatters.scatter(self, axis, index, src, value, reduce)
+        return scattering.scatter(self, axis, index, src, value, reduce)
 
-    def scatter_add(self, axis, index, src): return scatters.scatter_add(self, axis, index, src)
+    def scatter_add(self, axis, index, src): return scattering.scatter_add(self, axis, index, src)
 
     def scatter_reduce(self, axis, index, src, reduce, include_self=True):
-        return scatters.scatter_reduce(self, axis, index, src, reduce, include_self)
+        return scattering.scatter_reduce(self, axis, index, src, reduce, include_self)
 
     # shapes
     def reshape(self, *shape_):
