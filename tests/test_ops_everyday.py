@@ -503,6 +503,28 @@ def test_einsum_cumprod_argsort_and_roll_inside_a_vertex_function():
     np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-12, atol=1e-12)
 
 
+def test_the_ops_in_a_traced_function_equal_eager_values_and_gradients():
+    index = np.array([[0, 1, 2, 0], [2, 1, 0, 0]])
+
+    def fn(x, s):
+        return (mc.sort(x, axis=0).values + mc.topk(x, 2, axis=0).values.sum()
+                + mc.cummax(x, 1).values + mc.cumprod(x, 1) + x % 0.7 + mc.roll(x, 1, 1)
+                + mc.scatter_reduce(x, 0, index, s, "amax") + mc.scatter_add(x, 0, index, s)
+                + mc.scatter(x, 0, index, s) + mc.einsum("ij,kj->ik", x, s).sum())
+
+    traced = mc.symbolic(fn)
+    rng = np.random.default_rng(5)
+    grads = []
+    for run in (traced, fn):
+        x, s = t(rng.standard_normal((3, 4)), True), t(rng.standard_normal((2, 4)), True)
+        out = run(x, s)
+        out.sum().backward()
+        grads.append((out.numpy(), x.grad.numpy(), s.grad.numpy()))
+        rng = np.random.default_rng(5)
+    for got, want in zip(*grads):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
 # --- in-place updates ---------------------------------------------------------------------------
 
 def test_optimiser_style_in_place_updates_under_no_grad():
@@ -552,3 +574,23 @@ def test_in_place_updates_refuse_what_would_change_a_recorded_graph():
     with pytest.raises(mc.ShapeError, match=r"the result has shape \(2, 2\), which does not fit "
                                             r"the tensor's shape \(2,\)"):
         i += t(np.ones((2, 2), np.int64))
+
+
+# --- the table of every public op ---------------------------------------------------------------
+
+def test_docs_ops_table_lists_every_public_op():
+    """docs/ops.md is written by hand; this compares its rows with the public namespace."""
+    import inspect
+    import pathlib
+    import re
+
+    table = (pathlib.Path(__file__).parent.parent / "docs" / "ops.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \|", table, re.M)
+    public = {name for name, value in vars(mc.ops).items()
+              if not name.startswith("_") and callable(value)
+              and not inspect.isclass(value) and not inspect.ismodule(value)}
+    public -= {"apply", "result_dtype", "unbroadcast"}  # the registry's machinery (said there)
+    assert len(rows) == len(set(rows)), "a row appears twice in docs/ops.md"
+    assert not public - set(rows), f"add to docs/ops.md: {sorted(public - set(rows))}"
+    assert not set(rows) - public, f"not public ops: {sorted(set(rows) - public)}"
+    assert all(hasattr(mc, name) for name in rows)  # each is mc.<name> too
