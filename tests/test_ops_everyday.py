@@ -503,6 +503,30 @@ def test_einsum_cumprod_argsort_and_roll_inside_a_vertex_function():
     np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-12, atol=1e-12)
 
 
+def test_the_division_ops_in_a_native_level_loop_equal_the_interpreter():
+    from minicavs.cpu import build
+    from minicavs.runtime import interpreter_only
+
+    if build.unavailable() is not None:
+        pytest.skip(f"the native backend is off: {build.unavailable()}")
+    rng = np.random.default_rng(7)
+    W = mc.Parameter(rng.standard_normal((3, 4)) * 0.5)
+
+    def cell(v):  # the C bodies of %, //, fmod, trunc, copysign in the generated C++ loop
+        h = mc.tanh(v.pull() @ W + v.gather(0))
+        v.scatter(h % 0.3 + mc.trunc(h * 3.0) * 0.1 + mc.copysign(h, -h) * 0.5
+                  + mc.fmod(h, 0.2) + h // 0.25 * 0.01)
+
+    F = mc.VertexFunction(cell, pull_shape=(3,), scatter_shape=(4,), arity=1, dtype="float64")
+    batch = mc.GraphBatch([mc.InputGraph.chain(4), mc.InputGraph.chain(3)])
+    X = mc.tensor(rng.standard_normal((batch.num_vertices, 3)))
+    out = F(batch, pull=X)
+    assert F.explain()["forward_backend"] == "native"
+    with interpreter_only():
+        want = F(batch, pull=X)
+    np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-12, atol=1e-12)
+
+
 def test_the_ops_in_a_traced_function_equal_eager_values_and_gradients():
     index = np.array([[0, 1, 2, 0], [2, 1, 0, 0]])
 
