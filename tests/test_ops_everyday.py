@@ -221,7 +221,7 @@ def test_isclose_and_allclose_equal_numpy_and_pytorch():
 
 # --- sort, argsort, topk, unique ---------------------------------------------------------------
 
-@covers("argsort")
+@covers("argsort", "take_along_axis", "put_along_axis_add")
 @pytest.mark.parametrize("descending", [False, True])
 def test_sort_and_argsort_are_stable_and_equal_pytorch(descending):
     torch = torch_or_skip()
@@ -261,6 +261,17 @@ def test_sort_topk_gradients_go_to_each_values_place():
     assert mc.gradcheck(lambda a: mc.topk(a, 2, axis=0, largest=False).values, [x])
     s = mc.sort(t(x, True))
     assert s.values.requires_grad and not s.indices.requires_grad  # indices: no gradient
+    idx = np.array([[0, 0, 2], [1, 0, 0]])  # (repeats: their gradients add up)
+    same(mc.take_along_axis(t(x[:2, :3]), idx, 1), np.take_along_axis(x[:2, :3], idx, 1))
+    assert mc.gradcheck(lambda a: mc.take_along_axis(a, idx, 1), [x[:2, :3]])
+    assert mc.gradcheck(lambda g: mc.put_along_axis_add(g, idx, 1, 4), [x[:2, :3]])
+    with pytest.raises(mc.IndexRangeError, match=r"op 'take_along_axis': index 3 at position "
+                                                 r"\(0, 1\) is out of range for axis 1 with "
+                                                 r"size 3"):
+        mc.take_along_axis(t(x[:2, :3]), np.array([[0, 3, 0], [0, 0, 0]]), 1)
+    with pytest.raises(mc.ShapeError, match=r"op 'take_along_axis': indices of shape \(2,\) "
+                                            r"must have the shape of argument 0"):
+        mc.take_along_axis(t(x), np.array([0, 1]), 1)
 
 
 def test_topk_equals_pytorch_and_numpy():
@@ -485,7 +496,7 @@ def test_einsum_bad_input():
         mc.einsum("i1->i", a)
 
 
-def test_einsum_cumprod_argsort_and_roll_inside_a_vertex_function():
+def test_einsum_cumprod_sort_cummax_and_roll_inside_a_vertex_function():
     rng = np.random.default_rng(7)
     W = mc.Parameter(rng.standard_normal((3, 4)) * 0.5)
 
@@ -493,7 +504,8 @@ def test_einsum_cumprod_argsort_and_roll_inside_a_vertex_function():
         x = v.pull()
         h = mc.tanh(mc.einsum("i,ij->j", x, W)) + v.gather(0)
         ranks = mc.astype(mc.argsort(h), h.dtype)
-        v.scatter(mc.roll(mc.cumprod(h, 0), 1, 0) + ranks * 0.1)
+        v.scatter(mc.roll(mc.cumprod(h, 0), 1, 0) + ranks * 0.1 + mc.sort(h).values
+                  + mc.cummax(h, 0).values * 0.5)
 
     F = mc.VertexFunction(cell, pull_shape=(3,), scatter_shape=(4,), arity=1, dtype="float64")
     batch = mc.GraphBatch([mc.InputGraph.chain(3), mc.InputGraph.chain(2)])

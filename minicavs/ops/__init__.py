@@ -25,7 +25,8 @@ from .arithmetic import (allclose, copysign, floor_divide, fmod, isclose, mod, r
                          trunc)
 from .bitwise import (bitwise_and, bitwise_not, bitwise_or, bitwise_xor, left_shift,
                       right_shift)
-from .sorting import SortResult, argsort, sort, take_along_axis, topk, unique
+from .sorting import (SortResult, argsort, put_along_axis_add, sort, take_along_axis, topk,
+                      unique)
 from .scan import cummax, cummin, cumprod
 from .scattering import scatter, scatter_add, scatter_reduce
 from .contraction import einsum

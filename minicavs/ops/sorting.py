@@ -2,11 +2,10 @@
 largest value, as in NumPy and PyTorch), and composed from it ``sort``, ``topk`` and
 ``take_along_axis``; ``unique``, which reads the values (its size depends on them).
 
-Values are picked with :func:`take_along_axis`, one ``take_rows`` of the flattened array, so
-their gradient scatter-adds back to where each value came from; indices are int64 and have no
-gradient (as in PyTorch). Because the indices are an op's output, ``sort`` and ``topk`` also
-work on traced symbols (a static function); inside a vertex cell ``take_rows`` needs a shared
-table, so they do not.
+Values are picked with the primitive ``take_along_axis``, whose gradient is its adjoint
+``put_along_axis_add`` (a scatter-add along the axis, indices repeating); indices are int64
+and have no gradient (as in PyTorch). Both have batching rules, so ``sort`` and ``topk`` work
+on eager tensors, in traced functions, inside vertex cells and under ``mc.autobatch``.
 """
 
 from collections import namedtuple
@@ -14,9 +13,9 @@ from collections import namedtuple
 import numpy as np
 
 from .. import backend
-from . import index, shape
-from .registry import Aval, Op, apply, describe, normalize_axis, register
-from ..errors import GraphError, ShapeError, UnsupportedError
+from . import batching, shape
+from .registry import Aval, Op, apply, describe, normalize_axis, register, require_int
+from ..errors import GraphError, IndexRangeError, ShapeError, UnsupportedError
 
 SortResult = namedtuple("SortResult", "values indices")
 SortResult.__doc__ = "What sort, topk, cummax and cummin return (PyTorch's return types)."
@@ -49,21 +48,89 @@ def argsort(x, axis=-1, descending=False, stable=True):
     return apply(ARGSORT, x, axis=axis, descending=bool(descending))
 
 
+def _check_along(xp, idx, size, axis, opname):
+    if xp is np and idx.size:
+        low, high = int(idx.min()), int(idx.max())
+        if low < 0 or high >= size:
+            bad = low if low < 0 else high
+            position = tuple(int(i[0]) for i in (idx == bad).nonzero())
+            raise IndexRangeError(f"op '{opname}': index {bad} at position {position} is out "
+                                  f"of range for axis {axis} with size {size}")
+
+
+def _take_along_forward(xp, x, idx, axis):
+    _check_along(xp, idx, x.shape[axis], axis, "take_along_axis")
+    return xp.take_along_axis(x, idx, axis=axis)
+
+
+def _put_along_add_forward(xp, g, idx, axis, size):
+    _check_along(xp, idx, size, axis, "put_along_axis_add")
+    out_shape = list(g.shape)
+    out_shape[axis] = size
+    out = xp.zeros(tuple(out_shape), dtype=g.dtype)
+    coords = list(np.ogrid[tuple(slice(n) for n in g.shape)]) if g.ndim else []
+    coords[axis] = idx
+    if xp is np:
+        np.add.at(out, tuple(coords), g)  # repeated indices add up
+        return out
+    from ..cuda import cupyx_ops
+
+    cupyx_ops.scatter_add(out, tuple(xp.asarray(c) for c in coords), g)
+    return out
+
+
+def _infer_along(opname, x, idx, axis):
+    require_int(opname, idx, 1)
+    if len(idx.shape) != len(x.shape) or any(
+            a != b for d, (a, b) in enumerate(zip(idx.shape, x.shape)) if d != axis):
+        raise ShapeError(f"op '{opname}': indices of shape {describe(idx.shape)} must have the "
+                         f"shape of argument 0 {describe(x.shape)} on every axis but {axis}")
+
+
+def _infer_take_along(x, idx, axis):
+    _infer_along("take_along_axis", x, idx, axis)
+    return Aval(tuple(idx.shape), np.dtype(x.dtype))
+
+
+def _infer_put_along_add(g, idx, axis, size):
+    if tuple(idx.shape) != tuple(g.shape):
+        raise ShapeError(f"op 'put_along_axis_add': indices of shape {describe(idx.shape)} must "
+                         f"have the shape of argument 0 {describe(g.shape)}")
+    require_int("put_along_axis_add", idx, 1)
+    out = list(g.shape)
+    out[axis] = size
+    return Aval(tuple(out), np.dtype(g.dtype))
+
+
+def _batch_along_axis(op, items, attrs, out):
+    return apply(op, *batching.broadcast_shared(items), **dict(attrs, axis=attrs["axis"] + 1))
+
+
+# The pair are each other's adjoint: a pick along an axis, and its scatter-add back.
+TAKE_ALONG_AXIS = register(Op(
+    "take_along_axis", _take_along_forward, _infer_take_along,
+    lambda g, out, x, idx, axis: (put_along_axis_add(g, idx, axis, x.shape[axis]), None),
+    nondiff_args=(1,), batch=_batch_along_axis))
+PUT_ALONG_AXIS_ADD = register(Op(
+    "put_along_axis_add", _put_along_add_forward, _infer_put_along_add,
+    lambda g, out, x, idx, axis, size: (take_along_axis(g, idx, axis), None),
+    nondiff_args=(1,), batch=_batch_along_axis))
+
+
 def take_along_axis(x, indices, axis):
-    """``x``'s elements at ``indices`` along ``axis`` (``numpy.take_along_axis`` where
-    ``indices`` has ``x``'s shape on the other axes): unlike :func:`mc.gather`, the indices
-    may be a traced value (argsort's). They must lie in ``[0, x.shape[axis])``."""
+    """``x``'s elements at ``indices`` along ``axis`` (``numpy.take_along_axis``, PyTorch's
+    ``gather``), ``indices`` having ``x``'s shape on the other axes and lying in
+    ``[0, x.shape[axis])``. Unlike :func:`mc.gather` the indices may be a traced value
+    (argsort's); the gradient scatter-adds back (:func:`put_along_axis_add`)."""
     axis = normalize_axis("take_along_axis", int(axis), len(x.shape))
-    if len(indices.shape) != len(x.shape) or any(
-            a != b for d, (a, b) in enumerate(zip(indices.shape, x.shape)) if d != axis):
-        raise ShapeError(f"take_along_axis: indices of shape {describe(indices.shape)} must "
-                         f"have the shape of x {describe(x.shape)} on every axis but {axis}")
-    strides = np.cumprod((tuple(x.shape[1:]) + (1,))[::-1])[::-1].astype(np.int64)
-    coords = np.indices(tuple(indices.shape), dtype=np.int64, sparse=True)
-    offset = sum(c * s for d, (c, s) in enumerate(zip(coords, strides)) if d != axis)
-    flat = indices * int(strides[axis]) + offset if len(x.shape) > 1 else indices
-    picked = index.take_rows(shape.reshape(x, (-1,)), shape.reshape(flat, (-1,)))
-    return shape.reshape(picked, tuple(indices.shape))
+    return apply(TAKE_ALONG_AXIS, x, indices, axis=axis)
+
+
+def put_along_axis_add(values, indices, axis, size):
+    """Zeros with ``size`` entries along ``axis``, ``values`` added at ``indices`` (repeated
+    indices add up): the adjoint of :func:`take_along_axis`."""
+    axis = normalize_axis("put_along_axis_add", int(axis), len(values.shape))
+    return apply(PUT_ALONG_AXIS_ADD, values, indices, axis=axis, size=int(size))
 
 
 def sort(x, axis=-1, descending=False, stable=True):
