@@ -515,6 +515,28 @@ def test_einsum_cumprod_sort_cummax_and_roll_inside_a_vertex_function():
     np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-12, atol=1e-12)
 
 
+def test_sort_topk_cummax_cumprod_einsum_under_autobatch_equal_eager():
+    rng = np.random.default_rng(11)
+    xs = [t(rng.standard_normal((3, 4)), True) for _ in range(3)]
+
+    def f(x):
+        return (mc.sort(x, 1).values + mc.cumprod(x, 1) + x % 0.5 + mc.topk(x, 2, 0).values.sum()
+                + mc.einsum("ij,ij->i", x, x)[:, None] + mc.cummax(x, 0).values).sum()
+
+    eager = [f(x) for x in xs]
+    sum(eager[1:], eager[0]).backward()
+    want = [x.grad.numpy() for x in xs]
+    for x in xs:
+        x.grad = None
+    with mc.autobatch():
+        outs = [f(x) for x in xs]
+        total = sum(outs[1:], outs[0])
+    np.testing.assert_allclose([o.item() for o in outs], [e.item() for e in eager], rtol=1e-12)
+    total.backward()
+    for x, w in zip(xs, want):
+        np.testing.assert_allclose(x.grad.numpy(), w, rtol=1e-12, atol=1e-12)
+
+
 def test_the_division_ops_in_a_native_level_loop_equal_the_interpreter():
     from minicavs.cpu import build
     from minicavs.runtime import interpreter_only
