@@ -34,6 +34,11 @@ from .ops import (abs, add, all, any, argmax, argmin, astype, binary_cross_entro
                   silu, sin, slice_axis, softmax, softmax_cross_entropy, softplus, split, sqrt,
                   squeeze, stack, std, sub, sum, take, take_rows, tanh, tile, transpose, tril,
                   triu, var, where)
+from .ops import (SortResult, allclose, argsort, bitwise_and, bitwise_not, bitwise_or,
+                  bitwise_xor, copysign, cummax, cummin, cumprod, einsum, floor_divide, fmod,
+                  isclose, left_shift, mod, put_along_axis_add, remainder, right_shift, roll,
+                  scatter, scatter_add, scatter_reduce, sort, take_along_axis, topk, trunc,
+                  unique)
 from .autodiff import (Graph, Parameter, Symbol, Tensor, enable_grad, from_dlpack, gradcheck,
                        grad_graph, is_grad_enabled, no_grad, spec, trace, tensor)
 from .autodiff.creation import (arange, eye, full, full_like, ones, ones_like, rand, rand_like,

@@ -81,7 +81,29 @@ def _cases():
         Case("argmax argmin", lambda r: [f(r, 3, 4)],
              lambda a: mc.astype(mc.argmax(a, axis=1) - mc.argmin(a[:, :3], axis=0), a.dtype)
              * mc.sum(a)),
+        Case("trunc copysign fmod remainder floor_divide", lambda r: [f(r, 3, 4), f(r, 3, 4)],
+             lambda a, b: mc.trunc(a * 3) + mc.copysign(a, b) + mc.fmod(a, b + 3)
+             + a % (b + 3) + (a * 4) // 1.5),
+        Case("integer // % and bitwise ops, shifts", lambda r: [f(r, 3, 4)],
+             lambda a: mc.astype(_bits(mc.astype(a * 8, np.int64)), a.dtype) * a),
+        Case("argsort sort topk", lambda r: [f(r, 3, 5)],
+             lambda a: mc.sort(a, axis=1).values + mc.topk(a, 2, axis=0).values.sum()
+             + mc.astype(mc.argsort(a, axis=0, descending=True), a.dtype)),
+        Case("cumprod cummax cummin", lambda r: [f(r, 3, 4)],
+             lambda a: mc.cumprod(a, axis=1) + mc.cummax(a, axis=0).values
+             * mc.astype(mc.cummin(a, axis=1).indices, a.dtype)),
+        Case("scatter_reduce (prod amax amin)", lambda r: [f(r, 3, 4), f(r, 2, 4)],
+             lambda a, s: sum(mc.scatter_reduce(a, 0, np.array([[0, 1, 2, 0], [2, 1, 0, 0]]),
+                                                s, reduce) for reduce in ("prod", "amax",
+                                                                          "amin"))),
+        Case("einsum", lambda r: [f(r, 2, 3, 4), f(r, 4, 3)],
+             lambda a, b: mc.einsum("bij,ji->b", a, b) + mc.einsum("bij->j", a).sum()),
     ]
+
+
+def _bits(i):
+    j = (i & 7) + 1
+    return (i // j) + (i % j) + mc.fmod(i, j) + (i | j) + (i ^ j) + (~i) + (i << 2) + (i >> 1)
 
 
 CASES = _cases()

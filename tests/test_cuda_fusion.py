@@ -273,9 +273,31 @@ def _all_elementwise_ops_graph(dtype):
         t = mc.where(mask, t, mc.astype(mc.greater_equal(y, 0.25), x.dtype) - t)
         t = t * mc.astype(mc.equal(mc.astype(mask, np.int32), 1), x.dtype) + t ** 2
         t = t + mc.minimum(x, y) + pos ** y + mc.expm1(y) * mc.log1p(pos) + mc.erf(x)
-        return t + mc.sin(x) * mc.cos(y) + mc.floor(x) - mc.ceil(y) + mc.rint(x * 3.0)
+        t = t + mc.sin(x) * mc.cos(y) + mc.floor(x) - mc.ceil(y) + mc.rint(x * 3.0)
+        # (divisors of the inputs themselves: a step of % or // is no ulp away from them)
+        t = t + mc.trunc(x * 3.0) + mc.copysign(y, x) + mc.fmod(x, y) + y % x + x // y
+        i, j = _small_ints(x * 4.0), _small_ints(y * 4.0)  # (ints from floats: see below)
+        bits = ((i & j) | (i ^ 3)) + (~i) + (i << 2) + (j >> 1) + i % (j | 1) + i // (j | 1)
+        return t + mc.astype(bits + mc.fmod(i, j | 1), x.dtype)
 
     return mc.trace(fn, ((5, 3), dtype), ((5, 3), dtype), ((3,), dtype))
+
+
+def _small_ints(x):
+    """``x`` as int32, with NaN, infinities and values beyond ±100 (whose conversion C leaves
+    undefined) as 0."""
+    return mc.astype(mc.where(mc.less(mc.abs(x), 100.0), x, 0.0), np.int32)
+
+
+def _on_ints(fn, nonzero=False):
+    """A special-value case of an integer op: the float inputs as small ints (``nonzero``: a
+    zero divisor as 7, where eager code raises), the result back as floats."""
+    def case(a, b):
+        i, j = _small_ints(a), _small_ints(b)
+        if nonzero:
+            j = mc.where(mc.equal(j, 0), 7, j)
+        return mc.astype(fn(i, j), a.dtype)
+    return case
 
 
 def test_the_generator_covers_every_elementwise_primitive():
@@ -337,6 +359,22 @@ ONE_OP_CASES = {
     "rint": (1, mc.rint, True), "power": (2, lambda a, b: a ** b, False),
     "sin": (1, mc.sin, False), "cos": (1, mc.cos, False), "erf": (1, mc.erf, False),
     "expm1": (1, mc.expm1, False), "log1p": (1, mc.log1p, False),
+    # one C body computes the division ops for floats (NumPy's npy_divmod) and for integers
+    "trunc": (1, mc.trunc, True), "copysign": (2, mc.copysign, True),
+    "fmod": (2, lambda a, b: mc.concat([mc.fmod(a, b), _on_ints(mc.fmod, True)(a, b)]), True),
+    "remainder": (2, lambda a, b: mc.concat([a % b, _on_ints(mc.remainder, True)(a, b),
+                                             _on_ints(lambda i, j: i % -1)(a, b)]), True),
+    "floor_divide": (2, lambda a, b: mc.concat([a // b, _on_ints(mc.floor_divide, True)(a, b),
+                                                _on_ints(lambda i, j: i // -1)(a, b)]), True),
+    "bitwise_and": (2, _on_ints(mc.bitwise_and), True),
+    "bitwise_or": (2, _on_ints(mc.bitwise_or), True),
+    "bitwise_xor": (2, _on_ints(mc.bitwise_xor), True),
+    "bitwise_not": (1, lambda a: _on_ints(lambda i, j: ~i)(a, a), True),
+    # shifts by negative amounts and by the width or more (3 * 11 = 33) too
+    "left_shift": (2, lambda a, b: mc.concat([_on_ints(lambda i, j: i << j)(a, b),
+                                              _on_ints(lambda i, j: i << j * 11)(a, b)]), True),
+    "right_shift": (2, lambda a, b: mc.concat([_on_ints(lambda i, j: i >> j)(a, b),
+                                               _on_ints(lambda i, j: i >> j * 11)(a, b)]), True),
 }
 
 

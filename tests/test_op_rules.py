@@ -35,13 +35,15 @@ def _throwaway(**rules):
 # --- every primitive declares what the passes ask ------------------------------------------------
 
 def test_every_op_usable_in_a_cell_has_a_batching_rule():
-    # Those appear only in ∂F, which is derived from the batched F: no rule needed.
+    # Those appear only in ∂F, which is derived from the batched F: no rule needed; and
+    # scatter_reduce_rows, whose targets are positions in one whole array (ops/scatter.py).
     assert {name for name, op in OPS.items() if op.batch is None} == {
-        "scatter_add_rows", "softmax_cross_entropy_grad", "lstm_cell_grad"}
+        "scatter_add_rows", "softmax_cross_entropy_grad", "lstm_cell_grad",
+        "scatter_reduce_rows"}
 
 
 def test_elementwise_ops_have_a_c_expression_and_a_numpy_writer():
-    assert len(ELEMENTWISE) == 27
+    assert len(ELEMENTWISE) == 38
     for name in ELEMENTWISE:
         op = OPS[name]
         assert callable(op.into), name
@@ -53,7 +55,7 @@ def test_the_other_rules_are_where_the_passes_expect_them():
         return {name for name, op in OPS.items() if getattr(op, field)}
 
     # (not maximum and minimum: of two equal zeros they return the second, as NumPy does)
-    assert having("commutative") == {"add", "mul"}
+    assert having("commutative") == {"add", "mul", "bitwise_and", "bitwise_or", "bitwise_xor"}
     assert having("associative") == {"add", "mul"}  # regrouping needs both
     assert having("quiet_overflow") == {"sigmoid"}
     assert having("join") == {"pad_axis"}
@@ -65,7 +67,8 @@ def test_the_other_rules_are_where_the_passes_expect_them():
     assert having("zero_rows") == {"neg", "tanh", "relu", "astype", "slice_axis", "pad_axis",
                                    "reshape", "transpose", "sum", "max", "min", "broadcast_to",
                                    "mul", "add", "sub", "concat", "matmul", "expm1", "log1p",
-                                   "sin", "erf", "floor", "ceil", "rint", "cumsum"}
+                                   "sin", "erf", "floor", "ceil", "rint", "cumsum", "trunc",
+                                   "cumprod", "bitwise_and", "bitwise_or", "bitwise_xor"}
     # promotion: which operands each op brings to one dtype (registry.py, "Type promotion")
     assert OPS["where"].promotes == (1, 2) and OPS["concat"].promotes == "all"
     assert OPS["take_rows"].promotes == () and OPS["astype"].promotes == ()

@@ -21,7 +21,7 @@ from .. import backend, validate
 from ..errors import DeviceError, DTypeError, MinicavsError, ShapeError
 from ..ops import registry
 from ..ops.operators import OperatorMixin
-from . import debug, versions
+from . import debug, inplace, versions
 from ..locations import user_location
 
 _grad_enabled = True
@@ -205,6 +205,37 @@ class Tensor(OperatorMixin):
 
     def zero_grad(self):
         self.grad = None
+
+    # --- in-place updates (``inplace.py``: under no_grad, for optimiser-style code) ------------
+    __iadd__ = inplace.in_place_operator("__iadd__")
+    __isub__ = inplace.in_place_operator("__isub__")
+    __imul__ = inplace.in_place_operator("__imul__")
+    __itruediv__ = inplace.in_place_operator("__itruediv__")
+    __ifloordiv__ = inplace.in_place_operator("__ifloordiv__")
+    __imod__ = inplace.in_place_operator("__imod__")
+
+    def add_(self, other, alpha=1):
+        """``self += alpha * other`` in place (see ``inplace.py``); returns ``self``."""
+        return inplace.add(self, other, alpha)
+
+    def sub_(self, other, alpha=1):
+        return inplace.sub(self, other, alpha)
+
+    def mul_(self, other):
+        return inplace.update(self, lambda t, o: t * o, (other,), "mul_")
+
+    def div_(self, other):
+        return inplace.update(self, lambda t, o: t / o, (other,), "div_")
+
+    def copy_(self, source):
+        """This tensor's values replaced by ``source``'s (broadcast, converted)."""
+        return inplace.copy(self, source)
+
+    def fill_(self, value):
+        return inplace.fill(self, value)
+
+    def zero_(self):
+        return inplace.fill(self, 0, "zero_")
 
     def __repr__(self):
         flag = ", requires_grad=True" if self.requires_grad else ""

@@ -14,13 +14,22 @@ from .shape import (broadcast_to, concat, expand_dims, flatten, pad, pad_axis, r
                     slice_axis, split, squeeze, stack, tile, transpose, tril, triu)
 from .linalg import matmul
 from .index import embedding, one_hot, scatter_add_rows, take_rows
-from .indexing import flip, gather, masked_fill, moveaxis, take
+from .indexing import flip, gather, masked_fill, moveaxis, roll, take
 from .activations import (clip, elu, gelu, hardtanh, leaky_relu, log_softmax, silu, softmax,
                           softplus)
 from .loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy,
                    nll_loss, softmax_cross_entropy)
 from .composite import linear, lstm_gates
 from .cells import lstm_cell
+from .arithmetic import (allclose, copysign, floor_divide, fmod, isclose, mod, remainder,
+                         trunc)
+from .bitwise import (bitwise_and, bitwise_not, bitwise_or, bitwise_xor, left_shift,
+                      right_shift)
+from .sorting import (SortResult, argsort, put_along_axis_add, sort, take_along_axis, topk,
+                      unique)
+from .scan import cummax, cummin, cumprod
+from .scattering import scatter, scatter_add, scatter_reduce
+from .contraction import einsum
 from .operators import OperatorMixin
 
 PRIMITIVES = sorted(OPS)

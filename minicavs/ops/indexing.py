@@ -277,3 +277,28 @@ def getitem(x, key):
     # NumPy's rule: adjacent index arrays put their axes where they were, others in front
     return _index_axes_to(picked, idx[0].ndim, positions[0]) if adjacent else picked
 
+
+
+def roll(x, shift, axis=None):
+    """``x`` rotated by ``shift`` places along ``axis`` (``numpy.roll``, ``torch.roll``):
+    elements pushed off the end come back at the start. ``shift`` and ``axis`` may be tuples
+    of one length (one shift per axis); ``axis=None`` rolls the flattened ``x``. Two slices
+    and a concat, so it also works on per-vertex symbols inside a cell."""
+    if axis is None:
+        if not isinstance(shift, _INTEGERS):
+            raise ShapeError(f"roll: without an axis the shift must be one int, got {shift!r}")
+        return shape.reshape(roll(shape.reshape(x, (-1,)), shift, 0), tuple(x.shape))
+    shifts = (shift,) if isinstance(shift, _INTEGERS) else tuple(shift)
+    axes = (axis,) if isinstance(axis, _INTEGERS) else tuple(axis)
+    if len(shifts) != len(axes):
+        if len(shifts) != 1:
+            raise ShapeError(f"roll: {len(shifts)} shifts for {len(axes)} axes")
+        shifts = shifts * len(axes)
+    for s, a in zip(shifts, axes):
+        a = normalize_axis("roll", int(a), len(x.shape))
+        n = x.shape[a]
+        s = int(s) % n if n else 0
+        if s:
+            x = shape.concat([shape.slice_axis(x, n - s, n, a), shape.slice_axis(x, 0, n - s, a)],
+                             axis=a)
+    return x

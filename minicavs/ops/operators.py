@@ -2,14 +2,17 @@
 
 Every operator is elementwise and broadcasts, as in NumPy and PyTorch: ``a == b`` and
 ``a != b`` are boolean tensors (never a Python bool; a Tensor still hashes by identity), ``&``,
-``|``, ``^`` and ``~`` are logical operations on boolean tensors, and ``x ** y`` takes a number
-or a tensor as the exponent (``2 ** x`` too). Operands are promoted to one dtype by the op
+``|``, ``^`` and ``~`` are logical operations on boolean tensors and bitwise ones on integers,
+``<<`` and ``>>`` shift integers, ``//`` and ``%`` are floor division and Python's remainder
+(the sign of the divisor), and ``x ** y`` takes a number or a tensor as the exponent
+(``2 ** x`` too). Operands are promoted to one dtype by the op
 registry (registry.py, "Type promotion").
 """
 
 import numpy as np
 
-from . import activations, elementwise as ew, indexing, linalg, reduce, shape
+from . import (activations, arithmetic, bitwise, elementwise as ew, indexing, linalg, reduce,
+               scan, scattering, shape, sorting)
 from ..errors import UnsupportedError
 
 
@@ -36,19 +39,22 @@ def _binary(fn, reflected=False):
     return operator
 
 
-def _logical(fn, symbol):
+def _bitwise(logical, bits, symbol):
+    """``&``, ``|``, ``^``: logical on two bools, bitwise on integers (a bool with an integer
+    is promoted to the integer type, as in NumPy and PyTorch); floats are refused."""
     def operator(self, other):
         other = _operand(other)
         if other is None:
             return NotImplemented
-        for x in (self, other):
-            kind = np.dtype(getattr(x, "dtype", type(x))).kind
-            if kind != "b":
+        dtypes = [np.dtype(getattr(x, "dtype", type(x))) for x in (self, other)]
+        kinds = [d.kind for d in dtypes]
+        for dtype in dtypes:
+            if dtype.kind not in "biu":
                 raise UnsupportedError(f"operator {symbol}: minicavs defines it on boolean "
-                                       f"tensors (a logical operation), got dtype "
-                                       f"{np.dtype(x.dtype)}; for numbers compare first, e.g. "
-                                       f"(x > 0) {symbol} (y > 0)")
-        return fn(self, other)
+                                       f"tensors (a logical operation) and integer tensors "
+                                       f"(bitwise), got dtype {dtype}; for floats compare "
+                                       f"first, e.g. (x > 0) {symbol} (y > 0)")
+        return logical(self, other) if kinds == ["b", "b"] else bits(self, other)
     return operator
 
 
@@ -68,19 +74,25 @@ class OperatorMixin:
     __lt__, __le__ = _binary(ew.less), _binary(ew.less_equal)
     __eq__, __ne__ = _binary(ew.equal), _binary(ew.not_equal)
     __hash__ = object.__hash__  # by identity, as PyTorch's tensors (== is elementwise)
-    __and__ = __rand__ = _logical(ew.logical_and, "&")
-    __or__ = __ror__ = _logical(ew.logical_or, "|")
-    __xor__ = __rxor__ = _logical(ew.logical_xor, "^")
+    __mod__, __rmod__ = _binary(arithmetic.remainder), _binary(arithmetic.remainder, True)
+    __floordiv__ = _binary(arithmetic.floor_divide)
+    __rfloordiv__ = _binary(arithmetic.floor_divide, reflected=True)
+    __lshift__, __rlshift__ = _binary(bitwise.left_shift), _binary(bitwise.left_shift, True)
+    __rshift__, __rrshift__ = _binary(bitwise.right_shift), _binary(bitwise.right_shift, True)
+    __and__ = __rand__ = _bitwise(ew.logical_and, bitwise.bitwise_and, "&")
+    __or__ = __ror__ = _bitwise(ew.logical_or, bitwise.bitwise_or, "|")
+    __xor__ = __rxor__ = _bitwise(ew.logical_xor, bitwise.bitwise_xor, "^")
 
     def __neg__(self): return ew.neg(self)
     def __pos__(self): return self
     def __abs__(self): return ew.abs(self)
 
     def __invert__(self):
-        if np.dtype(self.dtype) != np.bool_:
+        if np.dtype(self.dtype).kind not in "biu":
             raise UnsupportedError(f"operator ~: minicavs defines it on boolean tensors "
-                                   f"(logical not), got dtype {np.dtype(self.dtype)}")
-        return ew.logical_not(self)
+                                   f"(logical not) and integer tensors (bitwise not), got "
+                                   f"dtype {np.dtype(self.dtype)}")
+        return bitwise.bitwise_not(self)
 
     @property
     def ndim(self):
@@ -126,6 +138,42 @@ class OperatorMixin:
     def astype(self, dtype): return ew.astype(self, dtype)
     def masked_fill(self, mask, value): return indexing.masked_fill(self, mask, value)
     def softmax(self, axis=-1): return activations.softmax(self, axis)
+    def trunc(self): return arithmetic.trunc(self)
+    def fmod(self, other): return arithmetic.fmod(self, other)
+    def remainder(self, other): return arithmetic.remainder(self, other)
+    def copysign(self, other): return arithmetic.copysign(self, other)
+
+    def isclose(self, other, rtol=1e-5, atol=1e-8, equal_nan=False):
+        return arithmetic.isclose(self, other, rtol, atol, equal_nan)
+
+    def allclose(self, other, rtol=1e-5, atol=1e-8, equal_nan=False):
+        return arithmetic.allclose(self, other, rtol, atol, equal_nan)
+
+    # sorting, running products and extrema, scatters
+    def sort(self, axis=-1, descending=False, stable=True):
+        return sorting.sort(self, axis, descending, stable)
+
+    def argsort(self, axis=-1, descending=False, stable=True):
+        return sorting.argsort(self, axis, descending, stable)
+
+    def topk(self, k, axis=-1, largest=True, sorted=True):  # noqa: A002 (PyTorch's name)
+        return sorting.topk(self, k, axis, largest, sorted)
+
+    def unique(self, sorted=True, return_inverse=False, return_counts=False,  # noqa: A002
+               axis=None):
+        return sorting.unique(self, sorted, return_inverse, return_counts, axis)
+
+    def cumprod(self, axis=-1): return scan.cumprod(self, axis)
+    def cummax(self, axis=-1): return scan.cummax(self, axis)
+    def cummin(self, axis=-1): return scan.cummin(self, axis)
+    def roll(self, shift, axis=None): return indexing.roll(self, shift, axis)
+    def scatter(self, axis, index, src=None, value=None, reduce=None):
+        return scattering.scatter(self, axis, index, src, value, reduce)
+
+    def scatter_add(self, axis, index, src): return scattering.scatter_add(self, axis, index, src)
+
+    def scatter_reduce(self, axis, index, src, reduce, include_self=True):
+        return scattering.scatter_reduce(self, axis, index, src, reduce, include_self)
 
     # shapes
     def reshape(self, *shape_):
