@@ -225,6 +225,11 @@ class AutoBatch:
             elif isinstance(a, Tensor) and a.requires_grad:  # a parameter, by identity
                 parts.append(id(a))  # (its signature keeps it alive)
                 needs_grad = True
+            elif (type(a) is np.ndarray or type(a) is Tensor) and a.ndim:
+                # data (a word id, a label): a row of its own, keyed by shape and dtype as
+                # _classify keys it
+                parts.append((a.shape, a.dtype.str))
+                sources.append(self._leaf(a))
             else:
                 return None
         if not sources:

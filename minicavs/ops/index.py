@@ -185,5 +185,7 @@ def one_hot(labels, num_classes, dtype):
 def embedding(table, ids):
     """Look up rows of ``table`` for integer ``ids`` of any shape: result ``ids.shape + (D,)``."""
     ids_shape = tuple(ids.shape)
-    rows = take_rows(table, shape.reshape(ids, (-1,)))
+    # plain data (a NumPy id) is reshaped by NumPy: no op to record for it
+    flat = ids.reshape(-1) if type(ids) is np.ndarray else shape.reshape(ids, (-1,))
+    rows = take_rows(table, flat)
     return shape.reshape(rows, ids_shape + tuple(table.shape[1:]))

@@ -93,8 +93,9 @@ def softmax_cross_entropy(logits, labels, reduction="mean"):
 
 
 def _reduce(name, losses, reduction, total_weight=None):
-    if reduction == "none":
-        return losses
+    if reduction == "none" or (total_weight is None and reduction in ("sum", "mean")
+                               and tuple(losses.shape) == ()):
+        return losses  # (the sum or mean of one loss is that loss: no op for it)
     if reduction == "sum":
         return reduce.sum(losses)
     if reduction == "mean":
