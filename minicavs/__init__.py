@@ -34,9 +34,9 @@ from .ops import (abs, add, all, any, argmax, argmin, astype, binary_cross_entro
                   silu, sin, slice_axis, softmax, softmax_cross_entropy, softplus, split, sqrt,
                   squeeze, stack, std, sub, sum, take, take_rows, tanh, tile, transpose, tril,
                   triu, var, where)
-from .ops import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, avg_pool2d, conv1d,
-                  conv2d, conv_transpose1d, conv_transpose2d, fold, interpolate, max_pool1d,
-                  max_pool2d, unfold)
+from .ops import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, avg_pool2d, avg_pool3d,
+                  conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d, fold,
+                  interpolate, max_pool1d, max_pool2d, max_pool3d, unfold)
 from .autodiff import (Graph, Parameter, Symbol, Tensor, enable_grad, from_dlpack, gradcheck,
                        grad_graph, is_grad_enabled, no_grad, spec, trace, tensor)
 from .autodiff.creation import (arange, eye, full, full_like, ones, ones_like, rand, rand_like,

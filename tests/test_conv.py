@@ -74,6 +74,13 @@ def _cases():
                                  lambda F, x, w: F.conv2d(x, w, padding="valid")),
         "conv2d unbatched (C, H, W)": ([x[0], _normal(3, 4, 3, 3), _normal(3)],
                                        lambda F, x, w, b: F.conv2d(x, w, b, stride=2)),
+        "conv3d (the NumPy path: 3-D windows)": (
+            [_normal(2, 2, 5, 4, 6), _normal(4, 1, 2, 3, 2)],
+            lambda F, x, w: F.conv3d(x, w, stride=(1, 2, 1), padding=1, dilation=(2, 1, 1),
+                                     groups=2)),
+        "max_pool3d, avg_pool3d": (
+            [_distinct(1, 2, 5, 4, 6)],
+            lambda F, x: F.max_pool3d(x, 2, padding=1) * 2 + F.avg_pool3d(x, 2, padding=1)),
         "conv1d": ([x1, _normal(3, 4, 4), _normal(3)],
                    lambda F, x, w, b: F.conv1d(x, w, b, stride=2, padding=1)),
         "conv1d same, even kernel": ([x1, _normal(4, 2, 4)],

@@ -21,9 +21,9 @@ from .loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cross
                    nll_loss, softmax_cross_entropy)
 from .composite import linear, lstm_gates
 from .cells import lstm_cell
-from .conv import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, avg_pool2d, conv1d,
-                   conv2d, conv_transpose1d, conv_transpose2d, fold, interpolate, max_pool1d,
-                   max_pool2d, unfold)
+from .conv import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, avg_pool2d, avg_pool3d,
+                   conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d, fold,
+                   interpolate, max_pool1d, max_pool2d, max_pool3d, unfold)
 from .operators import OperatorMixin
 
 PRIMITIVES = sorted(OPS)

@@ -255,6 +255,13 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _conv("conv2d", 2, x, weight, bias, stride, padding, dilation, groups)
 
 
+def conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """PyTorch's ``conv3d``: ``x`` (N, C, D, H, W) or (C, D, H, W), ``weight``
+    (O, C / groups, kD, kH, kW) (windows on the NumPy/CuPy path: the native loops are 1-D and
+    2-D)."""
+    return _conv("conv3d", 3, x, weight, bias, stride, padding, dilation, groups)
+
+
 def _conv_transpose(name, nd, x, weight, bias, stride, padding, output_padding, groups,
                     dilation):
     lead, channels = _spatial_input(name, x, nd)
@@ -368,6 +375,11 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     return _max_pool("max_pool2d", 2, x, kernel_size, stride, padding, dilation, ceil_mode)
 
 
+def max_pool3d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """The maximum of each window of ``x`` (N, C, D, H, W) or (C, D, H, W)."""
+    return _max_pool("max_pool3d", 3, x, kernel_size, stride, padding, dilation, ceil_mode)
+
+
 def _avg_pool(name, nd, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
               divisor_override):
     kernel, stride, dilation, sides = _pool_geometry(name, nd, x, kernel_size, stride, padding,
@@ -405,6 +417,13 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_in
     """The mean of each window of ``x`` (N, C, H, W) or (C, H, W), as PyTorch's
     ``avg_pool2d``: padding counts as zeros (``count_include_pad``: in the divisor too)."""
     return _avg_pool("avg_pool2d", 2, x, kernel_size, stride, padding, ceil_mode,
+                     count_include_pad, divisor_override)
+
+
+def avg_pool3d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    """The mean of each window of ``x`` (N, C, D, H, W) or (C, D, H, W)."""
+    return _avg_pool("avg_pool3d", 3, x, kernel_size, stride, padding, ceil_mode,
                      count_include_pad, divisor_override)
 
 
@@ -581,6 +600,6 @@ def fold(cols, output_size, kernel_size, dilation=1, padding=0, stride=1):
     return _fold(grid, size, kernel, stride, dilation, pads)
 
 
-__all__ = ["conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "max_pool1d",
-           "max_pool2d", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d",
+__all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "max_pool1d",
+           "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d",
            "adaptive_avg_pool2d", "interpolate", "unfold", "fold"]
