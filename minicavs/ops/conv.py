@@ -403,7 +403,7 @@ def _avg_pool(name, nd, x, kernel_size, stride, padding, ceil_mode, count_includ
         counted = np.ones(tuple(n + 2 * b for n, (b, _) in zip(size, sides)))
         sides = tuple((0, a - b) for b, a in sides)
     counts = _unfold_arrays(np, counted, kernel, stride, dilation, sides, 0.0)
-    return total / counts.sum(axis=tuple(range(nd))).astype(dtype)
+    return total / indexing._on_device_of(x, counts.sum(axis=tuple(range(nd))).astype(dtype))
 
 
 def avg_pool1d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
@@ -442,13 +442,13 @@ def _output_size(name, x, nd, size):
 
 def _along(x, matrix, axis_from_end, dtype):
     """``matrix`` (out, in) applied along axis -``axis_from_end`` of ``x``."""
-    m = np.asarray(matrix, dtype=dtype)
+    m = indexing._on_device_of(x, np.ascontiguousarray(matrix, dtype=dtype))
     if axis_from_end == 1:
         return linalg.matmul(x, m.T)
     if axis_from_end == 2:
         return linalg.matmul(m, x)
     moved = indexing.moveaxis(x, -axis_from_end, -1)
-    return indexing.moveaxis(linalg.matmul(moved, m.T), -1, -axis_from_end)
+    return indexing.moveaxis(linalg.matmul(moved, m.T), -1, -axis_from_end)  # (3-D: D axis)
 
 
 def _float_dtype(x):
