@@ -4,6 +4,7 @@
     python benchmarks/run.py                    # the full run (tens of minutes on 2 cores)
     python benchmarks/run.py --workloads tree_lstm --systems minicavs,dynet --epochs 5
     python benchmarks/run.py --cuda             # on a GPU: minicavs-cuda against PyTorch CUDA
+    python benchmarks/run.py --lrcn             # conv2d and the LRCN example against PyTorch
 
 Every (workload, system) pair trains in its own subprocess, one after another, so peak RSS and
 thread pools do not mix. Prints a table per workload (throughput, minicavs ÷ each system, share
@@ -79,6 +80,9 @@ def parse_args(argv=None):
     parser.add_argument("--autobatch", action="store_true",
                         help="instead: the autobatching table (backward-batching paper, "
                              "Table 2) of benchmarks/autobatch_table.py")
+    parser.add_argument("--lrcn", action="store_true",
+                        help="instead: conv2d on a LeNet batch and the LRCN of "
+                             "examples/lrcn.py against PyTorch (benchmarks/lrcn.py)")
     parser.add_argument("--cuda", action="store_true",
                         help=f"the GPU comparison: {' and '.join(CUDA_SYSTEMS)} on "
                              f"{CUDA_WORKLOAD} over the whole SST training set "
@@ -153,6 +157,10 @@ def main(argv=None):
     if args.autobatch:  # its own table: every system writes the same plain models
         from benchmarks import autobatch_table
         return autobatch_table.main(["--threads", str(args.threads or 2)])
+    if args.lrcn:  # its own table too: one process per system and part
+        from benchmarks import lrcn
+        return lrcn.main(["--threads", str(1 if args.quick else args.threads)]
+                         + (["--part", "conv"] if args.quick else []))
     started = time.time()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,9 @@ from .ops import (SortResult, allclose, argsort, bitwise_and, bitwise_not, bitwi
                   isclose, left_shift, mod, put_along_axis_add, remainder, right_shift, roll,
                   scatter, scatter_add, scatter_reduce, sort, take_along_axis, topk, trunc,
                   unique)
+from .ops import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, avg_pool2d, avg_pool3d,
+                  conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d, fold,
+                  interpolate, max_pool1d, max_pool2d, max_pool3d, unfold)
 from .autodiff import (Graph, Parameter, Symbol, Tensor, enable_grad, from_dlpack, gradcheck,
                        grad_graph, is_grad_enabled, no_grad, spec, trace, tensor)
 from .autodiff.creation import (arange, eye, full, full_like, ones, ones_like, rand, rand_like,

@@ -71,6 +71,17 @@ def _cases():
              lambda pre, c: mc.concat(list(mc.lstm_gates(pre, c)), axis=1)),
         Case("lstm_cell (two forget gates) and its gradient",
              lambda r: [f(r, 3, 10), f(r, 3, 2), f(r, 3, 2)], mc.lstm_cell),
+        Case("conv2d max_pool2d conv_transpose2d (unfold, fold)",
+             lambda r: [f(r, 2, 3, 6, 5), f(r, 4, 3, 3, 2), f(r, 4, 2, 2, 2)],
+             lambda x, w, wt: mc.conv_transpose2d(mc.max_pool2d(
+                 mc.conv2d(x, w, stride=(1, 2), padding=1), 2, 1, 1, ceil_mode=True), wt,
+                 stride=2, groups=2)),
+        Case("avg_pool2d adaptive_avg_pool2d interpolate (NumPy constants moved to the GPU)",
+             lambda r: [f(r, 2, 3, 6, 5)],
+             lambda x: mc.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False)
+             + mc.adaptive_avg_pool2d(x, (4, 3))
+             + mc.interpolate(x, size=(4, 3), mode="bilinear")
+             + mc.interpolate(x, size=(4, 3), mode="nearest")),
         Case("minimum min prod power", lambda r: [f(r, 3, 4), f(r, 3, 4)],
              lambda a, b: mc.minimum(a, b) + mc.min(a, axis=1, keepdims=True)
              + mc.prod(a, axis=0) + mc.exp(a) ** b),

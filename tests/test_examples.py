@@ -125,6 +125,17 @@ def test_td_tree_lstm_example(capsys):
     assert "trees/s" in capsys.readouterr().out.strip().splitlines()[-1]
 
 
+def test_lrcn_example_learns(capsys):
+    # past the first plateau (the CNN learning to read): the loss falls well below ln 10
+    # and the sequence accuracy is three times chance (0.1), in about seven seconds
+    result = _example("lrcn").main(["--epochs", "6", "--sequences", "2000", "--max-length", "3",
+                                    "--batch-size", "16", "--no-progress"])
+    assert result["losses"][0] > 2.2 and result["losses"][-1] < 1.6
+    assert result["accuracy"] > 0.2 and result["frames_per_second"] > 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("lrcn: held-out accuracy") and "frames/s" in last
+
+
 def test_examples_explain_their_options():
     for path in sorted(EXAMPLES.glob("*.py")):
         module = _example(path.stem)

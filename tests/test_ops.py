@@ -596,6 +596,42 @@ def test_softmax_cross_entropy_grad(data, num_classes):
                         [logits, labels, g])
 
 
+@covers("unfold", "fold")
+@given(data=st.data(), nd=st.integers(1, 2))
+def test_unfold_and_fold_are_windows_and_their_adjoint(data, nd):
+    """unfold(x)[..., k, o] = x_pad[..., o·s + k·d] for each kernel offset k and output position
+    o (per spatial axis), padding filled with ``value``; fold is its adjoint:
+    <unfold(x), c> = <x, fold(c)>. Both gradient-checked (each one's VJP is the other)."""
+    from minicavs.ops.conv import _fold, _unfold
+
+    kernel = tuple(data.draw(st.integers(1, 3)) for _ in range(nd))
+    stride = tuple(data.draw(st.integers(1, 2)) for _ in range(nd))
+    dilation = tuple(data.draw(st.integers(1, 2)) for _ in range(nd))
+    padding = tuple((data.draw(st.integers(0, 1)), data.draw(st.integers(0, 2)))
+                    for _ in range(nd))
+    size = tuple(max(d * (k - 1) + 1 - b - a, 1) + data.draw(st.integers(0, 3))
+                 for k, d, (b, a) in zip(kernel, dilation, padding))
+    lead = data.draw(shapes(max_dims=2, min_side=1, max_side=2))
+    x = data.draw(float_arrays(lead + size))
+    value = data.draw(st.sampled_from([0.0, -np.inf]))
+    padded = np.pad(x, [(0, 0)] * len(lead) + list(padding), constant_values=value)
+    out = tuple((n + b + a - d * (k - 1) - 1) // s + 1
+                for n, k, s, d, (b, a) in zip(size, kernel, stride, dilation, padding))
+    expected = np.empty(lead + kernel + out)
+    for k in np.ndindex(*kernel):
+        for o in np.ndindex(*out):
+            source = tuple(oi * s + ki * d for oi, ki, s, d in zip(o, k, stride, dilation))
+            expected[(Ellipsis,) + k + o] = padded[(Ellipsis,) + source]
+    check(_unfold(t(x), kernel, stride, dilation, padding, value), expected, rtol=0, atol=0)
+    cols = data.draw(float_arrays(lead + kernel + out))
+    folded = _fold(t(cols), size, kernel, stride, dilation, padding)
+    finite = np.where(np.isfinite(expected), expected, 0.0)
+    np.testing.assert_allclose(np.sum(finite * cols), np.sum(x * folded.numpy()), rtol=1e-12,
+                               atol=1e-12)
+    assert mc.gradcheck(lambda x: _unfold(x, kernel, stride, dilation, padding), [x])
+    assert mc.gradcheck(lambda c: _fold(c, size, kernel, stride, dilation, padding), [cols])
+
+
 def test_softmax_cross_entropy_is_stable_for_large_logits():
     logits = t(np.array([[1000.0, -1000.0], [-1000.0, 1000.0]], dtype=np.float32),
                requires_grad=True)

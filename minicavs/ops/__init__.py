@@ -30,6 +30,9 @@ from .sorting import (SortResult, argsort, put_along_axis_add, sort, take_along_
 from .scan import cummax, cummin, cumprod
 from .scattering import scatter, scatter_add, scatter_reduce
 from .contraction import einsum
+from .conv import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, avg_pool2d, avg_pool3d,
+                   conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d, fold,
+                   interpolate, max_pool1d, max_pool2d, max_pool3d, unfold)
 from .operators import OperatorMixin
 
 PRIMITIVES = sorted(OPS)
