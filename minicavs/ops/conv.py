@@ -510,8 +510,8 @@ _MODES = {"nearest": 1, "nearest-exact": 1, "linear": 1, "bilinear": 2, "area": 
 
 
 def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None):
-    """PyTorch's ``interpolate`` for ``x`` (N, C, *spatial): ``size`` or ``scale_factor``
-    (an int/float or one per spatial axis); ``mode`` "nearest" (PyTorch's legacy rule
+    """PyTorch's ``interpolate`` for ``x`` of shape ``(N, C, *spatial)``: ``size`` or
+    ``scale_factor`` (an int/float or one per spatial axis); ``mode`` "nearest" (PyTorch's legacy rule
     floor(dst · scale)), "nearest-exact", "linear" (1 spatial axis), "bilinear" (2), or
     "area" (adaptive average pooling). ``align_corners`` only for the linear modes. With a
     ``scale_factor`` the source coordinates use 1 / scale_factor, as PyTorch does."""
