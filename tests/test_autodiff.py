@@ -401,3 +401,28 @@ def test_default_dtype_must_be_float():
         assert t([1.0]).dtype == np.float64
     finally:
         mc.set_default_dtype(previous)
+
+
+def test_backward_skips_the_product_for_an_input_that_needs_no_gradient(monkeypatch):
+    """matmul's VJP computes no gradient for data (an image batch, features): one product in
+    backward instead of two, and the weight's gradient unchanged."""
+    from minicavs.ops import linalg
+
+    rng = np.random.default_rng(0)
+    x = mc.tensor(rng.normal(size=(5, 4, 3)))  # data: no gradient wanted
+    W = mc.Parameter(rng.normal(size=(3, 2)))
+    loss = mc.sum(mc.tanh(x @ W))
+    calls = []
+    real = linalg.matmul
+    monkeypatch.setattr(linalg, "matmul", lambda a, b: calls.append((a.shape, b.shape))
+                        or real(a, b))
+    loss.backward()
+    assert len(calls) == 1 and x.grad is None
+    h = np.tanh(x.numpy() @ W.numpy())
+    np.testing.assert_allclose(W.grad.numpy(), np.einsum("nki,nkj->ij", x.numpy(), 1 - h * h),
+                               rtol=1e-12)
+    x2 = mc.tensor(x.numpy(), requires_grad=True)  # wanted: both products run
+    calls.clear()
+    W.grad = None
+    mc.sum(mc.tanh(x2 @ W)).backward()
+    assert len(calls) == 2 and x2.grad is not None

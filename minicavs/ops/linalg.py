@@ -6,7 +6,8 @@ import numpy as np
 from . import batching, elementwise, shape
 from .. import backend
 from ..cpu import kernels as native_kernels
-from .registry import Aval, Op, apply, broadcast_shapes, common_dtype, describe, register
+from .registry import (Aval, Op, apply, broadcast_shapes, common_dtype, describe, needs_grad,
+                       register)
 from .rows import FULL, intersect, is_empty
 from ..errors import GraphError, ShapeError
 
@@ -43,15 +44,19 @@ def _matmul_vjp(g, out, a, b):
     a2, b2 = shape.reshape(a, a2_shape), shape.reshape(b, b2_shape)
     g2 = shape.reshape(g, tuple(out.shape[:len(out.shape) - (len(a.shape) > 1) - (len(b.shape) > 1)])
                        + (a2_shape[-2], b2_shape[-1]))
-    grad_a = elementwise.unbroadcast(matmul(g2, _swap_last(b2)), a2_shape)
-    if len(b2_shape) == 2 and len(a2_shape) > 2:
+    # (a product for an input that needs no gradient — data, an image batch — is skipped)
+    grad_a = grad_b = None
+    if needs_grad(a):
+        grad_a = elementwise.unbroadcast(matmul(g2, _swap_last(b2)), a2_shape)
+        grad_a = shape.reshape(grad_a, tuple(a.shape))
+    if needs_grad(b) and len(b2_shape) == 2 and len(a2_shape) > 2:
         # A weight matrix shared over a batch: one large GEMM instead of a batched one and a sum.
         k, n = b2_shape
         rows = int(np.prod(a2_shape[:-1]))  # not -1: that is ambiguous when k or n is 0
         grad_b = matmul(_swap_last(shape.reshape(a2, (rows, k))), shape.reshape(g2, (rows, n)))
-    else:
+    elif needs_grad(b):
         grad_b = elementwise.unbroadcast(matmul(_swap_last(a2), g2), b2_shape)
-    return shape.reshape(grad_a, tuple(a.shape)), shape.reshape(grad_b, tuple(b.shape))
+    return grad_a, None if grad_b is None else shape.reshape(grad_b, tuple(b.shape))
 
 
 def _batch_matmul(op, items, attrs, out):

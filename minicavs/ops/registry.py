@@ -158,6 +158,13 @@ def is_scalar(x):
     return isinstance(x, _SCALARS)
 
 
+def needs_grad(x):
+    """Whether a VJP must compute the gradient of input ``x``: False only for an eager tensor
+    that requires none (data), so a VJP may skip an expensive term and return None for it;
+    symbolic inputs always say True (their graph drops unused terms itself)."""
+    return getattr(x, "requires_grad", True) is not False
+
+
 # --- type promotion ---------------------------------------------------------------------------
 
 _KIND_ORDER = {"b": 0, "u": 1, "i": 1, "f": 2}  # bool < integer < float
