@@ -8,7 +8,10 @@ The corpus is one stream of tokens cut into rows of 64 (+1 for the targets). The
 (B, 64) batch — embedding, 64 LSTM steps, softmax layer, loss — and traced once with
 ``mc.symbolic`` into a static graph (one per batch size), whose backward graph is derived
 once: the static-declaration end of the spectrum (Cavs Fig. 2a), for comparison with the
-vertex-centric Var-LSTM. The last line gives the held-out perplexity and words per second.
+vertex-centric Var-LSTM. The last line gives the held-out perplexity — exp of the mean
+cross-entropy per predicted word, each sentence's <eos> counted as a word — the data it
+trained on, and words per second. Each row starts from a zero state (the model's design), and
+the held-out tail too short for a row is not scored; the line says how many words were.
 """
 
 import argparse
@@ -59,8 +62,11 @@ def main(argv=None):
 
     result = model.evaluate(training.prepare_all(model, held_out_rows, args.batch_size))
     rate = training.throughput(history)
+    scored = len(held_out_rows) * args.steps
     comm.log(f"fixed_lstm_lm: held-out loss {result['loss']:.4f}  perplexity "
-             f"{result['perplexity']:.2f}  {rate:.1f} rows/s ({rate * args.steps:.0f} words/s)")
+             f"{result['perplexity']:.2f} (per word, <eos> counted: {scored} of "
+             f"{sum(len(s) for s in held_out)} words; trained on {source})  {rate:.1f} rows/s "
+             f"({rate * args.steps:.0f} words/s)")
     return {"held_out": result, "rows_per_second": rate}
 
 

@@ -8,7 +8,9 @@ The vertex function (minicavs.models.VarLSTMLanguageModel) pulls the embedding o
 previous token, gathers the previous step's [h, c] and pushes h; the softmax layer runs
 outside F as one product over all words of the batch. A batch runs as many levels as its
 longest sentence, and each level holds only the sentences still going: no padding is computed.
-The last line gives the held-out perplexity and the throughput in words per second.
+The last line gives the held-out perplexity the standard way — exp of the mean cross-entropy
+per word, the <eos> ending each sentence counted as a word — the data it trained on, and the
+throughput in words per second.
 """
 
 import argparse
@@ -49,8 +51,11 @@ def main(argv=None):
     result = model.evaluate(training.prepare_all(model, held_out, 256))
     words = sum(len(s) for s in train) * len(history)
     seconds = sum(stats.seconds for stats, _ in history)
+    targets = sum(len(s) for s in held_out)
     comm.log(f"var_lstm_lm: held-out loss {result['loss']:.4f}  perplexity "
-             f"{result['perplexity']:.2f}  {training.throughput(history):.0f} sentences/s "
+             f"{result['perplexity']:.2f} (per word, <eos> counted: {targets} words of "
+             f"{len(held_out)} sentences; trained on {source})  "
+             f"{training.throughput(history):.0f} sentences/s "
              f"({words / seconds if seconds else float('nan'):.0f} words/s)")
     return {"held_out": result, "sentences_per_second": training.throughput(history)}
 

@@ -42,8 +42,10 @@ with batch N*B (same seed, same order). Rank 0 evaluates, prints and writes the 
 
 With the defaults the Tree-LSTM reaches 99.7% fine-grained and 99.9% binary root accuracy on
 the 2,210 synthetic test trees (seed 0; seeds 1 and 2: 100% and 100%), in about 7 s on a
-2-core machine (about 6,000-7,500 training trees/s after the first epoch). On SST (--data) it overfits after 2-4
-epochs without pretrained embeddings: 43-47% fine-grained, 71-80% binary.
+2-core machine (about 6,000-7,500 training trees/s after the first epoch). On SST (--data) it
+overfits after 2-4 epochs without pretrained embeddings: 43-47% fine-grained. The papers'
+protocols and settings are options of examples/tree_lstm.py; docs/results.md has what they
+reach.
 """
 
 

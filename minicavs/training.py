@@ -24,8 +24,8 @@ from . import backend, validate
 from .distributed import (DEFAULT_TIMEOUT, DistributedSampler, LocalCommunicator,
                           create_communicator, launched_by_mpi, shard)
 from .data.batches import minibatches  # noqa: F401 (the training loop's, re-exported)
-from .errors import MinicavsError
-from .nn import clip_grad_norm
+from .errors import ArgumentError, MinicavsError
+from .nn import Adagrad, Adam, clip_grad_norm
 
 # The BLAS thread count is the backend's (set_blas_threads documents why one is the default).
 set_blas_threads, get_blas_threads = backend.set_blas_threads, backend.get_blas_threads
@@ -190,10 +190,23 @@ def format_metrics(metrics, prefix=""):
     return "  ".join(parts)
 
 
+def best_epoch(history, metric):
+    """The epoch (from 1) of ``history`` (:func:`fit`'s) whose dev ``metric`` is highest; the
+    earliest of equals. None when no epoch has the metric."""
+    scores = [metrics.get(metric, float("nan")) for _, metrics in history]
+    finite = [(-score, epoch) for epoch, score in enumerate(scores, start=1)
+              if np.isfinite(score)]
+    return min(finite)[1] if finite else None
+
+
 def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=None,
         progress=True, unit="sample", start_epoch=0, eval_batch_size=256, on_epoch_end=None,
-        log=None, comm=None):
+        log=None, comm=None, keep_best=None):
     """Train for epochs ``start_epoch + 1 .. epochs``, evaluating on ``dev`` after each.
+
+    With ``keep_best`` (a dev metric, e.g. ``"fine"``) the model ends with the weights of the
+    epoch of highest dev ``keep_best`` (:func:`best_epoch`), not the last: the papers report
+    the test accuracy of the model selected on dev (Socher et al. 2013; Tai et al. 2015).
 
     The data order of epoch k depends only on (seed, k), so a resumed run sees the same
     batches as one that never stopped. ``on_epoch_end(epoch, stats, dev_metrics)`` runs after
@@ -217,8 +230,10 @@ def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=N
     comm.broadcast_optimizer_state(optimizer)
     sampler = DistributedSampler(train, batch_size, rank=comm.rank, size=comm.size, seed=seed)
     dev_batches = prepare_all(model, dev, eval_batch_size) if dev and comm.is_root else None
-    history = []
+    history, best = [], None  # best: (dev score, epoch, weights)
     for epoch in range(start_epoch + 1, epochs + 1):
+        if hasattr(model, "train"):
+            model.train()  # dropout on; evaluate() switches it off for its own pass
         stats = train_epoch(model, optimizer, sampler.global_batches(epoch), comm=comm,
                             clip=clip, progress=progress, desc=f"epoch {epoch}/{epochs}",
                             unit=unit)
@@ -227,8 +242,13 @@ def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=N
         log(f"epoch {epoch}/{epochs}  train loss {stats.loss:.4f}  "
             f"{format_metrics(metrics, 'dev ')}  "
             f"{stats.samples_per_second:.0f} {unit}s/s  ({stats.seconds:.1f} s)")
+        if keep_best and best_epoch(history, keep_best) == len(history):
+            best = (metrics[keep_best], epoch, model.state_dict())
         if on_epoch_end is not None:
             on_epoch_end(epoch, stats, metrics)
+    if best is not None and best[1] != epochs:
+        model.load_state_dict(best[2])
+        log(f"kept the weights of epoch {best[1]} (dev {keep_best} {best[0]:.3f}, the best)")
     return history
 
 
@@ -287,3 +307,162 @@ def report_root_accuracy(name, model, splits, history, comm=None):
         f"binary {dev['binary']:.3f}, test fine {test['fine']:.3f} binary "
         f"{test['binary']:.3f}  {speed:.0f} trees/s")
     return {"dev": dev, "test": test, "trees_per_second": speed}
+
+
+# --- the SST papers' protocols and settings (the tree examples) ------------------------------
+
+def add_sst_arguments(parser):
+    """The options of the papers' SST experiments (Socher et al. 2013; Tai et al. 2015)."""
+    group = parser.add_argument_group("the SST papers' protocols and training settings")
+    group.add_argument("--task", choices=["fine", "binary"], default="fine",
+                       help="fine: 5 classes, root accuracy; binary: neutral sentences "
+                            "dropped, a 2-class model trained on the non-neutral phrases and "
+                            "scored on the roots (minicavs.data.sst_task; default fine)")
+    group.add_argument("--optimizer", choices=["adam", "adagrad"], default="adam",
+                       help="adam, or adagrad as in both papers (default adam)")
+    group.add_argument("--embed-lr", type=validate.real(minimum=0, open_minimum=True),
+                       default=None, help="learning rate of the word embeddings (Tai et al.: "
+                                          "0.1; default --lr)")
+    group.add_argument("--l2", type=validate.real(minimum=0), default=0.0,
+                       help="L2 penalty on the weights other than the embeddings, added to "
+                            "the gradient per target (Tai et al.: 1e-4; default 0)")
+    group.add_argument("--embed-l2", type=validate.real(minimum=0), default=0.0,
+                       help="L2 penalty on the word embeddings (default 0)")
+    group.add_argument("--dropout", type=validate.real(minimum=0, maximum=1, open_maximum=True),
+                       default=0.0, help="dropout on the state fed to the classifier, in "
+                                         "training only (Tai et al.: 0.5; default 0)")
+    group.add_argument("--embed-dropout", type=validate.real(minimum=0, maximum=1,
+                                                             open_maximum=True),
+                       default=0.0, help="dropout on the word vectors, in training only "
+                                         "(default 0)")
+    group.add_argument("--seeds", type=validate.count(minimum=1), default=1,
+                       help="train with seeds --seed .. --seed + N - 1 and report the mean "
+                            "and standard deviation of the test accuracy (default 1)")
+    group.add_argument("--word-vectors", metavar="PATH", default=None,
+                       help="pretrained vectors in GloVe's text format for the embedding "
+                            "(its dimension must be the embedding size; words the file "
+                            "lacks keep their random vectors)")
+    group.add_argument("--plot", metavar="PNG", default=None,
+                       help="write the training curves (train and dev loss, dev accuracy "
+                            "per epoch, one line per seed) to this PNG (needs matplotlib: "
+                            "pip install 'minicavs[plot]')")
+
+
+def make_optimizer(args, model):
+    """The optimiser of ``args`` (:func:`add_sst_arguments`) for ``model``: the embedding
+    table in its own parameter group (``--embed-lr``, ``--embed-l2``), the rest with
+    ``--lr`` and ``--l2``."""
+    embedding = [p for name, p in model.named_parameters() if name.startswith("embedding.")]
+    others = [p for name, p in model.named_parameters() if not name.startswith("embedding.")]
+    groups = [{"params": others, "weight_decay": args.l2},
+              {"params": embedding, "weight_decay": args.embed_l2,
+               "lr": args.embed_lr if args.embed_lr is not None else args.lr}]
+    groups = [g for g in groups if g["params"]]
+    if args.optimizer == "adagrad":
+        return Adagrad(groups, lr=args.lr)
+    if args.optimizer == "adam":
+        return Adam(groups, lr=args.lr)
+    raise ArgumentError(f"unknown optimizer {args.optimizer!r}; use adam or adagrad")
+
+
+def load_vectors_into(model, vocab, path, log=print):
+    """``--word-vectors``: the file's vectors into ``model.embedding``; logs how many of the
+    vocabulary's words it had. Returns that count."""
+    from .data import load_word_vectors
+
+    state = model.state_dict()
+    matched = load_word_vectors(path, vocab, state["embedding.weight"])
+    model.load_state_dict(state)
+    log(f"word vectors: {matched} of {len(vocab)} vocabulary words found in {path} "
+        f"({100.0 * matched / max(len(vocab), 1):.1f}%); the others keep their random vectors")
+    return matched
+
+
+def mean_and_std(values):
+    """``(mean, standard deviation)`` of ``values`` (the sample std, n - 1; 0 for one)."""
+    values = np.asarray(values, dtype=np.float64)
+    std = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    return float(values.mean()), std
+
+
+def plot_history(histories, path, metric, title="", log=print):
+    """Training curves to the PNG ``path``: train and dev loss, and dev ``metric``, per epoch,
+    one line per run (``histories``: ``{label: fit()'s history}``). Without matplotlib (the
+    ``plot`` extra) it logs why and writes nothing; returns whether it wrote the file."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log(f"--plot: matplotlib is not installed, so {path} was not written "
+            f"(pip install 'minicavs[plot]')")
+        return False
+    figure, (losses, accuracy) = plt.subplots(1, 2, figsize=(10, 4))
+    for label, history in histories.items():
+        epochs = np.arange(1, len(history) + 1)
+        line, = losses.plot(epochs, [stats.loss for stats, _ in history],
+                            label=f"train {label}")
+        losses.plot(epochs, [m.get("loss", np.nan) for _, m in history], linestyle="--",
+                    color=line.get_color(), label=f"dev {label}")
+        accuracy.plot(epochs, [m.get(metric, np.nan) for _, m in history], label=label)
+    losses.set(xlabel="epoch", ylabel="loss per target", title="loss")
+    accuracy.set(xlabel="epoch", ylabel=f"dev {metric} accuracy", title=f"dev {metric}")
+    losses.legend(fontsize="small")
+    accuracy.legend(fontsize="small")
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    log(f"--plot: training curves written to {path}")
+    return True
+
+
+def sentiment_experiment(name, args, splits, make_model, log=print):
+    """Train ``make_model(num_classes)`` on ``splits`` under ``args.task`` for each of
+    ``args.seeds`` seeds, keep each run's best dev epoch, evaluate it on test, and log one line
+    per seed and the mean ± std. Returns ``{"runs": [...], "test": {metric: (mean, std)},
+    "metric": ...}``; each run holds its seed, best epoch, dev and test metrics, seconds."""
+    from . import data as datasets
+
+    splits = datasets.sst_task(splits, args.task)
+    metric = "fine" if args.task == "fine" else "binary"
+    log(f"{name}: task {args.task} ({datasets.SST_TASKS[args.task]} classes), "
+        f"{len(splits.train)} / {len(splits.dev)} / {len(splits.test)} train / dev / test "
+        f"trees, vocabulary {len(splits.vocab)}")
+    runs, histories = [], {}
+    train = splits.train[:args.train_trees] if getattr(args, "train_trees", None) \
+        else splits.train
+    for seed in range(args.seed, args.seed + args.seeds):
+        started = time.perf_counter()
+        backend.seed(seed)
+        model = make_model(datasets.SST_TASKS[args.task])
+        if args.word_vectors:
+            load_vectors_into(model, splits.vocab, args.word_vectors, log)
+        optimizer = make_optimizer(args, model)
+        history = fit(model, optimizer, train, splits.dev, epochs=args.epochs,
+                      batch_size=args.batch_size, seed=seed, clip=args.clip or None,
+                      unit="tree", progress=args.progress, log=log, keep_best=metric)
+        epoch = best_epoch(history, metric)
+        dev = history[epoch - 1][1] if epoch else model.evaluate(
+            prepare_all(model, splits.dev, 256))
+        test = model.evaluate(prepare_all(model, splits.test, 256))
+        seconds = time.perf_counter() - started
+        runs.append({"seed": seed, "best_epoch": epoch, "dev": dev, "test": test,
+                     "seconds": seconds, "trees_per_second": throughput(history)})
+        histories[f"seed {seed}"] = history
+        log(f"{name} seed {seed}: best dev epoch {epoch} of {len(history)}: dev "
+            f"{format_metrics(dev)}; test {format_metrics(test)}  ({seconds:.0f} s, "
+            f"{throughput(history):.0f} trees/s)")
+    summary = {}
+    for key in runs[0]["test"]:
+        summary[key] = mean_and_std([run["test"][key] for run in runs])
+    log(f"{name}: {args.task} task, test root accuracy {metric} "
+        f"{100 * summary[metric][0]:.1f} ± {100 * summary[metric][1]:.1f} % over "
+        f"{len(runs)} seed(s) (phrases {100 * summary['phrase'][0]:.1f} ± "
+        f"{100 * summary['phrase'][1]:.1f} %), best dev epoch of each: "
+        f"{[run['best_epoch'] for run in runs]}, "
+        f"{sum(run['seconds'] for run in runs):.0f} s in all")
+    if args.plot:
+        plot_history(histories, args.plot, metric, title=f"{name}, SST {args.task}", log=log)
+    return {"runs": runs, "test": summary, "metric": metric}

@@ -53,14 +53,44 @@ def sst_dir(tmp_path):
 def test_tree_lstm_example(capsys):
     result = _example("tree_lstm").main(QUICK + ["--train-size", "64", "--hidden", "8",
                                                  "--embed-dim", "8"])
-    assert 0.0 <= result["test"]["fine"] <= 1.0 and result["trees_per_second"] > 0
+    (run,) = result["runs"]
+    assert 0.0 <= run["test"]["fine"] <= 1.0 and run["trees_per_second"] > 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("tree_lstm: test loss") and "trees/s" in last
+    assert last.startswith("tree_lstm: fine task, test root accuracy fine") and "1 seed" in last
 
 
 def test_tree_lstm_example_reads_sst(sst_dir, capsys):
     result = _example("tree_lstm").main(QUICK + ["--data", str(sst_dir), "--hidden", "4"])
-    assert set(result["test"]) == {"loss", "fine", "binary"}
+    assert set(result["test"]) == {"loss", "fine", "binary", "phrase"}
+
+
+def test_tree_lstm_example_binary_task_with_the_papers_settings(sst_dir, tmp_path, capsys):
+    """--task binary drops the neutral sentence and trains a 2-class model; two seeds give a
+    mean and std; --word-vectors reports its matches; --plot writes a PNG (or says why not)."""
+    vectors = tmp_path / "vectors.txt"
+    vectors.write_text("film 0.1 0.2 0.3 0.4\ngood 0.5 0.6 0.7 0.8\nabsent 1 1 1 1\n")
+    plot = tmp_path / "curves.png"
+    result = _example("tree_lstm").main(
+        ["--epochs", "2", "--no-progress", "--data", str(sst_dir), "--hidden", "4",
+         "--embed-dim", "4", "--task", "binary", "--optimizer", "adagrad", "--lr", "0.05",
+         "--embed-lr", "0.1", "--l2", "1e-4", "--dropout", "0.5", "--embed-dropout", "0.2",
+         "--clip", "5", "--seeds", "2", "--word-vectors", str(vectors), "--plot", str(plot),
+         "--leaf-loss"])
+    out = capsys.readouterr().out
+    assert "2 / 2 / 2 train / dev / test trees" in out  # the neutral third sentence dropped
+    assert out.count("word vectors: 2 of") == 2
+    assert [run["seed"] for run in result["runs"]] == [0, 1]
+    assert set(result["test"]) == {"loss", "binary", "phrase"}
+    accuracies = [run["test"]["binary"] for run in result["runs"]]
+    assert result["test"]["binary"][0] == pytest.approx(np.mean(accuracies))
+    assert result["test"]["binary"][1] == pytest.approx(np.std(accuracies, ddof=1))
+    assert "binary task, test root accuracy binary" in out and "over 2 seed(s)" in out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in out and not plot.exists()
+    else:
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize("model", ["treernn", "rntn", "treelstm"])
@@ -68,8 +98,8 @@ def test_recursive_trees_example(model, sst_dir, capsys):
     result = _example("recursive_trees").main(
         QUICK + ["--model", model, "--data", str(sst_dir), "--hidden", "4", "--embed-dim", "4",
                  "--train-trees", "2"])
-    assert 0.0 <= result["test"]["fine"] <= 1.0
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith(f"{model}: test loss")
+    assert 0.0 <= result["runs"][0]["test"]["fine"] <= 1.0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith(f"{model}: fine task")
 
 
 def test_child_sum_example_on_sst_and_nary_trees(sst_dir):

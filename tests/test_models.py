@@ -181,7 +181,7 @@ def test_predictions_have_one_class_per_vertex():
     assert predicted.min() >= 0 and predicted.max() < 5
     assert 0.0 <= model.root_accuracy(batch) <= 1.0
     result = model.evaluate([batch])
-    assert set(result) == {"loss", "fine", "binary"}
+    assert set(result) == {"loss", "fine", "binary", "phrase"}
 
 
 def test_seq2seq_generates_until_eos():

@@ -9,8 +9,10 @@ root last, ready for ``InputGraph(children=tree.children)``) or int64 id arrays,
 from .batches import minibatches
 from .tree import DataError, Tree, TreebankSplits
 from .vocab import Vocabulary
-from .sst import (binary_accuracy, fine_grained_accuracy, load_sst, parse_tree, read_sst,
-                  root_labels, to_binary)
+from .sst import (SST_TASKS, binary_accuracy, binary_labels, fine_grained_accuracy, load_sst,
+                  parse_tree, phrase_accuracy, polarity, read_sst, root_labels, sst_task,
+                  to_binary)
+from .vectors import load_word_vectors
 from .ptb import EOS, PTBCorpus, batch_sentences, load_ptb, pad_batch, read_ptb
 from .trees import (chain_tree, complete_binary_tree, random_binary_tree, random_nary_tree,
                     random_tree)
@@ -19,7 +21,8 @@ from .synthetic import make_splits, synthetic_labels, synthetic_treebank, synthe
 __all__ = [
     "minibatches", "DataError", "Tree", "TreebankSplits", "Vocabulary",
     "parse_tree", "read_sst", "load_sst", "root_labels", "to_binary", "fine_grained_accuracy",
-    "binary_accuracy",
+    "binary_accuracy", "binary_labels", "SST_TASKS", "sst_task", "polarity", "phrase_accuracy",
+    "load_word_vectors",
     "EOS", "PTBCorpus", "read_ptb", "load_ptb", "batch_sentences", "pad_batch",
     "complete_binary_tree", "random_binary_tree", "random_nary_tree", "chain_tree", "random_tree",
     "synthetic_treebank", "synthetic_labels", "synthetic_vocabulary", "make_splits",

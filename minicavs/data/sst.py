@@ -12,6 +12,19 @@ span the same words, and the outer one is the constituent its parent combines. P
 
 Metrics: fine-grained accuracy compares 5-class labels; binary accuracy drops gold-neutral
 sentences (label 2) and compares negative (0, 1) against positive (3, 4), as in the SST papers.
+
+The papers' two protocols (:func:`sst_task`):
+
+* ``fine`` — Socher et al. 2013 §5.1 and Tai et al. 2015 §5.1: 5 classes, trained on the labels
+  of every phrase (all vertices, leaves included), scored on the sentences (roots). Socher et
+  al.'s Table 1 also gives the accuracy over all phrases ("All"): :func:`phrase_accuracy`.
+* ``binary`` — Socher et al. 2013 §5.1 ("the binary ... classification of sentences, where
+  neutral sentences were removed") and Tai et al. 2015 §5.1 (6,920 / 872 / 1,821 sentences
+  after removing the neutral ones): the neutral sentences are dropped from every split, the
+  labels become 0 (negative: 0, 1) and 1 (positive: 3, 4), neutral *phrases* inside the kept
+  sentences become unlabelled (-1), and a 2-class model is trained on the non-neutral phrases
+  and scored on the roots. A 5-class model is scored on the same roots by comparing its
+  negative and positive probability mass (:func:`polarity`).
 """
 
 import re
@@ -183,6 +196,58 @@ def to_binary(labels):
     return np.array([0, 0, -1, 1, 1], dtype=np.int64)[labels]
 
 
+def binary_labels(labels):
+    """Labels of the binary task: 0, 1 -> 0; 3, 4 -> 1; neutral 2 and unlabelled -1 -> -1."""
+    labels = _labels("labels", labels, -1, 4)
+    return np.array([0, 0, -1, 1, 1, -1], dtype=np.int64)[labels]
+
+
+SST_TASKS = {"fine": 5, "binary": 2}  # task -> number of classes the model predicts
+
+
+def sst_task(splits, task):
+    """``splits`` (5-class SST, :func:`load_sst`) under one of the papers' protocols (module
+    docstring): ``"fine"`` returns them unchanged; ``"binary"`` drops the trees whose root is
+    neutral (or unlabelled) and relabels the rest with :func:`binary_labels`. The vocabulary
+    stays the one built from all training trees."""
+    if task not in SST_TASKS:
+        raise DataError(f"unknown SST task {task!r}; the tasks are {sorted(SST_TASKS)}")
+    if task == "fine":
+        return splits
+
+    def binary(trees):
+        kept = []
+        for tree in trees:
+            labels = binary_labels(tree.labels)
+            if labels[-1] >= 0:  # the root is the last vertex
+                kept.append(Tree._unchecked(tree.children, tree.words, labels, tree.tokens))
+        return kept
+
+    return TreebankSplits(binary(splits.train), binary(splits.dev), binary(splits.test),
+                          splits.vocab)
+
+
+def polarity(probabilities):
+    """The binary decision of a 5-class model: 1 (positive) where the mass of classes 3 and 4
+    exceeds that of 0 and 1, else 0 — the neutral class takes no part."""
+    probabilities = np.asarray(probabilities)
+    if probabilities.ndim != 2 or probabilities.shape[1] != 5:
+        raise ShapeError(f"polarity: expected (n, 5) class probabilities, got shape "
+                         f"{probabilities.shape}")
+    positive = probabilities[:, 3] + probabilities[:, 4]
+    negative = probabilities[:, 0] + probabilities[:, 1]
+    return (positive > negative).astype(np.int64)
+
+
+def phrase_accuracy(predicted, gold):
+    """Accuracy over every labelled phrase (vertex): gold label -1 is skipped. ``predicted``
+    and ``gold`` are the labels of all vertices of a set of trees, in any one order."""
+    predicted, gold = np.asarray(predicted, dtype=np.int64), np.asarray(gold, dtype=np.int64)
+    _same_length(predicted, gold)
+    keep = gold >= 0
+    return float(np.mean(predicted[keep] == gold[keep])) if keep.any() else float("nan")
+
+
 def fine_grained_accuracy(predicted, gold):
     """Fraction of 5-class predictions equal to the gold labels (0..4)."""
     predicted, gold = _labels("predicted", predicted, 0, 4), _labels("gold", gold, 0, 4)
@@ -194,8 +259,10 @@ def binary_accuracy(predicted, gold, *, predicted_classes=5):
     """Binary accuracy on the gold-non-neutral items (SST's binary task).
 
     ``gold`` holds 5-class labels; items with gold label 2 are dropped. ``predicted`` holds
-    5-class labels (``predicted_classes=5``; a neutral prediction counts as wrong) or the 0/1
-    output of a binary classifier (``predicted_classes=2``).
+    5-class labels (``predicted_classes=5``; a neutral prediction counts as wrong — stricter
+    than the papers, which compare positive against negative: pass the 0/1 output of
+    :func:`polarity` with ``predicted_classes=2`` for theirs) or the 0/1 output of a binary
+    classifier (``predicted_classes=2``).
     """
     gold = _labels("gold", gold, 0, 4)
     if predicted_classes == 5:

@@ -9,8 +9,8 @@ states, and the runtime runs each kind of vertex on its own rows (a leaf pays fo
   that has no U products (a leaf has no children) and an internal cell with no W product (an
   internal vertex of a parse tree has no word).
 
-Every vertex pushes its class logits ``h W_out + b_out``; batching, loss and evaluation are
-TreeClassifier's. ``loss(batch, run=evaluate_per_sample)`` runs the same definition eagerly,
+Every vertex pushes its state h; the classifier ``h W_out + b_out``, dropout, batching, loss
+and evaluation are TreeClassifier's. ``loss(batch, run=evaluate_per_sample)`` runs the same definition eagerly,
 tree by tree (the reference the tests compare with).
 """
 
@@ -26,8 +26,9 @@ from .tree_lstm import TreeClassifier
 class TreeRNNClassifier(TreeClassifier):
     """The plain recursive network over binary parse trees (word vectors of size ``hidden``)."""
 
-    def __init__(self, vocab_size, hidden=64, num_classes=5, dtype="float32", leaf_loss=False):
-        super().__init__(num_classes, leaf_loss)
+    def __init__(self, vocab_size, hidden=64, num_classes=5, dtype="float32", leaf_loss=False,
+                 dropout=0.0, embed_dropout=0.0):
+        super().__init__(num_classes, leaf_loss, dropout, embed_dropout)
         H, C = int(hidden), int(num_classes)
         self.vocab_size, self.hidden = int(vocab_size), H
         self.embedding = Embedding(vocab_size, H, dtype=dtype)
@@ -35,16 +36,16 @@ class TreeRNNClassifier(TreeClassifier):
         self.b = bias(H, dtype, "b")
         self.W_out = weight((H, C), dtype, "W_out")
         self.b_out = bias(C, dtype, "b_out")
-        table, W, b, W_out, b_out = self.embedding.weight, self.W, self.b, self.W_out, self.b_out
+        table, W, b = self.embedding.weight, self.W, self.b
 
-        @recursive(scatter_shape=(H,), pull_shape=(1,), pull_dtype="int64", push_shape=(C,),
-                   arity=2, dtype=dtype)
+        @recursive(scatter_shape=(H,), **self.pull_spec(H), push_shape=(H,), arity=2,
+                   dtype=dtype)
         def tree_rnn(node):
             if node.is_leaf:
-                h = ops.reshape(ops.embedding(table, node.pull()), (H,))
+                h = self.word_vector(node, table, H)
             else:
                 h = ops.tanh(ops.concat([tree_rnn(child) for child in node.children]) @ W + b)
-            node.push(h @ W_out + b_out)
+            node.push(h)
             return h
 
         self.F = tree_rnn
@@ -53,8 +54,9 @@ class TreeRNNClassifier(TreeClassifier):
 class RNTNClassifier(TreeClassifier):
     """The recursive neural tensor network (Socher et al., 2013) over binary parse trees."""
 
-    def __init__(self, vocab_size, hidden=32, num_classes=5, dtype="float32", leaf_loss=False):
-        super().__init__(num_classes, leaf_loss)
+    def __init__(self, vocab_size, hidden=32, num_classes=5, dtype="float32", leaf_loss=False,
+                 dropout=0.0, embed_dropout=0.0):
+        super().__init__(num_classes, leaf_loss, dropout, embed_dropout)
         H, C = int(hidden), int(num_classes)
         self.vocab_size, self.hidden = int(vocab_size), H
         self.embedding = Embedding(vocab_size, H, dtype=dtype)
@@ -66,21 +68,20 @@ class RNTNClassifier(TreeClassifier):
         self.b = bias(H, dtype, "b")
         self.W_out = weight((H, C), dtype, "W_out")
         self.b_out = bias(C, dtype, "b_out")
-        table, V, W, b, W_out, b_out = (self.embedding.weight, self.V, self.W, self.b,
-                                        self.W_out, self.b_out)
+        table, V, W, b = self.embedding.weight, self.V, self.W, self.b
 
-        @recursive(scatter_shape=(H,), pull_shape=(1,), pull_dtype="int64", push_shape=(C,),
-                   arity=2, dtype=dtype)
+        @recursive(scatter_shape=(H,), **self.pull_spec(H), push_shape=(H,), arity=2,
+                   dtype=dtype)
         def rntn(node):
             if node.is_leaf:
-                h = ops.reshape(ops.embedding(table, node.pull()), (H,))
+                h = self.word_vector(node, table, H)
             else:
                 x = ops.concat([rntn(child) for child in node.children])  # [h_l; h_r]
                 # xᵀ V_i x for every slice i: (x V as (H, 2H)) · x, one GEMM for all vertices
                 v_flat = ops.reshape(ops.transpose(V, (1, 0, 2)), (2 * H, H * 2 * H))
                 xv = ops.reshape(x @ v_flat, (H, 2 * H))
                 h = ops.tanh(ops.sum(xv * x, axis=-1) + x @ W + b)
-            node.push(h @ W_out + b_out)
+            node.push(h)
             return h
 
         self.F = rntn
@@ -92,8 +93,8 @@ class RecursiveTreeLSTMClassifier(TreeClassifier):
     ``c = σ(i)⊙tanh(u) + σ(f_l)⊙c_l + σ(f_r)⊙c_r``; both ``h = σ(o)⊙tanh(c)``."""
 
     def __init__(self, vocab_size, embed_dim=64, hidden=64, num_classes=5, dtype="float32",
-                 leaf_loss=False):
-        super().__init__(num_classes, leaf_loss)
+                 leaf_loss=False, dropout=0.0, embed_dropout=0.0):
+        super().__init__(num_classes, leaf_loss, dropout, embed_dropout)
         E, H, C = int(embed_dim), int(hidden), int(num_classes)
         self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
         self.embedding = Embedding(vocab_size, E, dtype=dtype)
@@ -103,14 +104,13 @@ class RecursiveTreeLSTMClassifier(TreeClassifier):
         self.b = lstm_bias(H, ["i", "f_l", "f_r", "o", "u"], dtype, "b")
         self.W_out = weight((H, C), dtype, "W_out")
         self.b_out = bias(C, dtype, "b_out")
-        table, W, b_leaf, U, b, W_out, b_out = (self.embedding.weight, self.W, self.b_leaf,
-                                                self.U, self.b, self.W_out, self.b_out)
+        table, W, b_leaf, U, b = self.embedding.weight, self.W, self.b_leaf, self.U, self.b
 
-        @recursive(scatter_shape=(2 * H,), pull_shape=(1,), pull_dtype="int64",
-                   push_shape=(C,), arity=2, dtype=dtype)
+        @recursive(scatter_shape=(2 * H,), **self.pull_spec(E), push_shape=(H,), arity=2,
+                   dtype=dtype)
         def tree_lstm(node):
             if node.is_leaf:
-                x = ops.reshape(ops.embedding(table, node.pull()), (E,))
+                x = self.word_vector(node, table, E)
                 i, o, u = ops.split(x @ W + b_leaf, 3)
                 c = ops.sigmoid(i) * ops.tanh(u)
             else:
@@ -120,7 +120,7 @@ class RecursiveTreeLSTMClassifier(TreeClassifier):
                 c = (ops.sigmoid(i) * ops.tanh(u) + ops.sigmoid(f_l) * c_l
                      + ops.sigmoid(f_r) * c_r)
             h = ops.sigmoid(o) * ops.tanh(c)
-            node.push(h @ W_out + b_out)
+            node.push(h)
             return ops.concat([h, c])
 
         self.F = tree_lstm

@@ -9,9 +9,17 @@ at the leaves (-1 at internal vertices), a label 0..4 at every vertex (-1: unlab
 * :class:`ChildSumTreeLSTMClassifier` — the child-sum Tree-LSTM, for trees of any arity: it sums
   the children's h, and gives every child its own forget gate f_k = σ(W_f x + U_f h_k + b_f).
 
-A vertex pushes its class logits, so one call of F gives a prediction at every vertex; the loss
-sums the cross-entropy over the labelled vertices (internal ones, and leaves with
+A vertex pushes its state h, so one call of F gives a state at every vertex; the classifier
+``h W_out + b_out`` runs outside F on the rows the loss or the metrics read, and the loss sums
+the cross-entropy over the labelled vertices (internal ones, and leaves with
 ``leaf_loss=True``), as in DyNet's treenn and Tai et al.
+
+Dropout (Tai et al. §5.2 regularise the sentiment classifier with dropout; Srivastava et al.
+2014): ``dropout`` on the state h before the classifier, ``embed_dropout`` on the word vectors.
+Both act only in training mode (``model.train()``; :func:`minicavs.training.fit` evaluates in
+``eval()`` mode). A traced F cannot draw masks, so both happen outside it: with
+``embed_dropout`` the word vectors are looked up (and dropped) before F, which then pulls
+vectors instead of word ids.
 """
 
 from dataclasses import dataclass
@@ -19,9 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import data as datasets
-from .. import ops
+from .. import ops, validate
 from ..autodiff import no_grad
-from ..nn import Embedding, Module
+from ..nn import Embedding, Module, dropout
 from ..vertex import GraphBatch, VertexFunction
 from .common import (GraphCache, as_ids, bias, cross_entropy_sum, indices, lstm_bias, runner,
                      weight)
@@ -54,16 +62,55 @@ class TreeBatch:
 
 
 class TreeClassifier(Module):
-    """What every tree classifier shares: batching trees, the loss, predictions, evaluation.
+    """What every tree classifier shares: batching trees, the classifier layer, the loss,
+    predictions, evaluation.
 
-    A subclass builds ``self.F`` (and its parameters) and, if F does not push logits, overrides
-    :meth:`logits_at`.
+    A subclass builds ``self.F`` (pulling :meth:`pull_spec`, reading its word vector with
+    :meth:`word_vector`, pushing the state to classify), ``self.embedding`` and the classifier
+    ``self.W_out``, ``self.b_out``; if F does not push the states, it overrides :meth:`states`.
     """
 
-    def __init__(self, num_classes, leaf_loss):
+    sentiment = True  # labels are SST's: 5 classes, or the 2 of its binary task
+
+    def __init__(self, num_classes, leaf_loss, dropout=0.0, embed_dropout=0.0):
         self.num_classes = int(num_classes)
         self.leaf_loss = bool(leaf_loss)
+        for name, p in (("dropout", dropout), ("embed_dropout", embed_dropout)):
+            validate.number(p, name, type(self).__name__, minimum=0.0, maximum=1.0,
+                            open_maximum=True)
+        self.dropout, self.embed_dropout = float(dropout), float(embed_dropout)
         self._graphs = GraphCache()
+
+    @property
+    def pulls_vectors(self):
+        """True if F pulls word vectors looked up before it (embedding dropout), else ids."""
+        return self.embed_dropout > 0
+
+    def pull_spec(self, size):
+        """``pull_shape`` and ``pull_dtype`` of F, whose word vectors have ``size`` values."""
+        if self.pulls_vectors:
+            return {"pull_shape": (size,)}
+        return {"pull_shape": (1,), "pull_dtype": "int64"}
+
+    def word_vector(self, v, table, size):
+        """Inside F: the word vector of vertex ``v`` (zeros where it has no word)."""
+        if self.pulls_vectors:
+            return v.pull()
+        return ops.reshape(ops.embedding(table, v.pull()), (size,))
+
+    def pull(self, batch):
+        """What F pulls for ``batch``: word ids, or the word vectors with dropout applied."""
+        if not self.pulls_vectors:
+            return batch.words
+        table = self.embedding.weight
+        vectors = ops.reshape(ops.embedding(table, batch.words),
+                              (batch.graphs.num_vertices, table.shape[1]))
+        return dropout(vectors, self.embed_dropout, self.training)
+
+    @property
+    def root_metric(self):
+        """The name :meth:`evaluate` gives root accuracy: "binary" for SST's binary task."""
+        return "binary" if self.num_classes == 2 and self.sentiment else "fine"
 
     def prepare(self, trees):
         """One :class:`TreeBatch` from a list of :class:`minicavs.data.Tree` (graphs cached)."""
@@ -77,10 +124,14 @@ class TreeClassifier(Module):
         return TreeBatch(graphs, as_ids(words), labels, np.flatnonzero(supervised),
                          graphs.roots)
 
+    def states(self, batch, run=None):
+        """The state every vertex is classified from, (n, H): what F pushes."""
+        return runner(run)(self.F, batch.graphs, self.pull(batch))
+
     def logits_at(self, batch, vertices, run=None):
         """Class logits (len(vertices), C) of the given vertices of ``batch``."""
-        logits = runner(run)(self.F, batch.graphs, batch.words)
-        return ops.take_rows(logits, indices(vertices))
+        h = ops.take_rows(self.states(batch, run), indices(vertices))
+        return dropout(h, self.dropout, self.training) @ self.W_out + self.b_out
 
     def loss(self, batch, run=None):
         """Softmax cross-entropy summed over ``batch.targets`` (a scalar Tensor).
@@ -104,21 +155,44 @@ class TreeClassifier(Module):
         return float(np.mean(predicted == batch.labels[batch.roots]))
 
     def evaluate(self, batches):
-        """Loss per target and root accuracy over prepared batches: ``{"loss", "fine"}``, and
-        ``"binary"`` (SST's positive/negative accuracy, neutral roots dropped) for 5 classes."""
-        total, count, predicted, gold = 0.0, 0, [], []
-        with no_grad():
-            for batch in batches:
-                logits = self.logits_at(batch, np.concatenate([batch.targets, batch.roots]))
-                targets = len(batch.targets)
-                total += cross_entropy_sum(logits[:targets], batch.labels[batch.targets]).item()
-                count += targets
-                predicted.append(logits[targets:].numpy().argmax(axis=-1))
-                gold.append(batch.labels[batch.roots])
-        predicted, gold = np.concatenate(predicted), np.concatenate(gold)
-        result = {"loss": total / max(count, 1), "fine": float(np.mean(predicted == gold))}
-        if self.num_classes == 5 and gold.min(initial=0) >= 0:
-            result["binary"] = datasets.binary_accuracy(predicted, gold)
+        """The loss per target and the accuracies over prepared batches, in eval mode.
+
+        ``"phrase"``: accuracy over every labelled vertex. Root accuracy is ``"fine"`` for a
+        5-class model (SST's fine-grained task), which also gets ``"binary"``: positive
+        against negative probability mass (:func:`minicavs.data.polarity`) on the
+        non-neutral roots; for a 2-class model (SST's binary task, :func:`minicavs.data.sst_task`)
+        root accuracy is ``"binary"``, over the labelled roots; models of other labels
+        (``sentiment = False``) call it ``"fine"``.
+        """
+        total, count = 0.0, 0
+        root_logits, root_gold, phrase_predicted, phrase_gold = [], [], [], []
+        was_training = self.training
+        self.eval()
+        try:
+            with no_grad():
+                for batch in batches:
+                    logits = self.logits_at(batch, np.arange(batch.graphs.num_vertices))
+                    total += cross_entropy_sum(ops.take_rows(logits, indices(batch.targets)),
+                                               batch.labels[batch.targets]).item()
+                    count += len(batch.targets)
+                    logits = logits.numpy().astype(np.float64)
+                    root_logits.append(logits[batch.roots])
+                    root_gold.append(batch.labels[batch.roots])
+                    phrase_predicted.append(logits.argmax(axis=-1))
+                    phrase_gold.append(batch.labels)
+        finally:
+            self.train(was_training)
+        logits, gold = np.concatenate(root_logits), np.concatenate(root_gold)
+        labelled = gold >= 0
+        root = float(np.mean(logits.argmax(axis=-1)[labelled] == gold[labelled])) \
+            if labelled.any() else float("nan")
+        result = {"loss": total / max(count, 1), self.root_metric: root}
+        if self.num_classes == 5 and self.sentiment and labelled.all():
+            probabilities = np.exp(logits - logits.max(axis=-1, keepdims=True))
+            result["binary"] = datasets.binary_accuracy(datasets.polarity(probabilities), gold,
+                                                        predicted_classes=2)
+        result["phrase"] = datasets.phrase_accuracy(np.concatenate(phrase_predicted),
+                                                    np.concatenate(phrase_gold))
         return result
 
 
@@ -129,12 +203,12 @@ class TreeLSTMClassifier(TreeClassifier):
     [h_l, c_l], [h_r, c_r] (zero where absent):
         i, f_l, f_r, o, u = split(x W + [h_l, h_r] U + b, 5)
         c = σ(i)⊙tanh(u) + σ(f_l)⊙c_l + σ(f_r)⊙c_r,   h = σ(o)⊙tanh(c)
-    it scatters [h, c] to its parent and pushes the logits h W_o + b_o.
+    it scatters [h, c] to its parent and pushes h (classified outside F: h W_out + b_out).
     """
 
     def __init__(self, vocab_size, embed_dim=64, hidden=64, num_classes=5, dtype="float32",
-                 leaf_loss=False):
-        super().__init__(num_classes, leaf_loss)
+                 leaf_loss=False, dropout=0.0, embed_dropout=0.0):
+        super().__init__(num_classes, leaf_loss, dropout, embed_dropout)
         E, H, C = int(embed_dim), int(hidden), int(num_classes)
         self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
         self.embedding = Embedding(vocab_size, E, dtype=dtype)
@@ -143,11 +217,10 @@ class TreeLSTMClassifier(TreeClassifier):
         self.b = lstm_bias(H, ["i", "f_l", "f_r", "o", "u"], dtype, "b")
         self.W_out = weight((H, C), dtype, "W_out")
         self.b_out = bias(C, dtype, "b_out")
-        table, W, U, b, W_out, b_out = (self.embedding.weight, self.W, self.U, self.b,
-                                        self.W_out, self.b_out)
+        table, W, U, b = self.embedding.weight, self.W, self.U, self.b
 
         def tree_lstm(v):
-            x = ops.reshape(ops.embedding(table, v.pull()), (E,))  # word id -1: zeros
+            x = self.word_vector(v, table, E)  # word id -1: zeros
             h_l, c_l = ops.split(v.gather(0), 2)
             h_r, c_r = ops.split(v.gather(1), 2)
             i, f_l, f_r, o, u = ops.split(x @ W + ops.concat([h_l, h_r]) @ U + b, 5)
@@ -155,10 +228,10 @@ class TreeLSTMClassifier(TreeClassifier):
                  + ops.sigmoid(f_r) * c_r)
             h = ops.sigmoid(o) * ops.tanh(c)
             v.scatter(ops.concat([h, c]))
-            v.push(h @ W_out + b_out)
+            v.push(h)
 
-        self.F = VertexFunction(tree_lstm, pull_shape=(1,), pull_dtype="int64",
-                                scatter_shape=(2 * H,), push_shape=(C,), arity=2, dtype=dtype)
+        self.F = VertexFunction(tree_lstm, **self.pull_spec(E), scatter_shape=(2 * H,),
+                                push_shape=(H,), arity=2, dtype=dtype)
 
 
 class ChildSumTreeLSTMClassifier(TreeClassifier):
@@ -172,8 +245,8 @@ class ChildSumTreeLSTMClassifier(TreeClassifier):
     """
 
     def __init__(self, vocab_size, embed_dim=64, hidden=64, num_classes=5, dtype="float32",
-                 leaf_loss=False):
-        super().__init__(num_classes, leaf_loss)
+                 leaf_loss=False, dropout=0.0, embed_dropout=0.0):
+        super().__init__(num_classes, leaf_loss, dropout, embed_dropout)
         E, H, C = int(embed_dim), int(hidden), int(num_classes)
         self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
         self.embedding = Embedding(vocab_size, E, dtype=dtype)
@@ -185,12 +258,11 @@ class ChildSumTreeLSTMClassifier(TreeClassifier):
         self.b_f = bias(H, dtype, "b_f", value=1.0)  # start by keeping the children's memory
         self.W_out = weight((H, C), dtype, "W_out")
         self.b_out = bias(C, dtype, "b_out")
-        table, W, U, b, W_f, U_f, b_f, W_out, b_out = (
-            self.embedding.weight, self.W, self.U, self.b, self.W_f, self.U_f, self.b_f,
-            self.W_out, self.b_out)
+        table, W, U, b, W_f, U_f, b_f = (self.embedding.weight, self.W, self.U, self.b,
+                                         self.W_f, self.U_f, self.b_f)
 
         def child_sum_tree_lstm(v):
-            x = ops.reshape(ops.embedding(table, v.pull()), (E,))
+            x = self.word_vector(v, table, E)
             h_sum = v.gather_sum(lambda child: ops.split(child, 2)[0])
             i, o, u = ops.split(x @ W + h_sum @ U + b, 3)
             forget_x = x @ W_f + b_f  # once per vertex, shared by all its children
@@ -202,7 +274,7 @@ class ChildSumTreeLSTMClassifier(TreeClassifier):
             c = ops.sigmoid(i) * ops.tanh(u) + v.gather_sum(forget_times_memory)
             h = ops.sigmoid(o) * ops.tanh(c)
             v.scatter(ops.concat([h, c]))
-            v.push(h @ W_out + b_out)
+            v.push(h)
 
-        self.F = VertexFunction(child_sum_tree_lstm, pull_shape=(1,), pull_dtype="int64",
-                                scatter_shape=(2 * H,), push_shape=(C,), dtype=dtype)
+        self.F = VertexFunction(child_sum_tree_lstm, **self.pull_spec(E),
+                                scatter_shape=(2 * H,), push_shape=(H,), dtype=dtype)

@@ -1,0 +1,55 @@
+"""Pretrained word vectors in GloVe's text format, loaded into an embedding table.
+
+One word a line, then its values, separated by spaces: ``the 0.418 0.24968 -0.41242 ...``
+(word2vec's text format has a first line ``count dim``; it is recognised and skipped). Both SST
+papers report their best figures with such vectors (Socher et al. 2013 do not; Tai et al. 2015
+use 300-d GloVe); none ship with minicavs, so ``--word-vectors PATH`` reads a user's file.
+"""
+
+import numpy as np
+
+from .files import text_lines
+from .tree import DataError
+
+
+def load_word_vectors(path, vocab, table):
+    """Copy the vector of every word of ``vocab`` found in the file ``path`` into its row of
+    ``table`` (a (len(vocab), dim) NumPy array, changed in place); rows of words the file lacks
+    keep their values. A vocabulary that lowercases looks its words up lowercased; the first
+    vector of a word wins. Returns the number of vocabulary words matched.
+
+    A line whose vector is not ``dim`` values long, or holds a value that is not a number,
+    raises :class:`DataError` naming the file and line (a file of another dimension stops at
+    its first line, before anything is copied).
+    """
+    table = np.asarray(table)
+    if table.ndim != 2 or table.shape[0] != len(vocab):
+        raise DataError(f"load_word_vectors: the table must have shape (len(vocab), dim) = "
+                        f"({len(vocab)}, dim), got {table.shape}")
+    dim = table.shape[1]
+    rows, vectors = [], []
+    seen = set()
+    for number, line in text_lines(path):
+        fields = line.rstrip("\n\r").split(" ")
+        if number == 1 and len(fields) == 2 and all(f.isdigit() for f in fields):
+            continue  # word2vec's header "count dim"
+        if not line.strip():
+            continue
+        word, values = fields[0], [f for f in fields[1:] if f]
+        if len(values) != dim:
+            raise DataError(f"{path}:{number}: the vector of {word!r} has {len(values)} values; "
+                            f"the embedding has dimension {dim} (set the embedding size to the "
+                            f"file's, e.g. --embed-dim {len(values)})")
+        if word not in vocab or vocab.lookup(word) in seen:
+            continue
+        row = vocab.lookup(word)
+        try:
+            vectors.append(np.array(values, dtype=np.float64))
+        except ValueError:
+            raise DataError(f"{path}:{number}: the vector of {word!r} holds a value that is "
+                            f"not a number") from None
+        rows.append(row)
+        seen.add(row)
+    if rows:
+        table[np.array(rows)] = np.stack(vectors).astype(table.dtype)
+    return len(rows)

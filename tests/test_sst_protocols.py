@@ -1,0 +1,229 @@
+"""The SST papers' protocols and training settings: the binary task's filtering and 2-class
+scoring, phrase accuracy, keeping the best dev epoch, dropout only in training, AdaGrad and
+clipping against hand-computed steps, GloVe vectors, and language-model perplexity with <eos>.
+All on tiny data written here (the real SST folder is not needed)."""
+
+import argparse
+import math
+
+import numpy as np
+import pytest
+
+import minicavs as mc
+from minicavs.data import (DataError, TreebankSplits, Vocabulary, binary_accuracy,
+                           binary_labels, load_word_vectors, parse_tree, phrase_accuracy,
+                           polarity, sst_task)
+from minicavs.models import TreeLSTMClassifier, TreeRNNClassifier, VarLSTMLanguageModel
+from minicavs.nn import SGD, Adagrad, Module, Parameter, clip_grad_norm
+from minicavs.training import best_epoch, fit, make_optimizer, mean_and_std
+from minicavs.vertex import evaluate_per_sample
+
+LINES = ["(3 (2 (2 The) (2 film)) (4 (2 is) (4 (3 very) (4 good))))",
+         "(2 (2 It) (2 (2 was) (2 long)))",  # neutral: gone from the binary task
+         "(1 (2 (2 The) (2 plot)) (1 (2 is) (0 (1 dull) (2 .))))"]
+
+
+def _splits():
+    vocab = Vocabulary.build(parse_tree(line).tokens for line in LINES)
+    trees = [parse_tree(line, vocab) for line in LINES]
+    return TreebankSplits(trees, trees[:2], trees[1:], vocab)
+
+
+def test_binary_task_drops_neutral_sentences_and_unlabels_neutral_phrases():
+    splits = _splits()
+    binary = sst_task(splits, "binary")
+    assert [len(binary.train), len(binary.dev), len(binary.test)] == [2, 1, 1]
+    assert binary.vocab is splits.vocab
+    # "(3 (2 (2 The) (2 film)) (4 (2 is) (4 (3 very) (4 good))))", vertices in post-order:
+    # The film (The film) is very good (very good) (is very good) root
+    assert binary.train[0].labels.tolist() == [-1, -1, -1, -1, 1, 1, 1, 1, 1]
+    assert binary.train[1].labels[-1] == 0 and binary.test[0] is not splits.test[1]
+    assert binary.train[0].children == splits.train[0].children
+    assert binary_labels([0, 1, 2, 3, 4, -1]).tolist() == [0, 0, -1, 1, 1, -1]
+    assert sst_task(splits, "fine") is splits
+    with pytest.raises(DataError, match="unknown SST task 'ternary'"):
+        sst_task(splits, "ternary")
+
+
+def test_polarity_compares_positive_and_negative_mass_ignoring_neutral():
+    probabilities = [[0.1, 0.2, 0.6, 0.05, 0.05],  # neutral argmax, negative mass wins
+                     [0.0, 0.1, 0.5, 0.2, 0.2],    # positive mass wins
+                     [0.3, 0.0, 0.1, 0.0, 0.6]]    # argmax 4 and positive
+    assert polarity(probabilities).tolist() == [0, 1, 1]
+    gold = [3, 4, 2]  # the neutral sentence is not scored; the first is wrong
+    assert binary_accuracy(polarity(probabilities), gold, predicted_classes=2) == 0.5
+
+
+def test_phrase_accuracy_counts_every_labelled_vertex():
+    assert phrase_accuracy([0, 1, 1, 4, 2], [0, 1, 2, -1, 2]) == pytest.approx(3 / 4)
+    assert math.isnan(phrase_accuracy([1], [-1]))
+
+
+def test_a_two_class_model_is_scored_on_roots_and_phrases():
+    binary = sst_task(_splits(), "binary")
+    model = TreeRNNClassifier(len(binary.vocab), hidden=3, num_classes=2, leaf_loss=True)
+    model.W_out.data[...] = 0.0
+    model.b_out.data[...] = np.array([0.0, 1.0], np.float32)  # always "positive"
+    result = model.evaluate([model.prepare(binary.train)])
+    assert result["binary"] == 0.5  # one positive root of two
+    labelled = np.concatenate([t.labels for t in binary.train])
+    assert result["phrase"] == pytest.approx(np.mean(labelled[labelled >= 0] == 1))
+    assert "fine" not in result
+
+
+def test_best_epoch_is_the_first_highest_dev_score():
+    history = [(None, {"fine": 0.4}), (None, {"fine": 0.5}), (None, {"fine": 0.5}),
+               (None, {"fine": float("nan")})]
+    assert best_epoch(history, "fine") == 2
+    assert best_epoch(history, "binary") is None
+
+
+class _Scripted(Module):
+    """One weight that every step lowers by exactly 1 (loss w, SGD lr 1, one target a step),
+    and dev scores read from a script: after epoch k the weight is -k."""
+
+    class Batch:
+        num_targets = num_samples = 1
+
+    def __init__(self, scores):
+        self.w = Parameter(np.zeros(1))
+        self.scores = iter(scores)
+
+    def prepare(self, samples):
+        return self.Batch()
+
+    def loss(self, batch):
+        return mc.sum(self.w)
+
+    def evaluate(self, batches):
+        return {"loss": 0.0, "fine": next(self.scores)}
+
+
+def test_fit_keeps_the_weights_of_the_best_dev_epoch():
+    model = _Scripted([0.2, 0.5, 0.4])
+    history = fit(model, SGD(model.parameters(), lr=1.0), [0], [0], epochs=3, batch_size=1,
+                  progress=False, keep_best="fine", log=lambda line: None)
+    assert len(history) == 3 and model.w.data.tolist() == [-2.0]
+    model = _Scripted([0.2, 0.5, 0.4])  # without keep_best: the last epoch's weights
+    fit(model, SGD(model.parameters(), lr=1.0), [0], [0], epochs=3, batch_size=1,
+        progress=False, log=lambda line: None)
+    assert model.w.data.tolist() == [-3.0]
+
+
+def test_dropout_acts_in_training_mode_only():
+    splits = _splits()
+    model = TreeLSTMClassifier(len(splits.vocab), embed_dim=6, hidden=5, dropout=0.5,
+                               embed_dropout=0.5)
+    batch = model.prepare(splits.train)
+    every = np.arange(batch.graphs.num_vertices)
+    model.eval()
+    first, second = model.logits_at(batch, every).numpy(), model.logits_at(batch, every).numpy()
+    assert np.array_equal(first, second)  # no mask drawn
+    model.train()
+    dropped = model.logits_at(batch, every).numpy()
+    assert not np.allclose(dropped, first)
+    pulled = model.pull(batch).numpy()
+    leaves = batch.graphs.num_children == 0
+    assert np.any(pulled[leaves] == 0) and np.any(pulled[leaves] != 0)
+    model.evaluate([batch])  # evaluates in eval mode and gives training mode back
+    assert model.training and np.any(model.pull(batch).numpy()[leaves] == 0)
+
+
+def test_a_model_pulling_dropped_vectors_equals_its_per_sample_run():
+    splits = _splits()
+    model = TreeLSTMClassifier(len(splits.vocab), embed_dim=4, hidden=3, dtype="float64",
+                               embed_dropout=0.3, leaf_loss=True).eval()
+    batch = model.prepare(splits.train)
+    losses = []
+    for run in (None, evaluate_per_sample):
+        model.zero_grad()
+        loss = model.loss(batch, run=run)
+        loss.backward()
+        losses.append((loss.item(), model.embedding.weight.grad.numpy().copy()))
+    assert losses[0][0] == pytest.approx(losses[1][0], rel=1e-12)
+    assert np.allclose(losses[0][1], losses[1][1], rtol=1e-10, atol=1e-12)
+    assert np.any(losses[0][1] != 0)
+
+
+def test_adagrad_step_with_l2_by_hand():
+    p = Parameter(np.array([1.0, -2.0]))
+    optimizer = Adagrad([p], lr=0.1, eps=1e-10, weight_decay=0.5)
+    sums = np.zeros(2)
+    expected = np.array([1.0, -2.0])
+    for grad in ([0.5, 1.0], [-1.0, 2.0]):
+        p.grad = mc.tensor(np.array(grad))
+        optimizer.step()
+        g = np.array(grad) + 0.5 * expected  # the L2 penalty's gradient
+        sums += g * g
+        expected = expected - 0.1 * g / (np.sqrt(sums) + 1e-10)
+    # first step: g = (1, 0), s = (1, 0): p = (1 - 0.1, -2 - 0) — the zero gradient moves nothing
+    assert np.allclose(expected, p.data) and p.data[1] != -2.0
+
+
+def test_make_optimizer_gives_the_embeddings_their_own_rate_and_penalty():
+    model = TreeRNNClassifier(10, hidden=3)
+    args = argparse.Namespace(optimizer="adagrad", lr=0.05, embed_lr=0.1, l2=1e-4, embed_l2=0.0)
+    optimizer = make_optimizer(args, model)
+    others, embedding = optimizer.param_groups
+    assert [id(p) for p in embedding["params"]] == [id(model.embedding.weight)]
+    assert (embedding["lr"], embedding["weight_decay"]) == (0.1, 0.0)
+    assert (others["lr"], others["weight_decay"]) == (0.05, 1e-4)
+    assert len(others["params"]) == 4  # W, b, W_out, b_out
+
+
+def test_clip_grad_norm_scales_to_the_limit_by_hand():
+    a, b = Parameter(np.zeros(2)), Parameter(np.zeros(1))
+    a.grad, b.grad = mc.tensor(np.array([3.0, 0.0])), mc.tensor(np.array([4.0]))
+    assert clip_grad_norm([a, b], 1.0).item() == pytest.approx(5.0)
+    assert np.allclose(a.grad.numpy(), [0.6, 0.0]) and np.allclose(b.grad.numpy(), [0.8])
+    assert clip_grad_norm([a, b], 2.0).item() == pytest.approx(1.0)  # under: unchanged
+    assert np.allclose(a.grad.numpy(), [0.6, 0.0])
+
+
+def test_mean_and_std_over_seeds():
+    assert mean_and_std([0.4, 0.5, 0.6]) == (pytest.approx(0.5), pytest.approx(0.1))
+    assert mean_and_std([0.4]) == (0.4, 0.0)
+
+
+def test_glove_vectors_fill_the_matched_rows_and_keep_the_others(tmp_path):
+    vocab = Vocabulary(["the", "film", "good"])
+    path = tmp_path / "glove.txt"
+    path.write_text("film 1 2 3\nunseen 9 9 9\nthe -1 0.5 2e-1\nfilm 7 7 7\n")
+    table = np.full((4, 3), 5.0, np.float32)
+    assert load_word_vectors(path, vocab, table) == 2
+    assert table[vocab.lookup("film")].tolist() == [1, 2, 3]  # the first vector wins
+    assert np.allclose(table[vocab.lookup("the")], [-1, 0.5, 0.2])
+    assert table[vocab.lookup("good")].tolist() == [5, 5, 5]
+    assert table[0].tolist() == [5, 5, 5]  # <unk>
+    header = tmp_path / "word2vec.txt"
+    header.write_text("2 3\ngood 0 0 1\n")
+    assert load_word_vectors(header, vocab, table) == 1
+
+
+def test_glove_vectors_of_another_dimension_or_no_file_are_clear_errors(tmp_path):
+    vocab = Vocabulary(["film"])
+    path = tmp_path / "glove.txt"
+    path.write_text("film 1 2 3 4\n")
+    table = np.zeros((2, 3))
+    with pytest.raises(DataError, match=r"glove.txt:1: the vector of 'film' has 4 values; "
+                                        r"the embedding has dimension 3.*--embed-dim 4"):
+        load_word_vectors(path, vocab, table)
+    assert not table.any()
+    path.write_text("film 1 x 3\n")
+    with pytest.raises(DataError, match="glove.txt:1: .* not a number"):
+        load_word_vectors(path, vocab, table)
+    with pytest.raises(DataError, match="absent.txt: cannot read it"):
+        load_word_vectors(tmp_path / "absent.txt", vocab, table)
+
+
+def test_language_model_perplexity_counts_eos_per_word():
+    """With W_out = 0 every position predicts softmax(b_out): perplexity by hand."""
+    model = VarLSTMLanguageModel(4, embed_dim=3, hidden=2, dtype="float64", bos_id=1)
+    model.W_out.data[...] = 0.0
+    model.b_out.data[...] = [0.0, 1.0, 2.0, 0.5]
+    sentences = [np.array([2, 3, 1]), np.array([3, 1])]  # id 1 is <eos>, a target too
+    probabilities = np.exp([0.0, 1.0, 2.0, 0.5]) / np.exp([0.0, 1.0, 2.0, 0.5]).sum()
+    targets = [2, 3, 1, 3, 1]
+    expected = math.exp(-np.mean(np.log(probabilities[targets])))
+    result = model.evaluate([model.prepare(sentences)])
+    assert result["perplexity"] == pytest.approx(expected, rel=1e-12)
