@@ -179,7 +179,12 @@ def index_keys(draw, shape):
 def test_indexing_equals_numpy_and_its_gradient_scatter_adds(data):
     x = data.draw(float_arrays(data.draw(shapes(min_dims=1, max_side=3))))
     key = data.draw(index_keys(x.shape))
-    expected = x[key]
+    try:
+        expected = x[key]
+    except IndexError:  # arrays (a mask's too) that do not broadcast: NumPy refuses the key,
+        with pytest.raises(mc.IndexRangeError, match="do not broadcast together"):
+            t(x)[key]  # and so does minicavs, saying why
+        return
     out = t(x)[key]
     assert out.shape == expected.shape
     np.testing.assert_array_equal(out.numpy(), expected)
