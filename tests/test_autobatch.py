@@ -214,6 +214,37 @@ def test_fast_path_takes_data_operands_as_rows_of_their_own():
         np.testing.assert_allclose(got, p.grad.numpy(), rtol=RTOL, atol=ATOL)
 
 
+def test_parameter_gradients_are_handed_over_without_aliasing_the_scope_memory():
+    """A parameter's gradient is given to ``.grad`` without a copy unless it may be a view of
+    the scope's row memory: a parameter used as a row of its own (reshaped: its gradient is
+    the cotangent's rows) keeps the first backward's gradient intact through a second
+    backward (retain_graph), and an embedding table's scatter-added gradient is the one
+    array made for it."""
+    rng = np.random.default_rng(5)
+    V = mc.Parameter(rng.normal(size=(D,)))
+    table = mc.Parameter(rng.normal(size=(6, D)))
+
+    def program():
+        rows = [mc.tanh(mc.reshape(V, (1, D)) * float(i + 1)) for i in range(4)]
+        rows += [mc.embedding(table, np.array([i % 6])) * V for i in range(5)]
+        return mc.sum(mc.concat(rows, axis=0))
+
+    with mc.autobatch("agenda+"):
+        loss = program()
+        loss.backward(retain_graph=True)
+        first_V, first_table = V.grad, table.grad
+        kept = first_V.numpy().copy(), first_table.numpy().copy()
+        loss.backward()
+    np.testing.assert_array_equal(first_V.numpy(), kept[0])  # not written by the 2nd pass
+    np.testing.assert_array_equal(first_table.numpy(), kept[1])
+    np.testing.assert_allclose(V.grad.numpy(), 2 * kept[0], rtol=1e-12)
+    np.testing.assert_allclose(table.grad.numpy(), 2 * kept[1], rtol=1e-12)
+    V.grad = table.grad = None
+    program().backward()  # eager
+    np.testing.assert_allclose(kept[0], V.grad.numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(kept[1], table.grad.numpy(), rtol=RTOL, atol=ATOL)
+
+
 def test_value_read_mid_block_runs_a_partial_execution():
     p = _params(1)
     with mc.autobatch("depth+") as ab:

@@ -359,8 +359,9 @@ class AutoBatch:
         for segment in reversed(self.segments[:last + 1]):
             for value, g in segment.backward(params):
                 self._route(value, g, params, outside)
+        rows = [a for segment in self.segments for a in (*segment.slabs, *(segment.gslabs or ()))]
         for t, g in params.values():
-            _accumulate_grad(t, g)
+            _accumulate_grad(t, g, rows)
         if not retain_graph:
             self._released = True
             for segment in self.segments:
@@ -398,10 +399,21 @@ def _promotes(op, args):
     return len(dtypes) > 1 or (op.promotes_to_float and any(d.kind != "f" for d in dtypes))
 
 
-def _accumulate_grad(t, g):
+def _accumulate_grad(t, g, rows):
+    """``t.grad`` += ``g``. A gradient that may be a view of the scope's row memory (``rows``:
+    slabs a later backward writes again) is copied; any other is handed over as it is — a
+    parameter's gradient is made fresh by its product or scatter-add, and copying an embedding
+    table's (18 MB at the Tree-LSTM's vocabulary) cost more than the rest of the step's
+    backward pass."""
     g = g.reshape(t.shape)
-    t.grad = Tensor(g.copy() if not g.flags.owndata else g) if t.grad is None else \
-        Tensor(t.grad._array + g)
+    if t.grad is not None:
+        t.grad = Tensor(t.grad._array + g)
+        return
+    xp = backend.get_array_module(g)
+    shares = getattr(xp, "may_share_memory", None)
+    if shares is None or any(shares(g, r) for r in rows):
+        g = g.copy()
+    t.grad = Tensor(g)
 
 
 def _continue_outside(outside):

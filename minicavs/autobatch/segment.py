@@ -168,8 +168,9 @@ class Segment:
 
     # --- backward -------------------------------------------------------------------------------
     def begin_backward(self):
-        if self.gslabs is None:
-            self.gslabs = [self.xp.zeros_like(s) for s in self.slabs]
+        # Fresh zeros for every backward pass: a second one (retain_graph) must not start from
+        # the first one's cotangents.
+        self.gslabs = [self.xp.zeros_like(s) for s in self.slabs]
 
     def seed(self, index, grad):
         local = index - self.start
