@@ -103,10 +103,13 @@ class Segment:
         shapes = {v: k for k, v in slab_ids.items()}
         self.slabs = [xp.empty((int(leaf_count[i] + node_count[i]),) + shapes[i][0],
                                shapes[i][1]) for i in range(num_slabs)]
-        for i in range(num_slabs):
-            members = [v for v, s in zip(leaf_values, leaf_slab) if s == i]
-            if members:
-                self.slabs[i][:len(members)] = xp.stack([xp.asarray(m) for m in members])
+        members = [[] for _ in range(num_slabs)]  # each slab's leaves, in leaf order
+        for value, i in zip(leaf_values, leaf_slab.tolist()):
+            members[i].append(value)
+        for slab, values in zip(self.slabs, members):
+            if values:
+                slab[:len(values)] = xp.stack(values if xp is np else
+                                              [xp.asarray(v) for v in values])
         self.plan = [self._plan_batch(nodes, active, sig_of, tables, position, lookup,
                                       in_slabs, out_slab, row_of) for nodes in batches]
         self.stats["batches"] = len(batches)
@@ -284,7 +287,11 @@ def _ranks(groups, num_groups):
 
 
 def _unique(rows, contiguous):
-    return bool(contiguous) or len(np.unique(rows)) == len(rows)
+    if contiguous:
+        return True
+    if len(rows) <= 256:  # (a set of a few Python ints costs a tenth of np.unique's call)
+        return len(set(rows.tolist())) == len(rows)
+    return len(np.unique(rows)) == len(rows)
 
 
 def _scatter_add(xp, target, rows, values):
