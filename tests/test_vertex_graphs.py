@@ -192,3 +192,26 @@ def test_the_level_schedule_as_dot_lists_every_vertex_edge_and_task():
         members = re.search(rf"{{ rank=same; task{t}; ([^}}]*)}}", dot).group(1)
         assert sorted(int(v) for v in re.findall(r"v(\d+);", members)) == \
             sorted(np.flatnonzero(batch.level == t).tolist())
+
+
+@given(forests())
+def test_levels_kept_by_the_graphs_give_the_same_schedule(graphs):
+    """A batch keeps each graph's levels on the graph; a later batch of the same graphs (in
+    another order, with others) concatenates them: the same schedule as computed afresh."""
+    first = mc.GraphBatch(graphs)  # computes, and leaves each graph its levels
+    assert all(g._level is not None for g in graphs)
+    for g, lo, hi in zip(graphs, first.offsets[:-1], first.offsets[1:]):
+        np.testing.assert_array_equal(g.levels(), first.level[lo:hi])
+    again = mc.GraphBatch(graphs[::-1] + [mc.InputGraph([[], [0]])])
+    fresh = [mc.InputGraph([g.children(v) for v in range(g.num_vertices)])
+             for g in graphs[::-1]] + [mc.InputGraph([[], [0]])]
+    reference = mc.GraphBatch(fresh)
+    for name in ("level", "order", "level_offsets", "edge_parent_row", "edge_child_row"):
+        np.testing.assert_array_equal(getattr(again, name), getattr(reference, name))
+
+
+def test_an_input_graph_is_read_only():
+    g = mc.InputGraph([[], [], [0, 1]])
+    for array in (g.child_ptr, g.child_ids, g.roots, g.num_children, g.levels()):
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 1

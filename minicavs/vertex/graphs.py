@@ -78,6 +78,7 @@ class InputGraph(_ChildLists):
         self.child_ptr = np.zeros(num_vertices + 1, dtype=np.int64)
         np.cumsum(counts, out=self.child_ptr[1:])
         self.child_ids = child_ids
+        self._level = None  # made once, by levels() or by the first batch holding the graph
         owner = np.repeat(np.arange(num_vertices), counts)
         bad = (child_ids < 0) | (child_ids >= num_vertices)
         if bad.any():
@@ -92,6 +93,11 @@ class InputGraph(_ChildLists):
         has_parent = np.zeros(num_vertices, dtype=bool)
         has_parent[child_ids] = True
         self.roots = np.flatnonzero(~has_parent)
+        # An input graph is a value: its arrays are read-only, so what is derived from them
+        # (its child counts, its levels) is computed once and reused by every batch.
+        self._num_children = np.array(counts, dtype=np.int64)
+        for array in (self.child_ptr, self.child_ids, self.roots, self._num_children):
+            array.flags.writeable = False
 
     # --- constructors ---------------------------------------------------------------------------
     @classmethod
@@ -146,8 +152,18 @@ class InputGraph(_ChildLists):
     def children(self, v):
         return self.child_ids[self.child_ptr[v]:self.child_ptr[v + 1]].tolist()
 
+    @property
+    def num_children(self):
+        return self._num_children
+
     def levels(self):
-        return _levels(self.child_ptr, self.child_ids, "")
+        if self._level is None:
+            self._set_levels(_levels(self.child_ptr, self.child_ids, ""))
+        return self._level
+
+    def _set_levels(self, level):
+        level.flags.writeable = False
+        self._level = level
 
     def height(self):
         return int(self.levels().max())
@@ -253,7 +269,17 @@ class GraphBatch(_ChildLists):
 
     def _schedule(self):
         n = self.num_vertices
-        self.level = _levels(self.child_ptr, self.child_ids)
+        # Levels are a property of each graph: the graphs' own when they all have them (a
+        # dataset's graphs meet again every epoch), else computed for the batch at once and
+        # kept by each graph.
+        known = [getattr(g, "_level", None) for g in self.graphs]
+        if all(level is not None for level in known):
+            self.level = np.concatenate(known)
+        else:
+            self.level = _levels(self.child_ptr, self.child_ids)
+            for g, lo, hi in zip(self.graphs, self.offsets[:-1], self.offsets[1:]):
+                if getattr(g, "_level", None) is None:
+                    g._set_levels(self.level[lo:hi].copy())
         self.num_levels = int(self.level.max()) + 1
         self.order = np.argsort(self.level, kind="stable")
         self.row_of = np.empty(n, dtype=np.int64)
