@@ -19,6 +19,8 @@ per node.
 
 import numpy as np
 
+from ..cpu import kernels
+
 
 def batches_none(num_nodes):
     return [np.array([i], dtype=np.int64) for i in range(num_nodes)]
@@ -34,9 +36,10 @@ def batches_by_depth(sig, depth):
     return np.split(order, cuts)
 
 
-def batches_by_agenda(sig, depth, src, dst, num_sigs):
+def batches_by_agenda(sig, depth, src, dst, num_sigs, native=True):
     """DyNet's agenda over nodes with signatures ``sig`` and depths ``depth``; ``src -> dst``
-    are the edges between nodes (repeats allowed)."""
+    are the edges between nodes (repeats allowed). ``native``: the loop below runs in C where
+    native code runs (the same batches; this NumPy form is its reference)."""
     n = len(sig)
     if not n:
         return []
@@ -58,7 +61,13 @@ def batches_by_agenda(sig, depth, src, dst, num_sigs):
     ready = np.zeros(n, dtype=bool)  # indexed by position in per_sig
     first = np.flatnonzero(waiting == 0)
     ready[position[first]] = True
-    ready_count = np.bincount(sig[first], minlength=num_sigs)
+    ready_count = np.bincount(sig[first], minlength=num_sigs).astype(np.int64)
+    if native:  # the same loop in C, one call (cpu/kernels.py), where native code runs
+        batches = kernels.agenda_schedule(sig, waiting, consumer_ptr, consumers, per_sig,
+                                          position, sig_start, average_depth, ready,
+                                          ready_count)
+        if batches is not None:
+            return batches
     priority = np.where(ready_count > 0, average_depth, np.inf)
     batches, done = [], 0
     while done < n:

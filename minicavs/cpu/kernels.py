@@ -218,7 +218,55 @@ static void team_gemm(void *function, void *set_threads, int ta, int tb, I M, I 
   set(before);
 }
 
+// DyNet's agenda over a recorded graph (autobatch/schedule.py has the same loop in NumPy and
+// the meaning of every array): repeatedly emit every ready node of the signature with the
+// lowest average depth (the first such signature on a tie), then release its consumers.
+// Writes the nodes in batch order to order[n] and each batch's end to ends; returns the
+// number of batches, or -1 if nodes remain that never become ready (a cycle).
+static int64_t agenda(int64_t n, int64_t num_sigs, const int64_t *sig, int64_t *waiting,
+                      const int64_t *consumer_ptr, const int64_t *consumers,
+                      const int64_t *per_sig, const int64_t *position, const int64_t *sig_start,
+                      const double *average_depth, char *ready, int64_t *ready_count,
+                      double *priority, int64_t *order, int64_t *ends) {
+  const double none = HUGE_VAL;
+  for (int64_t s = 0; s < num_sigs; ++s)
+    priority[s] = ready_count[s] > 0 ? average_depth[s] : none;
+  int64_t done = 0, batches = 0;
+  while (done < n) {
+    int64_t s = 0;
+    for (int64_t k = 1; k < num_sigs; ++k)
+      if (priority[k] < priority[s]) s = k;
+    if (priority[s] == none) return -1;
+    const int64_t first = done;
+    for (int64_t p = sig_start[s]; p < sig_start[s + 1]; ++p)
+      if (ready[p]) { ready[p] = 0; order[done++] = per_sig[p]; }
+    ready_count[s] = 0;
+    priority[s] = none;
+    ends[batches++] = done;
+    for (int64_t i = first; i < done; ++i) {
+      const int64_t v = order[i];
+      for (int64_t e = consumer_ptr[v]; e < consumer_ptr[v + 1]; ++e) {
+        const int64_t c = consumers[e];
+        if (--waiting[c] == 0) {
+          ready[position[c]] = 1;
+          ++ready_count[sig[c]];
+          priority[sig[c]] = average_depth[sig[c]];
+        }
+      }
+    }
+  }
+  return batches;
+}
+
 extern "C" {
+int64_t agenda_schedule(int64_t n, int64_t num_sigs, const int64_t *sig, int64_t *waiting,
+                        const int64_t *consumer_ptr, const int64_t *consumers,
+                        const int64_t *per_sig, const int64_t *position,
+                        const int64_t *sig_start, const double *average_depth, char *ready,
+                        int64_t *ready_count, double *priority, int64_t *order, int64_t *ends) {
+  return agenda(n, num_sigs, sig, waiting, consumer_ptr, consumers, per_sig, position,
+                sig_start, average_depth, ready, ready_count, priority, order, ends);
+}
 #define TEAM_GEMM(name, T, I)                                                                  \
   void name(void *f, void *s, int ta, int tb, I M, I N, I K, const T *A, I lda, const T *B,   \
             I ldb, T *C, I ldc, int threads) {                                                \
@@ -322,6 +370,31 @@ def scatter_add_rows(out, idx, values):
     getattr(lib, f"scatter_add_{suffix}")(_p(out), _p(idx), _p(values),
                                           ctypes.c_int64(len(idx)), ctypes.c_int64(cols))
     return True
+
+
+def agenda_schedule(sig, waiting, consumer_ptr, consumers, per_sig, position, sig_start,
+                    average_depth, ready, ready_count):
+    """The agenda loop of ``autobatch/schedule.py`` in C (one call, no NumPy per batch): the
+    batches as arrays of node ids, or None (native code is off: NumPy runs it). ``waiting``,
+    ``ready`` and ``ready_count`` are worked on in place."""
+    lib = _library()
+    if lib is None:
+        return None
+    n, num_sigs = len(sig), len(sig_start) - 1
+    int64 = [np.ascontiguousarray(a, dtype=np.int64) for a in
+             (sig, consumer_ptr, consumers, per_sig, position, sig_start)]
+    order, ends = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    priority = np.empty(num_sigs, dtype=np.float64)
+    depth = np.ascontiguousarray(average_depth, dtype=np.float64)
+    function = lib.agenda_schedule
+    function.restype = ctypes.c_int64
+    count = function(ctypes.c_int64(n), ctypes.c_int64(num_sigs), _p(int64[0]), _p(waiting),
+                     _p(int64[1]), _p(int64[2]), _p(int64[3]), _p(int64[4]), _p(int64[5]),
+                     _p(depth), _p(ready), _p(ready_count), _p(priority), _p(order), _p(ends))
+    if count < 0:
+        raise RuntimeError("agenda: nodes that never become ready (the recorded graph has a "
+                           "cycle)")
+    return np.split(order, ends[:count - 1]) if count else []
 
 
 def _geometry(planes, size, kernel, stride, dilation, padding, out):
