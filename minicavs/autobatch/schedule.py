@@ -2,9 +2,10 @@
 
 Input: per node its signature id and depth (1 + the deepest pending input; recorded as the
 graph is built) and the edges between pending nodes. Output: a list of batches, each an array
-of node indices of one signature whose inputs are all in earlier batches. All of it is NumPy
+of node indices of one signature whose inputs are all in earlier batches. The set-up is NumPy
 over whole arrays; the agenda loop does a fixed handful of array operations per *batch*, never
-per node.
+per node — and where native code runs, the same loop runs in C in one call
+(``cpu/kernels.agenda_schedule``; the NumPy loop below is its reference).
 
 * ``depth`` (TensorFlow Fold's dynamic batching, Looks et al. 2017): one batch per
   (depth, signature), in order of depth. Nodes of equal depth never depend on each other.
