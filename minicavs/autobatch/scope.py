@@ -400,11 +400,11 @@ def _promotes(op, args):
 
 
 def _accumulate_grad(t, g, rows):
-    """``t.grad`` += ``g``. A gradient that may be a view of the scope's row memory (``rows``:
-    slabs a later backward writes again) is copied; any other is handed over as it is — a
-    parameter's gradient is made fresh by its product or scatter-add, and copying an embedding
-    table's (18 MB at the Tree-LSTM's vocabulary) cost more than the rest of the step's
-    backward pass."""
+    """``t.grad`` += ``g``. A gradient that may be a view of the scope's row memory (``rows``,
+    its slabs: a view would tie ``.grad`` to the scope's buffers and keep a whole slab alive)
+    is copied; any other is handed over as it is — a parameter's gradient is made fresh by its
+    product or scatter-add, and copying an embedding table's (18 MB at the Tree-LSTM's
+    vocabulary) cost more than the rest of the step's backward pass."""
     g = g.reshape(t.shape)
     if t.grad is not None:
         t.grad = Tensor(t.grad._array + g)
