@@ -20,7 +20,8 @@ from minicavs.runtime import codegen, interpreter_only
 from minicavs.errors import KernelCompileError
 
 from graph_strategies import forests
-from vertex_cells import binary_tree_lstm, child_sum_tree_lstm, embedding_tree_lstm, k_ary_cell
+from vertex_cells import binary_tree_lstm, child_sum_tree_lstm, embedding_tree_lstm, k_ary_cell, \
+    rntn
 
 E, H = 3, 4
 needs_native = pytest.mark.skipif(build.unavailable() is not None,
@@ -64,6 +65,7 @@ CELLS = {
     "binary": lambda rng, o: binary_tree_lstm(E, H, rng, options=o),
     "3-ary": lambda rng, o: k_ary_cell(E, H, 3, rng, options=o),
     "chain": lambda rng, o: k_ary_cell(E, H, 1, rng, options=o),
+    "rntn": lambda rng, o: rntn(E, H, rng, options=o),
 }
 
 
@@ -73,13 +75,52 @@ CELLS = {
        st.fixed_dictionaries({name: st.booleans() for name in NATIVE_PASSES}))
 def test_native_loops_run_and_equal_the_interpreter(cell, fuse, strided, graphs, seed,
                                                     native_passes):
-    if cell == "binary":
+    if cell in ("binary", "rntn"):
         graphs = [g for g in graphs if g.max_arity <= 2] or [mc.InputGraph.chain(3)]
     if cell == "chain":
         graphs = [g for g in graphs if g.max_arity <= 1] or [mc.InputGraph.chain(4)]
     F, params = CELLS[cell](np.random.default_rng(seed),
                             {"fuse": fuse, "strided_gathers": strided, **native_passes})
     assert _native_and_interpreter(F, params, graphs, seed) == ("native", "native")
+
+
+# Rows that are tensors inside the level loop: each vertex's value seen as an (A, B) matrix
+# (reshape), multiplied by a broadcast row, column or shared matrix, and summed over one or
+# both axes (with or without keepdims) — the shapes an RNTN-like cell makes.
+ROW_OPERANDS = ("row", "column", "shared", "shared_row", "broadcast_to")
+
+
+@needs_native
+@given(st.integers(1, 4), st.integers(1, 5), st.sampled_from(ROW_OPERANDS),
+       st.sampled_from([(0,), (1,), (-1,), (0, 1), (-2, -1)]), st.booleans(),
+       forests(max_arity=2, max_vertices=12), st.integers(0, 2**16))
+def test_rows_of_several_axes_run_natively_and_equal_the_interpreter(A, B, operand, axes,
+                                                                       keepdims, graphs, seed):
+    rng = np.random.default_rng(seed)
+    W = mc.Parameter(rng.standard_normal((E, A * B)) * 0.5, name="W")
+    U = mc.Parameter(rng.standard_normal((H, A * B)) * 0.5, name="U")
+    M = mc.Parameter(rng.standard_normal((A, B)), name="M")
+    R = mc.Parameter(rng.standard_normal((1, B)), name="R")
+    P = mc.Parameter(rng.standard_normal((B, H)) * 0.5, name="P")
+
+    def cell(v):
+        flat = mc.tanh(v.pull() @ W + (v.gather(0) + v.gather(1)) @ U)  # (A·B,) a vertex
+        rows = mc.reshape(flat, (A, B))
+        other = {"row": lambda: mc.reshape(flat, (A, B))[:1],  # (1, B): broadcast over A
+                 "column": lambda: mc.sum(rows, axis=1, keepdims=True),  # (A, 1): over B
+                 "shared": lambda: M, "shared_row": lambda: R,
+                 "broadcast_to": lambda: mc.broadcast_to(mc.sum(rows, axis=1, keepdims=True),
+                                                         (A, B))}[operand]()
+        total = mc.sum(rows * other + rows, axis=axes, keepdims=keepdims)
+        total = mc.reshape(total, (-1,))  # (A,), (B,) or (1,)
+        h = mc.tanh(mc.sum(total) + flat[:B] @ P)
+        v.scatter(h)
+        v.push(h * h)
+
+    F = mc.VertexFunction(cell, pull_shape=(E,), scatter_shape=(H,), push_shape=(H,), arity=2,
+                          dtype="float64")
+    graphs = [g for g in graphs if g.max_arity <= 2] or [mc.InputGraph.chain(3)]
+    assert _native_and_interpreter(F, [W, U, M, R, P], graphs, seed) == ("native", "native")
 
 
 @needs_native
@@ -394,7 +435,7 @@ def test_large_products_on_the_native_team_equal_numpy():
     a, b = rng.standard_normal((300, 200)), rng.standard_normal((200, 700))
     assert kernels.matmul(a, b) is None  # outside a call of native loops: NumPy's BLAS
     for x, y in ((a, b), (np.asfortranarray(a), b), (a, np.asfortranarray(b)),
-                 (a, b[:, :24]), (a.T.copy().T[:, :], b[:, 5:29])):
+                 (a, b[:, :124]), (a.T.copy().T[:, :], b[:, 5:129])):
         with kernels.team_products():
             got = kernels.matmul(x, y)
         if kernels.team_size() > 1:
@@ -403,6 +444,7 @@ def test_large_products_on_the_native_team_equal_numpy():
             assert got is None  # one core, or a BLAS that cannot be told one thread
     with kernels.team_products():
         assert kernels.matmul(a[:4], b[:, :4]) is None  # small: NumPy's call
+        assert kernels.matmul(a, b[:, :5]) is None  # narrow (a classifier): NumPy's call
         assert kernels.matmul(a.astype("float32"), b) is None  # mixed dtypes: NumPy
 
 

@@ -1,6 +1,7 @@
 """Vertex functions shared by the runtime tests: a binary Tree-LSTM (Cavs Fig. 4), a
-child-sum Tree-LSTM (Tai et al.), and a generic cell that gathers ``arity`` children, and the benchmark's Tree-LSTM that embeds pulled
-word ids inside the cell."""
+child-sum Tree-LSTM (Tai et al.), a generic cell that gathers ``arity`` children, the
+benchmark's Tree-LSTM that embeds pulled word ids inside the cell, and an RNTN (Socher et al.
+2013: a bilinear term xᵀ V_i x, whose rows are matrices inside the level loop)."""
 
 import minicavs as mc
 
@@ -102,3 +103,24 @@ def embedding_tree_lstm(E, H, vocab, rng, dtype="float64", options=None, classes
     F = mc.VertexFunction(cell, pull_shape=(), pull_dtype="int64", scatter_shape=(2 * H,),
                           push_shape=(classes,), arity=2, dtype=dtype, options=options)
     return F, [table, W, U, b, Wo]
+
+
+def rntn(E, H, rng, dtype="float64", options=None):
+    """RNTN: x = [h_l, h_r], h = tanh(p W + x U + xᵀ V x + b), with xᵀ V_i x for every slice i of
+    V (H, 2H, 2H) written as (x V) seen as an (H, 2H) matrix per vertex, times x, summed."""
+    W = mc.Parameter(rng.standard_normal((E, H)).astype(dtype) * 0.5, name="W")
+    U = mc.Parameter(rng.standard_normal((2 * H, H)).astype(dtype) * 0.4, name="U")
+    V = mc.Parameter(rng.standard_normal((H, 2 * H, 2 * H)).astype(dtype) * 0.3, name="V")
+    b = mc.Parameter(rng.standard_normal(H).astype(dtype) * 0.1, name="b")
+
+    def cell(v):
+        x = mc.concat([v.gather(0), v.gather(1)])
+        v_flat = mc.reshape(mc.transpose(V, (1, 0, 2)), (2 * H, H * 2 * H))
+        bilinear = mc.sum(mc.reshape(x @ v_flat, (H, 2 * H)) * x, axis=-1)
+        h = mc.tanh(v.pull() @ W + x @ U + bilinear + b)
+        v.scatter(h)
+        v.push(h * h)
+
+    F = mc.VertexFunction(cell, pull_shape=(E,), scatter_shape=(H,), push_shape=(H,),
+                          arity=2, dtype=dtype, options=options)
+    return F, [W, U, V, b]

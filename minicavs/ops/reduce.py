@@ -100,7 +100,7 @@ def _cumsum_vjp(g, out, x, axis):
 
 SUM = register(Op("sum", lambda xp, x, axes, keepdims: xp.sum(x, axis=axes, keepdims=keepdims),
                   _infer_reduce("sum", True), _sum_vjp, batch=_batch_reduce,
-                  zero_rows=_zero_rows_reduce))
+                  zero_rows=_zero_rows_reduce, native="sum"))
 MAX = register(Op("max", lambda xp, x, axes, keepdims: xp.max(x, axis=axes, keepdims=keepdims),
                   _infer_reduce("max", False), _max_vjp, batch=_batch_reduce,
                   zero_rows=_zero_rows_reduce))

@@ -44,8 +44,11 @@ asks the op, never its name. A rule an op does not declare has a safe meaning, s
 * ``native``: how the native CPU backend (``minicavs/cpu``) runs the op inside a level loop,
   when it is not elementwise (those run from ``c_expr``) or a concat (``assembles_in_place``):
   ``"window"`` — the output is indices ``start:stop`` of input 0 along ``attrs["axis"]``, a view
-  (slice_axis); ``"product"`` — a matrix product, one BLAS gemm (matmul). None: a program whose
-  level loop holds the op runs on the NumPy interpreter.
+  (slice_axis); ``"product"`` — a matrix product, one BLAS gemm (matmul); ``"view"`` — each
+  row's elements seen in another shape (reshape) or repeated along size-1 axes (broadcast_to),
+  no copy; ``"sum"`` — a sum over axes of each row; ``"pad"`` — each row zero-padded along
+  ``attrs["axis"]`` (pad_axis). None: a program whose level loop holds the op runs on the NumPy
+  interpreter.
 * ``row_index_arg``: the position of an argument of row indices (-1: no row): row i of the
   output is row ``idx[i]`` of the table (take_rows), or row i of the input goes to row
   ``idx[i]`` of the output (scatter_add_rows); a row whose index is -1 is zero, or unused

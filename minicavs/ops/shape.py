@@ -132,7 +132,7 @@ def _join_padded_slices(pads):
 
 RESHAPE = register(Op("reshape", lambda xp, x, shape: xp.reshape(x, shape), _infer_reshape,
                       lambda g, out, x, shape: (reshape(g, tuple(x.shape)),),
-                      batch=_batch_reshape, zero_rows=KEEPS, keeps_rows=True))
+                      batch=_batch_reshape, zero_rows=KEEPS, keeps_rows=True, native="view"))
 TRANSPOSE = register(Op("transpose", lambda xp, x, axes: xp.transpose(x, axes), _infer_transpose,
                         lambda g, out, x, axes: (transpose(g, _inverse_permutation(axes)),),
                         batch=_batch_transpose,
@@ -140,7 +140,7 @@ TRANSPOSE = register(Op("transpose", lambda xp, x, axes: xp.transpose(x, axes), 
 BROADCAST_TO = register(Op("broadcast_to", lambda xp, x, shape: xp.broadcast_to(x, shape),
                            _infer_broadcast_to,
                            lambda g, out, x, shape: (elementwise.unbroadcast(g, x.shape),),
-                           batch=_batch_broadcast_to, zero_rows=KEEPS))
+                           batch=_batch_broadcast_to, zero_rows=KEEPS, native="view"))
 CONCAT = register(Op("concat", lambda xp, *xs, axis: xp.concatenate(xs, axis=axis),
                      _infer_concat, _concat_vjp, batch=_batch_along_axis, zero_rows=HULL,
                      assembles_in_place=True, promotes="all"))
@@ -151,7 +151,8 @@ SLICE_AXIS = register(Op("slice_axis", _slice_forward, _infer_slice,
 PAD_AXIS = register(Op("pad_axis", _pad_forward, _infer_pad,
                        lambda g, out, x, before, after, axis:
                        (slice_axis(g, before, before + x.shape[axis], axis),),
-                       batch=_batch_along_axis, zero_rows=KEEPS, join=_join_padded_slices))
+                       batch=_batch_along_axis, zero_rows=KEEPS, join=_join_padded_slices,
+                       native="pad"))
 
 
 def reshape(x, shape):

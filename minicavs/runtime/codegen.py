@@ -84,15 +84,86 @@ class Slot:
 
 @dataclass(frozen=True)
 class View:
-    """Row i of a per-row value on the current level: ``base + i * ld + col``."""
+    """Row i of a per-row value on the current level: ``base + i * ld + col``. A per-row
+    tensor (a value of shape (V, a, b, ...)) has its row's ``shape`` and the ``strides`` of
+    its elements along each axis (0 along a broadcast axis); a plain row has neither."""
 
     base: str
     ld: str
     col: int
     width: int
+    shape: tuple = None
+    strides: tuple = None
 
     def row(self, i):
         return f"({self.base} + ({i}) * {self.ld} + {self.col})"
+
+    @property
+    def axes(self):
+        return self.shape if self.shape is not None else (self.width,)
+
+    @property
+    def steps(self):
+        return self.strides if self.strides is not None else (1,)
+
+    @property
+    def contiguous(self):
+        """Its row's elements lie one after another (it can be copied, zeroed, multiplied)."""
+        return all(n == 1 or s == c for n, s, c in zip(self.axes, self.steps,
+                                                        _packed_strides(self.axes)))
+
+    def reshaped(self, shape, strides=None):
+        shape = tuple(shape)
+        return View(self.base, self.ld, self.col, int(np.prod(shape, dtype=np.int64)),
+                    shape if len(shape) > 1 or strides is not None else None,
+                    strides if strides is not None else
+                    (_packed_strides(shape) if len(shape) > 1 else None))
+
+
+def _index(strides, axes):
+    """The C offset of the element at loop indices ``u<d>`` (d in ``axes``) with ``strides``."""
+    terms = [f"u{d}" if s == 1 else f"u{d} * {s}" for d, s in zip(axes, strides) if s != 0]
+    return " + ".join(terms) or "0"
+
+
+def _aligned_to(shape, strides, target):
+    """The strides of a value of ``shape`` broadcast to ``target`` (NumPy's rule: axes
+    right-aligned, a missing or size-1 axis repeats: stride 0)."""
+    lead = len(target) - len(shape)
+    if lead < 0 or any(n not in (1, target[lead + d]) for d, n in enumerate(shape)):
+        raise Unsupported(f"a row of shape {tuple(shape)} broadcast against {tuple(target)}")
+    return tuple(0 if d < lead or shape[d - lead] == 1 else strides[d - lead]
+                 for d in range(len(target)))
+
+
+def _loads(inputs, shape):
+    """Row pointers ``r<k>`` and loads ``const T x<k>`` of ``inputs`` (Views, or ``("shared",
+    slot, shape)``) at the element ``u0, u1, ...`` of a row of ``shape``, broadcast to it."""
+    axes = range(len(shape))
+    rows, loads = [], []
+    for k, x in enumerate(inputs):
+        if isinstance(x, View):
+            rows.append(f"const T *__restrict__ r{k} = {x.row('i')};")
+            steps = _aligned_to(x.axes, x.steps, shape)
+            loads.append(f"const T x{k} = r{k}[{_index(steps, axes)}];")
+        else:
+            _, slot, xshape = x
+            steps = _aligned_to(xshape, _packed_strides(xshape), shape)
+            loads.append(f"const T x{k} = P{slot}[{_index(steps, axes)}];")
+    return rows, loads
+
+
+def _is_elementwise(ins):
+    step = ins.step
+    return getattr(step, "group", None) is not None or step.node.op.is_elementwise
+
+
+def _packed_strides(shape):
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
 
 
 @dataclass(frozen=True)
@@ -112,14 +183,24 @@ def generate(program, blas="cblas64"):
     return _Generator(program, blas).loop()
 
 
+def _tail(node):
+    """The shape of one row of the per-row value ``node`` (its axes after the first)."""
+    tail = node.shape[1:]
+    if not all(isinstance(n, (int, np.integer)) for n in tail):
+        raise Unsupported(f"per-row value {node.label()} has shape {node.shape} (the native "
+                          f"loop takes rows of a fixed shape)")
+    return tuple(int(n) for n in tail)
+
+
 def _width(node):
-    shape = node.shape
-    if len(shape) == 1:
-        return 1
-    if len(shape) == 2 and isinstance(shape[1], (int, np.integer)):
-        return int(shape[1])
-    raise Unsupported(f"per-row value {node.label()} has shape {shape} (the native loop takes "
-                      f"rows of one axis)")
+    return int(np.prod(_tail(node), dtype=np.int64))
+
+
+def _row_view(base, ld, node):
+    """The view of a per-row value stored one packed row per vertex."""
+    tail = _tail(node)
+    return View(base, ld, 0, _width(node)).reshaped(tail) if len(tail) > 1 else \
+        View(base, ld, 0, _width(node))
 
 
 class _Generator:
@@ -135,6 +216,9 @@ class _Generator:
         self.concats = {}  # node.key -> [(View, column)]: a concat added by its parts
         self.prewritten = set()  # window keys whose rows a direct gather wrote
         self.readers = {}  # node.key -> core instructions reading it
+        self.zero_through = {}  # node.key -> the view a ZERO clears for it (a broadcast's source)
+        self.written_for = set()  # reshape keys whose producer writes their rows directly
+        self.summed = {}  # node.key -> the elementwise step computed inside the sum reading it
 
     def _dtype(self):
         touched = [x for ins in self.program.core for x in (*ins.reads, *ins.writes)]
@@ -167,14 +251,39 @@ class _Generator:
                 raise Unsupported(f"value {node.label()} has a row per edge")
             if domain == "vertex":
                 slot = self._slot("batch", node=node)
-                self.views[key] = View(f"B{slot.index}", f"L{slot.index}", 0, _width(node))
+                self.views[key] = _row_view(f"B{slot.index}", f"L{slot.index}", node)
             else:
                 self.shared[key] = self._slot("shared", node=node)
         for ins in core:
             for x in ins.reads:
                 self.readers.setdefault(x.key, []).append(ins)
+        self.place_level_values()
         body = [self.instruction(k, ins) for k, ins in enumerate(core)]
         return LevelLoop(self.source(body), self.dtype, tuple(self.slots), len(core), ACTIONS)
+
+    def place_level_values(self):
+        """A value that lives only during its level and that one step reads is made where that
+        step wants it: a reshape's input in the rows of the reshape's buffer (the product or
+        group writes them; no copy), an elementwise group's output inside the loop of the
+        per-row sum that reads it (never stored: the RNTN's (x V) * x, summed)."""
+        outside = self.program.read_outside_core
+        producers = {o.key: ins for ins in self.program.core for o in ins.writes}
+        for ins in self.program.core:
+            node = getattr(ins.step, "node", None) if isinstance(ins, Compute) else None
+            if node is None or ins.inlined or not node.inputs:
+                continue
+            x = node.inputs[0]
+            producer = producers.get(x.key)
+            if x.key in outside or self.readers.get(x.key) != [ins] or \
+                    not isinstance(producer, Compute) or producer.inlined or \
+                    len(producer.writes) != 1:
+                continue
+            if node.op.native == "view" and node.op.name == "reshape" and \
+                    node.key in self.views and self.views[node.key].contiguous:
+                self.views[x.key] = self.views[node.key].reshaped(_tail(x))
+                self.written_for.add(node.key)
+            elif node.op.native == "sum" and _is_elementwise(producer):
+                self.summed[x.key] = producer
 
     # --- values ---------------------------------------------------------------------------------
 
@@ -194,7 +303,7 @@ class _Generator:
         if view is None:
             width = _width(node)
             slot = self._slot("scratch", node=node, width=width)
-            view = self.views[node.key] = View(f"P{slot.index}", str(width), 0, width)
+            view = self.views[node.key] = _row_view(f"P{slot.index}", str(width), node)
         return view
 
     def child(self, slot):
@@ -217,6 +326,8 @@ class _Generator:
                 for p, o in enumerate(ins.writes):
                     self.inlined[o.key] = (ins, p, 0, _width(o))
             return f"    // [{k}] {note}: computed where it is read"
+        if isinstance(ins, Compute) and ins.writes[0].key in self.summed:
+            return f"    // [{k}] {note}: computed inside the sum that reads it"
         if isinstance(ins, Compute):
             if any(ins.accumulate):
                 raise Unsupported("a value is summed over levels (lazy_batching is off)")
@@ -227,8 +338,9 @@ class _Generator:
             run = self.gather(ins)
         else:
             run = self.scatter_add(ins)
-        if zero_views is None:
-            zero_views = [self.views[o.key] for o in ins.writes if o.key in self.views]
+        if zero_views is None:  # (a broadcast view is zero where its source is: clear that)
+            zero_views = [self.zero_through.get(o.key, self.views[o.key]) for o in ins.writes
+                          if o.key in self.views]
         zero = "\n".join(self.zero(v) for v in zero_views)
         return (f"    // [{k}] {note}\n"
                 f"    if (act[{k}] == {ACTIONS[RUN]}) {{\n{_indent(run, 6)}\n    }}"
@@ -248,28 +360,174 @@ class _Generator:
             return self.window(node, step.attrs)
         if op.native == "product":
             return self.product(node)
+        if op.native == "view":
+            return self.row_view(node)
+        if op.native == "sum":
+            return self.row_sum(node, step.attrs)
+        if op.native == "pad":
+            return self.row_pad(node, step.attrs)
         if op.assembles_in_place:
             return self.concat(node, step.attrs, ins.aliased)
         raise Unsupported(f"op '{op.name}' ({node.label()}) has no native form in a level loop")
 
     def window(self, node, attrs):
         x = node.inputs[0]
-        if row_domain(x.shape) != "vertex" or len(x.shape) != 2 or attrs["axis"] not in (1, -1):
-            raise Unsupported(f"slice_axis {node.label()}: only column windows of per-row "
-                              f"matrices run natively")
+        axis = int(attrs["axis"]) % len(x.shape) if len(x.shape) > 1 else 0
+        if row_domain(x.shape) != "vertex" or axis == 0:
+            raise Unsupported(f"slice_axis {node.label()}: only windows of each row run "
+                              f"natively")
         start, stop = int(attrs["start"]), int(attrs["stop"])
         if x.key in self.inlined:  # a window of a value computed where it is read
+            if len(x.shape) != 2:
+                raise Unsupported(f"slice_axis {node.label()} of a value computed where read")
             producer, index, col, _ = self.inlined[x.key]
             self.inlined[node.key] = (producer, index, col + start, stop - start)
             return "// a window of a value computed where it is read"
         if node.key in self.prewritten:
             return "// the gather wrote its rows"
         source = self.view(x)
-        window = View(source.base, source.ld, source.col + start, stop - start)
+        if source.shape is None:  # columns start:stop of a plain row
+            window = View(source.base, source.ld, source.col + start, stop - start)
+        else:  # indices start:stop along one axis of a per-row tensor
+            shape = list(source.axes)
+            shape[axis - 1] = stop - start
+            window = View(source.base, source.ld, source.col + start * source.steps[axis - 1],
+                          0).reshaped(shape, source.steps)
+            if window.contiguous and len(shape) == 1:
+                window = View(window.base, window.ld, window.col, window.width)
         if node.key in self.views:  # it has rows of its own (a buffer): copy the columns
-            return self.copy_columns(window, self.views[node.key])
+            target = self.views[node.key]
+            if window.contiguous and target.contiguous:
+                return self.copy_columns(window, target)
+            return self.tensor_loop([target.reshaped(window.axes)], [window], ["y0 = x0;"])
+        if not window.contiguous:  # zero where its source is: a ZERO clears the source
+            self.zero_through[node.key] = self.zero_through.get(x.key, source)
         self.views[node.key] = window
         return "// a view: nothing to do"
+
+    def row_view(self, node):
+        """reshape / broadcast_to of each row (``Op.native == "view"``): a new view of the
+        input's rows, no copy — or a copy where the value has rows of its own (a buffer)."""
+        x = node.inputs[0]
+        if row_domain(x.shape) != "vertex" or row_domain(node.shape) != "vertex" \
+                or node.shape[0] != x.shape[0] or x.key in self.inlined:
+            raise Unsupported(f"{node.op.name} {node.label()}: only a reshape or broadcast of "
+                              f"each row runs natively")
+        if node.key in self.written_for:
+            return "// its input was written into its rows"
+        source, shape = self.view(x), _tail(node)
+        if node.op.name == "reshape":
+            if not source.contiguous:  # a broadcast or strided row: copied, packed, first
+                out = self.output(node)
+                return self.tensor_loop([out.reshaped(source.axes)], [source], ["y0 = x0;"])
+            view = source.reshaped(shape)
+        else:  # broadcast_to: the input's axes, right-aligned; stride 0 where it has size 1
+            if len(x.shape) != len(node.shape):
+                raise Unsupported(f"broadcast_to {node.label()} adds axes to each row")
+            view = source.reshaped(shape, _aligned_to(source.axes, source.steps, shape))
+        if node.key in self.views:  # it has rows of its own: copy the elements
+            target = self.views[node.key]
+            return self.tensor_loop([target.reshaped(shape)], [view], ["y0 = x0;"])
+        if not view.contiguous:  # zero where its source is: a ZERO clears the source
+            self.zero_through[node.key] = self.zero_through.get(x.key, source)
+        self.views[node.key] = view
+        return "// a view of its input's rows: nothing to do"
+
+    def row_sum(self, node, attrs):
+        """A sum over axes of each row (``Op.native == "sum"``), into the output's rows; of
+        an elementwise group's output, the group computed where the sum reads it."""
+        x = node.inputs[0]
+        rank = len(x.shape)
+        axes = sorted({int(a) % rank for a in attrs["axes"]} if attrs["axes"] is not None
+                      else set(range(rank)))
+        if row_domain(x.shape) != "vertex" or 0 in axes or x.key in self.inlined:
+            raise Unsupported(f"sum {node.label()} over the rows (a per-level sum)")
+        out = self.output(node)
+        if not out.contiguous:
+            raise Unsupported(f"sum {node.label()} into a strided row")
+        shape = _tail(x)
+        if x.key in self.summed:  # the group's statements, at the element being added
+            group = self.group_of(self.summed[x.key])
+            rows, loads = self.element_loads(group, shape)
+            element = "\n".join(loads + ["T y0;", fusion.elementwise_source(
+                group, self.dtype).operation]) + "\n"
+            value = "y0"
+        else:
+            source = self.view(x)
+            rows = [f"const T *__restrict__ x = {source.row('i')};"]
+            element, value = "", f"x[{_index(source.steps, range(len(shape)))}]"
+        summed = [a - 1 for a in axes]  # axes of the row
+        kept = [d for d in range(len(shape)) if d not in summed]
+        out_index = _index(_packed_strides([shape[d] for d in kept]), kept)
+
+        def loops(dims):
+            return "".join(f"for (int64_t u{d} = 0; u{d} < {shape[d]}; ++u{d})\n" for d in dims)
+
+        last = len(shape) - 1
+        if summed == list(range(len(shape) - len(summed), len(shape))):
+            # the last axes: one running total per output element, vectorised over the last
+            body = (f"{loops(kept)}{{\n  T total = 0;\n"
+                    + (_indent(loops(summed[:-1]), 2) + "\n" if summed[:-1] else "") +
+                    f"  #pragma omp simd reduction(+:total)\n"
+                    f"  for (int64_t u{last} = 0; u{last} < {shape[last]}; ++u{last}) {{\n"
+                    f"{_indent(element, 4)}    total += {value};\n  }}\n"
+                    f"  o[{out_index}] = total;\n}}")
+        else:  # an inner axis: add each slice into the zeroed output, vectorised over the last
+            body = (f"std::memset(o, 0, {out.width} * sizeof(T));\n{loops(range(last))}"
+                    f"#pragma omp simd\n"
+                    f"for (int64_t u{last} = 0; u{last} < {shape[last]}; ++u{last}) {{\n"
+                    f"{_indent(element, 2)}  o[{out_index}] += {value};\n}}")
+        return (f"{TEAM_FOR}\n"
+                f"for (int64_t i = 0; i < n; ++i) {{\n"
+                f"{_indent(chr(10).join(rows), 2)}\n"
+                f"  T *__restrict__ o = {out.row('i')};\n"
+                f"{_indent(body, 2)}\n}}")
+
+    def row_pad(self, node, attrs):
+        """Each row zero-padded along one axis (``Op.native == "pad"``): the output's rows
+        cleared, then the input copied into its window."""
+        x = node.inputs[0]
+        axis = int(attrs["axis"]) % len(x.shape)
+        if row_domain(x.shape) != "vertex" or axis == 0 or x.key in self.inlined:
+            raise Unsupported(f"pad_axis {node.label()}: only padding within each row runs "
+                              f"natively")
+        source, out = self.view(x), self.output(node)
+        if not out.contiguous:
+            raise Unsupported(f"pad_axis {node.label()} into a strided row")
+        shape = list(out.axes)
+        steps = _packed_strides(shape)
+        shape[axis - 1] = source.axes[axis - 1] if source.shape is not None else source.width
+        window = View(out.base, out.ld, out.col + int(attrs["before"]) * steps[axis - 1],
+                      0).reshaped(shape, steps)
+        return (self.zero(out) + "\n"
+                + self.tensor_loop([window], [source.reshaped(shape)], ["y0 = x0;"],
+                                   check_outputs=False))
+
+    def tensor_loop(self, outs, inputs, operation, check_outputs=True):
+        """An elementwise loop over per-row tensors: rows split between the team, then each
+        row's elements (axes u0, u1, ..., the last vectorised), every input read through its
+        strides (0: broadcast). ``inputs``: Views, or ``("shared", slot, shape)``."""
+        shape = outs[0].axes
+        if any(o.axes != shape or check_outputs and not o.contiguous for o in outs):
+            raise Unsupported("a fused group with outputs of different shapes")
+        axes = range(len(shape))
+        rows, loads = _loads(inputs, shape)
+        for p, view in enumerate(outs):
+            rows.append(f"T *__restrict__ o{p} = {view.row('i')};")
+        at = _index(outs[0].steps, axes)
+        body = "\n".join(loads) + "\n" + "\n".join(
+            f"T y{p};" for p in range(len(outs))) + "\n" + "\n".join(operation) + "\n" + \
+            "\n".join(f"o{p}[{at}] = y{p};" for p in range(len(outs)))
+        last = len(shape) - 1
+        loops = "".join(f"for (int64_t u{d} = 0; u{d} < {shape[d]}; ++u{d})\n"
+                        for d in range(last))
+        return (f"{TEAM_FOR}\n"
+                f"for (int64_t i = 0; i < n; ++i) {{\n"
+                f"{_indent(chr(10).join(rows), 2)}\n"
+                + (_indent(loops, 2) + "\n" if loops else "") +
+                f"  #pragma omp simd\n"
+                f"  for (int64_t u{last} = 0; u{last} < {shape[last]}; ++u{last}) {{\n"
+                f"{_indent(body, 4)}\n  }}\n}}")
 
     def concat(self, node, attrs, aliased):
         out = self.output(node)
@@ -295,6 +553,8 @@ class _Generator:
             raise Unsupported(f"matmul {node.label()}: only per-row X times a shared matrix W "
                               f"runs natively")
         a, out = self.view(x), self.output(node)
+        if a.shape is not None or not a.contiguous:
+            raise Unsupported(f"matmul {node.label()}: X's rows are not packed")
         k, m = (int(d) for d in w.shape)
         s = self.shared[w.key].index
         return (f"gemm_team(n, {m}, {k}, P{s}, a[{2 * s}], a[{2 * s + 1}], "
@@ -303,6 +563,10 @@ class _Generator:
     def elementwise(self, group):
         source = fusion.elementwise_source(group, self.dtype)
         outs = [self.output(o) for o in group.outputs]
+        if any(o.shape is not None for o in outs) or any(
+                row_domain(x.shape) == "vertex" and x.key not in self.inlined
+                and self.view(x).shape is not None for x in group.inputs):
+            return self.tensor_elementwise(group, outs, source)
         width = outs[0].width
         if any(o.width != width for o in outs):
             raise Unsupported("a fused group with outputs of different widths")
@@ -338,6 +602,38 @@ class _Generator:
                 f"{_indent(chr(10).join(rows), 2)}\n"
                 f"  #pragma omp simd\n"
                 f"  for (int64_t j = 0; j < {width}; ++j) {{\n{_indent(body, 4)}\n  }}\n}}")
+
+    def tensor_elementwise(self, group, outs, source):
+        """An elementwise group over per-row tensors (rows of several axes, or broadcast)."""
+        return self.tensor_loop(outs, self.group_inputs(group), [source.operation])
+
+    def group_inputs(self, group):
+        """The inputs of an elementwise group over per-row tensors, for :meth:`tensor_loop`:
+        a per-row value's View, or ``("shared", slot, shape)``."""
+        rank = len(group.outputs[0].shape)
+        inputs = []
+        for x in group.inputs:
+            if x.key in self.inlined:
+                raise Unsupported(f"{x.label()} is computed where it is read, in a loop over "
+                                  f"per-row tensors")
+            if row_domain(x.shape) == "vertex":
+                if len(x.shape) != rank:
+                    raise Unsupported(f"{x.label()} of shape {x.shape} broadcast against rows "
+                                      f"of {group.outputs[0].shape}")
+                inputs.append(self.view(x))
+            else:
+                shape = tuple(int(n) for n in x.shape)
+                if len(shape) == rank:  # its first axis stands against the rows: size 1
+                    if shape[0] != 1:
+                        raise Unsupported(f"{x.label()} of shape {x.shape} against the rows")
+                    shape = shape[1:]
+                inputs.append(("shared", self.shared_slot(x), shape))
+        return inputs
+
+    def element_loads(self, group, shape):
+        """Row pointers, and the statements that load ``x0, x1, ...`` of a group's inputs at
+        the element ``u0, u1, ...`` of a row of ``shape``."""
+        return _loads(self.group_inputs(group), shape)
 
     def group_of(self, ins):
         group = getattr(ins.step, "group", None)
@@ -460,6 +756,9 @@ class _Generator:
 
     def _scatter(self, ins, child):
         values = self.view(ins.source)
+        if not values.contiguous:
+            raise Unsupported(f"the gradient {ins.source.label()} added into the children is "
+                              f"a broadcast or strided row")
         return (f"for (int64_t i = 0; i < n; ++i) {{\n"
                 f"  if ({child}[lo + i] < 0) continue;  // absent: nothing reads its gradient\n"
                 f"  T *__restrict__ d = d_states + {child}[lo + i] * d_states_ld;\n"
@@ -468,6 +767,8 @@ class _Generator:
                 f"  for (int64_t j = 0; j < {values.width}; ++j) d[j] += v[j];\n}}")
 
     def copy_columns(self, source, target):
+        if not (source.contiguous and target.contiguous):
+            raise Unsupported("a copy of a broadcast or strided row")
         return (f"{TEAM_FOR}\n"
                 f"for (int64_t i = 0; i < n; ++i)\n"
                 f"  std::memcpy({target.row('i')}, {source.row('i')}, "

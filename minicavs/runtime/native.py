@@ -173,13 +173,16 @@ def _aligned(array):
 
 def _rows_layout(array):
     """The row stride (in elements) of a per-row value the loop reads as ``base + i * ld``
-    with unit column stride, or None: rows must not overlap or run backwards, columns must be
-    contiguous (a 1-D value is one column)."""
+    with each row's elements packed (C order), or None: rows must not overlap or run
+    backwards, a row's elements must lie one after another (a 1-D value is one column)."""
     if not _aligned(array) or array.strides[0] % array.itemsize:
         return None
-    width = array.shape[1] if array.ndim == 2 else 1
-    if array.ndim == 2 and array.strides[1] != array.itemsize and width > 1:
-        return None
+    width = int(np.prod(array.shape[1:], dtype=np.int64))
+    step = array.itemsize
+    for n, stride in zip(reversed(array.shape[1:]), reversed(array.strides[1:])):
+        if n > 1 and stride != step and width > 1:
+            return None
+        step *= n
     ld = array.strides[0] // array.itemsize
     return ld if ld >= max(width, 1) or array.shape[0] <= 1 and ld >= 0 else None
 

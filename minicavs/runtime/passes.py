@@ -27,6 +27,9 @@ scheduling
   ``leaf_sinks``     steps that only feed the children's gradients are skipped on levels with
                      no children (the leaves)
   ``strided_gathers`` evenly spaced child rows are read and added through strided views
+  ``unread_zeros``   a value that lives only during its level and that no running step of
+                     the level reads is not written at all where it is zero (a leaf's
+                     product with zero children, when every reader is zero there too)
 native level loop (codegen.py; the interpreter computes the same values its own way)
   ``direct_gathers``  a gather whose readers are column windows copies the children's rows
                      straight into the rows the windows own (the GEMM's concatenated input,
@@ -71,6 +74,7 @@ class Options:
     zero_rows: bool = True
     leaf_sinks: bool = True
     strided_gathers: bool = True
+    unread_zeros: bool = True
     direct_gathers: bool = True
     inline_windows: bool = False  # measured slower here (passes.inline_windows); off by default
     direct_scatters: bool = True
@@ -260,7 +264,7 @@ def buffers(program):
     child reads."""
     whole = program.eager + program.lazy
     read_later = {k.key for k in program.keep} | {x.key for ins in whole for x in ins.reads} | {
-        o.key for o in _read_after_loop(program)}
+        o.key for o in program.read_after_loop}
     specs = {}
     for o in [o for ins in program.core for o in ins.writes]:
         if row_domain(o.shape) and o.key in read_later:
@@ -272,17 +276,6 @@ def buffers(program):
     if program.reverse:
         specs[program.sources[0].key] = _buffer(program.sources[0], spare=1)
     return program.with_(buffers=tuple(specs.values()))
-
-
-def _read_after_loop(program):
-    """The graph outputs the caller reads after the loop: all of F's; ∂F's except the sinks,
-    which are added into the children's rows within their level — unless the same value is
-    also another output (the pulled input's gradient when it equals a gather's)."""
-    outputs = list(program.graph.outputs)
-    if program.reverse:
-        for s in program.sinks:  # one entry per sink, by identity (== is elementwise)
-            del outputs[next(i for i, o in enumerate(outputs) if o is s)]
-    return outputs
 
 
 def _buffer(symbol, spare=0):
@@ -363,7 +356,7 @@ def leaf_sinks(program):
     level where no vertex has that child those steps have nothing to do."""
     graph = program.graph
     sinks = {s.key for s in program.sinks}
-    read_after = {o.key for o in _read_after_loop(program)}
+    read_after = {o.key for o in program.read_after_loop}
     buffered = program.buffered
     owner = {}
     for ins in program.core:
@@ -395,6 +388,24 @@ def leaf_sinks(program):
     return program.with_(core=core, skips_unread_sinks=True)
 
 
+def unread_zeros(program):
+    """Give each core step whose outputs live only during their level the steps that read
+    them: on a level where it would write zeros (ZERO) and none of those runs, it is skipped
+    (plans.py). Measured on the RNTN (rows of 2,048 products at the leaves): the zeros were
+    written and then read by nothing."""
+    outside = program.read_outside_core
+    readers = {}
+    for k, ins in enumerate(program.core):
+        for x in ins.reads:
+            readers.setdefault(x.key, []).append(k)
+    local = tuple(
+        tuple(sorted({r for o in ins.writes for r in readers.get(o.key, ())}))
+        if isinstance(ins, (Compute, Gather)) and ins.writes
+        and not any(o.key in outside for o in ins.writes) else None
+        for ins in program.core)
+    return program.with_(level_local_readers=local)
+
+
 def strided_gathers(program):
     """Gathers and scatter-adds read and add through evenly spaced slices where a batch has
     them (complete trees and chains), instead of index arrays."""
@@ -417,14 +428,6 @@ def _is_window(ins):
     return node is not None and node.op.native == "window"
 
 
-def _read_outside_core(program):
-    """Keys of the values read after their level or by someone else than the core."""
-    return ({k.key for k in program.keep} | {x.key for ins in program.eager + program.lazy
-                                             for x in ins.reads}
-            | {o.key for o in _read_after_loop(program)} | set(program.buffered)
-            | {part.key for part, *_ in program.aliases})
-
-
 def direct_gathers(program):
     """(native) Gathers read only by column windows write the windows' rows directly."""
     readers = _core_readers(program)
@@ -440,7 +443,7 @@ def inline_windows(program):
     read only through column windows, themselves read only by elementwise core groups, is
     computed inside those groups (marked ``inlined``; the native loop writes nothing for it)."""
     readers = _core_readers(program)
-    outside = _read_outside_core(program)
+    outside = program.read_outside_core
 
     def elementwise(ins):
         if not isinstance(ins, Compute) or any(ins.accumulate):
@@ -465,7 +468,7 @@ def direct_scatters(program):
     """(native) A scatter-add whose source is a concat computed per level only for it adds the
     concat's parts into their columns instead (the concat is marked ``inlined``)."""
     readers = _core_readers(program)
-    outside = _read_outside_core(program)
+    outside = program.read_outside_core
     concats = {}
     for ins in program.core:
         node = getattr(ins.step, "node", None) if isinstance(ins, Compute) else None
@@ -530,8 +533,8 @@ def _replace(ins, **changes):
 GRAPH_PASSES = (regroup_sums, cse, dce)
 PIPELINE = (classify, hoist_eager, lazy_batching, elementwise_per_level,
             keep_mixed_rows_per_level, fuse, lower, buffers, alias_concats, zero_rows,
-            leaf_sinks, strided_gathers, direct_gathers, inline_windows, direct_scatters,
-            streams)
+            leaf_sinks, strided_gathers, unread_zeros, direct_gathers, inline_windows,
+            direct_scatters, streams)
 _SWITCHES = {f.name for f in fields(Options)}
 
 

@@ -29,6 +29,12 @@ class LevelPlans:
                 action, zeros = ins.action(zero, unneeded)
                 zero.update(zeros)
                 plan.append(action)
+            readers = self.program.level_local_readers
+            if readers is not None:  # zeros no running step of the level reads: not written
+                for k in reversed(range(len(plan))):
+                    if plan[k] == ZERO and readers[k] is not None and \
+                            all(plan[r] != RUN for r in readers[k]):
+                        plan[k] = SKIP
             plan = self._plans[key] = tuple(plan)
         return plan
 

@@ -188,6 +188,9 @@ class Program:
     aliases: tuple = ()  # (part, concat, axis, start, stop): part written into concat's columns
     zero_candidates: tuple = ()  # per-row values the core reads that may be zero on a level
     skips_unread_sinks: bool = False  # a level's sinks no vertex reads are skipped (leaf_sinks)
+    # per core step, the core steps reading its outputs if they live only during their level,
+    # else None: a ZERO none of them runs after is skipped (unread_zeros)
+    level_local_readers: tuple = None
     passes: tuple = ()
 
     def with_(self, **changes):
@@ -202,6 +205,25 @@ class Program:
     @cached_property
     def buffered(self):
         return {b.key for b in self.buffers}
+
+    @cached_property
+    def read_after_loop(self):
+        """The graph outputs the caller reads after the loop: all of F's; ∂F's except the
+        sinks, which are added into the children's rows within their level — unless the same
+        value is also another output (the pulled input's gradient when it equals a gather's)."""
+        outputs = list(self.graph.outputs)
+        if self.reverse:
+            for s in self.sinks:  # one entry per sink, by identity (== is elementwise)
+                del outputs[next(i for i, o in enumerate(outputs) if o is s)]
+        return outputs
+
+    @cached_property
+    def read_outside_core(self):
+        """Keys of the values read after their level or by someone else than the core."""
+        return ({k.key for k in self.keep} | {x.key for ins in self.eager + self.lazy
+                                              for x in ins.reads}
+                | {o.key for o in self.read_after_loop} | set(self.buffered)
+                | {part.key for part, *_ in self.aliases})
 
     @cached_property
     def row_keys(self):
