@@ -75,7 +75,7 @@ def scatter_add_into(xp, out, idx, values):
     if kernels is not None and out.flags.c_contiguous and out.dtype == values.dtype:
         return kernels.scatter_add_rows(xp.ascontiguousarray(values), idx32, out,
                                         check_indices=False)
-    if xp is np and native_kernels.scatter_add_rows(out, np.asarray(idx, dtype=np.int64),
+    if xp is np and native_kernels.scatter_add_rows(out, np.ascontiguousarray(idx, dtype=np.int64),
                                                     np.ascontiguousarray(values)):
         return out  # (one pass, in index order; the sparse product below where it is off)
     present = idx >= 0

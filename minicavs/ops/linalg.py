@@ -94,9 +94,13 @@ def _matmul_on_nonzero_rows(xp, node, args, range_of, within):
         lo, hi = range_of(a) if within is None else intersect(range_of(a), within)
         if not (is_empty((lo, hi)) or hi - lo < x.shape[0]):
             return None
-        out = xp.zeros(x.shape[:1] + tuple(node.shape[1:]), node.dtype)
-        if not is_empty((lo, hi)):
-            _product(xp, x[lo:hi], w, out=out[lo:hi])
+        if is_empty((lo, hi)):
+            return xp.zeros(x.shape[:1] + tuple(node.shape[1:]), node.dtype), (lo, hi)
+        out = xp.empty(x.shape[:1] + tuple(node.shape[1:]), node.dtype)
+        lo, hi = max(lo, 0), min(hi, x.shape[0])
+        out[:lo] = 0  # (only the rows outside the product are cleared: it writes the others)
+        out[hi:] = 0
+        _product(xp, x[lo:hi], w, out=out[lo:hi])
         return out, (lo, hi)
     if (a.kind == "op" and a.op is shape.TRANSPOSE and a.attrs["axes"] == (1, 0)
             and batching.row_domain(a.inputs[0].shape)

@@ -175,12 +175,14 @@ class LevelLoop:
     slots: tuple
     num_core: int
     actions: dict = None  # RUN/ZERO/SKIP -> the code the loop reads
+    notes: tuple = ()  # each core instruction, as the program's dump writes it
 
 
-def generate(program, blas="cblas64"):
+def generate(program, blas="cblas64", profile=False):
     """The :class:`LevelLoop` of ``program``'s core, calling a gemm of interface ``blas``
-    (``blas.py``); raises :class:`Unsupported`."""
-    return _Generator(program, blas).loop()
+    (``blas.py``); raises :class:`Unsupported`. ``profile``: the loop also sums the seconds
+    each instruction takes (``minicavs_profile``; ``MINICAVS_NATIVE_PROFILE=1``)."""
+    return _Generator(program, blas, profile).loop()
 
 
 def _tail(node):
@@ -204,8 +206,8 @@ def _row_view(base, ld, node):
 
 
 class _Generator:
-    def __init__(self, program, blas):
-        self.program, self.blas = program, blas
+    def __init__(self, program, blas, profile=False):
+        self.program, self.blas, self.profile = program, blas, profile
         self.names = {n.key: i for i, n in enumerate(program.graph.nodes)}
         self.slots = []
         self.views = {}  # node.key -> View (per-row values)
@@ -259,7 +261,14 @@ class _Generator:
                 self.readers.setdefault(x.key, []).append(ins)
         self.place_level_values()
         body = [self.instruction(k, ins) for k, ins in enumerate(core)]
-        return LevelLoop(self.source(body), self.dtype, tuple(self.slots), len(core), ACTIONS)
+        if self.profile:  # thread 0 times each instruction, its barrier included
+            body = [f"    {{ const double started_{k} = omp_get_wtime();\n{code}\n"
+                    f"    #pragma omp master\n"
+                    f"    minicavs_seconds[{k}] += omp_get_wtime() - started_{k}; }}"
+                    for k, code in enumerate(body)]
+        notes = tuple(" ".join(ins.dump(self.names).split()) for ins in core)
+        return LevelLoop(self.source(body), self.dtype, tuple(self.slots), len(core), ACTIONS,
+                         notes)
 
     def place_level_values(self):
         """A value that lives only during its level and that one step reads is made where that
@@ -803,6 +812,7 @@ class _Generator:
 using std::exp; using std::log; using std::tanh; using std::sqrt; using std::pow;
 typedef {ctype} T;
 {_GEMM[self.blas]}
+{_PROFILE.format(n=len(program.core)) if self.profile else ""}
 extern "C" void {ENTRY}(int64_t num_levels, int64_t first, int64_t stop,
                         const int64_t *offsets, const signed char *plan, void *const *p,
                         const int64_t *a, int64_t spare, T *states, int64_t states_ld,
@@ -828,6 +838,13 @@ extern "C" void {ENTRY}(int64_t num_levels, int64_t first, int64_t stop,
   if (split) blas_threads(blas_before);
 }}
 """
+
+
+# A profiling loop's seconds per instruction, read (and cleared) by minicavs_profile.
+_PROFILE = """static double minicavs_seconds[{n}];
+extern "C" void minicavs_profile(double *out) {{
+  for (int k = 0; k < {n}; ++k) {{ out[k] = minicavs_seconds[k]; minicavs_seconds[k] = 0; }}
+}}"""
 
 
 # The gemm the loop calls, per interface (blas.py): row-major out (n x m, row stride ldo) =

@@ -14,6 +14,7 @@ calls (interpreter.py).
 """
 
 import ctypes
+import os
 import threading
 
 import numpy as np
@@ -27,12 +28,16 @@ def compile_loop(program):
     """A :class:`NativeLoop` for ``program``, or the reason (a string) it stays interpreted."""
     from . import codegen  # (imports the fusion code generator: only when compiling)
 
-    try:
-        spec = codegen.generate(program, blas.gemm("float32")[1])  # one interface for s and d
+    try:  # (one gemm interface for float32 and float64)
+        spec = codegen.generate(program, blas.gemm("float32")[1], profile=PROFILE)
     except codegen.Unsupported as exc:
         return str(exc)
     lib, _ = build.build(spec.source, "levels", origin=f"program {program.name!r}")
     return NativeLoop(spec, lib)
+
+
+# MINICAVS_NATIVE_PROFILE=1: each level loop also times its instructions (NativeLoop.profile)
+PROFILE = os.environ.get("MINICAVS_NATIVE_PROFILE", "") not in ("", "0")
 
 
 class NativeLoop:
@@ -52,6 +57,16 @@ class NativeLoop:
         self._lib = lib
         self._codes = {}  # plan -> (action codes, keys and domains of the buffers it writes)
         self._scratch = threading.local()  # per thread: reused scratch rows (no page faults)
+
+    def profile(self):
+        """Seconds each core instruction took since the last call, by thread 0 (its barrier
+        included), as ``[(instruction, seconds)]`` — only in a MINICAVS_NATIVE_PROFILE=1
+        process; else None."""
+        if not PROFILE:
+            return None
+        seconds = np.zeros(self.spec.num_core)
+        self._lib.minicavs_profile(seconds.ctypes.data_as(ctypes.c_void_p))
+        return list(zip(self.spec.notes, seconds.tolist()))
 
     def start(self, part):
         """The loop of one bound call (a :class:`~.call.Part`): a :class:`_NativeRun`, or the
