@@ -471,3 +471,61 @@ def test_numpy_products_in_a_native_call_run_on_one_blas_thread():
             with kernels.team_products(False):  # nested: the outer call still owns the count
                 assert blas_threads() == 1
         assert blas_threads() == 2
+
+
+@given(forests(max_arity=3, max_vertices=20, kinds=("tree", "dag")), st.integers(0, 2**16))
+def test_level_plans_found_at_once_equal_the_plans_made_level_by_level(graphs, seed):
+    """plans.per_level finds every level's plan with arrays over the levels; here each level's
+    zero values and unneeded sinks are worked out one level at a time, as the rule reads."""
+    from minicavs.ops.rows import intersect, is_empty
+
+    rng = np.random.default_rng(seed)
+    F, _ = k_ary_cell(E, H, 3, rng)
+    batch = mc.GraphBatch(graphs)
+    rows = batch.indices(np)
+    assert F.program.zero_candidates and F.backward_program.skips_unread_sinks
+    for exe in (F.executable, F.backward_executable):
+        program = exe.program
+        size = {"vertex": rows.num_vertices, "edge": rows.num_edges}
+        ranges = {}
+        for k, d in program.zero_candidates:  # random ranges, some empty, some past the end
+            lo = int(rng.integers(0, size[d] + 2))
+            ranges[k] = (lo, lo + int(rng.integers(0, size[d] + 2)))
+        plans, which = exe.plans.per_level(ranges, rows)
+        for t in range(rows.num_levels):
+            window = {"vertex": rows.vertices(t), "edge": rows.edges(t)}
+            zero = frozenset(k for k, d in program.zero_candidates
+                             if k in ranges and is_empty(intersect(ranges[k], window[d])))
+            sinks = {s.key for s in program.sinks}
+            slots = [(slot, s.key) for slot, s in program.slots if s.key in sinks]
+            needed = {key for slot, key in slots if rows.has_child(slot, t)}
+            unneeded = frozenset(key for _, key in slots if key not in needed) \
+                if program.skips_unread_sinks else frozenset()
+            assert plans[which[t]] == exe.plans.plan(zero, unneeded), (program.name, t)
+
+
+@needs_native
+def test_a_profiling_loop_times_each_instruction_and_clears_what_it_read():
+    code = textwrap.dedent("""
+        import numpy as np, minicavs as mc
+        from vertex_cells import binary_tree_lstm
+        F, params = binary_tree_lstm(3, 4, np.random.default_rng(0))
+        batch = mc.GraphBatch([mc.InputGraph.complete_binary(16)] * 4)
+        X = mc.tensor(np.ones((batch.num_vertices, 3)))
+        F(batch, pull=X).sum().backward()
+        loop = F.executable.native
+        first, again = loop.profile(), loop.profile()
+        names = {n.key: k for k, n in enumerate(F.program.graph.nodes)}
+        assert [note for note, _ in first] == [" ".join(i.dump(names).split())
+                                               for i in F.program.core]
+        assert all(s >= 0 for _, s in first) and sum(s for _, s in first) > 0
+        assert all(s == 0 for _, s in again)
+        print("profiled", len(first))""")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, MINICAVS_NATIVE_PROFILE="1",
+               PYTHONPATH=tests + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["profiled", str(len(binary_tree_lstm(
+        3, 4, np.random.default_rng(0))[0].program.core))]

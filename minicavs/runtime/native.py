@@ -148,21 +148,25 @@ class _NativeRun:
     def __init__(self, loop, part, args, keep):
         program, rows, ranges = part.program, part.rows, part.ranges
         self.loop, self.part, self.keep = loop, part, keep
-        self.table = np.empty((rows.num_levels, loop.spec.num_core), dtype=np.int8)
-        self.counts, self.written = [], {}
-        spans = {}  # plan -> the hull of its levels' rows, per domain
-        for t, window, plan in part.exe.plans.levels(ranges, rows):
-            codes, writes = loop._codes_of(program, plan, part.env)
-            self.table[t] = codes
-            self.counts.append(int(np.count_nonzero(codes == 1)))
-            span = spans.setdefault(plan, {})
-            for domain, rows_of_level in window.items():
-                widen(span, domain, rows_of_level)
+        plans, which = part.exe.plans.per_level(ranges, rows)
+        codes = [loop._codes_of(program, plan, part.env) for plan in plans]
+        self.table = np.stack([c for c, _ in codes])[which]  # each level's action codes
+        runs = np.array([int(np.count_nonzero(c == 1)) for c, _ in codes])[which]
+        self.counts = (runs[::-1] if program.reverse else runs).tolist()  # in loop order
         # What each buffer holds: the hull of the rows of every level that wrote it, taken
         # once per plan (a plan's writes are the same on each of its levels).
-        for plan, span in spans.items():
-            for key, domain in loop._codes_of(program, plan, part.env)[1]:
-                widen(self.written, key, span.get(domain, (0, 0)))
+        self.written = {}
+        offsets = {"vertex": np.asarray(rows.level_offsets),
+                   "edge": np.asarray(rows.edge_level_offsets)}
+        for p, (_, writes) in enumerate(codes):
+            if not writes:
+                continue
+            levels = np.flatnonzero(which == p)
+            for key, domain in writes:
+                start, end = offsets[domain][levels], offsets[domain][levels + 1]
+                filled = end > start
+                if filled.any():
+                    widen(self.written, key, (int(start[filled].min()), int(end[filled].max())))
         self.pointers, self.strides = args
         self.offsets = np.ascontiguousarray(rows.level_offsets, dtype=np.int64)
         self.threads = team_size(rows)

@@ -6,8 +6,10 @@ A plan depends only on two small sets, and levels share few such patterns: :clas
 keeps each pattern's plan, one cache per Program, owned by its :class:`~.executable.Executable`.
 """
 
+import numpy as np
+
 from .program import RUN, ZERO, SKIP  # noqa: F401 (re-exported: the actions)
-from .zero_rows import FULL, hull, intersect, is_empty
+from .zero_rows import FULL, hull
 
 
 class LevelPlans:
@@ -42,20 +44,45 @@ class LevelPlans:
         """Per level, in the order the loop runs them: ``(t, window, plan)`` — the level, its
         rows (``{"vertex": (lo, hi), "edge": (lo, hi)}``) and its plan; ``ranges`` (key -> (lo,
         hi)) are the rows outside which per-row values are zero."""
-        program = self.program
-        candidates = program.zero_candidates
-        sinks = {s.key for s in program.sinks}
-        sink_slots = [(slot, s.key) for slot, s in program.slots if s.key in sinks] \
-            if program.skips_unread_sinks else []
+        plans, which = self.per_level(ranges, rows)
         levels = range(rows.num_levels)
-        for t in (reversed(levels) if program.reverse else levels):
-            window = {"vertex": rows.vertices(t), "edge": rows.edges(t)}
-            zero = frozenset(k for k, d in candidates
-                             if k in ranges and is_empty(intersect(ranges[k], window[d])))
-            # A sink no vertex of the level reads (one value may be the sink of several slots).
-            needed = {sink for slot, sink in sink_slots if rows.has_child(slot, t)}
-            unneeded = frozenset(sink for _, sink in sink_slots if sink not in needed)
-            yield t, window, self.plan(zero, unneeded)
+        for t in (reversed(levels) if self.program.reverse else levels):
+            yield t, {"vertex": rows.vertices(t), "edge": rows.edges(t)}, plans[which[t]]
+
+    def per_level(self, ranges, rows):
+        """``(plans, which)``: the distinct plans of a call's levels, and per level t the index
+        of its plan — found for all levels at once (arrays over the levels), then one plan per
+        distinct pattern of zero values and unneeded sinks (a batch has few)."""
+        program = self.program
+        num_levels = rows.num_levels
+        offsets = {"vertex": np.asarray(rows.level_offsets),
+                   "edge": np.asarray(rows.edge_level_offsets)}
+        keys, columns = [], []  # one row of the pattern per candidate / sink: per level, bool
+        for k, d in program.zero_candidates:
+            if k in ranges:
+                lo, hi = ranges[k]
+                start, end = offsets[d][:-1], offsets[d][1:]
+                keys.append(("zero", k))  # zero on the level: its range misses the level's rows
+                columns.append(np.maximum(start, lo) >= np.minimum(end, hi))
+        if program.skips_unread_sinks:
+            sinks = {s.key for s in program.sinks}
+            needed = {}  # a sink no vertex of the level reads (one value may serve several slots)
+            for slot, s in program.slots:
+                if s.key in sinks:
+                    needed[s.key] = needed.get(s.key, False) | rows.has_child_levels(slot)
+            for key, has in needed.items():
+                keys.append(("unneeded", key))
+                columns.append(~has)
+        if not keys:
+            return [self.plan(frozenset(), frozenset())], np.zeros(num_levels, dtype=np.int64)
+        patterns, which = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
+        plans = []
+        for pattern in patterns:
+            zero = frozenset(k for (kind, k), on in zip(keys, pattern) if on and kind == "zero")
+            unneeded = frozenset(k for (kind, k), on in zip(keys, pattern)
+                                 if on and kind == "unneeded")
+            plans.append(self.plan(zero, unneeded))
+        return plans, which.reshape(-1)
 
 
 def record_written(program, ranges, written):

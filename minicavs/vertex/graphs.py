@@ -11,6 +11,7 @@ batching task; rows of the batch's dynamic tensors are laid out level by level, 
 the contiguous rows ``[level_offsets[t], level_offsets[t+1])``.
 """
 
+import functools
 import time
 
 import numpy as np
@@ -416,6 +417,7 @@ class BatchIndices:
         offsets, edge_offsets = batch.level_offsets.tolist(), batch.edge_level_offsets.tolist()
         self._vertices = list(zip(offsets[:-1], offsets[1:]))
         self.level_offsets = batch.level_offsets  # host side: the native loop reads it
+        self.edge_level_offsets = batch.edge_level_offsets
         self._edges = list(zip(edge_offsets[:-1], edge_offsets[1:]))
         self.order = put(batch.order)
         self.row_of = None if batch.row_of is None else put(batch.row_of)  # (a kind's: None)
@@ -461,6 +463,13 @@ class BatchIndices:
             return e1 > e0
         return self._slot(slot).has[t]
 
+    def has_child_levels(self, slot):
+        """Per level, whether any vertex of it has child ``slot`` (any edge, for ``"edges"``):
+        a bool array over the levels."""
+        if slot == "edges":
+            return np.diff(self.edge_level_offsets) > 0
+        return np.asarray(self._slot(slot).has, dtype=bool)
+
     def hull(self, slot):
         """Rows outside which no vertex has child ``slot`` (all edges for ``"edges"``)."""
         if slot == "edges":
@@ -487,8 +496,15 @@ class _Slot:
     child rows as a slice; ``hull``: the rows outside which no vertex has child k."""
 
     def __init__(self, rows, levels, put):
-        present = np.flatnonzero(rows >= 0)
-        self.hull = (int(present[0]), int(present[-1]) + 1) if present.size else (0, 0)
-        self.has = [bool((rows[r0:r1] >= 0).any()) for r0, r1 in levels]
-        self.strided = [_as_slice(rows[r0:r1]) for r0, r1 in levels]
+        present = rows >= 0
+        where = np.flatnonzero(present)
+        self.hull = (int(where[0]), int(where[-1]) + 1) if where.size else (0, 0)
+        starts = np.fromiter((r0 for r0, _ in levels), dtype=np.int64, count=len(levels))
+        # (every level has a row: reduceat sums each level's rows in one pass)
+        self.has = (np.add.reduceat(present, starts) > 0).tolist() if len(levels) else []
+        self._levels, self._host = levels, rows
         self.rows = put(rows)
+
+    @functools.cached_property
+    def strided(self):  # (the interpreter's: made when it first asks)
+        return [_as_slice(self._host[r0:r1]) for r0, r1 in self._levels]

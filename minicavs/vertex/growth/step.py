@@ -21,6 +21,7 @@ class FrontierRows:
         self.order = self.row_of = put(np.arange(n))
         self._parents = put(parent_rows)
         self.level_offsets = np.array([0, n], dtype=np.int64)  # (the native loop reads these)
+        self.edge_level_offsets = np.zeros(2, dtype=np.int64)
         present = np.flatnonzero(parent_rows >= 0)
         self._hull = (int(present[0]), int(present[-1]) + 1) if present.size else (0, 0)
         self._names = names  # row -> "sample s, vertex v"
@@ -36,6 +37,9 @@ class FrontierRows:
 
     def has_child(self, slot, t):
         return slot == 0 and self._hull[1] > self._hull[0]
+
+    def has_child_levels(self, slot):
+        return np.array([self.has_child(slot, 0)])
 
     def hull(self, slot):
         return self._hull if slot == 0 else (0, 0)
