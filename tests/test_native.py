@@ -389,7 +389,7 @@ def test_native_adam_equals_the_numpy_update(kind):
 def test_the_native_passes_fire_on_a_tree_lstm():
     F, _ = binary_tree_lstm(E, H, np.random.default_rng(0), options={"inline_windows": True})
     forward, backward = F.program.dump(), F.backward_program.dump()
-    assert "[native: into its windows' rows]" in forward  # the gathers
+    assert "[native: into its readers' rows]" in forward  # the gathers
     assert "native: computed where read" in forward  # x W + b + h U, inside the gates
     assert "[native: from its concat's parts]" in backward  # [dh, dc] of each child
     F, _ = binary_tree_lstm(E, H, np.random.default_rng(0), options=dict.fromkeys(

@@ -220,6 +220,7 @@ class _Generator:
         self.readers = {}  # node.key -> core instructions reading it
         self.zero_through = {}  # node.key -> the view a ZERO clears for it (a broadcast's source)
         self.written_for = set()  # reshape keys whose producer writes their rows directly
+        self.gathered_parts = set()  # concat parts a direct gather wrote into their columns
         self.summed = {}  # node.key -> the elementwise step computed inside the sum reading it
 
     def _dtype(self):
@@ -550,10 +551,11 @@ class _Generator:
             view = self.view(part) if row_domain(part.shape) == "vertex" else None
             if view is None:
                 raise Unsupported(f"concat {node.label()}: a part without rows")
-            code.append(self.copy_columns(view, View(out.base, out.ld, out.col + col,
-                                                     view.width)))
+            if part.key not in self.gathered_parts:  # (a direct gather wrote those columns)
+                code.append(self.copy_columns(view, View(out.base, out.ld, out.col + col,
+                                                         view.width)))
             col += view.width
-        return "\n".join(code)
+        return "\n".join(code) or "// the gathers wrote its columns"
 
     def product(self, node):
         x, w = node.inputs
@@ -684,7 +686,22 @@ class _Generator:
         (into scratch for windows without rows). Returns the code and what ZERO clears."""
         child = self.child(ins.slot)
         copies, zero, scratch = [], [], None
-        for w in self.readers.get(ins.target.key, ()):
+        readers = self.readers.get(ins.target.key, ())
+        if len(readers) == 1 and getattr(readers[0].step.node.op, "assembles_in_place", False):
+            concat = readers[0].step.node  # the gather writes its columns of the concat
+            offset = 0
+            for part in concat.inputs[:[x.key for x in concat.inputs].index(ins.target.key)]:
+                offset += _width(part)
+            out = self.output(concat)
+            dest = self.views[ins.target.key] = View(out.base, out.ld, out.col + offset,
+                                                     _width(ins.target))
+            self.gathered_parts.add(ins.target.key)
+            return (f"{TEAM_FOR}\n"
+                    f"for (int64_t i = 0; i < n; ++i) {{\n"
+                    f"  const int64_t c = {child}[lo + i] < 0 ? spare : {child}[lo + i];\n"
+                    f"  std::memcpy({dest.row('i')}, states + c * states_ld, "
+                    f"{dest.width} * sizeof(T));\n}}"), [dest]
+        for w in readers:
             node = w.step.node
             start, stop = int(node.attrs["start"]), int(node.attrs["stop"])
             if node.key in self.views:

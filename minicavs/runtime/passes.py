@@ -429,13 +429,28 @@ def _is_window(ins):
 
 
 def direct_gathers(program):
-    """(native) Gathers read only by column windows write the windows' rows directly."""
+    """(native) Gathers read only by column windows write the windows' rows directly; a
+    gather read only by a concat of columns (a TreeRNN's [h_l, h_r]) writes its columns."""
     readers = _core_readers(program)
-    core = tuple(_replace(ins, direct=True) if isinstance(ins, Gather) and ins.slot != "edges"
-                 and readers.get(ins.target.key)
-                 and all(_is_window(r) for r in readers[ins.target.key]) else ins
-                 for ins in program.core)
-    return program.with_(core=core)
+    outside = program.read_outside_core
+
+    def direct(ins):
+        if not isinstance(ins, Gather) or ins.slot == "edges" or ins.target.key in outside:
+            return False
+        users = readers.get(ins.target.key)
+        return bool(users) and (all(_is_window(r) for r in users) or (
+            len(users) == 1 and _is_column_concat(users[0])
+            and sum(x.key == ins.target.key for x in users[0].reads) == 1))
+
+    return program.with_(core=tuple(_replace(ins, direct=True) if direct(ins) else ins
+                                    for ins in program.core))
+
+
+def _is_column_concat(ins):
+    node = getattr(ins.step, "node", None) if isinstance(ins, Compute) else None
+    return (node is not None and node.op.assembles_in_place and not ins.aliased
+            and not ins.inlined and len(node.shape) == 2 and node.attrs.get("axis") in (1, -1)
+            and all(len(x.shape) == 2 for x in node.inputs))
 
 
 def inline_windows(program):

@@ -116,7 +116,7 @@ class Gather:
     def dump(self, names):
         which = "the children (per edge)" if self.slot == "edges" else f"child {self.slot}"
         how = " (strided where the batch allows)" if self.strided else ""
-        how += " [native: into its windows' rows]" if self.direct else ""
+        how += " [native: into its readers' rows]" if self.direct else ""
         return f"gather {label(self.target, names)} = states of {which}{how}"
 
 
