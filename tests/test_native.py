@@ -529,3 +529,16 @@ def test_a_profiling_loop_times_each_instruction_and_clears_what_it_read():
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["profiled", str(len(binary_tree_lstm(
         3, 4, np.random.default_rng(0))[0].program.core))]
+
+
+@needs_native
+@pytest.mark.parametrize("trees", [1, 3, 5, 9])
+def test_products_of_a_few_rows_equal_the_interpreter(trees):
+    """Levels of up to codegen.FEW_ROWS rows multiply without the BLAS (blocks of 4 rows and 64
+    columns, a remainder of rows and of columns; dot products for ∂F's x·Wᵀ): 80 gate columns,
+    levels of 1 to 36 rows."""
+    assert codegen.FEW_ROWS >= 4
+    rng = np.random.default_rng(trees)
+    F, params = binary_tree_lstm(E, 16, rng)
+    graphs = [mc.InputGraph.complete_binary(4)] * trees + [mc.InputGraph.chain(3)]
+    assert _native_and_interpreter(F, params, graphs, trees) == ("native", "native")
