@@ -231,3 +231,26 @@ def test_an_unknown_init_or_one_the_model_lacks_is_refused():
         recursive_trees.make("treelstm", 5, 2, init="corenlp")
     with pytest.raises(ArgumentError, match="unknown model 'lstm'"):
         recursive_trees.make("lstm", 5, 2)
+
+
+def test_the_rntn_composes_as_socher_et_al_write_it():
+    """h = tanh(xᵀ V[i] x + x W + b) with x = [h_l; h_r], computed here with NumPy."""
+    splits = _splits()
+    model = recursive_trees.make("rntn", len(splits.vocab), 3, dtype="float64")
+    tree = splits.train[1]  # The plot is dull .
+    batch = model.prepare([tree])
+    with mc.no_grad():
+        states = model.states(batch).numpy()
+    table, V = model.embedding.weight.numpy(), model.V.numpy()
+    W, b = model.W.numpy(), model.b.numpy()
+    h = {}
+    for v in range(tree.num_vertices):
+        kids = tree.children[v]
+        if not kids:
+            h[v] = table[tree.words[v]]
+        else:
+            x = np.concatenate([h[kids[0]], h[kids[1]]])
+            h[v] = np.tanh(np.einsum("j,ijk,k->i", x, V, x) + x @ W + b)
+    assert batch.graphs.num_vertices == tree.num_vertices  # one tree keeps its numbering
+    assert np.allclose(states, np.stack([h[v] for v in range(tree.num_vertices)]),
+                       rtol=1e-12, atol=1e-12)
