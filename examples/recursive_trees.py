@@ -22,7 +22,7 @@ table has the exact commands and what they reach on SST.
 
 import argparse
 
-from minicavs import data, training, validate
+from minicavs import training, validate
 from minicavs.models import recursive_trees
 
 
@@ -35,6 +35,10 @@ def parse_args(argv=None):
     training.add_model_arguments(parser, embed_dim=64, hidden=64, clip=0.0)
     parser.add_argument("--model", choices=sorted(recursive_trees.MODELS), default="treernn",
                         help="treernn, rntn or treelstm (default treernn)")
+    parser.add_argument("--init", choices=recursive_trees.INITS, default="xavier",
+                        help="starting weights of the TreeRNN and the RNTN: xavier, or corenlp "
+                             "(Socher et al.'s: W = [I; I] + noise, word vectors N(0, 0.1²); "
+                             "default xavier)")
     parser.add_argument("--leaf-loss", action="store_true", help="train on leaf labels too")
     parser.add_argument("--train-size", type=validate.count(minimum=1), default=4000,
                         help="synthetic training trees (dev and test: 1/4 of that each)")
@@ -47,17 +51,14 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     training.setup(args)
-    if args.data:
-        splits = data.load_sst(args.data)
-    else:
-        held_out = max(args.train_size // 4, 1)
-        splits = data.make_splits(seed=args.seed, sizes=(args.train_size, held_out, held_out))
+    splits = training.sentiment_splits(args)
 
     def make_model(num_classes):
         return recursive_trees.make(args.model, len(splits.vocab), args.hidden, args.embed_dim,
                                     num_classes=num_classes, dtype=args.dtype,
                                     leaf_loss=args.leaf_loss, dropout=args.dropout,
-                                    embed_dropout=args.embed_dropout)
+                                    embed_dropout=args.embed_dropout,
+                                    word_dropout=args.word_dropout, init=args.init)
 
     return training.sentiment_experiment(args.model, args, splits, make_model)
 

@@ -17,7 +17,7 @@ results table has the exact commands and what they reach on SST.
 
 import argparse
 
-from minicavs import data, training, validate
+from minicavs import training, validate
 from minicavs.models import TreeLSTMClassifier
 
 
@@ -38,16 +38,13 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     training.setup(args)
-    if args.data:
-        splits = data.load_sst(args.data)
-    else:
-        held_out = max(args.train_size // 4, 1)
-        splits = data.make_splits(seed=args.seed, sizes=(args.train_size, held_out, held_out))
+    splits = training.sentiment_splits(args)
 
     def make_model(num_classes):
         return TreeLSTMClassifier(len(splits.vocab), args.embed_dim, args.hidden, num_classes,
                                   dtype=args.dtype, leaf_loss=args.leaf_loss,
-                                  dropout=args.dropout, embed_dropout=args.embed_dropout)
+                                  dropout=args.dropout, embed_dropout=args.embed_dropout,
+                                  word_dropout=args.word_dropout)
 
     return training.sentiment_experiment("tree_lstm", args, splits, make_model)
 

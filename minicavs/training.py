@@ -25,7 +25,7 @@ from .distributed import (DEFAULT_TIMEOUT, DistributedSampler, LocalCommunicator
                           create_communicator, launched_by_mpi, shard)
 from .data.batches import minibatches  # noqa: F401 (the training loop's, re-exported)
 from .errors import ArgumentError, MinicavsError
-from .nn import Adagrad, Adam, clip_grad_norm
+from .nn import SGD, Adagrad, Adam, CombinedOptimizer, clip_grad_norm
 
 # The BLAS thread count is the backend's (set_blas_threads documents why one is the default).
 set_blas_threads, get_blas_threads = backend.set_blas_threads, backend.get_blas_threads
@@ -133,10 +133,19 @@ class EpochStats:
 LOSS_DISPLAY_SECONDS = 1.0  # how often the progress bar reads the running loss
 
 
+LOSS_SCALES = ("target", "sample")  # what a step's summed loss is divided by
+
+
 def train_epoch(model, optimizer, batches, *, comm=None, clip=None, progress=True,
-                desc="train", unit="sample"):
+                desc="train", unit="sample", loss_per="target"):
     """One pass over ``batches`` (lists of raw samples, prepared here: building the batch's
     graphs is part of the cost of a step, as it is in Cavs' measurements).
+
+    A step backpropagates the batch's summed loss divided by its number of targets
+    (``loss_per="target"``, the default) or of samples (``"sample"``: the loss summed over a
+    tree's labelled vertices, averaged over the trees, as Socher et al.'s and Tai et al.'s code
+    do). Adam and AdaGrad with a tiny eps take the same steps either way; the scale matters to
+    an L2 coefficient, to AdaGrad's eps and to plain SGD. The loss reported stays per target.
 
     With ``comm`` of N ranks, every rank is given the same ``batches`` and trains on its shard
     of each (:func:`minicavs.distributed.shard`); the loss is divided by the step's targets
@@ -147,6 +156,9 @@ def train_epoch(model, optimizer, batches, *, comm=None, clip=None, progress=Tru
     make the host wait for the device once per batch. It is read at the end of the epoch, and
     for the progress bar at most once every ``LOSS_DISPLAY_SECONDS``.
     """
+    if loss_per not in LOSS_SCALES:
+        raise ArgumentError(f"train_epoch: loss_per must be one of {list(LOSS_SCALES)}, got "
+                            f"{loss_per!r}")
     comm = comm or LocalCommunicator()
     total, targets, samples = 0.0, 0, 0
     own_targets = 0  # the progress bar shows this rank's running loss: no collective for it
@@ -160,16 +172,19 @@ def train_epoch(model, optimizer, batches, *, comm=None, clip=None, progress=Tru
             batch = model.prepare(chunk) if chunk else None  # a short last step may leave none
             loss = model.loss(batch) if batch is not None else None
             mine = batch.num_targets if batch is not None else 0
-            step_targets = int(comm.allreduce_sum(mine))
+            my_samples = batch.num_samples if batch is not None else 0
+            step_targets, step_samples_total = (
+                int(n) for n in comm.allreduce_sum([mine, my_samples]))
+            divisor = step_targets if loss_per == "target" else step_samples_total
             if loss is not None:
-                (loss * (1.0 / max(step_targets, 1))).backward()
+                (loss * (1.0 / max(divisor, 1))).backward()
             comm.allreduce_gradients(optimizer.params)
             if clip:
                 clip_grad_norm(optimizer.params, clip)
             optimizer.step()
             if batch is not None:
                 total = total + loss.data.astype(np.float64)  # summed in float64, on its device
-                samples += batch.num_samples
+                samples += my_samples
                 own_targets += mine
             targets += step_targets
             bar.update(len(step_samples))
@@ -201,7 +216,7 @@ def best_epoch(history, metric):
 
 def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=None,
         progress=True, unit="sample", start_epoch=0, eval_batch_size=256, on_epoch_end=None,
-        log=None, comm=None, keep_best=None):
+        log=None, comm=None, keep_best=None, loss_per="target", on_epoch_start=None):
     """Train for epochs ``start_epoch + 1 .. epochs``, evaluating on ``dev`` after each.
 
     With ``keep_best`` (a dev metric, e.g. ``"fine"``) the model ends with the weights of the
@@ -209,8 +224,10 @@ def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=N
     the test accuracy of the model selected on dev (Socher et al. 2013; Tai et al. 2015).
 
     The data order of epoch k depends only on (seed, k), so a resumed run sees the same
-    batches as one that never stopped. ``on_epoch_end(epoch, stats, dev_metrics)`` runs after
-    each epoch (checkpoints). Returns the list of (EpochStats, dev metrics) per epoch.
+    batches as one that never stopped. ``on_epoch_start(epoch)`` runs before each epoch (an
+    optimiser reset), ``on_epoch_end(epoch, stats, dev_metrics)`` after it (checkpoints);
+    ``loss_per`` is :func:`train_epoch`'s. Returns the list of (EpochStats, dev metrics) per
+    epoch.
 
     With ``comm`` (:mod:`minicavs.distributed`), ``batch_size`` is per rank: rank 0's
     parameters and optimiser state are broadcast first, each step trains on the samples one
@@ -232,11 +249,13 @@ def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=N
     dev_batches = prepare_all(model, dev, eval_batch_size) if dev and comm.is_root else None
     history, best = [], None  # best: (dev score, epoch, weights)
     for epoch in range(start_epoch + 1, epochs + 1):
+        if on_epoch_start is not None:
+            on_epoch_start(epoch)
         if hasattr(model, "train"):
             model.train()  # dropout on; evaluate() switches it off for its own pass
         stats = train_epoch(model, optimizer, sampler.global_batches(epoch), comm=comm,
                             clip=clip, progress=progress, desc=f"epoch {epoch}/{epochs}",
-                            unit=unit)
+                            unit=unit, loss_per=loss_per)
         metrics = model.evaluate(dev_batches) if dev_batches else {}
         history.append((stats, metrics))
         log(f"epoch {epoch}/{epochs}  train loss {stats.loss:.4f}  "
@@ -335,6 +354,30 @@ def add_sst_arguments(parser):
                                                              open_maximum=True),
                        default=0.0, help="dropout on the word vectors, in training only "
                                          "(default 0)")
+    group.add_argument("--adagrad-eps", type=validate.real(minimum=0), default=1e-10,
+                       help="AdaGrad's eps in lr * g / (sqrt(sum g²) + eps) (Stanford "
+                            "CoreNLP's sentiment trainer: 1e-3, with --loss-per sentence; "
+                            "default 1e-10)")
+    group.add_argument("--adagrad-reset", action="store_true",
+                       help="forget AdaGrad's sums of squared gradients at the start of every "
+                            "epoch (CoreNLP's sentiment trainer does)")
+    group.add_argument("--embed-optimizer", choices=["same", "sgd"], default="same",
+                       help="sgd: update the word embeddings with plain SGD at --embed-lr "
+                            "(Tai et al.'s code), the rest with --optimizer; same: one "
+                            "optimiser for all (default same)")
+    group.add_argument("--loss-per", choices=["target", "sentence"], default="target",
+                       help="what a step's summed loss is divided by: its labelled vertices "
+                            "(target) or its trees (sentence: the papers' code, a tree's loss "
+                            "summed over its phrases); it scales L2, AdaGrad's eps and plain "
+                            "SGD (default target)")
+    group.add_argument("--min-count", type=validate.count(minimum=1), default=1,
+                       help="words seen fewer times in the training trees become <unk>, so "
+                            "<unk> (every unseen dev and test word) is trained (default 1: "
+                            "every training word is kept and <unk> is never trained)")
+    group.add_argument("--word-dropout", type=validate.real(minimum=0, maximum=1,
+                                                            open_maximum=True),
+                       default=0.0, help="in training, replace each word by <unk> with this "
+                                         "probability (default 0)")
     group.add_argument("--seeds", type=validate.count(minimum=1), default=1,
                        help="train with seeds --seed .. --seed + N - 1 and report the mean "
                             "and standard deviation of the test accuracy (default 1)")
@@ -351,18 +394,24 @@ def add_sst_arguments(parser):
 def make_optimizer(args, model):
     """The optimiser of ``args`` (:func:`add_sst_arguments`) for ``model``: the embedding
     table in its own parameter group (``--embed-lr``, ``--embed-l2``), the rest with
-    ``--lr`` and ``--l2``."""
+    ``--lr`` and ``--l2``; with ``--embed-optimizer sgd`` the embedding has its own plain
+    SGD (a :class:`minicavs.nn.CombinedOptimizer` of the two)."""
     embedding = [p for name, p in model.named_parameters() if name.startswith("embedding.")]
     others = [p for name, p in model.named_parameters() if not name.startswith("embedding.")]
-    groups = [{"params": others, "weight_decay": args.l2},
-              {"params": embedding, "weight_decay": args.embed_l2,
-               "lr": args.embed_lr if args.embed_lr is not None else args.lr}]
-    groups = [g for g in groups if g["params"]]
+    embed_lr = args.embed_lr if args.embed_lr is not None else args.lr
+    embed_group = {"params": embedding, "weight_decay": args.embed_l2, "lr": embed_lr}
+    separate = getattr(args, "embed_optimizer", "same") == "sgd" and embedding
+    groups = [g for g in [{"params": others, "weight_decay": args.l2}]
+              + ([] if separate else [embed_group]) if g["params"]]
     if args.optimizer == "adagrad":
-        return Adagrad(groups, lr=args.lr)
-    if args.optimizer == "adam":
-        return Adam(groups, lr=args.lr)
-    raise ArgumentError(f"unknown optimizer {args.optimizer!r}; use adam or adagrad")
+        main = Adagrad(groups, lr=args.lr, eps=getattr(args, "adagrad_eps", 1e-10))
+    elif args.optimizer == "adam":
+        main = Adam(groups, lr=args.lr)
+    else:
+        raise ArgumentError(f"unknown optimizer {args.optimizer!r}; use adam or adagrad")
+    if not separate:
+        return main
+    return CombinedOptimizer([main, SGD([embed_group], lr=embed_lr)])
 
 
 def load_vectors_into(model, vocab, path, log=print):
@@ -418,6 +467,24 @@ def plot_history(histories, path, metric, title="", log=print):
     return True
 
 
+LOSS_PER = {"target": "target", "sentence": "sample"}  # --loss-per -> fit's loss_per
+
+
+def sentiment_splits(args):
+    """The tree examples' data: SST from ``args.data``, else the synthetic treebank
+    (``args.train_size`` training trees, a quarter of that each for dev and test), with the
+    vocabulary of ``--min-count``."""
+    from . import data as datasets
+
+    if args.data:
+        return datasets.load_sst(args.data, min_count=args.min_count)
+    held_out = max(args.train_size // 4, 1)
+    splits = datasets.make_splits(seed=args.seed, sizes=(args.train_size, held_out, held_out))
+    if args.min_count > 1:
+        splits = datasets.rebuild_vocabulary(splits, args.min_count)
+    return splits
+
+
 def sentiment_experiment(name, args, splits, make_model, log=print):
     """Train ``make_model(num_classes)`` on ``splits`` under ``args.task`` for each of
     ``args.seeds`` seeds, keep each run's best dev epoch, evaluate it on test, and log one line
@@ -440,9 +507,12 @@ def sentiment_experiment(name, args, splits, make_model, log=print):
         if args.word_vectors:
             load_vectors_into(model, splits.vocab, args.word_vectors, log)
         optimizer = make_optimizer(args, model)
+        reset = optimizer.reset_state if getattr(args, "adagrad_reset", False) else None
         history = fit(model, optimizer, train, splits.dev, epochs=args.epochs,
                       batch_size=args.batch_size, seed=seed, clip=args.clip or None,
-                      unit="tree", progress=args.progress, log=log, keep_best=metric)
+                      unit="tree", progress=args.progress, log=log, keep_best=metric,
+                      loss_per=LOSS_PER[getattr(args, "loss_per", "target")],
+                      on_epoch_start=(lambda epoch: reset()) if reset else None)
         epoch = best_epoch(history, metric)
         dev = history[epoch - 1][1] if epoch else model.evaluate(
             prepare_all(model, splits.dev, 256))

@@ -102,6 +102,32 @@ def test_recursive_trees_example(model, sst_dir, capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith(f"{model}: fine task")
 
 
+def test_recursive_trees_example_with_socher_et_al_s_settings(sst_dir, monkeypatch, capsys):
+    """--init corenlp, rare words to <unk>, word dropout, the loss per sentence, AdaGrad's eps
+    and its reset every epoch, plain SGD on the embeddings: all reach the run."""
+    from minicavs import training
+
+    resets, made = [], []
+    original = training.make_optimizer
+
+    def spying(args, model):
+        optimizer = original(args, model)
+        made.append(optimizer)
+        monkeypatch.setattr(optimizer, "reset_state", lambda: resets.append(True))
+        return optimizer
+
+    monkeypatch.setattr(training, "make_optimizer", spying)
+    result = _example("recursive_trees").main(
+        ["--epochs", "3", "--no-progress", "--model", "rntn", "--data", str(sst_dir),
+         "--hidden", "4", "--init", "corenlp", "--min-count", "2", "--word-dropout", "0.2",
+         "--optimizer", "adagrad", "--lr", "0.01", "--adagrad-eps", "1e-3", "--adagrad-reset",
+         "--loss-per", "sentence", "--embed-optimizer", "sgd", "--embed-lr", "0.1"])
+    assert "vocabulary 3" in capsys.readouterr().out  # <unk>, The, is
+    assert len(resets) == 3 and len(made[0].optimizers) == 2
+    assert made[0].optimizers[0].eps == 1e-3
+    assert 0.0 <= result["runs"][0]["test"]["fine"] <= 1.0
+
+
 def test_child_sum_example_on_sst_and_nary_trees(sst_dir):
     module = _example("child_sum_tree_lstm")
     module.main(QUICK + ["--data", str(sst_dir), "--hidden", "4"])

@@ -161,10 +161,24 @@ def load_sst(directory, *, lowercase=False, min_count=1, collapse_unary=True, nu
     raw = {name: read_sst(directory / f"{name}.txt", collapse_unary=collapse_unary,
                           num_labels=num_labels)
            for name in ("train", "dev", "test")}
-    vocab = Vocabulary.build((t.tokens for t in raw["train"]), min_count=min_count,
+    return rebuild_vocabulary(TreebankSplits(raw["train"], raw["dev"], raw["test"], None),
+                              min_count=min_count, lowercase=lowercase)
+
+
+def rebuild_vocabulary(splits, min_count=1, *, lowercase=False):
+    """``splits`` with a new vocabulary, built from the training trees' tokens seen at least
+    ``min_count`` times, and every tree's word ids re-encoded with it. The words dropped
+    become ``<unk>`` in training too, so ``<unk>`` — the vector of every dev and test word the
+    training set lacks — is trained on the rare words, not left at its random start."""
+    if not isinstance(min_count, (int, np.integer)) or isinstance(min_count, bool) \
+            or min_count < 1:
+        raise DataError(f"rebuild_vocabulary: min_count must be an integer >= 1, got "
+                        f"{min_count!r}")
+    vocab = Vocabulary.build((t.tokens for t in splits.train), min_count=min_count,
                              lowercase=lowercase)
-    encoded = {name: [vocab.encode_tree(t) for t in trees] for name, trees in raw.items()}
-    return TreebankSplits(encoded["train"], encoded["dev"], encoded["test"], vocab)
+    encoded = [[vocab.encode_tree(t) for t in trees]
+               for trees in (splits.train, splits.dev, splits.test)]
+    return TreebankSplits(*encoded, vocab)
 
 
 # -- metrics ---------------------------------------------------------------------------------

@@ -9,26 +9,60 @@ states, and the runtime runs each kind of vertex on its own rows (a leaf pays fo
   that has no U products (a leaf has no children) and an internal cell with no W product (an
   internal vertex of a parse tree has no word).
 
+``init="corenlp"`` starts the TreeRNN and the RNTN as Socher et al.'s code does (Stanford
+CoreNLP's ``SentimentModel``, the Java port of their RNTN): each half of W is the identity
+plus U(±1/(2√H)) noise, so a parent starts as tanh(h_l + h_r); word vectors N(0, 0.1²); the
+classifier U(±1/√H) with its bias U(0, 1). The default, ``"xavier"``, is Xavier-uniform
+weights, zero biases and U(±0.05) word vectors.
+
 Every vertex pushes its state h; the classifier ``h W_out + b_out``, dropout, batching, loss
 and evaluation are TreeClassifier's. ``loss(batch, run=evaluate_per_sample)`` runs the same definition eagerly,
 tree by tree (the reference the tests compare with).
 """
 
-from .. import ops
+import numpy as np
+
+from .. import backend, ops
+from ..errors import ArgumentError
 from ..nn import Embedding
-from ..nn import init
+from ..nn import init as initializers
 from ..autodiff import Parameter
 from ..vertex.recursive import recursive
 from .common import bias, lstm_bias, weight
 from .tree_lstm import TreeClassifier
 
 
+INITS = ("xavier", "corenlp")
+
+
+def _check_init(value, kind):
+    if value not in INITS:
+        raise ArgumentError(f"{kind}: init must be one of {list(INITS)}, got {value!r}")
+
+
+def _corenlp_init(model, H, C, dtype):
+    """Socher et al.'s starting weights (module docstring) for ``model``'s embedding, W, b,
+    W_out and b_out, drawn from minicavs' generator (``mc.seed``)."""
+    rng, dtype = backend.rng(), np.dtype(dtype)
+    noise = 1.0 / (2.0 * np.sqrt(H))
+    halves = [np.eye(H) + rng.uniform(-noise, noise, (H, H)) for _ in range(2)]
+    # x @ W with x = [h_l; h_r]: rows 0..H-1 act on h_l, rows H..2H-1 on h_r
+    values = {"W": np.concatenate(halves, axis=0), "b": np.zeros(H),
+              "W_out": rng.uniform(-1.0 / np.sqrt(H), 1.0 / np.sqrt(H), (H, C)),
+              "b_out": rng.uniform(0.0, 1.0, C)}
+    for name, value in values.items():
+        getattr(model, name).data = backend.to_device(value.astype(dtype))
+    table = model.embedding.weight
+    table.data = backend.to_device(rng.normal(0.0, 0.1, table.shape).astype(dtype))
+
+
 class TreeRNNClassifier(TreeClassifier):
     """The plain recursive network over binary parse trees (word vectors of size ``hidden``)."""
 
     def __init__(self, vocab_size, hidden=64, num_classes=5, dtype="float32", leaf_loss=False,
-                 dropout=0.0, embed_dropout=0.0):
-        super().__init__(num_classes, leaf_loss, dropout, embed_dropout)
+                 dropout=0.0, embed_dropout=0.0, word_dropout=0.0, init="xavier"):
+        _check_init(init, type(self).__name__)
+        super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
         H, C = int(hidden), int(num_classes)
         self.vocab_size, self.hidden = int(vocab_size), H
         self.embedding = Embedding(vocab_size, H, dtype=dtype)
@@ -36,6 +70,8 @@ class TreeRNNClassifier(TreeClassifier):
         self.b = bias(H, dtype, "b")
         self.W_out = weight((H, C), dtype, "W_out")
         self.b_out = bias(C, dtype, "b_out")
+        if init == "corenlp":
+            _corenlp_init(self, H, C, dtype)
         table, W, b = self.embedding.weight, self.W, self.b
 
         @recursive(scatter_shape=(H,), **self.pull_spec(H), push_shape=(H,), arity=2,
@@ -55,19 +91,22 @@ class RNTNClassifier(TreeClassifier):
     """The recursive neural tensor network (Socher et al., 2013) over binary parse trees."""
 
     def __init__(self, vocab_size, hidden=32, num_classes=5, dtype="float32", leaf_loss=False,
-                 dropout=0.0, embed_dropout=0.0):
-        super().__init__(num_classes, leaf_loss, dropout, embed_dropout)
+                 dropout=0.0, embed_dropout=0.0, word_dropout=0.0, init="xavier"):
+        _check_init(init, type(self).__name__)
+        super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
         H, C = int(hidden), int(num_classes)
         self.vocab_size, self.hidden = int(vocab_size), H
         self.embedding = Embedding(vocab_size, H, dtype=dtype)
         # slice i of V is the 2H × 2H form of output unit i; small, as Socher et al. start it
         scale = 1.0 / (4 * H)
-        self.V = Parameter(init.uniform((H, 2 * H, 2 * H), -scale, scale, dtype=dtype),
+        self.V = Parameter(initializers.uniform((H, 2 * H, 2 * H), -scale, scale, dtype=dtype),
                            name="V")
         self.W = weight((2 * H, H), dtype, "W")
         self.b = bias(H, dtype, "b")
         self.W_out = weight((H, C), dtype, "W_out")
         self.b_out = bias(C, dtype, "b_out")
+        if init == "corenlp":  # V is drawn the same way in both
+            _corenlp_init(self, H, C, dtype)
         table, V, W, b = self.embedding.weight, self.V, self.W, self.b
 
         @recursive(scatter_shape=(H,), **self.pull_spec(H), push_shape=(H,), arity=2,
@@ -93,8 +132,8 @@ class RecursiveTreeLSTMClassifier(TreeClassifier):
     ``c = σ(i)⊙tanh(u) + σ(f_l)⊙c_l + σ(f_r)⊙c_r``; both ``h = σ(o)⊙tanh(c)``."""
 
     def __init__(self, vocab_size, embed_dim=64, hidden=64, num_classes=5, dtype="float32",
-                 leaf_loss=False, dropout=0.0, embed_dropout=0.0):
-        super().__init__(num_classes, leaf_loss, dropout, embed_dropout)
+                 leaf_loss=False, dropout=0.0, embed_dropout=0.0, word_dropout=0.0):
+        super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
         E, H, C = int(embed_dim), int(hidden), int(num_classes)
         self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
         self.embedding = Embedding(vocab_size, E, dtype=dtype)
@@ -130,11 +169,17 @@ MODELS = {"treernn": TreeRNNClassifier, "rntn": RNTNClassifier,
           "treelstm": RecursiveTreeLSTMClassifier}
 
 
-def make(name, vocab_size, hidden, embed_dim=None, **keywords):
-    """One of MODELS by name (``embed_dim`` is the Tree-LSTM's; the others embed in ``hidden``)."""
+def make(name, vocab_size, hidden, embed_dim=None, init="xavier", **keywords):
+    """One of MODELS by name (``embed_dim`` is the Tree-LSTM's; the others embed in ``hidden``;
+    ``init`` is the TreeRNN's and the RNTN's)."""
+    if name not in MODELS:
+        raise ArgumentError(f"unknown model {name!r}; the models are {sorted(MODELS)}")
     if name == "treelstm":
+        if init != "xavier":
+            raise ArgumentError(f"init={init!r} is the TreeRNN's and the RNTN's; the "
+                                f"Tree-LSTM has only 'xavier'")
         return RecursiveTreeLSTMClassifier(vocab_size, embed_dim or hidden, hidden, **keywords)
-    return MODELS[name](vocab_size, hidden, **keywords)
+    return MODELS[name](vocab_size, hidden, init=init, **keywords)
 
 
 __all__ = ["TreeRNNClassifier", "RNTNClassifier", "RecursiveTreeLSTMClassifier", "make",

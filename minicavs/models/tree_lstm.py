@@ -16,9 +16,11 @@ the cross-entropy over the labelled vertices (internal ones, and leaves with
 
 Dropout (Tai et al. §5.2 regularise the sentiment classifier with dropout; Srivastava et al.
 2014): ``dropout`` on the state h before the classifier, ``embed_dropout`` on the word vectors.
-Both act only in training mode (``model.train()``; :func:`minicavs.training.fit` evaluates in
-``eval()`` mode). A traced F cannot draw masks, so both happen outside it: with
-``embed_dropout`` the word vectors are looked up (and dropped) before F, which then pulls
+``word_dropout`` (Iyyer et al. 2015's word dropout) replaces each word by ``<unk>`` with
+that probability, which also trains ``<unk>``, the vector of every word unseen in training.
+All three act only in training mode (``model.train()``; :func:`minicavs.training.fit`
+evaluates in ``eval()`` mode). A traced F cannot draw masks, so the dropouts happen outside
+it: with ``embed_dropout`` the word vectors are looked up (and dropped) before F, which then pulls
 vectors instead of word ids.
 """
 
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import data as datasets
-from .. import ops, validate
+from .. import backend, ops, validate
 from ..autodiff import no_grad
 from ..nn import Embedding, Module, dropout
 from ..vertex import GraphBatch, VertexFunction
@@ -72,13 +74,16 @@ class TreeClassifier(Module):
 
     sentiment = True  # labels are SST's: 5 classes, or the 2 of its binary task
 
-    def __init__(self, num_classes, leaf_loss, dropout=0.0, embed_dropout=0.0):
+    def __init__(self, num_classes, leaf_loss, dropout=0.0, embed_dropout=0.0,
+                 word_dropout=0.0):
         self.num_classes = int(num_classes)
         self.leaf_loss = bool(leaf_loss)
-        for name, p in (("dropout", dropout), ("embed_dropout", embed_dropout)):
+        for name, p in (("dropout", dropout), ("embed_dropout", embed_dropout),
+                        ("word_dropout", word_dropout)):
             validate.number(p, name, type(self).__name__, minimum=0.0, maximum=1.0,
                             open_maximum=True)
         self.dropout, self.embed_dropout = float(dropout), float(embed_dropout)
+        self.word_dropout = float(word_dropout)
         self._graphs = GraphCache()
 
     @property
@@ -98,12 +103,23 @@ class TreeClassifier(Module):
             return v.pull()
         return ops.reshape(ops.embedding(table, v.pull()), (size,))
 
+    def words(self, batch):
+        """The word ids of ``batch``, (n, 1): in training with ``word_dropout``, each word
+        (id >= 0) replaced by ``<unk>`` with that probability, a new draw every call."""
+        if not (self.training and self.word_dropout > 0):
+            return batch.words
+        ids = np.array(batch.words.numpy())  # a host copy: the batch keeps its own ids
+        dropped = (ids >= 0) & (backend.rng().random(ids.shape) < self.word_dropout)
+        ids[dropped] = datasets.Vocabulary.UNK_ID
+        return as_ids(ids)
+
     def pull(self, batch):
         """What F pulls for ``batch``: word ids, or the word vectors with dropout applied."""
+        words = self.words(batch)
         if not self.pulls_vectors:
-            return batch.words
+            return words
         table = self.embedding.weight
-        vectors = ops.reshape(ops.embedding(table, batch.words),
+        vectors = ops.reshape(ops.embedding(table, words),
                               (batch.graphs.num_vertices, table.shape[1]))
         return dropout(vectors, self.embed_dropout, self.training)
 
@@ -207,8 +223,8 @@ class TreeLSTMClassifier(TreeClassifier):
     """
 
     def __init__(self, vocab_size, embed_dim=64, hidden=64, num_classes=5, dtype="float32",
-                 leaf_loss=False, dropout=0.0, embed_dropout=0.0):
-        super().__init__(num_classes, leaf_loss, dropout, embed_dropout)
+                 leaf_loss=False, dropout=0.0, embed_dropout=0.0, word_dropout=0.0):
+        super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
         E, H, C = int(embed_dim), int(hidden), int(num_classes)
         self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
         self.embedding = Embedding(vocab_size, E, dtype=dtype)
@@ -245,8 +261,8 @@ class ChildSumTreeLSTMClassifier(TreeClassifier):
     """
 
     def __init__(self, vocab_size, embed_dim=64, hidden=64, num_classes=5, dtype="float32",
-                 leaf_loss=False, dropout=0.0, embed_dropout=0.0):
-        super().__init__(num_classes, leaf_loss, dropout, embed_dropout)
+                 leaf_loss=False, dropout=0.0, embed_dropout=0.0, word_dropout=0.0):
+        super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
         E, H, C = int(embed_dim), int(hidden), int(num_classes)
         self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
         self.embedding = Embedding(vocab_size, E, dtype=dtype)

@@ -14,15 +14,15 @@ from .layers import (ELU, GELU, Dropout, Identity, LayerNorm, LeakyReLU, LogSoft
 from .recurrent import GRU, LSTM, GRUCell, LSTMCell
 from .conv import (AdaptiveAvgPool2d, AvgPool2d, Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d,
                    Flatten, MaxPool2d, Upsample)
-from .optim import SGD, Adagrad, Adam, AdamW, Optimizer, clip_grad_norm
+from .optim import SGD, Adagrad, Adam, AdamW, CombinedOptimizer, Optimizer, clip_grad_norm
 from .schedulers import CosineAnnealingLR, LambdaLR, LinearWarmup, LRScheduler, StepLR
 from .checkpoint import FORMAT_VERSION, load, load_checkpoint, save, save_checkpoint
 
 __all__ = ["Module", "Linear", "Embedding", "Sequential", "Dropout", "dropout", "LayerNorm",
-           "Identity", "ReLU", "Tanh", "Sigmoid", "GELU", "SiLU", "ELU", "LeakyReLU",
-           "Softplus", "Softmax", "LogSoftmax", "LSTMCell", "LSTM", "GRUCell", "GRU",
-           "Parameter", "init", "optim", "schedulers", "Optimizer", "SGD", "Adam", "AdamW",
-           "Adagrad", "clip_grad_norm", "LRScheduler", "StepLR", "LinearWarmup",
+           "Identity", "ReLU", "Tanh", "Sigmoid", "GELU", "SiLU", "ELU", "LeakyReLU", "Softplus",
+           "Softmax", "LogSoftmax", "LSTMCell", "LSTM", "GRUCell", "GRU", "Parameter", "init",
+           "optim", "schedulers", "Optimizer", "SGD", "Adam", "AdamW", "Adagrad",
+           "CombinedOptimizer", "clip_grad_norm", "LRScheduler", "StepLR", "LinearWarmup",
            "CosineAnnealingLR", "LambdaLR", "save_checkpoint", "load_checkpoint", "save", "load",
-           "FORMAT_VERSION", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d",
-           "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Upsample", "Flatten"]
+           "FORMAT_VERSION", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "MaxPool2d",
+           "AvgPool2d", "AdaptiveAvgPool2d", "Upsample", "Flatten"]

@@ -126,6 +126,12 @@ class Optimizer:
         for p in self.params:
             p.grad = None
 
+    def reset_state(self):
+        """Forget every parameter's state (moments, AdaGrad's sums), keeping the
+        hyperparameters: the next step is a first step again. Socher et al.'s AdaGrad
+        (Stanford CoreNLP's sentiment trainer) does this every epoch."""
+        self.state = [{} for _ in self.params]
+
     def step(self):
         self.check_hyperparameters()
         i = 0
@@ -371,6 +377,70 @@ class Adagrad(Optimizer):
             state["sum"] = xp.zeros_like(param)
         state["sum"] += grad * grad
         param -= group["lr"] * grad / (xp.sqrt(state["sum"]) + group["eps"])
+
+
+class CombinedOptimizer:
+    """Several optimisers over disjoint parameters, stepped as one: Tai et al. (2015) update
+    the word embeddings with plain SGD and every other weight with AdaGrad.
+
+    It has what a training loop uses (``params``, ``param_groups``, ``zero_grad``, ``step``,
+    ``reset_state``, ``state_dict``, ``load_state_dict``); checkpoints
+    (:func:`minicavs.nn.save_checkpoint`) take single optimisers only."""
+
+    def __init__(self, optimizers):
+        optimizers = list(optimizers)
+        if not optimizers or not all(isinstance(o, Optimizer) for o in optimizers):
+            kinds = [type(o).__name__ for o in optimizers]
+            raise ArgumentError(f"CombinedOptimizer: expected a non-empty list of minicavs "
+                                f"optimisers, got {kinds}")
+        seen = set()
+        for k, optimizer in enumerate(optimizers):
+            for p in optimizer.params:
+                if id(p) in seen:
+                    raise ArgumentError(f"CombinedOptimizer: optimiser {k} updates a parameter "
+                                        f"an earlier one also updates; each parameter must "
+                                        f"have one optimiser")
+                seen.add(id(p))
+        self.optimizers = optimizers
+
+    @property
+    def params(self):
+        return [p for optimizer in self.optimizers for p in optimizer.params]
+
+    @property
+    def param_groups(self):
+        return [g for optimizer in self.optimizers for g in optimizer.param_groups]
+
+    def zero_grad(self):
+        for optimizer in self.optimizers:
+            optimizer.zero_grad()
+
+    def step(self):
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+    def reset_state(self):
+        for optimizer in self.optimizers:
+            optimizer.reset_state()
+
+    def state_dict(self):
+        return {"type": type(self).__name__,
+                "parts": [optimizer.state_dict() for optimizer in self.optimizers]}
+
+    def load_state_dict(self, state_dict):
+        parts = state_dict.get("parts") if isinstance(state_dict, dict) else None
+        if state_dict.get("type") != type(self).__name__ or not isinstance(parts, list) \
+                or len(parts) != len(self.optimizers):
+            raise CheckpointError(f"CombinedOptimizer.load_state_dict: expected the state of a "
+                                  f"CombinedOptimizer of {len(self.optimizers)} optimisers")
+        problems = [f"optimiser {k}: {line}" for k, (optimizer, part) in
+                    enumerate(zip(self.optimizers, parts))
+                    for line in optimizer.state_mismatches(part)]
+        if problems:  # check every part before changing any
+            raise CheckpointError("CombinedOptimizer.load_state_dict: the state does not "
+                                  "match:\n  " + "\n  ".join(problems))
+        for optimizer, part in zip(self.optimizers, parts):
+            optimizer.load_state_dict(part)
 
 
 def clip_grad_norm(params, max_norm):
