@@ -179,6 +179,8 @@ def test_combined_optimizer_refuses_shared_parameters_bad_states_and_checkpoints
     combined = CombinedOptimizer([SGD([a], lr=0.1)])
     with pytest.raises(CheckpointError, match="expected the state of a CombinedOptimizer of 1"):
         combined.load_state_dict({"type": "CombinedOptimizer", "parts": []})
+    with pytest.raises(CheckpointError, match="expected the state of a CombinedOptimizer of 1"):
+        combined.load_state_dict(["not", "a", "state"])  # (not a dict at all)
     with pytest.raises(CheckpointError, match="optimiser 0: the state is for optimiser"):
         combined.load_state_dict({"type": "CombinedOptimizer",
                                   "parts": [Adagrad([a]).state_dict()]})

@@ -429,7 +429,7 @@ class CombinedOptimizer:
 
     def load_state_dict(self, state_dict):
         parts = state_dict.get("parts") if isinstance(state_dict, dict) else None
-        if state_dict.get("type") != type(self).__name__ or not isinstance(parts, list) \
+        if not isinstance(parts, list) or state_dict.get("type") != type(self).__name__ \
                 or len(parts) != len(self.optimizers):
             raise CheckpointError(f"CombinedOptimizer.load_state_dict: expected the state of a "
                                   f"CombinedOptimizer of {len(self.optimizers)} optimisers")
