@@ -542,3 +542,58 @@ def test_products_of_a_few_rows_equal_the_interpreter(trees):
     F, params = binary_tree_lstm(E, 16, rng)
     graphs = [mc.InputGraph.complete_binary(4)] * trees + [mc.InputGraph.chain(3)]
     assert _native_and_interpreter(F, params, graphs, trees) == ("native", "native")
+
+
+FUSED_CASES = [(cell, dtype) for cell in ("binary_tree_lstm", "lstm_chain", "tree_fc")
+               for dtype in (np.float32, np.float64)]
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("cell, dtype", FUSED_CASES)
+def test_fused_groups_as_native_loops_equal_the_numpy_plan(cell, dtype, seed):
+    """cpu/fused.py runs a fused group over whole arrays as one native loop: its results equal
+    the NumPy plan's (NumpyFusedKernel without the native loop), for per-row inputs that are
+    whole arrays or column windows of wider ones, shared rows and values, columns."""
+    from minicavs.autodiff.executor import NumpyFusedKernel
+    from minicavs.cpu import fused
+    from minicavs.cuda import fusion
+    from test_cuda_fusion import assert_outputs_close, cell_groups, random_inputs
+
+    rng = np.random.default_rng(seed)
+    windows = rng.integers(0, 2, 12).astype(bool)  # which per-row inputs are column windows
+    ran = 0
+    for where, group in cell_groups(cell, dtype):
+        if "unsplit" in where:
+            continue  # (the runtime's own groups)
+        inputs = random_inputs(group, dtype, 2048, 2048, rng)
+        for k, a in enumerate(inputs):  # a column window of a wider array, same values
+            if a.ndim == 2 and a.shape[1] > 1 and windows[k % len(windows)]:
+                wide = np.zeros((a.shape[0], a.shape[1] + 7), a.dtype)
+                wide[:, 3:3 + a.shape[1]] = a
+                inputs[k] = wide[:, 3:3 + a.shape[1]]
+        reference = NumpyFusedKernel(group, np, dtype)
+        reference._native = None
+        want = reference(*inputs)
+        got = fused.run(fusion.elementwise_source(group, dtype), inputs)
+        if got is not None:
+            ran += 1
+            assert_outputs_close(got, want, dtype, f"{cell} {where}", chained=True)
+    assert ran, f"{cell}: no group ran as a native loop"
+
+
+@needs_native
+def test_a_fused_group_the_native_loop_cannot_read_runs_on_numpy():
+    from minicavs.cpu import fused
+    from minicavs.cuda import fusion
+    from test_cuda_fusion import cell_groups
+
+    (where, group), *_ = cell_groups("tree_fc", np.float64)
+    source = fusion.elementwise_source(group, np.float64)
+    rng = np.random.default_rng(0)
+    strided = [rng.standard_normal((64, 2 * x.shape[-1]))[:, ::2] if len(x.shape) == 2 else
+               np.asarray(rng.standard_normal(x.shape)) for x in group.inputs]
+    assert fused.run(source, strided) is None  # a column stride: NumPy's plan runs it
+    small = [np.ones((2, x.shape[-1])) if len(x.shape) == 2 else np.ones(x.shape)
+             for x in group.inputs]
+    assert fused.run(source, small) is None  # too small to be worth a native call

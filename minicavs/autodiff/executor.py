@@ -34,6 +34,7 @@ import threading
 import numpy as np
 
 from .. import backend
+from ..cpu import fused as native_fused
 from ..errors import GraphError
 from ..ops import registry
 from .analysis import FusedGroup, fusion_groups, schedule
@@ -295,6 +296,8 @@ class NumpyFusedKernel(FusedKernel):
         self.quiet_overflow = any(op.quiet_overflow for op, _, _ in self.body)
         self._plans = {}
         self._local = threading.local()
+        # The group as one native loop where the inputs allow (cpu/fused.py), else the plan
+        self._native = native_fused.source_for(group, dtype) if xp is np else None
 
     def _scratch(self, plan):
         """Views of this thread's scratch arrays in ``plan``'s shapes. One flat array per
@@ -313,6 +316,10 @@ class NumpyFusedKernel(FusedKernel):
     def __call__(self, *inputs, outs=None):
         if len(inputs) != self.n_inputs:
             self._check(inputs)
+        if self._native is not None:
+            done = native_fused.run(self._native, inputs, outs)
+            if done is not None:
+                return done
         shapes = tuple([np.shape(a) for a in inputs])
         plan = self._plans.get(shapes)
         if plan is None:

@@ -455,6 +455,11 @@ TEAM_GEMM_MIN_SIDE = 32
 _team = threading.local()
 
 
+def in_team_products():
+    """Whether this thread is inside :func:`team_products` (a call of native loops)."""
+    return getattr(_team, "on", False)
+
+
 @contextlib.contextmanager
 def team_products(on=True):
     """Inside this block (on a thread), large NumPy products run on the native team
