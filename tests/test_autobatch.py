@@ -6,6 +6,9 @@ batch and so force a partial execution), samples of different sizes — and run 
 once under each strategy, in float64; everything must agree to 1e-9 relative.
 """
 
+import gc
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -244,6 +247,44 @@ def test_parameter_gradients_are_handed_over_without_aliasing_the_scope_memory()
     np.testing.assert_allclose(kept[0], V.grad.numpy(), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(kept[1], table.grad.numpy(), rtol=RTOL, atol=ATOL)
 
+
+
+def test_slab_memory_is_reused_across_steps_but_never_under_a_live_value():
+    """Every step's slabs come from the blocks of earlier steps (no fresh memory, no page
+    faults), but a block is handed out again only when no value of it is alive: what a user
+    kept from step 1 — the lazy tensor, a row read with ``numpy()`` — reads the same after
+    many more steps over other data."""
+    memory = sys.modules["minicavs.autobatch.memory"]
+    gc.collect()  # (earlier tests' scopes in reference cycles hold blocks until collected)
+    rng = np.random.default_rng(8)
+    W = mc.Parameter(rng.normal(size=(D, D)))
+
+    def step(scale):
+        with mc.autobatch("agenda+"):
+            hs = [mc.tanh(mc.tensor(np.full(D, scale * (i + 1))) @ W) for i in range(5)]
+            loss = mc.sum(mc.stack(hs))
+            loss.backward()
+        return hs, float(loss)
+
+    memory.release()
+    kept, _ = step(0.1)
+    row = kept[2].numpy()
+    expected = [h.numpy().copy() for h in kept]
+    used = set()  # the pool's blocks the later steps' values lie in
+    for k in range(8):
+        hs, _ = step(float(k + 2))
+        address = hs[0].numpy().__array_interface__["data"][0]
+        used.update(id(b) for b in memory._blocks
+                    if b.ctypes.data <= address < b.ctypes.data + b.nbytes)
+        del hs
+    for h, want in zip(kept, expected):
+        np.testing.assert_array_equal(h.numpy(), want)
+    np.testing.assert_array_equal(row, expected[2])
+    assert 1 <= len(used) <= 2  # pooled, and the later steps reuse a block (not 8 fresh)
+    assert len(memory._blocks) <= 4
+    del kept, row, h
+    memory.release()
+    assert memory._blocks == []
 
 @settings(max_examples=60, deadline=None)
 @given(st.data())

@@ -323,7 +323,7 @@ class AutoBatch:
         if self.count == self.start:
             return
         began = self.record_began or time.perf_counter()
-        segment = Segment(self, self.start, self.count, self.strategy)
+        segment = Segment(self.start, self.count, self.strategy)
         segment.stats["record_s"] = time.perf_counter() - began
         segment.run(self.active, self.node_sig, self.node_depth, self.leaves)
         for sig in self.active:

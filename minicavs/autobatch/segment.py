@@ -31,7 +31,7 @@ import numpy as np
 
 from .. import backend
 from ..autodiff.tensor import Tensor
-from . import schedule
+from . import memory, schedule
 
 
 class _Batch:
@@ -39,8 +39,8 @@ class _Batch:
 
 
 class Segment:
-    def __init__(self, scope, start, stop, strategy):
-        self.scope, self.start, self.stop, self.strategy = scope, start, stop, strategy
+    def __init__(self, start, stop, strategy):
+        self.start, self.stop, self.strategy = start, stop, strategy
         self.plus = strategy.endswith("+")
         self.stats = {"nodes": stop - start, "copies_made": 0, "copies_avoided": 0,
                       "scatter_made": 0, "scatter_avoided": 0, "plus_copies": 0, "plus_copies_avoided": 0,
@@ -101,8 +101,8 @@ class Segment:
         xp = backend.get_array_module(*leaf_values[:1]) if leaf_values else np
         self.xp = xp
         shapes = {v: k for k, v in slab_ids.items()}
-        self.slabs = [xp.empty((int(leaf_count[i] + node_count[i]),) + shapes[i][0],
-                               shapes[i][1]) for i in range(num_slabs)]
+        self.slabs = memory.arrays(xp, [((int(leaf_count[i] + node_count[i]),) + shapes[i][0],
+                                         shapes[i][1]) for i in range(num_slabs)])
         members = [[] for _ in range(num_slabs)]  # each slab's leaves, in leaf order
         for value, i in zip(leaf_values, leaf_slab.tolist()):
             members[i].append(value)
@@ -173,7 +173,8 @@ class Segment:
     def begin_backward(self):
         # Fresh zeros for every backward pass: a second one (retain_graph) must not start from
         # the first one's cotangents.
-        self.gslabs = [self.xp.zeros_like(s) for s in self.slabs]
+        self.gslabs = memory.arrays(self.xp, [(s.shape, s.dtype) for s in self.slabs],
+                                    zero=True)
 
     def seed(self, index, grad):
         local = index - self.start
