@@ -105,8 +105,11 @@ class LazyTensor(Tensor):
         return "lazy " + super().__repr__()
 
 
+_new_lazy = object.__new__  # (Tensor defines no __new__: a LazyTensor with its slots unset)
+
+
 def _new_node(scope, index, depth, aval, requires_grad):
-    node = LazyTensor.__new__(LazyTensor)
+    node = _new_lazy(LazyTensor)
     node._scope, node._index, node._depth, node._aval = scope, index, depth, aval
     node._value = node._versions = node._creator = node.grad = node.name = None
     node.requires_grad = requires_grad
@@ -243,7 +246,24 @@ class AutoBatch:
             return None
         if known is None:
             return self._learn(key, op, args, attrs)
-        return self._append(known[0], sources, depth, needs_grad)
+        # _append and _new_node inline: this is the path of almost every recorded op
+        sig = known[0]
+        if self.record_began is None:
+            self.record_began = time.perf_counter()
+        index = self.count
+        self.count = index + 1
+        if not sig.nodes:
+            sig.local = len(self.active)
+            self.active.append(sig)
+        sig.nodes.append(index)
+        sig.arg_rows.extend(sources)
+        self.node_sig.append(sig.local)
+        self.node_depth.append(depth + 1)
+        node = _new_lazy(LazyTensor)
+        node._scope, node._index, node._depth, node._aval = self, index, depth + 1, sig.out
+        node._value = node._versions = node._creator = node.grad = node.name = None
+        node.requires_grad = needs_grad and sig.can_grad
+        return node
 
     def _learn(self, key, op, args, attrs):
         if op.multi_output or _promotes(op, args):

@@ -14,6 +14,7 @@ import numpy as np
 from . import (activations, arithmetic, bitwise, elementwise as ew, indexing, linalg, reduce,
                scan, scattering, shape, sorting)
 from ..errors import UnsupportedError
+from .registry import apply
 
 
 def _operand(other):
@@ -36,6 +37,17 @@ def _binary(fn, reflected=False):
         if other is None:
             return NotImplemented
         return fn(other, self) if reflected else fn(self, other)
+    return operator
+
+
+def _primitive(op, reflected=False):
+    """An operator that is one primitive applied as it is (``a + b`` is ``add``): applied
+    directly, a call fewer on the path of the commonest ops (autobatch records each one)."""
+    def operator(self, other):
+        other = _operand(other)
+        if other is None:
+            return NotImplemented
+        return apply(op, other, self) if reflected else apply(op, self, other)
     return operator
 
 
@@ -64,12 +76,13 @@ class OperatorMixin:
     __slots__ = ()
     __array_priority__ = 100  # ndarray <op> Tensor defers to Tensor's reflected operator
 
-    __add__, __radd__ = _binary(ew.add), _binary(ew.add, reflected=True)
-    __sub__, __rsub__ = _binary(ew.sub), _binary(ew.sub, reflected=True)
-    __mul__, __rmul__ = _binary(ew.mul), _binary(ew.mul, reflected=True)
-    __truediv__, __rtruediv__ = _binary(ew.div), _binary(ew.div, reflected=True)
+    __add__, __radd__ = _primitive(ew.ADD), _primitive(ew.ADD, reflected=True)
+    __sub__, __rsub__ = _primitive(ew.SUB), _primitive(ew.SUB, reflected=True)
+    __mul__, __rmul__ = _primitive(ew.MUL), _primitive(ew.MUL, reflected=True)
+    __truediv__, __rtruediv__ = _primitive(ew.DIV), _primitive(ew.DIV, reflected=True)
     __pow__, __rpow__ = _binary(ew.pow), _binary(ew.pow, reflected=True)
-    __matmul__, __rmatmul__ = _binary(linalg.matmul), _binary(linalg.matmul, reflected=True)
+    __matmul__ = _primitive(linalg.MATMUL)
+    __rmatmul__ = _primitive(linalg.MATMUL, reflected=True)
     __gt__, __ge__ = _binary(ew.greater), _binary(ew.greater_equal)
     __lt__, __le__ = _binary(ew.less), _binary(ew.less_equal)
     __eq__, __ne__ = _binary(ew.equal), _binary(ew.not_equal)
