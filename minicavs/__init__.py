@@ -11,18 +11,13 @@ native toolchain; ``cuda`` the GPU kernels.
 
 __version__ = "0.1.0"
 
-import os as _os
-
-# OpenBLAS's idle threads spin for 2^28 cycles (about 0.1 s) after each threaded product, on
-# the cores the native team's next product needs; 2^4 lets them sleep at once (measured, Var-LSTM
-# 256, 2 threads: epoch 2.05 -> 1.76 s; the tree models 1-3 % faster). OpenBLAS reads it when it
-# loads, with NumPy: it takes effect only where minicavs is imported before NumPy (the command
-# line, ``python -m minicavs``), or set in the environment.
-_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-
 from .cpu.malloc import keep_freed_memory as _keep_freed_memory
 
 _keep_freed_memory()  # freed temporaries reused, not re-faulted each batch (cpu/malloc.py)
+
+from .cpu.blas import let_idle_threads_sleep as _let_idle_threads_sleep
+
+_let_idle_threads_sleep()  # OpenBLAS's threads stop spinning on the team's cores (cpu/blas.py)
 
 from .errors import (ArgumentError, CheckpointError, CheckpointWriteError, DeviceError,
                      DistributedError, DTypeError, GradientCheckError, GraphError,

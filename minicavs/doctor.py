@@ -56,6 +56,7 @@ def _probe_native(report):
     report.append(("blas (native)", f"{interface} gemm from {where}", None, False))
     report.append(("native cache", build.cache_dir(), None, False))
     report.append(("host memory", malloc.state, None, False))
+    report.append(("blas threads", blas.idle_threads, None, False))
     try:
         error, backends = _compare()
     except Exception as exc:  # noqa: BLE001 (a doctor reports; it does not crash)

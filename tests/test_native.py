@@ -473,6 +473,46 @@ def test_numpy_products_in_a_native_call_run_on_one_blas_thread():
         assert blas_threads() == 2
 
 
+_IDLE_THREADS = textwrap.dedent("""
+    import ctypes, time
+    import numpy as np
+    a = np.ones((600, 600), np.float32)
+    a @ a  # NumPy first, its OpenBLAS pool started (with the default timeout unless set)
+    import minicavs
+    from minicavs.cpu import blas
+    lib = ctypes.CDLL(blas._loaded_blas_libraries()[0])
+    a @ a  # a threaded product on the pool made again
+    began = time.process_time()
+    time.sleep(0.2)
+    print(lib.openblas_thread_timeout(), round(time.process_time() - began, 3), blas.idle_threads)
+""")
+
+
+def test_openblas_idle_threads_sleep_even_when_numpy_came_first():
+    """OpenBLAS reads its thread timeout when NumPy loads it; importing minicavs afterwards
+    still makes its idle threads sleep at once (no core left spinning after a product), and a
+    timeout the user set is kept."""
+    from minicavs.cpu import blas
+
+    lib_path = blas._loaded_blas_libraries()[0]
+    if "openblas" not in os.path.basename(lib_path).lower():
+        pytest.skip("NumPy's BLAS is not OpenBLAS")
+
+    def run(**env):
+        environ = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+        result = subprocess.run([sys.executable, "-c", _IDLE_THREADS], capture_output=True,
+                                text=True, env={**environ, "OPENBLAS_NUM_THREADS": "2", **env},
+                                timeout=120)
+        assert result.returncode == 0, result.stderr
+        timeout, busy, state = result.stdout.split(maxsplit=2)
+        return int(timeout), float(busy), state.strip()
+
+    timeout, busy, state = run()
+    assert timeout == blas.IDLE_TIMEOUT and state.endswith(f"2^{blas.IDLE_TIMEOUT} cycles")
+    assert busy < 0.05  # a spinning thread would have burnt ~0.1 s of the 0.2 s sleep
+    assert run(OPENBLAS_THREAD_TIMEOUT="12")[::2] == (12, "OPENBLAS_THREAD_TIMEOUT=12 (yours)")
+
+
 @given(forests(max_arity=3, max_vertices=20, kinds=("tree", "dag")), st.integers(0, 2**16))
 def test_level_plans_found_at_once_equal_the_plans_made_level_by_level(graphs, seed):
     """plans.per_level finds every level's plan with arrays over the levels; here each level's

@@ -73,6 +73,41 @@ def threads_local():
     return None
 
 
+# OpenBLAS's idle threads spin for 2^THREAD_TIMEOUT cycles after each threaded product (2^28,
+# about 0.1 s, by default) before they sleep. A product of NumPy's outside a native call (the
+# Var-LSTM's softmax layer) thereby left a core busy while the native team's next products
+# needed it: the team's GEMMs ran at 116 GF/s in the step against 233-238 alone, and with 2^4
+# the Var-LSTM epoch went 2.05 -> 1.76 s (2 threads; the tree models 1-3 %).
+IDLE_TIMEOUT = 4  # OpenBLAS's smallest: threads sleep at once
+idle_threads = "not set (minicavs was not imported)"  # what let_idle_threads_sleep did
+
+
+def let_idle_threads_sleep():
+    """Make the loaded OpenBLAS's idle threads sleep at once (called when minicavs is imported).
+    OpenBLAS reads ``OPENBLAS_THREAD_TIMEOUT`` when it loads, with NumPy, usually before
+    minicavs: then the variable is set, OpenBLAS re-reads it (``openblas_read_env``) and its
+    thread pool is shut down (``blas_thread_shutdown_``, as its fork handler does) to be made
+    again, with the new timeout, by the next threaded product. A timeout the user set in the
+    environment is kept."""
+    global idle_threads
+    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+        idle_threads = f"OPENBLAS_THREAD_TIMEOUT={os.environ['OPENBLAS_THREAD_TIMEOUT']} (yours)"
+        return
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(IDLE_TIMEOUT)
+    idle_threads = "no OpenBLAS found"
+    for path in _loaded_blas_libraries():
+        try:
+            lib = ctypes.CDLL(path)
+            read_env, timeout = lib.openblas_read_env, lib.openblas_thread_timeout
+            shutdown = lib.blas_thread_shutdown_
+        except (OSError, AttributeError):  # another BLAS, or an OpenBLAS without them
+            continue
+        if timeout() != IDLE_TIMEOUT:
+            read_env()
+            shutdown()
+        idle_threads = f"OpenBLAS idle threads sleep after 2^{timeout()} cycles"
+
+
 def _scipy_gemm(letter):
     from scipy.linalg import cython_blas
 
