@@ -548,6 +548,16 @@ def _operand(x):
     return 0, max(1, x.shape[1]), x
 
 
+def team_ready():
+    """Whether large products can run on the native team in this process: native code on,
+    more than one core, and NumPy's BLAS callable one thread a call (CBLAS)."""
+    from . import blas
+
+    if build.unavailable() is not None or team_size() < 2:
+        return False
+    return blas.gemm("float32")[1] in ("cblas64", "cblas32")
+
+
 def team_size():
     """Threads of a native team, chosen here and never by the user (the level loops' teams in
     ``runtime/native.py`` too): the cores this process may use (``OMP_NUM_THREADS`` caps it,
