@@ -11,7 +11,7 @@ is off (``build.unavailable()``).
 im2col and col2im (``unfold``/``fold``, the two primitives of ``ops/conv.py``) are plain loops
 here: an output row per inner loop, one core (an OpenMP team beside OpenBLAS's threads, used
 by the products between them, measured 2-6× slower on a busy 2-core machine). On LeNet's
-second layer: col2im 0.18 ms, against 0.79 ms for NumPy's strided adds.
+second layer: col2im 0.15 ms, against 0.79 ms for NumPy's strided adds; im2col 0.16 ms.
 """
 
 import contextlib
