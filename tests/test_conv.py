@@ -307,8 +307,8 @@ def product_geometries(draw):
     dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     ph, pw = draw(st.integers(0, 2)), draw(st.integers(0, 2))
     size = draw(st.sampled_from([6, 12, 20]))
-    h = draw(st.integers(max(1, dh * (kh - 1) + 1 - 2 * ph), size))
-    w = draw(st.integers(max(1, dw * (kw - 1) + 1 - 2 * pw), size))
+    low_h, low_w = max(1, dh * (kh - 1) + 1 - 2 * ph), max(1, dw * (kw - 1) + 1 - 2 * pw)
+    h, w = draw(st.integers(low_h, max(low_h, size))), draw(st.integers(low_w, max(low_w, size)))
     n, c, o = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.sampled_from([1, 5, 17]))
     return dict(x=(n, c, h, w), w=(o, c, kh, kw), stride=(sh, sw), padding=(ph, pw),
                 dilation=(dh, dw), bias=draw(st.booleans()), input_grad=draw(st.booleans()))
