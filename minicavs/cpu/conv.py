@@ -1,22 +1,20 @@
-"""The convolution as one native call: im2col into a scratch block and one BLAS gemm per block
-of samples, for the ``conv`` primitive and its two gradients (``ops/conv.py``).
+"""The products of a convolution as native calls: ``conv_windows`` and its two gradients
+(``ops/conv.py``), each one C call over the batch.
 
-Composed from ``unfold`` and ``matmul`` a LeNet layer's step is some twenty op calls, each a
-NumPy dispatch, and a batched product of many small matrices. Here each of the three is one C
-call over the batch, in blocks of samples: the windows of a block are laid out as one matrix
-(C·kH·kW, block·L) — window offset by row, (sample, output position) by column — so each
-product is one large gemm of NumPy's BLAS (whose address ``cpu/blas.py`` finds; no link step):
+Per sample the windows ``unfold`` laid out are a (C·K, L) matrix, the output and its gradient
+(O, L), the filters (O, C·K):
 
-* forward: Y (O, block·L) = W (O, C·K) · cols, then each sample's (O, L) slab is copied into
-  ``y`` (N, O, *out) with the bias added;
-* weight gradient: ∂W += ∂Y (O, block·L) · colsᵀ, ∂Y gathered from ``g``'s samples;
-* input gradient: ∂cols = Wᵀ · ∂Y, added back into ∂x by col2im.
+* forward: y = W · cols + b, written straight into (N, O, *out);
+* input gradient: ∂cols = Wᵀ · g (``fold`` then makes ∂x);
+* weight gradient: ∂W = Σ over samples of g · colsᵀ.
 
-A block of one sample needs no copy of Y or ∂Y at all (they are ``y[n]`` and ``g[n]``); the
-block size trades that against the gemms' size (:data:`BLOCK_ELEMENTS`).
+Each picks the fastest of three loops for its sizes (below: filter rows, dot products, or a
+gemm of NumPy's BLAS, whose address ``cpu/blas.py`` finds — no link step). A fused op that
+took x itself, im2col inside per block of samples, was tried first and measured slower: the
+backward lays the windows out again (2.1 against 1.5 ms of kernels on LeNet's two layers).
 
-None is returned where this does not apply — another dtype, 3-D windows, a BLAS without a
-CBLAS gemm, native code off — and the caller runs the composed form.
+None is returned where this does not apply — another dtype, non-contiguous or empty arrays,
+a BLAS without a CBLAS gemm, native code off — and the op's NumPy/CuPy form runs.
 """
 
 import ctypes
