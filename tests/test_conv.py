@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import minicavs as mc
-from minicavs.cpu import kernels as native_kernels
+from minicavs.cpu import conv as native_conv, kernels as native_kernels
+from minicavs.ops import conv as conv_ops
+from minicavs.ops.registry import apply
 from minicavs.errors import ArgumentError, ShapeError
 
 RNG = np.random.default_rng(0)
@@ -272,6 +274,119 @@ def test_native_im2col_and_col2im_equal_the_numpy_path(monkeypatch, dtype):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
 
+# --- the fused product (conv_windows) equals the composed one -----------------------------------
+
+def _composed_conv2d(x, w, b=None, stride=1, padding=0, dilation=1):
+    """conv2d with the product composed from matmul and reshapes (the groups path)."""
+    name = "conv2d"
+    stride, dilation = conv_ops._ints(name, "stride", stride, 2, 1), conv_ops._ints(
+        name, "dilation", dilation, 2, 1)
+    pads = conv_ops._padding(name, padding, 2, tuple(w.shape[2:]), dilation, stride)
+    cols = conv_ops._unfold(x, tuple(w.shape[2:]), stride, dilation, pads)
+    return conv_ops._composed_product(cols, w, b, 1)
+
+
+def _values_and_gradients(conv, x, w, b, input_grad, geometry, dtype=np.float64):
+    xt = mc.tensor(x.astype(dtype), requires_grad=input_grad)
+    wt = mc.tensor(w.astype(dtype), requires_grad=True)
+    bt = None if b is None else mc.tensor(b.astype(dtype), requires_grad=True)
+    y = conv(xt, wt, bt, **geometry)
+    weights = np.random.default_rng(1).standard_normal(y.shape).astype(dtype)
+    (y * mc.tensor(weights)).sum().backward()
+    assert (xt.grad is not None) == input_grad
+    return [y.numpy(), wt.grad.numpy()] + ([] if b is None else [bt.grad.numpy()]) + (
+        [xt.grad.numpy()] if input_grad else [])
+
+
+@st.composite
+def product_geometries(draw):
+    """Geometries whose products take each native form: short rows (gemms), rows of 64+
+    positions (filter rows) and of 256+ with few filters (dot products)."""
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    ph, pw = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+    size = draw(st.sampled_from([6, 12, 20]))
+    low_h, low_w = max(1, dh * (kh - 1) + 1 - 2 * ph), max(1, dw * (kw - 1) + 1 - 2 * pw)
+    h, w = draw(st.integers(low_h, max(low_h, size))), draw(st.integers(low_w, max(low_w, size)))
+    n, c, o = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.sampled_from([1, 5, 17]))
+    return dict(x=(n, c, h, w), w=(o, c, kh, kw), stride=(sh, sw), padding=(ph, pw),
+                dilation=(dh, dw), bias=draw(st.booleans()), input_grad=draw(st.booleans()))
+
+
+@settings(max_examples=40, deadline=None)
+@given(geometry=product_geometries(), seed=st.integers(0, 2 ** 16))
+def test_the_fused_product_equals_the_composed_one(geometry, seed):
+    rng = np.random.default_rng(seed)
+    x, w = rng.standard_normal(geometry.pop("x")), rng.standard_normal(geometry.pop("w"))
+    b = rng.standard_normal(w.shape[0]) if geometry.pop("bias") else None
+    input_grad = geometry.pop("input_grad")
+    fused = _values_and_gradients(mc.conv2d, x, w, b, input_grad, geometry)
+    composed = _values_and_gradients(_composed_conv2d, x, w, b, input_grad, geometry)
+    for a, c in zip(fused, composed):
+        np.testing.assert_allclose(a, c, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n, c, h, o, k", [
+    (3, 2, 7, 4, 3),     # 25 positions: the gemms
+    (2, 3, 12, 5, 3),    # 100 positions: filter rows
+    (2, 1, 20, 6, 5),    # 256 positions, 6 filters: the weight gradient as dot products
+    (1, 2, 21, 17, 2),   # 400 positions, 17 filters: the gemm again; batch 1
+])
+def test_native_products_equal_the_numpy_form(monkeypatch, n, c, h, o, k, dtype):
+    x, w, b = _normal(n, c, h, h), _normal(o, c, k, k), _normal(o)
+    run = lambda: _values_and_gradients(mc.conv2d, x, w, b, True, {}, dtype)  # noqa: E731
+    native = run()
+    assert native_conv.product(x.astype(dtype)[:, :, None, None], w.astype(dtype)[:, :, None],
+                               None, 2) is not None
+    for name in ("product", "weight_grad", "input_grad"):
+        monkeypatch.setattr(native_conv, name, lambda *a: None)
+    tol = 1e-4 if dtype == np.float32 else 1e-12
+    for a, c in zip(native, run()):
+        np.testing.assert_allclose(a, c, rtol=tol, atol=tol)
+
+
+def test_without_native_code_the_numpy_form_runs(monkeypatch):
+    x, w = _normal(2, 2, 9, 9), _normal(3, 2, 3, 3)
+    before = _values_and_gradients(mc.conv2d, x, w, None, True, {})
+    monkeypatch.setenv("MINICAVS_NATIVE", "0")
+    assert native_conv._library.__wrapped__() is None  # (uncached: the switch is read)
+    monkeypatch.setattr(native_conv, "_library", lambda: None)
+    assert native_conv.product(np.zeros((1, 1, 1, 1, 1, 1)), np.zeros((1, 1, 1, 1)), None,
+                               2) is None
+    for a, c in zip(before, _values_and_gradients(mc.conv2d, x, w, None, True, {})):
+        np.testing.assert_allclose(a, c, rtol=1e-12, atol=1e-12)
+
+
+def test_conv_windows_gradients_differentiate_again():
+    # the three ops are each other's adjoints: ∂ of a gradient uses them again
+    cols, w, g = _normal(2, 3, 2, 2, 4, 5), _normal(4, 3, 2, 2), _normal(2, 4, 4, 5)
+    assert mc.gradcheck(lambda c, w: apply(conv_ops.CONV_WINDOWS_INPUT_GRAD, c, w),
+                        [g, w])
+    assert mc.gradcheck(lambda c, g: apply(conv_ops.CONV_WINDOWS_WEIGHT_GRAD, c, g),
+                        [cols, g])
+    assert mc.gradcheck(lambda c, w, b: apply(conv_ops.CONV_WINDOWS, c, w, b),
+                        [cols, w, _normal(4)])
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: apply(conv_ops.CONV_WINDOWS, np.ones((2, 3, 2, 2, 4, 4)), np.ones((4, 2, 2, 2))),
+     ["conv_windows", "(2, 3, 2, 2, 4, 4)", "(4, 2, 2, 2)", "(O, C, *kernel)"]),
+    (lambda: apply(conv_ops.CONV_WINDOWS, np.ones((3, 2, 2, 4, 4)), np.ones((4, 3, 2, 2)),
+                   np.ones(3)), ["bias", "(3,)", "(4,)"]),
+    (lambda: apply(conv_ops.CONV_WINDOWS_INPUT_GRAD, np.ones((2, 3, 4, 4)),
+                   np.ones((4, 3, 2, 2))), ["conv_windows_input_grad", "(..., 4, *out)"]),
+    (lambda: apply(conv_ops.CONV_WINDOWS_WEIGHT_GRAD, np.ones((2, 3, 2, 2, 4, 4)),
+                   np.ones((2, 5, 3, 4))), ["conv_windows_weight_grad", "(2, 5, 3, 4)"]),
+])
+def test_bad_input_to_the_product_ops_is_a_clear_error(call, words):
+    with pytest.raises(ShapeError) as info:
+        call()
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+
+
 # --- dtypes ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -404,6 +519,31 @@ def test_a_cnn_inside_a_vertex_function_equals_per_sample_evaluation():
             p.grad = None
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_filters_per_vertex_inside_a_vertex_function_equal_per_sample_evaluation():
+    # the filters come from each vertex's pulled input: conv_windows' batching rule falls
+    # back to one matmul broadcast over the rows
+    image = mc.Parameter(_normal(2, 5, 5))
+    b = mc.Parameter(_normal(3))
+
+    def cell(v):
+        w = mc.reshape(v.pull(), (3, 2, 2, 2))
+        h = mc.sum(mc.conv2d(image, w, b, padding=1), axis=(1, 2)) + v.gather(0)
+        v.scatter(mc.tanh(h))
+
+    F = mc.VertexFunction(cell, pull_shape=(24,), scatter_shape=(3,), arity=1, dtype="float64")
+    batch = mc.GraphBatch([mc.InputGraph.chain(3), mc.InputGraph.chain(2)])
+    filters = _normal(batch.num_vertices, 24)
+    results = []
+    for run in (F, lambda g, pull: mc.evaluate_per_sample(F, g, pull)):
+        X = mc.tensor(filters, requires_grad=True)
+        out = run(batch, pull=X)
+        (out * out).sum().backward()
+        results.append([out.numpy(), X.grad.numpy(), image.grad.numpy(), b.grad.numpy()])
+        image.grad = b.grad = None
+    for a, c in zip(*results):
+        np.testing.assert_allclose(a, c, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("strategy", ["depth", "agenda+"])

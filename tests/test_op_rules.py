@@ -39,7 +39,7 @@ def test_every_op_usable_in_a_cell_has_a_batching_rule():
     # scatter_reduce_rows, whose targets are positions in one whole array (ops/scatter.py).
     assert {name for name, op in OPS.items() if op.batch is None} == {
         "scatter_add_rows", "softmax_cross_entropy_grad", "lstm_cell_grad",
-        "scatter_reduce_rows"}
+        "conv_windows_input_grad", "conv_windows_weight_grad", "scatter_reduce_rows"}
 
 
 def test_elementwise_ops_have_a_c_expression_and_a_numpy_writer():

@@ -632,6 +632,37 @@ def test_unfold_and_fold_are_windows_and_their_adjoint(data, nd):
     assert mc.gradcheck(lambda c: _fold(c, size, kernel, stride, dilation, padding), [cols])
 
 
+@covers("conv_windows", "conv_windows_input_grad", "conv_windows_weight_grad")
+@given(data=st.data(), nd=st.integers(1, 2))
+def test_conv_windows_applies_filters_to_windows_and_its_gradients_are_adjoints(data, nd):
+    """conv_windows(cols, w, b)[..., o, p] = Σ_{c,k} w[o, c, k] cols[..., c, k, p] + b[o]; its
+    input gradient is wᵀ·g and its weight gradient Σ g·colsᵀ, each checked as the adjoint
+    (<y(c), g> = <c, input_grad(g)> = <w, weight_grad(c, g)>) and gradient-checked."""
+    from minicavs.ops.conv import (CONV_WINDOWS, CONV_WINDOWS_INPUT_GRAD,
+                                   CONV_WINDOWS_WEIGHT_GRAD)
+    from minicavs.ops.registry import apply
+
+    kernel = tuple(data.draw(st.integers(1, 3)) for _ in range(nd))
+    out = tuple(data.draw(st.integers(1, 4)) for _ in range(nd))
+    lead = data.draw(shapes(max_dims=2, min_side=1, max_side=2))
+    c, o = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    cols = data.draw(float_arrays(lead + (c,) + kernel + out))
+    w, b = data.draw(float_arrays((o, c) + kernel)), data.draw(float_arrays((o,)))
+    g = data.draw(float_arrays(lead + (o,) + out))
+    y = apply(CONV_WINDOWS, t(cols), t(w), t(b))
+    flat = cols.reshape(lead + (c * int(np.prod(kernel)), int(np.prod(out))))
+    expected = (w.reshape(o, -1) @ flat).reshape(lead + (o,) + out) + b.reshape((o,) + (1,) * nd)
+    check(y, expected, rtol=1e-12, atol=1e-12)
+    inner = np.sum((expected - b.reshape((o,) + (1,) * nd)) * g)
+    d_cols = apply(CONV_WINDOWS_INPUT_GRAD, t(g), t(w)).numpy()
+    d_w = apply(CONV_WINDOWS_WEIGHT_GRAD, t(cols), t(g)).numpy()
+    np.testing.assert_allclose(np.sum(cols * d_cols), inner, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(np.sum(w * d_w), inner, rtol=1e-10, atol=1e-10)
+    assert mc.gradcheck(lambda c, w, b: apply(CONV_WINDOWS, c, w, b), [cols, w, b])
+    assert mc.gradcheck(lambda g, w: apply(CONV_WINDOWS_INPUT_GRAD, g, w), [g, w])
+    assert mc.gradcheck(lambda c, g: apply(CONV_WINDOWS_WEIGHT_GRAD, c, g), [cols, g])
+
+
 def test_softmax_cross_entropy_is_stable_for_large_logits():
     logits = t(np.array([[1000.0, -1000.0], [-1000.0, 1000.0]], dtype=np.float32),
                requires_grad=True)
