@@ -361,6 +361,11 @@ def add_sst_arguments(parser):
     group.add_argument("--classifier-l2", type=validate.real(minimum=0), default=None,
                        help="L2 penalty on the classifier's weights W_out, its bias b_out "
                             "unpenalised (CoreNLP: 1e-4); default: --l2 on both")
+    group.add_argument("--tensor-l2", type=validate.real(minimum=0), default=None,
+                       help="RNTN: L2 penalty on the tensor V (CoreNLP: 1e-3, as on W); "
+                            "default --l2")
+    group.add_argument("--tensor-lr", type=validate.real(minimum=0, open_minimum=True),
+                       default=None, help="RNTN: learning rate of the tensor V (default --lr)")
     group.add_argument("--dropout", type=validate.real(minimum=0, maximum=1, open_maximum=True),
                        default=0.0, help="dropout on the state fed to the classifier, in "
                                          "training only (Tai et al.: 0.5; default 0)")
@@ -415,8 +420,11 @@ def make_optimizer(args, model):
     classifier_l2 = getattr(args, "classifier_l2", None)
     classifier = {} if classifier_l2 is None else {
         name: p for name, p in named if name.split(".")[-1] in ("W_out", "b_out")}
-    others = [p for name, p in named
-              if not name.startswith("embedding.") and name not in classifier]
+    tensor_l2, tensor_lr = getattr(args, "tensor_l2", None), getattr(args, "tensor_lr", None)
+    tensor = {} if tensor_l2 is None and tensor_lr is None else {
+        name: p for name, p in named if name.split(".")[-1] == "V"}
+    others = [p for name, p in named if not name.startswith("embedding.")
+              and name not in classifier and name not in tensor]
     embed_lr = args.embed_lr if args.embed_lr is not None else args.lr
     embed_l2 = 0.0 if getattr(args, "embed_l2_rows", "all") == "batch" else args.embed_l2
     embed_group = {"params": embedding, "weight_decay": embed_l2, "lr": embed_lr}
@@ -426,7 +434,11 @@ def make_optimizer(args, model):
          "weight_decay": classifier_l2},
         {"params": [p for name, p in classifier.items() if name.endswith("b_out")],
          "weight_decay": 0.0}]
+    tensor_group = {"params": list(tensor.values()),
+                    "weight_decay": args.l2 if tensor_l2 is None else tensor_l2,
+                    "lr": args.lr if tensor_lr is None else tensor_lr}
     groups = [g for g in [{"params": others, "weight_decay": args.l2}] + classifier_groups
+              + [tensor_group]
               + ([] if separate else [embed_group]) if g["params"]]
     if args.optimizer == "adagrad":
         main = Adagrad(groups, lr=args.lr, eps=getattr(args, "adagrad_eps", 1e-10))

@@ -315,3 +315,14 @@ def test_make_optimizer_gives_the_classifier_and_the_batch_s_words_their_own_l2(
     decay = {id(p): g["weight_decay"] for g in plain.param_groups for p in g["params"]}
     assert decay[id(model.W_out)] == decay[id(model.b_out)] == 1e-3
     assert decay[id(model.embedding.weight)] == 1e-4
+
+
+def test_make_optimizer_gives_the_rntn_tensor_its_own_l2_and_learning_rate():
+    model = recursive_trees.make("rntn", 10, 3)
+    optimizer = make_optimizer(_args(l2=1e-3, tensor_l2=1e-2, tensor_lr=0.002), model)
+    groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    assert groups[id(model.V)]["weight_decay"] == 1e-2 and groups[id(model.V)]["lr"] == 0.002
+    assert groups[id(model.W)]["weight_decay"] == 1e-3 and groups[id(model.W)]["lr"] == 0.05
+    only_lr = make_optimizer(_args(l2=1e-3, tensor_lr=0.002), model)
+    groups = {id(p): g for g in only_lr.param_groups for p in g["params"]}
+    assert groups[id(model.V)]["weight_decay"] == 1e-3 and groups[id(model.V)]["lr"] == 0.002
