@@ -39,6 +39,9 @@ def parse_args(argv=None):
                         help="starting weights of the TreeRNN and the RNTN: xavier, or corenlp "
                              "(Socher et al.'s: W = [I; I] + noise, word vectors N(0, 0.1²); "
                              "default xavier)")
+    parser.add_argument("--leaf-tanh", action="store_true",
+                        help="TreeRNN and RNTN: a leaf's state is tanh of its word vector, as "
+                             "in Stanford CoreNLP's SentimentModel (default: the vector itself)")
     parser.add_argument("--leaf-loss", action="store_true", help="train on leaf labels too")
     parser.add_argument("--train-size", type=validate.count(minimum=1), default=4000,
                         help="synthetic training trees (dev and test: 1/4 of that each)")
@@ -58,7 +61,8 @@ def main(argv=None):
                                     num_classes=num_classes, dtype=args.dtype,
                                     leaf_loss=args.leaf_loss, dropout=args.dropout,
                                     embed_dropout=args.embed_dropout,
-                                    word_dropout=args.word_dropout, init=args.init)
+                                    word_dropout=args.word_dropout, init=args.init,
+                                    leaf_tanh=args.leaf_tanh)
 
     return training.sentiment_experiment(args.model, args, splits, make_model)
 

@@ -24,6 +24,7 @@ from . import backend, validate
 from .distributed import (DEFAULT_TIMEOUT, DistributedSampler, LocalCommunicator,
                           create_communicator, launched_by_mpi, shard)
 from .data.batches import minibatches  # noqa: F401 (the training loop's, re-exported)
+from .autodiff import Tensor
 from .errors import ArgumentError, MinicavsError
 from .nn import SGD, Adagrad, Adam, CombinedOptimizer, clip_grad_norm
 
@@ -137,7 +138,7 @@ LOSS_SCALES = ("target", "sample")  # what a step's summed loss is divided by
 
 
 def train_epoch(model, optimizer, batches, *, comm=None, clip=None, progress=True,
-                desc="train", unit="sample", loss_per="target"):
+                desc="train", unit="sample", loss_per="target", before_step=None):
     """One pass over ``batches`` (lists of raw samples, prepared here: building the batch's
     graphs is part of the cost of a step, as it is in Cavs' measurements).
 
@@ -151,6 +152,9 @@ def train_epoch(model, optimizer, batches, *, comm=None, clip=None, progress=Tru
     of each (:func:`minicavs.distributed.shard`); the loss is divided by the step's targets
     over all ranks and the gradients are summed, so the update is the one a single process
     makes on the whole batch. The figures returned are the global ones.
+
+    ``before_step(optimizer)``, if given, runs after the gradients are ready (reduced and
+    clipped) and before each ``optimizer.step()`` (:class:`ActiveRowsL2`).
 
     The summed loss stays where the model computes it: on a GPU, reading it every step would
     make the host wait for the device once per batch. It is read at the end of the epoch, and
@@ -181,6 +185,8 @@ def train_epoch(model, optimizer, batches, *, comm=None, clip=None, progress=Tru
             comm.allreduce_gradients(optimizer.params)
             if clip:
                 clip_grad_norm(optimizer.params, clip)
+            if before_step is not None:
+                before_step(optimizer)
             optimizer.step()
             if batch is not None:
                 total = total + loss.data.astype(np.float64)  # summed in float64, on its device
@@ -216,7 +222,8 @@ def best_epoch(history, metric):
 
 def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=None,
         progress=True, unit="sample", start_epoch=0, eval_batch_size=256, on_epoch_end=None,
-        log=None, comm=None, keep_best=None, loss_per="target", on_epoch_start=None):
+        log=None, comm=None, keep_best=None, loss_per="target", on_epoch_start=None,
+        before_step=None):
     """Train for epochs ``start_epoch + 1 .. epochs``, evaluating on ``dev`` after each.
 
     With ``keep_best`` (a dev metric, e.g. ``"fine"``) the model ends with the weights of the
@@ -226,7 +233,7 @@ def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=N
     The data order of epoch k depends only on (seed, k), so a resumed run sees the same
     batches as one that never stopped. ``on_epoch_start(epoch)`` runs before each epoch (an
     optimiser reset), ``on_epoch_end(epoch, stats, dev_metrics)`` after it (checkpoints);
-    ``loss_per`` is :func:`train_epoch`'s. Returns the list of (EpochStats, dev metrics) per
+    ``loss_per`` and ``before_step`` are :func:`train_epoch`'s. Returns the list of (EpochStats, dev metrics) per
     epoch.
 
     With ``comm`` (:mod:`minicavs.distributed`), ``batch_size`` is per rank: rank 0's
@@ -255,7 +262,7 @@ def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=N
             model.train()  # dropout on; evaluate() switches it off for its own pass
         stats = train_epoch(model, optimizer, sampler.global_batches(epoch), comm=comm,
                             clip=clip, progress=progress, desc=f"epoch {epoch}/{epochs}",
-                            unit=unit, loss_per=loss_per)
+                            unit=unit, loss_per=loss_per, before_step=before_step)
         metrics = model.evaluate(dev_batches) if dev_batches else {}
         history.append((stats, metrics))
         log(f"epoch {epoch}/{epochs}  train loss {stats.loss:.4f}  "
@@ -347,6 +354,18 @@ def add_sst_arguments(parser):
                             "the gradient per target (Tai et al.: 1e-4; default 0)")
     group.add_argument("--embed-l2", type=validate.real(minimum=0), default=0.0,
                        help="L2 penalty on the word embeddings (default 0)")
+    group.add_argument("--embed-l2-rows", choices=["all", "batch"], default="all",
+                       help="which word vectors --embed-l2 penalises at a step: all of them, "
+                            "or only those of the step's trees (batch: Stanford CoreNLP's "
+                            "sentiment trainer; default all)")
+    group.add_argument("--classifier-l2", type=validate.real(minimum=0), default=None,
+                       help="L2 penalty on the classifier's weights W_out, its bias b_out "
+                            "unpenalised (CoreNLP: 1e-4); default: --l2 on both")
+    group.add_argument("--tensor-l2", type=validate.real(minimum=0), default=None,
+                       help="RNTN: L2 penalty on the tensor V (CoreNLP: 1e-3, as on W); "
+                            "default --l2")
+    group.add_argument("--tensor-lr", type=validate.real(minimum=0, open_minimum=True),
+                       default=None, help="RNTN: learning rate of the tensor V (default --lr)")
     group.add_argument("--dropout", type=validate.real(minimum=0, maximum=1, open_maximum=True),
                        default=0.0, help="dropout on the state fed to the classifier, in "
                                          "training only (Tai et al.: 0.5; default 0)")
@@ -396,12 +415,30 @@ def make_optimizer(args, model):
     table in its own parameter group (``--embed-lr``, ``--embed-l2``), the rest with
     ``--lr`` and ``--l2``; with ``--embed-optimizer sgd`` the embedding has its own plain
     SGD (a :class:`minicavs.nn.CombinedOptimizer` of the two)."""
-    embedding = [p for name, p in model.named_parameters() if name.startswith("embedding.")]
-    others = [p for name, p in model.named_parameters() if not name.startswith("embedding.")]
+    named = list(model.named_parameters())
+    embedding = [p for name, p in named if name.startswith("embedding.")]
+    classifier_l2 = getattr(args, "classifier_l2", None)
+    classifier = {} if classifier_l2 is None else {
+        name: p for name, p in named if name.split(".")[-1] in ("W_out", "b_out")}
+    tensor_l2, tensor_lr = getattr(args, "tensor_l2", None), getattr(args, "tensor_lr", None)
+    tensor = {} if tensor_l2 is None and tensor_lr is None else {
+        name: p for name, p in named if name.split(".")[-1] == "V"}
+    others = [p for name, p in named if not name.startswith("embedding.")
+              and name not in classifier and name not in tensor]
     embed_lr = args.embed_lr if args.embed_lr is not None else args.lr
-    embed_group = {"params": embedding, "weight_decay": args.embed_l2, "lr": embed_lr}
+    embed_l2 = 0.0 if getattr(args, "embed_l2_rows", "all") == "batch" else args.embed_l2
+    embed_group = {"params": embedding, "weight_decay": embed_l2, "lr": embed_lr}
     separate = getattr(args, "embed_optimizer", "same") == "sgd" and embedding
-    groups = [g for g in [{"params": others, "weight_decay": args.l2}]
+    classifier_groups = [
+        {"params": [p for name, p in classifier.items() if name.endswith("W_out")],
+         "weight_decay": classifier_l2},
+        {"params": [p for name, p in classifier.items() if name.endswith("b_out")],
+         "weight_decay": 0.0}]
+    tensor_group = {"params": list(tensor.values()),
+                    "weight_decay": args.l2 if tensor_l2 is None else tensor_l2,
+                    "lr": args.lr if tensor_lr is None else tensor_lr}
+    groups = [g for g in [{"params": others, "weight_decay": args.l2}] + classifier_groups
+              + [tensor_group]
               + ([] if separate else [embed_group]) if g["params"]]
     if args.optimizer == "adagrad":
         main = Adagrad(groups, lr=args.lr, eps=getattr(args, "adagrad_eps", 1e-10))
@@ -412,6 +449,31 @@ def make_optimizer(args, model):
     if not separate:
         return main
     return CombinedOptimizer([main, SGD([embed_group], lr=embed_lr)])
+
+
+class ActiveRowsL2:
+    """An L2 penalty ``coefficient`` on the rows of ``param`` (an embedding table) that the
+    step used, none on the others: called before ``optimizer.step()`` (:func:`train_epoch`'s
+    ``before_step``), it adds ``coefficient * row`` to the gradient of every row whose
+    gradient is not all zero. Stanford CoreNLP's sentiment trainer penalises only the word
+    vectors of the batch's trees (``scaleAndRegularize(..., activeMatricesOnly=true)``); a
+    penalty on the whole table would, under AdaGrad with eps 1e-3 and its sums reset every
+    epoch, shrink every word absent from a step by lr * coefficient / eps of itself."""
+
+    def __init__(self, param, coefficient):
+        validate.number(coefficient, "coefficient", "ActiveRowsL2", minimum=0.0)
+        self.param, self.coefficient = param, float(coefficient)
+
+    def __call__(self, optimizer=None):
+        grad = self.param.grad
+        if grad is None or not self.coefficient:
+            return
+        g = grad.data
+        xp = backend.get_array_module(g)
+        active = xp.any(g.reshape(g.shape[0], -1) != 0, axis=1)
+        penalised = g.copy()  # a gradient is never changed in place
+        penalised[active] += self.coefficient * self.param.data[active]
+        self.param.grad = Tensor(penalised)
 
 
 def load_vectors_into(model, vocab, path, log=print):
@@ -508,11 +570,15 @@ def sentiment_experiment(name, args, splits, make_model, log=print):
             load_vectors_into(model, splits.vocab, args.word_vectors, log)
         optimizer = make_optimizer(args, model)
         reset = optimizer.reset_state if getattr(args, "adagrad_reset", False) else None
+        before_step = None
+        if getattr(args, "embed_l2_rows", "all") == "batch" and args.embed_l2:
+            before_step = ActiveRowsL2(model.embedding.weight, args.embed_l2)
         history = fit(model, optimizer, train, splits.dev, epochs=args.epochs,
                       batch_size=args.batch_size, seed=seed, clip=args.clip or None,
                       unit="tree", progress=args.progress, log=log, keep_best=metric,
                       loss_per=LOSS_PER[getattr(args, "loss_per", "target")],
-                      on_epoch_start=(lambda epoch: reset()) if reset else None)
+                      on_epoch_start=(lambda epoch: reset()) if reset else None,
+                      before_step=before_step)
         epoch = best_epoch(history, metric)
         dev = history[epoch - 1][1] if epoch else model.evaluate(
             prepare_all(model, splits.dev, 256))

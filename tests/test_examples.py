@@ -121,10 +121,13 @@ def test_recursive_trees_example_with_socher_et_al_s_settings(sst_dir, monkeypat
         ["--epochs", "3", "--no-progress", "--model", "rntn", "--data", str(sst_dir),
          "--hidden", "4", "--init", "corenlp", "--min-count", "2", "--word-dropout", "0.2",
          "--optimizer", "adagrad", "--lr", "0.01", "--adagrad-eps", "1e-3", "--adagrad-reset",
-         "--loss-per", "sentence", "--embed-optimizer", "sgd", "--embed-lr", "0.1"])
+         "--loss-per", "sentence", "--embed-optimizer", "sgd", "--embed-lr", "0.1",
+         "--leaf-tanh", "--classifier-l2", "1e-4", "--l2", "1e-3", "--embed-l2", "1e-4",
+         "--embed-l2-rows", "batch"])
     assert "vocabulary 3" in capsys.readouterr().out  # <unk>, The, is
     assert len(resets) == 3 and len(made[0].optimizers) == 2
     assert made[0].optimizers[0].eps == 1e-3
+    assert made[0].optimizers[0].param_groups[1]["weight_decay"] == 1e-4  # W_out
     assert 0.0 <= result["runs"][0]["test"]["fine"] <= 1.0
 
 

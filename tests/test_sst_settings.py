@@ -235,10 +235,15 @@ def test_an_unknown_init_or_one_the_model_lacks_is_refused():
         recursive_trees.make("lstm", 5, 2)
 
 
-def test_the_rntn_composes_as_socher_et_al_write_it():
-    """h = tanh(xᵀ V[i] x + x W + b) with x = [h_l; h_r], computed here with NumPy."""
+@pytest.mark.parametrize("leaf_tanh", [False, True])
+def test_the_rntn_composes_as_socher_et_al_write_it(leaf_tanh):
+    """h = tanh(xᵀ V[i] x + x W + b) with x = [h_l; h_r], computed here with NumPy; a leaf is
+    its word vector, or with leaf_tanh (CoreNLP's) tanh of it."""
     splits = _splits()
-    model = recursive_trees.make("rntn", len(splits.vocab), 3, dtype="float64")
+    model = recursive_trees.make("rntn", len(splits.vocab), 3, dtype="float64",
+                                 leaf_tanh=leaf_tanh)
+    with mc.no_grad():  # word vectors past tanh's linear range, so the two differ
+        model.embedding.weight.data = model.embedding.weight.data * 20
     tree = splits.train[1]  # The plot is dull .
     batch = model.prepare([tree])
     with mc.no_grad():
@@ -249,10 +254,75 @@ def test_the_rntn_composes_as_socher_et_al_write_it():
     for v in range(tree.num_vertices):
         kids = tree.children[v]
         if not kids:
-            h[v] = table[tree.words[v]]
+            h[v] = np.tanh(table[tree.words[v]]) if leaf_tanh else table[tree.words[v]]
         else:
             x = np.concatenate([h[kids[0]], h[kids[1]]])
             h[v] = np.tanh(np.einsum("j,ijk,k->i", x, V, x) + x @ W + b)
     assert batch.graphs.num_vertices == tree.num_vertices  # one tree keeps its numbering
     assert np.allclose(states, np.stack([h[v] for v in range(tree.num_vertices)]),
                        rtol=1e-12, atol=1e-12)
+
+
+def test_leaf_tanh_bounds_the_treernn_leaves_and_is_refused_for_the_tree_lstm():
+    splits = _splits()
+    model = recursive_trees.make("treernn", len(splits.vocab), 3, dtype="float64",
+                                 leaf_tanh=True)
+    model.embedding.weight.data = model.embedding.weight.data * 50
+    batch = model.prepare([splits.train[0]])
+    with mc.no_grad():
+        states = model.states(batch).numpy()
+    leaves = splits.train[0].leaves()
+    table = model.embedding.weight.numpy()
+    assert np.allclose(states[leaves], np.tanh(table[splits.train[0].words[leaves]]))
+    with pytest.raises(ArgumentError, match="leaf_tanh is the TreeRNN's and the RNTN's"):
+        recursive_trees.make("treelstm", 5, 2, leaf_tanh=True)
+
+
+def test_active_rows_l2_penalises_only_the_word_vectors_a_step_used():
+    """CoreNLP's L2 on the word vectors covers the batch's words only: an absent word keeps
+    its vector under AdaGrad, where a penalty on the whole table would shrink it."""
+    from minicavs.training import ActiveRowsL2
+
+    table = Parameter(np.arange(12.0).reshape(4, 3) + 1.0)
+    grad = np.zeros((4, 3))
+    grad[1] = [0.5, 0.0, -0.5]
+    grad[3] = [0.0, 0.0, 1e-3]
+    table.grad = mc.Tensor(grad.copy())
+    before = table.grad
+    ActiveRowsL2(table, 0.1)(None)
+    expected = grad.copy()
+    expected[[1, 3]] += 0.1 * table.numpy()[[1, 3]]
+    assert np.allclose(table.grad.numpy(), expected)
+    assert np.array_equal(before.numpy(), grad)  # the old gradient is not changed in place
+    start = table.numpy().copy()
+    optimizer = Adagrad([table], lr=0.01, eps=1e-3)
+    optimizer.step()
+    assert np.array_equal(table.numpy()[[0, 2]], start[[0, 2]])
+    assert not np.allclose(table.numpy()[[1, 3]], start[[1, 3]])
+    with pytest.raises(ArgumentError):
+        ActiveRowsL2(table, -1.0)
+
+
+def test_make_optimizer_gives_the_classifier_and_the_batch_s_words_their_own_l2():
+    model = TreeRNNClassifier(10, hidden=3)
+    optimizer = make_optimizer(_args(l2=1e-3, classifier_l2=1e-4, embed_l2=1e-4,
+                                     embed_l2_rows="batch"), model)
+    decay = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+    assert decay[id(model.W)] == decay[id(model.b)] == 1e-3
+    assert decay[id(model.W_out)] == 1e-4 and decay[id(model.b_out)] == 0.0
+    assert decay[id(model.embedding.weight)] == 0.0  # ActiveRowsL2 penalises it instead
+    plain = make_optimizer(_args(l2=1e-3, embed_l2=1e-4), model)
+    decay = {id(p): g["weight_decay"] for g in plain.param_groups for p in g["params"]}
+    assert decay[id(model.W_out)] == decay[id(model.b_out)] == 1e-3
+    assert decay[id(model.embedding.weight)] == 1e-4
+
+
+def test_make_optimizer_gives_the_rntn_tensor_its_own_l2_and_learning_rate():
+    model = recursive_trees.make("rntn", 10, 3)
+    optimizer = make_optimizer(_args(l2=1e-3, tensor_l2=1e-2, tensor_lr=0.002), model)
+    groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    assert groups[id(model.V)]["weight_decay"] == 1e-2 and groups[id(model.V)]["lr"] == 0.002
+    assert groups[id(model.W)]["weight_decay"] == 1e-3 and groups[id(model.W)]["lr"] == 0.05
+    only_lr = make_optimizer(_args(l2=1e-3, tensor_lr=0.002), model)
+    groups = {id(p): g for g in only_lr.param_groups for p in g["params"]}
+    assert groups[id(model.V)]["weight_decay"] == 1e-3 and groups[id(model.V)]["lr"] == 0.002

@@ -56,13 +56,26 @@ def _corenlp_init(model, H, C, dtype):
     table.data = backend.to_device(rng.normal(0.0, 0.1, table.shape).astype(dtype))
 
 
-class TreeRNNClassifier(TreeClassifier):
-    """The plain recursive network over binary parse trees (word vectors of size ``hidden``)."""
+class _LeafTanh:
+    """The leaf state of the TreeRNN and the RNTN: the word vector, or with ``leaf_tanh`` its
+    tanh, as Stanford CoreNLP's ``SentimentCostAndGradient`` computes a preterminal's vector
+    (``elementwiseApplyTanh(wordVector)``), so leaves lie in (-1, 1) like every parent."""
+
+    def leaf_state(self, node, table, size):
+        h = self.word_vector(node, table, size)
+        return ops.tanh(h) if self.leaf_tanh else h
+
+
+class TreeRNNClassifier(_LeafTanh, TreeClassifier):
+    """The plain recursive network over binary parse trees (word vectors of size ``hidden``).
+    With ``leaf_tanh`` a leaf's state is tanh of its word vector (CoreNLP's), else the vector."""
 
     def __init__(self, vocab_size, hidden=64, num_classes=5, dtype="float32", leaf_loss=False,
-                 dropout=0.0, embed_dropout=0.0, word_dropout=0.0, init="xavier"):
+                 dropout=0.0, embed_dropout=0.0, word_dropout=0.0, init="xavier",
+                 leaf_tanh=False):
         _check_init(init, type(self).__name__)
         super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
+        self.leaf_tanh = bool(leaf_tanh)
         H, C = int(hidden), int(num_classes)
         self.vocab_size, self.hidden = int(vocab_size), H
         self.embedding = Embedding(vocab_size, H, dtype=dtype)
@@ -78,7 +91,7 @@ class TreeRNNClassifier(TreeClassifier):
                    dtype=dtype)
         def tree_rnn(node):
             if node.is_leaf:
-                h = self.word_vector(node, table, H)
+                h = self.leaf_state(node, table, H)
             else:
                 h = ops.tanh(ops.concat([tree_rnn(child) for child in node.children]) @ W + b)
             node.push(h)
@@ -87,13 +100,16 @@ class TreeRNNClassifier(TreeClassifier):
         self.F = tree_rnn
 
 
-class RNTNClassifier(TreeClassifier):
-    """The recursive neural tensor network (Socher et al., 2013) over binary parse trees."""
+class RNTNClassifier(_LeafTanh, TreeClassifier):
+    """The recursive neural tensor network (Socher et al., 2013) over binary parse trees.
+    ``leaf_tanh`` as in :class:`TreeRNNClassifier`."""
 
     def __init__(self, vocab_size, hidden=32, num_classes=5, dtype="float32", leaf_loss=False,
-                 dropout=0.0, embed_dropout=0.0, word_dropout=0.0, init="xavier"):
+                 dropout=0.0, embed_dropout=0.0, word_dropout=0.0, init="xavier",
+                 leaf_tanh=False):
         _check_init(init, type(self).__name__)
         super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
+        self.leaf_tanh = bool(leaf_tanh)
         H, C = int(hidden), int(num_classes)
         self.vocab_size, self.hidden = int(vocab_size), H
         self.embedding = Embedding(vocab_size, H, dtype=dtype)
@@ -113,7 +129,7 @@ class RNTNClassifier(TreeClassifier):
                    dtype=dtype)
         def rntn(node):
             if node.is_leaf:
-                h = self.word_vector(node, table, H)
+                h = self.leaf_state(node, table, H)
             else:
                 x = ops.concat([rntn(child) for child in node.children])  # [h_l; h_r]
                 # xᵀ V_i x for every slice i: (x V as (H, 2H)) · x, one GEMM for all vertices
@@ -169,17 +185,21 @@ MODELS = {"treernn": TreeRNNClassifier, "rntn": RNTNClassifier,
           "treelstm": RecursiveTreeLSTMClassifier}
 
 
-def make(name, vocab_size, hidden, embed_dim=None, init="xavier", **keywords):
+def make(name, vocab_size, hidden, embed_dim=None, init="xavier", leaf_tanh=False,
+         **keywords):
     """One of MODELS by name (``embed_dim`` is the Tree-LSTM's; the others embed in ``hidden``;
-    ``init`` is the TreeRNN's and the RNTN's)."""
+    ``init`` and ``leaf_tanh`` are the TreeRNN's and the RNTN's)."""
     if name not in MODELS:
         raise ArgumentError(f"unknown model {name!r}; the models are {sorted(MODELS)}")
     if name == "treelstm":
         if init != "xavier":
             raise ArgumentError(f"init={init!r} is the TreeRNN's and the RNTN's; the "
                                 f"Tree-LSTM has only 'xavier'")
+        if leaf_tanh:
+            raise ArgumentError("leaf_tanh is the TreeRNN's and the RNTN's; the Tree-LSTM's "
+                                "leaf cell has its own activations")
         return RecursiveTreeLSTMClassifier(vocab_size, embed_dim or hidden, hidden, **keywords)
-    return MODELS[name](vocab_size, hidden, init=init, **keywords)
+    return MODELS[name](vocab_size, hidden, init=init, leaf_tanh=leaf_tanh, **keywords)
 
 
 __all__ = ["TreeRNNClassifier", "RNTNClassifier", "RecursiveTreeLSTMClassifier", "make",
