@@ -498,9 +498,10 @@ def test_openblas_idle_threads_sleep_even_when_numpy_came_first():
     if "openblas" not in os.path.basename(lib_path).lower():
         pytest.skip("NumPy's BLAS is not OpenBLAS")
 
-    def run(**env):
+    def run(prelude="", **env):
         environ = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
-        result = subprocess.run([sys.executable, "-c", _IDLE_THREADS], capture_output=True,
+        result = subprocess.run([sys.executable, "-c", prelude + _IDLE_THREADS],
+                                capture_output=True,
                                 text=True, env={**environ, "OPENBLAS_NUM_THREADS": "2", **env},
                                 timeout=120)
         assert result.returncode == 0, result.stderr
@@ -511,6 +512,12 @@ def test_openblas_idle_threads_sleep_even_when_numpy_came_first():
     assert timeout == blas.IDLE_TIMEOUT and state.endswith(f"2^{blas.IDLE_TIMEOUT} cycles")
     assert busy < 0.05  # a spinning thread would have burnt ~0.1 s of the 0.2 s sleep
     assert run(OPENBLAS_THREAD_TIMEOUT="12")[::2] == (12, "OPENBLAS_THREAD_TIMEOUT=12 (yours)")
+    # Another thread running: the pool is left alone (it could be inside a BLAS call), and the
+    # doctor's line says how to get the setting.
+    waiting = ("import threading\n"
+               "threading.Thread(target=threading.Event().wait, daemon=True).start()\n")
+    timeout, _, state = run(waiting)
+    assert timeout != blas.IDLE_TIMEOUT and "OPENBLAS_THREAD_TIMEOUT=4" in state
 
 
 @given(forests(max_arity=3, max_vertices=20, kinds=("tree", "dag")), st.integers(0, 2**16))

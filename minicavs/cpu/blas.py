@@ -18,6 +18,7 @@ the level loop. Which gemm, in order of preference:
 import ctypes
 import functools
 import os
+import threading
 
 # CBLAS symbol names, by interface, that NumPy's BLAS builds export ({} is "s" or "d").
 _CBLAS_SYMBOLS = (("scipy_cblas_{}gemm64_", "cblas64"), ("cblas_{}gemm64_", "cblas64"),
@@ -87,8 +88,9 @@ def let_idle_threads_sleep():
     OpenBLAS reads ``OPENBLAS_THREAD_TIMEOUT`` when it loads, with NumPy, usually before
     minicavs: then the variable is set, OpenBLAS re-reads it (``openblas_read_env``) and its
     thread pool is shut down (``blas_thread_shutdown_``, as its fork handler does) to be made
-    again, with the new timeout, by the next threaded product. A timeout the user set in the
-    environment is kept."""
+    again, with the new timeout, by the next threaded product — only while no other thread
+    runs (one could be inside a BLAS call). A timeout the user set in the environment is
+    kept."""
     global idle_threads
     if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
         idle_threads = f"OPENBLAS_THREAD_TIMEOUT={os.environ['OPENBLAS_THREAD_TIMEOUT']} (yours)"
@@ -103,6 +105,10 @@ def let_idle_threads_sleep():
         except (OSError, AttributeError):  # another BLAS, or an OpenBLAS without them
             continue
         if timeout() != IDLE_TIMEOUT:
+            if threading.active_count() > 1:  # another thread may be inside a BLAS call now
+                idle_threads = ("OpenBLAS loaded before minicavs while other threads ran: its "
+                                "idle threads spin (set OPENBLAS_THREAD_TIMEOUT=4 to avoid it)")
+                continue
             read_env()
             shutdown()
         idle_threads = f"OpenBLAS idle threads sleep after 2^{timeout()} cycles"
