@@ -15,6 +15,7 @@ for as long as it lives: it is never overwritten. CuPy arrays come from CuPy's o
 """
 
 import sys
+import threading
 
 import numpy as np
 
@@ -22,6 +23,7 @@ _ALIGN = 64  # bytes: every slab starts on a cache line (and a SIMD-aligned addr
 _MAX_BLOCKS = 6  # blocks held at most: a step needs two (values, gradients)
 
 _blocks = []  # 1-D uint8 arrays, owned by this module
+_lock = threading.Lock()  # (a block is free until its first view exists: one taker at a time)
 
 
 def _unused(i):
@@ -59,17 +61,20 @@ def arrays(xp, specs, zero=False):
     for shape, dtype in specs:
         offsets.append(end)
         end += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // _ALIGN) * _ALIGN
-    block = _block(end + _ALIGN)
-    skew = -block.ctypes.data % _ALIGN
+    with _lock:
+        block = _block(end + _ALIGN)
+        skew = -block.ctypes.data % _ALIGN
+        views = [block[skew + o:skew + o + int(np.prod(shape)) * np.dtype(dtype).itemsize]
+                 .view(dtype).reshape(shape) for o, (shape, dtype) in zip(offsets, specs)]
     if zero:
         block[skew:skew + end].fill(0)
-    return [block[skew + o:skew + o + int(np.prod(shape)) * np.dtype(dtype).itemsize]
-            .view(dtype).reshape(shape) for o, (shape, dtype) in zip(offsets, specs)]
+    return views
 
 
 def release():
     """Give the free blocks back (to the allocator); blocks still in use stay until their
     values are gone."""
-    for i in reversed(range(len(_blocks))):
-        if _unused(i):
-            del _blocks[i]
+    with _lock:
+        for i in reversed(range(len(_blocks))):
+            if _unused(i):
+                del _blocks[i]
