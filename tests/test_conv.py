@@ -16,6 +16,7 @@ from minicavs.cpu import conv as native_conv, kernels as native_kernels
 from minicavs.ops import conv as conv_ops
 from minicavs.ops.registry import apply
 from minicavs.errors import ArgumentError, ShapeError
+from peers import torch_or_skip
 
 RNG = np.random.default_rng(0)
 
@@ -139,7 +140,7 @@ CASES = _cases()
 @pytest.mark.filterwarnings("ignore:Using padding='same'")  # PyTorch's note on its own copy
 @pytest.mark.parametrize("name", list(CASES))
 def test_values_and_gradients_equal_pytorch(name):
-    torch = pytest.importorskip("torch")
+    torch = torch_or_skip()
     arrays, fn = CASES[name]
     ts = [torch.tensor(a, requires_grad=True) for a in arrays]
     ms = [mc.tensor(a, requires_grad=True) for a in arrays]
@@ -209,7 +210,7 @@ def test_gradients_check_in_float64():
 @pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph")
 def test_second_derivatives_equal_pytorch():
     # fold is unfold's VJP and unfold fold's, so a gradient can be differentiated again
-    torch = pytest.importorskip("torch")
+    torch = torch_or_skip()
     x, w, v = _normal(1, 2, 5, 5), _normal(3, 2, 3, 3), _normal(1, 2, 5, 5)
     grads = []
     for lib, make in ((mc, lambda a: mc.tensor(a, requires_grad=True)),
@@ -457,7 +458,7 @@ def test_bad_input_is_a_clear_error(call, error, words):
 # --- layers ---------------------------------------------------------------------------------------
 
 def test_layers_equal_pytorch_layers_with_the_same_weights():
-    torch = pytest.importorskip("torch")
+    torch = torch_or_skip()
     x = _normal(2, 4, 8, 8)
     pairs = [(mc.nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2, dtype="float64"),
               torch.nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2).double()),

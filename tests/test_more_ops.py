@@ -12,6 +12,7 @@ from hypothesis.extra import numpy as hnp
 import minicavs as mc
 from minicavs.testing import (GRID, broadcastable_shapes, float_arrays, index_arrays,
                               positive_arrays, shapes, tie_free_arrays)
+from peers import torch_or_skip
 
 
 def t(a, requires_grad=False):
@@ -414,7 +415,7 @@ def test_binary_cross_entropy_limits_and_pos_weight():
 
 
 def test_losses_equal_pytorch():
-    torch = pytest.importorskip("torch")
+    torch = torch_or_skip()
     F = torch.nn.functional
     rng = np.random.default_rng(0)
     z = rng.standard_normal((6, 4))

@@ -13,6 +13,7 @@ from hypothesis import given, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import minicavs as mc
+from peers import torch_or_skip
 
 PRIMITIVES = set()
 
@@ -33,9 +34,6 @@ def same(out, expected):
         out.shape, out.dtype, expected.shape, expected.dtype)
     np.testing.assert_array_equal(out.numpy(), expected)
 
-
-def torch_or_skip():
-    return pytest.importorskip("torch")
 
 
 INTS = [np.int8, np.int32, np.int64, np.uint8]

@@ -9,6 +9,7 @@ from hypothesis.extra import numpy as hnp
 
 import minicavs as mc
 from minicavs.testing import float_arrays, shapes
+from peers import torch_or_skip
 
 
 def t(a, requires_grad=False):
@@ -102,7 +103,7 @@ def test_dlpack_with_numpy_both_ways():
 
 
 def test_torch_interop_both_ways():
-    torch = pytest.importorskip("torch")  # a benchmark extra; the protocol itself is tested above
+    torch = torch_or_skip()  # a benchmark extra; the protocol itself is tested above
     x = t(np.arange(4.0, dtype=np.float32))
     for converted in (torch.from_dlpack(x), torch.as_tensor(x), torch.tensor(np.asarray(x))):
         assert converted.dtype == torch.float32 and converted.tolist() == [0.0, 1.0, 2.0, 3.0]

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import minicavs as mc
+from peers import torch_or_skip
 
 
 def _forward(W):
@@ -150,7 +151,7 @@ def test_memory_shared_through_dlpack_and_changed_before_backward_is_refused():
     loss.backward()
     np.testing.assert_allclose(W.grad.numpy(), owner * np.exp(owner))
 
-    torch = pytest.importorskip("torch")
+    torch = torch_or_skip()
     t = torch.tensor([1.0, 2.0], dtype=torch.float64)
     shared = mc.from_dlpack(t)  # (a Parameter copies: optimisers write their own array)
     shared.name = "from torch"
