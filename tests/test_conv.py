@@ -352,7 +352,8 @@ def test_without_native_code_the_numpy_form_runs(monkeypatch):
     x, w = _normal(2, 2, 9, 9), _normal(3, 2, 3, 3)
     before = _values_and_gradients(mc.conv2d, x, w, None, True, {})
     monkeypatch.setenv("MINICAVS_NATIVE", "0")
-    assert native_conv._library.__wrapped__() is None  # (uncached: the switch is read)
+    assert native_conv.build.module_library.__wrapped__(  # (uncached: the switch is read)
+        native_conv._SOURCE, "conv", "minicavs/cpu/conv.py") is None
     monkeypatch.setattr(native_conv, "_library", lambda: None)
     assert native_conv.product(np.zeros((1, 1, 1, 1, 1, 1)), np.zeros((1, 1, 1, 1)), None,
                                2) is None

@@ -391,6 +391,19 @@ def build(source, tag, origin=""):
     return load_openmp_library(path), compiled
 
 
+_module_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def module_library(source, tag, origin):
+    """The library of a native module's fixed source (``cpu/kernels.py``, ``cpu/conv.py``),
+    built or loaded once per process; None where native code is off."""
+    if unavailable() is not None:
+        return None
+    with _module_lock:
+        return build(source, tag, origin=origin)[0]
+
+
 def load_openmp_library(path):
     """``ctypes.CDLL(path)`` for a library built with ``-fopenmp``, remembered for the fork
     handler; a private copy (see :func:`compile_library`) is unlinked once loaded."""

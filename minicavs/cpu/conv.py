@@ -18,13 +18,12 @@ a BLAS without a CBLAS gemm, native code off — and the op's NumPy/CuPy form ru
 """
 
 import ctypes
-import functools
 import math
-import threading
 
 import numpy as np
 
 from . import build
+from .kernels import _SUFFIX, _p
 
 _SOURCE = r"""// minicavs native convolution products (minicavs/cpu/conv.py)
 #include <cstdint>
@@ -209,17 +208,10 @@ PRODUCTS(f64_32, double, int)
 }
 """
 
-_SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
-_lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=None)
 def _library():
-    if build.unavailable() is not None:
-        return None
-    with _lock:
-        lib, _ = build.build(_SOURCE, "conv", origin="minicavs/cpu/conv.py")
-    return lib
+    return build.module_library(_SOURCE, "conv", "minicavs/cpu/conv.py")
 
 
 def _entry(name, *arrays):
@@ -308,6 +300,3 @@ def input_grad(g, w, nd):
     function(gemm, _p(g), _p(w), _p(sizes), _p(dcols))
     return dcols
 
-
-def _p(array):
-    return ctypes.c_void_p(array.ctypes.data)

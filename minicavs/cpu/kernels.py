@@ -314,16 +314,10 @@ void xent_grad_f64(const double *x, const int64_t *l, const double *g, int64_t r
 """
 
 _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
-_lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=None)
 def _library():
-    if build.unavailable() is not None:
-        return None
-    with _lock:
-        lib, _ = build.build(_SOURCE, "kernels", origin="minicavs/cpu/kernels.py")
-    return lib
+    return build.module_library(_SOURCE, "kernels", "minicavs/cpu/kernels.py")
 
 
 def _usable(*arrays):
