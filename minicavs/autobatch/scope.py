@@ -108,14 +108,6 @@ class LazyTensor(Tensor):
 _new_lazy = object.__new__  # (Tensor defines no __new__: a LazyTensor with its slots unset)
 
 
-def _new_node(scope, index, depth, aval, requires_grad):
-    node = _new_lazy(LazyTensor)
-    node._scope, node._index, node._depth, node._aval = scope, index, depth, aval
-    node._value = node._versions = node._creator = node.grad = node.name = None
-    node.requires_grad = requires_grad
-    return node
-
-
 class AutoBatch:
     """``with mc.autobatch(strategy) as ab:`` — record per-sample eager code, run it batched.
 
@@ -191,10 +183,12 @@ class AutoBatch:
         return self._append(sig, sources, depth, needs_grad)
 
     def _append(self, sig, sources, depth, needs_grad):
+        """Record one node of ``sig`` and return its LazyTensor (made inline: this runs for
+        every recorded op)."""
         if self.record_began is None:
             self.record_began = time.perf_counter()
         index = self.count
-        self.count += 1
+        self.count = index + 1
         if not sig.nodes:
             sig.local = len(self.active)
             self.active.append(sig)
@@ -202,7 +196,11 @@ class AutoBatch:
         sig.arg_rows.extend(sources)
         self.node_sig.append(sig.local)
         self.node_depth.append(depth + 1)
-        return _new_node(self, index, depth + 1, sig.out, needs_grad and sig.can_grad)
+        node = _new_lazy(LazyTensor)
+        node._scope, node._index, node._depth, node._aval = self, index, depth + 1, sig.out
+        node._value = node._versions = node._creator = node.grad = node.name = None
+        node.requires_grad = needs_grad and sig.can_grad
+        return node
 
     def record_known(self, op, args, attrs):
         """The fast path (``registry.set_fast_path``), taken before promotion: a call whose
@@ -246,24 +244,7 @@ class AutoBatch:
             return None
         if known is None:
             return self._learn(key, op, args, attrs)
-        # _append and _new_node inline: this is the path of almost every recorded op
-        sig = known[0]
-        if self.record_began is None:
-            self.record_began = time.perf_counter()
-        index = self.count
-        self.count = index + 1
-        if not sig.nodes:
-            sig.local = len(self.active)
-            self.active.append(sig)
-        sig.nodes.append(index)
-        sig.arg_rows.extend(sources)
-        self.node_sig.append(sig.local)
-        self.node_depth.append(depth + 1)
-        node = _new_lazy(LazyTensor)
-        node._scope, node._index, node._depth, node._aval = self, index, depth + 1, sig.out
-        node._value = node._versions = node._creator = node.grad = node.name = None
-        node.requires_grad = needs_grad and sig.can_grad
-        return node
+        return self._append(known[0], sources, depth, needs_grad)
 
     def _learn(self, key, op, args, attrs):
         if op.multi_output or _promotes(op, args):
