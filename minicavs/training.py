@@ -233,8 +233,8 @@ def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=N
     The data order of epoch k depends only on (seed, k), so a resumed run sees the same
     batches as one that never stopped. ``on_epoch_start(epoch)`` runs before each epoch (an
     optimiser reset), ``on_epoch_end(epoch, stats, dev_metrics)`` after it (checkpoints);
-    ``loss_per`` and ``before_step`` are :func:`train_epoch`'s. Returns the list of (EpochStats, dev metrics) per
-    epoch.
+    ``loss_per`` and ``before_step`` are :func:`train_epoch`'s. Returns the list of
+    (EpochStats, dev metrics) per epoch.
 
     With ``comm`` (:mod:`minicavs.distributed`), ``batch_size`` is per rank: rank 0's
     parameters and optimiser state are broadcast first, each step trains on the samples one

@@ -453,7 +453,9 @@ def test_numpy_products_in_a_native_call_run_on_one_blas_thread():
     """Inside a call of native loops, products too small for the team stay on NumPy's BLAS
     with one thread (its spinning pool would share the cores with the team), and the count
     the user had comes back after."""
-    threadpoolctl = pytest.importorskip("threadpoolctl", reason="threadpoolctl (which reads the BLAS thread count) is not installed; the team-products test above checks the products themselves")
+    threadpoolctl = pytest.importorskip(
+        "threadpoolctl", reason="threadpoolctl (which reads the BLAS thread count) is not "
+                                "installed; the team-products test above checks the products")
     from minicavs.cpu import blas, kernels
 
     if blas.threads_local() is None:
