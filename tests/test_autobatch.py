@@ -249,6 +249,14 @@ def test_parameter_gradients_are_handed_over_without_aliasing_the_scope_memory()
 
 
 
+def test_slab_memory_that_cannot_be_had_is_a_clear_error():
+    """A segment whose slabs do not fit: OutOfMemoryError with the size, not NumPy's raw
+    MemoryError (the free pooled blocks are given back before the retry)."""
+    memory = sys.modules["minicavs.autobatch.memory"]
+    with pytest.raises(mc.OutOfMemoryError, match=r"mc.autobatch: cannot allocate [0-9.]+ MB"):
+        memory.arrays(np, [((10 ** 7, 10 ** 7), np.float64)])
+
+
 def test_batched_products_run_on_one_pool_of_threads(monkeypatch):
     """The batches' products run as in a call of native loops: large ones on the native team,
     the rest on one BLAS thread — never on OpenBLAS's own pool, which on a busy machine waits

@@ -19,6 +19,8 @@ import threading
 
 import numpy as np
 
+from ..errors import OutOfMemoryError
+
 _ALIGN = 64  # bytes: every slab starts on a cache line (and a SIMD-aligned address)
 _MAX_BLOCKS = 6  # blocks held at most: a step needs two (values, gradients)
 
@@ -41,7 +43,7 @@ def _block(nbytes):
             best = i
     if best is not None:
         return _blocks[best]
-    block = np.empty(nbytes + nbytes // 8, dtype=np.uint8)  # room to grow a little
+    block = _allocate(nbytes)
     if len(_blocks) >= _MAX_BLOCKS:
         small = [i for i in range(len(_blocks)) if _unused(i)]
         if not small:
@@ -49,6 +51,21 @@ def _block(nbytes):
         del _blocks[min(small, key=lambda i: _blocks[i].nbytes)]
     _blocks.append(block)
     return block
+
+
+def _allocate(nbytes):
+    """A new block with room to grow a little; where that fails, the free blocks go back first
+    and exactly ``nbytes`` is tried, then :class:`OutOfMemoryError` says how much."""
+    for size in (nbytes + nbytes // 8, nbytes):
+        try:
+            return np.empty(size, dtype=np.uint8)
+        except MemoryError:
+            for i in reversed(range(len(_blocks))):
+                if _unused(i):
+                    del _blocks[i]
+    raise OutOfMemoryError(f"mc.autobatch: cannot allocate {nbytes / 2**20:.1f} MB for the "
+                           f"values of a forced segment (its slabs, or their gradients); "
+                           f"record fewer samples per block, or force values earlier")
 
 
 def arrays(xp, specs, zero=False):
