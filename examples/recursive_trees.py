@@ -14,7 +14,8 @@ runtime traces it once per kind of vertex (leaf, two children) and runs each kin
 rows.
 
 --task picks the papers' protocol (fine: 5 classes; binary: neutral sentences dropped, a
-2-class model), and the options of the last group give their settings (Socher et al. 2013:
+2-class model; binary3: the same sentences, a 3-class model trained on every phrase as in
+Tai et al.'s code), and the options of the last group give their settings (Socher et al. 2013:
 AdaGrad, lr 0.01, word vectors of 25-35 dimensions, L2). Each run keeps its best epoch on dev;
 the last line gives the test root accuracy, mean ± std over --seeds. The README's results
 table has the exact commands and what they reach on SST.

@@ -9,7 +9,8 @@ Every batch of trees runs F level by level; the loss is the cross-entropy at eve
 internal vertex (and leaf, with --leaf-loss: the papers train on every phrase).
 
 --task picks the papers' protocol (fine: 5 classes; binary: neutral sentences dropped, a
-2-class model), and the options of the last group give their settings (Tai et al. 2015:
+2-class model; binary3: the same sentences, a 3-class model trained on every phrase as in
+Tai et al.'s code), and the options of the last group give their settings (Tai et al. 2015:
 AdaGrad, lr 0.05, embeddings lr 0.1, L2 1e-4, batch 25, dropout 0.5). Each run keeps its best
 epoch on dev; the last line gives the test root accuracy, mean ± std over --seeds. The README's
 results table has the exact commands and what they reach on SST.

@@ -12,7 +12,7 @@ import pytest
 import minicavs as mc
 from minicavs.data import (DataError, TreebankSplits, Vocabulary, binary_accuracy,
                            binary_labels, load_word_vectors, parse_tree, phrase_accuracy,
-                           polarity, sst_task)
+                           polarity, sst_task, ternary_labels, ternary_polarity)
 from minicavs.models import TreeLSTMClassifier, TreeRNNClassifier, VarLSTMLanguageModel
 from minicavs.nn import SGD, Adagrad, Module, Parameter, clip_grad_norm
 from minicavs.training import best_epoch, fit, make_optimizer, mean_and_std
@@ -43,6 +43,41 @@ def test_binary_task_drops_neutral_sentences_and_unlabels_neutral_phrases():
     assert sst_task(splits, "fine") is splits
     with pytest.raises(DataError, match="unknown SST task 'ternary'"):
         sst_task(splits, "ternary")
+
+
+def test_binary3_keeps_the_binary_sentences_with_three_labels_on_every_phrase():
+    splits = _splits()
+    ternary = sst_task(splits, "binary3")
+    assert [len(ternary.train), len(ternary.dev), len(ternary.test)] == [2, 1, 1]
+    # the same first tree as above: the neutral phrases are now class 1, not unlabelled
+    assert ternary.train[0].labels.tolist() == [1, 1, 1, 1, 2, 2, 2, 2, 2]
+    # "(1 (2 (2 The) (2 plot)) (1 (2 is) (0 (1 dull) (2 .))))": dull 1 -> 0, 0 -> 0, root 1 -> 0
+    assert ternary.train[1].labels.tolist() == [1, 1, 1, 1, 0, 1, 0, 0, 0]
+    assert ternary_labels([0, 1, 2, 3, 4, -1]).tolist() == [0, 0, 1, 2, 2, -1]
+    with pytest.raises(mc.IndexRangeError, match="labels holds label 5"):
+        ternary_labels([5])
+
+
+def test_ternary_polarity_compares_negative_and_positive_outputs_only():
+    scores = [[0.3, 0.6, 0.1],   # neutral argmax, negative beats positive
+              [-2.0, 0.0, -1.0],  # log-probabilities: positive
+              [0.2, 0.6, 0.2]]   # a tie goes to positive, as in Tai et al.'s predict
+    assert ternary_polarity(scores).tolist() == [0, 1, 1]
+    with pytest.raises(mc.ShapeError, match=r"expected \(n, 3\) class scores"):
+        ternary_polarity(np.zeros((2, 5)))
+
+
+def test_a_three_class_model_scores_roots_negative_against_positive():
+    ternary = sst_task(_splits(), "binary3")
+    model = TreeRNNClassifier(len(ternary.vocab), hidden=3, num_classes=3, leaf_loss=True)
+    model.W_out.data[...] = 0.0
+    model.b_out.data[...] = np.array([0.0, 5.0, 1.0], np.float32)  # neutral, then positive
+    result = model.evaluate([model.prepare(ternary.train)])
+    assert model.root_metric == "binary"
+    assert result["binary"] == 0.5  # every root called positive: one of the two is
+    labelled = np.concatenate([t.labels for t in ternary.train])
+    assert result["phrase"] == pytest.approx(np.mean(labelled == 1))  # phrases: argmax
+    assert "fine" not in result
 
 
 def test_polarity_compares_positive_and_negative_mass_ignoring_neutral():

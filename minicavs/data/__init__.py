@@ -11,7 +11,7 @@ from .tree import DataError, Tree, TreebankSplits
 from .vocab import Vocabulary
 from .sst import (SST_TASKS, binary_accuracy, binary_labels, fine_grained_accuracy, load_sst,
                   parse_tree, phrase_accuracy, polarity, read_sst, rebuild_vocabulary,
-                  root_labels, sst_task, to_binary)
+                  root_labels, sst_task, ternary_labels, ternary_polarity, to_binary)
 from .vectors import load_word_vectors
 from .ptb import EOS, PTBCorpus, batch_sentences, load_ptb, pad_batch, read_ptb
 from .trees import (chain_tree, complete_binary_tree, random_binary_tree, random_nary_tree,
@@ -22,6 +22,7 @@ __all__ = [
     "minibatches", "DataError", "Tree", "TreebankSplits", "Vocabulary",
     "parse_tree", "read_sst", "load_sst", "root_labels", "to_binary", "fine_grained_accuracy",
     "binary_accuracy", "binary_labels", "SST_TASKS", "sst_task", "polarity", "phrase_accuracy",
+    "ternary_labels", "ternary_polarity",
     "rebuild_vocabulary", "load_word_vectors",
     "EOS", "PTBCorpus", "read_ptb", "load_ptb", "batch_sentences", "pad_batch",
     "complete_binary_tree", "random_binary_tree", "random_nary_tree", "chain_tree", "random_tree",

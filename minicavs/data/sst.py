@@ -25,6 +25,11 @@ The papers' two protocols (:func:`sst_task`):
   sentences become unlabelled (-1), and a 2-class model is trained on the non-neutral phrases
   and scored on the roots. A 5-class model is scored on the same roots by comparing its
   negative and positive probability mass (:func:`polarity`).
+* ``binary3`` — the binary task as Tai et al.'s code trains it (``sentiment/main.lua --binary``,
+  ``util/read_data.lua``: ``remap_labels``; ``TreeLSTMSentiment:predict``): the same sentences
+  as ``binary``, but every phrase keeps a label of 3 classes, 0 (negative: 0, 1), 1 (neutral)
+  and 2 (positive: 3, 4), so the neutral phrases are trained on too; a root is scored by
+  comparing the model's negative and positive outputs only (:func:`ternary_polarity`).
 """
 
 import re
@@ -216,25 +221,35 @@ def binary_labels(labels):
     return np.array([0, 0, -1, 1, 1, -1], dtype=np.int64)[labels]
 
 
-SST_TASKS = {"fine": 5, "binary": 2}  # task -> number of classes the model predicts
+def ternary_labels(labels):
+    """Labels of Tai et al.'s binary training: 0, 1 -> 0; 2 -> 1; 3, 4 -> 2; unlabelled -1 stays."""
+    labels = _labels("labels", labels, -1, 4)
+    return np.array([0, 0, 1, 2, 2, -1], dtype=np.int64)[labels]
+
+
+SST_TASKS = {"fine": 5, "binary": 2, "binary3": 3}  # task -> classes the model predicts
 
 
 def sst_task(splits, task):
     """``splits`` (5-class SST, :func:`load_sst`) under one of the papers' protocols (module
     docstring): ``"fine"`` returns them unchanged; ``"binary"`` drops the trees whose root is
-    neutral (or unlabelled) and relabels the rest with :func:`binary_labels`. The vocabulary
+    neutral (or unlabelled) and relabels the rest with :func:`binary_labels`; ``"binary3"``
+    drops the same trees and relabels the rest with :func:`ternary_labels`. The vocabulary
     stays the one built from all training trees."""
     if task not in SST_TASKS:
         raise DataError(f"unknown SST task {task!r}; the tasks are {sorted(SST_TASKS)}")
     if task == "fine":
         return splits
 
+    relabel = binary_labels if task == "binary" else ternary_labels
+
     def binary(trees):
         kept = []
         for tree in trees:
-            labels = binary_labels(tree.labels)
-            if labels[-1] >= 0:  # the root is the last vertex
-                kept.append(Tree._unchecked(tree.children, tree.words, labels, tree.tokens))
+            root = tree.labels[-1]  # the root is the last vertex
+            if root >= 0 and root != 2:
+                kept.append(Tree._unchecked(tree.children, tree.words, relabel(tree.labels),
+                                            tree.tokens))
         return kept
 
     return TreebankSplits(binary(splits.train), binary(splits.dev), binary(splits.test),
@@ -251,6 +266,17 @@ def polarity(probabilities):
     positive = probabilities[:, 3] + probabilities[:, 4]
     negative = probabilities[:, 0] + probabilities[:, 1]
     return (positive > negative).astype(np.int64)
+
+
+def ternary_polarity(scores):
+    """The binary decision of a model of :func:`ternary_labels`' 3 classes, as Tai et al.'s
+    code makes it: 0 (negative) where the negative output exceeds the positive one, else 1;
+    the neutral output takes no part. ``scores``: (n, 3) probabilities or log-probabilities."""
+    scores = np.asarray(scores)
+    if scores.ndim != 2 or scores.shape[1] != 3:
+        raise ShapeError(f"ternary_polarity: expected (n, 3) class scores, got shape "
+                         f"{scores.shape}")
+    return (scores[:, 0] <= scores[:, 2]).astype(np.int64)
 
 
 def phrase_accuracy(predicted, gold):

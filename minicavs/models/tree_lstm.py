@@ -72,7 +72,7 @@ class TreeClassifier(Module):
     ``self.W_out``, ``self.b_out``; if F does not push the states, it overrides :meth:`states`.
     """
 
-    sentiment = True  # labels are SST's: 5 classes, or the 2 of its binary task
+    sentiment = True  # labels are SST's: 5 classes, or the 2 or 3 of its binary tasks
 
     def __init__(self, num_classes, leaf_loss, dropout=0.0, embed_dropout=0.0,
                  word_dropout=0.0):
@@ -125,8 +125,8 @@ class TreeClassifier(Module):
 
     @property
     def root_metric(self):
-        """The name :meth:`evaluate` gives root accuracy: "binary" for SST's binary task."""
-        return "binary" if self.num_classes == 2 and self.sentiment else "fine"
+        """The name :meth:`evaluate` gives root accuracy: "binary" for SST's binary tasks."""
+        return "binary" if self.num_classes in (2, 3) and self.sentiment else "fine"
 
     def prepare(self, trees):
         """One :class:`TreeBatch` from a list of :class:`minicavs.data.Tree` (graphs cached)."""
@@ -177,7 +177,9 @@ class TreeClassifier(Module):
         5-class model (SST's fine-grained task), which also gets ``"binary"``: positive
         against negative probability mass (:func:`minicavs.data.polarity`) on the
         non-neutral roots; for a 2-class model (SST's binary task, :func:`minicavs.data.sst_task`)
-        root accuracy is ``"binary"``, over the labelled roots; models of other labels
+        root accuracy is ``"binary"``, over the labelled roots, and so it is for a 3-class
+        model (``binary3``), whose roots are scored negative against positive output
+        (:func:`minicavs.data.ternary_polarity`); models of other labels
         (``sentiment = False``) call it ``"fine"``.
         """
         total, count = 0.0, 0
@@ -200,7 +202,10 @@ class TreeClassifier(Module):
             self.train(was_training)
         logits, gold = np.concatenate(root_logits), np.concatenate(root_gold)
         labelled = gold >= 0
-        root = float(np.mean(logits.argmax(axis=-1)[labelled] == gold[labelled])) \
+        predicted = logits.argmax(axis=-1)
+        if self.num_classes == 3 and self.sentiment:  # roots are 0 or 2 (binary3)
+            predicted = 2 * datasets.ternary_polarity(logits)
+        root = float(np.mean(predicted[labelled] == gold[labelled])) \
             if labelled.any() else float("nan")
         result = {"loss": total / max(count, 1), self.root_metric: root}
         if self.num_classes == 5 and self.sentiment and labelled.all():
