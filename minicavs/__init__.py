@@ -32,7 +32,7 @@ from .ops import (abs, add, all, any, argmax, argmin, astype, binary_cross_entro
                   expm1, flatten, flip, floor, gather, gelu, greater, greater_equal, hardtanh,
                   isfinite, isinf, isnan, leaky_relu, less, less_equal, linear, log, log1p,
                   log_softmax, logical_and, logical_not, logical_or, logical_xor, logsumexp,
-                  lstm_cell, lstm_gates, masked_fill, matmul, max, maximum, mean, min, minimum, moveaxis,
+                  lstm_cell, lstm_gates, lstm_step, masked_fill, matmul, max, maximum, mean, min, minimum, moveaxis,
                   mul, neg, nll_loss, not_equal, one_hot, pad, pad_axis, pow, prod, relu, repeat,
                   reshape, result_dtype, rint, round, rsqrt, scatter_add_rows, sigmoid, sign,
                   silu, sin, slice_axis, softmax, softmax_cross_entropy, softplus, split, sqrt,

@@ -28,6 +28,9 @@ def _params(seed):
         "Wc": mc.Parameter(rng.normal(size=(2 * D, D)) * 0.5),
         "b": mc.Parameter(rng.normal(size=(D,)) * 0.1),
         "E": mc.Parameter(rng.normal(size=(7, D))),
+        "Wg": mc.Parameter(rng.normal(size=(D, 2 * D)) * 0.5),  # the cells' gates, H = D / 2
+        "Ug": mc.Parameter(rng.normal(size=(D // 2, 2 * D)) * 0.5),
+        "bg": mc.Parameter(rng.normal(size=(2 * D,)) * 0.1),
     }
 
 
@@ -44,6 +47,8 @@ def _unary(code, h, p):
         lambda h: mc.maximum(h, h @ p["W1"]),
         lambda h: mc.softmax(h) + mc.reshape(h, (2, 2)).T.reshape((D,)),
         lambda h: h[1:].sum() * p["b"] + h,
+        lambda h: mc.lstm_cell(h @ p["Wg"] + p["bg"], h[D // 2:]),  # [h, c] of H = D / 2
+        lambda h: mc.lstm_step(mc.tanh(h), h, p["Wg"], p["Ug"], p["bg"]),  # h is a state
     ]
     return ops[code % len(ops)](h)
 
@@ -106,7 +111,7 @@ def _run(samples, strategy, branch_reads, seed=0):
 samples_st = st.lists(
     st.tuples(st.sampled_from(["sequence", "tree", "dag"]),
               st.lists(st.integers(0, 6), min_size=1, max_size=5),
-              st.lists(st.integers(0, 9), min_size=1, max_size=4),
+              st.lists(st.integers(0, 11), min_size=1, max_size=4),  # _unary's 12 ops
               st.integers(0, 2**31 - 1), st.integers(0, D - 1)),
     min_size=1, max_size=5)
 

@@ -472,3 +472,29 @@ def test_new_ops_inside_a_vertex_cell_equal_the_per_sample_reference():
     W.grad = None
     reference.sum().backward()
     np.testing.assert_allclose(grad, W.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_lstm_step_inside_a_vertex_cell_equals_the_per_sample_reference():
+    """lstm_step's batching rule (the step written back as products, sums and the cell on the
+    task's rows) against the chain LSTM evaluated vertex by vertex, values and every gradient
+    of its parameters."""
+    rng = np.random.default_rng(3)
+    W, U, b = (mc.Parameter(rng.normal(size=s) * 0.5) for s in [(3, 8), (2, 8), (8,)])
+
+    def cell(v):
+        v.scatter(mc.lstm_step(v.pull(), v.gather(0), W, U, b))
+
+    F = mc.VertexFunction(cell, pull_shape=(3,), scatter_shape=(4,), arity=1)
+    batch = mc.GraphBatch([mc.InputGraph.chain(4), mc.InputGraph.chain(2)])
+    pull = t(rng.normal(size=(6, 3)))
+    batched = F(batch, pull=pull)
+    reference = mc.evaluate_per_sample(F, batch, pull)
+    np.testing.assert_allclose(batched.numpy(), reference.numpy(), rtol=1e-12, atol=1e-12)
+    weights = t(rng.normal(size=batched.shape))
+    (batched * weights).sum().backward()
+    grads = [p.grad.numpy().copy() for p in (W, U, b)]
+    for p in (W, U, b):
+        p.grad = None
+    (reference * weights).sum().backward()
+    for p, g in zip((W, U, b), grads):
+        np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-10, atol=1e-12)

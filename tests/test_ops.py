@@ -576,6 +576,27 @@ def test_lstm_cell_equals_its_composition_and_gradchecks(data, forget, hidden):
         mc.lstm_cell(t(np.zeros((3 + forget) * hidden + 1)), *cs)
 
 
+@covers("lstm_step")
+@given(data=st.data(), inputs=st.integers(1, 3), hidden=st.integers(1, 3))
+def test_lstm_step_equals_its_composition_and_gradchecks(data, inputs, hidden):
+    """lstm_step(x, [h, c], W, U, b) = lstm_cell(x·W + h·U + b, c) for any leading axes (none:
+    one sample), every gradient by finite differences; a wrongly shaped operand is named."""
+    batch = data.draw(shapes(max_dims=2, max_side=3))
+    x = t(data.draw(float_arrays(batch + (inputs,), bound=2.0)), True)
+    state = t(data.draw(float_arrays(batch + (2 * hidden,), bound=2.0)), True)
+    W = t(data.draw(float_arrays((inputs, 4 * hidden), bound=1.0)), True)
+    U = t(data.draw(float_arrays((hidden, 4 * hidden), bound=1.0)), True)
+    b = t(data.draw(float_arrays((4 * hidden,), bound=1.0)), True)
+    h, c = mc.split(state, 2)
+    expected = mc.lstm_cell(mc.matmul(x, W) + mc.matmul(h, U) + b, c)
+    check(mc.lstm_step(x, state, W, U, b), expected.numpy(), rtol=1e-12, atol=1e-14)
+    assert mc.gradcheck(mc.lstm_step, [x, state, W, U, b])
+    with pytest.raises(mc.ShapeError, match=r"argument 1 \(state\) has shape"):
+        mc.lstm_step(x, t(np.zeros(batch + (2 * hidden + 1,))), W, U, b)
+    with pytest.raises(mc.ShapeError, match=r"argument 3 \(U\) has shape"):
+        mc.lstm_step(x, state, W, t(np.zeros((hidden, 3 * hidden))), b)
+
+
 @covers("softmax_cross_entropy_grad")
 @given(data=st.data(), num_classes=st.integers(1, 4))
 def test_softmax_cross_entropy_grad(data, num_classes):

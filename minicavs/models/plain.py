@@ -37,8 +37,9 @@ class _Plain:
 
 
 class _LSTM(_Plain):
-    """One LSTM direction: gates [i, f, o, u] = x·W + b + h·U, one ``mc.lstm_cell`` (x·W + b
-    does not wait for the previous step, so under autobatch it runs for all steps at once)."""
+    """One LSTM direction, a step per input: ``mc.lstm_step`` (gates [i, f, o, u] =
+    x·W + h·U + b, then the cell) on the state [h, c], as DyNet's ``VanillaLSTMBuilder`` runs
+    a step as one node (``vanilla_lstm_gates``)."""
 
     def __init__(self, rng, inputs, hidden, dtype):
         self.W = _uniform(rng, (inputs, 4 * hidden), dtype)
@@ -47,12 +48,12 @@ class _LSTM(_Plain):
         self.hidden, self.dtype = hidden, dtype
 
     def run(self, xs):
-        """The hidden state after each input, in the order of ``xs``."""
-        h = c = tensor(np.zeros(self.hidden, self.dtype))
+        """The hidden state h after each input, in the order of ``xs``."""
+        state = tensor(np.zeros(2 * self.hidden, self.dtype))  # [h, c]
         out = []
         for x in xs:
-            h, c = ops.split(ops.lstm_cell(x @ self.W + self.b + h @ self.U, c), 2)
-            out.append(h)
+            state = ops.lstm_step(x, state, self.W, self.U, self.b)
+            out.append(ops.slice_axis(state, 0, self.hidden))
         return out
 
     def parameters(self):

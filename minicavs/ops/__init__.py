@@ -20,7 +20,7 @@ from .activations import (clip, elu, gelu, hardtanh, leaky_relu, log_softmax, si
 from .loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy,
                    nll_loss, softmax_cross_entropy)
 from .composite import linear, lstm_gates
-from .cells import lstm_cell
+from .cells import lstm_cell, lstm_step
 from .arithmetic import (allclose, copysign, floor_divide, fmod, isclose, mod, remainder,
                          trunc)
 from .bitwise import (bitwise_and, bitwise_not, bitwise_or, bitwise_xor, left_shift,

@@ -13,12 +13,22 @@ are derived from batched ones. Measured on the BiLSTM tagger (64 sentences): see
 last axis ((3 + k)·H), one forget gate per previous cell ``c_prev[j]`` (k = 0: a leaf of a
 Tree-LSTM; 1: a chain LSTM; 2: a binary Tree-LSTM vertex). The result is [h, c] (2H):
 c = σ(i)⊙tanh(u) + Σ_j σ(f_j)⊙c_prev[j], h = σ(o)⊙tanh(c).
+
+``lstm_step(x, state, W, U, b)``: a whole step of a chain LSTM as one primitive, as DyNet's
+``VanillaLSTMBuilder`` runs it (its ``vanilla_lstm_gates``) and ``torch.nn.LSTMCell`` is called:
+``state`` is [h, c] (2H), the result the next [h, c] = ``lstm_cell(x·W + h·U + b, c)``. Per
+step and sample that is one recorded node instead of six (two products, two sums, the cell, the
+split of its state), and under autobatch one batch instead of five per step. Its batching rule
+writes the step back as those primitives on the batch's rows, so a batched kernel, its ∂ and
+the parameter gradients of the ``+`` strategies are the primitives' own (``W``'s gradient is
+one product over every step's rows); only an eager call's VJP recomputes the two products
+(its ``out`` holds [h, c], not the gate pre-activations).
 """
 
 import numpy as np
 
-from . import batching, shape
-from .registry import Aval, Op, apply, describe, register, require_float
+from . import batching, elementwise, linalg, shape
+from .registry import Aval, Op, apply, describe, needs_grad, register, require_float
 from ..errors import ShapeError
 
 
@@ -111,3 +121,82 @@ LSTM_CELL_GRAD = register(Op("lstm_cell_grad", _grad_forward, _grad_infer))
 def lstm_cell(pre, *c_prev):
     """[h, c] of one LSTM update (see the module docstring); ``h, c = split(result, 2)``."""
     return apply(LSTM_CELL, pre, *c_prev)
+
+
+# --- a chain LSTM's step, fused -----------------------------------------------------------------
+
+def _step_forward(xp, x, state, W, U, b):
+    H = U.shape[0]
+    pre = linalg._product(xp, x, W)
+    pre += linalg._product(xp, state[..., :H], U)
+    pre += b
+    return _forward(xp, pre, state[..., H:])
+
+
+def _step_infer(x, state, W, U, b):
+    names = ("x", "state", "W", "U", "b")
+    for i, a in enumerate((x, state, W, U, b)):
+        require_float("lstm_step", a, i)
+        if np.dtype(a.dtype) != np.dtype(x.dtype):
+            raise ShapeError(f"op 'lstm_step': argument {i} ({names[i]}) has dtype {a.dtype}, "
+                             f"argument 0 (x) has {x.dtype}; they must agree")
+    if len(U.shape) != 2 or not U.shape[0] or U.shape[1] != 4 * U.shape[0]:
+        raise ShapeError(f"op 'lstm_step': argument 3 (U) has shape {describe(U.shape)}; "
+                         f"expected (H, 4H), the hidden state times gates i, f, o, u")
+    if not len(x.shape):
+        raise ShapeError("op 'lstm_step': argument 0 (x) is a scalar; expected (..., E) inputs")
+    H, E = U.shape[0], x.shape[-1]
+    for i, expected in ((1, tuple(x.shape[:-1]) + (2 * H,)), (2, (E, 4 * H)), (4, (4 * H,))):
+        got = (x, state, W, U, b)[i].shape
+        if tuple(got) != expected:
+            raise ShapeError(f"op 'lstm_step': argument {i} ({names[i]}) has shape "
+                             f"{describe(got)}; with x of shape {describe(x.shape)} and U of "
+                             f"shape {describe(U.shape)} expected {describe(expected)}")
+    return Aval(tuple(x.shape[:-1]) + (2 * H,), np.dtype(x.dtype))
+
+
+def _step_composed(x, state, W, U, b):
+    """The step as primitives: (the cell's gate pre-activations, c, x·W, h, h·U)."""
+    H = U.shape[0]
+    h, c = shape.slice_axis(state, 0, H), shape.slice_axis(state, H, 2 * H)
+    xw, hu = linalg.matmul(x, W), linalg.matmul(h, U)
+    return elementwise.add(elementwise.add(xw, hu), b), c, xw, h, hu
+
+
+def _step_vjp(g, out, x, state, W, U, b):
+    pre, c, xw, h, hu = _step_composed(x, state, W, U, b)
+    d_pre, d_c = _vjp(g, out, pre, c)
+    d_x, d_W = linalg._matmul_vjp(d_pre, xw, x, W)
+    d_h, d_U = linalg._matmul_vjp(d_pre, hu, h, U)
+    if d_h is None and needs_grad(state):  # (h was sliced here, with no gradient of its own)
+        d_h = linalg.matmul(d_pre, shape.transpose(U))
+    d_state = None if d_h is None else shape.concat([d_h, d_c], axis=-1)
+    return d_x, d_state, d_W, d_U, elementwise.unbroadcast(d_pre, tuple(b.shape))
+
+
+def _step_batch(op, items, attrs, out):
+    """The step as primitives on the batch's rows (each through its own batching rule)."""
+    domain = next(d for _, d in items if d)
+    rows = batching.row_count(domain)
+    (x, dx), (state, ds), (W, dW), (U, dU), (b, db) = items
+    x = x if dx else shape.broadcast_to(x, (rows,) + tuple(x.shape))
+    state = state if ds else shape.broadcast_to(state, (rows,) + tuple(state.shape))
+    H = out.shape[-1] // 2
+    h, c = shape.slice_axis(state, 0, H), shape.slice_axis(state, H, 2 * H)
+    gates = Aval(tuple(out.shape[:-1]) + (4 * H,), out.dtype)
+    xw = linalg.MATMUL.batch(linalg.MATMUL, [(x, domain), (W, dW)], {}, gates)
+    hu = linalg.MATMUL.batch(linalg.MATMUL, [(h, domain), (U, dU)], {}, gates)
+    pre = elementwise.add(xw, hu)
+    pre = batching.elementwise_rule(elementwise.ADD, [(pre, domain), (b, db)], {}, gates)
+    return apply(LSTM_CELL, pre, c)
+
+
+LSTM_STEP = register(Op("lstm_step", _step_forward, _step_infer, _step_vjp, batch=_step_batch,
+                        promotes="all",
+                        argument_names=("x", "state", "W", "U", "b")))
+
+
+def lstm_step(x, state, W, U, b):
+    """The next [h, c] of a chain LSTM from input ``x`` and ``state`` = [h, c] (see the module
+    docstring): gates [i, f, o, u] = x·W + h·U + b; ``h, c = split(result, 2)``."""
+    return apply(LSTM_STEP, x, state, W, U, b)
