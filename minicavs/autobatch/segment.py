@@ -36,7 +36,8 @@ from . import memory, schedule
 
 
 class _Batch:
-    __slots__ = ("sig", "n", "inputs", "shared", "out_slab", "out_row", "env", "targets")
+    __slots__ = ("sig", "n", "inputs", "shared", "out_slab", "out_row", "env", "targets",
+                 "handed")  # (handed: cotangents its rows' ∂ passed to the shared one)
 
 
 class Segment:
@@ -145,7 +146,7 @@ class Segment:
                 b.shared.append((id(symbol), shared))
                 b.targets[id(symbol)] = shared
         b.out_slab, b.out_row = int(out_slab[s]), int(row_of[nodes[0]])
-        b.env = None
+        b.env = b.handed = None
         counts = self.stats["by_signature"][sig.label]
         counts[0] += 1
         counts[1] += b.n
@@ -210,7 +211,9 @@ class Segment:
             n = b.n
             cotangent = gslabs[b.out_slab][b.out_row:b.out_row + n]
             if rows_kernel is not None:
-                grads = rows_kernel.run(cotangent, b.env, n, xp)
+                grads = rows_kernel.run((cotangent,), b.env, n, xp)
+                if rows_kernel.hands_on:
+                    b.handed = grads[len(rows_kernel.wrt):]
                 for symbol, g in zip(rows_kernel.wrt, grads):
                     target = b.targets[symbol]
                     if isinstance(target, tuple):
@@ -245,8 +248,18 @@ class Segment:
         _, kernel = sig.backward(True)
         terms = terms[::-1]  # forward order: their rows ascend
         total = sum(b.n for b in terms)
-        cotangent = self._joined(self.gslabs, [(b.out_slab, b.out_row, b.n) for b in terms],
-                                 None)
+        if kernel.same_as is None:  # the batches' own cotangents: often one run of rows
+            cotangents = [self._joined(self.gslabs,
+                                       [(b.out_slab, b.out_row, b.n) for b in terms], None)]
+        else:  # those the rows' ∂ handed on (one array for several readers, joined once)
+            joined = {}
+            for j in kernel.same_as:
+                if j not in joined:
+                    joined[j] = terms[0].handed[j] if len(terms) == 1 else \
+                        self._joined(None, None, [b.handed[j] for b in terms])
+            cotangents = [joined[j] for j in kernel.same_as]
+            for b in terms:
+                b.handed = None
         env = {}
         for (f, _), is_row in zip(kernel.refs, kernel.ref_is_row):
             if not is_row or len(terms) == 1:
@@ -256,7 +269,7 @@ class Segment:
             spans = None if any(not isinstance(t, tuple) or t[3] is not None for t in spans) \
                 else [(t[1], t[2], b.n) for t, b in zip(spans, terms)]
             env[id(f)] = self._joined(self.slabs, spans, [b.env[id(f)] for b in terms])
-        grads = kernel.run(cotangent, env, total, self.xp)
+        grads = kernel.run(cotangents, env, total, self.xp)
         self.stats["plus_products"] += 1
         self.stats["plus_products_saved"] += len(terms) - 1
         for position, g in zip(sig.shared_grads(), grads):
@@ -283,7 +296,7 @@ class Segment:
 
     def release(self):
         for b in self.plan:
-            b.env = None
+            b.env = b.handed = None
         self.gslabs = None
 
 

@@ -176,28 +176,58 @@ class BatchedKernel:
         if not self.grad_enabled or self.op.vjp is None:
             rows, shared = [], []
         if split_shared and shared:
-            return (BackwardKernel(self, rows) if rows else None), BackwardKernel(self, shared)
+            readers = self._readers(shared) if rows else None
+            if readers is None:
+                return (BackwardKernel(self, rows) if rows else None), \
+                    BackwardKernel(self, shared)
+            # The rows' ∂ hands on the cotangents of the ops reading the shared operands; the
+            # shared operands' ∂ starts from them, not again from the batch's cotangent.
+            rows_kernel = BackwardKernel(self, rows, also=readers)
+            tail = Graph(readers, [], readers)
+            handed = rows_kernel.outputs[len(rows):]
+            first = [next(i for i, h in enumerate(handed) if h is o) for o in handed]
+            return rows_kernel, BackwardKernel(self, shared, graph=tail, same_as=first)
         wrt = rows + shared
         return (BackwardKernel(self, wrt) if wrt else None), None
 
+    def _readers(self, shared):
+        """The op nodes reading the shared operands, when their gradients are better derived
+        from those nodes' cotangents: None where the only reader is the kernel's output (its
+        cotangent is the batch's own) or one reader reads another (whose cotangent, already
+        complete, would get that reader's term a second time)."""
+        keys = {s.key for s in shared}
+        readers = [n for n in self.graph.nodes if n.kind == "op" and any(
+            x.key in keys for i, x in enumerate(n.inputs) if i not in n.op.nondiff_args)]
+        if readers == [self.output]:
+            return None
+        reader_keys = {n.key for n in readers}
+        if any(x.key in reader_keys for n in readers for x in n.inputs):
+            return None
+        return readers
+
 
 class BackwardKernel:
-    """∂ of a batched kernel with respect to some of its inputs. Inputs: the output cotangent
-    and the forward values its VJPs read (``refs``: forward symbols, looked up in the forward
-    run's environment)."""
+    """∂ of a batched kernel (or of ``graph``, a part of it) with respect to some of its
+    inputs. Inputs: the cotangents of the graph's outputs and the forward values its VJPs read
+    (``refs``: forward symbols, looked up in the forward run's environment). Outputs: the
+    gradients, then the cotangents of the ``also`` nodes (``grad_graph``). ``same_as`` (a
+    kernel of reader nodes): per cotangent, the first one that is the same array."""
 
-    def __init__(self, kernel, wrt):
-        self.graph = grad_graph(kernel.graph, wrt=wrt)
-        self.cotangent = self.graph.cotangents[0]
-        self.refs = list(zip(self.graph.forward_refs, self.graph.inputs[1:]))
+    def __init__(self, kernel, wrt, also=(), graph=None, same_as=None):
+        self.graph = grad_graph(kernel.graph if graph is None else graph, wrt=wrt, also=also)
+        self.cotangents = self.graph.cotangents
+        self.refs = list(zip(self.graph.forward_refs,
+                             self.graph.inputs[len(self.cotangents):]))
         self.wrt = [id(s) for s in wrt]  # forward input symbol ids, in the order of outputs
         self.outputs = self.graph.outputs
+        self.hands_on = len(also)  # trailing outputs: cotangents for the shared kernel
+        self.same_as = same_as  # None: the one cotangent is the batch's
         self.steps = _steps(self.graph)
         # Refs with the vertex axis are rows of the batch; others (a parameter) are shared.
         self.ref_is_row = [row_domain(f.shape) is not None for f, _ in self.refs]
 
-    def run(self, cotangent, forward_env, n, xp):
-        env = {id(self.cotangent): cotangent}
+    def run(self, cotangents, forward_env, n, xp):
+        env = {id(c): v for c, v in zip(self.cotangents, cotangents)}
         for f, s in self.refs:
             env[id(s)] = forward_env[id(f)]
         run_steps(self.steps, env, n, xp)

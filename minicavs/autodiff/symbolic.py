@@ -346,18 +346,21 @@ class BackwardGraph(Graph):
                          name=f"d({forward.name})" if forward.name else "backward")
 
 
-def grad_graph(graph, wrt=None, unreached="zeros"):
+def grad_graph(graph, wrt=None, unreached="zeros", also=()):
     """Build ∂``graph``: the gradients of ``graph``'s outputs (weighted by cotangent inputs)
     with respect to ``wrt`` (default: every float input and captured parameter).
 
     A symbol of ``wrt`` that no output depends on gets a zero gradient (``unreached="zeros"``)
     or is left out of the outputs (``"drop"``); ``grad_of`` says which symbol each output is for.
+    ``also``: forward op nodes whose whole cotangent is output too, after the gradients (the
+    backward-batching strategy hands them to the product of a shared operand's gradient).
     """
     if wrt is None:
         wrt = [s for s in graph.inputs + graph.params if s.dtype.kind == "f"]
     wanted = {s.key for s in wrt}
-    # Only nodes that depend on something in wrt carry gradient.
-    carries = set(wanted)
+    kept = {s.key: None for s in also}  # key -> its cotangent, once complete
+    # Only nodes that depend on something in wrt (or in also) carry gradient.
+    carries = set(wanted) | set(kept)
     for n in graph.nodes:
         if n.kind == "op" and any(x.key in carries for i, x in enumerate(n.inputs)
                                   if i not in n.op.nondiff_args):
@@ -384,6 +387,8 @@ def grad_graph(graph, wrt=None, unreached="zeros"):
             if n.kind != "op" or n.key not in grads or n.op.vjp is None:
                 continue
             g = _sum_gradients(grads.pop(n.key))
+            if n.key in kept:
+                kept[n.key] = g
             tracer.location = n.where  # ∂'s nodes point at the line of the op they differentiate
             input_grads = n.op.vjp(g, mirror(n), *[mirror(x) for x in n.inputs], **n.attrs)
             tracer.location = None
@@ -402,6 +407,14 @@ def grad_graph(graph, wrt=None, unreached="zeros"):
                 g = tracer.constant(np.zeros(s.shape, s.dtype))
             elif not isinstance(g, Symbol) or g.tracer is not tracer or g.kind == "input":
                 g = g + 0  # an output must be a node of its own (a cotangent passed through)
+            outputs.append(g)
+            grad_of.append(s)
+        for s in also:
+            g = kept[s.key]
+            if g is None:
+                g = tracer.constant(np.zeros(s.shape, s.dtype))
+            elif not isinstance(g, Symbol) or g.tracer is not tracer or g.kind == "input":
+                g = g + 0
             outputs.append(g)
             grad_of.append(s)
     return BackwardGraph(tracer.nodes, cotangents, list(refs.values()), outputs, grad_of, graph)
