@@ -288,6 +288,49 @@ def test_softmax_cross_entropy_kernel_equals_numpy():
     assert kernels.softmax_cross_entropy(x[:, ::2], labels) is None  # not contiguous: NumPy runs
 
 
+
+@needs_native
+@pytest.mark.parametrize("forget", [0, 1, 2])
+def test_lstm_cell_kernels_equal_the_formulas(forget):
+    """The one-pass LSTM cell and its gradient (cpu/kernels.py, used by ops.lstm_cell) against
+    the formulas written out here in float64, for each number of forget gates."""
+    from minicavs.cpu import kernels
+
+    def s(x):
+        return 1 / (1 + np.exp(-x))
+
+    rng = np.random.default_rng(forget)
+    H = 13  # (not a multiple of the vector width: the loop's remainder runs too)
+    pre64 = rng.standard_normal((7, (3 + forget) * H)) * 4
+    cs64 = [rng.standard_normal((7, H)) for _ in range(forget)]
+    g64 = rng.standard_normal((7, 2 * H))
+    gates = np.split(pre64, 3 + forget, axis=-1)
+    i, fs, o, u = s(gates[0]), [s(f) for f in gates[1:1 + forget]], s(gates[-2]), \
+        np.tanh(gates[-1])
+    c = i * u + sum(f * cp for f, cp in zip(fs, cs64))
+    h = o * np.tanh(c)
+    gh, gc = g64[:, :H], g64[:, H:]
+    dc = gc + gh * o * (1 - np.tanh(c) ** 2)
+    expected_grad = np.concatenate(
+        [dc * u * i * (1 - i)] + [dc * cp * f * (1 - f) for f, cp in zip(fs, cs64)]
+        + [gh * np.tanh(c) * o * (1 - o), dc * i * (1 - u * u)] + [dc * f for f in fs], axis=-1)
+    for dtype, tolerance in (("float64", 1e-12), ("float32", 1e-5)):
+        pre, g = pre64.astype(dtype), g64.astype(dtype)
+        cs = [cp.astype(dtype) for cp in cs64]
+        out = kernels.lstm_cell(pre, cs)
+        np.testing.assert_allclose(out, np.concatenate([h, c], -1), rtol=tolerance,
+                                   atol=tolerance)
+        np.testing.assert_allclose(kernels.lstm_cell_grad(pre, cs, out, g), expected_grad,
+                                   rtol=tolerance, atol=tolerance)
+    if cs:  # the previous cells as the c half of [h, c] rows: strided rows, read in place
+        states = [np.concatenate([np.zeros_like(cp), cp], -1) for cp in cs]
+        np.testing.assert_allclose(kernels.lstm_cell(pre, [st[:, H:] for st in states]), out,
+                                   rtol=0, atol=0)
+        assert kernels.lstm_cell(pre, [cs[0][:, ::-1]] + cs[1:]) is None  # reversed: NumPy
+    assert kernels.lstm_cell(pre[:, ::-1], cs) is None  # not contiguous: NumPy runs
+    if cs:  # mixed dtypes: NumPy runs
+        assert kernels.lstm_cell(pre, [cs[0].astype("float64")] + cs[1:]) is None
+
 # --- layouts: every array the generated code reads is in a layout it supports ---------------------
 
 def _view(values, layout, rng):

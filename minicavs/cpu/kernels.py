@@ -268,6 +268,80 @@ static int64_t agenda(int64_t n, int64_t num_sigs, const int64_t *sig, int64_t *
   return batches;
 }
 
+// The LSTM cell (ops/cells.py) on rows of gate pre-activations [i, f_1..f_K, o, u] (each H):
+// c = s(i) t(u) + sum_j s(f_j) c_j, h = s(o) t(c), written as [h, c]; one pass, no temporaries.
+// K (0, 1, 2) is a template argument so the loop over a row has no branch. The previous
+// cells may be strided rows (ldc: the c half of [h, c] states). One core: a row of a
+// recurrent step is short and a step has few rows.
+template <typename T>
+static inline T sigm(T x) { return T(1) / (T(1) + std::exp(-x)); }
+
+template <typename T, int K>
+static void lstm_cell(const T *pre, const T *c0, const T *c1, int64_t ldc, int64_t rows,
+                      int64_t H, T *out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *p = pre + r * (3 + K) * H;
+    const T *a = K > 0 ? c0 + r * ldc : nullptr, *b = K > 1 ? c1 + r * ldc : nullptr;
+    T *h = out + r * 2 * H, *c = h + H;
+    #pragma omp simd
+    for (int64_t j = 0; j < H; ++j) {
+      T cell = sigm(p[j]) * std::tanh(p[(2 + K) * H + j]);
+      if (K > 0) cell += sigm(p[H + j]) * a[j];
+      if (K > 1) cell += sigm(p[2 * H + j]) * b[j];
+      c[j] = cell;
+      h[j] = sigm(p[(1 + K) * H + j]) * std::tanh(cell);
+    }
+  }
+}
+
+// Its gradient, [d_pre (3+K)H, d_c_1..d_c_K] per row, from the output [h, c] and its
+// cotangent g = [g_h, g_c].
+template <typename T, int K>
+static void lstm_cell_grad(const T *pre, const T *c0, const T *c1, int64_t ldc, const T *out,
+                           const T *g, int64_t rows, int64_t H, T *grads) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *p = pre + r * (3 + K) * H, *o = out + r * 2 * H, *gr = g + r * 2 * H;
+    const T *a = K > 0 ? c0 + r * ldc : nullptr, *b = K > 1 ? c1 + r * ldc : nullptr;
+    T *d = grads + r * (3 + 2 * K) * H;
+    #pragma omp simd
+    for (int64_t j = 0; j < H; ++j) {
+      const T i = sigm(p[j]), og = sigm(p[(1 + K) * H + j]), u = std::tanh(p[(2 + K) * H + j]);
+      const T tc = std::tanh(o[H + j]), gh = gr[j];
+      const T dc = gr[H + j] + gh * og * (T(1) - tc * tc);
+      d[j] = dc * u * i * (T(1) - i);
+      if (K > 0) {
+        const T f = sigm(p[H + j]);
+        d[H + j] = dc * a[j] * f * (T(1) - f);
+        d[(3 + K) * H + j] = dc * f;
+      }
+      if (K > 1) {
+        const T f = sigm(p[2 * H + j]);
+        d[2 * H + j] = dc * b[j] * f * (T(1) - f);
+        d[(4 + K) * H + j] = dc * f;
+      }
+      d[(1 + K) * H + j] = gh * tc * og * (T(1) - og);
+      d[(2 + K) * H + j] = dc * i * (T(1) - u * u);
+    }
+  }
+}
+
+template <typename T>
+static void lstm_cell_k(const T *pre, const T *c0, const T *c1, int64_t ldc, int64_t k,
+                        int64_t rows, int64_t H, T *out) {
+  if (k == 0) lstm_cell<T, 0>(pre, c0, c1, ldc, rows, H, out);
+  else if (k == 1) lstm_cell<T, 1>(pre, c0, c1, ldc, rows, H, out);
+  else lstm_cell<T, 2>(pre, c0, c1, ldc, rows, H, out);
+}
+
+template <typename T>
+static void lstm_cell_grad_k(const T *pre, const T *c0, const T *c1, int64_t ldc,
+                             const T *out, const T *g, int64_t k, int64_t rows, int64_t H,
+                             T *grads) {
+  if (k == 0) lstm_cell_grad<T, 0>(pre, c0, c1, ldc, out, g, rows, H, grads);
+  else if (k == 1) lstm_cell_grad<T, 1>(pre, c0, c1, ldc, out, g, rows, H, grads);
+  else lstm_cell_grad<T, 2>(pre, c0, c1, ldc, out, g, rows, H, grads);
+}
+
 extern "C" {
 int64_t agenda_schedule(int64_t n, int64_t num_sigs, const int64_t *sig, int64_t *waiting,
                         const int64_t *consumer_ptr, const int64_t *consumers,
@@ -310,6 +384,16 @@ void xent_grad_f32(const float *x, const int64_t *l, const float *g, int64_t r, 
                    float *o) { xent_grad(x, l, g, r, c, o); }
 void xent_grad_f64(const double *x, const int64_t *l, const double *g, int64_t r, int64_t c,
                    double *o) { xent_grad(x, l, g, r, c, o); }
+void lstm_cell_f32(const float *p, const float *a, const float *b, int64_t ldc, int64_t k,
+                   int64_t r, int64_t h, float *o) { lstm_cell_k(p, a, b, ldc, k, r, h, o); }
+void lstm_cell_f64(const double *p, const double *a, const double *b, int64_t ldc, int64_t k,
+                   int64_t r, int64_t h, double *o) { lstm_cell_k(p, a, b, ldc, k, r, h, o); }
+void lstm_cell_grad_f32(const float *p, const float *a, const float *b, int64_t ldc,
+                        const float *o, const float *g, int64_t k, int64_t r, int64_t h,
+                        float *d) { lstm_cell_grad_k(p, a, b, ldc, o, g, k, r, h, d); }
+void lstm_cell_grad_f64(const double *p, const double *a, const double *b, int64_t ldc,
+                        const double *o, const double *g, int64_t k, int64_t r, int64_t h,
+                        double *d) { lstm_cell_grad_k(p, a, b, ldc, o, g, k, r, h, d); }
 }
 """
 
@@ -358,6 +442,71 @@ def softmax_cross_entropy_grad(logits, labels, g):
                                         ctypes.c_int64(logits.size // cols),
                                         ctypes.c_int64(cols), _p(out))
     return out
+
+
+def _lstm_operands(pre, c_prev, *more):
+    """The dtype suffix, row stride of the previous cells, rows and H of an LSTM cell's
+    operands as the kernels take them, or None: ``pre`` and ``more`` C-contiguous, the cells
+    (rows, H) with contiguous rows at one stride (the c half of [h, c] states)."""
+    suffix = _SUFFIX.get(getattr(pre, "dtype", None))
+    k = len(c_prev)
+    if suffix is None or k > 2 or pre.ndim == 0 or pre.size == 0 \
+            or any(getattr(a, "dtype", None) != pre.dtype for a in (*c_prev, *more)) \
+            or not _usable(pre, *more):
+        return None
+    H = pre.shape[-1] // (3 + k)
+    rows = pre.size // pre.shape[-1]
+    ldc = H
+    if c_prev:
+        ldc = _row_stride(c_prev[0], rows, H)
+        if ldc is None or any(_row_stride(c, rows, H) != ldc for c in c_prev[1:]):
+            return None
+    return suffix, ldc, rows, H
+
+
+def _row_stride(a, rows, width):
+    """The stride in elements between the rows of ``a`` seen as (rows, width), or None."""
+    if not isinstance(a, np.ndarray):
+        return None
+    if a.flags.c_contiguous:
+        return width
+    if a.ndim == 2 and a.shape == (rows, width) and a.strides[1] == a.itemsize \
+            and a.strides[0] % a.itemsize == 0 and a.strides[0] >= width * a.itemsize:
+        return a.strides[0] // a.itemsize
+    return None
+
+
+def lstm_cell(pre, c_prev):
+    """``ops.lstm_cell``'s [h, c] in one pass over the rows, or None (NumPy runs). Shapes must
+    be checked."""
+    found = _lstm_operands(pre, c_prev)
+    lib = found and _library()
+    if not lib:
+        return None
+    suffix, ldc, rows, H = found
+    out = np.empty(pre.shape[:-1] + (2 * H,), pre.dtype)
+    c0, c1 = (list(c_prev) + [None, None])[:2]
+    getattr(lib, f"lstm_cell_{suffix}")(_p(pre), _p_or_null(c0), _p_or_null(c1),
+                                        ctypes.c_int64(ldc), ctypes.c_int64(len(c_prev)),
+                                        ctypes.c_int64(rows), ctypes.c_int64(H), _p(out))
+    return out
+
+
+def lstm_cell_grad(pre, c_prev, out, g):
+    """``ops.lstm_cell_grad``'s [∂pre, ∂c_prev…] in one pass over the rows, or None."""
+    found = _lstm_operands(pre, c_prev, out, g)
+    lib = found and _library()
+    if not lib:
+        return None
+    suffix, ldc, rows, H = found
+    k = len(c_prev)
+    grads = np.empty(pre.shape[:-1] + ((3 + 2 * k) * H,), pre.dtype)
+    c0, c1 = (list(c_prev) + [None, None])[:2]
+    getattr(lib, f"lstm_cell_grad_{suffix}")(_p(pre), _p_or_null(c0), _p_or_null(c1),
+                                             ctypes.c_int64(ldc), _p(out), _p(g),
+                                             ctypes.c_int64(k), ctypes.c_int64(rows),
+                                             ctypes.c_int64(H), _p(grads))
+    return grads
 
 
 def scatter_add_rows(out, idx, values):
@@ -609,3 +758,7 @@ def adam(params, grads, ms, vs, beta1, beta2, eps, bc2, step, decay):
 
 def _p(array):
     return ctypes.c_void_p(array.ctypes.data)
+
+
+def _p_or_null(array):
+    return ctypes.c_void_p(None) if array is None else _p(array)
