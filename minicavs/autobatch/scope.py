@@ -15,6 +15,7 @@ data. ``backward()`` runs the segments in reverse, each batched as its forward w
 """
 
 import bisect
+import sys
 import time
 
 import numpy as np
@@ -29,6 +30,9 @@ from .segment import Segment
 from .signature import Signature
 
 _active = None  # the AutoBatch whose block is running
+# The module of Tensor, whose _grad_enabled the hot path reads directly (``minicavs.autodiff``
+# exports a function named ``tensor``, so the module is taken from sys.modules).
+_tensor = sys.modules[Tensor.__module__]
 
 
 class LazyTensor(Tensor):
@@ -134,10 +138,11 @@ class AutoBatch:
     def _reset_pending(self, start):
         self.start = start  # index of the first pending node
         self.count = start  # index the next recorded node gets
-        self.node_sig, self.node_depth = [], []
+        self.node_depth = []  # per pending node, its depth (1 + its deepest pending operand's)
         self.active = []  # signatures with nodes in the pending segment, by local id
         self.leaves, self._leaf_ids = [], {}
-        self.record_began = None
+        # (recording time: from the block's start, or the last forcing, to the next forcing)
+        self.record_began = time.perf_counter()
 
     # --- the block ------------------------------------------------------------------------------
     def __enter__(self):
@@ -185,19 +190,21 @@ class AutoBatch:
     def _append(self, sig, sources, depth, needs_grad):
         """Record one node of ``sig`` and return its LazyTensor (made inline: this runs for
         every recorded op)."""
-        if self.record_began is None:
-            self.record_began = time.perf_counter()
         index = self.count
         self.count = index + 1
-        if not sig.nodes:
+        nodes = sig.nodes
+        if not nodes:
             sig.local = len(self.active)
             self.active.append(sig)
-        sig.nodes.append(index)
+        nodes.append(index)
         sig.arg_rows.extend(sources)
-        self.node_sig.append(sig.local)
-        self.node_depth.append(depth + 1)
+        depth += 1
+        self.node_depth.append(depth)
         node = _new_lazy(LazyTensor)
-        node._scope, node._index, node._depth, node._aval = self, index, depth + 1, sig.out
+        node._scope = self
+        node._index = index
+        node._depth = depth
+        node._aval = sig.out
         node._value = node._versions = node._creator = node.grad = node.name = None
         node.requires_grad = needs_grad and sig.can_grad
         return node
@@ -210,13 +217,14 @@ class AutoBatch:
         scalars, symbols being traced): None, the usual way."""
         if tracing:
             return None
-        parts, sources, depth, needs_grad = [op, is_grad_enabled()], [], 0, False
+        parts, sources, depth, needs_grad = [op, _tensor._grad_enabled], [], 0, False
         start = self.start
         for a in args:
             if type(a) is LazyTensor:
                 parts.append(id(a._aval))  # (the cache entry keeps the aval alive)
-                if a._scope is self and a._index >= start:
-                    sources.append(a._index)
+                i = a._index
+                if i >= start and a._scope is self:
+                    sources.append(i)
                     if a._depth > depth:
                         depth = a._depth
                 else:
@@ -323,10 +331,9 @@ class AutoBatch:
         """Execute every pending node as one segment (batched by the strategy)."""
         if self.count == self.start:
             return
-        began = self.record_began or time.perf_counter()
         segment = Segment(self.start, self.count, self.strategy)
-        segment.stats["record_s"] = time.perf_counter() - began
-        segment.run(self.active, self.node_sig, self.node_depth, self.leaves)
+        segment.stats["record_s"] = time.perf_counter() - self.record_began
+        segment.run(self.active, self.node_depth, self.leaves)
         for sig in self.active:
             sig.nodes, sig.arg_rows = [], []
         self.segments.append(segment)

@@ -51,15 +51,16 @@ class Segment:
         self.gslabs = None
 
     # --- scheduling and layout ------------------------------------------------------------------
-    def run(self, active, node_sig, node_depth, leaves):
+    def run(self, active, node_depth, leaves):
         began = time.perf_counter()
         start, n = self.start, self.stop - self.start
-        sig_of = np.asarray(node_sig, dtype=np.int64)
         depth = np.asarray(node_depth, dtype=np.int64)
         tables, sources, targets = [], [], []
+        sig_of = np.empty(n, dtype=np.int64)  # a node's signature (its local id)
         position = np.empty(n, dtype=np.int64)  # a node's row in its signature's table
         for sig in active:
             nodes = np.asarray(sig.nodes, dtype=np.int64) - start
+            sig_of[nodes] = sig.local
             position[nodes] = np.arange(len(nodes))
             table = np.asarray(sig.arg_rows, dtype=np.int64).reshape(len(nodes), sig.arity)
             pending = table >= 0
