@@ -364,6 +364,68 @@ def test_value_read_mid_block_runs_a_partial_execution():
     np.testing.assert_allclose(W1, p["W1"].grad.numpy(), rtol=RTOL, atol=ATOL)
 
 
+def test_slices_of_the_last_axis_are_views_not_nodes():
+    """split/slice_axis of a pending value's last axis records no node: the readers bind the
+    base's columns, and its gradient goes back into them. Read in place, sliced again,
+    read after a forced execution (as data), and as the value backward() starts from."""
+    p = _params(4)
+
+    def program(read_mid_block):
+        state = mc.tanh(mc.tensor(np.linspace(-1, 1, D)) @ p["W1"])
+        h, c = mc.split(state, 2)  # two views
+        first, second = mc.split(c, 2)  # views of a view: columns 2 and 3
+        mixed = mc.concat([first * 2.0, h, second])  # (D,) again
+        if read_mid_block:
+            assert float(mc.sum(h)) == pytest.approx(float(np.sum(state.numpy()[:D // 2])))
+        out = mc.sigmoid(mixed @ p["W2"])
+        return mc.sum(out[1:]) + mc.sum(h * c)
+
+    for read_mid_block in (False, True):
+        for t in p.values():
+            t.grad = None
+        eager = program(read_mid_block)
+        eager.backward()
+        reference = {k: t.grad.numpy().copy() for k, t in p.items() if t.grad is not None}
+        for t in p.values():
+            t.grad = None
+        with mc.autobatch("agenda+") as ab:
+            loss = program(read_mid_block)
+            loss.backward()
+        assert float(loss) == pytest.approx(float(eager), rel=RTOL)
+        assert sum(seg.stats["views"] for seg in ab.segments) >= 4
+        for k, g in reference.items():
+            np.testing.assert_allclose(p[k].grad.numpy(), g, rtol=RTOL, atol=ATOL, err_msg=k)
+    assert "views: " in ab.explain()
+
+    with mc.autobatch("depth") as ab:  # backward() from a view seeds its base's columns
+        state = mc.tanh(mc.tensor(np.ones(D)) @ p["W1"])
+        half = mc.split(state, 2)[1]
+        p["W1"].grad = None
+        half.backward(np.arange(D // 2, dtype=float))
+    with_eager = mc.tanh(mc.tensor(np.ones(D)) @ p["W1"])
+    got = p["W1"].grad.numpy().copy()
+    p["W1"].grad = None
+    mc.split(with_eager, 2)[1].backward(mc.tensor(np.arange(D // 2, dtype=float)))
+    np.testing.assert_allclose(got, p["W1"].grad.numpy(), rtol=RTOL, atol=ATOL)
+    assert ab.segments[0].stats["nodes"] == 2  # the product and the tanh; the slice is a view
+
+    def chain(x):  # a parameter's '+' gradient over the columns a view reads, step by step
+        state = mc.tanh(x @ p["W1"])
+        for _ in range(3):
+            state = mc.tanh(mc.split(mc.split(state, 2)[1] @ p["Ug"], 2)[0])
+        return mc.sum(state * state)
+
+    xs = [mc.tensor(np.full(D, v)) for v in (0.5, -1.0)]
+    p["Ug"].grad = None
+    mc.sum(mc.stack([chain(x) for x in xs])).backward()
+    reference = p["Ug"].grad.numpy().copy()
+    p["Ug"].grad = None
+    with mc.autobatch("agenda+") as ab:
+        mc.sum(mc.stack([chain(x) for x in xs])).backward()
+    np.testing.assert_allclose(p["Ug"].grad.numpy(), reference, rtol=RTOL, atol=ATOL)
+    assert ab.segments[0].stats["plus_copies_avoided"] >= 1  # the views' rows, one run
+
+
 def test_lazy_values_know_their_shape_and_force_on_print_and_exit():
     p = _params(2)
     with mc.autobatch("agenda") as ab:

@@ -17,6 +17,9 @@ def explain(scope, picture=True, max_batches=40):
         lines.append(
             f"  forward gathers: {st['copies_made']} copied, {st['copies_avoided']} avoided "
             f"(operand rows already contiguous)")
+        if st.get("views"):
+            lines.append(f"  views: {st['views']} slices of pending values read in place "
+                         f"(no node, no batch, no copy)")
         if st["backward_s"]:
             lines.append(
                 f"  backward scatters: {st['scatter_made']} indexed, {st['scatter_avoided']} "
@@ -37,7 +40,7 @@ def explain(scope, picture=True, max_batches=40):
         if picture:
             lines.append("  batches in execution order (# = one node; operands: = view, g gather):")
             for j, b in enumerate(seg.plan[:max_batches]):
-                reads = "".join("=" if rows is None else "g" for _, _, _, rows, _ in b.inputs)
+                reads = "".join("=" if entry[3] is None else "g" for entry in b.inputs)
                 lines.append(f"    {j:>3} {b.sig.label:<40} {reads:<3} {'#' * min(b.n, 60)}"
                              f"{'+' if b.n > 60 else ''} {b.n}")
             if len(seg.plan) > max_batches:

@@ -25,6 +25,7 @@ from ..autodiff.tensor import Tensor, is_grad_enabled, set_lazy_recorder
 from ..errors import ArgumentError, MinicavsError, ShapeError, UnsupportedError
 from ..locations import format_location, user_location
 from ..ops.registry import Aval, set_fast_path, tracing
+from ..ops.shape import SLICE_AXIS
 from . import schedule
 from .segment import Segment
 from .signature import Signature
@@ -112,6 +113,41 @@ class LazyTensor(Tensor):
 _new_lazy = object.__new__  # (Tensor defines no __new__: a LazyTensor with its slots unset)
 
 
+class ViewKey:
+    """What a view stands for in a signature: the columns ``start:stop`` of the last axis of
+    values of ``base`` (an Aval); ``aval`` is the view's own. One object per form (``_VIEWS``):
+    signatures compare it, and the recording fast path keys it, by identity."""
+
+    __slots__ = ("base", "start", "stop", "aval")
+
+    def __init__(self, base, start, stop):
+        self.base, self.start, self.stop = base, start, stop
+        self.aval = Aval(tuple(base.shape[:-1]) + (stop - start,), base.dtype)
+
+
+_VIEWS = {}  # (base Aval, start, stop) -> its ViewKey
+_VIEWS_BY_ID = {}  # (id of a base Aval object, start, stop) -> (that Aval, kept alive; ViewKey)
+
+
+class LazyView(LazyTensor):
+    """A slice of the last axis of a pending node, recorded as a view of the node's row, not
+    as a node of its own (NumPy's basic slicing makes a view, too): ``h, c = split(state, 2)``
+    per LSTM step and sample costs no node, no batch and no copy. The ops that read it bind
+    the columns of the base's rows (``segment.py``); its gradient is added into those columns.
+    ``_index`` and ``_depth`` are the base's."""
+
+    __slots__ = ("_base", "_key")
+
+    @property
+    def _array(self):
+        value = self._value
+        if value is None:
+            key = self._key
+            value = self._value = self._base._array[..., key.start:key.stop]
+        return value
+
+
+
 class AutoBatch:
     """``with mc.autobatch(strategy) as ab:`` — record per-sample eager code, run it batched.
 
@@ -139,6 +175,7 @@ class AutoBatch:
         self.start = start  # index of the first pending node
         self.count = start  # index the next recorded node gets
         self.node_depth = []  # per pending node, its depth (1 + its deepest pending operand's)
+        self.views = 0  # slices recorded as views (LazyView), not as nodes
         self.active = []  # signatures with nodes in the pending segment, by local id
         self.leaves, self._leaf_ids = [], {}
         # (recording time: from the block's start, or the last forcing, to the next forcing)
@@ -217,11 +254,26 @@ class AutoBatch:
         scalars, symbols being traced): None, the usual way."""
         if tracing:
             return None
+        if op is SLICE_AXIS:
+            view = self._view(args[0], attrs)
+            if view is not None:
+                return view
         parts, sources, depth, needs_grad = [op, _tensor._grad_enabled], [], 0, False
         start = self.start
         for a in args:
             if type(a) is LazyTensor:
                 parts.append(id(a._aval))  # (the cache entry keeps the aval alive)
+                i = a._index
+                if i >= start and a._scope is self:
+                    sources.append(i)
+                    if a._depth > depth:
+                        depth = a._depth
+                else:
+                    sources.append(self._leaf(a))
+                if a.requires_grad:
+                    needs_grad = True
+            elif type(a) is LazyView:
+                parts.append(id(a._key))  # (kept alive in _VIEWS)
                 i = a._index
                 if i >= start and a._scope is self:
                     sources.append(i)
@@ -268,7 +320,17 @@ class AutoBatch:
         key, sources, depth, needs_grad = [], [], 0, False
         start = self.start
         for i, a in enumerate(args):
-            if type(a) is LazyTensor:
+            if type(a) is LazyView:
+                if a._scope is self and a._index >= start:
+                    sources.append(a._index)
+                    key.append(a._key)
+                    if a._depth > depth:
+                        depth = a._depth
+                else:  # an earlier segment's: its columns are data here
+                    sources.append(self._leaf(a))
+                    key.append(a._aval)
+                needs_grad = needs_grad or a.requires_grad
+            elif type(a) is LazyTensor:
                 if a._scope is self and a._index >= start:
                     sources.append(a._index)
                     if a._depth > depth:
@@ -292,6 +354,35 @@ class AutoBatch:
                 key.append(Aval(a.shape, a.dtype))
         return key, sources, depth, needs_grad
 
+    def _view(self, x, attrs):
+        """``slice_axis`` of the last axis of a pending node of this block as a LazyView, or
+        None (recorded as a node)."""
+        base = x._base if type(x) is LazyView else x
+        if type(base) is not LazyTensor or base._scope is not self or base._index < self.start \
+                or attrs["axis"] != len(x.shape) - 1:
+            return None
+        offset = x._key.start if type(x) is LazyView else 0
+        start, stop = offset + attrs["start"], offset + attrs["stop"]
+        found = _VIEWS_BY_ID.get((id(base._aval), start, stop))
+        if found is None:
+            form = (base._aval, start, stop)
+            key = _VIEWS.get(form)
+            if key is None:
+                key = _VIEWS[form] = ViewKey(base._aval, start, stop)
+            found = _VIEWS_BY_ID[(id(base._aval), start, stop)] = (base._aval, key)
+        key = found[1]
+        view = _new_lazy(LazyView)
+        view._scope = self
+        view._index = base._index
+        view._depth = base._depth
+        view._base = base
+        view._key = key
+        view._aval = key.aval
+        view._value = view._versions = view._creator = view.grad = view.name = None
+        view.requires_grad = base.requires_grad
+        self.views += 1
+        return view
+
     def _leaf(self, value):
         j = self._leaf_ids.get(id(value))
         if j is None:
@@ -300,17 +391,22 @@ class AutoBatch:
         return -1 - j
 
     def _signature(self, full_key, op, args, attrs, grad_on, sources):
-        row_avals, shared = [], []
+        row_avals, shared, views = [], [], []
         pending = iter(sources)
         for i, k in enumerate(full_key[3:]):
+            view = k if isinstance(k, ViewKey) else None
+            k = view.aval if view is not None else k
             if isinstance(k, Aval):
                 row_avals.append(Aval(tuple(k.shape), np.dtype(k.dtype)))
                 shared.append(None)
+                views.append(view)
                 next(pending)
             else:
                 row_avals.append(None)
                 shared.append(args[i])
+                views.append(None)
         sig = Signature(len(self._signatures), op, attrs, row_avals, shared, grad_on)
+        sig.views = views  # per operand: the ViewKey a per-row one reads, or None
         sig.can_grad = bool(grad_on and op.vjp is not None and np.dtype(sig.out.dtype).kind == "f")
         sig.local = -1
         self._signatures[full_key] = sig
@@ -333,6 +429,7 @@ class AutoBatch:
             return
         segment = Segment(self.start, self.count, self.strategy)
         segment.stats["record_s"] = time.perf_counter() - self.record_began
+        segment.stats["views"] = self.views
         segment.run(self.active, self.node_depth, self.leaves)
         for sig in self.active:
             sig.nodes, sig.arg_rows = [], []
@@ -362,7 +459,7 @@ class AutoBatch:
             segment.begin_backward()
         for t, g in seeds:
             segment = self.segments[bisect.bisect_right(self._starts, t._index) - 1]
-            segment.seed(t._index, g)
+            segment.seed(t, g)
         params, outside = {}, []
         for segment in reversed(self.segments[:last + 1]):
             for value, g in segment.backward(params):
@@ -382,7 +479,7 @@ class AutoBatch:
         if isinstance(value, LazyTensor):
             if value._scope is self:
                 segment = self.segments[bisect.bisect_right(self._starts, value._index) - 1]
-                segment.add_grad(value._index, g)
+                segment.add_grad(value, g)
             elif value.requires_grad:
                 outside.append((value, g))
         elif isinstance(value, Tensor) and value.requires_grad:

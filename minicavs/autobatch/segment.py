@@ -84,7 +84,10 @@ class Segment:
         leaf_values = [v._array if isinstance(v, Tensor) else v for v in leaves]
         leaf_slab = np.array([slab_of(v) for v in leaf_values], dtype=np.int64)
         out_slab = np.array([slab_of(sig.out) for sig in active], dtype=np.int64)
-        in_slabs = [[slab_of(a) for a in sig.row_avals if a is not None] for sig in active]
+        # (an operand that is a view reads the rows of its base: the base's slab)
+        in_slabs = [[slab_of(a if v is None else v.base)
+                     for a, v in zip(sig.row_avals, sig.views) if a is not None]
+                    for sig in active]
         num_slabs = len(slab_ids)
         leaf_row, leaf_count = _ranks(leaf_slab, num_slabs)
         # Within a slab, the nodes of one signature together, in execution order: a batch
@@ -134,11 +137,13 @@ class Segment:
             contiguous = np.ones(rows.shape[1], dtype=bool)
         b.inputs, b.shared, b.targets = [], [], {}
         k = 0
-        for symbol, aval, shared in zip(kernel.inputs, sig.row_avals, sig.shared):
+        for symbol, aval, shared, view in zip(kernel.inputs, sig.row_avals, sig.shared,
+                                              sig.views):
             if aval is not None:
                 r = rows[:, k]
                 entry = (id(symbol), in_slabs[s][k], int(r[0]),
-                         None if contiguous[k] else r, _unique(r, contiguous[k]))
+                         None if contiguous[k] else r, _unique(r, contiguous[k]),
+                         None if view is None else (view.start, view.stop))
                 self.stats["copies_avoided" if contiguous[k] else "copies_made"] += 1
                 b.inputs.append(entry)
                 b.targets[id(symbol)] = entry
@@ -160,8 +165,9 @@ class Segment:
         for b in self.plan:
             n = b.n
             env = {}
-            for symbol, slab, lo, rows, _ in b.inputs:
-                env[symbol] = slabs[slab][lo:lo + n] if rows is None else slabs[slab][rows]
+            for symbol, slab, lo, rows, _, cols in b.inputs:
+                a = slabs[slab] if cols is None else slabs[slab][..., cols[0]:cols[1]]
+                env[symbol] = a[lo:lo + n] if rows is None else a[rows]
             for symbol, t in b.shared:
                 env[symbol] = t._array
             b.sig.forward.run(env, n, xp, slabs[b.out_slab][b.out_row:b.out_row + n])
@@ -180,9 +186,16 @@ class Segment:
         self.gslabs = memory.arrays(self.xp, [(s.shape, s.dtype) for s in self.slabs],
                                     zero=True)
 
-    def seed(self, index, grad):
-        local = index - self.start
-        self.gslabs[self.node_slab[local]][self.row_of[local]] += 1 if grad is None else grad
+    def seed(self, value, grad):
+        """Add ``grad`` (None: 1) to the gradient of ``value``, a LazyTensor of this segment
+        (a view's into its columns of the base's row)."""
+        local = value._index - self.start
+        gslab, row = self.gslabs[self.node_slab[local]], self.row_of[local]
+        view = getattr(value, "_key", None)
+        if view is None:
+            gslab[row] += 1 if grad is None else grad
+        else:
+            gslab[row, ..., view.start:view.stop] += 1 if grad is None else grad
 
     add_grad = seed
 
@@ -232,7 +245,9 @@ class Segment:
         return kernels.team_products(self.xp is np and kernels.team_ready())
 
     def _scatter(self, gslab, target, g, n):
-        _, _, lo, rows, unique = target
+        _, _, lo, rows, unique, cols = target
+        if cols is not None:
+            gslab = gslab[..., cols[0]:cols[1]]
         if rows is None:
             gslab[lo:lo + n] += g
             self.stats["scatter_avoided"] += 1
@@ -267,18 +282,24 @@ class Segment:
                 env[id(f)] = terms[0].env[id(f)]
                 continue
             spans = [b.targets.get(id(f)) for b in terms]  # (an operand read as a view)
-            spans = None if any(not isinstance(t, tuple) or t[3] is not None for t in spans) \
-                else [(t[1], t[2], b.n) for t, b in zip(spans, terms)]
-            env[id(f)] = self._joined(self.slabs, spans, [b.env[id(f)] for b in terms])
+            cols = None
+            if any(not isinstance(t, tuple) or t[3] is not None for t in spans):
+                spans = None
+            else:
+                cols = spans[0][5]
+                spans = [(t[1], t[2], b.n) for t, b in zip(spans, terms)]
+            env[id(f)] = self._joined(self.slabs, spans, [b.env[id(f)] for b in terms], cols)
         grads = kernel.run(cotangents, env, total, self.xp)
         self.stats["plus_products"] += 1
         self.stats["plus_products_saved"] += len(terms) - 1
         for position, g in zip(sig.shared_grads(), grads):
             _add_param(params, sig.shared[position], g)
 
-    def _joined(self, slabs, spans, arrays):
+    def _joined(self, slabs, spans, arrays, cols=None):
         """The rows of several batches as one array: a view where their ``spans`` ((slab,
-        first row, rows) each) follow each other in one slab, else one copy."""
+        first row, rows) each) follow each other in one slab, else one copy. ``cols``: the
+        spans' rows are a view's base rows, of which it reads these columns (``arrays``, if
+        given, are the view's own values)."""
         if spans is not None:
             slab, lo, _ = spans[0]
             end = lo
@@ -289,9 +310,11 @@ class Segment:
             else:
                 if len(spans) > 1:
                     self.stats["plus_copies_avoided"] += 1
-                return slabs[slab][lo:end]
+                rows = slabs[slab][lo:end]
+                return rows if cols is None else rows[..., cols[0]:cols[1]]
         if arrays is None:
-            arrays = [slabs[s][r:r + n] for s, r, n in spans]
+            arrays = [slabs[s][r:r + n] if cols is None else slabs[s][r:r + n, ..., cols[0]:cols[1]]
+                      for s, r, n in spans]
         self.stats["plus_copies"] += 1
         return self.xp.concatenate(arrays)
 
