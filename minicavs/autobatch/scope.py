@@ -25,10 +25,11 @@ from ..autodiff.tensor import Tensor, is_grad_enabled, set_lazy_recorder
 from ..errors import ArgumentError, MinicavsError, ShapeError, UnsupportedError
 from ..locations import format_location, user_location
 from ..ops.registry import Aval, set_fast_path, tracing
-from ..ops.shape import SLICE_AXIS
+from ..ops.shape import RESHAPE, SLICE_AXIS
 from . import schedule
 from .segment import Segment
 from .signature import Signature
+from .views import view_key
 
 _active = None  # the AutoBatch whose block is running
 # The module of Tensor, whose _grad_enabled the hot path reads directly (``minicavs.autodiff``
@@ -113,28 +114,10 @@ class LazyTensor(Tensor):
 _new_lazy = object.__new__  # (Tensor defines no __new__: a LazyTensor with its slots unset)
 
 
-class ViewKey:
-    """What a view stands for in a signature: the columns ``start:stop`` of the last axis of
-    values of ``base`` (an Aval); ``aval`` is the view's own. One object per form (``_VIEWS``):
-    signatures compare it, and the recording fast path keys it, by identity."""
-
-    __slots__ = ("base", "start", "stop", "aval")
-
-    def __init__(self, base, start, stop):
-        self.base, self.start, self.stop = base, start, stop
-        self.aval = Aval(tuple(base.shape[:-1]) + (stop - start,), base.dtype)
-
-
-_VIEWS = {}  # (base Aval, start, stop) -> its ViewKey
-_VIEWS_BY_ID = {}  # (id of a base Aval object, start, stop) -> (that Aval, kept alive; ViewKey)
-
-
 class LazyView(LazyTensor):
-    """A slice of the last axis of a pending node, recorded as a view of the node's row, not
-    as a node of its own (NumPy's basic slicing makes a view, too): ``h, c = split(state, 2)``
-    per LSTM step and sample costs no node, no batch and no copy. The ops that read it bind
-    the columns of the base's rows (``segment.py``); its gradient is added into those columns.
-    ``_index`` and ``_depth`` are the base's."""
+    """A slice of the last axis, or a reshape, of a pending node, recorded as a view of its
+    rows instead of a node (``views.py``). ``_key``: its form (a ``ViewKey``); ``_index`` and
+    ``_depth`` are the base node's."""
 
     __slots__ = ("_base", "_key")
 
@@ -142,8 +125,7 @@ class LazyView(LazyTensor):
     def _array(self):
         value = self._value
         if value is None:
-            key = self._key
-            value = self._value = self._base._array[..., key.start:key.stop]
+            value = self._value = self._key.of_value(self._base._array)
         return value
 
 
@@ -254,8 +236,8 @@ class AutoBatch:
         scalars, symbols being traced): None, the usual way."""
         if tracing:
             return None
-        if op is SLICE_AXIS:
-            view = self._view(args[0], attrs)
+        if op is SLICE_AXIS or op is RESHAPE:
+            view = self._view(op, args[0], attrs)
             if view is not None:
                 return view
         parts, sources, depth, needs_grad = [op, _tensor._grad_enabled], [], 0, False
@@ -272,11 +254,11 @@ class AutoBatch:
                     sources.append(self._leaf(a))
                 if a.requires_grad:
                     needs_grad = True
-            elif type(a) is LazyView:
-                parts.append(id(a._key))  # (kept alive in _VIEWS)
+            elif type(a) is LazyView:  # keyed as a value of its shape, tagged as a view
+                parts.append(id(a._aval))  # (kept alive by views.view_key)
                 i = a._index
                 if i >= start and a._scope is self:
-                    sources.append(i)
+                    sources.append(i + a._key.tag)
                     if a._depth > depth:
                         depth = a._depth
                 else:
@@ -286,7 +268,7 @@ class AutoBatch:
             elif isinstance(a, Tensor) and a.requires_grad:  # a parameter, by identity
                 parts.append(id(a))  # (its signature keeps it alive)
                 needs_grad = True
-            elif (type(a) is np.ndarray or type(a) is Tensor) and a.ndim:
+            elif (type(a) is np.ndarray or type(a) is Tensor) and (a.ndim or _is_index(a)):
                 # data (a word id, a label): a row of its own, keyed by shape and dtype as
                 # _classify keys it
                 parts.append((a.shape, a.dtype.str))
@@ -322,13 +304,12 @@ class AutoBatch:
         for i, a in enumerate(args):
             if type(a) is LazyView:
                 if a._scope is self and a._index >= start:
-                    sources.append(a._index)
-                    key.append(a._key)
+                    sources.append(a._index + a._key.tag)
                     if a._depth > depth:
                         depth = a._depth
-                else:  # an earlier segment's: its columns are data here
+                else:  # an earlier segment's: its value is data here
                     sources.append(self._leaf(a))
-                    key.append(a._aval)
+                key.append(a._aval)
                 needs_grad = needs_grad or a.requires_grad
             elif type(a) is LazyTensor:
                 if a._scope is self and a._index >= start:
@@ -347,30 +328,29 @@ class AutoBatch:
                     sources.append(self._leaf(a))
                     key.append(Aval(a.shape, a.dtype))
                     needs_grad = needs_grad or a.requires_grad
-            elif getattr(a, "ndim", 1) == 0:  # a scalar constant: shared, by value
+            elif getattr(a, "ndim", 1) == 0 and not _is_index(a):  # a constant, by value
                 key.append(("const", a.dtype.str, a.item()))
             else:  # an array of data
                 sources.append(self._leaf(a))
                 key.append(Aval(a.shape, a.dtype))
         return key, sources, depth, needs_grad
 
-    def _view(self, x, attrs):
-        """``slice_axis`` of the last axis of a pending node of this block as a LazyView, or
-        None (recorded as a node)."""
+    def _view(self, op, x, attrs):
+        """``slice_axis`` of the last axis, or ``reshape``, of a pending node of this block as
+        a LazyView, or None (recorded as a node). A slice of a slice is one view; a view of a
+        reshape is not (a node)."""
         base = x._base if type(x) is LazyView else x
-        if type(base) is not LazyTensor or base._scope is not self or base._index < self.start \
-                or attrs["axis"] != len(x.shape) - 1:
+        if type(base) is not LazyTensor or base._scope is not self or base._index < self.start:
             return None
-        offset = x._key.start if type(x) is LazyView else 0
-        start, stop = offset + attrs["start"], offset + attrs["stop"]
-        found = _VIEWS_BY_ID.get((id(base._aval), start, stop))
-        if found is None:
-            form = (base._aval, start, stop)
-            key = _VIEWS.get(form)
-            if key is None:
-                key = _VIEWS[form] = ViewKey(base._aval, start, stop)
-            found = _VIEWS_BY_ID[(id(base._aval), start, stop)] = (base._aval, key)
-        key = found[1]
+        if op is RESHAPE:
+            if base is not x:
+                return None
+            key = view_key(base._aval, shape=tuple(attrs["shape"]))
+        else:
+            if attrs["axis"] != len(x.shape) - 1 or (base is not x and not x._key.is_columns):
+                return None
+            offset = x._key.start if base is not x else 0
+            key = view_key(base._aval, offset + attrs["start"], offset + attrs["stop"])
         view = _new_lazy(LazyView)
         view._scope = self
         view._index = base._index
@@ -391,22 +371,17 @@ class AutoBatch:
         return -1 - j
 
     def _signature(self, full_key, op, args, attrs, grad_on, sources):
-        row_avals, shared, views = [], [], []
+        row_avals, shared = [], []
         pending = iter(sources)
         for i, k in enumerate(full_key[3:]):
-            view = k if isinstance(k, ViewKey) else None
-            k = view.aval if view is not None else k
             if isinstance(k, Aval):
                 row_avals.append(Aval(tuple(k.shape), np.dtype(k.dtype)))
                 shared.append(None)
-                views.append(view)
                 next(pending)
             else:
                 row_avals.append(None)
                 shared.append(args[i])
-                views.append(None)
         sig = Signature(len(self._signatures), op, attrs, row_avals, shared, grad_on)
-        sig.views = views  # per operand: the ViewKey a per-row one reads, or None
         sig.can_grad = bool(grad_on and op.vjp is not None and np.dtype(sig.out.dtype).kind == "f")
         sig.local = -1
         self._signatures[full_key] = sig
@@ -494,6 +469,13 @@ class AutoBatch:
         """What was batched and what it cost; see ``explain.py``."""
         from .explain import explain
         return explain(self, picture, max_batches)
+
+
+def _is_index(a):
+    """A NumPy integer scalar array — a label, an id — is data, a row of its own, so nodes
+    differing in it batch together (the 16 tags of a tagger were 16 batches of its loss); a
+    float or Python scalar is a constant of the signature."""
+    return type(a) is np.ndarray and a.dtype.kind in "iu"
 
 
 def _promotes(op, args):

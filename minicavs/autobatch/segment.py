@@ -32,7 +32,7 @@ import numpy as np
 from .. import backend
 from ..autodiff.tensor import Tensor
 from ..cpu import kernels
-from . import memory, schedule
+from . import memory, schedule, views
 
 
 class _Batch:
@@ -64,9 +64,11 @@ class Segment:
             position[nodes] = np.arange(len(nodes))
             table = np.asarray(sig.arg_rows, dtype=np.int64).reshape(len(nodes), sig.arity)
             pending = table >= 0
+            # A source read through a view has the view's code in its high bits (views.py).
+            codes = np.where(pending, table >> views.SHIFT, 0)
             # Value ids: a pending node's local index, or n + j for leaf j.
-            table = np.where(pending, table - start, n - 1 - table)
-            tables.append(table)
+            table = np.where(pending, (table & views.INDEX) - start, n - 1 - table)
+            tables.append((table, codes))
             if pending.any():
                 sources.append(table[pending])
                 targets.append(np.broadcast_to(nodes[:, None], table.shape)[pending])
@@ -84,10 +86,6 @@ class Segment:
         leaf_values = [v._array if isinstance(v, Tensor) else v for v in leaves]
         leaf_slab = np.array([slab_of(v) for v in leaf_values], dtype=np.int64)
         out_slab = np.array([slab_of(sig.out) for sig in active], dtype=np.int64)
-        # (an operand that is a view reads the rows of its base: the base's slab)
-        in_slabs = [[slab_of(a if v is None else v.base)
-                     for a, v in zip(sig.row_avals, sig.views) if a is not None]
-                    for sig in active]
         num_slabs = len(slab_ids)
         leaf_row, leaf_count = _ranks(leaf_slab, num_slabs)
         # Within a slab, the nodes of one signature together, in execution order: a batch
@@ -102,7 +100,8 @@ class Segment:
         row_of[order] = leaf_count[node_slab[order]] + node_rank
         self.node_slab, self.row_of = node_slab, row_of
         self.leaves, self.leaf_slab, self.leaf_row = leaves, leaf_slab, leaf_row
-        lookup = np.concatenate([row_of, leaf_row])
+        lookup = np.concatenate([row_of, leaf_row])  # value id -> its row in its slab
+        value_slab = np.concatenate([node_slab, leaf_slab])  # value id -> its slab
 
         xp = backend.get_array_module(*leaf_values[:1]) if leaf_values else np
         self.xp = xp
@@ -117,34 +116,48 @@ class Segment:
                 slab[:len(values)] = xp.stack(values if xp is np else
                                               [xp.asarray(v) for v in values])
         self.plan = [self._plan_batch(nodes, active, sig_of, tables, position, lookup,
-                                      in_slabs, out_slab, row_of) for nodes in batches]
+                                      value_slab, out_slab, row_of) for nodes in batches]
         self.stats["batches"] = len(batches)
         self.stats["schedule_s"] = time.perf_counter() - began
         with self._one_pool():
             self._forward()
 
-    def _plan_batch(self, nodes, active, sig_of, tables, position, lookup, in_slabs, out_slab,
-                    row_of):
+    def _plan_batch(self, nodes, active, sig_of, tables, position, lookup, value_slab,
+                    out_slab, row_of):
+        """A batch's operands: per per-row operand, (symbol id, slab, first row, rows or
+        None where they are one contiguous run, whether rows are distinct, view or None);
+        an operand whose rows lie in several slabs or forms (some read through views) has
+        slab None and, in place of the rows, its groups (slab, view, positions, rows,
+        distinct) — gathered into one array."""
         s = int(sig_of[nodes[0]])
         sig = active[s]
         kernel = sig.forward
         b = _Batch()
         b.sig, b.n = sig, len(nodes)
-        rows = lookup[tables[s][position[nodes]]]  # (n, per-row operands): slab rows
+        table, codes = tables[s]
+        at = position[nodes]
+        values = table[at]
+        rows = lookup[values]  # (n, per-row operands): rows in their slabs
+        slabs, codes = value_slab[values], codes[at]
         if b.n > 1:
             contiguous = ((rows[1:] - rows[:-1]) == 1).all(axis=0)
+            uniform = ((slabs == slabs[0]) & (codes == codes[0])).all(axis=0)
         else:
-            contiguous = np.ones(rows.shape[1], dtype=bool)
+            contiguous = uniform = np.ones(rows.shape[1], dtype=bool)
         b.inputs, b.shared, b.targets = [], [], {}
         k = 0
-        for symbol, aval, shared, view in zip(kernel.inputs, sig.row_avals, sig.shared,
-                                              sig.views):
+        for symbol, aval, shared in zip(kernel.inputs, sig.row_avals, sig.shared):
             if aval is not None:
                 r = rows[:, k]
-                entry = (id(symbol), in_slabs[s][k], int(r[0]),
-                         None if contiguous[k] else r, _unique(r, contiguous[k]),
-                         None if view is None else (view.start, view.stop))
-                self.stats["copies_avoided" if contiguous[k] else "copies_made"] += 1
+                if uniform[k]:
+                    entry = (id(symbol), int(slabs[0, k]), int(r[0]),
+                             None if contiguous[k] else r, _unique(r, contiguous[k]),
+                             views.BY_CODE[int(codes[0, k])])
+                    self.stats["copies_avoided" if contiguous[k] else "copies_made"] += 1
+                else:
+                    entry = (id(symbol), None, 0, _groups(slabs[:, k], codes[:, k], r), False,
+                             None)
+                    self.stats["copies_made"] += 1
                 b.inputs.append(entry)
                 b.targets[id(symbol)] = entry
                 k += 1
@@ -165,8 +178,11 @@ class Segment:
         for b in self.plan:
             n = b.n
             env = {}
-            for symbol, slab, lo, rows, _, cols in b.inputs:
-                a = slabs[slab] if cols is None else slabs[slab][..., cols[0]:cols[1]]
+            for symbol, slab, lo, rows, _, view in b.inputs:
+                if slab is None:  # rows in several slabs or forms: gathered group by group
+                    env[symbol] = _gather_groups(xp, slabs, rows, n)
+                    continue
+                a = slabs[slab] if view is None else view.of(slabs[slab])
                 env[symbol] = a[lo:lo + n] if rows is None else a[rows]
             for symbol, t in b.shared:
                 env[symbol] = t._array
@@ -188,14 +204,13 @@ class Segment:
 
     def seed(self, value, grad):
         """Add ``grad`` (None: 1) to the gradient of ``value``, a LazyTensor of this segment
-        (a view's into its columns of the base's row)."""
+        (a view's into the base's row, through the view)."""
         local = value._index - self.start
         gslab, row = self.gslabs[self.node_slab[local]], self.row_of[local]
         view = getattr(value, "_key", None)
-        if view is None:
-            gslab[row] += 1 if grad is None else grad
-        else:
-            gslab[row, ..., view.start:view.stop] += 1 if grad is None else grad
+        if view is not None:
+            gslab = view.of(gslab)
+        gslab[row] += 1 if grad is None else grad
 
     add_grad = seed
 
@@ -231,7 +246,7 @@ class Segment:
                 for symbol, g in zip(rows_kernel.wrt, grads):
                     target = b.targets[symbol]
                     if isinstance(target, tuple):
-                        self._scatter(gslabs[target[1]], target, g, n)
+                        self._scatter(gslabs, target, g, n)
                     else:
                         _add_param(params, target, g)
             if shared_kernel is not None:
@@ -244,10 +259,14 @@ class Segment:
         tagger, 2 threads, both cores busy with other work: 3.6 s a step against 0.125 s)."""
         return kernels.team_products(self.xp is np and kernels.team_ready())
 
-    def _scatter(self, gslab, target, g, n):
-        _, _, lo, rows, unique, cols = target
-        if cols is not None:
-            gslab = gslab[..., cols[0]:cols[1]]
+    def _scatter(self, gslabs, target, g, n):
+        _, slab, lo, rows, unique, view = target
+        if slab is None:  # group by group
+            for slab, view, positions, rows, unique in rows:
+                self._scatter(gslabs, (None, slab, 0, rows, unique, view), g[positions],
+                              len(positions))
+            return
+        gslab = gslabs[slab] if view is None else view.of(gslabs[slab])
         if rows is None:
             gslab[lo:lo + n] += g
             self.stats["scatter_avoided"] += 1
@@ -282,24 +301,24 @@ class Segment:
                 env[id(f)] = terms[0].env[id(f)]
                 continue
             spans = [b.targets.get(id(f)) for b in terms]  # (an operand read as a view)
-            cols = None
+            view = None
             if any(not isinstance(t, tuple) or t[3] is not None for t in spans):
                 spans = None
             else:
-                cols = spans[0][5]
+                view = spans[0][5]
                 spans = [(t[1], t[2], b.n) for t, b in zip(spans, terms)]
-            env[id(f)] = self._joined(self.slabs, spans, [b.env[id(f)] for b in terms], cols)
+            env[id(f)] = self._joined(self.slabs, spans, [b.env[id(f)] for b in terms], view)
         grads = kernel.run(cotangents, env, total, self.xp)
         self.stats["plus_products"] += 1
         self.stats["plus_products_saved"] += len(terms) - 1
         for position, g in zip(sig.shared_grads(), grads):
             _add_param(params, sig.shared[position], g)
 
-    def _joined(self, slabs, spans, arrays, cols=None):
+    def _joined(self, slabs, spans, arrays, view=None):
         """The rows of several batches as one array: a view where their ``spans`` ((slab,
-        first row, rows) each) follow each other in one slab, else one copy. ``cols``: the
-        spans' rows are a view's base rows, of which it reads these columns (``arrays``, if
-        given, are the view's own values)."""
+        first row, rows) each) follow each other in one slab, else one copy. ``view``: the
+        spans' rows are a view's base rows, read through it (``arrays``, if given, are the
+        view's own values)."""
         if spans is not None:
             slab, lo, _ = spans[0]
             end = lo
@@ -311,9 +330,9 @@ class Segment:
                 if len(spans) > 1:
                     self.stats["plus_copies_avoided"] += 1
                 rows = slabs[slab][lo:end]
-                return rows if cols is None else rows[..., cols[0]:cols[1]]
+                return rows if view is None else view.of(rows)
         if arrays is None:
-            arrays = [slabs[s][r:r + n] if cols is None else slabs[s][r:r + n, ..., cols[0]:cols[1]]
+            arrays = [slabs[s][r:r + n] if view is None else view.of(slabs[s][r:r + n])
                       for s, r, n in spans]
         self.stats["plus_copies"] += 1
         return self.xp.concatenate(arrays)
@@ -327,6 +346,29 @@ class Segment:
 def _add_param(params, t, g):
     entry = params.get(id(t))
     params[id(t)] = (t, g if entry is None else entry[1] + g)
+
+
+def _groups(slabs, codes, rows):
+    """An operand's rows split by (slab, view): (slab, view, positions in the batch, rows,
+    whether the rows are distinct) each."""
+    form = slabs * len(views.BY_CODE) + codes
+    groups = []
+    for f in np.unique(form).tolist():
+        positions = np.flatnonzero(form == f)
+        r = rows[positions]
+        groups.append((int(slabs[positions[0]]), views.BY_CODE[int(codes[positions[0]])],
+                       positions, r, _unique(r, False)))
+    return groups
+
+
+def _gather_groups(xp, slabs, groups, n):
+    out = None
+    for slab, view, positions, rows, _ in groups:
+        part = (slabs[slab] if view is None else view.of(slabs[slab]))[rows]
+        if out is None:
+            out = xp.empty((n,) + tuple(part.shape[1:]), part.dtype)
+        out[positions] = part
+    return out
 
 
 def _ranks(groups, num_groups):

@@ -33,7 +33,7 @@ class Signature:
     shared value (a Tensor or a 0-d constant array). Kernels are built on first use."""
 
     __slots__ = ("id", "op", "attrs", "row_avals", "shared", "out", "grad_enabled", "nodes",
-                 "arg_rows", "arity", "_forward", "label", "can_grad", "local", "views")
+                 "arg_rows", "arity", "_forward", "label", "can_grad", "local")
 
     def __init__(self, sig_id, op, attrs, row_avals, shared, grad_enabled):
         self.id = sig_id
@@ -53,7 +53,6 @@ class Signature:
             raise GraphError(f"op '{op.name}' has no batching rule, so it cannot run under "
                              f"mc.autobatch; compute it outside the block"
                              + format_location(user_location()))
-        self.views = [None] * len(row_avals)  # per operand: the ViewKey it reads (scope.py)
         self.nodes = []  # indices of the recorded nodes of this signature, in recording order
         self.arg_rows = []  # flat: per node, the source id of each per-row operand
         self._forward = None
