@@ -576,6 +576,25 @@ def test_lstm_cell_equals_its_composition_and_gradchecks(data, forget, hidden):
         mc.lstm_cell(t(np.zeros((3 + forget) * hidden + 1)), *cs)
 
 
+@covers("linear")
+@given(data=st.data(), inputs=st.integers(1, 3), outputs=st.integers(1, 3))
+def test_linear_is_the_product_plus_the_bias_and_traces_as_both(data, inputs, outputs):
+    """linear(x, W, b) = x·W + b (one op eagerly and under autobatch) for any leading axes of
+    x; gradients by finite differences; traced, it is a matmul and an add; a bias that does
+    not broadcast into the product is named."""
+    batch = data.draw(shapes(max_dims=2, max_side=3))
+    x = t(data.draw(float_arrays(batch + (inputs,), bound=2.0)), True)
+    W = t(data.draw(float_arrays((inputs, outputs), bound=1.0)), True)
+    b = t(data.draw(float_arrays((outputs,), bound=1.0)), True)
+    check(mc.linear(x, W, b), x.numpy() @ W.numpy() + b.numpy(), rtol=1e-12, atol=1e-14)
+    assert mc.gradcheck(mc.linear, [x, W, b])
+    graph = mc.trace(lambda x, W, b: mc.linear(x, W, b), mc.spec(x.shape, "float64"),
+                     mc.spec(W.shape, "float64"), mc.spec(b.shape, "float64"))
+    assert [n.op.name for n in graph.op_nodes()] == ["matmul", "add"]
+    with pytest.raises(mc.ShapeError, match="op 'linear': the bias has shape"):
+        mc.linear(x, W, t(np.zeros(outputs + 1)))
+
+
 @covers("lstm_step")
 @given(data=st.data(), inputs=st.integers(1, 3), hidden=st.integers(1, 3))
 def test_lstm_step_equals_its_composition_and_gradchecks(data, inputs, hidden):

@@ -15,6 +15,7 @@ parameter gradient of ``x @ W`` over a batch is one product Xᵀ·G, as in ∂F.
 """
 
 import contextlib
+from collections import Counter
 
 import numpy as np
 
@@ -181,12 +182,17 @@ class BatchedKernel:
                 return (BackwardKernel(self, rows) if rows else None), \
                     BackwardKernel(self, shared)
             # The rows' ∂ hands on the cotangents of the ops reading the shared operands; the
-            # shared operands' ∂ starts from them, not again from the batch's cotangent.
+            # shared operands' ∂ starts from them, not again from the batch's cotangent —
+            # where that saves work: the whole kernel's ∂ would recompute ops (lstm_step's
+            # cell gradient), not only pass the cotangent through (linear's sum).
+            whole = BackwardKernel(self, shared)
+            tail = BackwardKernel(self, shared, graph=Graph(readers, [], readers))
+            if not Counter(whole.op_names()) - Counter(tail.op_names()):
+                return BackwardKernel(self, rows), whole
             rows_kernel = BackwardKernel(self, rows, also=readers)
-            tail = Graph(readers, [], readers)
             handed = rows_kernel.outputs[len(rows):]
-            first = [next(i for i, h in enumerate(handed) if h is o) for o in handed]
-            return rows_kernel, BackwardKernel(self, shared, graph=tail, same_as=first)
+            tail.same_as = [next(i for i, h in enumerate(handed) if h is o) for o in handed]
+            return rows_kernel, tail
         wrt = rows + shared
         return (BackwardKernel(self, wrt) if wrt else None), None
 
@@ -225,6 +231,9 @@ class BackwardKernel:
         self.steps = _steps(self.graph)
         # Refs with the vertex axis are rows of the batch; others (a parameter) are shared.
         self.ref_is_row = [row_domain(f.shape) is not None for f, _ in self.refs]
+
+    def op_names(self):
+        return [node.op.name for node, _, _ in self.steps[0]]
 
     def run(self, cotangents, forward_env, n, xp):
         env = {id(c): v for c, v in zip(self.cotangents, cotangents)}

@@ -60,6 +60,8 @@ class Symbol(OperatorMixin):
 
     @classmethod
     def __minicavs_apply__(cls, op, args, attrs):
+        if op.expand is not None:  # a fused op: its primitives go into the graph
+            return op.expand(*args, **attrs)
         tracer = _current_tracer(op)
         return tracer.record(op, args, attrs)
 

@@ -107,8 +107,8 @@ class BiLSTMTagger(_Plain):
         xs = [self.word_vector(w) for w in words]
         forward = self.fwd.run(xs)
         backward = self.bwd.run(xs[::-1])[::-1]
-        return [ops.tanh(ops.concat([f, b]) @ self.W1 + self.b1) @ self.W2 + self.b2
-                for f, b in zip(forward, backward)]
+        return [ops.linear(ops.tanh(ops.linear(ops.concat([f, b]), self.W1, self.b1)), self.W2,
+                           self.b2) for f, b in zip(forward, backward)]
 
     def loss(self, sentence):
         """The summed tagging loss of one sentence (a list of (word, tag))."""
@@ -148,15 +148,16 @@ class PlainTreeLSTM(_Plain):
         kids = tree.children[v]
         if not kids:
             x = ops.embedding(self.E, np.array(max(int(tree.words[v]), 0)))
-            hc = ops.lstm_cell(x @ self.W + self.bW)  # gates i, o, u
+            hc = ops.lstm_cell(ops.linear(x, self.W, self.bW))  # gates i, o, u
         else:
             (hl, cl), (hr, cr) = self.encode(tree, kids[0]), self.encode(tree, kids[-1])
-            hc = ops.lstm_cell(ops.concat([hl, hr]) @ self.U + self.bU, cl, cr)  # i, fl, fr, o, u
+            gates = ops.linear(ops.concat([hl, hr]), self.U, self.bU)  # i, fl, fr, o, u
+            hc = ops.lstm_cell(gates, cl, cr)
         h, c = ops.split(hc, 2)
         return h, c
 
     def scores(self, tree):
-        return self.encode(tree)[0] @ self.O + self.bO
+        return ops.linear(self.encode(tree)[0], self.O, self.bO)
 
     def loss(self, tree):
         return ops.softmax_cross_entropy(self.scores(tree), np.array(int(tree.labels[-1])))

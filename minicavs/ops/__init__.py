@@ -12,14 +12,14 @@ from .reduce import (all, any, argmax, argmin, cumsum, logsumexp, max, mean, min
                      sum, var)
 from .shape import (broadcast_to, concat, expand_dims, flatten, pad, pad_axis, repeat, reshape,
                     slice_axis, split, squeeze, stack, tile, transpose, tril, triu)
-from .linalg import matmul
+from .linalg import linear, matmul
 from .index import embedding, one_hot, scatter_add_rows, take_rows
 from .indexing import flip, gather, masked_fill, moveaxis, roll, take
 from .activations import (clip, elu, gelu, hardtanh, leaky_relu, log_softmax, silu, softmax,
                           softplus)
 from .loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy,
                    nll_loss, softmax_cross_entropy)
-from .composite import linear, lstm_gates
+from .composite import lstm_gates
 from .cells import lstm_cell, lstm_step
 from .arithmetic import (allclose, copysign, floor_divide, fmod, isclose, mod, remainder,
                          trunc)

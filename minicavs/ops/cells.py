@@ -200,8 +200,13 @@ def _step_batch(op, items, attrs, out):
     return apply(LSTM_CELL, pre, c)
 
 
+def _step_expand(x, state, W, U, b):
+    pre, c, _, _, _ = _step_composed(x, state, W, U, b)
+    return apply(LSTM_CELL, pre, c)
+
+
 LSTM_STEP = register(Op("lstm_step", _step_forward, _step_infer, _step_vjp, batch=_step_batch,
-                        promotes="all",
+                        promotes="all", expand=_step_expand,
                         argument_names=("x", "state", "W", "U", "b")))
 
 

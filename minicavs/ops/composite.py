@@ -1,13 +1,7 @@
 """Composite functions, written with primitives only: their gradients come for free, and
 fusion sees through them."""
 
-from . import elementwise as ew, linalg, shape
-
-
-def linear(x, weight, bias=None):
-    """``x @ weight + bias`` with ``weight`` of shape (in, out)."""
-    y = linalg.matmul(x, weight)
-    return y if bias is None else y + bias
+from . import elementwise as ew, shape
 
 
 def lstm_gates(preactivation, c_prev):

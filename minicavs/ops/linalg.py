@@ -144,3 +144,52 @@ MATMUL = register(Op("matmul", _product, _infer_matmul, _matmul_vjp,
 
 def matmul(a, b):
     return apply(MATMUL, a, b)
+
+
+# --- x·W + b as one node ----------------------------------------------------------------------
+
+def _linear_forward(xp, x, weight, bias):
+    out = _product(xp, x, weight)
+    out += bias
+    return out
+
+
+def _infer_linear(x, weight, bias):
+    product = _infer_matmul(x, weight)
+    p, q = tuple(product.shape), tuple(bias.shape)
+    if len(q) > len(p) or any(d not in (1, e) for d, e in zip(q[::-1], p[::-1])):
+        raise ShapeError(f"op 'linear': the bias has shape {describe(bias.shape)}, which does "
+                         f"not broadcast into the product's {describe(product.shape)}")
+    return Aval(tuple(product.shape), common_dtype("linear", (x, weight, bias)))
+
+
+def _linear_vjp(g, out, x, weight, bias):
+    grad_x, grad_w = _matmul_vjp(g, out, x, weight)
+    return grad_x, grad_w, elementwise.unbroadcast(g, tuple(bias.shape))
+
+
+def _batch_linear(op, items, attrs, out):
+    """The product and the sum, each by its own rule."""
+    (x, dx), (w, dw), (b, db) = items
+    product = _batch_matmul(MATMUL, [(x, dx), (w, dw)], {}, out) if dx or dw \
+        else matmul(x, w)
+    return batching.elementwise_rule(elementwise.ADD, [(product, dx or dw), (b, db)], {}, out)
+
+
+def _expand_linear(x, weight, bias):
+    return elementwise.add(matmul(x, weight), bias)
+
+
+# One node for eager code and automatic batching (nn.Linear, an MLP per word: half the nodes
+# of a product and a sum); traced, it is the product and the sum (``expand``), which fusion
+# and the backends see as before.
+LINEAR = register(Op("linear", _linear_forward, _infer_linear, _linear_vjp,
+                     batch=_batch_linear, promotes="all", expand=_expand_linear,
+                     argument_names=("x", "weight", "bias")))
+
+
+def linear(x, weight, bias=None):
+    """``x @ weight + bias`` with ``weight`` of shape (in, out); one op (``LINEAR``)."""
+    if bias is None:
+        return matmul(x, weight)
+    return apply(LINEAR, x, weight, bias)

@@ -54,6 +54,11 @@ asks the op, never its name. A rule an op does not declare has a safe meaning, s
   ``idx[i]`` of the output (scatter_add_rows); a row whose index is -1 is zero, or unused
   (``rows.index_rows(idx)``: the range of the others).
 
+* ``expand(*args, **attrs)``: the op written with other primitives. An op that is a fusion
+  of primitives for eager code and automatic batching (one node instead of several:
+  ``linear``, ``lstm_step``) is expanded while tracing (Symbols), so traced graphs — and the
+  passes and backends that read them — hold only the primitives. None: traced as itself.
+
 and, for type promotion (below):
 
 * ``promotes``: the argument positions brought to one dtype before the op runs (a tuple, or
@@ -95,7 +100,7 @@ class Op:
                  quiet_overflow=False, commutative=False, associative=False, zero_rows=None,
                  join=None, keeps_rows=False, assembles_in_place=False, row_index_arg=None,
                  on_nonzero_rows=None, native=None, promotes=(), promotes_to_float=False,
-                 argument_names=None):
+                 argument_names=None, expand=None):
         if in_place and into is None:
             raise ValueError(f"op {name!r}: in_place needs a writer (into)")
         self.name = name
@@ -119,6 +124,7 @@ class Op:
         self.native = native
         self.promotes, self.promotes_to_float = promotes, promotes_to_float
         self.argument_names = argument_names
+        self.expand = expand
 
     def argument_name(self, i):
         names = self.argument_names
