@@ -49,6 +49,7 @@ def _unary(code, h, p):
         lambda h: h[1:].sum() * p["b"] + h,
         lambda h: mc.lstm_cell(h @ p["Wg"] + p["bg"], h[D // 2:]),  # [h, c] of H = D / 2
         lambda h: mc.lstm_step(mc.tanh(h), h, p["Wg"], p["Ug"], p["bg"]),  # h is a state
+        lambda h: mc.lstm_step(mc.linear(h, p["Wg"], p["bg"]), h, p["Ug"]),  # gates first
     ]
     return ops[code % len(ops)](h)
 
@@ -111,7 +112,7 @@ def _run(samples, strategy, branch_reads, seed=0):
 samples_st = st.lists(
     st.tuples(st.sampled_from(["sequence", "tree", "dag"]),
               st.lists(st.integers(0, 6), min_size=1, max_size=5),
-              st.lists(st.integers(0, 11), min_size=1, max_size=4),  # _unary's 12 ops
+              st.lists(st.integers(0, 12), min_size=1, max_size=4),  # _unary's 13 ops
               st.integers(0, 2**31 - 1), st.integers(0, D - 1)),
     min_size=1, max_size=5)
 

@@ -73,6 +73,8 @@ def _cases():
              lambda r: [f(r, 3, 10), f(r, 3, 2), f(r, 3, 2)], mc.lstm_cell),
         Case("lstm_step (x·W + h·U + b, the cell) and its gradient",
              lambda r: [f(r, 3, 4), f(r, 3, 4), f(r, 4, 8), f(r, 2, 8), f(r, 8)], mc.lstm_step),
+        Case("lstm_step, the input's gates computed beforehand",
+             lambda r: [f(r, 3, 8), f(r, 3, 4), f(r, 2, 8)], mc.lstm_step),
         Case("linear", lambda r: [f(r, 3, 4), f(r, 4, 5), f(r, 5)], mc.linear),
         Case("conv2d max_pool2d conv_transpose2d (unfold, fold)",
              lambda r: [f(r, 2, 3, 6, 5), f(r, 4, 3, 3, 2), f(r, 4, 2, 2, 2)],

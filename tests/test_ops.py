@@ -610,6 +610,11 @@ def test_lstm_step_equals_its_composition_and_gradchecks(data, inputs, hidden):
     expected = mc.lstm_cell(mc.matmul(x, W) + mc.matmul(h, U) + b, c)
     check(mc.lstm_step(x, state, W, U, b), expected.numpy(), rtol=1e-12, atol=1e-14)
     assert mc.gradcheck(mc.lstm_step, [x, state, W, U, b])
+    gates = mc.linear(x, W, b)  # the input's part computed beforehand
+    check(mc.lstm_step(gates, state, U), expected.numpy(), rtol=1e-12, atol=1e-14)
+    assert mc.gradcheck(mc.lstm_step, [t(gates.numpy(), True), state, U])
+    with pytest.raises(mc.ShapeError, match=r"argument 0 \(gates\) has shape"):
+        mc.lstm_step(x, state, U) if inputs != 4 * hidden else mc.lstm_step(state, state, U)
     with pytest.raises(mc.ShapeError, match=r"argument 1 \(state\) has shape"):
         mc.lstm_step(x, t(np.zeros(batch + (2 * hidden + 1,))), W, U, b)
     with pytest.raises(mc.ShapeError, match=r"argument 3 \(U\) has shape"):

@@ -204,7 +204,7 @@ class BatchedKernel:
         keys = {s.key for s in shared}
         readers = [n for n in self.graph.nodes if n.kind == "op" and any(
             x.key in keys for i, x in enumerate(n.inputs) if i not in n.op.nondiff_args)]
-        if readers == [self.output]:
+        if len(readers) == 1 and readers[0] is self.output:  # (Symbols compare by identity)
             return None
         reader_keys = {n.key for n in readers}
         if any(x.key in reader_keys for n in readers for x in n.inputs):

@@ -37,9 +37,10 @@ class _Plain:
 
 
 class _LSTM(_Plain):
-    """One LSTM direction, a step per input: ``mc.lstm_step`` (gates [i, f, o, u] =
-    x·W + h·U + b, then the cell) on the state [h, c], as DyNet's ``VanillaLSTMBuilder`` runs
-    a step as one node (``vanilla_lstm_gates``)."""
+    """One LSTM direction: the input's part of the gates, x·W + b (``mc.linear``), which does
+    not wait for the previous step — under autobatch one product over every step's input —
+    then per step ``mc.lstm_step(gates, state, U)``: + h·U and the cell on the state [h, c],
+    one node (DyNet's ``VanillaLSTMBuilder`` runs a step as one node too)."""
 
     def __init__(self, rng, inputs, hidden, dtype):
         self.W = _uniform(rng, (inputs, 4 * hidden), dtype)
@@ -52,7 +53,7 @@ class _LSTM(_Plain):
         state = tensor(np.zeros(2 * self.hidden, self.dtype))  # [h, c]
         out = []
         for x in xs:
-            state = ops.lstm_step(x, state, self.W, self.U, self.b)
+            state = ops.lstm_step(ops.linear(x, self.W, self.b), state, self.U)
             out.append(ops.slice_axis(state, 0, self.hidden))
         return out
 

@@ -133,53 +133,80 @@ def lstm_cell(pre, *c_prev):
 
 
 # --- a chain LSTM's step, fused -----------------------------------------------------------------
+# Operands: (x, state, W, U, b), or (gates, state, U) with gates = x·W + b computed beforehand.
 
-def _step_forward(xp, x, state, W, U, b):
+_FULL, _HOISTED = ("x", "state", "W", "U", "b"), ("gates", "state", "U")
+
+
+def _step_forward(xp, *args):
+    state, U = args[1], args[-2 if len(args) == 5 else -1]
     H = U.shape[0]
-    pre = linalg._product(xp, x, W)
-    pre += linalg._product(xp, state[..., :H], U)
-    pre += b
+    pre = linalg._product(xp, state[..., :H], U)
+    if len(args) == 5:  # (the order of the sums is the composition's: x·W + h·U + b)
+        x, _, W, _, b = args
+        pre = linalg._product(xp, x, W) + pre
+        pre += b
+    else:
+        pre = args[0] + pre
     return _forward(xp, pre, state[..., H:])
 
 
-def _step_infer(x, state, W, U, b):
-    names = ("x", "state", "W", "U", "b")
-    for i, a in enumerate((x, state, W, U, b)):
+def _step_infer(*args):
+    names = _FULL if len(args) == 5 else _HOISTED
+    if len(args) not in (3, 5):
+        raise ShapeError(f"op 'lstm_step': takes (x, state, W, U, b) or (gates, state, U), got "
+                         f"{len(args)} operands")
+    first = args[0]
+    for i, a in enumerate(args):
         require_float("lstm_step", a, i)
-        if np.dtype(a.dtype) != np.dtype(x.dtype):
+        if np.dtype(a.dtype) != np.dtype(first.dtype):
             raise ShapeError(f"op 'lstm_step': argument {i} ({names[i]}) has dtype {a.dtype}, "
-                             f"argument 0 (x) has {x.dtype}; they must agree")
+                             f"argument 0 ({names[0]}) has {first.dtype}; they must agree")
+    U = args[names.index("U")]
+    u_at = names.index("U")
     if len(U.shape) != 2 or not U.shape[0] or U.shape[1] != 4 * U.shape[0]:
-        raise ShapeError(f"op 'lstm_step': argument 3 (U) has shape {describe(U.shape)}; "
+        raise ShapeError(f"op 'lstm_step': argument {u_at} (U) has shape {describe(U.shape)}; "
                          f"expected (H, 4H), the hidden state times gates i, f, o, u")
-    if not len(x.shape):
-        raise ShapeError("op 'lstm_step': argument 0 (x) is a scalar; expected (..., E) inputs")
-    H, E = U.shape[0], x.shape[-1]
-    for i, expected in ((1, tuple(x.shape[:-1]) + (2 * H,)), (2, (E, 4 * H)), (4, (4 * H,))):
-        got = (x, state, W, U, b)[i].shape
-        if tuple(got) != expected:
-            raise ShapeError(f"op 'lstm_step': argument {i} ({names[i]}) has shape "
-                             f"{describe(got)}; with x of shape {describe(x.shape)} and U of "
-                             f"shape {describe(U.shape)} expected {describe(expected)}")
-    return Aval(tuple(x.shape[:-1]) + (2 * H,), np.dtype(x.dtype))
+    if not len(first.shape):
+        raise ShapeError(f"op 'lstm_step': argument 0 ({names[0]}) is a scalar; expected "
+                         f"(..., {'E' if len(args) == 5 else '4H'}) rows")
+    H, lead = U.shape[0], tuple(first.shape[:-1])
+    expected = {"state": lead + (2 * H,), "W": (first.shape[-1], 4 * H), "b": (4 * H,),
+                "gates": lead + (4 * H,)}
+    for i, name in enumerate(names):
+        if name in expected and tuple(args[i].shape) != expected[name]:
+            raise ShapeError(f"op 'lstm_step': argument {i} ({name}) has shape "
+                             f"{describe(args[i].shape)}; with {names[0]} of shape "
+                             f"{describe(first.shape)} and U of shape {describe(U.shape)} "
+                             f"expected {describe(expected[name])}")
+    return Aval(lead + (2 * H,), np.dtype(first.dtype))
 
 
-def _step_composed(x, state, W, U, b):
-    """The step as primitives: (the cell's gate pre-activations, c, x·W, h, h·U)."""
+def _step_composed(*args):
+    """The step as primitives: (the cell's gate pre-activations, c, h, h·U, x·W or None)."""
+    state, U = args[1], args[-2 if len(args) == 5 else -1]
     H = U.shape[0]
     h, c = shape.slice_axis(state, 0, H), shape.slice_axis(state, H, 2 * H)
-    xw, hu = linalg.matmul(x, W), linalg.matmul(h, U)
-    return elementwise.add(elementwise.add(xw, hu), b), c, xw, h, hu
+    hu = linalg.matmul(h, U)
+    if len(args) == 5:
+        x, _, W, _, b = args
+        xw = linalg.matmul(x, W)
+        return elementwise.add(elementwise.add(xw, hu), b), c, h, hu, xw
+    return elementwise.add(args[0], hu), c, h, hu, None
 
 
-def _step_vjp(g, out, x, state, W, U, b):
-    pre, c, xw, h, hu = _step_composed(x, state, W, U, b)
+def _step_vjp(g, out, *args):
+    pre, c, h, hu, xw = _step_composed(*args)
+    state, U = args[1], args[-2 if len(args) == 5 else -1]
     d_pre, d_c = _vjp(g, out, pre, c)
-    d_x, d_W = linalg._matmul_vjp(d_pre, xw, x, W)
     d_h, d_U = linalg._matmul_vjp(d_pre, hu, h, U)
     if d_h is None and needs_grad(state):  # (h was sliced here, with no gradient of its own)
         d_h = linalg.matmul(d_pre, shape.transpose(U))
     d_state = None if d_h is None else shape.concat([d_h, d_c], axis=-1)
+    if len(args) == 3:
+        return d_pre, d_state, d_U
+    x, _, W, _, b = args
+    d_x, d_W = linalg._matmul_vjp(d_pre, xw, x, W)
     return d_x, d_state, d_W, d_U, elementwise.unbroadcast(d_pre, tuple(b.shape))
 
 
@@ -187,30 +214,41 @@ def _step_batch(op, items, attrs, out):
     """The step as primitives on the batch's rows (each through its own batching rule)."""
     domain = next(d for _, d in items if d)
     rows = batching.row_count(domain)
-    (x, dx), (state, ds), (W, dW), (U, dU), (b, db) = items
-    x = x if dx else shape.broadcast_to(x, (rows,) + tuple(x.shape))
-    state = state if ds else shape.broadcast_to(state, (rows,) + tuple(state.shape))
     H = out.shape[-1] // 2
-    h, c = shape.slice_axis(state, 0, H), shape.slice_axis(state, H, 2 * H)
     gates = Aval(tuple(out.shape[:-1]) + (4 * H,), out.dtype)
-    xw = linalg.MATMUL.batch(linalg.MATMUL, [(x, domain), (W, dW)], {}, gates)
-    hu = linalg.MATMUL.batch(linalg.MATMUL, [(h, domain), (U, dU)], {}, gates)
+
+    def per_row(item):
+        s, d = item
+        return s if d else shape.broadcast_to(s, (rows,) + tuple(s.shape))
+
+    state = per_row(items[1])
+    h, c = shape.slice_axis(state, 0, H), shape.slice_axis(state, H, 2 * H)
+    hu = linalg.MATMUL.batch(linalg.MATMUL, [(h, domain), items[-2 if len(items) == 5 else -1]],
+                             {}, gates)
+    if len(items) == 3:
+        return apply(LSTM_CELL, elementwise.add(per_row(items[0]), hu), c)
+    xw = linalg.MATMUL.batch(linalg.MATMUL, [(per_row(items[0]), domain), items[2]], {}, gates)
     pre = elementwise.add(xw, hu)
-    pre = batching.elementwise_rule(elementwise.ADD, [(pre, domain), (b, db)], {}, gates)
+    pre = batching.elementwise_rule(elementwise.ADD, [(pre, domain), items[4]], {}, gates)
     return apply(LSTM_CELL, pre, c)
 
 
-def _step_expand(x, state, W, U, b):
-    pre, c, _, _, _ = _step_composed(x, state, W, U, b)
+def _step_expand(*args):
+    pre, c, _, _, _ = _step_composed(*args)
     return apply(LSTM_CELL, pre, c)
 
 
 LSTM_STEP = register(Op("lstm_step", _step_forward, _step_infer, _step_vjp, batch=_step_batch,
-                        promotes="all", expand=_step_expand,
-                        argument_names=("x", "state", "W", "U", "b")))
+                        promotes="all", expand=_step_expand, argument_names=_FULL))
 
 
-def lstm_step(x, state, W, U, b):
+def lstm_step(x, state, W, U=None, b=None):
     """The next [h, c] of a chain LSTM from input ``x`` and ``state`` = [h, c] (see the module
-    docstring): gates [i, f, o, u] = x·W + h·U + b; ``h, c = split(result, 2)``."""
+    docstring): gates [i, f, o, u] = x·W + h·U + b; ``h, c = split(result, 2)``.
+
+    ``lstm_step(gates, state, U)``: the input's part of the gates, ``x·W + b``, computed
+    beforehand — for every step at once, one product over all the steps' inputs (the input
+    projection cuDNN hoists out of the recurrence); the step adds ``h·U`` and runs the cell."""
+    if U is None and b is None:
+        return apply(LSTM_STEP, x, state, W)  # (W in the place of U)
     return apply(LSTM_STEP, x, state, W, U, b)
