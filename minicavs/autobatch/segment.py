@@ -84,7 +84,14 @@ class Segment:
             return slab_ids.setdefault(key, len(slab_ids))
 
         leaf_values = [v._array if isinstance(v, Tensor) else v for v in leaves]
-        leaf_slab = np.array([slab_of(v) for v in leaf_values], dtype=np.int64)
+        by_form = {}  # (shape, dtype) as the arrays hold them -> slab (thousands of word ids)
+        leaf_slab = np.empty(len(leaf_values), dtype=np.int64)
+        for j, v in enumerate(leaf_values):
+            form = (v.shape, v.dtype)
+            slab = by_form.get(form)
+            if slab is None:
+                slab = by_form[form] = slab_of(v)
+            leaf_slab[j] = slab
         out_slab = np.array([slab_of(sig.out) for sig in active], dtype=np.int64)
         num_slabs = len(slab_ids)
         leaf_row, leaf_count = _ranks(leaf_slab, num_slabs)
@@ -112,9 +119,9 @@ class Segment:
         for value, i in zip(leaf_values, leaf_slab.tolist()):
             members[i].append(value)
         for slab, values in zip(self.slabs, members):
-            if values:
-                slab[:len(values)] = xp.stack(values if xp is np else
-                                              [xp.asarray(v) for v in values])
+            if values:  # (np.array of a list of arrays of one shape stacks them, 10x np.stack)
+                slab[:len(values)] = np.array(values) if xp is np else \
+                    xp.stack([xp.asarray(v) for v in values])
         self.plan = [self._plan_batch(nodes, active, sig_of, tables, position, lookup,
                                       value_slab, out_slab, row_of) for nodes in batches]
         self.stats["batches"] = len(batches)
