@@ -18,8 +18,8 @@ def explain(scope, picture=True, max_batches=40):
             f"  forward gathers: {st['copies_made']} copied, {st['copies_avoided']} avoided "
             f"(operand rows already contiguous)")
         if st.get("views"):
-            lines.append(f"  views: {st['views']} slices of pending values read in place "
-                         f"(no node, no batch, no copy)")
+            lines.append(f"  views: {st['views']} slices or reshapes of pending values read in "
+                         f"place (no node, no batch, no copy)")
         if st["backward_s"]:
             lines.append(
                 f"  backward scatters: {st['scatter_made']} indexed, {st['scatter_avoided']} "
