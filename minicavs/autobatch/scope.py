@@ -129,7 +129,6 @@ class LazyView(LazyTensor):
         return value
 
 
-
 class AutoBatch:
     """``with mc.autobatch(strategy) as ab:`` — record per-sample eager code, run it batched.
 

@@ -309,7 +309,8 @@ class Segment:
                 continue
             spans = [b.targets.get(id(f)) for b in terms]  # (an operand read as a view)
             view = None
-            if any(not isinstance(t, tuple) or t[3] is not None for t in spans):
+            if any(not isinstance(t, tuple) or t[3] is not None or t[5] is not spans[0][5]
+                   for t in spans):  # (one form of view for all, or the values are joined)
                 spans = None
             else:
                 view = spans[0][5]
