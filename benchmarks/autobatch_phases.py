@@ -35,7 +35,7 @@ def chunks(task, batches):
     return [samples[i * 64:(i + 1) * 64] for i in range(batches)], samples, vocab
 
 
-def minicavs_phases(task, strategy, batches, threads):
+def minicavs_phases(task, strategy, batches, threads, hoist=False):
     import minicavs as mc
     from minicavs.models.plain import BiLSTMTagger, PlainTreeLSTM
     from minicavs.training import set_blas_threads
@@ -46,7 +46,8 @@ def minicavs_phases(task, strategy, batches, threads):
         model = PlainTreeLSTM(len(vocab))
     else:
         model = BiLSTMTagger([w for s in samples for w, _ in s],
-                             [t for s in samples for _, t in s], char_lstm=task == "tagger-char")
+                             [t for s in samples for _, t in s], char_lstm=task == "tagger-char",
+                             hoist=hoist)
     optimizer = mc.nn.SGD(model.parameters(), lr=0.01)
     rows = []
     for chunk in parts:
@@ -96,20 +97,25 @@ def main(argv=None):
     parser.add_argument("--strategy", default="agenda+")
     parser.add_argument("--batches", type=int, default=12, help="mini-batches of 64")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--hoist", action="store_true",
+                        help="the taggers' LSTMs with their input projections hoisted "
+                             "(BiLSTMTagger(hoist=True))")
+    parser.add_argument("--no-dynet", action="store_true", help="minicavs's phases only")
     parser.add_argument("--dynet-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.dynet_child:
         print(json.dumps(dynet_phases(args.task, args.batches).tolist()))
         return
-    ours = minicavs_phases(args.task, args.strategy, args.batches, args.threads)
+    ours = minicavs_phases(args.task, args.strategy, args.batches, args.threads, args.hoist)
     theirs = None
-    run = subprocess.run([sys.executable, __file__, args.task, "--batches", str(args.batches),
-                          "--dynet-child"], capture_output=True, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
-    try:
-        theirs = json.loads(run.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        print(f"(DyNet did not run: {run.stderr.strip().splitlines()[-1:] or 'no output'})")
+    if not args.no_dynet:
+        run = subprocess.run([sys.executable, __file__, args.task, "--batches",
+                              str(args.batches), "--dynet-child"], capture_output=True,
+                             text=True, env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
+        try:
+            theirs = json.loads(run.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            print(f"(DyNet did not run: {run.stderr.strip().splitlines()[-1:] or 'no output'})")
     print(f"{args.task}, 64 samples a mini-batch, median of {args.batches - 1}; minicavs "
           f"{args.strategy} ({int(ours[5])} nodes, {int(ours[6])} batches), {args.threads} "
           f"thread(s)")

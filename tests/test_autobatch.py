@@ -490,14 +490,15 @@ def test_no_grad_inside_the_block_stops_gradients():
 
 # --- the plain models, autobatched == eager ------------------------------------------------------
 
-def _tiny_tagger(char_lstm):
+def _tiny_tagger(char_lstm, hoist=False):
     from minicavs.models.plain import BiLSTMTagger
     sentences = [[("the", "DET"), ("cat", "NOUN"), ("sat", "VERB")],
                  [("a", "DET"), ("dog", "NOUN")],
                  [("the", "DET"), ("zebra", "NOUN"), ("ran", "VERB"), ("off", "ADP")]]
     words = [w for s in sentences for w, _ in s] + ["the", "the"]
     model = BiLSTMTagger(words, [t for s in sentences for _, t in s], embed=6, hidden=5,
-                         mlp=4, char_embed=3, rare=2, char_lstm=char_lstm, dtype=np.float64)
+                         mlp=4, char_embed=3, rare=2, char_lstm=char_lstm, dtype=np.float64,
+                         hoist=hoist)
     return model, sentences, model.loss
 
 
@@ -512,7 +513,8 @@ def _tiny_tree_lstm():
 
 
 @pytest.mark.parametrize("make", [lambda: _tiny_tagger(False), lambda: _tiny_tagger(True),
-                                  _tiny_tree_lstm], ids=["tagger", "tagger-char", "tree-lstm"])
+                                  lambda: _tiny_tagger(True, hoist=True), _tiny_tree_lstm],
+                         ids=["tagger", "tagger-char", "tagger-char-hoisted", "tree-lstm"])
 def test_plain_models_match_eager(make):
     model, samples, loss_of = make()
     eager = mc.sum(mc.stack([loss_of(s) for s in samples]))

@@ -37,23 +37,27 @@ class _Plain:
 
 
 class _LSTM(_Plain):
-    """One LSTM direction: the input's part of the gates, x·W + b (``mc.linear``), which does
-    not wait for the previous step — under autobatch one product over every step's input —
-    then per step ``mc.lstm_step(gates, state, U)``: + h·U and the cell on the state [h, c],
-    one node (DyNet's ``VanillaLSTMBuilder`` runs a step as one node too)."""
+    """One LSTM direction, a step per input: ``mc.lstm_step`` (gates [i, f, o, u] = x·W + h·U
+    + b, then the cell) on the state [h, c], one node a step, as DyNet's ``VanillaLSTMBuilder``
+    runs a step (``vanilla_lstm_gates``). ``hoist``: the input's part, x·W + b, as its own op
+    (``mc.linear``) before the step — it does not wait for the previous step, so under
+    autobatch it is one product over every step's input; the step adds h·U."""
 
-    def __init__(self, rng, inputs, hidden, dtype):
+    def __init__(self, rng, inputs, hidden, dtype, hoist=False):
         self.W = _uniform(rng, (inputs, 4 * hidden), dtype)
         self.U = _uniform(rng, (hidden, 4 * hidden), dtype)
         self.b = Parameter(np.zeros(4 * hidden, dtype))
-        self.hidden, self.dtype = hidden, dtype
+        self.hidden, self.dtype, self.hoist = hidden, dtype, hoist
 
     def run(self, xs):
         """The hidden state h after each input, in the order of ``xs``."""
         state = tensor(np.zeros(2 * self.hidden, self.dtype))  # [h, c]
         out = []
         for x in xs:
-            state = ops.lstm_step(ops.linear(x, self.W, self.b), state, self.U)
+            if self.hoist:
+                state = ops.lstm_step(ops.linear(x, self.W, self.b), state, self.U)
+            else:
+                state = ops.lstm_step(x, state, self.W, self.U, self.b)
             out.append(ops.slice_axis(state, 0, self.hidden))
         return out
 
@@ -65,10 +69,12 @@ class BiLSTMTagger(_Plain):
     """Part-of-speech tagger, plain per-sentence code (see the module docstring).
 
     ``words``: the training words (to build the vocabulary and find the rare ones);
-    ``tags``: the tag set; sentences are lists of ``(word, tag)``."""
+    ``tags``: the tag set; sentences are lists of ``(word, tag)``. ``hoist``: compute each
+    LSTM's input projection before its steps (``_LSTM``); off by default, as DyNet's builder
+    and the backward-batching paper's benchmark run it."""
 
     def __init__(self, words, tags, *, embed=128, hidden=256, mlp=32, char_lstm=False,
-                 char_embed=64, rare=5, seed=0, dtype=np.float32):
+                 char_embed=64, rare=5, seed=0, dtype=np.float32, hoist=False):
         rng = np.random.default_rng(seed)
         counts = Counter(words)
         self.vocab = {w: i + 1 for i, w in enumerate(sorted(counts))}  # 0: unknown
@@ -76,8 +82,8 @@ class BiLSTMTagger(_Plain):
         self.rare = {w for w, n in counts.items() if n < rare} if char_lstm else set()
         self.char_lstm = char_lstm
         self.E = _uniform(rng, (len(self.vocab) + 1, embed), dtype, scale=0.1)
-        self.fwd = _LSTM(rng, embed, hidden, dtype)
-        self.bwd = _LSTM(rng, embed, hidden, dtype)
+        self.fwd = _LSTM(rng, embed, hidden, dtype, hoist)
+        self.bwd = _LSTM(rng, embed, hidden, dtype, hoist)
         self.W1 = _uniform(rng, (2 * hidden, mlp), dtype)
         self.b1 = Parameter(np.zeros(mlp, dtype))
         self.W2 = _uniform(rng, (mlp, len(self.tag_ids)), dtype)
@@ -86,8 +92,8 @@ class BiLSTMTagger(_Plain):
             chars = sorted({ch for w in counts for ch in w})
             self.char_ids = {ch: i + 1 for i, ch in enumerate(chars)}
             self.C = _uniform(rng, (len(chars) + 1, char_embed), dtype, scale=0.1)
-            self.cfwd = _LSTM(rng, char_embed, embed // 2, dtype)
-            self.cbwd = _LSTM(rng, char_embed, embed // 2, dtype)
+            self.cfwd = _LSTM(rng, char_embed, embed // 2, dtype, hoist)
+            self.cbwd = _LSTM(rng, char_embed, embed // 2, dtype, hoist)
         self.dtype = dtype
 
     def parameters(self):
