@@ -22,7 +22,9 @@ split of its state), and under autobatch one batch instead of five per step. Its
 writes the step back as those primitives on the batch's rows, so a batched kernel, its ∂ and
 the parameter gradients of the ``+`` strategies are the primitives' own (``W``'s gradient is
 one product over every step's rows); only an eager call's VJP recomputes the two products
-(its ``out`` holds [h, c], not the gate pre-activations).
+(its ``out`` holds [h, c], not the gate pre-activations). ``lstm_step(gates, state, U)``
+takes the input's part, ``x·W + b``, computed beforehand (for all steps at once). Traced, the
+step is its primitives (``Op.expand``).
 """
 
 import numpy as np
