@@ -242,22 +242,12 @@ class AutoBatch:
         parts, sources, depth, needs_grad = [op, _tensor._grad_enabled], [], 0, False
         start = self.start
         for a in args:
-            if type(a) is LazyTensor:
-                parts.append(id(a._aval))  # (the cache entry keeps the aval alive)
+            kind = type(a)
+            if kind is LazyTensor or kind is LazyView:  # (a view: keyed by its shape, tagged)
+                parts.append(id(a._aval))  # (kept alive by the cache entry, or view_key)
                 i = a._index
                 if i >= start and a._scope is self:
-                    sources.append(i)
-                    if a._depth > depth:
-                        depth = a._depth
-                else:
-                    sources.append(self._leaf(a))
-                if a.requires_grad:
-                    needs_grad = True
-            elif type(a) is LazyView:  # keyed as a value of its shape, tagged as a view
-                parts.append(id(a._aval))  # (kept alive by views.view_key)
-                i = a._index
-                if i >= start and a._scope is self:
-                    sources.append(i + a._key.tag)
+                    sources.append(i if kind is LazyTensor else i + a._key.tag)
                     if a._depth > depth:
                         depth = a._depth
                 else:
