@@ -132,7 +132,8 @@ class Segment:
     def _plan_batch(self, nodes, active, sig_of, tables, position, lookup, value_slab,
                     out_slab, row_of):
         """A batch's operands: per per-row operand, (symbol id, slab, first row, rows or
-        None where they are one contiguous run, whether rows are distinct, view or None);
+        None where they are one contiguous run, whether rows are distinct (None: not known
+        yet), view or None);
         an operand whose rows lie in several slabs or forms (some read through views) has
         slab None and, in place of the rows, its groups (slab, view, positions, rows,
         distinct) — gathered into one array."""
@@ -158,7 +159,7 @@ class Segment:
                 r = rows[:, k]
                 if uniform[k]:
                     entry = (id(symbol), int(slabs[0, k]), int(r[0]),
-                             None if contiguous[k] else r, _unique(r, contiguous[k]),
+                             None if contiguous[k] else r, None,
                              views.BY_CODE[int(codes[0, k])])
                     self.stats["copies_avoided" if contiguous[k] else "copies_made"] += 1
                 else:
@@ -277,7 +278,7 @@ class Segment:
         if rows is None:
             gslab[lo:lo + n] += g
             self.stats["scatter_avoided"] += 1
-        elif unique:
+        elif unique or (unique is None and _unique(rows)):
             gslab[rows] += g
             self.stats["scatter_made"] += 1
         else:  # a value read twice by one batch: add each row's terms
@@ -358,14 +359,14 @@ def _add_param(params, t, g):
 
 def _groups(slabs, codes, rows):
     """An operand's rows split by (slab, view): (slab, view, positions in the batch, rows,
-    whether the rows are distinct) each."""
+    None: whether they are distinct, not asked yet) each."""
     form = slabs * len(views.BY_CODE) + codes
     groups = []
     for f in np.unique(form).tolist():
         positions = np.flatnonzero(form == f)
         r = rows[positions]
         groups.append((int(slabs[positions[0]]), views.BY_CODE[int(codes[positions[0]])],
-                       positions, r, _unique(r, False)))
+                       positions, r, None))
     return groups
 
 
@@ -389,9 +390,8 @@ def _ranks(groups, num_groups):
     return rank, counts
 
 
-def _unique(rows, contiguous):
-    if contiguous:
-        return True
+def _unique(rows):
+    """Whether a batch's gathered rows are distinct (asked only by a backward scatter)."""
     if len(rows) <= 256:  # (a set of a few Python ints costs a tenth of np.unique's call)
         return len(set(rows.tolist())) == len(rows)
     return len(np.unique(rows)) == len(rows)
