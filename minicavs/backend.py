@@ -119,9 +119,11 @@ def is_cupy_array(a):
 
 def get_array_module(*arrays, op=None):
     """Return numpy or cupy for ``arrays``; mixing the two is an error naming ``op``."""
-    # Scalars (Python or NumPy) combine with either kind of array.
+    # Scalars (Python or NumPy, and the 0-d arrays promotion makes of them) combine with either
+    # kind of array; the caller moves a 0-d array to the device (``scalars_to``).
     on_gpu = [is_cupy_array(a) for a in arrays
-              if a is not None and not isinstance(a, (int, float, bool, np.generic))]
+              if a is not None and not isinstance(a, (int, float, bool, np.generic))
+              and not (type(a) is np.ndarray and a.ndim == 0)]
     if any(on_gpu):
         if not all(on_gpu):
             where = f" in op '{op}'" if op else ""
@@ -129,6 +131,13 @@ def get_array_module(*arrays, op=None):
                              "move them to one device first")
         return _cupy
     return np
+
+
+def scalars_to(xp, arrays):
+    """``arrays`` with their 0-d NumPy arrays (promoted scalars, a label) made ``xp``'s."""
+    if xp is np:
+        return arrays
+    return [xp.asarray(a) if type(a) is np.ndarray and a.ndim == 0 else a for a in arrays]
 
 
 def to_device(array, device=None):

@@ -110,7 +110,12 @@ class Segment:
         lookup = np.concatenate([row_of, leaf_row])  # value id -> its row in its slab
         value_slab = np.concatenate([node_slab, leaf_slab])  # value id -> its slab
 
-        xp = backend.get_array_module(*leaf_values[:1]) if leaf_values else np
+        # CuPy when the data or the parameters are there (a word id stays a NumPy leaf, moved
+        # with the others into the slab)
+        on_device = [a for a in leaf_values if backend.is_cupy_array(a)] + [
+            s._array for sig in active for s in sig.shared
+            if isinstance(s, Tensor) and backend.is_cupy_array(s._array)]
+        xp = backend.get_array_module(on_device[0]) if on_device else np
         self.xp = xp
         shapes = {v: k for k, v in slab_ids.items()}
         self.slabs = memory.arrays(xp, [((int(leaf_count[i] + node_count[i]),) + shapes[i][0],

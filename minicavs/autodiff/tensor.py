@@ -255,7 +255,7 @@ class Tensor(OperatorMixin):
         op.infer(*inputs, **attrs)  # shape and dtype errors name the op and the arguments
         arrays = [t._array for t in inputs]
         xp = backend.get_array_module(*arrays, op=op.name)
-        result = op.forward(xp, *arrays, **attrs)
+        result = op.forward(xp, *backend.scalars_to(xp, arrays), **attrs)
         outputs = [Tensor(r) for r in result] if op.multi_output else [Tensor(result)]
         if debug.enabled:
             debug.check_eager(op, inputs, outputs)

@@ -52,7 +52,7 @@ def fingerprint(array):
     """A checksum of the array's content (on the GPU: two reductions, no copy to the host)."""
     if backend.is_cupy_array(array):
         xp = backend.get_array_module(array)
-        words = xp.ascontiguousarray(array).view(xp.uint8).astype(xp.uint64)
+        words = xp.ascontiguousarray(array).reshape(-1).view(xp.uint8).astype(xp.uint64)
         weights = xp.arange(1, words.size + 1, dtype=xp.uint64)
         return int(words.sum()), int((words * weights).sum())
     return zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
