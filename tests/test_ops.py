@@ -613,6 +613,8 @@ def test_lstm_step_equals_its_composition_and_gradchecks(data, inputs, hidden):
     gates = mc.linear(x, W, b)  # the input's part computed beforehand
     check(mc.lstm_step(gates, state, U), expected.numpy(), rtol=1e-12, atol=1e-14)
     assert mc.gradcheck(mc.lstm_step, [t(gates.numpy(), True), state, U])
+    with pytest.raises(mc.ArgumentError, match="got U given and b missing"):
+        mc.lstm_step(x, state, W, U)
     with pytest.raises(mc.ShapeError, match=r"argument 0 \(gates\) has shape"):
         mc.lstm_step(x, state, U) if inputs != 4 * hidden else mc.lstm_step(state, state, U)
     with pytest.raises(mc.ShapeError, match=r"argument 1 \(state\) has shape"):

@@ -32,7 +32,7 @@ import numpy as np
 from . import batching, elementwise, linalg, shape
 from .registry import Aval, Op, apply, describe, needs_grad, register, require_float
 from ..cpu import kernels as native_kernels
-from ..errors import ShapeError
+from ..errors import ArgumentError, ShapeError
 
 
 def _sigmoid(xp, x):
@@ -253,4 +253,8 @@ def lstm_step(x, state, W, U=None, b=None):
     projection cuDNN hoists out of the recurrence); the step adds ``h·U`` and runs the cell."""
     if U is None and b is None:
         return apply(LSTM_STEP, x, state, W)  # (W in the place of U)
+    if U is None or b is None:
+        raise ArgumentError("lstm_step: pass (x, state, W, U, b), or (gates, state, U) with "
+                            f"gates = x·W + b; got U {'missing' if U is None else 'given'} and "
+                            f"b {'missing' if b is None else 'given'}")
     return apply(LSTM_STEP, x, state, W, U, b)
