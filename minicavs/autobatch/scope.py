@@ -291,18 +291,10 @@ class AutoBatch:
         key, sources, depth, needs_grad = [], [], 0, False
         start = self.start
         for i, a in enumerate(args):
-            if type(a) is LazyView:
+            kind = type(a)
+            if kind is LazyTensor or kind is LazyView:  # (a view: its source is tagged)
                 if a._scope is self and a._index >= start:
-                    sources.append(a._index + a._key.tag)
-                    if a._depth > depth:
-                        depth = a._depth
-                else:  # an earlier segment's: its value is data here
-                    sources.append(self._leaf(a))
-                key.append(a._aval)
-                needs_grad = needs_grad or a.requires_grad
-            elif type(a) is LazyTensor:
-                if a._scope is self and a._index >= start:
-                    sources.append(a._index)
+                    sources.append(a._index if kind is LazyTensor else a._index + a._key.tag)
                     if a._depth > depth:
                         depth = a._depth
                 else:  # computed in an earlier segment or scope: data for this one
