@@ -286,6 +286,43 @@ def test_batched_products_run_on_one_pool_of_threads(monkeypatch):
     assert seen and all(on == kernels.team_ready() for on in seen)
 
 
+def test_recurrent_products_on_packed_weights_match_eager(monkeypatch):
+    """An LSTM as wide as the benchmark's (256 per direction): its steps' products have few
+    rows and read the recurrent weight (and, backward, its transpose) from panels packed once
+    per forward and backward pass (``kernels.invariant_operands``); values and gradients
+    equal eager execution's."""
+    from minicavs.cpu import kernels
+    from minicavs.models.plain import BiLSTMTagger
+
+    packed = []
+    real = kernels.packed_matmul
+
+    def packed_matmul(a, b, out=None):
+        done = real(a, b, out)
+        packed.append(done is not None)
+        return done
+
+    monkeypatch.setattr(kernels, "packed_matmul", packed_matmul)
+    rng = np.random.default_rng(11)
+    words = [f"w{i}" for i in range(12)]
+    sentences = [[(words[j], "N" if j % 2 else "V") for j in rng.integers(0, 12, size=n)]
+                 for n in (5, 3, 4, 6, 2, 5)]
+    model = BiLSTMTagger([w for s in sentences for w, _ in s], ["N", "V"], embed=16,
+                         hidden=256, mlp=8, dtype=np.float64)
+    eager = mc.sum(mc.stack([model.loss(s) for s in sentences]))
+    eager.backward()
+    reference = [p.grad.numpy().copy() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    with mc.autobatch("agenda+"):
+        loss = mc.sum(mc.stack([model.loss(s) for s in sentences]))
+        loss.backward()
+    assert float(loss) == pytest.approx(float(eager), rel=RTOL)
+    for p, expect in zip(model.parameters(), reference):
+        np.testing.assert_allclose(p.grad.numpy(), expect, rtol=RTOL, atol=1e-12)
+    assert any(packed) == kernels.team_ready()  # (one core: NumPy's products throughout)
+
+
 def test_slab_memory_is_reused_across_steps_but_never_under_a_live_value():
     """Every step's slabs come from the blocks of earlier steps (no fresh memory, no page
     faults), but a block is handed out again only when no value of it is alive: what a user

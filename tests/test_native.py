@@ -492,6 +492,41 @@ def test_large_products_on_the_native_team_equal_numpy():
 
 
 @needs_native
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_products_with_an_invariant_weight_run_on_its_packed_panels_and_equal_numpy(dtype):
+    """A product with few rows whose right operand — or its transpose — is an array declared
+    unchanging (a step's weight) runs on panels packed once; values equal NumPy's for every
+    row tail (1-5 rows past the 6-row blocks), a last panel cut short, strided rows and a
+    given ``out``; anything else is left to NumPy or the team."""
+    from minicavs.cpu import kernels
+
+    if kernels.team_size() < 2:
+        pytest.skip("one core: products inside a native call stay on NumPy's BLAS")
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((300, 1000)).astype(dtype)  # 1000 = 15 panels of 64 and 40
+    wide = rng.standard_normal((70, 700)).astype(dtype)
+    tol = 1e-12 if dtype == "float64" else 2e-5
+    with kernels.team_products(), kernels.invariant_operands([W]):
+        for m in (2, 3, 5, 6, 7, 13, 64):
+            strided = wide[:m, :300]  # rows 700 apart
+            transposed = rng.standard_normal((m, 1000)).astype(dtype)  # backward: G · Wᵀ
+            for x, w in ((strided, W), (transposed, W.T)):
+                got = kernels.matmul(x, w)
+                assert got is not None, (m, w.shape)
+                expect = x.astype(np.float64) @ w.astype(np.float64)
+                np.testing.assert_allclose(got, expect, rtol=tol, atol=tol * 30)
+        out = np.full((5, 1000), np.nan, dtype)
+        assert kernels.matmul(wide[:5, :300], W, out) is out
+        np.testing.assert_allclose(out, wide[:5, :300].astype(np.float64) @ W, rtol=tol,
+                                   atol=tol * 30)
+        assert kernels.packed_matmul(wide[:5, :300], W.copy()) is None  # not declared
+        assert kernels.packed_matmul(wide[:1, :300], W) is None  # one row: NumPy's gemv
+        assert kernels.packed_matmul(wide[:5, :300], W[:, :100]) is None  # a part of it
+    with kernels.team_products():
+        assert kernels.packed_matmul(wide[:5, :300], W) is None  # the block has ended
+
+
+@needs_native
 def test_numpy_products_in_a_native_call_run_on_one_blas_thread():
     """Inside a call of native loops, products too small for the team stay on NumPy's BLAS
     with one thread (its spinning pool would share the cores with the team), and the count

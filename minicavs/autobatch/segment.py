@@ -24,6 +24,7 @@ recurrent ``W_h`` — one forward batch per time step, since step t needs step t
 one large product instead of one per step.
 """
 
+import contextlib
 import time
 from collections import defaultdict
 
@@ -117,6 +118,8 @@ class Segment:
             if isinstance(s, Tensor) and backend.is_cupy_array(s._array)]
         xp = backend.get_array_module(on_device[0]) if on_device else np
         self.xp = xp
+        self.invariants = list({id(s): s._array for sig in active for s in sig.shared
+                                if isinstance(s, Tensor)}.values())
         shapes = {v: k for k, v in slab_ids.items()}
         self.slabs = memory.arrays(xp, [((int(leaf_count[i] + node_count[i]),) + shapes[i][0],
                                          shapes[i][1]) for i in range(num_slabs)])
@@ -265,12 +268,18 @@ class Segment:
             if shared_kernel is not None:
                 deferred[b.sig].append(b)
 
+    @contextlib.contextmanager
     def _one_pool(self):
         """The batches' large products on the native team, the small ones on one BLAS thread
         (``cpu/kernels.team_products``), as in a call of native loops: OpenBLAS's own pool
         on a busy machine waits at its barriers for a thread that is not running (measured,
-        tagger, 2 threads, both cores busy with other work: 3.6 s a step against 0.125 s)."""
-        return kernels.team_products(self.xp is np and kernels.team_ready())
+        tagger, 2 threads, both cores busy with other work: 3.6 s a step against 0.125 s).
+        The shared operands do not change while the batches run: a recurrent step's product
+        with few rows reads its weight packed once (``kernels.invariant_operands``)."""
+        native = self.xp is np and kernels.team_ready()
+        with kernels.team_products(native), \
+                kernels.invariant_operands(self.invariants if native else ()):
+            yield
 
     def _scatter(self, gslabs, target, g, n):
         _, slab, lo, rows, unique, view = target

@@ -371,9 +371,14 @@ def build(source, tag, origin=""):
     """Compile ``source`` (unless cached) and load it: ``(ctypes.CDLL, compiled)``, ``compiled``
     False when the library came from the cache. ``origin`` says, in an error, what the source
     was generated from."""
-    # Idle OpenMP threads sleep instead of spinning: spinning starves OpenBLAS's threads (and
-    # other processes) on a machine with few cores. Read when libgomp loads, so set first.
+    # Idle OpenMP threads sleep instead of spinning for long: spinning starves OpenBLAS's
+    # threads (and other processes) on a machine with few cores. But they spin briefly first
+    # (GOMP_SPINCOUNT, about a tenth of a millisecond): a recurrent step's products come tens
+    # of microseconds apart, and waking a sleeping thread for each cost more than the product
+    # (packed_gemm, 24 rows: 114 us a call asleep, 69 us spinning; the tagger's step 105 ->
+    # 88 ms). Read when libgomp loads, so set first.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     cxx, version = compiler()
 
     def commands(cpp, obj, out):

@@ -228,6 +228,90 @@ static void team_gemm(void *function, void *set_threads, int ta, int tb, I M, I 
   set(before);
 }
 
+// A product with few rows, X (M x K) times a matrix B (K x N) that stays the same over many
+// products (a recurrent weight, one product per time step): B is copied once into panels of
+// NR columns, P[p][k][0:NR] = B[k, p NR : p NR + NR] (zero past N), and each product streams
+// its panels from cache. OpenBLAS packs B again for every call, which for 16-64 rows costs
+// more than the arithmetic (measured at M = 24, K = 256, N = 1024 on two cores: 50 GFLOP/s
+// there, 180 here). A thread takes whole panels; within one, a register block of MR rows by
+// NR columns (MR x NV vectors of 64 bytes: 24 accumulators) runs down K.
+template <typename T> struct Vec64 {
+  typedef T type __attribute__((vector_size(64), aligned(sizeof(T))));  // (unaligned loads)
+};
+
+template <typename T>
+constexpr int64_t panel_width() { return 4 * 64 / sizeof(T); }  // NV = 4 vectors
+
+template <typename T>
+static void pack_panels(const T *B, int64_t ldb, int tb, int64_t K, int64_t N, T *P,
+                        int threads) {
+  constexpr int64_t NR = panel_width<T>();
+  const int64_t panels = (N + NR - 1) / NR;
+  #pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t n0 = p * NR, width = N - n0 < NR ? N - n0 : NR;
+    for (int64_t k = 0; k < K; ++k) {
+      T *row = P + (p * K + k) * NR;
+      if (tb)  // B stored transposed: B[k, n] = src[n ldb + k]
+        for (int64_t j = 0; j < width; ++j) row[j] = B[(n0 + j) * ldb + k];
+      else
+        for (int64_t j = 0; j < width; ++j) row[j] = B[k * ldb + n0 + j];
+      for (int64_t j = width; j < NR; ++j) row[j] = 0;
+    }
+  }
+}
+
+template <typename T, int MR>
+static inline void panel_block(const T *A, int64_t lda, const T *panel, int64_t K, T *C,
+                               int64_t ldc, int64_t width) {
+  typedef typename Vec64<T>::type V;
+  constexpr int L = 64 / sizeof(T), NV = 4, NR = NV * L;
+  V acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+  for (int64_t k = 0; k < K; ++k) {
+    V b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = *(const V *)(panel + k * NR + v * L);
+    for (int r = 0; r < MR; ++r) {
+      const T a = A[r * lda + k];
+      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    if (width == NR) {
+      for (int v = 0; v < NV; ++v) *(V *)(C + r * ldc + v * L) = acc[r][v];
+    } else {  // the last panel: only its columns inside C
+      T row[NR];
+      for (int v = 0; v < NV; ++v) *(V *)(row + v * L) = acc[r][v];
+      for (int64_t j = 0; j < width; ++j) C[r * ldc + j] = row[j];
+    }
+  }
+}
+
+template <typename T>
+static void packed_gemm(const T *A, int64_t lda, const T *P, int64_t M, int64_t N, int64_t K,
+                        T *C, int64_t ldc, int threads) {
+  constexpr int64_t NR = panel_width<T>(), MR = 6;
+  const int64_t panels = (N + NR - 1) / NR;
+  #pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t p = 0; p < panels; ++p) {
+    const T *panel = P + p * K * NR;
+    const int64_t n0 = p * NR, width = N - n0 < NR ? N - n0 : NR;
+    int64_t m = 0;
+    for (; m + MR <= M; m += MR)
+      panel_block<T, MR>(A + m * lda, lda, panel, K, C + m * ldc + n0, ldc, width);
+    const T *a = A + m * lda;
+    T *c = C + m * ldc + n0;
+    switch (M - m) {  // the last rows, a block of their own height
+      case 5: panel_block<T, 5>(a, lda, panel, K, c, ldc, width); break;
+      case 4: panel_block<T, 4>(a, lda, panel, K, c, ldc, width); break;
+      case 3: panel_block<T, 3>(a, lda, panel, K, c, ldc, width); break;
+      case 2: panel_block<T, 2>(a, lda, panel, K, c, ldc, width); break;
+      case 1: panel_block<T, 1>(a, lda, panel, K, c, ldc, width); break;
+    }
+  }
+}
+
 // DyNet's agenda over a recorded graph (autobatch/schedule.py has the same loop in NumPy and
 // the meaning of every array): repeatedly emit every ready node of the signature with the
 // lowest average depth (the first such signature on a tie), then release its consumers.
@@ -360,6 +444,16 @@ TEAM_GEMM(team_gemm_f32_64, float, int64_t)
 TEAM_GEMM(team_gemm_f64_64, double, int64_t)
 TEAM_GEMM(team_gemm_f32_32, float, int)
 TEAM_GEMM(team_gemm_f64_32, double, int)
+void pack_panels_f32(const float *b, int64_t ldb, int tb, int64_t k, int64_t n, float *p,
+                     int t) { pack_panels(b, ldb, tb, k, n, p, t); }
+void pack_panels_f64(const double *b, int64_t ldb, int tb, int64_t k, int64_t n, double *p,
+                     int t) { pack_panels(b, ldb, tb, k, n, p, t); }
+void packed_gemm_f32(const float *a, int64_t lda, const float *p, int64_t m, int64_t n,
+                     int64_t k, float *c, int64_t ldc, int t) {
+  packed_gemm(a, lda, p, m, n, k, c, ldc, t); }
+void packed_gemm_f64(const double *a, int64_t lda, const double *p, int64_t m, int64_t n,
+                     int64_t k, double *c, int64_t ldc, int t) {
+  packed_gemm(a, lda, p, m, n, k, c, ldc, t); }
 void scatter_add_f32(float *o, const int64_t *i, const float *v, int64_t r, int64_t c) {
   scatter_add(o, i, v, r, c); }
 void scatter_add_f64(double *o, const int64_t *i, const double *v, int64_t r, int64_t c) {
@@ -651,13 +745,19 @@ _SET_THREADS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
 
 def matmul(a, b, out=None):
     """``a @ b`` for 2-D float32/float64 NumPy matrices (each row-contiguous or a transpose of
-    one), inside :func:`team_products`, on a team of threads (:func:`team_size`), each running a one-thread gemm of NumPy's
+    one), inside :func:`team_products`: with few rows and ``b`` an operand of
+    :func:`invariant_operands`, on its packed panels (:func:`packed_matmul`); else, when
+    large, on a team of threads (:func:`team_size`), each running a one-thread gemm of NumPy's
     BLAS; into ``out`` (C-contiguous) when given. None where it does not apply (NumPy runs):
     another BLAS, one core, a small product. Every large product of a step goes here, not
     only some: switching between OpenBLAS's threads and the team's costs more than either
     (measured: with the Xᵀ·G products left to OpenBLAS the step was 12 % slower)."""
     if not getattr(_team, "on", False):
         return None
+    if getattr(_invariant, "arrays", None):
+        done = packed_matmul(a, b, out)
+        if done is not None:
+            return done
     dtype = getattr(a, "dtype", None)
     suffix = _SUFFIX.get(dtype)
     if suffix is None or getattr(b, "dtype", None) != dtype or a.ndim != 2 or b.ndim != 2 \
@@ -687,6 +787,84 @@ def matmul(a, b, out=None):
         ctypes.c_void_p(address), ctypes.c_void_p(blas.threads_local()), ctypes.c_int(ta),
         ctypes.c_int(tb), integer(m), integer(n), integer(k), _p(a), integer(lda), _p(b),
         integer(ldb), _p(out), integer(n), ctypes.c_int(threads))
+    return out
+
+
+# --- products with an operand that stays the same (packed_gemm in the source above) ------------
+
+# When a product runs on packed panels: B of 128K elements or more (a 256 x 1024 LSTM weight;
+# OpenBLAS is faster on a small B, 64 x 256, whatever the rows) and 512K multiply-adds or more
+# (2 rows of that weight, 4 of a 128 x 1024 one; below, a call costs the same either way).
+PACKED_MIN_WEIGHT = 1 << 17
+PACKED_MIN_WORK = 1 << 19
+
+_invariant = threading.local()
+
+
+@contextlib.contextmanager
+def invariant_operands(arrays):
+    """Inside this block (on a thread) the NumPy matrices ``arrays`` — a step's parameters —
+    do not change: a product with few rows whose right operand is one of them, or its
+    transpose (``G · Wᵀ`` backward), runs on a copy of it packed once into panels
+    (:func:`packed_matmul`), not packed again by the BLAS at every call. The block holds the
+    arrays, so no other array can take their memory while their packings are cached. Nested:
+    the inner block adds its arrays and its own packings."""
+    before = getattr(_invariant, "arrays", None), getattr(_invariant, "packs", None)
+    known = dict(before[0] or {})
+    for a in arrays:
+        if isinstance(a, np.ndarray) and a.ndim == 2 and a.dtype in _SUFFIX and (
+                a.flags.c_contiguous or a.flags.f_contiguous):
+            known[(a.ctypes.data, a.size)] = a
+    _invariant.arrays, _invariant.packs = known, {}
+    try:
+        yield
+    finally:
+        _invariant.arrays, _invariant.packs = before
+
+
+def packed_matmul(a, b, out=None):
+    """``a @ b`` inside :func:`invariant_operands` with ``b`` (or ``b.T``) one of its arrays,
+    from ``b``'s panels (packed on first use in the block); None where it does not apply."""
+    arrays = getattr(_invariant, "arrays", None)
+    if not arrays or type(a) is not np.ndarray or type(b) is not np.ndarray or a.ndim != 2 \
+            or b.ndim != 2 or a.dtype != b.dtype or a.shape[1] != b.shape[0] \
+            or (b.ctypes.data, b.size) not in arrays:
+        return None
+    (m, k), n = a.shape, b.shape[1]
+    if k * n < PACKED_MIN_WEIGHT or m * k * n < PACKED_MIN_WORK or build.forked_child():
+        return None
+    item = b.itemsize
+    if b.strides == (n * item, item):
+        transposed = 0
+    elif b.strides == (item, k * item):
+        transposed = 1
+    else:
+        return None
+    if out is not None and (out.dtype != a.dtype or out.shape != (m, n)
+                            or not out.flags.c_contiguous):
+        return None
+    lib = _library()
+    if lib is None:
+        return None
+    suffix, threads = _SUFFIX[a.dtype], team_size()
+    key = (b.ctypes.data, b.shape, b.strides)
+    panels = _invariant.packs.get(key)
+    if panels is None:
+        width = 256 // item  # panel_width in the source
+        panels = np.empty(-(-n // width) * width * k, dtype=b.dtype)
+        getattr(lib, f"pack_panels_{suffix}")(_p(b), ctypes.c_int64(n if not transposed else k),
+                                              ctypes.c_int(transposed), ctypes.c_int64(k),
+                                              ctypes.c_int64(n), _p(panels),
+                                              ctypes.c_int(threads))
+        _invariant.packs[key] = panels
+    if a.strides[1] != item or a.strides[0] < k * item or a.strides[0] % item:
+        a = np.ascontiguousarray(a)
+    if out is None:
+        out = np.empty((m, n), dtype=a.dtype)
+    getattr(lib, f"packed_gemm_{suffix}")(_p(a), ctypes.c_int64(a.strides[0] // item),
+                                          _p(panels), ctypes.c_int64(m), ctypes.c_int64(n),
+                                          ctypes.c_int64(k), _p(out), ctypes.c_int64(n),
+                                          ctypes.c_int(threads))
     return out
 
 
