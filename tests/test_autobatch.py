@@ -18,6 +18,22 @@ from minicavs.autobatch import STRATEGIES
 
 D = 4
 RTOL, ATOL = 1e-9, 1e-12
+native_recorder = sys.modules["minicavs.autobatch.native"]
+
+
+@pytest.fixture(scope="module", autouse=True, params=["C recorder", "Python recorder"])
+def recorder(request):
+    """Every test of this file runs with each recorder: the C one (``autobatch/native.py``,
+    where it builds) and the Python reference in ``scope.py``."""
+    make = native_recorder.recorder
+    if request.param == "C recorder":
+        if native_recorder._library() is None:
+            pytest.skip("the C recorder cannot be built here (native code off, or no "
+                        "compiler or Python headers); the Python recorder's run covers it")
+    else:
+        native_recorder.recorder = lambda scope: None
+    yield request.param
+    native_recorder.recorder = make
 
 
 def _params(seed):
@@ -321,6 +337,25 @@ def test_recurrent_products_on_packed_weights_match_eager(monkeypatch):
     for p, expect in zip(model.parameters(), reference):
         np.testing.assert_allclose(p.grad.numpy(), expect, rtol=RTOL, atol=1e-12)
     assert any(packed) == kernels.team_ready()  # (one core: NumPy's products throughout)
+
+
+def test_the_recorders_caches_stop_growing_after_the_first_steps():
+    """A training loop opens a scope per mini-batch: the caches of view forms and of
+    signatures' shapes fill on the first steps and then stay the same size (they grew by
+    every step, about 30 entries a step of this tagger, while a scope's shapes were keyed by
+    the identity of objects made afresh in each scope)."""
+    views = sys.modules["minicavs.autobatch.views"]
+    signature = sys.modules["minicavs.autobatch.signature"]
+    model, samples, loss_of = _tiny_tagger(True)
+
+    def sizes(steps):
+        for _ in range(steps):
+            with mc.autobatch("agenda+"):
+                mc.sum(mc.stack([loss_of(s) for s in samples])).backward()
+        return len(views._BY_ID), len(views.BY_CODE), len(signature._AVALS)
+
+    first = sizes(2)
+    assert sizes(10) == first
 
 
 def test_slab_memory_is_reused_across_steps_but_never_under_a_live_value():

@@ -26,7 +26,7 @@ from ..errors import ArgumentError, MinicavsError, ShapeError, UnsupportedError
 from ..locations import format_location, user_location
 from ..ops.registry import Aval, set_fast_path, tracing
 from ..ops.shape import RESHAPE, SLICE_AXIS
-from . import schedule
+from . import native, schedule
 from .segment import Segment
 from .signature import Signature
 from .views import view_key
@@ -148,6 +148,7 @@ class AutoBatch:
         self._starts = []  # first node index of each segment (for bisect)
         self._signatures = {}  # key -> Signature (a scope's; kernels are cached globally)
         self._known = {}  # the fast path's key -> (Signature, the avals its key names by id)
+        self._fast_path = None  # record_known or its C twin, inside the block
         self._released = False
         self.backward_stats = []
         self._reset_pending(0)
@@ -168,8 +169,11 @@ class AutoBatch:
         if _active is not None:
             raise MinicavsError("mc.autobatch blocks cannot be nested; end the outer block first")
         _active = self
+        # the C recorder (native.py), else the Python one; dropped on leaving (it holds the
+        # scope: a cycle would keep the scope's slabs until the garbage collector ran)
+        self._fast_path = native.recorder(self) or self.record_known
         set_lazy_recorder(self.record)
-        set_fast_path(self.record_known)
+        set_fast_path(self._fast_path)
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -177,6 +181,7 @@ class AutoBatch:
         _active = None
         set_lazy_recorder(None)
         set_fast_path(None)
+        self._fast_path = None
         if exc_type is None:
             self.run_pending()
         return False
@@ -376,7 +381,7 @@ class AutoBatch:
             return Tensor.__minicavs_apply__(op, args, attrs)
         finally:
             set_lazy_recorder(_active.record if _active is not None else None)
-            set_fast_path(_active.record_known if _active is not None else None)
+            set_fast_path(_active._fast_path if _active is not None else None)
 
     # --- forcing --------------------------------------------------------------------------------
     def run_pending(self):

@@ -29,6 +29,21 @@ from ..ops.registry import Aval
 _nothing = contextlib.nullcontext()
 
 
+# One Aval object per (shape, dtype) among the signatures' outputs: the recorder's caches key a
+# node's form by its Aval's identity (``views.view_key``, the scope's fast path), and one per
+# signature per scope grew those caches by every mini-batch (30 entries a step of a small
+# tagger, without end).
+_AVALS = {}
+
+
+def interned_aval(shape, dtype):
+    """The one Aval of ``shape`` (a tuple of ints) and ``dtype`` (an np.dtype)."""
+    aval = _AVALS.get((shape, dtype))
+    if aval is None:
+        aval = _AVALS[(shape, dtype)] = Aval(shape, dtype)
+    return aval
+
+
 class Signature:
     """One signature: the op, its attributes, and per operand either a per-row aval or the
     shared value (a Tensor or a 0-d constant array). Kernels are built on first use."""
@@ -49,7 +64,7 @@ class Signature:
             out = op.infer(*avals, **attrs)
         except MinicavsError as exc:
             raise type(exc)(str(exc) + format_location(user_location())) from None
-        self.out = Aval(tuple(int(d) for d in out.shape), np.dtype(out.dtype))
+        self.out = interned_aval(tuple(int(d) for d in out.shape), np.dtype(out.dtype))
         if op.batch is None:
             raise GraphError(f"op '{op.name}' has no batching rule, so it cannot run under "
                              f"mc.autobatch; compute it outside the block"

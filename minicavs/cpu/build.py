@@ -57,6 +57,7 @@ import platform
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -396,7 +397,41 @@ def build(source, tag, origin=""):
     return load_openmp_library(path), compiled
 
 
+
+
 _module_lock = threading.Lock()
+
+
+def python_library(source, tag, include, origin=""):
+    """Compile ``source`` — C++ against CPython's C API, the running interpreter's headers in
+    ``include`` — unless cached, and load it with ``ctypes.PyDLL``: its calls hold the GIL and
+    raise the Python error they set. The key adds the interpreter's version and headers (the
+    C API's layouts are theirs)."""
+    cxx, version = compiler()
+    key = cache_key(source, version, cpu_signature(), sys.version, include, *cxx_flags(),
+                    *LINK_FLAGS)
+
+    def commands(cpp, obj, out):
+        return ([cxx, *cxx_flags(), f"-I{include}", "-x", "c++", "-c", "-o", obj, cpp],
+                [cxx, "-o", out, obj, *LINK_FLAGS])
+
+    def failure(log):
+        return KernelCompileError(
+            f"native code for {origin or tag} did not compile ({version}).\n"
+            f"--- compiler log ---\n{log}\n--- source ---\n{numbered(source)}",
+            log=log, source=source)
+
+    with _module_lock:
+        path, _ = compile_library(source, tag, kind="native", key=key, commands=commands,
+                                  failure=failure)
+        try:
+            lib = ctypes.PyDLL(path)
+        except OSError as exc:
+            raise ToolchainError(f"the compiled library {path} does not load ({exc}); remove "
+                                 f"it to rebuild, or {OFF_HINT}") from None
+        if path.endswith(".so.private"):
+            os.remove(path)
+    return lib
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,512 @@
+"""The recorder's hot path in C: ``AutoBatch.record_known`` and ``_view`` as one CPython call.
+
+Recording is the only per-node Python work of an autobatched step, and at about a microsecond a
+node or view it was a quarter to a third of a mini-batch (the char tagger records 31,000 nodes
+and views a step). This is the same code — ``scope.py`` is the reference, and the tests run
+every model both ways — written against CPython's C API: the key of a call's form built as
+the same tuple, the same dict of known forms, the node's slots written by offset. Anything the
+fast path does not answer (a form seen for the first time, promotion, tracing) goes back to
+the Python methods, as before.
+
+It is compiled like the native kernels (``cpu/build.py``: cached on disk, checked before it
+is loaded), with the interpreter's headers; where that is not possible — native code off, no
+compiler, no headers — :func:`recorder` returns None and the scope records in Python.
+"""
+
+import ctypes
+import functools
+import sys
+import sysconfig
+
+from ..cpu import build
+
+_SOURCE = r"""// minicavs autobatch recorder (minicavs/autobatch/native.py); see scope.py for the
+// reference in Python: record_known, _view, _append, _leaf.
+#include <Python.h>
+#include <structmember.h>
+
+#include <initializer_list>
+
+namespace {
+
+// Slot offsets, read from the types' member descriptors.
+struct Offsets {
+  Py_ssize_t scope, index, depth, aval, value, versions, creator, grad, name, requires_grad,
+      base, key;                                  // LazyTensor / LazyView
+  Py_ssize_t key_tag, key_start, key_shape, key_aval;  // ViewKey
+  Py_ssize_t sig_nodes, sig_rows, sig_local, sig_out, sig_can_grad;  // Signature
+};
+
+inline PyObject *&slot(PyObject *o, Py_ssize_t offset) {
+  return *reinterpret_cast<PyObject **>(reinterpret_cast<char *>(o) + offset);
+}
+
+inline void put(PyObject *o, Py_ssize_t offset, PyObject *value) {  // steals value
+  PyObject *old = slot(o, offset);
+  slot(o, offset) = value;
+  Py_XDECREF(old);
+}
+
+struct Recorder {
+  PyObject_HEAD
+  PyObject *scope, *state;      // the AutoBatch and its __dict__ (start, count, lists)
+  PyObject *known;              // scope._known
+  PyTypeObject *lazy, *view, *tensor, *ndarray;
+  PyObject *tracing;            // registry.tracing (a list: nonempty while tracing)
+  PyObject *tensor_globals;     // autodiff/tensor.py's globals (_grad_enabled)
+  PyObject *slice_op, *reshape_op;
+  PyObject *views_by_id;        // views._BY_ID
+  PyObject *view_key;           // views.view_key (a form not seen yet)
+  PyObject *learn;              // scope._learn (a call form not seen yet)
+  Offsets at;
+};
+
+PyObject *s_start, *s_count, *s_node_depth, *s_active, *s_leaves, *s_leaf_ids, *s_views,
+    *s_grad_enabled, *s_shape, *s_dtype, *s_ndim, *s_kind, *s_str, *s_axis, *s_stop;
+
+Py_ssize_t scope_int(Recorder *r, PyObject *name) {
+  PyObject *v = PyDict_GetItem(r->state, name);
+  return v ? PyLong_AsSsize_t(v) : -1;
+}
+
+PyObject *scope_obj(Recorder *r, PyObject *name) {  // borrowed
+  PyObject *v = PyDict_GetItem(r->state, name);
+  if (!v) PyErr_Format(PyExc_RuntimeError, "autobatch recorder: the scope has no %U", name);
+  return v;
+}
+
+int set_scope_int(Recorder *r, PyObject *name, Py_ssize_t value) {
+  PyObject *v = PyLong_FromSsize_t(value);
+  if (!v) return -1;
+  int rc = PyDict_SetItem(r->state, name, v);
+  Py_DECREF(v);
+  return rc;
+}
+
+int append_int(PyObject *list, Py_ssize_t value) {
+  PyObject *v = PyLong_FromSsize_t(value);
+  if (!v) return -1;
+  int rc = PyList_Append(list, v);
+  Py_DECREF(v);
+  return rc;
+}
+
+// _leaf: the leaf number of a value read as data (-1 - j), made on first sight.
+Py_ssize_t leaf(Recorder *r, PyObject *value) {
+  PyObject *ids = scope_obj(r, s_leaf_ids), *leaves = scope_obj(r, s_leaves);
+  if (!ids || !leaves) return PY_SSIZE_T_MIN;
+  PyObject *id = PyLong_FromVoidPtr(value);
+  if (!id) return PY_SSIZE_T_MIN;
+  PyObject *j = PyDict_GetItemWithError(ids, id);
+  Py_ssize_t result;
+  if (j) {
+    result = PyLong_AsSsize_t(j);
+  } else if (PyErr_Occurred()) {
+    result = PY_SSIZE_T_MIN;
+  } else {
+    result = PyList_GET_SIZE(leaves);
+    PyObject *n = PyLong_FromSsize_t(result);
+    if (!n || PyDict_SetItem(ids, id, n) < 0 || PyList_Append(leaves, value) < 0)
+      result = PY_SSIZE_T_MIN;
+    Py_XDECREF(n);
+  }
+  Py_DECREF(id);
+  return result == PY_SSIZE_T_MIN ? result : -1 - result;
+}
+
+PyObject *fresh(Recorder *r, PyTypeObject *type, PyObject *aval, Py_ssize_t index,
+                Py_ssize_t depth, bool requires_grad) {
+  PyObject *node = type->tp_alloc(type, 0);
+  if (!node) return nullptr;
+  const Offsets &at = r->at;
+  PyObject *i = PyLong_FromSsize_t(index), *d = PyLong_FromSsize_t(depth);
+  if (!i || !d) {
+    Py_XDECREF(i);
+    Py_XDECREF(d);
+    Py_DECREF(node);
+    return nullptr;
+  }
+  Py_INCREF(r->scope);
+  put(node, at.scope, r->scope);
+  put(node, at.index, i);
+  put(node, at.depth, d);
+  Py_INCREF(aval);
+  put(node, at.aval, aval);
+  for (Py_ssize_t o : {at.value, at.versions, at.creator, at.grad, at.name}) {
+    Py_INCREF(Py_None);
+    put(node, o, Py_None);
+  }
+  PyObject *flag = requires_grad ? Py_True : Py_False;
+  Py_INCREF(flag);
+  put(node, at.requires_grad, flag);
+  return node;
+}
+
+// _append: record one node of signature sig.
+PyObject *append(Recorder *r, PyObject *sig, const Py_ssize_t *sources, Py_ssize_t n,
+                 Py_ssize_t depth, bool needs_grad) {
+  const Offsets &at = r->at;
+  Py_ssize_t index = scope_int(r, s_count);
+  if (index < 0 || set_scope_int(r, s_count, index + 1) < 0) return nullptr;
+  PyObject *nodes = slot(sig, at.sig_nodes), *rows = slot(sig, at.sig_rows);
+  PyObject *depths = scope_obj(r, s_node_depth);
+  if (!nodes || !rows || !depths || !PyList_Check(nodes) || !PyList_Check(rows)) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "autobatch recorder: bad signature");
+    return nullptr;
+  }
+  if (PyList_GET_SIZE(nodes) == 0) {  // its first node in this segment
+    PyObject *active = scope_obj(r, s_active);
+    if (!active) return nullptr;
+    PyObject *local = PyLong_FromSsize_t(PyList_GET_SIZE(active));
+    if (!local) return nullptr;
+    put(sig, at.sig_local, local);
+    if (PyList_Append(active, sig) < 0) return nullptr;
+  }
+  if (append_int(nodes, index) < 0) return nullptr;
+  for (Py_ssize_t k = 0; k < n; ++k)
+    if (append_int(rows, sources[k]) < 0) return nullptr;
+  depth += 1;
+  if (append_int(depths, depth) < 0) return nullptr;
+  return fresh(r, r->lazy, slot(sig, at.sig_out), index, depth,
+               needs_grad && slot(sig, at.sig_can_grad) == Py_True);
+}
+
+// _view: a slice of the last axis, or a reshape, of a pending node as a LazyView; None where
+// it is not one (recorded as a node).
+PyObject *make_view(Recorder *r, PyObject *op, PyObject *x, PyObject *attrs) {
+  const Offsets &at = r->at;
+  PyTypeObject *type = Py_TYPE(x);
+  PyObject *base = type == r->view ? slot(x, at.base) : x;
+  if (!base || Py_TYPE(base) != r->lazy || slot(base, at.scope) != r->scope)
+    Py_RETURN_NONE;
+  Py_ssize_t start = scope_int(r, s_start), index = PyLong_AsSsize_t(slot(base, at.index));
+  if (index == -1 && PyErr_Occurred()) return nullptr;
+  if (index < start) Py_RETURN_NONE;
+  PyObject *base_aval = slot(base, at.aval), *form;
+  if (op == r->reshape_op) {
+    if (base != x) Py_RETURN_NONE;
+    PyObject *shape = PyDict_GetItem(attrs, s_shape);
+    if (!shape || !PyTuple_CheckExact(shape)) Py_RETURN_NONE;  // (Python's path converts)
+    form = Py_BuildValue("(NOOO)", PyLong_FromVoidPtr(base_aval), Py_None, Py_None, shape);
+  } else {
+    PyObject *axis = PyDict_GetItem(attrs, s_axis), *lo = PyDict_GetItem(attrs, s_start),
+             *hi = PyDict_GetItem(attrs, s_stop);
+    PyObject *x_shape = PyTuple_GET_ITEM(slot(x, at.aval), 0);
+    if (!axis || !lo || !hi || !PyLong_Check(axis) || !PyLong_Check(lo) || !PyLong_Check(hi))
+      Py_RETURN_NONE;
+    if (PyLong_AsSsize_t(axis) != PyTuple_GET_SIZE(x_shape) - 1) Py_RETURN_NONE;
+    Py_ssize_t offset = 0;
+    if (base != x) {
+      PyObject *key = slot(x, at.key);
+      if (slot(key, at.key_shape) != Py_None) Py_RETURN_NONE;  // a view of a reshape: a node
+      offset = PyLong_AsSsize_t(slot(key, at.key_start));
+    }
+    form = Py_BuildValue("(NnnO)", PyLong_FromVoidPtr(base_aval),
+                         offset + PyLong_AsSsize_t(lo), offset + PyLong_AsSsize_t(hi), Py_None);
+  }
+  if (!form) return nullptr;
+  PyObject *found = PyDict_GetItemWithError(r->views_by_id, form), *key;
+  if (found) {
+    key = PyTuple_GET_ITEM(found, 1);
+    Py_INCREF(key);
+  } else if (PyErr_Occurred()) {
+    Py_DECREF(form);
+    return nullptr;
+  } else {  // first sight of this form: views.view_key makes it
+    key = PyObject_CallFunctionObjArgs(r->view_key, base_aval, PyTuple_GET_ITEM(form, 1),
+                                       PyTuple_GET_ITEM(form, 2), PyTuple_GET_ITEM(form, 3),
+                                       nullptr);
+  }
+  Py_DECREF(form);
+  if (!key) return nullptr;
+  PyObject *view = fresh(r, r->view, slot(key, at.key_aval), index,
+                         PyLong_AsSsize_t(slot(base, at.depth)),
+                         slot(base, at.requires_grad) == Py_True);
+  if (view) {
+    Py_INCREF(base);
+    put(view, at.base, base);
+    put(view, at.key, key);  // (the reference made above)
+    Py_ssize_t views = scope_int(r, s_views);
+    if (views < 0 || set_scope_int(r, s_views, views + 1) < 0) Py_CLEAR(view);
+  } else {
+    Py_DECREF(key);
+  }
+  return view;
+}
+
+bool is_index(PyObject *a) {  // an integer NumPy array (a label, an id): data
+  PyObject *dtype = PyObject_GetAttr(a, s_dtype);
+  if (!dtype) return false;
+  PyObject *kind = PyObject_GetAttr(dtype, s_kind);
+  Py_DECREF(dtype);
+  if (!kind) return false;
+  bool integer = PyUnicode_CompareWithASCIIString(kind, "i") == 0 ||
+                 PyUnicode_CompareWithASCIIString(kind, "u") == 0;
+  Py_DECREF(kind);
+  return integer;
+}
+
+PyObject *record_known(Recorder *r, PyObject *op, PyObject *args, PyObject *attrs) {
+  if (PyList_GET_SIZE(r->tracing)) Py_RETURN_NONE;
+  if ((op == r->slice_op || op == r->reshape_op) && PyTuple_GET_SIZE(args) >= 1) {
+    PyObject *view = make_view(r, op, PyTuple_GET_ITEM(args, 0), attrs);
+    if (view != Py_None) return view;  // a view, or an error
+    Py_DECREF(view);
+  }
+  const Offsets &at = r->at;
+  const Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+  if (nargs > 60) Py_RETURN_NONE;
+  Py_ssize_t start = scope_int(r, s_start);
+  if (start == -1 && PyErr_Occurred()) return nullptr;
+  PyObject *grad_enabled = PyDict_GetItem(r->tensor_globals, s_grad_enabled);
+  if (!grad_enabled) Py_RETURN_NONE;
+  const bool has_attrs = PyDict_GET_SIZE(attrs) > 0;
+  PyObject *key = PyTuple_New(2 + nargs + (has_attrs ? 1 : 0));
+  if (!key) return nullptr;
+  Py_INCREF(op);
+  PyTuple_SET_ITEM(key, 0, op);
+  Py_INCREF(grad_enabled);
+  PyTuple_SET_ITEM(key, 1, grad_enabled);
+  Py_ssize_t sources[64], n = 0, depth = 0;
+  bool needs_grad = false;
+  for (Py_ssize_t k = 0; k < nargs; ++k) {
+    PyObject *a = PyTuple_GET_ITEM(args, k), *part;
+    PyTypeObject *type = Py_TYPE(a);
+    if (type == r->lazy || type == r->view) {
+      part = PyLong_FromVoidPtr(slot(a, at.aval));
+      Py_ssize_t i = PyLong_AsSsize_t(slot(a, at.index));
+      if (i >= start && slot(a, at.scope) == r->scope) {
+        sources[n++] = type == r->lazy ? i : i + PyLong_AsSsize_t(slot(slot(a, at.key), at.key_tag));
+        Py_ssize_t d = PyLong_AsSsize_t(slot(a, at.depth));
+        if (d > depth) depth = d;
+      } else {
+        Py_ssize_t j = leaf(r, a);
+        if (j == PY_SSIZE_T_MIN) { Py_XDECREF(part); Py_DECREF(key); return nullptr; }
+        sources[n++] = j;
+      }
+      if (slot(a, at.requires_grad) == Py_True) needs_grad = true;
+    } else if (PyObject_TypeCheck(a, r->tensor) && slot(a, at.requires_grad) == Py_True) {
+      part = PyLong_FromVoidPtr(a);  // a parameter, by identity
+      needs_grad = true;
+    } else if (type == r->ndarray || type == r->tensor) {
+      PyObject *ndim = PyObject_GetAttr(a, s_ndim);
+      if (!ndim) { Py_DECREF(key); return nullptr; }
+      const bool rows = PyObject_IsTrue(ndim) || (type == r->ndarray && is_index(a));
+      Py_DECREF(ndim);
+      if (PyErr_Occurred()) { Py_DECREF(key); return nullptr; }
+      if (!rows) { Py_DECREF(key); Py_RETURN_NONE; }  // a scalar constant: Python's path
+      PyObject *shape = PyObject_GetAttr(a, s_shape), *dtype = PyObject_GetAttr(a, s_dtype);
+      PyObject *code = dtype ? PyObject_GetAttr(dtype, s_str) : nullptr;
+      part = shape && code ? PyTuple_Pack(2, shape, code) : nullptr;
+      Py_XDECREF(shape);
+      Py_XDECREF(dtype);
+      Py_XDECREF(code);
+      Py_ssize_t j = part ? leaf(r, a) : PY_SSIZE_T_MIN;
+      if (j == PY_SSIZE_T_MIN) { Py_XDECREF(part); Py_DECREF(key); return nullptr; }
+      sources[n++] = j;
+    } else {
+      Py_DECREF(key);
+      Py_RETURN_NONE;
+    }
+    if (!part) { Py_DECREF(key); return nullptr; }
+    PyTuple_SET_ITEM(key, 2 + k, part);
+  }
+  if (n == 0) { Py_DECREF(key); Py_RETURN_NONE; }
+  if (has_attrs) {
+    PyObject *items = PyDict_Items(attrs), *part = items ? PyList_AsTuple(items) : nullptr;
+    Py_XDECREF(items);
+    if (!part) { Py_DECREF(key); return nullptr; }
+    PyTuple_SET_ITEM(key, 2 + nargs, part);
+  }
+  PyObject *known = PyDict_GetItemWithError(r->known, key);
+  if (!known) {
+    if (PyErr_Occurred()) {  // an unhashable attribute: Python's path
+      Py_DECREF(key);
+      if (!PyErr_ExceptionMatches(PyExc_TypeError)) return nullptr;
+      PyErr_Clear();
+      Py_RETURN_NONE;
+    }
+    PyObject *node = PyObject_CallFunctionObjArgs(r->learn, key, op, args, attrs, nullptr);
+    Py_DECREF(key);
+    return node;
+  }
+  Py_DECREF(key);
+  return append(r, PyTuple_GET_ITEM(known, 0), sources, n, depth, needs_grad);
+}
+
+PyObject *recorder_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+  PyObject *op, *operands, *attrs;
+  if (kwargs || !PyArg_UnpackTuple(args, "record_known", 3, 3, &op, &operands, &attrs))
+    return nullptr;
+  if (!PyTuple_Check(operands) || !PyDict_Check(attrs)) Py_RETURN_NONE;
+  return record_known(reinterpret_cast<Recorder *>(self), op, operands, attrs);
+}
+
+void recorder_dealloc(PyObject *self) {
+  Recorder *r = reinterpret_cast<Recorder *>(self);
+  PyObject_GC_UnTrack(self);
+  for (PyObject **p : {&r->scope, &r->state, &r->known, &r->tracing, &r->tensor_globals,
+                       &r->slice_op, &r->reshape_op, &r->views_by_id, &r->view_key, &r->learn})
+    Py_CLEAR(*p);
+  Py_CLEAR(r->lazy);
+  Py_CLEAR(r->view);
+  Py_CLEAR(r->tensor);
+  Py_CLEAR(r->ndarray);
+  PyTypeObject *type = Py_TYPE(self);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+int recorder_traverse(PyObject *self, visitproc visit, void *arg) {
+  Recorder *r = reinterpret_cast<Recorder *>(self);
+  Py_VISIT(r->scope);
+  Py_VISIT(r->state);
+  Py_VISIT(r->known);
+  Py_VISIT(r->learn);
+  Py_VISIT(Py_TYPE(self));
+  return 0;
+}
+
+int recorder_clear(PyObject *self) {
+  Recorder *r = reinterpret_cast<Recorder *>(self);
+  Py_CLEAR(r->scope);
+  Py_CLEAR(r->state);
+  Py_CLEAR(r->known);
+  Py_CLEAR(r->learn);
+  return 0;
+}
+
+PyTypeObject *recorder_type = nullptr;
+
+Py_ssize_t offset_of(PyObject *type, const char *name) {
+  PyObject *descr = PyObject_GetAttrString(type, name);
+  if (!descr) return -1;
+  Py_ssize_t offset = -1;
+  if (Py_TYPE(descr) == &PyMemberDescr_Type) {
+    PyMemberDef *member = reinterpret_cast<PyMemberDescrObject *>(descr)->d_member;
+    if (member->type == T_OBJECT_EX) offset = member->offset;
+  }
+  Py_DECREF(descr);
+  if (offset < 0 && !PyErr_Occurred())
+    PyErr_Format(PyExc_TypeError, "autobatch recorder: %s is not a slot", name);
+  return offset;
+}
+
+}  // namespace
+
+extern "C" PyObject *make_recorder(PyObject *scope, PyObject *types, PyObject *tracing,
+                                   PyObject *tensor_globals, PyObject *ops, PyObject *views) {
+  // types: (LazyTensor, LazyView, Tensor, ndarray, ViewKey, Signature); ops: (SLICE_AXIS,
+  // RESHAPE); views: (views._BY_ID, views.view_key)
+  if (!recorder_type) {
+    static PyType_Slot slots[] = {
+        {Py_tp_call, reinterpret_cast<void *>(recorder_call)},
+        {Py_tp_dealloc, reinterpret_cast<void *>(recorder_dealloc)},
+        {Py_tp_traverse, reinterpret_cast<void *>(recorder_traverse)},
+        {Py_tp_clear, reinterpret_cast<void *>(recorder_clear)},
+        {0, nullptr}};
+    static PyType_Spec spec = {"minicavs.autobatch.native.Recorder", sizeof(Recorder), 0,
+                               Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, slots};
+    recorder_type = reinterpret_cast<PyTypeObject *>(PyType_FromSpec(&spec));
+    if (!recorder_type) return nullptr;
+    s_start = PyUnicode_InternFromString("start");
+    s_count = PyUnicode_InternFromString("count");
+    s_node_depth = PyUnicode_InternFromString("node_depth");
+    s_active = PyUnicode_InternFromString("active");
+    s_leaves = PyUnicode_InternFromString("leaves");
+    s_leaf_ids = PyUnicode_InternFromString("_leaf_ids");
+    s_views = PyUnicode_InternFromString("views");
+    s_grad_enabled = PyUnicode_InternFromString("_grad_enabled");
+    s_shape = PyUnicode_InternFromString("shape");
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_ndim = PyUnicode_InternFromString("ndim");
+    s_kind = PyUnicode_InternFromString("kind");
+    s_str = PyUnicode_InternFromString("str");
+    s_axis = PyUnicode_InternFromString("axis");
+    s_stop = PyUnicode_InternFromString("stop");
+  }
+  PyObject *lazy = PyTuple_GET_ITEM(types, 0), *view = PyTuple_GET_ITEM(types, 1),
+           *view_key_type = PyTuple_GET_ITEM(types, 4), *sig = PyTuple_GET_ITEM(types, 5);
+  Offsets at;
+  struct { Py_ssize_t *out; PyObject *type; const char *name; } fields[] = {
+      {&at.scope, lazy, "_scope"}, {&at.index, lazy, "_index"}, {&at.depth, lazy, "_depth"},
+      {&at.aval, lazy, "_aval"}, {&at.value, lazy, "_value"},
+      {&at.versions, lazy, "_versions"}, {&at.creator, lazy, "_creator"},
+      {&at.grad, lazy, "grad"}, {&at.name, lazy, "name"},
+      {&at.requires_grad, lazy, "requires_grad"}, {&at.base, view, "_base"},
+      {&at.key, view, "_key"}, {&at.key_tag, view_key_type, "tag"},
+      {&at.key_start, view_key_type, "start"}, {&at.key_shape, view_key_type, "shape"},
+      {&at.key_aval, view_key_type, "aval"}, {&at.sig_nodes, sig, "nodes"},
+      {&at.sig_rows, sig, "arg_rows"}, {&at.sig_local, sig, "local"},
+      {&at.sig_out, sig, "out"}, {&at.sig_can_grad, sig, "can_grad"}};
+  for (auto &f : fields)
+    if ((*f.out = offset_of(f.type, f.name)) < 0) return nullptr;
+  PyObject *state = PyObject_GenericGetDict(scope, nullptr);
+  if (!state) return nullptr;
+  PyObject *known = PyDict_GetItemString(state, "_known");
+  PyObject *learn = PyObject_GetAttrString(scope, "_learn");
+  if (!known || !learn) {
+    Py_DECREF(state);
+    Py_XDECREF(learn);
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "autobatch recorder: no _known");
+    return nullptr;
+  }
+  Recorder *r = PyObject_GC_New(Recorder, recorder_type);
+  if (!r) { Py_DECREF(state); Py_DECREF(learn); return nullptr; }
+  Py_INCREF(scope); r->scope = scope;
+  r->state = state;
+  Py_INCREF(known); r->known = known;
+  r->learn = learn;
+  PyTypeObject **type_fields[] = {&r->lazy, &r->view, &r->tensor, &r->ndarray};
+  for (int k = 0; k < 4; ++k) {
+    PyObject *t = PyTuple_GET_ITEM(types, k);
+    Py_INCREF(t);
+    *type_fields[k] = reinterpret_cast<PyTypeObject *>(t);
+  }
+  Py_INCREF(tracing); r->tracing = tracing;
+  Py_INCREF(tensor_globals); r->tensor_globals = tensor_globals;
+  r->slice_op = PyTuple_GET_ITEM(ops, 0); Py_INCREF(r->slice_op);
+  r->reshape_op = PyTuple_GET_ITEM(ops, 1); Py_INCREF(r->reshape_op);
+  r->views_by_id = PyTuple_GET_ITEM(views, 0); Py_INCREF(r->views_by_id);
+  r->view_key = PyTuple_GET_ITEM(views, 1); Py_INCREF(r->view_key);
+  r->at = at;
+  PyObject_GC_Track(reinterpret_cast<PyObject *>(r));
+  return reinterpret_cast<PyObject *>(r);
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _library():
+    """The compiled recorder (a ``ctypes.PyDLL``: its calls hold the GIL), or None where it
+    cannot be built here."""
+    include = sysconfig.get_paths().get("include")
+    if build.unavailable() is not None or not include:
+        return None
+    try:
+        lib = build.python_library(_SOURCE, "recorder", include,
+                                   "minicavs/autobatch/native.py")
+    except Exception:  # (no compiler, no headers: the Python recorder runs)
+        return None
+    make = lib.make_recorder
+    make.restype = ctypes.py_object
+    make.argtypes = [ctypes.py_object] * 6
+    return make
+
+
+def recorder(scope):
+    """The C fast path for ``scope`` (an ``AutoBatch``), or None (record in Python)."""
+    make = _library()
+    if make is None:
+        return None
+    from ..autodiff.tensor import Tensor
+    from ..ops import registry
+    from ..ops.shape import RESHAPE, SLICE_AXIS
+    from . import scope as scope_module, signature, views
+    import numpy as np
+
+    tensor_globals = sys.modules[Tensor.__module__].__dict__
+    return make(scope, (scope_module.LazyTensor, scope_module.LazyView, Tensor, np.ndarray,
+                        views.ViewKey, signature.Signature),
+                registry.tracing, tensor_globals, (SLICE_AXIS, RESHAPE),
+                (views._BY_ID, views.view_key))

@@ -1,0 +1,68 @@
+"""The C recorder (``minicavs/autobatch/native.py``) against its reference, the Python recorder
+of ``scope.py``: the same recording, call for call. (``test_autobatch.py`` runs every
+autobatch test under each recorder; this compares what they record.)"""
+
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import minicavs as mc
+from tests.test_autobatch import _params, _tiny_tagger, _tiny_tree_lstm, _unary, _combine
+
+native = sys.modules["minicavs.autobatch.native"]
+pytestmark = pytest.mark.skipif(native._library() is None,
+                                reason="the C recorder cannot be built here (native code off, "
+                                       "or no compiler or Python headers)")
+
+
+def _recording(c_recorder, program):
+    make = native.recorder
+    if not c_recorder:
+        native.recorder = lambda scope: None
+    try:
+        with mc.autobatch("agenda+") as ab:
+            program()
+            got = (ab.count, list(ab.node_depth), ab.views, len(ab.leaves),
+                   sorted((s.label, list(s.nodes), list(s.arg_rows), s.local)
+                          for s in ab.active))
+            used = type(ab._fast_path).__name__
+            ab.run_pending()
+    finally:
+        native.recorder = make
+    return got, used
+
+
+def _same_recording(program):
+    (c, used), (python, _) = _recording(True, program), _recording(False, program)
+    assert used == "Recorder"  # (the C recorder's type)
+    assert c == python
+
+
+@pytest.mark.parametrize("make", [lambda: _tiny_tagger(False), lambda: _tiny_tagger(True),
+                                  _tiny_tree_lstm], ids=["tagger", "tagger-char", "tree-lstm"])
+def test_the_c_recorder_records_the_plain_models_as_the_python_one(make):
+    model, samples, loss_of = make()
+    _same_recording(lambda: mc.sum(mc.stack([loss_of(s) for s in samples])))
+
+
+@settings(max_examples=40, deadline=None)
+@given(codes=st.lists(st.integers(0, 40), min_size=1, max_size=12), seed=st.integers(0, 9))
+def test_the_c_recorder_records_generated_programs_as_the_python_one(codes, seed):
+    """Chains of the generated programs' ops (views, slices of views, reshapes, data ids,
+    shared parameters, constants), two samples combined."""
+    p = _params(seed)
+
+    def program():
+        outs = []
+        for sample in range(2):
+            h = mc.embedding(p["E"], np.array(sample + 1))
+            for code in codes:
+                h = _unary(code, h, p)
+                if h.shape != (4,):  # (the cells give [h, c] of half the width: back to D)
+                    h = mc.concat([h, h])[:4] if h.shape[0] < 4 else h[:4]
+            outs.append(h)
+        mc.sum(_combine(outs[0], outs[1], p))
+
+    _same_recording(program)
