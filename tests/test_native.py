@@ -491,6 +491,18 @@ def test_large_products_on_the_native_team_equal_numpy():
         assert kernels.matmul(a.astype("float32"), b) is None  # mixed dtypes: NumPy
 
 
+def test_data_addresses_read_from_the_array_struct_equal_numpys():
+    """``kernels.data_address`` reads the address from NumPy's array struct (a probe at import
+    checked the layout): it must equal ``ndarray.ctypes.data`` for views, offsets, transposes,
+    Fortran order, empty and 0-d arrays."""
+    from minicavs.cpu import kernels
+
+    base = np.arange(60.0).reshape(6, 10)
+    for a in (base, base[2:, 3:], base.T, base[:, 5], np.asfortranarray(base)[1:], np.empty(0),
+              np.array(3.0), base.astype(np.float32)[::2], base.reshape(60)[7:]):
+        assert kernels.data_address(a) == a.ctypes.data
+
+
 @needs_native
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_products_with_an_invariant_weight_run_on_its_packed_panels_and_equal_numpy(dtype):

@@ -82,7 +82,8 @@ def run(source, inputs, outs=None):
     if loop is None:
         return None
     pointers = (ctypes.c_void_p * (len(inputs) + len(results)))(
-        *[a.ctypes.data for a in inputs], *[r.ctypes.data for r in results])
+        *[kernels.data_address(a) for a in inputs],
+        *[kernels.data_address(r) for r in results])
     threads = kernels.team_size() if kernels.in_team_products() else 1
     loop(ctypes.c_int64(rows), ctypes.c_int64(cols), pointers,
          np.asarray(strides, dtype=np.int64).ctypes.data_as(ctypes.c_void_p),
@@ -96,7 +97,7 @@ def _layout(a, shape, cols):
     item = a.itemsize
     if a.size == 1:
         return ONE, 0
-    if a.ctypes.data % item or any(s % item for s in a.strides):
+    if kernels.data_address(a) % item or any(s % item for s in a.strides):
         return None
     if a.shape == shape:
         if a.flags.c_contiguous:

@@ -184,6 +184,9 @@ def one_hot(labels, num_classes, dtype):
 
 def embedding(table, ids):
     """Look up rows of ``table`` for integer ``ids`` of any shape: result ``ids.shape + (D,)``."""
+    if type(ids) is np.ndarray and not ids.ndim:  # one id (a word's, per step): its row
+        return apply(shape.RESHAPE, take_rows(table, ids.reshape(1)),
+                     shape=tuple(table.shape[1:]))
     ids_shape = tuple(ids.shape)
     # plain data (a NumPy id) is reshaped by NumPy: no op to record for it
     flat = ids.reshape(-1) if type(ids) is np.ndarray else shape.reshape(ids, (-1,))

@@ -157,7 +157,7 @@ PAD_AXIS = register(Op("pad_axis", _pad_forward, _infer_pad,
 
 def reshape(x, shape):
     """Reshape to ``shape``; one entry may be -1 (inferred)."""
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(map(int, shape))
     if shape.count(-1) > 1:
         raise ShapeError(f"op 'reshape': at most one -1 allowed in {describe(shape)}")
     if -1 in shape:
