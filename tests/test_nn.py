@@ -176,6 +176,25 @@ def test_sgd_plain_and_with_momentum_by_hand():
     np.testing.assert_allclose(opt.state[0]["velocity"], [2.9])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_sgd_updates_large_tables_in_place_and_leaves_the_gradient_alone(dtype):
+    """Plain SGD on contiguous NumPy floats runs as the BLAS's axpy (no temporary): the same
+    values as ``p - lr * g``, the parameter's memory updated in place, the gradient unchanged;
+    a strided gradient takes NumPy's path, with the same result."""
+    rng = np.random.default_rng(2)
+    for grad in (rng.standard_normal((300, 40)).astype(dtype),
+                 rng.standard_normal((40, 300)).astype(dtype).T):  # (strided)
+        start = rng.standard_normal((300, 40)).astype(dtype)
+        p = nn.Parameter(start.copy())
+        memory = p.data
+        p.grad = mc.tensor(grad)
+        nn.SGD([p], lr=0.25).step()
+        np.testing.assert_allclose(p.numpy(), start - np.asarray(0.25, dtype) * grad,
+                                   rtol=1e-6 if dtype == "float32" else 1e-15)
+        assert p.data is memory or np.shares_memory(p.data, memory)
+        np.testing.assert_array_equal(p.grad.numpy(), grad)
+
+
 def test_adagrad_by_hand():
     p = _param([1.0, 1.0])
     opt = nn.Adagrad([p], lr=0.1, eps=1e-10)
