@@ -348,14 +348,40 @@ def test_the_recorders_caches_stop_growing_after_the_first_steps():
     signature = sys.modules["minicavs.autobatch.signature"]
     model, samples, loss_of = _tiny_tagger(True)
 
+    scope = sys.modules["minicavs.autobatch.scope"]
+
     def sizes(steps):
         for _ in range(steps):
             with mc.autobatch("agenda+"):
                 mc.sum(mc.stack([loss_of(s) for s in samples])).backward()
-        return len(views._BY_ID), len(views.BY_CODE), len(signature._AVALS)
+        return (len(views._BY_ID), len(views.BY_CODE), len(signature._AVALS),
+                len(scope._LEARNED))
 
     first = sizes(2)
     assert sizes(10) == first
+
+
+def test_learned_signatures_do_not_keep_a_model_alive():
+    """Signatures learned in one scope serve the next (the same forms every mini-batch), but
+    they hold the parameters weakly: a model dropped by the user is collected, and its
+    signatures leave the cache with it."""
+    import weakref
+
+    scope = sys.modules["minicavs.autobatch.scope"]
+    model, samples, loss_of = _tiny_tagger(False)
+    with mc.autobatch("agenda+"):
+        mc.sum(mc.stack([loss_of(s) for s in samples])).backward()
+    ids = {id(p) for p in model.parameters()}
+
+    def names_the_model(key):
+        return any(part in ids for part in key if type(part) is int)
+
+    assert any(names_the_model(k) for k in scope._LEARNED)
+    alive = weakref.ref(model.W1)
+    del model, loss_of
+    gc.collect()
+    assert alive() is None
+    assert not any(names_the_model(k) for k in scope._LEARNED)
 
 
 def test_slab_memory_is_reused_across_steps_but_never_under_a_live_value():

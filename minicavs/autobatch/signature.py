@@ -15,12 +15,14 @@ parameter gradient of ``x @ W`` over a batch is one product Xᵀ·G, as in ∂F.
 """
 
 import contextlib
+import weakref
 from collections import Counter
 
 import numpy as np
 
 from ..errors import GraphError, MinicavsError
 from ..autodiff.symbolic import Graph, Tracer, grad_graph
+from ..autodiff.tensor import Tensor
 from ..locations import format_location, user_location
 from ..ops.batching import VERTICES, has_symbolic_size, instantiate, row_domain
 from ..ops.registry import Aval
@@ -79,6 +81,36 @@ class Signature:
             parts = [f"{len(parts)}x{parts[0]}"]
         shapes = ",".join(parts)
         self.label = f"{op.name}{shapes and ' ' + shapes}"
+
+    def detached(self, on_collected):
+        """This signature for the cache of learned ones (``scope._LEARNED``): no nodes, its
+        shared Tensors held by weak references, ``on_collected`` called when one is
+        collected."""
+        copy = self._copy()
+        copy.shared = [weakref.ref(s, on_collected) if isinstance(s, Tensor) else s
+                       for s in self.shared]
+        copy.nodes = copy.arg_rows = None
+        return copy
+
+    def attached(self, sig_id):
+        """A scope's signature from a detached one, numbered ``sig_id``; None when one of its
+        shared Tensors is gone."""
+        shared = []
+        for s in self.shared:  # (None: a per-row operand)
+            if isinstance(s, weakref.ref):
+                s = s()
+                if s is None:
+                    return None
+            shared.append(s)
+        sig = self._copy()
+        sig.id, sig.shared, sig.nodes, sig.arg_rows, sig.local = sig_id, shared, [], [], -1
+        return sig
+
+    def _copy(self):
+        copy = object.__new__(Signature)
+        for name in Signature.__slots__:
+            setattr(copy, name, getattr(self, name))
+        return copy
 
     def shared_grads(self):
         """Positions of the shared operands that get a gradient (Tensors requiring grad)."""
