@@ -51,7 +51,7 @@ class Signature:
     shared value (a Tensor or a 0-d constant array). Kernels are built on first use."""
 
     __slots__ = ("id", "op", "attrs", "row_avals", "shared", "out", "grad_enabled", "nodes",
-                 "arg_rows", "arity", "_forward", "label", "can_grad", "local")
+                 "arg_rows", "arity", "_forward", "label", "can_grad", "local", "_detached")
 
     def __init__(self, sig_id, op, attrs, row_avals, shared, grad_enabled):
         self.id = sig_id
@@ -74,6 +74,7 @@ class Signature:
         self.nodes = []  # indices of the recorded nodes of this signature, in recording order
         self.arg_rows = []  # flat: per node, the source id of each per-row operand
         self._forward = None
+        self._detached = None  # its copy in the cache of learned signatures, if any
         parts = [str(tuple(a.shape)) if a is not None
                  else "W" if hasattr(s, "requires_grad") else "c"
                  for a, s in zip(row_avals, shared)]
@@ -90,6 +91,7 @@ class Signature:
         copy.shared = [weakref.ref(s, on_collected) if isinstance(s, Tensor) else s
                        for s in self.shared]
         copy.nodes = copy.arg_rows = None
+        self._detached = copy
         return copy
 
     def attached(self, sig_id):
@@ -104,6 +106,7 @@ class Signature:
             shared.append(s)
         sig = self._copy()
         sig.id, sig.shared, sig.nodes, sig.arg_rows, sig.local = sig_id, shared, [], [], -1
+        sig._detached = self
         return sig
 
     def _copy(self):
@@ -125,6 +128,8 @@ class Signature:
             if kernel is None:
                 kernel = _KERNELS[key] = BatchedKernel(self)
             self._forward = kernel
+            if self._detached is not None:  # (the next scope's copy starts with it)
+                self._detached._forward = kernel
         return self._forward
 
     def backward(self, split_shared):
