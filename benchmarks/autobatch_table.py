@@ -281,41 +281,62 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="times the whole table runs, its systems taking turns (the "
+                             "machine is shared: a slow second hits one system, not all); "
+                             "each cell is the median, each ratio the median of the rounds'")
     parser.add_argument("--worker", nargs=2, metavar=("SYSTEM", "TASK"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(*args.worker, args.batches, args.threads)))
         return None
-    table = {}
-    for task in args.tasks.split(","):
-        for system in args.systems.split(","):
-            if system == "minicavs-vertex" and task != "treelstm":
-                continue
-            env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
-                       OPENBLAS_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT))
-            rate = run_worker(system, task, args, env)
-            table[(task, system)] = rate
-            print(f"{task:<12} {system:<18} "
-                  f"{'failed' if rate is None else f'{rate:8.1f} samples/s'}", flush=True)
-    print(render(table, args.tasks.split(",")))
-    return table
+    rounds = []
+    for r in range(args.rounds):
+        table = {}
+        for task in args.tasks.split(","):
+            for system in args.systems.split(","):
+                if system == "minicavs-vertex" and task != "treelstm":
+                    continue
+                env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
+                           OPENBLAS_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT))
+                rate = run_worker(system, task, args, env)
+                table[(task, system)] = rate
+                print(f"round {r + 1}  {task:<12} {system:<18} "
+                      f"{'failed' if rate is None else f'{rate:8.1f} samples/s'}", flush=True)
+        rounds.append(table)
+    print(render(rounds, args.tasks.split(",")))
+    return rounds
 
 
-def render(table, tasks):
-    lines = ["", "| task | " + " | ".join(SYSTEMS) + " | agenda+ ÷ dynet-agenda | agenda+ ÷ agenda "
-             "| depth+ ÷ dynet-depth |",
-             "|---" * (len(SYSTEMS) + 4) + "|"]
+RATIOS = [("agenda+ ÷ dynet-agenda", "minicavs-agenda+", "dynet-agenda"),
+          ("agenda+ ÷ agenda", "minicavs-agenda+", "minicavs-agenda"),
+          ("depth+ ÷ dynet-depth", "minicavs-depth+", "dynet-depth")]
+
+
+def render(rounds, tasks):
+    """The table: each cell the median over the rounds, each ratio the median of the
+    rounds' own ratios (each from one round, whose systems ran minutes apart at most), the
+    rounds' ratios after it."""
+    lines = ["", f"{len(rounds)} round(s); samples/s, median of the rounds",
+             "", "| task | " + " | ".join(SYSTEMS) + " | " +
+             " | ".join(name for name, _, _ in RATIOS) + " |",
+             "|---" * (len(SYSTEMS) + 1 + len(RATIOS)) + "|"]
+    per_round = []
     for task in tasks:
-        row = [table.get((task, s)) for s in SYSTEMS]
-
-        def ratio(a, b):
-            x, y = table.get((task, a)), table.get((task, b))
-            return f"{x / y:.2f}×" if x and y else "-"
-        lines.append(f"| {task} | " + " | ".join("-" if r is None else f"{r:.1f}" for r in row)
-                     + f" | {ratio('minicavs-agenda+', 'dynet-agenda')} | "
-                     f"{ratio('minicavs-agenda+', 'minicavs-agenda')} | "
-                     f"{ratio('minicavs-depth+', 'dynet-depth')} |")
-    return "\n".join(lines)
+        cells = []
+        for s in SYSTEMS:
+            rates = [t[(task, s)] for t in rounds if t.get((task, s))]
+            cells.append(f"{np.median(rates):.1f}" if rates else "-")
+        ratios, each = [], []
+        for _, a, b in RATIOS:
+            values = [t[(task, a)] / t[(task, b)] for t in rounds
+                      if t.get((task, a)) and t.get((task, b))]
+            ratios.append(f"{np.median(values):.2f}×" if values else "-")
+            each.append(" / ".join(f"{v:.2f}" for v in values) or "-")
+        lines.append(f"| {task} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+        per_round.append(f"{task}: " + "; ".join(f"{name} {e}" for (name, _, _), e
+                                                  in zip(RATIOS, each)))
+    return "\n".join(lines + ["", "each round's ratios:"] + per_round)
 
 
 if __name__ == "__main__":
