@@ -2,7 +2,7 @@
 automatically, in sentences (trees) per second of training, mini-batch 64.
 
     python benchmarks/run.py --autobatch --threads 2          # the table (via run.py)
-    python benchmarks/autobatch_table.py --batches 4 --threads 2
+    python benchmarks/autobatch_table.py --batches 8 --rounds 3 --threads 2
 
 Tasks: the BiLSTM tagger, the BiLSTM tagger with character LSTMs for rare words (the paper's
 sizes: word embedding 128, character embedding 64, LSTM 256 per direction, MLP 32, characters
@@ -277,7 +277,7 @@ def run_worker(system, task, args, env):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, default=4, help="measured mini-batches of 64")
+    parser.add_argument("--batches", type=int, default=8, help="measured mini-batches of 64")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--systems", default=",".join(SYSTEMS))
