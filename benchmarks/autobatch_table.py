@@ -246,10 +246,12 @@ def worker(system, task, batches, threads):
         step = minicavs_plain(task, system.split("-", 1)[1], samples, vocab)
     chunks = [samples[i * BATCH:(i + 1) * BATCH] for i in range(batches + 1)]
     step(chunks[0])  # warm-up: caches, kernels, pools
-    began = time.perf_counter()
+    times = []  # seconds per measured mini-batch
     for chunk in chunks[1:]:
+        began = time.perf_counter()
         step(chunk)
-    return BATCH * batches / (time.perf_counter() - began)
+        times.append(time.perf_counter() - began)
+    return times
 
 
 def run_worker(system, task, args, env):
@@ -284,59 +286,59 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3,
                         help="times the whole table runs, its systems taking turns (the "
                              "machine is shared: a slow second hits one system, not all); "
-                             "each cell is the median, each ratio the median of the rounds'")
+                             "each mini-batch's time is the median of the rounds'")
     parser.add_argument("--worker", nargs=2, metavar=("SYSTEM", "TASK"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(*args.worker, args.batches, args.threads)))
         return None
-    rounds = []
+    times = {}  # (task, system) -> [per round: seconds per mini-batch, or None]
     for r in range(args.rounds):
-        table = {}
         for task in args.tasks.split(","):
             for system in args.systems.split(","):
                 if system == "minicavs-vertex" and task != "treelstm":
                     continue
                 env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
                            OPENBLAS_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT))
-                rate = run_worker(system, task, args, env)
-                table[(task, system)] = rate
-                print(f"round {r + 1}  {task:<12} {system:<18} "
-                      f"{'failed' if rate is None else f'{rate:8.1f} samples/s'}", flush=True)
-        rounds.append(table)
-    print(render(rounds, args.tasks.split(",")))
-    return rounds
+                steps = run_worker(system, task, args, env)
+                times.setdefault((task, system), []).append(steps)
+                print(f"round {r + 1}  {task:<12} {system:<18} " +
+                      ("failed" if steps is None else
+                       f"{BATCH * len(steps) / sum(steps):8.1f} samples/s"), flush=True)
+    table = throughputs(times)
+    print(render(table, args.tasks.split(","), args.rounds))
+    return table
 
 
-RATIOS = [("agenda+ ÷ dynet-agenda", "minicavs-agenda+", "dynet-agenda"),
-          ("agenda+ ÷ agenda", "minicavs-agenda+", "minicavs-agenda"),
-          ("depth+ ÷ dynet-depth", "minicavs-depth+", "dynet-depth")]
+def throughputs(times):
+    """Samples per second per (task, system): every mini-batch timed in each round, its time
+    taken as the median of the rounds' (a slow second on the shared machine hits one round of
+    one batch, and drops out), summed over the batches. None where no round ran."""
+    table = {}
+    for cell, runs in times.items():
+        runs = [r for r in runs if r]
+        if runs:
+            per_batch = np.median(np.array(runs), axis=0)
+            table[cell] = BATCH * len(per_batch) / per_batch.sum()
+    return table
 
 
-def render(rounds, tasks):
-    """The table: each cell the median over the rounds, each ratio the median of the
-    rounds' own ratios (each from one round, whose systems ran minutes apart at most), the
-    rounds' ratios after it."""
-    lines = ["", f"{len(rounds)} round(s); samples/s, median of the rounds",
-             "", "| task | " + " | ".join(SYSTEMS) + " | " +
-             " | ".join(name for name, _, _ in RATIOS) + " |",
-             "|---" * (len(SYSTEMS) + 1 + len(RATIOS)) + "|"]
-    per_round = []
+def render(table, tasks, rounds=1):
+    lines = ["", f"samples/s; each mini-batch's time the median of {rounds} round(s)", "",
+             "| task | " + " | ".join(SYSTEMS) + " | agenda+ ÷ dynet-agenda | agenda+ ÷ agenda "
+             "| depth+ ÷ dynet-depth |",
+             "|---" * (len(SYSTEMS) + 4) + "|"]
     for task in tasks:
-        cells = []
-        for s in SYSTEMS:
-            rates = [t[(task, s)] for t in rounds if t.get((task, s))]
-            cells.append(f"{np.median(rates):.1f}" if rates else "-")
-        ratios, each = [], []
-        for _, a, b in RATIOS:
-            values = [t[(task, a)] / t[(task, b)] for t in rounds
-                      if t.get((task, a)) and t.get((task, b))]
-            ratios.append(f"{np.median(values):.2f}×" if values else "-")
-            each.append(" / ".join(f"{v:.2f}" for v in values) or "-")
-        lines.append(f"| {task} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
-        per_round.append(f"{task}: " + "; ".join(f"{name} {e}" for (name, _, _), e
-                                                  in zip(RATIOS, each)))
-    return "\n".join(lines + ["", "each round's ratios:"] + per_round)
+        row = [table.get((task, s)) for s in SYSTEMS]
+
+        def ratio(a, b):
+            x, y = table.get((task, a)), table.get((task, b))
+            return f"{x / y:.2f}×" if x and y else "-"
+        lines.append(f"| {task} | " + " | ".join("-" if r is None else f"{r:.1f}" for r in row)
+                     + f" | {ratio('minicavs-agenda+', 'dynet-agenda')} | "
+                     f"{ratio('minicavs-agenda+', 'minicavs-agenda')} | "
+                     f"{ratio('minicavs-depth+', 'dynet-depth')} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
