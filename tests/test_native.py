@@ -405,7 +405,16 @@ def test_scatter_add_rows_kernel_equals_numpy():
         np.add.at(want, idx[idx >= 0], values[idx >= 0])
         assert kernels.scatter_add_rows(out, idx, values)
         np.testing.assert_allclose(out, want, rtol=1e-6 if dtype == "float32" else 1e-12)
+        # strided rows on both sides: columns 3:8 of a gradient slab, a slice of a wider g
+        slab = rng.standard_normal((9, 12)).astype(dtype)
+        wide = rng.standard_normal((40, 11)).astype(dtype)
+        want = slab.copy()
+        np.add.at(want[:, 3:8], idx[idx >= 0], wide[idx >= 0, 2:7])
+        assert kernels.scatter_add_rows(slab[:, 3:8], idx, wide[:, 2:7])
+        np.testing.assert_allclose(slab, want, rtol=1e-6 if dtype == "float32" else 1e-12)
     assert not kernels.scatter_add_rows(out, idx, values.astype("float64"))  # NumPy runs
+    assert not kernels.scatter_add_rows(out, idx, values[:, ::2].repeat(3, 1)[:, :5][::-1])
+    assert not kernels.scatter_add_rows(np.zeros((9, 5, 2))[:, :, 0], idx, values)  # strided
 
 
 @needs_native

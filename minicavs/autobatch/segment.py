@@ -292,12 +292,14 @@ class Segment:
         if rows is None:
             gslab[lo:lo + n] += g
             self.stats["scatter_avoided"] += 1
-        elif unique or (unique is None and _unique(rows)):
-            gslab[rows] += g
-            self.stats["scatter_made"] += 1
+            return
+        self.stats["scatter_made"] += 1
+        if self.xp is np and kernels.scatter_add_rows(gslab, np.ascontiguousarray(rows), g):
+            return  # (native: one pass over the rows; a row read twice gets both terms)
+        if unique or (unique is None and _unique(rows)):
+            gslab[rows] += g  # (a gather, an add and a scatter: three passes)
         else:  # a value read twice by one batch: add each row's terms
             _scatter_add(self.xp, gslab, rows, g)
-            self.stats["scatter_made"] += 1
 
     def _shared_gradients(self, sig, terms, params):
         """The backward-batching strategy: one product for the shared operands' gradients of

@@ -74,11 +74,11 @@ static void xent_grad(const T *x, const int64_t *label, const T *g, int64_t rows
 // np.add.at does): an embedding's gradient. One core: two rows may name one output row.
 template <typename T>
 static void scatter_add(T *out, const int64_t *idx, const T *values, int64_t rows,
-                        int64_t cols) {
+                        int64_t cols, int64_t ldo, int64_t ldv) {  // (row strides)
   for (int64_t i = 0; i < rows; ++i) {
     if (idx[i] < 0) continue;
-    T *__restrict__ o = out + idx[i] * cols;
-    const T *__restrict__ v = values + i * cols;
+    T *__restrict__ o = out + idx[i] * ldo;
+    const T *__restrict__ v = values + i * ldv;
     #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) o[j] += v[j];
   }
@@ -454,10 +454,10 @@ void packed_gemm_f32(const float *a, int64_t lda, const float *p, int64_t m, int
 void packed_gemm_f64(const double *a, int64_t lda, const double *p, int64_t m, int64_t n,
                      int64_t k, double *c, int64_t ldc, int t) {
   packed_gemm(a, lda, p, m, n, k, c, ldc, t); }
-void scatter_add_f32(float *o, const int64_t *i, const float *v, int64_t r, int64_t c) {
-  scatter_add(o, i, v, r, c); }
-void scatter_add_f64(double *o, const int64_t *i, const double *v, int64_t r, int64_t c) {
-  scatter_add(o, i, v, r, c); }
+void scatter_add_f32(float *o, const int64_t *i, const float *v, int64_t r, int64_t c,
+                     int64_t lo, int64_t lv) { scatter_add(o, i, v, r, c, lo, lv); }
+void scatter_add_f64(double *o, const int64_t *i, const double *v, int64_t r, int64_t c,
+                     int64_t lo, int64_t lv) { scatter_add(o, i, v, r, c, lo, lv); }
 void adam_f32(int64_t n, float *const *p, const float *const *g, float *const *m,
               float *const *v, const int64_t *s, const double *h) { adam(n, p, g, m, v, s, h); }
 void adam_f64(int64_t n, double *const *p, const double *const *g, double *const *m,
@@ -605,18 +605,38 @@ def lstm_cell_grad(pre, c_prev, out, g):
 
 def scatter_add_rows(out, idx, values):
     """``out[idx[i]] += values[i]`` (rows; idx -1 skipped, repeats add up, in order), in place;
-    False where it does not apply (the caller's NumPy form runs). Indices must be checked."""
+    False where it does not apply (the caller's NumPy form runs). ``out`` and ``values``:
+    C-contiguous, or 2-D with contiguous rows at any stride (a view of some columns of a
+    gradient slab). Indices must be checked."""
     suffix = _SUFFIX.get(getattr(out, "dtype", None))
     if suffix is None or values.dtype != out.dtype or out.ndim == 0 or len(idx) != len(values) \
-            or not _usable(out, values) or idx.dtype != np.int64 or not idx.flags.c_contiguous:
+            or idx.dtype != np.int64 or not idx.flags.c_contiguous:
+        return False
+    cols = out.size // out.shape[0] if out.shape[0] else 0
+    ldo, ldv = _rows_of(out, cols), _rows_of(values, cols)
+    if ldo is None or ldv is None or values.size != len(values) * cols:
         return False
     lib = _library()
     if lib is None:
         return False
-    cols = out.size // out.shape[0] if out.shape[0] else 0
     getattr(lib, f"scatter_add_{suffix}")(_p(out), _p(idx), _p(values),
-                                          ctypes.c_int64(len(idx)), ctypes.c_int64(cols))
+                                          ctypes.c_int64(len(idx)), ctypes.c_int64(cols),
+                                          ctypes.c_int64(ldo), ctypes.c_int64(ldv))
     return True
+
+
+def _rows_of(a, cols):
+    """The row stride, in elements, of ``a`` read as rows of ``cols`` contiguous elements, or
+    None where it cannot be."""
+    if not isinstance(a, np.ndarray):
+        return None
+    if a.flags.c_contiguous:
+        return cols
+    item = a.itemsize
+    if a.ndim == 2 and a.strides[1] == item and a.strides[0] % item == 0 \
+            and a.strides[0] >= cols * item:
+        return a.strides[0] // item
+    return None
 
 
 def agenda_schedule(sig, waiting, consumer_ptr, consumers, per_sig, position, sig_start,
