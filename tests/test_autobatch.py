@@ -361,6 +361,32 @@ def test_the_recorders_caches_stop_growing_after_the_first_steps():
     assert sizes(10) == first
 
 
+def test_a_parameter_resized_between_steps_is_a_new_form():
+    """A signature learned in one scope is not reused for a parameter whose shape or dtype
+    changed since (a vocabulary grown, a layer widened): the next step equals eager."""
+    rng = np.random.default_rng(4)
+    W = mc.Parameter(rng.normal(size=(3, 4)))
+    xs = [rng.normal(size=3) for _ in range(3)]
+
+    def step():
+        W.grad = None
+        with mc.autobatch("agenda+"):
+            loss = mc.sum(mc.stack([mc.sum(mc.tanh(mc.tensor(x) @ W)) for x in xs]))
+            loss.backward()
+        return float(loss), W.grad.numpy()
+
+    step()
+    for data in (rng.normal(size=(3, 6)), rng.normal(size=(3, 6)).astype(np.float32)):
+        W.data = data
+        got, grad = step()
+        W.grad = None
+        eager = mc.sum(mc.stack([mc.sum(mc.tanh(mc.tensor(x.astype(data.dtype)) @ W))
+                                 for x in xs]))
+        eager.backward()
+        assert got == pytest.approx(float(eager), rel=1e-6)
+        np.testing.assert_allclose(grad, W.grad.numpy(), rtol=1e-5)
+
+
 def test_learned_signatures_do_not_keep_a_model_alive():
     """Signatures learned in one scope serve the next (the same forms every mini-batch), but
     they hold the parameters weakly: a model dropped by the user is collected, and its

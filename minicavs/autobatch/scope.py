@@ -36,7 +36,7 @@ _active = None  # the AutoBatch whose block is running
 # mini-batch and meets the same call forms in each (the tagger: 74 a step, 3-4 ms to learn
 # anew). Each is kept detached — no nodes, its parameters held weakly — and dropped when one of
 # its parameters is collected (a key names parameters by id, which a new object may reuse).
-_LEARNED = {}  # key -> (the signature's full key, detached Signature, the avals the key names)
+_LEARNED = {}  # key -> (full key, detached Signature, the avals the key names, _forms(args))
 # The module of Tensor, whose _grad_enabled the hot path reads directly (``minicavs.autodiff``
 # exports a function named ``tensor``, so the module is taken from sys.modules).
 _tensor = sys.modules[Tensor.__module__]
@@ -291,8 +291,8 @@ class AutoBatch:
         """A call form the fast path has not seen in this scope: its signature from an earlier
         scope (``_LEARNED``), or made by the usual way; either way known from now on."""
         learned = _LEARNED.get(key)
-        if learned is not None:
-            full_key, detached, avals = learned
+        if learned is not None and learned[3] == _forms(args):  # (a parameter may be resized)
+            full_key, detached, avals, _ = learned
             sig = self._signatures.get(full_key) or detached.attached(len(self._signatures))
             if sig is not None:  # (None: one of its parameters is gone)
                 self._signatures[full_key] = sig
@@ -304,7 +304,8 @@ class AutoBatch:
         sig, avals = self._last_signature, [a._aval for a in args if type(a) is LazyTensor]
         self._known[key] = (sig, avals)
         _LEARNED[key] = (self._last_full_key,
-                         sig.detached(lambda _, key=key: _LEARNED.pop(key, None)), avals)
+                         sig.detached(lambda _, key=key: _LEARNED.pop(key, None)), avals,
+                         _forms(args))
         return node
 
     def _classify(self, args, force_row):
@@ -472,6 +473,13 @@ class AutoBatch:
         """What was batched and what it cost; see ``explain.py``."""
         from .explain import explain
         return explain(self, picture, max_batches)
+
+
+def _forms(args):
+    """The shapes and dtypes of a call's Tensor operands that its fast-path key names by
+    identity (parameters): one resized or recast between two scopes is a new form."""
+    return tuple((tuple(a.shape), a.dtype) for a in args
+                 if isinstance(a, Tensor) and not isinstance(a, LazyTensor))
 
 
 def _is_index(a):
