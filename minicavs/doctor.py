@@ -57,6 +57,11 @@ def _probe_native(report):
     report.append(("native cache", build.cache_dir(), None, False))
     report.append(("host memory", malloc.state, None, False))
     report.append(("blas threads", blas.idle_threads, None, False))
+    from .autobatch import native as recorder
+
+    why = recorder.unavailable()
+    report.append(("autobatch recorder", "C fast path" if why is None else
+                   f"Python ({why})", None, False))
     try:
         error, backends = _compare()
     except Exception as exc:  # noqa: BLE001 (a doctor reports; it does not crash)

@@ -24,6 +24,11 @@ def test_python_m_minicavs_doctor_runs_and_reports_ok():
         line = next(x for x in result.stdout.splitlines() if x.strip().startswith(label))
         assert "minicavs_scatter_add_sorted_f32: ok" in line, line
     assert "status: ok" in result.stdout
+    from minicavs.autobatch import native
+    from minicavs.cpu import build
+    if build.unavailable() is None:  # (native code off: the doctor stops at the backend row)
+        recorder = next(x for x in result.stdout.splitlines() if "autobatch recorder" in x)
+        assert ("C fast path" in recorder) == (native.unavailable() is None), recorder
 
 
 def test_doctor_says_what_to_install_for_each_missing_piece():

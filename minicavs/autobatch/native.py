@@ -15,6 +15,7 @@ compiler, no headers — :func:`recorder` returns None and the scope records in 
 
 import ctypes
 import functools
+import os
 import sys
 import sysconfig
 
@@ -479,19 +480,32 @@ extern "C" PyObject *make_recorder(PyObject *scope, PyObject *types, PyObject *t
 @functools.lru_cache(maxsize=None)
 def _library():
     """The compiled recorder (a ``ctypes.PyDLL``: its calls hold the GIL), or None where it
-    cannot be built here."""
+    cannot be built here (:func:`unavailable` says why)."""
+    return _build()[0]
+
+
+def unavailable():
+    """Why the C recorder is not used here (``python -m minicavs doctor`` shows it), or None."""
+    return _build()[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _build():
     include = sysconfig.get_paths().get("include")
-    if build.unavailable() is not None or not include:
-        return None
+    reason = build.unavailable()
+    if reason is not None:
+        return None, reason
+    if not include or not os.path.exists(os.path.join(include, "Python.h")):
+        return None, f"the interpreter's C headers (Python.h) are not in {include!r}"
     try:
         lib = build.python_library(_SOURCE, "recorder", include,
                                    "minicavs/autobatch/native.py")
-    except Exception:  # (no compiler, no headers: the Python recorder runs)
-        return None
+    except Exception as exc:  # (the Python recorder runs; the doctor says why)
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     make = lib.make_recorder
     make.restype = ctypes.py_object
     make.argtypes = [ctypes.py_object] * 6
-    return make
+    return make, None
 
 
 def recorder(scope):
