@@ -28,8 +28,8 @@ def recorder(request):
     make = native_recorder.recorder
     if request.param == "C recorder":
         if native_recorder._library() is None:
-            pytest.skip("the C recorder cannot be built here (native code off, or no "
-                        "compiler or Python headers); the Python recorder's run covers it")
+            pytest.skip(f"the C recorder cannot be built here ({native_recorder.unavailable()});"
+                        f" the Python recorder's run covers these tests")
     else:
         native_recorder.recorder = lambda scope: None
     yield request.param

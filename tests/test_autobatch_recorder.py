@@ -13,8 +13,8 @@ from tests.test_autobatch import _params, _tiny_tagger, _tiny_tree_lstm, _unary,
 
 native = sys.modules["minicavs.autobatch.native"]
 pytestmark = pytest.mark.skipif(native._library() is None,
-                                reason="the C recorder cannot be built here (native code off, "
-                                       "or no compiler or Python headers)")
+                                reason=f"the C recorder cannot be built here: "
+                                       f"{native.unavailable()}")
 
 
 def _recording(c_recorder, program):
