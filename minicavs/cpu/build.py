@@ -380,11 +380,17 @@ def build(source, tag, origin=""):
     # 88 ms). Read when libgomp loads, so set first.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+    path, compiled = _compile(source, tag, origin, _native_key(source))
+    return load_openmp_library(path), compiled
+
+
+def _compile(source, tag, origin, key, extra_flags=(), link_flags=LINK_FLAGS):
+    """``compile_library`` of a C++ source into the native cache: (path, compiled)."""
     cxx, version = compiler()
 
     def commands(cpp, obj, out):
-        return ([cxx, *cxx_flags(), "-x", "c++", "-c", "-o", obj, cpp],
-                [cxx, "-o", out, obj, *LINK_FLAGS])
+        return ([cxx, *cxx_flags(), *extra_flags, "-x", "c++", "-c", "-o", obj, cpp],
+                [cxx, "-o", out, obj, *link_flags])
 
     def failure(log):
         return KernelCompileError(
@@ -392,11 +398,8 @@ def build(source, tag, origin=""):
             f"--- compiler log ---\n{log}\n--- generated source ---\n{numbered(source)}",
             log=log, source=source)
 
-    path, compiled = compile_library(source, tag, kind="native", key=_native_key(source),
-                                     commands=commands, failure=failure)
-    return load_openmp_library(path), compiled
-
-
+    return compile_library(source, tag, kind="native", key=key, commands=commands,
+                           failure=failure)
 
 
 _module_lock = threading.Lock()
@@ -406,32 +409,13 @@ def python_library(source, tag, include, origin=""):
     """Compile ``source`` — C++ against CPython's C API, the running interpreter's headers in
     ``include`` — unless cached, and load it with ``ctypes.PyDLL``: its calls hold the GIL and
     raise the Python error they set. The key adds the interpreter's version and headers (the
-    C API's layouts are theirs)."""
-    cxx, version = compiler()
-    key = cache_key(source, version, cpu_signature(), sys.version, include, *cxx_flags(),
-                    *LINK_FLAGS)
-
-    def commands(cpp, obj, out):
-        return ([cxx, *cxx_flags(), f"-I{include}", "-x", "c++", "-c", "-o", obj, cpp],
-                [cxx, "-o", out, obj, *LINK_FLAGS])
-
-    def failure(log):
-        return KernelCompileError(
-            f"native code for {origin or tag} did not compile ({version}).\n"
-            f"--- compiler log ---\n{log}\n--- source ---\n{numbered(source)}",
-            log=log, source=source)
-
+    C API's layouts are theirs). Linked without OpenMP: loading it must not start libgomp
+    before :func:`build` has set its environment."""
+    key = cache_key(source, compiler()[1], cpu_signature(), sys.version, include,
+                    *cxx_flags(), "-shared")
     with _module_lock:
-        path, _ = compile_library(source, tag, kind="native", key=key, commands=commands,
-                                  failure=failure)
-        try:
-            lib = ctypes.PyDLL(path)
-        except OSError as exc:
-            raise ToolchainError(f"the compiled library {path} does not load ({exc}); remove "
-                                 f"it to rebuild, or {OFF_HINT}") from None
-        if path.endswith(".so.private"):
-            os.remove(path)
-    return lib
+        path, _ = _compile(source, tag, origin, key, (f"-I{include}",), ("-shared",))
+        return _load(ctypes.PyDLL, path)
 
 
 @functools.lru_cache(maxsize=None)
@@ -448,13 +432,7 @@ def load_openmp_library(path):
     """``ctypes.CDLL(path)`` for a library built with ``-fopenmp``, remembered for the fork
     handler; a private copy (see :func:`compile_library`) is unlinked once loaded."""
     global _loaded_openmp, _serial_in_child
-    try:
-        lib = ctypes.CDLL(path)
-    except OSError as exc:
-        raise ToolchainError(f"the compiled library {path} does not load ({exc}); remove it "
-                             f"to rebuild, or {OFF_HINT}") from None
-    if path.endswith(".so.private"):
-        os.remove(path)  # mapped now; nothing else may load it
+    lib = _load(ctypes.CDLL, path)
     with _lock:
         if _serial_in_child is None:
             try:  # dlsym searches the library's dependencies: the OpenMP runtime it links
@@ -463,6 +441,19 @@ def load_openmp_library(path):
             except AttributeError:
                 pass
         _loaded_openmp = True
+    return lib
+
+
+def _load(kind, path):
+    """``kind(path)`` (``ctypes.CDLL`` or ``PyDLL``); a private copy (see
+    :func:`compile_library`) is unlinked once loaded."""
+    try:
+        lib = kind(path)
+    except OSError as exc:
+        raise ToolchainError(f"the compiled library {path} does not load ({exc}); remove it "
+                             f"to rebuild, or {OFF_HINT}") from None
+    if path.endswith(".so.private"):
+        os.remove(path)  # mapped now; nothing else may load it
     return lib
 
 
