@@ -31,7 +31,7 @@ def recorder(request):
             pytest.skip(f"the C recorder cannot be built here ({native_recorder.unavailable()});"
                         f" the Python recorder's run covers these tests")
     else:
-        native_recorder.recorder = lambda scope: None
+        native_recorder.recorder = lambda scope, types: None
     yield request.param
     native_recorder.recorder = make
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(native._library() is None,
 def _recording(c_recorder, program):
     make = native.recorder
     if not c_recorder:
-        native.recorder = lambda scope: None
+        native.recorder = lambda scope, types: None
     try:
         with mc.autobatch("agenda+") as ab:
             program()

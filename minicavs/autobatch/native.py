@@ -19,7 +19,14 @@ import os
 import sys
 import sysconfig
 
+import numpy as np
+
+from ..autodiff.tensor import Tensor
 from ..cpu import build
+from ..ops import registry
+from ..ops.shape import RESHAPE, SLICE_AXIS
+from . import views
+from .signature import Signature
 
 _SOURCE = r"""// minicavs autobatch recorder (minicavs/autobatch/native.py); see scope.py for the
 // reference in Python: record_known, _view, _append, _leaf.
@@ -508,19 +515,13 @@ def _build():
     return make, None
 
 
-def recorder(scope):
-    """The C fast path for ``scope`` (an ``AutoBatch``), or None (record in Python)."""
+def recorder(scope, lazy_types):
+    """The C fast path for ``scope`` (an ``AutoBatch``) whose values are of ``lazy_types``
+    (``LazyTensor``, ``LazyView``), or None (record in Python)."""
     make = _library()
     if make is None:
         return None
-    from ..autodiff.tensor import Tensor
-    from ..ops import registry
-    from ..ops.shape import RESHAPE, SLICE_AXIS
-    from . import scope as scope_module, signature, views
-    import numpy as np
-
     tensor_globals = sys.modules[Tensor.__module__].__dict__
-    return make(scope, (scope_module.LazyTensor, scope_module.LazyView, Tensor, np.ndarray,
-                        views.ViewKey, signature.Signature),
+    return make(scope, (*lazy_types, Tensor, np.ndarray, views.ViewKey, Signature),
                 registry.tracing, tensor_globals, (SLICE_AXIS, RESHAPE),
                 (views._BY_ID, views.view_key))

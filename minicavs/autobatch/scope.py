@@ -176,7 +176,7 @@ class AutoBatch:
         _active = self
         # the C recorder (native.py), else the Python one; dropped on leaving (it holds the
         # scope: a cycle would keep the scope's slabs until the garbage collector ran)
-        self._fast_path = native.recorder(self) or self.record_known
+        self._fast_path = native.recorder(self, (LazyTensor, LazyView)) or self.record_known
         set_lazy_recorder(self.record)
         set_fast_path(self._fast_path)
         return self
