@@ -196,6 +196,7 @@ class BatchedKernel:
         self.graph = Graph(tracer.nodes, [s for s in self.inputs if s is not None], [out])
         self.output = out
         self.steps = _steps(self.graph)
+        self._body = (self.steps[0][:-1], self.steps[1])  # all but the last op
         self._backward = {}
 
     def backward(self, split_shared):
@@ -207,19 +208,18 @@ class BatchedKernel:
         """Evaluate into ``env`` (input symbol id -> array, filled by the caller), the result
         into ``out`` (the batch's rows of its slab): the last op writes there directly when it
         has a writer (``op.into``), saving a copy of every batch's output."""
-        steps, consts = self.steps
-        run_steps((steps[:-1], consts), env, n, xp)
-        node, attrs, symbolic = steps[-1]
+        run_steps(self._body, env, n, xp)
+        node, attrs, symbolic, _, inputs, result = self.steps[0][-1]
         if symbolic:
             attrs = {k: instantiate(v, n, 0) for k, v in attrs.items()}
-        args = [env[id(x)] for x in node.inputs]
+        args = [env[i] for i in inputs]
         op = node.op
         if op.into is not None and xp is np and not any(a is out for a in args):
             with np.errstate(over="ignore", invalid="ignore") if op.quiet_overflow else _nothing:
                 op.into(*args, out, **attrs)
-            env[id(node)] = out
+            env[result] = out
         else:
-            out[...] = env[id(node)] = op.forward(xp, *args, **attrs)
+            out[...] = env[result] = op.forward(xp, *args, **attrs)
         return out
 
     def derive(self, split_shared):
@@ -285,7 +285,7 @@ class BackwardKernel:
         self.ref_is_row = [row_domain(f.shape) is not None for f, _ in self.refs]
 
     def op_names(self):
-        return [node.op.name for node, _, _ in self.steps[0]]
+        return [step[0].op.name for step in self.steps[0]]
 
     def run(self, cotangents, forward_env, n, xp):
         env = {id(c): v for c, v in zip(self.cotangents, cotangents)}
@@ -296,12 +296,15 @@ class BackwardKernel:
 
 
 def _steps(graph):
-    """(node, attrs, symbolic) per op node; constants are bound once."""
+    """Per op node (node, attrs, whether they hold the symbolic row count, the op's forward,
+    its inputs' and its own keys in the environment), worked out once: a kernel runs for
+    every batch. Constants are bound once."""
     steps = []
     for node in graph.nodes:
         if node.kind == "op":
             symbolic = any(has_symbolic_size(v) for v in node.attrs.values())
-            steps.append((node, node.attrs, symbolic))
+            steps.append((node, node.attrs, symbolic, node.op.forward,
+                          tuple(id(x) for x in node.inputs), id(node)))
     consts = {id(n): n.value for n in graph.nodes if n.kind == "const"}
     return steps, consts
 
@@ -310,7 +313,7 @@ def run_steps(steps, env, n, xp):
     steps, consts = steps
     if consts:
         env.update(consts if xp is np else {k: xp.asarray(v) for k, v in consts.items()})
-    for node, attrs, symbolic in steps:
+    for _, attrs, symbolic, forward, inputs, result in steps:
         if symbolic:
             attrs = {k: instantiate(v, n, 0) for k, v in attrs.items()}
-        env[id(node)] = node.op.forward(xp, *[env[id(x)] for x in node.inputs], **attrs)
+        env[result] = forward(xp, *[env[i] for i in inputs], **attrs)
