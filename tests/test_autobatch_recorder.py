@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import minicavs as mc
-from tests.test_autobatch import _params, _tiny_tagger, _tiny_tree_lstm, _unary, _combine
+from test_autobatch import _combine, _params, _tiny_tagger, _tiny_tree_lstm, _unary
 
 native = sys.modules["minicavs.autobatch.native"]
 pytestmark = pytest.mark.skipif(native._library() is None,
