@@ -140,8 +140,13 @@ def lstm_cell(pre, *c_prev):
 _FULL, _HOISTED = ("x", "state", "W", "U", "b"), ("gates", "state", "U")
 
 
+def _recurrent(operands):
+    """The recurrent operands of either form: (state, U)."""
+    return operands[1], operands[3 if len(operands) == 5 else 2]
+
+
 def _step_forward(xp, *args):
-    state, U = args[1], args[-2 if len(args) == 5 else -1]
+    state, U = _recurrent(args)
     H = U.shape[0]
     pre = linalg._product(xp, state[..., :H], U)
     if len(args) == 5:  # (the order of the sums is the composition's: x·W + h·U + b)
@@ -154,18 +159,18 @@ def _step_forward(xp, *args):
 
 
 def _step_infer(*args):
-    names = _FULL if len(args) == 5 else _HOISTED
     if len(args) not in (3, 5):
         raise ShapeError(f"op 'lstm_step': takes (x, state, W, U, b) or (gates, state, U), got "
                          f"{len(args)} operands")
+    names = _FULL if len(args) == 5 else _HOISTED
     first = args[0]
     for i, a in enumerate(args):
         require_float("lstm_step", a, i)
         if np.dtype(a.dtype) != np.dtype(first.dtype):
             raise ShapeError(f"op 'lstm_step': argument {i} ({names[i]}) has dtype {a.dtype}, "
                              f"argument 0 ({names[0]}) has {first.dtype}; they must agree")
-    U = args[names.index("U")]
     u_at = names.index("U")
+    U = args[u_at]
     if len(U.shape) != 2 or not U.shape[0] or U.shape[1] != 4 * U.shape[0]:
         raise ShapeError(f"op 'lstm_step': argument {u_at} (U) has shape {describe(U.shape)}; "
                          f"expected (H, 4H), the hidden state times gates i, f, o, u")
@@ -186,7 +191,7 @@ def _step_infer(*args):
 
 def _step_composed(*args):
     """The step as primitives: (the cell's gate pre-activations, c, h, h·U, x·W or None)."""
-    state, U = args[1], args[-2 if len(args) == 5 else -1]
+    state, U = _recurrent(args)
     H = U.shape[0]
     h, c = shape.slice_axis(state, 0, H), shape.slice_axis(state, H, 2 * H)
     hu = linalg.matmul(h, U)
@@ -199,7 +204,7 @@ def _step_composed(*args):
 
 def _step_vjp(g, out, *args):
     pre, c, h, hu, xw = _step_composed(*args)
-    state, U = args[1], args[-2 if len(args) == 5 else -1]
+    state, U = _recurrent(args)
     d_pre, d_c = _vjp(g, out, pre, c)
     d_h, d_U = linalg._matmul_vjp(d_pre, hu, h, U)
     if d_h is None and needs_grad(state):  # (h was sliced here, with no gradient of its own)
@@ -225,8 +230,7 @@ def _step_batch(op, items, attrs, out):
 
     state = per_row(items[1])
     h, c = shape.slice_axis(state, 0, H), shape.slice_axis(state, H, 2 * H)
-    hu = linalg.MATMUL.batch(linalg.MATMUL, [(h, domain), items[-2 if len(items) == 5 else -1]],
-                             {}, gates)
+    hu = linalg.MATMUL.batch(linalg.MATMUL, [(h, domain), _recurrent(items)[1]], {}, gates)
     if len(items) == 3:
         return apply(LSTM_CELL, elementwise.add(per_row(items[0]), hu), c)
     xw = linalg.MATMUL.batch(linalg.MATMUL, [(per_row(items[0]), domain), items[2]], {}, gates)
