@@ -117,6 +117,12 @@ def is_cupy_array(a):
     return cupy is not None and isinstance(a, cupy.ndarray)
 
 
+def is_array(a):
+    """Whether ``a`` is an array: NumPy's, CuPy's (whose arrays from CuPy 14 have no
+    ``__array_namespace__``), or another array-API one."""
+    return isinstance(a, np.ndarray) or hasattr(a, "__array_namespace__") or is_cupy_array(a)
+
+
 def get_array_module(*arrays, op=None):
     """Return numpy or cupy for ``arrays``; mixing the two is an error naming ``op``."""
     # Scalars (Python or NumPy, and the 0-d arrays promotion makes of them) combine with either

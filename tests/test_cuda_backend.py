@@ -377,6 +377,22 @@ def test_gpu_op_and_its_backward_equal_numpy(case, dtype):
 
 
 @pytest.mark.gpu
+def test_gpu_operators_take_cupy_arrays_as_operands():
+    # CuPy 14's arrays have no __array_namespace__; a Tensor operator that did not know them
+    # left the array's reflected operator to take the Tensor as an array: no Tensor, no gradient.
+    cupy = _cupy()
+    x = mc.tensor(np.arange(1.0, 7.0).reshape(2, 3), device="cuda", requires_grad=True)
+    raw = cupy.full((2, 3), 2.0)
+    results = [x + raw, raw + x, x - raw, raw - x, x * raw, raw * x, x / raw, raw / x,
+               x ** raw, raw ** x, x @ raw.T, raw @ x.T, mc.maximum(x, raw)]
+    for k, result in enumerate(results):
+        assert isinstance(result, Tensor) and result.requires_grad, f"result {k}"
+        assert result.device == "cuda", f"result {k}"
+    (raw / x).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), -2.0 / x.numpy() ** 2)
+
+
+@pytest.mark.gpu
 def test_gpu_index_ops_check_ranges_before_the_row_kernels():
     cupy = _cupy()
     x = mc.tensor(np.ones((5, 3)), device="cuda")
@@ -479,14 +495,15 @@ def test_gpu_executor_uses_generated_kernels():
 def test_gpu_stream_scheduler_orders_work_across_streams():
     cupy = _cupy()
     Step = namedtuple("Step", "reads writes stream")
-    x_key, y_key = object(), object()
-    side_step = Step([x_key], [y_key], SIDE)
+    Symbol = namedtuple("Symbol", "key")  # what the scheduler reads of a step's values
+    x, y = Symbol(object()), Symbol(object())
+    side_step = Step([x], [y], SIDE)
     sched = streams.StreamScheduler(streams.CupyStreams(cupy))
     env = {}
     big = cupy.random.standard_normal((2048, 2048))
     env["x"] = big @ big  # long work on the main stream
     sched.run(side_step, lambda: env.__setitem__("y", env["x"].sum(axis=0)))
-    main_step = Step([y_key], [object()], MAIN)
+    main_step = Step([y], [Symbol(object())], MAIN)
     sched.run(main_step, lambda: env.__setitem__("z", env["y"] * 2))
     sched.join()
     want = (big.get() @ big.get()).sum(axis=0) * 2
@@ -502,7 +519,9 @@ def test_gpu_upload_never_overwrites_a_block_the_main_stream_still_reads():
     sched = streams.StreamScheduler(streams.CupyStreams(cupy))
     n = 1 << 22
     big = cupy.random.standard_normal((4096, 4096), dtype=np.float32) * 1e-2
+    pool = cupy.get_default_memory_pool()
     for attempt in range(5):
+        pool.free_all_blocks()  # no free block but a's below (the last attempt left two)
         a = cupy.ones(n, np.float32)
         block = a.data.ptr
         slow = big
@@ -515,6 +534,7 @@ def test_gpu_upload_never_overwrites_a_block_the_main_stream_still_reads():
         sched.join()
         assert float(doubled.sum()) == 2 * n, f"attempt {attempt}: the upload overwrote a"
         assert not uploaded["x"].any()
+        del doubled, uploaded, slow
 
 
 def _vertex_run(cell, dtype, device, batch, seed=3, streams_on=True):

@@ -69,7 +69,7 @@ def gather_cases(draw):
 
 
 @st.composite
-def scatter_cases(draw, unique=False):
+def scatter_cases(draw, unique=False, finite=True):
     dtype = draw(st.sampled_from(FLOAT_DTYPES))
     row_shape = draw(st.sampled_from(ROW_SHAPES))
     num_rows = draw(st.integers(0, 8))
@@ -80,9 +80,9 @@ def scatter_cases(draw, unique=False):
         idx = np.where(missing, -1, perm).astype(np.int32) if n else perm
     else:
         idx = draw(indices(num_rows))
-    values = draw(row_arrays(num_rows=idx.shape[0], dtype=dtype, finite=True,
+    values = draw(row_arrays(num_rows=idx.shape[0], dtype=dtype, finite=finite,
                              row_shape=row_shape))
-    out = draw(row_arrays(num_rows=num_rows, dtype=dtype, finite=True, row_shape=row_shape))
+    out = draw(row_arrays(num_rows=num_rows, dtype=dtype, finite=finite, row_shape=row_shape))
     return values, idx, out
 
 
@@ -135,6 +135,21 @@ def test_deterministic_scatter_adds_keep_subnormals_under_cupys_ftz():
     assert plain != source.code
     assert any(".ftz" in a for a in _f32_adds(nvrtc.compile_to_ptx(plain, source.name,
                                                                    options=AS_CUPY)))
+
+
+@pytest.mark.parametrize("reduce, plain", [
+    ("multiply", ("minicavs_mul_noftz(acc, v)", "acc * v")),
+    ("maximum", ("minicavs_greater(acc, v)", "acc > v")),
+    ("minimum", ("minicavs_greater(v, acc)", "v > acc"))])
+def test_scatter_folds_keep_subnormals_under_cupys_ftz(reduce, plain):
+    # No float32 instruction of the fold flushes (a product is mul.rn.f32, an order is decided
+    # on the bits); the same fold written plainly does, so the check can fail.
+    source = kernels.kernel_source(f"scatter_{reduce}_sorted", np.float32)
+    flushing = re.compile(r"\b\w+(?:\.\w+)*\.ftz(?:\.\w+)*\b")
+    assert not flushing.findall(nvrtc.compile_to_ptx(source.code, source.name, options=AS_CUPY))
+    written_plainly = source.code.replace(*plain)
+    assert written_plainly != source.code
+    assert flushing.findall(nvrtc.compile_to_ptx(written_plainly, source.name, options=AS_CUPY))
 
 
 def test_the_installed_cupy_appends_what_nvrtc_py_says():
@@ -373,6 +388,60 @@ def test_deterministic_scatter_add_is_bitwise_a_sequential_sum(case):
     assert_bits_equal(mc.scatter_add_rows(values, idx, out.shape[0]).numpy(),
                       kernels.scatter_add_rows(values, idx, zeros, deterministic=True,
                                                runner="shim"))
+
+
+def assert_same_numbers(got, want):
+    """NaN where ``want`` has NaN (any payload), the same bits everywhere else (the sign of
+    zero included)."""
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    assert_bits_equal(np.where(nan, 0, got), np.where(nan, 0, want))
+
+
+@pytest.mark.parametrize("reduce", list(kernels.SCATTER_FOLDS))
+@given(case=scatter_cases(finite=False))
+def test_scatter_reduce_rows_shim_is_numpys_ufunc_at(reduce, case):
+    # Any floats: NaN, infinities, signed zeros, subnormals; repeated and missing indices.
+    values, idx, out = case
+    with np.errstate(all="ignore"):  # products overflow, inf * 0
+        want = kernels.scatter_reduce_rows_numpy(values, idx, out.copy(), reduce)
+        # The same, spelled as a loop over the rows in index order with NumPy's ufunc.
+        spelled = out.copy()
+        for i in range(len(idx)):
+            if idx[i] >= 0:
+                spelled[idx[i]] = getattr(np, reduce)(spelled[idx[i]], values[i])
+    assert_same_numbers(kernels.scatter_reduce_rows(values, idx, out.copy(), reduce,
+                                                    runner="shim"), want)
+    assert_same_numbers(want, spelled)
+
+
+@pytest.mark.parametrize("reduce", list(kernels.SCATTER_FOLDS))
+def test_scatter_reduce_rows_keep_float32_subnormals(reduce):
+    # Under the shim's FTZ mode (CuPy's -ftz=true) as on the GPU: products, maxima and minima
+    # of subnormals are NumPy's, bit for bit.
+    pairs = [(1e-20, 1e-20), (1e-40, 2), (1e-40, -1), (-1e-40, 0.0), (-1e-40, -2e-40),
+             (2e-40, 1e-40), (-0.0, 1e-40)]
+    values = np.array([[v] for v, _ in pairs], np.float32)
+    out = np.array([[o] for _, o in pairs], np.float32)
+    idx = np.arange(len(pairs), dtype=np.int32)
+    want = kernels.scatter_reduce_rows_numpy(values, idx, out.copy(), reduce)
+    assert (np.abs(want[want != 0]) < TINY32).any()  # subnormal results, which FTZ would lose
+    assert_bits_equal(kernels.scatter_reduce_rows(values, idx, out.copy(), reduce,
+                                                  runner="shim"), want)
+
+
+def test_scatter_reduce_rows_ties_and_nans_follow_numpy():
+    values = np.array([[0.0], [-0.0], [np.nan], [2.0], [-0.0], [0.0]])
+    idx = np.array([0, 0, 1, 1, 2, 2], np.int32)
+    out = np.array([[-1.0], [1.0], [1.0]])
+    got = kernels.scatter_reduce_rows(values, idx, out.copy(), "maximum", runner="shim")
+    assert np.signbit(got[0, 0]) and got[0, 0] == 0  # max(0, -0) takes the second, as NumPy 2
+    assert np.isnan(got[1, 0])  # a NaN stays, whatever comes after it
+    assert not np.signbit(got[2, 0])
+    got = kernels.scatter_reduce_rows(values, idx, out.copy(), "minimum", runner="shim")
+    assert np.signbit(got[0, 0]) and got[0, 0] == -1
+    with pytest.raises(ValueError, match="reduce must be one of"):
+        kernels.scatter_reduce_rows(values, idx, out.copy(), "add", runner="shim")
 
 
 def atomic_bound(values, idx, out):
@@ -652,6 +721,17 @@ def test_gpu_scatter_add_rows_equals_numpy(case):
     assert_bits_equal(got, want)
     atomic = kernels.scatter_add_rows(d_values, d_idx, d_out.copy()).get()
     assert np.all(np.abs(atomic.astype(np.float64) - want) <= atomic_bound(values, idx, out))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reduce", list(kernels.SCATTER_FOLDS))
+@given(case=scatter_cases(finite=False))
+def test_gpu_scatter_reduce_rows_equals_numpy(reduce, case):
+    values, idx, out = case
+    with np.errstate(all="ignore"):
+        want = kernels.scatter_reduce_rows_numpy(values, idx, out.copy(), reduce)
+    got = kernels.scatter_reduce_rows(*_to_gpu(values, idx, out), reduce).get()
+    assert_same_numbers(got, want)
 
 
 @pytest.mark.gpu

@@ -16,7 +16,7 @@ def _as_float64_inputs(inputs):
     tensors = []
     for x in inputs:
         data = x.data if isinstance(x, Tensor) else x
-        data = data if hasattr(data, "__array_namespace__") else np.asarray(data)
+        data = data if backend.is_array(data) else np.asarray(data)
         if np.dtype(data.dtype).kind == "f":
             if data.dtype != np.float64:
                 raise GradientCheckError(f"gradcheck needs float64 inputs, got {data.dtype}: "

@@ -180,7 +180,7 @@ class Tracer:
             return a
         if isinstance(a, Tensor):
             return self.capture(a, where)
-        is_array = hasattr(a, "__array_namespace__") or backend.is_cupy_array(a)
+        is_array = backend.is_array(a)
         if isinstance(a, np.generic) or (is_array and a.ndim == 0):
             return self.constant(backend.to_numpy(a))
         if is_array and np.dtype(a.dtype).kind in "iub":
@@ -208,8 +208,7 @@ class Tracer:
 
 
 def _as_aval(spec, position):
-    if (isinstance(spec, (Aval, Symbol, Tensor)) or hasattr(spec, "__array_namespace__")
-            or backend.is_cupy_array(spec)):
+    if isinstance(spec, (Aval, Symbol, Tensor)) or backend.is_array(spec):
         return Aval(tuple(spec.shape), np.dtype(spec.dtype))
     if isinstance(spec, tuple) and len(spec) == 2 and not isinstance(spec[1], (int, np.integer)):
         return Aval(tuple(spec[0]), np.dtype(spec[1]))

@@ -77,9 +77,8 @@ class Tensor(OperatorMixin):
         shared = None
         if isinstance(data, Tensor):
             data, shared = data._array, data._versions
-        if isinstance(data, np.generic) or not (hasattr(data, "__array_namespace__")
-                                                 or backend.is_cupy_array(data)):
-            data = _to_numpy(data)  # (CuPy >= 14 arrays have no __array_namespace__)
+        if isinstance(data, np.generic) or not backend.is_array(data):
+            data = _to_numpy(data)
         _check_numeric(data)
         if requires_grad and np.dtype(data.dtype).kind != "f":
             raise DTypeError(f"only float tensors can require gradients, got dtype {data.dtype}")
@@ -400,8 +399,7 @@ def as_array(data, dtype=None, device=None):
     default dtype."""
     if isinstance(data, Tensor):
         data = data._array
-    keeps_dtype = (hasattr(data, "__array_namespace__") or isinstance(data, np.generic)
-                   or backend.is_cupy_array(data))
+    keeps_dtype = backend.is_array(data) or isinstance(data, np.generic)
     if dtype is None and not keeps_dtype:
         dtype = backend.default_dtype()
     if dtype is not None:

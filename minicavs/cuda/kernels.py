@@ -26,17 +26,19 @@ Every launch function takes ``runner``: ``"numpy"`` runs the NumPy twin (``*_num
 reference semantics), ``"shim"`` runs the kernel source on the CPU, ``"cupy"`` launches it on the
 GPU; the default is ``"cupy"`` for CuPy arrays and ``"numpy"`` otherwise.
 
-=====================  ====================================================================
-``gather_rows``        ``out[i] = src[idx[i]]``                    (``minicavs_gather_rows``)
-``gather_children``    ``out[c, i] = src[child_idx[i, c]]``        (``minicavs_gather_children``)
-``scatter_add_rows``   ``out[idx[i]] += values[i]``, atomic        (``minicavs_scatter_add_rows``)
-  ``deterministic``    the same, one thread per output element summing its rows in index order
-                                                                   (``minicavs_scatter_add_sorted``)
-``scatter_rows``       ``out[idx[i]] = values[i]``, idx unique     (``minicavs_scatter_rows``)
-``copy_rows``          ``out[dst[i]] = src[src[i]]``, dst unique   (``minicavs_copy_rows``)
-``pull_rows``          caller order -> level order (a gather)
-``push_rows``          level order -> caller order (a scatter of a permutation)
-=====================  ====================================================================
+=======================  ==================================================================
+``gather_rows``          ``out[i] = src[idx[i]]``                  (``minicavs_gather_rows``)
+``gather_children``      ``out[c, i] = src[child_idx[i, c]]``      (``minicavs_gather_children``)
+``scatter_add_rows``     ``out[idx[i]] += values[i]``, atomic      (``minicavs_scatter_add_rows``)
+  ``deterministic``      the same, one thread per output element summing its rows in index
+                         order                                     (``minicavs_scatter_add_sorted``)
+``scatter_reduce_rows``  ``out[idx[i]] = f(out[idx[i]], values[i])``, f a product, maximum or
+                         minimum, folded as the deterministic sum  (``minicavs_scatter_<f>_sorted``)
+``scatter_rows``         ``out[idx[i]] = values[i]``, idx unique   (``minicavs_scatter_rows``)
+``copy_rows``            ``out[dst[i]] = src[src[i]]``, dst unique (``minicavs_copy_rows``)
+``pull_rows``            caller order -> level order (a gather)
+``push_rows``            level order -> caller order (a scatter of a permutation)
+=======================  ==================================================================
 """
 
 import functools
@@ -197,6 +199,79 @@ extern "C" __global__ void ${name}(const ${T}* __restrict__ src, const int* __re
 }
 """,
 }
+
+# The deterministic scatter with another fold than +: a product, or NumPy's maximum and
+# minimum, which keep the first operand when it is NaN or strictly wins, else take the second
+# (NaN propagates; a tie, 0 against -0, takes the second, as NumPy 2 does). CuPy's -ftz=true
+# would flush float32 subnormals in a "*" or a comparison, which NumPy keeps: the product is
+# PTX mul.rn.f32 (no .ftz, as the sum's add), and float32 NaN and order are decided on the
+# bits.
+# No atomics: CuPy's atomic scatter_max/min computed float64 in float32 (seen on an H100, CuPy
+# 14.2: the maxima came back rounded to float32).
+_MUL_NOFTZ = """
+#ifdef __CUDA_ARCH__
+__device__ float minicavs_mul_noftz(float a, float b)
+{
+    float product;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(product) : "f"(a), "f"(b));
+    return product;
+}
+#endif
+__device__ double minicavs_mul_noftz(double a, double b) { return a * b; }
+"""
+
+_ORDER = """
+// NaN test and a > b for numbers (not NaN). float32: on the bits, so that no flush-to-zero mode
+// reaches them; the order made monotonic by flipping negative values' magnitude bits, with 0
+// and -0 equal.
+__device__ bool minicavs_isnan(float a) { return (__float_as_int(a) & 0x7fffffff) > 0x7f800000; }
+__device__ bool minicavs_isnan(double a) { return isnan(a); }
+__device__ bool minicavs_greater(float a, float b)
+{
+    int ia = __float_as_int(a), ib = __float_as_int(b);
+    if (((ia | ib) & 0x7fffffff) == 0) return false;
+    ia ^= (ia >> 31) & 0x7fffffff;
+    ib ^= (ib >> 31) & 0x7fffffff;
+    return ia > ib;
+}
+__device__ bool minicavs_greater(double a, double b) { return a > b; }
+"""
+
+_SCATTER_FOLD = """
+// out[targets[s]] = fold(out[targets[s]], values[r]) for the rows r = order[starts[s]] ..
+// order[starts[s+1]-1] in that order, one thread per output element: NumPy's ufunc.at order.
+extern "C" __global__ void ${name}(const ${T}* __restrict__ values,
+                                   const long long* __restrict__ order,
+                                   const int* __restrict__ targets,
+                                   const long long* __restrict__ starts,
+                                   ${T}* __restrict__ out, const long long num_groups,
+                                   const long long row_size)
+{
+    const long long total = num_groups * row_size;
+    ${loop} {
+        const long long s = e / row_size;
+        const long long j = e - s * row_size;
+        ${T}* target = &out[(long long)targets[s] * row_size + j];
+        ${T} acc = *target;
+        for (long long p = starts[s]; p < starts[s + 1]; ++p) {
+            const ${T} v = values[order[p] * row_size + j];
+            acc = ${fold};
+        }
+        *target = acc;
+    }
+}
+"""
+
+SCATTER_FOLDS = {  # reduce -> (the fold, as a C expression of acc and v; helpers it needs)
+    "multiply": ("minicavs_mul_noftz(acc, v)", _MUL_NOFTZ),
+    "maximum": ("minicavs_isnan(acc) || (!minicavs_isnan(v) && minicavs_greater(acc, v)) "
+                "? acc : v", _ORDER),
+    "minimum": ("minicavs_isnan(acc) || (!minicavs_isnan(v) && minicavs_greater(v, acc)) "
+                "? acc : v", _ORDER),
+}
+for _reduce, (_fold, _helpers) in SCATTER_FOLDS.items():
+    _SOURCES[f"scatter_{_reduce}_sorted"] = _helpers + Template(_SCATTER_FOLD).safe_substitute(
+        fold=_fold)
 
 KERNELS = tuple(_SOURCES)
 KernelSource = namedtuple("KernelSource", "name code")
@@ -575,6 +650,39 @@ def scatter_add_rows(values, idx, out, *, deterministic=False, plan=None, runner
         _check_plan(kernel, plan, out, idx)
     num_groups = int(plan.targets.shape[0])
     _launch("scatter_add_sorted", values.dtype, runner, num_groups * row_size,
+            (values, plan.order, plan.targets, plan.starts, out, num_groups, row_size))
+    return out
+
+
+def scatter_reduce_rows_numpy(values, idx, out, reduce):
+    """NumPy twin of :func:`scatter_reduce_rows`: ``np.<reduce>.at``, rows in index order."""
+    present = idx >= 0
+    getattr(np, reduce).at(out, idx[present], values[present])
+    return out
+
+
+def scatter_reduce_rows(values, idx, out, reduce, *, plan=None, runner=None, check_indices=True):
+    """``out[idx[i]] = reduce(out[idx[i]], values[i])`` for every i with ``idx[i] != -1``, in
+    index order, ``reduce`` one of "multiply", "maximum", "minimum" (NumPy's ufuncs, NaN
+    propagating). Each output element is folded by one thread over its rows in a fixed order
+    (a ``plan`` from :func:`scatter_plan`, made here if not given): the same bits on every run,
+    equal to :func:`scatter_reduce_rows_numpy`. Shapes and checks as :func:`scatter_add_rows`."""
+    kernel = "scatter_reduce_rows"
+    if reduce not in SCATTER_FOLDS:
+        raise ValueError(f"kernel '{kernel}': reduce must be one of {tuple(SCATTER_FOLDS)}, "
+                         f"got {reduce!r}")
+    plan_arrays = tuple(plan[:3]) if plan is not None else ()
+    runner = _pick_runner(kernel, runner, (values, idx, out) + plan_arrays)
+    _check_scatter(kernel, values, idx, out, check_indices)
+    _check_no_overlap(kernel, out, values=values, idx=idx)
+    if runner == "numpy":
+        return scatter_reduce_rows_numpy(values, idx, out, reduce)
+    if plan is None:
+        plan = scatter_plan(idx, out.shape[0], check_indices=False)
+    else:
+        _check_plan(kernel, plan, out, idx)
+    num_groups, row_size = int(plan.targets.shape[0]), _row_size(values)
+    _launch(f"scatter_{reduce}_sorted", values.dtype, runner, num_groups * row_size,
             (values, plan.order, plan.targets, plan.starts, out, num_groups, row_size))
     return out
 

@@ -54,6 +54,7 @@ SHIM_HEADER = r"""// minicavs CPU shim: CUDA kernels compiled for the host (mini
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 struct minicavs_dim3 { unsigned int x, y, z; };
 static thread_local minicavs_dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -105,11 +106,23 @@ static inline float minicavs_add_noftz(float a, float b) {
                      : "+x"(a) : "x"(b), "m"(plain), "m"(saved));
     return a;
 }
+// PTX mul.rn.f32 likewise.
+static inline float minicavs_mul_noftz(float a, float b) {
+    const unsigned int saved = _mm_getcsr(), plain = saved & ~MINICAVS_FTZ_DAZ;
+    __asm__ volatile("ldmxcsr %2\n\tmulss %1, %0\n\tldmxcsr %3"
+                     : "+x"(a) : "x"(b), "m"(plain), "m"(saved));
+    return a;
+}
 #else  // the Python side refuses FTZ mode here
 static inline unsigned int minicavs_fp_mode_enter(int ftz) { return 0; }
 static inline void minicavs_fp_mode_leave(unsigned int saved) {}
 static inline float minicavs_add_noftz(float a, float b) { return a + b; }
+static inline float minicavs_mul_noftz(float a, float b) { return a * b; }
 #endif
+
+// CUDA's reinterpretations of a float's bits.
+static inline int __float_as_int(float x) { int i; memcpy(&i, &x, sizeof i); return i; }
+static inline float __int_as_float(int i) { float x; memcpy(&x, &i, sizeof x); return x; }
 
 // CUDA's float overloads and helpers that <math.h> spells differently or lacks.
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }

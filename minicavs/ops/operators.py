@@ -13,6 +13,7 @@ import numpy as np
 
 from . import (activations, arithmetic, bitwise, elementwise as ew, indexing, linalg, reduce,
                scan, scattering, shape, sorting)
+from .. import backend
 from ..errors import UnsupportedError
 from .registry import apply
 
@@ -24,8 +25,8 @@ def _operand(other):
         return other
     if isinstance(other, (bool, int, float, np.number, np.bool_)):
         return other
-    if isinstance(other, np.ndarray) or hasattr(other, "__array_namespace__"):
-        return other
+    if backend.is_array(other):  # (a CuPy array too: else CuPy's reflected operator would
+        return other            # take the Tensor as an array and drop its gradient)
     if isinstance(other, (list, tuple)):
         return np.asarray(other)
     return None
@@ -74,7 +75,7 @@ class OperatorMixin:
     """Gives a class with ``.shape`` and ``.dtype`` NumPy-like operators built on the ops."""
 
     __slots__ = ()
-    __array_priority__ = 100  # ndarray <op> Tensor defers to Tensor's reflected operator
+    __array_priority__ = 1000  # ndarray <op> Tensor, NumPy's or CuPy's, defers to the Tensor
 
     __add__, __radd__ = _primitive(ew.ADD), _primitive(ew.ADD, reflected=True)
     __sub__, __rsub__ = _primitive(ew.SUB), _primitive(ew.SUB, reflected=True)

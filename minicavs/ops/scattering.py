@@ -17,6 +17,7 @@ PyTorch leaves it undefined), and only that one gets a gradient.
 import numpy as np
 
 from . import elementwise as ew, index as rows, indexing, shape
+from .. import backend
 from .arithmetic import floor_divide
 from .registry import Aval, Op, apply, common_dtype, describe, normalize_axis, register
 from ..errors import ArgumentError, IndexRangeError, ShapeError
@@ -26,13 +27,18 @@ _UFUNCS = {"prod": "multiply", "amax": "maximum", "amin": "minimum"}
 
 
 def _scatter_reduce_rows_forward(xp, base, values, targets, reduce):
-    out = base.copy()
-    if xp is np:
-        getattr(np, _UFUNCS[reduce]).at(out, targets, values)
-        return out
-    from ..cuda import cupyx_ops
-
-    return cupyx_ops.scatter_reduce(out, targets, values, _UFUNCS[reduce])
+    out = xp.array(base, order="C")  # a copy, with the rows the CUDA kernel needs
+    ufunc = _UFUNCS[reduce]
+    kernels, targets32 = rows._row_kernels(xp, values, targets, base.shape[0])
+    if kernels is not None and out.dtype == values.dtype:  # one fold per output element
+        return kernels.scatter_reduce_rows(xp.ascontiguousarray(values), targets32, out, ufunc,
+                                           check_indices=False)
+    if xp is not np:  # other dtypes on a GPU: folded on the host (a rare, slow path)
+        host = backend.to_numpy(out)
+        getattr(np, ufunc).at(host, backend.to_numpy(targets), backend.to_numpy(values))
+        return xp.asarray(host)
+    getattr(np, ufunc).at(out, targets, values)
+    return out
 
 
 def _infer_scatter_reduce_rows(base, values, targets, reduce):
