@@ -54,7 +54,7 @@ def minicavs_phases(task, strategy, batches, threads, hoist=False):
         began = time.perf_counter()
         optimizer.zero_grad()
         with mc.autobatch(strategy) as ab:
-            loss = mc.sum(mc.stack([model.loss(s) for s in chunk]))
+            loss = mc.add_n([model.loss(s) for s in chunk])
             loss.backward()
         optimizer.step()
         step = time.perf_counter() - began

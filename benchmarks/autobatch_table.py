@@ -62,7 +62,7 @@ def minicavs_plain(task, strategy, samples, vocab):
     def step(batch):
         optimizer.zero_grad()
         with mc.autobatch(strategy):
-            loss = mc.sum(mc.stack([model.loss(s) for s in batch]))
+            loss = mc.add_n([model.loss(s) for s in batch])
             loss.backward()
         optimizer.step()
     return step

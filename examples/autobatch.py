@@ -104,7 +104,7 @@ def main(argv=None):
             began = time.perf_counter()
             optimizer.zero_grad()
             with mc.autobatch(args.strategy) as ab:
-                loss = mc.sum(mc.stack([model.loss(s) for s in batch]))
+                loss = mc.add_n([model.loss(s) for s in batch])
                 loss.backward()
             optimizer.step()
             seconds += time.perf_counter() - began

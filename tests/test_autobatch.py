@@ -617,6 +617,43 @@ def test_no_grad_inside_the_block_stops_gradients():
 
 # --- the plain models, autobatched == eager ------------------------------------------------------
 
+def test_add_n_sums_lists_of_any_length_in_a_few_batches():
+    rng = np.random.default_rng(4)
+    W = mc.Parameter(rng.standard_normal((3, 2)))
+    lengths = [1, 2, 3, 5, 8, 13, 7]  # seven lengths: sum(stack) makes a signature of each
+    xs = [rng.standard_normal((n, 3)) for n in lengths]
+
+    def total(sum_of):
+        return sum_of([sum_of([mc.sum(mc.tanh(mc.tensor(row) @ W)) for row in x]) for x in xs])
+
+    add_n, stacked = mc.add_n, (lambda ys: mc.sum(mc.stack(ys)))
+    eager = total(add_n)
+    eager.backward()
+    want = W.grad.numpy().copy()
+    assert float(eager) == pytest.approx(sum(float(np.tanh(x @ W.numpy()).sum()) for x in xs))
+    batches = {}
+    for strategy in STRATEGIES:
+        for name, sum_of in (("add_n", add_n), ("stack", stacked)):
+            W.grad = None
+            with mc.autobatch(strategy) as ab:
+                loss = total(sum_of)
+                loss.backward()
+            assert float(loss) == pytest.approx(float(eager), rel=RTOL), (strategy, name)
+            np.testing.assert_allclose(W.grad.numpy(), want, rtol=RTOL, atol=ATOL)
+            batches[strategy, name] = ab.segments[0].stats["batches"]
+    for strategy in ("depth", "agenda", "agenda+"):
+        # The adds are one signature, run level by level: ceil(log2 13) + ceil(log2 7) levels
+        # at most beside the 3 batches of the rows; a stack and a sum per distinct length.
+        assert batches[strategy, "add_n"] <= 3 + 4 + 3 < batches[strategy, "stack"], strategy
+
+
+def test_add_n_of_one_tensor_is_that_tensor_and_of_none_an_error():
+    x = mc.tensor(np.ones(3))
+    assert mc.add_n([x]) is x
+    with pytest.raises(mc.ArgumentError, match="add_n: needs at least one tensor"):
+        mc.add_n([])
+
+
 def _tiny_tagger(char_lstm, hoist=False):
     from minicavs.models.plain import BiLSTMTagger
     sentences = [[("the", "DET"), ("cat", "NOUN"), ("sat", "VERB")],

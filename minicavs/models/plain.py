@@ -122,7 +122,7 @@ class BiLSTMTagger(_Plain):
         words, tags = zip(*sentence)
         losses = [ops.softmax_cross_entropy(s, np.array(self.tag_ids[t]))
                   for s, t in zip(self.scores(words), tags)]
-        return ops.sum(ops.stack(losses))
+        return ops.add_n(losses)  # (dy.esum: batches across sentence lengths, see add_n)
 
     def tag(self, words):
         """The predicted tag of each word (forces the scores)."""

@@ -8,7 +8,7 @@ from .elementwise import (abs, add, astype, ceil, cos, div, equal, erf, exp, exp
                           log1p, logical_and, logical_not, logical_or, logical_xor, maximum,
                           minimum, mul, neg, not_equal, pow, relu, rint, rsqrt, sigmoid, sign,
                           sin, sqrt, sub, tanh, unbroadcast, where)
-from .reduce import (all, any, argmax, argmin, cumsum, logsumexp, max, mean, min, prod, std,
+from .reduce import (add_n, all, any, argmax, argmin, cumsum, logsumexp, max, mean, min, prod, std,
                      sum, var)
 from .shape import (broadcast_to, concat, expand_dims, flatten, pad, pad_axis, repeat, reshape,
                     slice_axis, split, squeeze, stack, tile, transpose, tril, triu)

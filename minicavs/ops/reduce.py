@@ -8,7 +8,7 @@ import numpy as np
 from . import batching, elementwise, shape
 from .registry import Aval, Op, apply, normalize_axis, normalize_axes, register, result_dtype
 from .rows import FULL, KEEPS
-from ..errors import ShapeError
+from ..errors import ArgumentError, ShapeError
 
 
 def _reduced_shape(x_shape, axes, keepdims):
@@ -131,6 +131,23 @@ def sum(x, axis=None, keepdims=False):  # noqa: A001 (mirrors numpy.sum)
     """Sum over ``axis`` (None: all axes; an int or a tuple)."""
     return apply(SUM, _wide_int(x), axes=normalize_axes("sum", axis, len(x.shape)),
                  keepdims=bool(keepdims))
+
+
+def add_n(xs):
+    """The sum of the tensors ``xs`` (a list; DyNet's ``esum``, TensorFlow's ``add_n``), added
+    as a balanced tree: ``n - 1`` adds, ``ceil(log2 n)`` deep, operands broadcasting as ``+``.
+
+    Per-sample code sums lists of every length — a sentence's per-word losses — and under
+    ``mc.autobatch`` this form batches: every add is the same signature, so the sums of all
+    the lists run level by level, a few batches in all. ``sum(stack(xs))`` computes the same
+    but its shapes name the length: one batch pair per distinct length (measured on the
+    tagger, 64 sentences: 153 batches against 110, the step 18 % slower)."""
+    xs = list(xs)
+    if not xs:
+        raise ArgumentError("add_n: needs at least one tensor, got an empty list")
+    while len(xs) > 1:  # neighbours added pairwise; an odd one out waits for the next level
+        xs = [xs[i] + xs[i + 1] if i + 1 < len(xs) else xs[i] for i in range(0, len(xs), 2)]
+    return xs[0]
 
 
 def max(x, axis=None, keepdims=False):  # noqa: A001 (mirrors numpy.max)
