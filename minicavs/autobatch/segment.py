@@ -25,6 +25,7 @@ one large product instead of one per step.
 """
 
 import contextlib
+import itertools
 import time
 from collections import defaultdict
 
@@ -56,25 +57,30 @@ class Segment:
         began = time.perf_counter()
         start, n = self.start, self.stop - self.start
         depth = np.asarray(node_depth, dtype=np.int64)
-        tables, sources, targets = [], [], []
-        sig_of = np.empty(n, dtype=np.int64)  # a node's signature (its local id)
+        # Every signature's nodes and operand sources as one array each (converted from the
+        # recorder's lists in one go, not per signature), then each signature's table a view.
+        counts = [len(sig.nodes) for sig in active]
+        nodes = np.fromiter(itertools.chain.from_iterable(sig.nodes for sig in active),
+                            np.int64, n) - start
+        raw = np.fromiter(itertools.chain.from_iterable(sig.arg_rows for sig in active),
+                          np.int64)
+        sig_of = np.empty(n, dtype=np.int64)  # a node's signature (its local id: in active)
+        sig_of[nodes] = np.repeat(np.arange(len(active)), counts)
         position = np.empty(n, dtype=np.int64)  # a node's row in its signature's table
-        for sig in active:
-            nodes = np.asarray(sig.nodes, dtype=np.int64) - start
-            sig_of[nodes] = sig.local
-            position[nodes] = np.arange(len(nodes))
-            table = np.asarray(sig.arg_rows, dtype=np.int64).reshape(len(nodes), sig.arity)
-            pending = table >= 0
-            # A source read through a view has the view's code in its high bits (views.py).
-            codes = np.where(pending, table >> views.SHIFT, 0)
-            # Value ids: a pending node's local index, or n + j for leaf j.
-            table = np.where(pending, (table & views.INDEX) - start, n - 1 - table)
-            tables.append((table, codes))
-            if pending.any():
-                sources.append(table[pending])
-                targets.append(np.broadcast_to(nodes[:, None], table.shape)[pending])
-        src = np.concatenate(sources) if sources else np.zeros(0, np.int64)
-        dst = np.concatenate(targets) if targets else np.zeros(0, np.int64)
+        position[nodes] = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)
+        pending = raw >= 0
+        # A source read through a view has the view's code in its high bits (views.py).
+        codes = np.where(pending, raw >> views.SHIFT, 0)
+        # Value ids: a pending node's local index, or n + j for leaf j.
+        values = np.where(pending, (raw & views.INDEX) - start, n - 1 - raw)
+        reader = np.repeat(nodes, np.repeat([sig.arity for sig in active], counts))
+        src, dst = values[pending], reader[pending]
+        tables, at = [], 0
+        for sig, count in zip(active, counts):
+            size = count * sig.arity
+            tables.append((values[at:at + size].reshape(count, sig.arity),
+                           codes[at:at + size].reshape(count, sig.arity)))
+            at += size
         batches = schedule.plan(self.strategy, sig_of, depth, src, dst, len(active))
 
         # Slabs: one per (per-row shape, dtype); leaves first, then nodes in execution order.
@@ -84,18 +90,25 @@ class Segment:
             key = (tuple(aval.shape), np.dtype(aval.dtype))
             return slab_ids.setdefault(key, len(slab_ids))
 
-        leaf_values = [v._array if isinstance(v, Tensor) else v for v in leaves]
-        by_form = {}  # (shape, dtype) as the arrays hold them -> slab (thousands of word ids)
-        leaf_slab = np.empty(len(leaf_values), dtype=np.int64)
-        for j, v in enumerate(leaf_values):
-            form = (v.shape, v.dtype)
-            slab = by_form.get(form)
-            if slab is None:
-                slab = by_form[form] = slab_of(v)
-            leaf_slab[j] = slab
+        # One pass over the leaves (thousands of word ids): each one's slab, found by (shape,
+        # dtype) as the arrays hold them, and its row there: leaves first, in leaf order.
+        leaf_slab, leaf_row, by_form, by_slab = [], [], {}, {}
+        for v in leaves:
+            a = v._array if isinstance(v, Tensor) else v
+            form = (a.shape, a.dtype)
+            group = by_form.get(form)
+            if group is None:
+                slab = slab_of(a)
+                group = by_form[form] = (slab, by_slab.setdefault(slab, []))
+            leaf_slab.append(group[0])
+            leaf_row.append(len(group[1]))
+            group[1].append(a)
         out_slab = np.array([slab_of(sig.out) for sig in active], dtype=np.int64)
         num_slabs = len(slab_ids)
-        leaf_row, leaf_count = _ranks(leaf_slab, num_slabs)
+        leaf_slab = np.array(leaf_slab, dtype=np.int64)
+        leaf_row = np.array(leaf_row, dtype=np.int64)
+        members = [by_slab.get(i, []) for i in range(num_slabs)]  # each slab's leaves
+        leaf_count = np.array([len(m) for m in members], dtype=np.int64)
         # Within a slab, the nodes of one signature together, in execution order: a batch
         # is still one block, and all batches of a signature are one run of rows, so the
         # '+' strategy reads their outputs' gradients (and operands they read in one piece)
@@ -113,7 +126,8 @@ class Segment:
 
         # CuPy when the data or the parameters are there (a word id stays a NumPy leaf, moved
         # with the others into the slab)
-        on_device = [a for a in leaf_values if backend.is_cupy_array(a)] + [
+        on_device = [values[0] for values in members
+                     if values and backend.is_cupy_array(values[0])] + [
             s._array for sig in active for s in sig.shared
             if isinstance(s, Tensor) and backend.is_cupy_array(s._array)]
         xp = backend.get_array_module(on_device[0]) if on_device else np
@@ -123,9 +137,6 @@ class Segment:
         shapes = {v: k for k, v in slab_ids.items()}
         self.slabs = memory.arrays(xp, [((int(leaf_count[i] + node_count[i]),) + shapes[i][0],
                                          shapes[i][1]) for i in range(num_slabs)])
-        members = [[] for _ in range(num_slabs)]  # each slab's leaves, in leaf order
-        for value, i in zip(leaf_values, leaf_slab.tolist()):
-            members[i].append(value)
         for slab, values in zip(self.slabs, members):
             if values:  # (np.array of a list of arrays of one shape stacks them, 10x np.stack)
                 slab[:len(values)] = np.array(values) if xp is np else \

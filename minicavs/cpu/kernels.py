@@ -844,51 +844,75 @@ def invariant_operands(arrays):
 
 def packed_matmul(a, b, out=None):
     """``a @ b`` inside :func:`invariant_operands` with ``b`` (or ``b.T``) one of its arrays,
-    from ``b``'s panels (packed on first use in the block); None where it does not apply."""
-    arrays = getattr(_invariant, "arrays", None)
-    if not arrays or type(a) is not np.ndarray or type(b) is not np.ndarray or a.ndim != 2 \
-            or b.ndim != 2 or a.dtype != b.dtype or a.shape[1] != b.shape[0]:
+    from ``b``'s panels (packed on first use in the block); None where it does not apply.
+    Every product of a step asks, thousands a step, so what depends on ``b`` alone — whether
+    it applies, its panels, the team — is worked out once per ``b`` in the block."""
+    packs = getattr(_invariant, "packs", None)
+    if packs is None or type(a) is not np.ndarray or type(b) is not np.ndarray or a.ndim != 2 \
+            or b.ndim != 2:
         return None
-    where = data_address(b)
-    if (where, b.size) not in arrays:
+    key = (data_address(b), b.shape, b.strides, b.dtype)
+    panels = packs.get(key)
+    if panels is None:
+        panels = packs[key] = _panels(b)
+    if not panels:
         return None
+    gemm, packed, threads = panels
     (m, k), n = a.shape, b.shape[1]
-    if k * n < PACKED_MIN_WEIGHT or m * k * n < PACKED_MIN_WORK or build.forked_child():
-        return None
     item = b.itemsize
+    if a.dtype != b.dtype or k != b.shape[0] or m * k * n < PACKED_MIN_WORK:
+        return None
+    if out is not None and (out.dtype != a.dtype or out.shape != (m, n)
+                            or not out.flags.c_contiguous):
+        return None
+    if a.strides[1] != item or a.strides[0] < k * item or a.strides[0] % item:
+        a = np.ascontiguousarray(a)
+    if out is None:
+        out = np.empty((m, n), dtype=a.dtype)
+    gemm(data_address(a), a.strides[0] // item, data_address(packed), m, n, k,
+         data_address(out), n, threads)
+    return out
+
+
+def _panels(b):
+    """``(gemm, panels, threads)`` for products with ``b`` in this block, ``b`` packed now; or
+    False where they do not run on panels (not an invariant operand, too small, a layout
+    other than one of a matrix and its transpose, no native code)."""
+    (k, n), item = b.shape, b.itemsize
+    if (data_address(b), b.size) not in _invariant.arrays or k * n < PACKED_MIN_WEIGHT \
+            or build.forked_child():
+        return False
     if b.strides == (n * item, item):
         transposed = 0
     elif b.strides == (item, k * item):
         transposed = 1
     else:
-        return None
-    if out is not None and (out.dtype != a.dtype or out.shape != (m, n)
-                            or not out.flags.c_contiguous):
-        return None
+        return False
     lib = _library()
     if lib is None:
-        return None
-    suffix, threads = _SUFFIX[a.dtype], team_size()
-    key = (where, b.shape, b.strides)
-    panels = _invariant.packs.get(key)
-    if panels is None:
-        width = 256 // item  # panel_width in the source
-        packed = np.empty(-(-n // width) * width * k, dtype=b.dtype)
-        getattr(lib, f"pack_panels_{suffix}")(ctypes.c_void_p(where),
-                                              ctypes.c_int64(n if not transposed else k),
-                                              ctypes.c_int(transposed), ctypes.c_int64(k),
-                                              ctypes.c_int64(n), _p(packed),
-                                              ctypes.c_int(threads))
-        panels = _invariant.packs[key] = (packed, _p(packed))  # (the array keeps its address)
-    if a.strides[1] != item or a.strides[0] < k * item or a.strides[0] % item:
-        a = np.ascontiguousarray(a)
-    if out is None:
-        out = np.empty((m, n), dtype=a.dtype)
-    getattr(lib, f"packed_gemm_{suffix}")(_p(a), ctypes.c_int64(a.strides[0] // item),
-                                          panels[1], ctypes.c_int64(m), ctypes.c_int64(n),
-                                          ctypes.c_int64(k), _p(out), ctypes.c_int64(n),
-                                          ctypes.c_int(threads))
-    return out
+        return False
+    suffix, threads = _SUFFIX[b.dtype], team_size()
+    width = 256 // item  # panel_width in the source
+    packed = np.empty(-(-n // width) * width * k, dtype=b.dtype)
+    getattr(lib, f"pack_panels_{suffix}")(ctypes.c_void_p(data_address(b)),
+                                          ctypes.c_int64(n if not transposed else k),
+                                          ctypes.c_int(transposed), ctypes.c_int64(k),
+                                          ctypes.c_int64(n), _p(packed), ctypes.c_int(threads))
+    return _typed(lib, f"packed_gemm_{suffix}", _PACKED_GEMM_ARGS), packed, threads
+
+
+# (pointers as ints, sizes as int64, the team as int: declared, ctypes converts plain ints in C)
+_PACKED_GEMM_ARGS = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                     ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                     ctypes.c_int)
+
+
+def _typed(lib, name, argtypes):
+    """``lib.name`` with its argument types declared (the calls above pass ctypes objects,
+    which declared types accept too)."""
+    function = getattr(lib, name)
+    function.argtypes = argtypes
+    return function
 
 
 def _operand(x):

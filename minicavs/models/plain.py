@@ -48,10 +48,11 @@ class _LSTM(_Plain):
         self.U = _uniform(rng, (hidden, 4 * hidden), dtype)
         self.b = Parameter(np.zeros(4 * hidden, dtype))
         self.hidden, self.dtype, self.hoist = hidden, dtype, hoist
+        self.initial = tensor(np.zeros(2 * hidden, dtype))  # [h, c]: data, shared by every run
 
     def run(self, xs):
         """The hidden state h after each input, in the order of ``xs``."""
-        state = tensor(np.zeros(2 * self.hidden, self.dtype))  # [h, c]
+        state = self.initial
         out = []
         for x in xs:
             if self.hoist:
