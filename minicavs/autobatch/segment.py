@@ -141,62 +141,86 @@ class Segment:
             if values:  # (np.array of a list of arrays of one shape stacks them, 10x np.stack)
                 slab[:len(values)] = np.array(values) if xp is np else \
                     xp.stack([xp.asarray(v) for v in values])
-        self.plan = [self._plan_batch(nodes, active, sig_of, tables, position, lookup,
-                                      value_slab, out_slab, row_of) for nodes in batches]
+        self.plan = self._plan_batches(batches, active, sig_of, tables, position, lookup,
+                                       value_slab, out_slab, row_of)
         self.stats["batches"] = len(batches)
         self.stats["schedule_s"] = time.perf_counter() - began
         with self._one_pool():
             self._forward()
 
-    def _plan_batch(self, nodes, active, sig_of, tables, position, lookup, value_slab,
-                    out_slab, row_of):
-        """A batch's operands: per per-row operand, (symbol id, slab, first row, rows or
+    def _plan_batches(self, batches, active, sig_of, tables, position, lookup, value_slab,
+                      out_slab, row_of):
+        """Each batch's operands: per per-row operand, (symbol id, slab, first row, rows or
         None where they are one contiguous run, whether rows are distinct (None: not known
         yet), view or None);
         an operand whose rows lie in several slabs or forms (some read through views) has
         slab None and, in place of the rows, its groups (slab, view, positions, rows,
-        distinct) — gathered into one array."""
-        s = int(sig_of[nodes[0]])
-        sig = active[s]
-        kernel = sig.forward
-        b = _Batch()
-        b.sig, b.n = sig, len(nodes)
-        table, codes = tables[s]
-        at = position[nodes]
-        values = table[at]
-        rows = lookup[values]  # (n, per-row operands): rows in their slabs
-        slabs, codes = value_slab[values], codes[at]
-        if b.n > 1:
-            contiguous = ((rows[1:] - rows[:-1]) == 1).all(axis=0)
-            uniform = ((slabs == slabs[0]) & (codes == codes[0])).all(axis=0)
-        else:
-            contiguous = uniform = np.ones(rows.shape[1], dtype=bool)
-        b.inputs, b.shared, b.targets = [], [], {}
-        k = 0
-        for symbol, aval, shared in zip(kernel.inputs, sig.row_avals, sig.shared):
-            if aval is not None:
-                r = rows[:, k]
-                if uniform[k]:
-                    entry = (id(symbol), int(slabs[0, k]), int(r[0]),
-                             None if contiguous[k] else r, None,
-                             views.BY_CODE[int(codes[0, k])])
-                    self.stats["copies_avoided" if contiguous[k] else "copies_made"] += 1
-                else:
-                    entry = (id(symbol), None, 0, _groups(slabs[:, k], codes[:, k], r), False,
-                             None)
-                    self.stats["copies_made"] += 1
-                b.inputs.append(entry)
-                b.targets[id(symbol)] = entry
-                k += 1
-            elif symbol is not None:
-                b.shared.append((id(symbol), shared))
-                b.targets[id(symbol)] = shared
-        b.out_slab, b.out_row = int(out_slab[s]), int(row_of[nodes[0]])
-        b.env = b.handed = None
-        counts = self.stats["by_signature"][sig.label]
-        counts[0] += 1
-        counts[1] += b.n
-        return b
+        distinct) — gathered into one array. Worked out with array operations per signature
+        over all its batches at once (an LSTM step's signature has one batch per time step),
+        then a few list look-ups per batch."""
+        plan = [None] * len(batches)
+        by_sig = defaultdict(list)  # signature -> positions of its batches in the plan
+        first_nodes = np.array([int(nodes[0]) for nodes in batches], dtype=np.int64)
+        for i, s in enumerate(sig_of[first_nodes].tolist()):
+            by_sig[s].append(i)
+        for s, positions in by_sig.items():
+            sig = active[s]
+            parts = [batches[i] for i in positions]
+            sizes = np.array([len(p) for p in parts], dtype=np.int64)
+            hi = np.cumsum(sizes)
+            lo = hi - sizes
+            table, codes = tables[s]
+            at = position[np.concatenate(parts)] if len(parts) > 1 else position[parts[0]]
+            values = table[at]
+            rows = lookup[values]  # (nodes, per-row operands): rows in their slabs
+            slabs, codes = value_slab[values], codes[at]
+            # Per batch and operand: rows one run (each next row one further), and every row
+            # in the first's slab and form; counted over the batch's rows with cumulative sums
+            steps = np.zeros((len(rows),) + rows.shape[1:], dtype=np.int64)
+            steps[1:] = np.cumsum((rows[1:] - rows[:-1]) != 1, axis=0)
+            contiguous = (steps[hi - 1] - steps[lo] == 0).tolist()
+            first_slab, first_code = slabs[lo], codes[lo]
+            other = (slabs != np.repeat(first_slab, sizes, axis=0)) | (
+                codes != np.repeat(first_code, sizes, axis=0))
+            others = np.zeros((len(rows) + 1,) + rows.shape[1:], dtype=np.int64)
+            others[1:] = np.cumsum(other, axis=0)
+            uniform = (others[hi] - others[lo] == 0).tolist()
+            first_slab, first_code = first_slab.tolist(), first_code.tolist()
+            first_row = rows[lo].tolist()
+            kernel, label, out = sig.forward, sig.label, int(out_slab[s])
+            operands = list(zip(kernel.inputs, sig.row_avals, sig.shared))
+            counts = self.stats["by_signature"][label]
+            for j, i in enumerate(positions):
+                b = _Batch()
+                b.sig, b.n = sig, int(sizes[j])
+                a, z = int(lo[j]), int(hi[j])
+                b.inputs, b.shared, b.targets = [], [], {}
+                k = 0
+                for symbol, aval, shared in operands:
+                    if aval is not None:
+                        if uniform[j][k]:
+                            whole = contiguous[j][k]
+                            entry = (id(symbol), first_slab[j][k], first_row[j][k],
+                                     None if whole else rows[a:z, k], None,
+                                     views.BY_CODE[first_code[j][k]])
+                            self.stats["copies_avoided" if whole else "copies_made"] += 1
+                        else:
+                            entry = (id(symbol), None, 0,
+                                     _groups(slabs[a:z, k], codes[a:z, k], rows[a:z, k]),
+                                     False, None)
+                            self.stats["copies_made"] += 1
+                        b.inputs.append(entry)
+                        b.targets[id(symbol)] = entry
+                        k += 1
+                    elif symbol is not None:
+                        b.shared.append((id(symbol), shared))
+                        b.targets[id(symbol)] = shared
+                b.out_slab, b.out_row = out, int(row_of[batches[i][0]])
+                b.env = b.handed = None
+                counts[0] += 1
+                counts[1] += b.n
+                plan[i] = b
+        return plan
 
     # --- forward --------------------------------------------------------------------------------
     def _forward(self):
