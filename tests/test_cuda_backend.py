@@ -61,6 +61,8 @@ def _cases():
         Case("scatter_add_rows int32 (row kernel)", lambda r: [f(r, 6, 3), idx64.astype(np.int32)],
              lambda v, i: mc.scatter_add_rows(v, i, 5)),
         Case("embedding", lambda r: [f(r, 7, 3), np.array([[1, 2], [6, 0]])], mc.embedding),
+        Case("embedding of one id (take_row)", lambda r: [f(r, 7, 3), np.array(5)],
+             lambda table, i: mc.embedding(table, i) * mc.embedding(table, np.array(-1) + 2)),
         Case("one_hot", lambda r: [f(r, 3), np.array([[0, 4], [2, 2]])],
              lambda a, labels: mc.one_hot(labels, 5, a.dtype) * mc.sum(a)),
         Case("softmax_cross_entropy", lambda r: [f(r, 4, 5), np.array([0, 4, 2, 2])],

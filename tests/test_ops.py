@@ -482,6 +482,26 @@ def test_take_rows(data, num_rows, rest):
     assert mc.gradcheck(mc.take_rows, [x, idx])
 
 
+@covers("take_row")
+@given(data=st.data(), num_rows=st.integers(1, 4), rest=shapes(max_dims=2))
+def test_take_row_is_embedding_of_one_id(data, num_rows, rest):
+    x = data.draw(float_arrays((num_rows,) + rest))
+    i = data.draw(st.integers(-1, num_rows - 1))
+    expected = np.zeros(rest) if i < 0 else x[i]  # -1 gives a zero row
+    got = mc.embedding(t(x, requires_grad=True), np.array(i))
+    assert got._creator[0].op.name == "take_row"  # one op, not a take and a reshape
+    check(got, expected)
+    assert mc.gradcheck(lambda table, ids: mc.embedding(table, ids), [x, np.array(i)])
+    # traced, it is the take and the reshape (what the backends and fusion know)
+    graph = mc.trace(lambda table, ids: mc.embedding(table, ids), mc.spec(x.shape, x.dtype),
+                     mc.spec((), np.int64))
+    assert [n.op.name for n in graph.nodes if n.kind == "op"] == ["reshape", "take_rows",
+                                                                 "reshape"]
+    with pytest.raises(mc.IndexRangeError, match=f"op 'take_row': index {num_rows} is out of "
+                                                  f"range for {num_rows} rows"):
+        mc.embedding(t(x), np.array(num_rows))
+
+
 def test_take_rows_gradient_adds_over_repeated_indices():
     x = t(np.ones((3, 2)), requires_grad=True)
     mc.take_rows(x, np.array([2, 0, 2, -1, 2])).sum().backward()

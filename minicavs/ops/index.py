@@ -1,6 +1,8 @@
 """Row gathers and their adjoints: ``take_rows`` (index -1 gives a zero row) and
-``scatter_add_rows`` (indices may repeat; their rows add up). ``embedding`` is a take of rows.
-Indices are integer arrays; they are data, never differentiated."""
+``scatter_add_rows`` (indices may repeat; their rows add up). ``embedding`` is a take of rows;
+of one id (a word's, per step of per-sample code) it is ``take_row``, one node where a take
+and a reshape would be two, expanded into them when traced. Indices are integer arrays; they
+are data, never differentiated."""
 
 import numpy as np
 import scipy.sparse
@@ -137,6 +139,40 @@ def _batch_take_rows(op, items, attrs, out):
 TAKE_ROWS = register(Op("take_rows", _take_rows_forward, _infer_take_rows,
                         lambda g, out, x, idx: (scatter_add_rows(g, idx, x.shape[0]), None),
                         nondiff_args=(1,), batch=_batch_take_rows, row_index_arg=1))
+
+def _take_row_forward(xp, x, idx):
+    i = int(idx)
+    if not -1 <= i < x.shape[0]:
+        raise IndexRangeError(f"op 'take_row': index {i} is out of range for {x.shape[0]} rows "
+                              f"(valid: -1 for a zero row, 0..{x.shape[0] - 1})")
+    return xp.zeros(x.shape[1:], dtype=x.dtype) if i < 0 else x[i].copy()  # (not a view)
+
+
+def _infer_take_row(x, idx):
+    require_int("take_row", idx, 1)
+    if len(x.shape) == 0 or len(idx.shape) != 0:
+        raise ShapeError(f"op 'take_row': argument 0 must have rows and argument 1 must be one "
+                         f"index (0-d), got shapes {describe(x.shape)} and {describe(idx.shape)}")
+    return Aval(tuple(x.shape[1:]), np.dtype(x.dtype))
+
+
+def _batch_take_row(op, items, attrs, out):
+    (x, dx), (idx, di) = items
+    if dx:
+        raise GraphError("op 'take_row': inside a vertex function the table must be shared "
+                         "(a parameter), not a per-vertex value")
+    return take_rows(x, idx)  # the batch's ids, one per row: (rows,) + the row's shape
+
+
+def _expand_take_row(x, idx):
+    return shape.reshape(take_rows(x, shape.reshape(idx, (1,))), tuple(x.shape[1:]))
+
+
+TAKE_ROW = register(Op("take_row", _take_row_forward, _infer_take_row,
+                       lambda g, out, x, idx: (scatter_add_rows(
+                           shape.reshape(g, (1,) + tuple(g.shape)), shape.reshape(idx, (1,)),
+                           x.shape[0]), None),
+                       nondiff_args=(1,), batch=_batch_take_row, expand=_expand_take_row))
 # No batching rule: it only appears in ∂F, which is derived from the batched F.
 SCATTER_ADD_ROWS = register(Op("scatter_add_rows", _scatter_add_rows_forward,
                                _infer_scatter_add_rows,
@@ -184,9 +220,8 @@ def one_hot(labels, num_classes, dtype):
 
 def embedding(table, ids):
     """Look up rows of ``table`` for integer ``ids`` of any shape: result ``ids.shape + (D,)``."""
-    if type(ids) is np.ndarray and not ids.ndim:  # one id (a word's, per step): its row
-        return apply(shape.RESHAPE, take_rows(table, ids.reshape(1)),
-                     shape=tuple(table.shape[1:]))
+    if getattr(ids, "shape", None) == ():  # one id (a word's, per step): its row
+        return apply(TAKE_ROW, table, ids)
     ids_shape = tuple(ids.shape)
     # plain data (a NumPy id) is reshaped by NumPy: no op to record for it
     flat = ids.reshape(-1) if type(ids) is np.ndarray else shape.reshape(ids, (-1,))
