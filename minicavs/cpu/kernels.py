@@ -502,6 +502,30 @@ def _usable(*arrays):
     return all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays)
 
 
+_P, _I = ctypes.c_void_p, ctypes.c_int64  # a pointer (passed as an int), a size
+_SIGNATURES = {  # the hot calls' argument types: declared, plain ints pass without wrappers
+    "lstm_cell": (_P, _P, _P, _I, _I, _I, _I, _P),
+    "lstm_cell_grad": (_P, _P, _P, _I, _P, _P, _I, _I, _I, _P),
+    "scatter_add": (_P, _P, _P, _I, _I, _I, _I),
+    "xent": (_P, _P, _I, _I, _P),
+    "xent_grad": (_P, _P, _P, _I, _I, _P),
+}
+_typed_functions = {}
+
+
+def _function(kernel, suffix):
+    """The C function ``<kernel>_<suffix>`` with its argument types declared (``_SIGNATURES``),
+    or None without native code; looked up once (these run thousands of times a step)."""
+    name = f"{kernel}_{suffix}"
+    function = _typed_functions.get(name)
+    if function is None:
+        lib = _library()
+        if lib is None:
+            return None
+        function = _typed_functions[name] = _typed(lib, name, _SIGNATURES[kernel])
+    return function
+
+
 def softmax_cross_entropy(logits, labels):
     """Per-row losses as the op computes them, or None (the caller's NumPy form runs). The
     labels must already be checked to lie in range."""
@@ -509,14 +533,13 @@ def softmax_cross_entropy(logits, labels):
     if suffix is None or logits.ndim == 0 or logits.size == 0 or not _usable(logits, labels) \
             or labels.dtype != np.int64:
         return None
-    lib = _library()
-    if lib is None:
+    xent = _function("xent", suffix)
+    if xent is None:
         return None
     cols = logits.shape[-1]
     rows = logits.size // cols
     loss = np.empty(logits.shape[:-1], dtype=logits.dtype)
-    getattr(lib, f"xent_{suffix}")(_p(logits), _p(labels), ctypes.c_int64(rows),
-                                   ctypes.c_int64(cols), _p(loss))
+    xent(data_address(logits), data_address(labels), rows, cols, data_address(loss))
     return loss
 
 
@@ -527,14 +550,13 @@ def softmax_cross_entropy_grad(logits, labels, g):
             or getattr(g, "dtype", None) != logits.dtype or g.shape != labels.shape \
             or not _usable(logits, labels, g):
         return None
-    lib = _library()
-    if lib is None:
+    xent_grad = _function("xent_grad", suffix)
+    if xent_grad is None:
         return None
     cols = logits.shape[-1]
     out = np.empty_like(logits)
-    getattr(lib, f"xent_grad_{suffix}")(_p(logits), _p(labels), _p(g),
-                                        ctypes.c_int64(logits.size // cols),
-                                        ctypes.c_int64(cols), _p(out))
+    xent_grad(data_address(logits), data_address(labels), data_address(g), logits.size // cols,
+              cols, data_address(out))
     return out
 
 
@@ -542,12 +564,18 @@ def _lstm_operands(pre, c_prev, *more):
     """The dtype suffix, row stride of the previous cells, rows and H of an LSTM cell's
     operands as the kernels take them, or None: ``pre`` and ``more`` C-contiguous, the cells
     (rows, H) with contiguous rows at one stride (the c half of [h, c] states)."""
-    suffix = _SUFFIX.get(getattr(pre, "dtype", None))
+    dtype = getattr(pre, "dtype", None)
+    suffix = _SUFFIX.get(dtype)
     k = len(c_prev)
-    if suffix is None or k > 2 or pre.ndim == 0 or pre.size == 0 \
-            or any(getattr(a, "dtype", None) != pre.dtype for a in (*c_prev, *more)) \
-            or not _usable(pre, *more):
+    if suffix is None or k > 2 or type(pre) is not np.ndarray or pre.ndim == 0 \
+            or pre.size == 0 or not pre.flags.c_contiguous:
         return None
+    for a in c_prev:
+        if getattr(a, "dtype", None) != dtype:
+            return None
+    for a in more:
+        if type(a) is not np.ndarray or a.dtype != dtype or not a.flags.c_contiguous:
+            return None
     H = pre.shape[-1] // (3 + k)
     rows = pre.size // pre.shape[-1]
     ldc = H
@@ -574,32 +602,34 @@ def lstm_cell(pre, c_prev):
     """``ops.lstm_cell``'s [h, c] in one pass over the rows, or None (NumPy runs). Shapes must
     be checked."""
     found = _lstm_operands(pre, c_prev)
-    lib = found and _library()
-    if not lib:
+    cell = found and _function("lstm_cell", found[0])
+    if not cell:
         return None
-    suffix, ldc, rows, H = found
+    _, ldc, rows, H = found
     out = np.empty(pre.shape[:-1] + (2 * H,), pre.dtype)
-    c0, c1 = (list(c_prev) + [None, None])[:2]
-    getattr(lib, f"lstm_cell_{suffix}")(_p(pre), _p_or_null(c0), _p_or_null(c1),
-                                        ctypes.c_int64(ldc), ctypes.c_int64(len(c_prev)),
-                                        ctypes.c_int64(rows), ctypes.c_int64(H), _p(out))
+    c0, c1 = _cell_addresses(c_prev)
+    cell(data_address(pre), c0, c1, ldc, len(c_prev), rows, H, data_address(out))
     return out
+
+
+def _cell_addresses(c_prev):
+    """The previous cells' data addresses as the cell kernels take them: two, None for none."""
+    k = len(c_prev)
+    return (data_address(c_prev[0]) if k else None), (data_address(c_prev[1]) if k > 1 else None)
 
 
 def lstm_cell_grad(pre, c_prev, out, g):
     """``ops.lstm_cell_grad``'s [∂pre, ∂c_prev…] in one pass over the rows, or None."""
     found = _lstm_operands(pre, c_prev, out, g)
-    lib = found and _library()
-    if not lib:
+    cell_grad = found and _function("lstm_cell_grad", found[0])
+    if not cell_grad:
         return None
-    suffix, ldc, rows, H = found
+    _, ldc, rows, H = found
     k = len(c_prev)
     grads = np.empty(pre.shape[:-1] + ((3 + 2 * k) * H,), pre.dtype)
-    c0, c1 = (list(c_prev) + [None, None])[:2]
-    getattr(lib, f"lstm_cell_grad_{suffix}")(_p(pre), _p_or_null(c0), _p_or_null(c1),
-                                             ctypes.c_int64(ldc), _p(out), _p(g),
-                                             ctypes.c_int64(k), ctypes.c_int64(rows),
-                                             ctypes.c_int64(H), _p(grads))
+    c0, c1 = _cell_addresses(c_prev)
+    cell_grad(data_address(pre), c0, c1, ldc, data_address(out), data_address(g), k, rows, H,
+              data_address(grads))
     return grads
 
 
@@ -616,12 +646,11 @@ def scatter_add_rows(out, idx, values):
     ldo, ldv = _rows_of(out, cols), _rows_of(values, cols)
     if ldo is None or ldv is None or values.size != len(values) * cols:
         return False
-    lib = _library()
-    if lib is None:
+    scatter_add = _function("scatter_add", suffix)
+    if scatter_add is None:
         return False
-    getattr(lib, f"scatter_add_{suffix}")(_p(out), _p(idx), _p(values),
-                                          ctypes.c_int64(len(idx)), ctypes.c_int64(cols),
-                                          ctypes.c_int64(ldo), ctypes.c_int64(ldv))
+    scatter_add(data_address(out), data_address(idx), data_address(values), len(idx), cols, ldo,
+                ldv)
     return True
 
 
@@ -1006,6 +1035,3 @@ def _layout_holds():
 
 data_address = _address_by_layout if _layout_holds() else (lambda array: array.ctypes.data)
 
-
-def _p_or_null(array):
-    return ctypes.c_void_p(None) if array is None else _p(array)
