@@ -66,6 +66,10 @@ struct Recorder {
   PyObject *views_by_id;        // views._BY_ID
   PyObject *view_key;           // views.view_key (a form not seen yet)
   PyObject *learn;              // scope._learn (a call form not seen yet)
+  // The dtype of the last data operand (a word id, a label: thousands a step, nearly all of
+  // one dtype), its .str and whether it is an integer one, so they are read once, not per call.
+  PyObject *data_dtype, *data_code, *no_axes;
+  bool data_index;
   Offsets at;
 };
 
@@ -242,16 +246,23 @@ PyObject *make_view(Recorder *r, PyObject *op, PyObject *x, PyObject *attrs) {
   return view;
 }
 
-bool is_index(PyObject *a) {  // an integer NumPy array (a label, an id): data
-  PyObject *dtype = PyObject_GetAttr(a, s_dtype);
-  if (!dtype) return false;
-  PyObject *kind = PyObject_GetAttr(dtype, s_kind);
-  Py_DECREF(dtype);
-  if (!kind) return false;
-  bool integer = PyUnicode_CompareWithASCIIString(kind, "i") == 0 ||
-                 PyUnicode_CompareWithASCIIString(kind, "u") == 0;
+// A data operand's dtype seen for the first time (or after another): its .str (the key's part,
+// as Python's record_known writes it) and whether it is an integer dtype (a 0-d integer array
+// is a label or an id: data; a 0-d float one a constant).
+int data_form(Recorder *r, PyObject *dtype) {
+  PyObject *code = PyObject_GetAttr(dtype, s_str), *kind = PyObject_GetAttr(dtype, s_kind);
+  if (!code || !kind) {
+    Py_XDECREF(code);
+    Py_XDECREF(kind);
+    return -1;
+  }
+  r->data_index = PyUnicode_CompareWithASCIIString(kind, "i") == 0 ||
+                  PyUnicode_CompareWithASCIIString(kind, "u") == 0;
   Py_DECREF(kind);
-  return integer;
+  Py_INCREF(dtype);
+  Py_XSETREF(r->data_dtype, dtype);
+  Py_XSETREF(r->data_code, code);
+  return 0;
 }
 
 PyObject *record_known(Recorder *r, PyObject *op, PyObject *args, PyObject *attrs) {
@@ -297,18 +308,26 @@ PyObject *record_known(Recorder *r, PyObject *op, PyObject *args, PyObject *attr
       part = PyLong_FromVoidPtr(a);  // a parameter, by identity
       needs_grad = true;
     } else if (type == r->ndarray || type == r->tensor) {
+      PyObject *dtype = PyObject_GetAttr(a, s_dtype);
+      if (!dtype) { Py_DECREF(key); return nullptr; }
+      if (dtype != r->data_dtype && data_form(r, dtype) < 0) {
+        Py_DECREF(dtype);
+        Py_DECREF(key);
+        return nullptr;
+      }
+      Py_DECREF(dtype);  // (data_dtype holds it)
       PyObject *ndim = PyObject_GetAttr(a, s_ndim);
       if (!ndim) { Py_DECREF(key); return nullptr; }
-      const bool rows = PyObject_IsTrue(ndim) || (type == r->ndarray && is_index(a));
+      const int dims = PyObject_IsTrue(ndim);
       Py_DECREF(ndim);
-      if (PyErr_Occurred()) { Py_DECREF(key); return nullptr; }
-      if (!rows) { Py_DECREF(key); Py_RETURN_NONE; }  // a scalar constant: Python's path
-      PyObject *shape = PyObject_GetAttr(a, s_shape), *dtype = PyObject_GetAttr(a, s_dtype);
-      PyObject *code = dtype ? PyObject_GetAttr(dtype, s_str) : nullptr;
-      part = shape && code ? PyTuple_Pack(2, shape, code) : nullptr;
+      if (dims < 0) { Py_DECREF(key); return nullptr; }
+      if (!dims && !(type == r->ndarray && r->data_index)) {  // a scalar constant: Python's path
+        Py_DECREF(key);
+        Py_RETURN_NONE;
+      }
+      PyObject *shape = dims ? PyObject_GetAttr(a, s_shape) : (Py_INCREF(r->no_axes), r->no_axes);
+      part = shape ? PyTuple_Pack(2, shape, r->data_code) : nullptr;
       Py_XDECREF(shape);
-      Py_XDECREF(dtype);
-      Py_XDECREF(code);
       Py_ssize_t j = part ? leaf(r, a) : PY_SSIZE_T_MIN;
       if (j == PY_SSIZE_T_MIN) { Py_XDECREF(part); Py_DECREF(key); return nullptr; }
       sources[n++] = j;
@@ -354,7 +373,8 @@ void recorder_dealloc(PyObject *self) {
   Recorder *r = reinterpret_cast<Recorder *>(self);
   PyObject_GC_UnTrack(self);
   for (PyObject **p : {&r->scope, &r->state, &r->known, &r->tracing, &r->tensor_globals,
-                       &r->slice_op, &r->reshape_op, &r->views_by_id, &r->view_key, &r->learn})
+                       &r->slice_op, &r->reshape_op, &r->views_by_id, &r->view_key, &r->learn,
+                       &r->data_dtype, &r->data_code, &r->no_axes})
     Py_CLEAR(*p);
   Py_CLEAR(r->lazy);
   Py_CLEAR(r->view);
@@ -477,7 +497,14 @@ extern "C" PyObject *make_recorder(PyObject *scope, PyObject *types, PyObject *t
   r->reshape_op = PyTuple_GET_ITEM(ops, 1); Py_INCREF(r->reshape_op);
   r->views_by_id = PyTuple_GET_ITEM(views, 0); Py_INCREF(r->views_by_id);
   r->view_key = PyTuple_GET_ITEM(views, 1); Py_INCREF(r->view_key);
+  r->data_dtype = r->data_code = nullptr;
+  r->data_index = false;
+  r->no_axes = PyTuple_New(0);
   r->at = at;
+  if (!r->no_axes) {
+    Py_DECREF(reinterpret_cast<PyObject *>(r));
+    return nullptr;
+  }
   PyObject_GC_Track(reinterpret_cast<PyObject *>(r));
   return reinterpret_cast<PyObject *>(r);
 }
