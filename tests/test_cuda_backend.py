@@ -20,6 +20,9 @@ from minicavs.cuda.streams import MAIN, SIDE
 from minicavs.errors import IndexRangeError, KernelCompileError
 from minicavs.ops import OPS
 
+# (imported here, not inside a test: importing it inside a hypothesis test makes its module's
+# @given run nested, a health-check failure when this file runs alone)
+from test_cuda_fusion import _broken_group, cell_groups, random_inputs
 from vertex_cells import binary_tree_lstm, child_sum_tree_lstm
 
 E, H = 3, 4
@@ -454,7 +457,6 @@ def test_gpu_index_ops_on_rows_the_kernels_do_not_cover_equal_numpy(dtype):
 def test_gpu_fused_kernels_equal_numpy(cell, dtype, data):
     cupy = _cupy()
     from minicavs.cuda import fusion
-    from test_cuda_fusion import cell_groups, random_inputs
 
     n, e = data.draw(st.integers(0, 40)), data.draw(st.integers(0, 50))  # > one block of 256
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
@@ -475,7 +477,6 @@ def test_gpu_fused_kernels_equal_numpy(cell, dtype, data):
 def test_gpu_broken_expression_is_a_kernel_compile_error():
     cupy = _cupy()
     from minicavs.cuda import fusion
-    from test_cuda_fusion import _broken_group
 
     kernel = fusion.CupyFusedKernel(_broken_group(), cupy, np.float32)
     with pytest.raises(KernelCompileError, match=r"(?s)ops: tanh broken_op.*\| "):
@@ -487,7 +488,6 @@ def test_gpu_executor_uses_generated_kernels():
     cupy = _cupy()
     from minicavs.autodiff.executor import make_fused_kernel
     from minicavs.cuda.fusion import CupyFusedKernel
-    from test_cuda_fusion import cell_groups
 
     (_, group), *_ = cell_groups("binary_tree_lstm", np.float32)
     assert isinstance(make_fused_kernel(group, cupy, np.float32), CupyFusedKernel)

@@ -168,10 +168,16 @@ def _expand_take_row(x, idx):
     return shape.reshape(take_rows(x, shape.reshape(idx, (1,))), tuple(x.shape[1:]))
 
 
-TAKE_ROW = register(Op("take_row", _take_row_forward, _infer_take_row,
-                       lambda g, out, x, idx: (scatter_add_rows(
-                           shape.reshape(g, (1,) + tuple(g.shape)), shape.reshape(idx, (1,)),
-                           x.shape[0]), None),
+def _take_row_vjp(g, out, x, idx):
+    # Only eager code differentiates take_row itself (traced or batched, it is take_rows). Its
+    # 0-d id may be a NumPy one beside a table on the GPU: the one-row index goes where g is.
+    one = backend.to_numpy(getattr(idx, "_array", idx)).reshape(1)
+    if getattr(g, "device", "cpu") == "cuda":
+        one = backend.to_device(one, "cuda")
+    return scatter_add_rows(shape.reshape(g, (1,) + tuple(g.shape)), one, x.shape[0]), None
+
+
+TAKE_ROW = register(Op("take_row", _take_row_forward, _infer_take_row, _take_row_vjp,
                        nondiff_args=(1,), batch=_batch_take_row, expand=_expand_take_row))
 # No batching rule: it only appears in ∂F, which is derived from the batched F.
 SCATTER_ADD_ROWS = register(Op("scatter_add_rows", _scatter_add_rows_forward,
