@@ -92,6 +92,35 @@ __device__ double atomicAdd(double* address, double value)
 #endif
 """
 
+# The deterministic scatters: order lists the rows of values grouped by target row, in their
+# original order within a group; group s (rows order[starts[s]] .. order[starts[s+1]-1]) folds
+# into out[targets[s]]. One thread owns one output element and folds its group's values in that
+# fixed order, so the result is the same bits on every run and equals the sequential fold
+# (NumPy's ufunc.at order): a sum for scatter_add_rows, a product, maximum or minimum for
+# scatter_reduce_rows.
+_SCATTER_FOLD = """
+extern "C" __global__ void ${name}(const ${T}* __restrict__ values,
+                                   const long long* __restrict__ order,
+                                   const int* __restrict__ targets,
+                                   const long long* __restrict__ starts,
+                                   ${T}* __restrict__ out, const long long num_groups,
+                                   const long long row_size)
+{
+    const long long total = num_groups * row_size;
+    ${loop} {
+        const long long s = e / row_size;
+        const long long j = e - s * row_size;
+        ${T}* target = &out[(long long)targets[s] * row_size + j];
+        ${T} acc = *target;
+        for (long long p = starts[s]; p < starts[s + 1]; ++p) {
+            const ${T} v = values[order[p] * row_size + j];
+            acc = ${fold};
+        }
+        *target = acc;
+    }
+}
+"""
+
 _SOURCES = {
     "gather_rows": """
 // out[i, :] = src[idx[i], :], or zeros where idx[i] == -1.
@@ -141,30 +170,6 @@ extern "C" __global__ void ${name}(const ${T}* __restrict__ values, const int* _
     }
 }
 """,
-    "scatter_add_sorted": _ADD_NOFTZ + """
-// Deterministic scatter-add. order lists the rows of values grouped by target row, in their
-// original order within a group; group s (rows order[starts[s]] .. order[starts[s+1]-1]) adds
-// into out[targets[s]]. One thread owns one output element and adds its group's values in that
-// fixed order, so the result is the same bits on every run and equals a sequential sum.
-extern "C" __global__ void ${name}(const ${T}* __restrict__ values,
-                                   const long long* __restrict__ order,
-                                   const int* __restrict__ targets,
-                                   const long long* __restrict__ starts,
-                                   ${T}* __restrict__ out, const long long num_groups,
-                                   const long long row_size)
-{
-    const long long total = num_groups * row_size;
-    ${loop} {
-        const long long s = e / row_size;
-        const long long j = e - s * row_size;
-        ${T}* target = &out[(long long)targets[s] * row_size + j];
-        ${T} acc = *target;
-        for (long long p = starts[s]; p < starts[s + 1]; ++p)
-            acc = minicavs_add_noftz(acc, values[order[p] * row_size + j]);
-        *target = acc;
-    }
-}
-""",
     "scatter_rows": """
 // out[idx[i], :] = values[i, :] for idx[i] != -1 (the launcher checks that indices do not repeat).
 extern "C" __global__ void ${name}(const ${T}* __restrict__ values, const int* __restrict__ idx,
@@ -200,12 +205,11 @@ extern "C" __global__ void ${name}(const ${T}* __restrict__ src, const int* __re
 """,
 }
 
-# The deterministic scatter with another fold than +: a product, or NumPy's maximum and
-# minimum, which keep the first operand when it is NaN or strictly wins, else take the second
+# The folds besides the sum (PTX add.rn.f32: CuPy's -ftz=true would make "+" flush float32
+# subnormals, which NumPy keeps): a product, or NumPy's maximum and minimum, which keep the first operand when it is NaN or strictly wins, else take the second
 # (NaN propagates; a tie, 0 against -0, takes the second, as NumPy 2 does). CuPy's -ftz=true
-# would flush float32 subnormals in a "*" or a comparison, which NumPy keeps: the product is
-# PTX mul.rn.f32 (no .ftz, as the sum's add), and float32 NaN and order are decided on the
-# bits.
+# would flush them in a "*" or a comparison too: the product is PTX mul.rn.f32 (no .ftz, as
+# the sum's add), and float32 NaN and order are decided on the bits.
 # No atomics: CuPy's atomic scatter_max/min computed float64 in float32 (seen on an H100, CuPy
 # 14.2: the maxima came back rounded to float32).
 _MUL_NOFTZ = """
@@ -237,32 +241,9 @@ __device__ bool minicavs_greater(float a, float b)
 __device__ bool minicavs_greater(double a, double b) { return a > b; }
 """
 
-_SCATTER_FOLD = """
-// out[targets[s]] = fold(out[targets[s]], values[r]) for the rows r = order[starts[s]] ..
-// order[starts[s+1]-1] in that order, one thread per output element: NumPy's ufunc.at order.
-extern "C" __global__ void ${name}(const ${T}* __restrict__ values,
-                                   const long long* __restrict__ order,
-                                   const int* __restrict__ targets,
-                                   const long long* __restrict__ starts,
-                                   ${T}* __restrict__ out, const long long num_groups,
-                                   const long long row_size)
-{
-    const long long total = num_groups * row_size;
-    ${loop} {
-        const long long s = e / row_size;
-        const long long j = e - s * row_size;
-        ${T}* target = &out[(long long)targets[s] * row_size + j];
-        ${T} acc = *target;
-        for (long long p = starts[s]; p < starts[s + 1]; ++p) {
-            const ${T} v = values[order[p] * row_size + j];
-            acc = ${fold};
-        }
-        *target = acc;
-    }
-}
-"""
 
 SCATTER_FOLDS = {  # reduce -> (the fold, as a C expression of acc and v; helpers it needs)
+    "add": ("minicavs_add_noftz(acc, v)", _ADD_NOFTZ),
     "multiply": ("minicavs_mul_noftz(acc, v)", _MUL_NOFTZ),
     "maximum": ("minicavs_isnan(acc) || (!minicavs_isnan(v) && minicavs_greater(acc, v)) "
                 "? acc : v", _ORDER),
@@ -663,8 +644,8 @@ def scatter_reduce_rows_numpy(values, idx, out, reduce):
 
 def scatter_reduce_rows(values, idx, out, reduce, *, plan=None, runner=None, check_indices=True):
     """``out[idx[i]] = reduce(out[idx[i]], values[i])`` for every i with ``idx[i] != -1``, in
-    index order, ``reduce`` one of "multiply", "maximum", "minimum" (NumPy's ufuncs, NaN
-    propagating). Each output element is folded by one thread over its rows in a fixed order
+    index order, ``reduce`` one of "add", "multiply", "maximum", "minimum" (NumPy's ufuncs, NaN
+    propagating; "add" is :func:`scatter_add_rows`'s deterministic kernel). Each output element is folded by one thread over its rows in a fixed order
     (a ``plan`` from :func:`scatter_plan`, made here if not given): the same bits on every run,
     equal to :func:`scatter_reduce_rows_numpy`. Shapes and checks as :func:`scatter_add_rows`."""
     kernel = "scatter_reduce_rows"
