@@ -140,6 +140,7 @@ TAKE_ROWS = register(Op("take_rows", _take_rows_forward, _infer_take_rows,
                         lambda g, out, x, idx: (scatter_add_rows(g, idx, x.shape[0]), None),
                         nondiff_args=(1,), batch=_batch_take_rows, row_index_arg=1))
 
+
 def _take_row_forward(xp, x, idx):
     i = int(idx)
     if not -1 <= i < x.shape[0]:
@@ -179,6 +180,7 @@ def _take_row_vjp(g, out, x, idx):
 
 TAKE_ROW = register(Op("take_row", _take_row_forward, _infer_take_row, _take_row_vjp,
                        nondiff_args=(1,), batch=_batch_take_row, expand=_expand_take_row))
+
 # No batching rule: it only appears in ∂F, which is derived from the batched F.
 SCATTER_ADD_ROWS = register(Op("scatter_add_rows", _scatter_add_rows_forward,
                                _infer_scatter_add_rows,
