@@ -908,8 +908,8 @@ def _panels(b):
     False where they do not run on panels (not an invariant operand, too small, a layout
     other than one of a matrix and its transpose, no native code)."""
     (k, n), item = b.shape, b.itemsize
-    if (data_address(b), b.size) not in _invariant.arrays or k * n < PACKED_MIN_WEIGHT \
-            or build.forked_child():
+    if b.dtype not in _SUFFIX or (data_address(b), b.size) not in _invariant.arrays \
+            or k * n < PACKED_MIN_WEIGHT or build.forked_child():
         return False
     if b.strides == (n * item, item):
         transposed = 0
