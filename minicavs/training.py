@@ -383,6 +383,10 @@ def add_sst_arguments(parser):
     group.add_argument("--adagrad-reset", action="store_true",
                        help="forget AdaGrad's sums of squared gradients at the start of every "
                             "epoch (CoreNLP's sentiment trainer does)")
+    group.add_argument("--lr-decay", type=validate.real(minimum=0, maximum=1,
+                                                        open_minimum=True), default=1.0,
+                       help="multiply every learning rate by this at the start of each epoch "
+                            "after the first (a decaying schedule; default 1: constant)")
     group.add_argument("--embed-optimizer", choices=["same", "sgd"], default="same",
                        help="sgd: update the word embeddings with plain SGD at --embed-lr "
                             "(Tai et al.'s code), the rest with --optimizer; same: one "
@@ -550,6 +554,25 @@ def sentiment_splits(args):
     return splits
 
 
+def _epoch_start(args, optimizer):
+    """What a sentiment run does at the start of each epoch, or None: AdaGrad's reset
+    (``--adagrad-reset``), the learning rates' decay after the first epoch (``--lr-decay``)."""
+    reset = getattr(args, "adagrad_reset", False)
+    decay = getattr(args, "lr_decay", 1.0)
+    if not reset and decay == 1.0:
+        return None
+    optimizers = getattr(optimizer, "optimizers", [optimizer])  # (a CombinedOptimizer's parts)
+
+    def start(epoch):
+        if reset:
+            optimizer.reset_state()
+        if decay != 1.0 and epoch > 1:
+            for part in optimizers:
+                for group in part.param_groups:
+                    group["lr"] *= decay
+    return start
+
+
 def sentiment_experiment(name, args, splits, make_model, log=print):
     """Train ``make_model(num_classes)`` on ``splits`` under ``args.task`` for each of
     ``args.seeds`` seeds, keep each run's best dev epoch, evaluate it on test, and log one line
@@ -572,7 +595,7 @@ def sentiment_experiment(name, args, splits, make_model, log=print):
         if args.word_vectors:
             load_vectors_into(model, splits.vocab, args.word_vectors, log)
         optimizer = make_optimizer(args, model)
-        reset = optimizer.reset_state if getattr(args, "adagrad_reset", False) else None
+        on_epoch_start = _epoch_start(args, optimizer)
         before_step = None
         if getattr(args, "embed_l2_rows", "all") == "batch" and args.embed_l2:
             before_step = ActiveRowsL2(model.embedding.weight, args.embed_l2)
@@ -580,7 +603,7 @@ def sentiment_experiment(name, args, splits, make_model, log=print):
                       batch_size=args.batch_size, seed=seed, clip=args.clip or None,
                       unit="tree", progress=args.progress, log=log, keep_best=metric,
                       loss_per=LOSS_PER[getattr(args, "loss_per", "target")],
-                      on_epoch_start=(lambda epoch: reset()) if reset else None,
+                      on_epoch_start=on_epoch_start,
                       before_step=before_step)
         epoch = best_epoch(history, metric)
         dev = history[epoch - 1][1] if epoch else model.evaluate(

@@ -326,3 +326,28 @@ def test_make_optimizer_gives_the_rntn_tensor_its_own_l2_and_learning_rate():
     only_lr = make_optimizer(_args(l2=1e-3, tensor_lr=0.002), model)
     groups = {id(p): g for g in only_lr.param_groups for p in g["params"]}
     assert groups[id(model.V)]["weight_decay"] == 1e-3 and groups[id(model.V)]["lr"] == 0.002
+
+
+def test_lr_decay_multiplies_every_learning_rate_after_the_first_epoch():
+    from minicavs.training import _epoch_start
+
+    model = recursive_trees.make("rntn", 10, 3)
+    optimizer = make_optimizer(_args(embed_optimizer="sgd", tensor_lr=0.002, lr_decay=0.5,
+                                     adagrad_reset=True), model)
+    start = _epoch_start(_args(lr_decay=0.5, adagrad_reset=True), optimizer)
+    adagrad, sgd = optimizer.optimizers
+    seen = []
+    for epoch in (1, 2, 3):
+        start(epoch)
+        seen.append(sorted(g["lr"] for g in adagrad.param_groups) + [sgd.param_groups[0]["lr"]])
+    assert seen[0] == [0.002, 0.05, 0.1]  # the first epoch at the given rates
+    np.testing.assert_allclose(seen[1], [0.001, 0.025, 0.05])
+    np.testing.assert_allclose(seen[2], [0.0005, 0.0125, 0.025])
+    assert _epoch_start(_args(), optimizer) is None  # neither option: nothing to do
+    parser = argparse.ArgumentParser()
+    from minicavs.training import add_sst_arguments
+    add_sst_arguments(parser)
+    assert parser.parse_args([]).lr_decay == 1.0
+    for bad in ("0", "1.5", "-0.1"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--lr-decay", bad])
