@@ -652,6 +652,9 @@ def test_add_n_of_one_tensor_is_that_tensor_and_of_none_an_error():
     assert mc.add_n([x]) is x
     with pytest.raises(mc.ArgumentError, match="add_n: needs at least one tensor"):
         mc.add_n([])
+    with pytest.raises(mc.ArgumentError, match=r"add_n: takes a list of tensors, got one of "
+                                               r"shape \(3,\); .* use mc.sum"):
+        mc.add_n(x)
 
 
 def _tiny_tagger(char_lstm, hoist=False):

@@ -126,8 +126,8 @@ class Segment:
 
         # CuPy when the data or the parameters are there (a word id stays a NumPy leaf, moved
         # with the others into the slab)
-        on_device = [values[0] for values in members
-                     if values and backend.is_cupy_array(values[0])] + [
+        on_device = [v for values in members for v in values
+                     if type(v) is not np.ndarray and backend.is_cupy_array(v)] + [
             s._array for sig in active for s in sig.shared
             if isinstance(s, Tensor) and backend.is_cupy_array(s._array)]
         xp = backend.get_array_module(on_device[0]) if on_device else np

@@ -142,6 +142,9 @@ def add_n(xs):
     the lists run level by level, a few batches in all. ``sum(stack(xs))`` computes the same
     but its shapes name the length: one batch pair per distinct length (measured on the
     tagger, 64 sentences: 153 batches against 110, the step 18 % slower)."""
+    if hasattr(xs, "shape"):  # (iterating one tensor would sum its rows: not what was meant)
+        raise ArgumentError(f"add_n: takes a list of tensors, got one of shape "
+                            f"{tuple(xs.shape)}; for the sum of its elements use mc.sum")
     xs = list(xs)
     if not xs:
         raise ArgumentError("add_n: needs at least one tensor, got an empty list")
