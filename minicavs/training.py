@@ -404,6 +404,12 @@ def add_sst_arguments(parser):
                                                             open_maximum=True),
                        default=0.0, help="in training, replace each word by <unk> with this "
                                          "probability (default 0)")
+    group.add_argument("--keep-best", choices=["fine", "binary", "phrase"], default=None,
+                       help="the dev metric that picks each run's epoch, and the test figure "
+                            "reported: fine (5-class root accuracy), binary (root accuracy on "
+                            "the non-neutral roots; for --task fine, a 5-class model's "
+                            "positive against negative probability mass) or phrase (every "
+                            "labelled vertex); default: fine for --task fine, else binary")
     group.add_argument("--seeds", type=validate.count(minimum=1), default=1,
                        help="train with seeds --seed .. --seed + N - 1 and report the mean "
                             "and standard deviation of the test accuracy (default 1)")
@@ -573,6 +579,19 @@ def _epoch_start(args, optimizer):
     return start
 
 
+def task_metric(task, keep_best=None):
+    """The dev metric that selects a run's epoch under SST ``task`` (``--keep-best``, by
+    default the task's own: ``"fine"`` for fine, ``"binary"`` for the binary tasks), and so the
+    test figure a run reports. A binary task's model has no 5-class output to score "fine"."""
+    if keep_best is None:
+        return "fine" if task == "fine" else "binary"
+    reported = ("fine", "binary", "phrase") if task == "fine" else ("binary", "phrase")
+    if keep_best not in reported:
+        raise ArgumentError(f"--keep-best {keep_best}: a --task {task} model reports "
+                            f"{', '.join(reported)}; fine needs the 5 classes of --task fine")
+    return keep_best
+
+
 def sentiment_experiment(name, args, splits, make_model, log=print):
     """Train ``make_model(num_classes)`` on ``splits`` under ``args.task`` for each of
     ``args.seeds`` seeds, keep each run's best dev epoch, evaluate it on test, and log one line
@@ -581,7 +600,7 @@ def sentiment_experiment(name, args, splits, make_model, log=print):
     from . import data as datasets
 
     splits = datasets.sst_task(splits, args.task)
-    metric = "fine" if args.task == "fine" else "binary"
+    metric = task_metric(args.task, getattr(args, "keep_best", None))
     log(f"{name}: task {args.task} ({datasets.SST_TASKS[args.task]} classes), "
         f"{len(splits.train)} / {len(splits.dev)} / {len(splits.test)} train / dev / test "
         f"trees, vocabulary {len(splits.vocab)}")
@@ -613,16 +632,17 @@ def sentiment_experiment(name, args, splits, make_model, log=print):
         runs.append({"seed": seed, "best_epoch": epoch, "dev": dev, "test": test,
                      "seconds": seconds, "trees_per_second": throughput(history)})
         histories[f"seed {seed}"] = history
-        log(f"{name} seed {seed}: best dev epoch {epoch} of {len(history)}: dev "
+        log(f"{name} seed {seed}: best dev {metric} epoch {epoch} of {len(history)}: dev "
             f"{format_metrics(dev)}; test {format_metrics(test)}  ({seconds:.0f} s, "
             f"{throughput(history):.0f} trees/s)")
     summary = {}
     for key in runs[0]["test"]:
         summary[key] = mean_and_std([run["test"][key] for run in runs])
-    log(f"{name}: {args.task} task, test root accuracy {metric} "
+    scope = "accuracy over every phrase" if metric == "phrase" else "root accuracy"
+    log(f"{name}: {args.task} task, test {scope} {metric} "
         f"{100 * summary[metric][0]:.1f} ± {100 * summary[metric][1]:.1f} % over "
         f"{len(runs)} seed(s) (phrases {100 * summary['phrase'][0]:.1f} ± "
-        f"{100 * summary['phrase'][1]:.1f} %), best dev epoch of each: "
+        f"{100 * summary['phrase'][1]:.1f} %), best dev {metric} epoch of each: "
         f"{[run['best_epoch'] for run in runs]}, "
         f"{sum(run['seconds'] for run in runs):.0f} s in all")
     if args.plot:

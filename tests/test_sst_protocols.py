@@ -15,7 +15,9 @@ from minicavs.data import (DataError, TreebankSplits, Vocabulary, binary_accurac
                            polarity, sst_task, ternary_labels, ternary_polarity)
 from minicavs.models import TreeLSTMClassifier, TreeRNNClassifier, VarLSTMLanguageModel
 from minicavs.nn import SGD, Adagrad, Module, Parameter, clip_grad_norm
-from minicavs.training import best_epoch, fit, make_optimizer, mean_and_std
+from minicavs.errors import ArgumentError
+from minicavs.training import (add_sst_arguments, best_epoch, fit, make_optimizer,
+                               mean_and_std, sentiment_experiment)
 from minicavs.vertex import evaluate_per_sample
 
 LINES = ["(3 (2 (2 The) (2 film)) (4 (2 is) (4 (3 very) (4 good))))",
@@ -143,6 +145,55 @@ def test_fit_keeps_the_weights_of_the_best_dev_epoch():
     fit(model, SGD(model.parameters(), lr=1.0), [0], [0], epochs=3, batch_size=1,
         progress=False, log=lambda line: None)
     assert model.w.data.tolist() == [-3.0]
+
+
+class _TwoMetrics(_Scripted):
+    """Dev scores that peak on fine at epoch 1 and on binary at epoch 2; the test figures
+    read the weight, so they say which epoch's weights were kept."""
+
+    def __init__(self, num_classes):
+        super().__init__([{"loss": 0.0, "fine": fine, "binary": binary, "phrase": 0.5}
+                          for fine, binary in ((0.5, 0.6), (0.4, 0.9), (0.3, 0.7))])
+        self.weights = []  # after each epoch
+
+    def evaluate(self, batches):
+        scores = next(self.scores, None)
+        if scores is not None:
+            self.weights.append(float(self.w.data[0]))
+            return scores
+        kept = self.weights.index(float(self.w.data[0])) + 1  # the epoch of the kept weights
+        return {"loss": 0.0, "fine": kept / 10, "binary": kept / 10, "phrase": kept / 10}
+
+
+def _experiment_args(*options):
+    parser = argparse.ArgumentParser()
+    add_sst_arguments(parser)
+    args = parser.parse_args(["--optimizer", "adagrad", *options])
+    for name, value in dict(seed=0, epochs=3, batch_size=1, lr=1.0, clip=0, progress=False,
+                            data=None, train_trees=None).items():
+        setattr(args, name, value)
+    return args
+
+
+@pytest.mark.parametrize("keep_best, epoch", [(None, 1), ("fine", 1), ("binary", 2)])
+def test_keep_best_picks_the_epoch_by_the_chosen_dev_metric(keep_best, epoch):
+    """--keep-best binary selects a 5-class model's epoch by its dev polarity (the binary
+    task through the 5-class model) and reports that figure; the default is the task's."""
+    args = _experiment_args(*(["--keep-best", keep_best] if keep_best else []))
+    lines = []
+    result = sentiment_experiment("scripted", args, _splits(), _TwoMetrics, log=lines.append)
+    (run,) = result["runs"]
+    assert run["best_epoch"] == epoch and run["test"]["fine"] == pytest.approx(epoch / 10)
+    reported = keep_best or "fine"
+    assert result["metric"] == reported
+    assert f"test root accuracy {reported} {10 * epoch:.1f} ± 0.0 %" in lines[-1]
+
+
+def test_keep_best_fine_is_refused_for_a_binary_task():
+    args = _experiment_args("--task", "binary", "--keep-best", "fine")
+    with pytest.raises(ArgumentError, match="--keep-best fine: a --task binary model reports "
+                                            "binary, phrase"):
+        sentiment_experiment("scripted", args, _splits(), _TwoMetrics, log=lambda line: None)
 
 
 def test_dropout_acts_in_training_mode_only():
