@@ -28,6 +28,10 @@ def parse_args(argv=None):
                                             "one text file, a sentence a line; default: "
                                             "the synthetic treebank's sentences")
     training.add_model_arguments(parser, embed_dim=64, hidden=64, clip=5.0)
+    parser.add_argument("--dropout", type=validate.real(minimum=0, maximum=1, open_maximum=True),
+                        default=0.0, help="dropout on the word vectors entering the LSTM and "
+                                          "the states entering the softmax, in training only "
+                                          "(Zaremba et al. 2014; default 0)")
     parser.add_argument("--sentences", type=validate.count(minimum=10), default=3000,
                         help="synthetic sentences (a tenth held out)")
     return parser.parse_args(argv)
@@ -42,7 +46,7 @@ def main(argv=None):
              f"{source}, vocabulary {len(vocab)}")
 
     model = VarLSTMLanguageModel(len(vocab), args.embed_dim, args.hidden, dtype=args.dtype,
-                                 bos_id=vocab.lookup("<eos>"))
+                                 bos_id=vocab.lookup("<eos>"), dropout=args.dropout)
     optimizer = mc.nn.Adam(model.parameters(), lr=args.lr)
     history = training.fit(model, optimizer, train, held_out, epochs=args.epochs,
                            batch_size=args.batch_size, seed=args.seed, clip=args.clip or None,

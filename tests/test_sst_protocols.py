@@ -313,3 +313,38 @@ def test_language_model_perplexity_counts_eos_per_word():
     expected = math.exp(-np.mean(np.log(probabilities[targets])))
     result = model.evaluate([model.prepare(sentences)])
     assert result["perplexity"] == pytest.approx(expected, rel=1e-12)
+
+
+def _lm_loss_and_embedding_grad(model, batch, run=None):
+    model.zero_grad()
+    loss = model.loss(batch, run=run)
+    loss.backward()
+    return loss.item(), model.embedding.weight.grad.numpy().copy()
+
+
+def test_language_model_dropout_drops_in_training_only():
+    """With dropout F pulls word vectors looked up outside it: in eval mode the model is the
+    dropout-free one with the same weights, in training the masks change the loss, and the
+    batched run equals the per-sample run under the same masks."""
+    sentences = [np.array([2, 3, 1]), np.array([1]), np.array([3, 2, 2, 1])]
+    plain = VarLSTMLanguageModel(4, embed_dim=3, hidden=2, dtype="float64")
+    dropped = VarLSTMLanguageModel(4, embed_dim=3, hidden=2, dtype="float64", dropout=0.5)
+    dropped.load_state_dict(plain.state_dict())
+    batch = plain.prepare(sentences)
+    dropped.eval()
+    expected = _lm_loss_and_embedding_grad(plain, batch)
+    loss, grad = _lm_loss_and_embedding_grad(dropped, batch)
+    assert loss == pytest.approx(expected[0], rel=1e-12)
+    assert np.allclose(grad, expected[1], rtol=1e-10, atol=1e-14)
+    assert dropped.evaluate([batch]) == pytest.approx(plain.evaluate([batch]), rel=1e-12)
+    assert not dropped.training  # evaluate() restores the mode it found
+    dropped.train()
+    results = []
+    for run in (None, evaluate_per_sample):
+        mc.seed(7)  # the same masks for both runs
+        results.append(_lm_loss_and_embedding_grad(dropped, batch, run))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-12)
+    assert np.allclose(results[0][1], results[1][1], rtol=1e-10, atol=1e-14)
+    assert results[0][0] != pytest.approx(expected[0], rel=1e-6)
+    with pytest.raises(ValueError, match="dropout must be in"):
+        VarLSTMLanguageModel(4, dropout=1.0)

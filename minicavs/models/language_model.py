@@ -20,7 +20,7 @@ from ..data import DataError
 from ..errors import ShapeError
 from ..autodiff import no_grad, spec, tensor
 from ..vertex import symbolic
-from ..nn import Embedding, Module
+from ..nn import Embedding, Module, dropout
 from ..vertex import GraphBatch, InputGraph, VertexFunction
 from .common import as_ids, bias, cross_entropy_sum, lstm_bias, runner, weight
 
@@ -68,24 +68,36 @@ class VarLSTMLanguageModel(Module):
     F would then copy the (n, V) logits into the caller's order, and ∂F their (n, V) gradient
     back, where pushing h copies (n, H). Measured on 640 PTB sentences (V = 7,596, E = H = 128,
     batch 64, one core): 2.5-2.9 s per forward+backward pass with h pushed, 3.0 s with logits.
+
+    ``dropout`` (Zaremba et al. 2014: dropout on the connections that are not recurrent) drops
+    the word vectors entering the LSTM and the states entering the softmax layer, in training
+    only. A traced F cannot draw masks, so with dropout the vectors are looked up and dropped
+    before F, which pulls them instead of word ids; the recurrent [h, c] is never dropped.
     """
 
-    def __init__(self, vocab_size, embed_dim=64, hidden=64, dtype="float32", bos_id=1):
+    def __init__(self, vocab_size, embed_dim=64, hidden=64, dtype="float32", bos_id=1,
+                 dropout=0.0):
         E, H, V = int(embed_dim), int(hidden), int(vocab_size)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"VarLSTMLanguageModel: dropout must be in [0, 1), got {dropout}")
         self.vocab_size, self.embed_dim, self.hidden, self.bos_id = V, E, H, int(bos_id)
+        self.dropout = float(dropout)
         _lstm_lm_parameters(self, V, E, H, dtype)
         self._chains = {}  # length -> InputGraph.chain(length): sentences share them
         table, W, U, b = self.embedding.weight, self.W, self.U, self.b
+        pulls_vectors = self.dropout > 0
 
         def lstm_step(v):
-            x = ops.reshape(ops.embedding(table, v.pull()), (E,))
+            x = v.pull() if pulls_vectors else ops.reshape(ops.embedding(table, v.pull()), (E,))
             h_prev, c_prev = ops.split(v.gather(0), 2)
             h, c = ops.lstm_gates(x @ W + h_prev @ U + b, c_prev)
             v.scatter(ops.concat([h, c]))
             v.push(h)
 
-        self.F = VertexFunction(lstm_step, pull_shape=(1,), pull_dtype="int64",
-                                scatter_shape=(2 * H,), push_shape=(H,), arity=1, dtype=dtype)
+        pull = {"pull_shape": (E,)} if pulls_vectors else {"pull_shape": (1,),
+                                                             "pull_dtype": "int64"}
+        self.F = VertexFunction(lstm_step, **pull, scatter_shape=(2 * H,), push_shape=(H,),
+                                arity=1, dtype=dtype)
 
     def _chain(self, length):
         if length not in self._chains:
@@ -101,20 +113,30 @@ class VarLSTMLanguageModel(Module):
         return SentenceBatch(graphs, as_ids(inputs), targets)
 
     def logits(self, batch, run=None):
-        h = runner(run)(self.F, batch.graphs, batch.inputs)
-        return h @ self.W_out + self.b_out
+        inputs = batch.inputs
+        if self.dropout > 0:  # F pulls the word vectors, dropped here in training
+            vectors = ops.embedding(self.embedding.weight, inputs)
+            inputs = dropout(ops.reshape(vectors, (len(batch.targets), self.embed_dim)),
+                             self.dropout, self.training)
+        h = runner(run)(self.F, batch.graphs, inputs)
+        return dropout(h, self.dropout, self.training) @ self.W_out + self.b_out
 
     def loss(self, batch, run=None):
         """Next-token cross-entropy summed over every word of the batch."""
         return cross_entropy_sum(self.logits(batch, run), batch.targets)
 
     def evaluate(self, batches):
-        """``{"loss": per token, "perplexity"}`` over prepared batches."""
+        """``{"loss": per token, "perplexity"}`` over prepared batches, in eval mode."""
         total, count = 0.0, 0
-        with no_grad():
-            for batch in batches:
-                total += self.loss(batch).item()
-                count += batch.num_targets
+        was_training = self.training
+        self.eval()
+        try:
+            with no_grad():
+                for batch in batches:
+                    total += self.loss(batch).item()
+                    count += batch.num_targets
+        finally:
+            self.train(was_training)
         return _language_model_metrics(total, count)
 
 
