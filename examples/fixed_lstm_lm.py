@@ -32,6 +32,11 @@ def parse_args(argv=None):
     training.add_model_arguments(parser, embed_dim=64, hidden=64, clip=5.0)
     parser.add_argument("--steps", type=validate.count(minimum=1), default=64,
                         help="unrolled steps (default 64)")
+    parser.add_argument("--dropout", type=validate.real(minimum=0, maximum=1, open_maximum=True),
+                        default=0.0, help="dropout on the word vectors entering the LSTM and "
+                                          "the states entering the softmax, in training only "
+                                          "(Zaremba et al. 2014): the masks are inputs of the "
+                                          "traced graph (default 0)")
     parser.add_argument("--sentences", type=validate.count(minimum=10), default=3000,
                         help="synthetic sentences (a tenth held out)")
     return parser.parse_args(argv)
@@ -48,12 +53,13 @@ def main(argv=None):
              f"of {args.steps} words from {source}, vocabulary {len(vocab)}")
 
     model = FixedLSTMLanguageModel(len(vocab), args.embed_dim, args.hidden, steps=args.steps,
-                                   dtype=args.dtype)
+                                   dtype=args.dtype, dropout=args.dropout)
     started = time.perf_counter()
-    model.static_function(args.batch_size)  # trace now, to report what it costs
+    masks = args.dropout > 0  # training runs the graph that takes the dropout masks
+    model.static_function(args.batch_size, masks=masks)  # trace now, to report what it costs
     comm.log(f"fixed_lstm_lm: traced the {args.steps}-step network once in "
              f"{time.perf_counter() - started:.2f} s: "
-             f"{len(model.static_function(args.batch_size).graph.op_nodes())} ops")
+             f"{len(model.static_function(args.batch_size, masks=masks).graph.op_nodes())} ops")
     optimizer = mc.nn.Adam(model.parameters(), lr=args.lr)
     history = training.fit(model, optimizer, train_rows, held_out_rows, epochs=args.epochs,
                            batch_size=args.batch_size, seed=args.seed, clip=args.clip or None,

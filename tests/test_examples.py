@@ -157,6 +157,10 @@ def test_language_model_examples(name, tmp_path, capsys):
     corpus.write_text("\n".join(["the cat sat on the mat", "a dog ran", "the dog sat"] * 10))
     module.main(QUICK + ["--data", str(corpus), "--hidden", "4"]
                 + (["--steps", "4"] if name == "fixed_lstm_lm" else []))
+    # --dropout trains through the masked graph and evaluates without masks.
+    result = module.main(QUICK + ["--data", str(corpus), "--hidden", "4", "--dropout", "0.5"]
+                         + (["--steps", "4"] if name == "fixed_lstm_lm" else []))
+    assert np.isfinite(result["held_out"]["perplexity"])
 
 
 def test_language_model_example_reads_a_ptb_directory(tmp_path):

@@ -13,7 +13,9 @@ import minicavs as mc
 from minicavs.data import (DataError, TreebankSplits, Vocabulary, binary_accuracy,
                            binary_labels, load_word_vectors, parse_tree, phrase_accuracy,
                            polarity, sst_task, ternary_labels, ternary_polarity)
-from minicavs.models import TreeLSTMClassifier, TreeRNNClassifier, VarLSTMLanguageModel
+from minicavs.models import (FixedLSTMLanguageModel, TreeLSTMClassifier, TreeRNNClassifier,
+                             VarLSTMLanguageModel)
+from minicavs.models.language_model import stream_rows
 from minicavs.nn import SGD, Adagrad, Module, Parameter, clip_grad_norm
 from minicavs.errors import ArgumentError
 from minicavs.training import (add_sst_arguments, best_epoch, fit, make_optimizer,
@@ -348,3 +350,35 @@ def test_language_model_dropout_drops_in_training_only():
     assert results[0][0] != pytest.approx(expected[0], rel=1e-6)
     with pytest.raises(ValueError, match="dropout must be in"):
         VarLSTMLanguageModel(4, dropout=1.0)
+
+
+def test_fixed_language_model_takes_its_dropout_masks_as_graph_inputs():
+    """The traced graph with mask inputs equals the eager network under the same masks, in
+    value and gradient; in eval mode it is the dropout-free model with the same weights."""
+    rows = stream_rows([np.arange(1, 9), np.array([3, 3, 1]), np.arange(8, 0, -1)], steps=4)
+    plain = FixedLSTMLanguageModel(9, embed_dim=3, hidden=2, steps=4, dtype="float64")
+    dropped = FixedLSTMLanguageModel(9, embed_dim=3, hidden=2, steps=4, dtype="float64",
+                                     dropout=0.4)
+    dropped.load_state_dict(plain.state_dict())
+    batch = plain.prepare(rows)
+    assert dropped.evaluate([batch]) == pytest.approx(plain.evaluate([batch]), rel=1e-12)
+    mc.seed(3)
+    masks = dropped.dropout_masks(batch)
+    assert [m.shape for m in masks] == [(batch.num_targets, 3), (batch.num_targets, 2)]
+    values = np.concatenate([m.numpy().ravel() for m in masks])
+    assert set(np.round(values, 12)) <= {0.0, round(1 / 0.6, 12)} and 0 in values
+    results = []
+    for static in (True, False):
+        dropped.zero_grad()
+        loss = dropped.loss(batch, static=static, masks=masks)
+        loss.backward()
+        results.append((loss.item(), [p.grad.numpy().copy() for p in dropped.parameters()]))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-12)
+    for static_grad, eager_grad in zip(results[0][1], results[1][1]):
+        assert np.allclose(static_grad, eager_grad, rtol=1e-10, atol=1e-14)
+    plain_loss = plain.loss(batch).item()
+    assert results[0][0] != pytest.approx(plain_loss, rel=1e-6)
+    mc.seed(3)  # in training, loss() draws the same masks from the same seed
+    assert dropped.loss(batch).item() == pytest.approx(results[0][0], rel=1e-12)
+    with pytest.raises(ValueError, match="dropout must be in"):
+        FixedLSTMLanguageModel(4, dropout=-0.1)

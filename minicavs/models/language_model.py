@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
+from .. import backend, ops
 from ..data import DataError
 from ..errors import ShapeError
 from ..autodiff import no_grad, spec, tensor
@@ -53,7 +53,19 @@ class SentenceBatch:
         return len(self.targets)
 
 
-def _language_model_metrics(total, count):
+def _evaluate_language_model(model, batches):
+    """Per-token loss and perplexity of ``model`` over prepared batches, in eval mode (no
+    dropout); the mode it found is restored."""
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    try:
+        with no_grad():
+            for batch in batches:
+                total += model.loss(batch).item()
+                count += batch.num_targets
+    finally:
+        model.train(was_training)
     loss = total / max(count, 1)
     return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 
@@ -127,17 +139,7 @@ class VarLSTMLanguageModel(Module):
 
     def evaluate(self, batches):
         """``{"loss": per token, "perplexity"}`` over prepared batches, in eval mode."""
-        total, count = 0.0, 0
-        was_training = self.training
-        self.eval()
-        try:
-            with no_grad():
-                for batch in batches:
-                    total += self.loss(batch).item()
-                    count += batch.num_targets
-        finally:
-            self.train(was_training)
-        return _language_model_metrics(total, count)
+        return _evaluate_language_model(self, batches)
 
 
 @dataclass
@@ -161,21 +163,34 @@ class FixedLSTMLanguageModel(Module):
     """A ``steps``-step LSTM language model declared statically: the whole unrolled network —
     embedding, ``steps`` LSTM cells, softmax layer and loss — is traced once per batch size
     into one Graph, whose backward graph is derived once. Each row starts from a zero state.
+
+    ``dropout`` drops the word vectors entering the LSTM and the states entering the softmax
+    layer in training (Zaremba et al. 2014), as :class:`VarLSTMLanguageModel` does. A traced
+    graph draws no random numbers — a mask drawn while tracing would be the same every step —
+    so the masks are two more *inputs* of the graph, drawn anew for every batch.
     """
 
-    def __init__(self, vocab_size, embed_dim=64, hidden=64, steps=64, dtype="float32"):
+    def __init__(self, vocab_size, embed_dim=64, hidden=64, steps=64, dtype="float32",
+                 dropout=0.0):
         E, H, V = int(embed_dim), int(hidden), int(vocab_size)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"FixedLSTMLanguageModel: dropout must be in [0, 1), got "
+                             f"{dropout}")
         self.vocab_size, self.embed_dim, self.hidden, self.steps = V, E, H, int(steps)
+        self.dtype, self.dropout = np.dtype(dtype), float(dropout)
         _lstm_lm_parameters(self, V, E, H, dtype)
-        self._traced = {}  # batch size -> StaticFunction
+        self._traced = {}  # (batch size, with masks) -> StaticFunction
 
-    def unrolled_loss(self, ids, targets):
+    def unrolled_loss(self, ids, targets, keep_x=None, keep_h=None):
         """The network as a plain function of (B, T) ids and targets: traced by
-        :meth:`static_function`, or run eagerly op by op on Tensors."""
+        :meth:`static_function`, or run eagerly op by op on Tensors. ``keep_x`` (B·T, E) and
+        ``keep_h`` (B·T, H), when given, scale the word vectors and the states (dropout)."""
         B, T = ids.shape
         E, H = self.embed_dim, self.hidden
         # The input projection does not depend on the recurrence: one GEMM for all steps.
         x = ops.reshape(ops.embedding(self.embedding.weight, ids), (B * T, E))
+        if keep_x is not None:
+            x = x * keep_x
         xw = ops.reshape(x @ self.W + self.b, (B, T, 4 * H))
         h, c, states = None, 0.0, []
         for t in range(T):
@@ -185,17 +200,36 @@ class FixedLSTMLanguageModel(Module):
             h, c = ops.lstm_gates(gates, c)
             states.append(ops.reshape(h, (B, 1, H)))
         hs = ops.reshape(ops.concat(states, axis=1), (B * T, H))
+        if keep_h is not None:
+            hs = hs * keep_h
         logits = hs @ self.W_out + self.b_out
         return ops.softmax_cross_entropy(logits, ops.reshape(targets, (B * T,)),
                                          reduction="sum")
 
-    def static_function(self, batch_size):
-        """The unrolled network traced for ``batch_size`` rows (traced on first use)."""
-        if batch_size not in self._traced:
+    def static_function(self, batch_size, masks=False):
+        """The unrolled network traced for ``batch_size`` rows (traced on first use); with
+        ``masks``, the graph that takes the two dropout masks as inputs too."""
+        key = (batch_size, bool(masks))
+        if key not in self._traced:
             shape = (batch_size, self.steps)
-            self._traced[batch_size] = symbolic(self.unrolled_loss, spec(shape, "int64"),
-                                                spec(shape, "int64"), name="fixed_lstm")
-        return self._traced[batch_size]
+            specs = [spec(shape, "int64"), spec(shape, "int64")]
+            if masks:
+                rows = batch_size * self.steps
+                specs += [spec((rows, self.embed_dim), self.dtype),
+                          spec((rows, self.hidden), self.dtype)]
+            self._traced[key] = symbolic(self.unrolled_loss, *specs, name="fixed_lstm")
+        return self._traced[key]
+
+    def dropout_masks(self, batch):
+        """Fresh masks for ``batch``: each entry 0 with probability ``dropout``, else
+        1 / (1 - dropout) (minicavs' generator, ``mc.seed``); on the parameters' device."""
+        rows, scale = batch.num_targets, 1.0 / (1.0 - self.dropout)
+        masks = []
+        for width in (self.embed_dim, self.hidden):
+            keep = (backend.rng().random((rows, width)) >= self.dropout) * scale
+            masks.append(tensor(backend.to_device(keep.astype(self.dtype),
+                                                  getattr(self.W, "device", "cpu"))))
+        return masks
 
     def prepare(self, rows):
         """A :class:`StreamBatch` from (B, steps + 1) token rows."""
@@ -205,20 +239,21 @@ class FixedLSTMLanguageModel(Module):
                              f"{self.steps + 1}) (steps + 1 tokens), got {rows.shape}")
         return StreamBatch(tensor(rows[:, :-1].copy()), tensor(rows[:, 1:].copy()))
 
-    def loss(self, batch, static=True):
+    def loss(self, batch, static=True, masks=None):
         """Next-token cross-entropy summed over the batch; ``static=False`` runs the same
-        network eagerly (the reference the tests compare the static graph with)."""
+        network eagerly (the reference the tests compare the static graph with). In training
+        with dropout, ``masks`` (default: :meth:`dropout_masks`) are applied."""
+        if self.training and self.dropout > 0 and masks is None:
+            masks = self.dropout_masks(batch)
+        masks = list(masks or [])
         if static:
-            return self.static_function(batch.num_samples)(batch.inputs, batch.targets)
-        return self.unrolled_loss(batch.inputs, batch.targets)
+            function = self.static_function(batch.num_samples, masks=bool(masks))
+            return function(batch.inputs, batch.targets, *masks)
+        return self.unrolled_loss(batch.inputs, batch.targets, *masks)
 
     def evaluate(self, batches):
-        total, count = 0.0, 0
-        with no_grad():
-            for batch in batches:
-                total += self.loss(batch).item()
-                count += batch.num_targets
-        return _language_model_metrics(total, count)
+        """``{"loss": per token, "perplexity"}`` over prepared batches, in eval mode."""
+        return _evaluate_language_model(self, batches)
 
 
 def stream_rows(sentences, steps):
