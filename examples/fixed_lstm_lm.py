@@ -2,6 +2,8 @@
 
     python examples/fixed_lstm_lm.py                           # synthetic sentences
     python examples/fixed_lstm_lm.py --data /path/to/ptb       # PTB (dir or one file)
+    python examples/fixed_lstm_lm.py --data /path/to/ptb --embed-dim 256 --hidden 256 \
+        --dropout 0.5 --epochs 8                               # docs/results.md's setting
 
 The corpus is one stream of tokens cut into rows of 64 (+1 for the targets). The model
 (minicavs.models.FixedLSTMLanguageModel) is written as an ordinary Python function of a

@@ -2,7 +2,8 @@
 sentence one chain graph.
 
     python examples/var_lstm_lm.py                                  # synthetic sentences
-    python examples/var_lstm_lm.py --data /path/to/ptb --hidden 256 # PTB (dir or one file)
+    python examples/var_lstm_lm.py --data /path/to/ptb --embed-dim 256 --hidden 256 \
+        --dropout 0.65 --epochs 11                                   # PTB (dir or one file)
 
 The vertex function (minicavs.models.VarLSTMLanguageModel) pulls the embedding of the
 previous token, gathers the previous step's [h, c] and pushes h; the softmax layer runs

@@ -382,3 +382,24 @@ def test_fixed_language_model_takes_its_dropout_masks_as_graph_inputs():
     assert dropped.loss(batch).item() == pytest.approx(results[0][0], rel=1e-12)
     with pytest.raises(ValueError, match="dropout must be in"):
         FixedLSTMLanguageModel(4, dropout=-0.1)
+
+
+def test_the_kneser_ney_reference_of_the_language_model_table():
+    """docs/results/lm/ngram_baseline.py's bigram: a probability worked by hand, and every
+    context's distribution sums to one over the vocabulary, unseen words and contexts too."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "docs/results/lm/ngram_baseline.py"
+    module_spec = importlib.util.spec_from_file_location("ngram_baseline", path)
+    baseline = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(baseline)
+    train = [["a", "b", "<eos>"], ["a", "<eos>"]]
+    vocab = {"a", "b", "c", "<eos>"}  # "c" only in held-out text
+    probability, discount = baseline.kneser_ney_bigram(train, vocab)
+    # bigrams <eos>a x2, ab, b<eos>, a<eos>: n1 = 3, n2 = 1, D = 3 / (3 + 2)
+    assert discount == pytest.approx(0.6)
+    # continuation(a) = (1 - D) / 4 + (D * 3 / 4) / 4; P(a | <eos>) = (2 - D) / 2 + D / 2 * it
+    assert probability("<eos>", "a") == pytest.approx(0.7 + 0.3 * 0.2125)
+    for context in ("a", "b", "<eos>", "c"):
+        assert sum(probability(context, w) for w in vocab) == pytest.approx(1.0)
