@@ -39,6 +39,10 @@ def parse_args(argv=None):
                                           "the states entering the softmax, in training only "
                                           "(Zaremba et al. 2014): the masks are inputs of the "
                                           "traced graph (default 0)")
+    parser.add_argument("--plot", metavar="PNG", default=None,
+                        help="write the training curves (train and held-out loss, held-out "
+                             "perplexity per epoch) to this PNG (needs matplotlib: pip "
+                             "install 'minicavs[plot]')")
     parser.add_argument("--sentences", type=validate.count(minimum=10), default=3000,
                         help="synthetic sentences (a tenth held out)")
     return parser.parse_args(argv)
@@ -67,6 +71,9 @@ def main(argv=None):
                            batch_size=args.batch_size, seed=args.seed, clip=args.clip or None,
                            unit="row", progress=args.progress, eval_batch_size=args.batch_size,
                            comm=comm)
+    if args.plot and comm.is_root:
+        training.plot_history({f"seed {args.seed}": history}, args.plot, "perplexity",
+                              title=f"fixed_lstm_lm, {source}", log=comm.log)
 
     result = model.evaluate(training.prepare_all(model, held_out_rows, args.batch_size))
     rate = training.throughput(history)

@@ -33,6 +33,10 @@ def parse_args(argv=None):
                         default=0.0, help="dropout on the word vectors entering the LSTM and "
                                           "the states entering the softmax, in training only "
                                           "(Zaremba et al. 2014; default 0)")
+    parser.add_argument("--plot", metavar="PNG", default=None,
+                        help="write the training curves (train and held-out loss, held-out "
+                             "perplexity per epoch) to this PNG (needs matplotlib: pip "
+                             "install 'minicavs[plot]')")
     parser.add_argument("--sentences", type=validate.count(minimum=10), default=3000,
                         help="synthetic sentences (a tenth held out)")
     return parser.parse_args(argv)
@@ -52,6 +56,9 @@ def main(argv=None):
     history = training.fit(model, optimizer, train, held_out, epochs=args.epochs,
                            batch_size=args.batch_size, seed=args.seed, clip=args.clip or None,
                            unit="sentence", progress=args.progress, comm=comm)
+    if args.plot and comm.is_root:
+        training.plot_history({f"seed {args.seed}": history}, args.plot, "perplexity",
+                              title=f"var_lstm_lm, {source}", log=comm.log)
 
     result = model.evaluate(training.prepare_all(model, held_out, 256))
     words = sum(len(s) for s in train) * len(history)

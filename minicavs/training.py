@@ -510,9 +510,10 @@ def mean_and_std(values):
 
 
 def plot_history(histories, path, metric, title="", log=print):
-    """Training curves to the PNG ``path``: train and dev loss, and dev ``metric``, per epoch,
-    one line per run (``histories``: ``{label: fit()'s history}``). Without matplotlib (the
-    ``plot`` extra) it logs why and writes nothing; returns whether it wrote the file."""
+    """Training curves to the PNG ``path``: train and dev loss, and dev ``metric`` (an
+    accuracy, or ``"perplexity"``), per epoch, one line per run (``histories``: ``{label:
+    fit()'s history}``). Without matplotlib (the ``plot`` extra) it logs why and writes
+    nothing; returns whether it wrote the file."""
     try:
         import matplotlib
         matplotlib.use("Agg")  # files only: no display needed
@@ -521,18 +522,19 @@ def plot_history(histories, path, metric, title="", log=print):
         log(f"--plot: matplotlib is not installed, so {path} was not written "
             f"(pip install 'minicavs[plot]')")
         return False
-    figure, (losses, accuracy) = plt.subplots(1, 2, figsize=(10, 4))
+    figure, (losses, scores) = plt.subplots(1, 2, figsize=(10, 4))
     for label, history in histories.items():
         epochs = np.arange(1, len(history) + 1)
         line, = losses.plot(epochs, [stats.loss for stats, _ in history],
                             label=f"train {label}")
         losses.plot(epochs, [m.get("loss", np.nan) for _, m in history], linestyle="--",
                     color=line.get_color(), label=f"dev {label}")
-        accuracy.plot(epochs, [m.get(metric, np.nan) for _, m in history], label=label)
+        scores.plot(epochs, [m.get(metric, np.nan) for _, m in history], label=label)
     losses.set(xlabel="epoch", ylabel="loss per target", title="loss")
-    accuracy.set(xlabel="epoch", ylabel=f"dev {metric} accuracy", title=f"dev {metric}")
+    what = metric if metric == "perplexity" else f"{metric} accuracy"
+    scores.set(xlabel="epoch", ylabel=f"dev {what}", title=f"dev {metric}")
     losses.legend(fontsize="small")
-    accuracy.legend(fontsize="small")
+    scores.legend(fontsize="small")
     if title:
         figure.suptitle(title)
     figure.tight_layout()

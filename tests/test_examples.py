@@ -157,10 +157,20 @@ def test_language_model_examples(name, tmp_path, capsys):
     corpus.write_text("\n".join(["the cat sat on the mat", "a dog ran", "the dog sat"] * 10))
     module.main(QUICK + ["--data", str(corpus), "--hidden", "4"]
                 + (["--steps", "4"] if name == "fixed_lstm_lm" else []))
-    # --dropout trains through the masked graph and evaluates without masks.
-    result = module.main(QUICK + ["--data", str(corpus), "--hidden", "4", "--dropout", "0.5"]
+    # --dropout trains through the masked graph and evaluates without masks; --plot draws
+    # the perplexity curve (or says why not).
+    plot = tmp_path / "curves.png"
+    capsys.readouterr()
+    result = module.main(QUICK + ["--data", str(corpus), "--hidden", "4", "--dropout", "0.5",
+                                  "--plot", str(plot)]
                          + (["--steps", "4"] if name == "fixed_lstm_lm" else []))
     assert np.isfinite(result["held_out"]["perplexity"])
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in capsys.readouterr().out and not plot.exists()
+    else:
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_language_model_example_reads_a_ptb_directory(tmp_path):
