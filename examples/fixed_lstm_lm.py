@@ -39,13 +39,20 @@ def parse_args(argv=None):
                                           "the states entering the softmax, in training only "
                                           "(Zaremba et al. 2014): the masks are inputs of the "
                                           "traced graph (default 0)")
+    parser.add_argument("--tie-weights", action="store_true",
+                        help="the softmax layer's weights are the embedding table, transposed "
+                             "(Press & Wolf 2017; needs --embed-dim equal to --hidden)")
     parser.add_argument("--plot", metavar="PNG", default=None,
                         help="write the training curves (train and held-out loss, held-out "
                              "perplexity per epoch) to this PNG (needs matplotlib: pip "
                              "install 'minicavs[plot]')")
     parser.add_argument("--sentences", type=validate.count(minimum=10), default=3000,
                         help="synthetic sentences (a tenth held out)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.tie_weights and args.embed_dim != args.hidden:
+        parser.error(f"--tie-weights needs --embed-dim equal to --hidden (the softmax weights "
+                     f"are the embedding table), got {args.embed_dim} and {args.hidden}")
+    return args
 
 
 def main(argv=None):
@@ -59,7 +66,8 @@ def main(argv=None):
              f"of {args.steps} words from {source}, vocabulary {len(vocab)}")
 
     model = FixedLSTMLanguageModel(len(vocab), args.embed_dim, args.hidden, steps=args.steps,
-                                   dtype=args.dtype, dropout=args.dropout)
+                                   dtype=args.dtype, dropout=args.dropout,
+                                   tie_weights=args.tie_weights)
     started = time.perf_counter()
     masks = args.dropout > 0  # training runs the graph that takes the dropout masks
     model.static_function(args.batch_size, masks=masks)  # trace now, to report what it costs

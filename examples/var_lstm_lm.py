@@ -33,13 +33,20 @@ def parse_args(argv=None):
                         default=0.0, help="dropout on the word vectors entering the LSTM and "
                                           "the states entering the softmax, in training only "
                                           "(Zaremba et al. 2014; default 0)")
+    parser.add_argument("--tie-weights", action="store_true",
+                        help="the softmax layer's weights are the embedding table, transposed "
+                             "(Press & Wolf 2017; needs --embed-dim equal to --hidden)")
     parser.add_argument("--plot", metavar="PNG", default=None,
                         help="write the training curves (train and held-out loss, held-out "
                              "perplexity per epoch) to this PNG (needs matplotlib: pip "
                              "install 'minicavs[plot]')")
     parser.add_argument("--sentences", type=validate.count(minimum=10), default=3000,
                         help="synthetic sentences (a tenth held out)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.tie_weights and args.embed_dim != args.hidden:
+        parser.error(f"--tie-weights needs --embed-dim equal to --hidden (the softmax weights "
+                     f"are the embedding table), got {args.embed_dim} and {args.hidden}")
+    return args
 
 
 def main(argv=None):
@@ -51,7 +58,8 @@ def main(argv=None):
              f"{source}, vocabulary {len(vocab)}")
 
     model = VarLSTMLanguageModel(len(vocab), args.embed_dim, args.hidden, dtype=args.dtype,
-                                 bos_id=vocab.lookup("<eos>"), dropout=args.dropout)
+                                 bos_id=vocab.lookup("<eos>"), dropout=args.dropout,
+                                 tie_weights=args.tie_weights)
     optimizer = mc.nn.Adam(model.parameters(), lr=args.lr)
     history = training.fit(model, optimizer, train, held_out, epochs=args.epochs,
                            batch_size=args.batch_size, seed=args.seed, clip=args.clip or None,

@@ -173,6 +173,17 @@ def test_language_model_examples(name, tmp_path, capsys):
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("name", ["var_lstm_lm", "fixed_lstm_lm"])
+def test_language_model_examples_tie_weights_of_one_size_only(name, capsys):
+    result = _example(name).main(QUICK + ["--sentences", "100", "--hidden", "6",
+                                          "--embed-dim", "6", "--tie-weights"]
+                                 + (["--steps", "8"] if name == "fixed_lstm_lm" else []))
+    assert np.isfinite(result["held_out"]["perplexity"])
+    with pytest.raises(SystemExit):
+        _example(name).main(["--tie-weights", "--embed-dim", "4", "--hidden", "8"])
+    assert "--tie-weights needs --embed-dim equal to --hidden" in capsys.readouterr().err
+
+
 def test_language_model_example_reads_a_ptb_directory(tmp_path):
     # Like this repository's copy of PTB: no training file, so it trains on valid.
     for name in ("valid", "test"):

@@ -403,3 +403,37 @@ def test_the_kneser_ney_reference_of_the_language_model_table():
     assert probability("<eos>", "a") == pytest.approx(0.7 + 0.3 * 0.2125)
     for context in ("a", "b", "<eos>", "c"):
         assert sum(probability(context, w) for w in vocab) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["var", "fixed"])
+def test_tied_language_models_use_the_embedding_as_softmax_weights(fixed):
+    """With tie_weights there is no W_out: the logits are h @ embedding.T, the embedding's
+    gradient gathers both uses, and batched (static) equals per-sample (eager)."""
+    if fixed:
+        model = FixedLSTMLanguageModel(9, embed_dim=3, hidden=3, steps=4, dtype="float64",
+                                       tie_weights=True)
+        batch = model.prepare(stream_rows([np.arange(1, 9), np.arange(8, 0, -1)], steps=4))
+        runs = [lambda: model.loss(batch), lambda: model.loss(batch, static=False)]
+    else:
+        model = VarLSTMLanguageModel(9, embed_dim=3, hidden=3, dtype="float64",
+                                     tie_weights=True)
+        batch = model.prepare([np.array([2, 3, 1]), np.array([4, 4, 5, 1])])
+        runs = [lambda: model.loss(batch), lambda: model.loss(batch, run=evaluate_per_sample)]
+    assert "W_out" not in dict(model.named_parameters())
+    results = []
+    for run in runs:
+        model.zero_grad()
+        loss = run()
+        loss.backward()
+        results.append((loss.item(), model.embedding.weight.grad.numpy().copy()))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-12)
+    assert np.allclose(results[0][1], results[1][1], rtol=1e-10, atol=1e-14)
+    # Every row gets a gradient through the softmax, even words never read as input.
+    assert np.all(np.abs(results[0][1]).sum(axis=1) > 0)
+    untied = type(model)(9, embed_dim=3, hidden=3, dtype="float64",
+                         **({"steps": 4} if fixed else {}))
+    state = dict(model.state_dict(), W_out=model.embedding.weight.numpy().T.copy())
+    untied.load_state_dict(state)
+    assert untied.loss(batch).item() == pytest.approx(results[0][0], rel=1e-12)
+    with pytest.raises(ValueError, match="tie_weights needs embed_dim == hidden"):
+        type(model)(9, embed_dim=3, hidden=4, tie_weights=True)

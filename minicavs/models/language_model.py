@@ -25,14 +25,28 @@ from ..vertex import GraphBatch, InputGraph, VertexFunction
 from .common import as_ids, bias, cross_entropy_sum, lstm_bias, runner, weight
 
 
-def _lstm_lm_parameters(model, V, E, H, dtype):
-    """The parameters both language models share: embedding, LSTM gates, softmax layer."""
+def _lstm_lm_parameters(model, V, E, H, dtype, tie_weights=False):
+    """The parameters both language models share: embedding, LSTM gates, softmax layer.
+
+    With ``tie_weights`` the softmax layer's weights are the embedding table, transposed
+    (Press & Wolf 2017; Inan et al. 2017): a word's output vector is its input vector, which
+    needs E = H and halves the parameters that grow with the vocabulary."""
+    if tie_weights and E != H:
+        raise ValueError(f"{type(model).__name__}: tie_weights needs embed_dim == hidden (the "
+                         f"softmax weights are the embedding table), got {E} and {H}")
+    model.tie_weights = bool(tie_weights)
     model.embedding = Embedding(V, E, dtype=dtype)
     model.W = weight((E, 4 * H), dtype, "W")
     model.U = weight((H, 4 * H), dtype, "U")
     model.b = lstm_bias(H, ["i", "f", "o", "u"], dtype, "b")
-    model.W_out = weight((H, V), dtype, "W_out")
+    if not tie_weights:
+        model.W_out = weight((H, V), dtype, "W_out")
     model.b_out = bias(V, dtype, "b_out")
+
+
+def _output_weights(model):
+    """The (H, V) weights of the softmax layer: ``W_out``, or the tied embedding table."""
+    return model.embedding.weight.T if model.tie_weights else model.W_out
 
 
 @dataclass
@@ -85,16 +99,17 @@ class VarLSTMLanguageModel(Module):
     the word vectors entering the LSTM and the states entering the softmax layer, in training
     only. A traced F cannot draw masks, so with dropout the vectors are looked up and dropped
     before F, which pulls them instead of word ids; the recurrent [h, c] is never dropped.
+    ``tie_weights`` makes the softmax weights the embedding table (:func:`_lstm_lm_parameters`).
     """
 
     def __init__(self, vocab_size, embed_dim=64, hidden=64, dtype="float32", bos_id=1,
-                 dropout=0.0):
+                 dropout=0.0, tie_weights=False):
         E, H, V = int(embed_dim), int(hidden), int(vocab_size)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"VarLSTMLanguageModel: dropout must be in [0, 1), got {dropout}")
         self.vocab_size, self.embed_dim, self.hidden, self.bos_id = V, E, H, int(bos_id)
         self.dropout = float(dropout)
-        _lstm_lm_parameters(self, V, E, H, dtype)
+        _lstm_lm_parameters(self, V, E, H, dtype, tie_weights)
         self._chains = {}  # length -> InputGraph.chain(length): sentences share them
         table, W, U, b = self.embedding.weight, self.W, self.U, self.b
         pulls_vectors = self.dropout > 0
@@ -131,7 +146,7 @@ class VarLSTMLanguageModel(Module):
             inputs = dropout(ops.reshape(vectors, (len(batch.targets), self.embed_dim)),
                              self.dropout, self.training)
         h = runner(run)(self.F, batch.graphs, inputs)
-        return dropout(h, self.dropout, self.training) @ self.W_out + self.b_out
+        return dropout(h, self.dropout, self.training) @ _output_weights(self) + self.b_out
 
     def loss(self, batch, run=None):
         """Next-token cross-entropy summed over every word of the batch."""
@@ -168,17 +183,18 @@ class FixedLSTMLanguageModel(Module):
     layer in training (Zaremba et al. 2014), as :class:`VarLSTMLanguageModel` does. A traced
     graph draws no random numbers — a mask drawn while tracing would be the same every step —
     so the masks are two more *inputs* of the graph, drawn anew for every batch.
+    ``tie_weights`` as in :class:`VarLSTMLanguageModel`.
     """
 
     def __init__(self, vocab_size, embed_dim=64, hidden=64, steps=64, dtype="float32",
-                 dropout=0.0):
+                 dropout=0.0, tie_weights=False):
         E, H, V = int(embed_dim), int(hidden), int(vocab_size)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"FixedLSTMLanguageModel: dropout must be in [0, 1), got "
                              f"{dropout}")
         self.vocab_size, self.embed_dim, self.hidden, self.steps = V, E, H, int(steps)
         self.dtype, self.dropout = np.dtype(dtype), float(dropout)
-        _lstm_lm_parameters(self, V, E, H, dtype)
+        _lstm_lm_parameters(self, V, E, H, dtype, tie_weights)
         self._traced = {}  # (batch size, with masks) -> StaticFunction
 
     def unrolled_loss(self, ids, targets, keep_x=None, keep_h=None):
@@ -202,7 +218,7 @@ class FixedLSTMLanguageModel(Module):
         hs = ops.reshape(ops.concat(states, axis=1), (B * T, H))
         if keep_h is not None:
             hs = hs * keep_h
-        logits = hs @ self.W_out + self.b_out
+        logits = hs @ _output_weights(self) + self.b_out
         return ops.softmax_cross_entropy(logits, ops.reshape(targets, (B * T,)),
                                          reduction="sum")
 
