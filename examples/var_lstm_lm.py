@@ -29,24 +29,10 @@ def parse_args(argv=None):
                                             "one text file, a sentence a line; default: "
                                             "the synthetic treebank's sentences")
     training.add_model_arguments(parser, embed_dim=64, hidden=64, clip=5.0)
-    parser.add_argument("--dropout", type=validate.real(minimum=0, maximum=1, open_maximum=True),
-                        default=0.0, help="dropout on the word vectors entering the LSTM and "
-                                          "the states entering the softmax, in training only "
-                                          "(Zaremba et al. 2014; default 0)")
-    parser.add_argument("--tie-weights", action="store_true",
-                        help="the softmax layer's weights are the embedding table, transposed "
-                             "(Press & Wolf 2017; needs --embed-dim equal to --hidden)")
-    parser.add_argument("--plot", metavar="PNG", default=None,
-                        help="write the training curves (train and held-out loss, held-out "
-                             "perplexity per epoch) to this PNG (needs matplotlib: pip "
-                             "install 'minicavs[plot]')")
+    training.add_language_model_arguments(parser)
     parser.add_argument("--sentences", type=validate.count(minimum=10), default=3000,
                         help="synthetic sentences (a tenth held out)")
-    args = parser.parse_args(argv)
-    if args.tie_weights and args.embed_dim != args.hidden:
-        parser.error(f"--tie-weights needs --embed-dim equal to --hidden (the softmax weights "
-                     f"are the embedding table), got {args.embed_dim} and {args.hidden}")
-    return args
+    return training.check_language_model_arguments(parser, parser.parse_args(argv))
 
 
 def main(argv=None):

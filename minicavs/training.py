@@ -84,6 +84,30 @@ def add_model_arguments(parser, *, embed_dim=64, hidden=64, clip=None):
                             help=f"clip the gradient norm to this (default {clip:g}; 0: off)")
 
 
+def add_language_model_arguments(parser):
+    """The options the two language-model examples share: regularisation and curves."""
+    parser.add_argument("--dropout", type=validate.real(minimum=0, maximum=1, open_maximum=True),
+                        default=0.0, help="dropout on the word vectors entering the LSTM and "
+                                          "the states entering the softmax, in training only "
+                                          "(Zaremba et al. 2014; default 0)")
+    parser.add_argument("--tie-weights", action="store_true",
+                        help="the softmax layer's weights are the embedding table, transposed "
+                             "(Press & Wolf 2017; needs --embed-dim equal to --hidden)")
+    parser.add_argument("--plot", metavar="PNG", default=None,
+                        help="write the training curves (train and held-out loss, held-out "
+                             "perplexity per epoch) to this PNG (needs matplotlib: pip "
+                             "install 'minicavs[plot]')")
+
+
+def check_language_model_arguments(parser, args):
+    """Refuse, as a usage error, what :func:`add_language_model_arguments`' options cannot
+    do together; returns ``args``."""
+    if args.tie_weights and args.embed_dim != args.hidden:
+        parser.error(f"--tie-weights needs --embed-dim equal to --hidden (the softmax weights "
+                     f"are the embedding table), got {args.embed_dim} and {args.hidden}")
+    return args
+
+
 def command_line(main, argv=None):
     """Run an example's ``main(argv)`` as a command: a minicavs error (bad data, a device that
     is missing) ends it with the message and exit status 1, not a traceback."""
