@@ -66,7 +66,7 @@ def main(argv=None):
                            comm=comm)
     if args.plot and comm.is_root:
         training.plot_history({f"seed {args.seed}": history}, args.plot, "perplexity",
-                              title=f"fixed_lstm_lm, {source}", log=comm.log)
+                              title=f"fixed_lstm_lm, {source}", log=comm.log, held_out="held-out")
 
     result = model.evaluate(training.prepare_all(model, held_out_rows, args.batch_size))
     rate = training.throughput(history)

@@ -52,7 +52,7 @@ def main(argv=None):
                            unit="sentence", progress=args.progress, comm=comm)
     if args.plot and comm.is_root:
         training.plot_history({f"seed {args.seed}": history}, args.plot, "perplexity",
-                              title=f"var_lstm_lm, {source}", log=comm.log)
+                              title=f"var_lstm_lm, {source}", log=comm.log, held_out="held-out")
 
     result = model.evaluate(training.prepare_all(model, held_out, 256))
     words = sum(len(s) for s in train) * len(history)

@@ -533,11 +533,12 @@ def mean_and_std(values):
     return float(values.mean()), std
 
 
-def plot_history(histories, path, metric, title="", log=print):
+def plot_history(histories, path, metric, title="", log=print, held_out="dev"):
     """Training curves to the PNG ``path``: train and dev loss, and dev ``metric`` (an
     accuracy, or ``"perplexity"``), per epoch, one line per run (``histories``: ``{label:
-    fit()'s history}``). Without matplotlib (the ``plot`` extra) it logs why and writes
-    nothing; returns whether it wrote the file."""
+    fit()'s history}``); ``held_out`` names the evaluation set in the labels. Without
+    matplotlib (the ``plot`` extra) it logs why and writes nothing; returns whether it wrote
+    the file."""
     try:
         import matplotlib
         matplotlib.use("Agg")  # files only: no display needed
@@ -552,11 +553,11 @@ def plot_history(histories, path, metric, title="", log=print):
         line, = losses.plot(epochs, [stats.loss for stats, _ in history],
                             label=f"train {label}")
         losses.plot(epochs, [m.get("loss", np.nan) for _, m in history], linestyle="--",
-                    color=line.get_color(), label=f"dev {label}")
+                    color=line.get_color(), label=f"{held_out} {label}")
         scores.plot(epochs, [m.get(metric, np.nan) for _, m in history], label=label)
     losses.set(xlabel="epoch", ylabel="loss per target", title="loss")
     what = metric if metric == "perplexity" else f"{metric} accuracy"
-    scores.set(xlabel="epoch", ylabel=f"dev {what}", title=f"dev {metric}")
+    scores.set(xlabel="epoch", ylabel=f"{held_out} {what}", title=f"{held_out} {metric}")
     losses.legend(fontsize="small")
     scores.legend(fontsize="small")
     if title:
