@@ -399,6 +399,37 @@ def check_explain(module):
                                 "vertices_per_level": stats["vertices_per_level"]})
 
 
+# --- 16 measure -----------------------------------------------------------------------------
+
+def check_measure(module):
+    from .. import training
+
+    rng = np.random.default_rng(0)
+    histories = [[], [(None, {"fine": float("nan")})],
+                 [(None, {"fine": 0.4}), (None, {"fine": 0.5}), (None, {"fine": 0.5})],
+                 [(None, {"loss": 0.3}), (None, {"fine": 0.2, "loss": 0.2})]]
+    for _ in range(200):  # scores on a coarse grid, so ties are common; some missing
+        histories.append([(None, {} if rng.random() < 0.1 else
+                           {"fine": float("nan") if rng.random() < 0.1 else
+                            float(rng.integers(0, 5)) / 4})
+                          for _ in range(int(rng.integers(1, 8)))])
+    for history in histories:
+        expected = training.best_epoch(history, "fine")
+        got = _call("best_epoch", module.best_epoch, history, "fine")
+        if got != expected:
+            scores = [metrics.get("fine") for _, metrics in history]
+            raise ExerciseFailed(f"best_epoch for dev scores {scores} (epochs from 1) returned "
+                                 f"{got!r}; the protocol keeps {expected!r}")
+    for accuracy, n in ((0.45, 1101), (0.45, 2210), (0.85, 872), (0.5, 100), (1.0, 50)):
+        expected = float(np.sqrt(accuracy * (1 - accuracy) / n))
+        got = _call("standard_error", module.standard_error, accuracy, n)
+        if not np.isclose(got, expected, rtol=1e-9, atol=1e-12):
+            raise ExerciseFailed(f"standard_error({accuracy}, {n}) returned {got!r}; a "
+                                 f"binomial proportion's is {expected:.5f}")
+    return (f"the kept epochs match the library's on {len(histories)} histories; SST dev's "
+            f"standard error at 45 %: {100 * module.standard_error(0.45, 1101):.1f} points")
+
+
 CHECKS = {
     "tensors": ("1. write softsign with ops", check_tensors),
     "autodiff": ("2. the VJP of softsign, checked by gradcheck", check_autodiff),
@@ -415,4 +446,5 @@ CHECKS = {
     "cuda": ("13. a CUDA kernel, run on the CPU by the shim", check_cuda),
     "distributed": ("14. a per-rank loss whose gradients add up", check_distributed),
     "explain": ("15. predict explain() for a batch", check_explain),
+    "measure": ("16. the epoch a protocol keeps, and an accuracy's noise", check_measure),
 }
