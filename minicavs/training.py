@@ -84,12 +84,15 @@ def add_model_arguments(parser, *, embed_dim=64, hidden=64, clip=None):
                             help=f"clip the gradient norm to this (default {clip:g}; 0: off)")
 
 
+_PROBABILITY = validate.real(minimum=0, maximum=1, open_maximum=True)  # a dropout rate, [0, 1)
+
+
 def add_language_model_arguments(parser):
     """The options the two language-model examples share: regularisation and curves."""
-    parser.add_argument("--dropout", type=validate.real(minimum=0, maximum=1, open_maximum=True),
-                        default=0.0, help="dropout on the word vectors entering the LSTM and "
-                                          "the states entering the softmax, in training only "
-                                          "(Zaremba et al. 2014; default 0)")
+    parser.add_argument("--dropout", type=_PROBABILITY, default=0.0,
+                        help="dropout on the word vectors entering the LSTM and the states "
+                             "entering the softmax, in training only (Zaremba et al. 2014; "
+                             "default 0)")
     parser.add_argument("--tie-weights", action="store_true",
                         help="the softmax layer's weights are the embedding table, transposed "
                              "(Press & Wolf 2017; needs --embed-dim equal to --hidden)")
@@ -393,13 +396,11 @@ def add_sst_arguments(parser):
                             "default --l2")
     group.add_argument("--tensor-lr", type=validate.real(minimum=0, open_minimum=True),
                        default=None, help="RNTN: learning rate of the tensor V (default --lr)")
-    group.add_argument("--dropout", type=validate.real(minimum=0, maximum=1, open_maximum=True),
-                       default=0.0, help="dropout on the state fed to the classifier, in "
-                                         "training only (Tai et al.: 0.5; default 0)")
-    group.add_argument("--embed-dropout", type=validate.real(minimum=0, maximum=1,
-                                                             open_maximum=True),
-                       default=0.0, help="dropout on the word vectors, in training only "
-                                         "(default 0)")
+    group.add_argument("--dropout", type=_PROBABILITY, default=0.0,
+                       help="dropout on the state fed to the classifier, in training only "
+                            "(Tai et al.: 0.5; default 0)")
+    group.add_argument("--embed-dropout", type=_PROBABILITY, default=0.0,
+                       help="dropout on the word vectors, in training only (default 0)")
     group.add_argument("--adagrad-eps", type=validate.real(minimum=0), default=1e-10,
                        help="AdaGrad's eps in lr * g / (sqrt(sum g²) + eps) (Stanford "
                             "CoreNLP's sentiment trainer: 1e-3, with --loss-per sentence; "
@@ -424,10 +425,9 @@ def add_sst_arguments(parser):
                        help="words seen fewer times in the training trees become <unk>, so "
                             "<unk> (every unseen dev and test word) is trained (default 1: "
                             "every training word is kept and <unk> is never trained)")
-    group.add_argument("--word-dropout", type=validate.real(minimum=0, maximum=1,
-                                                            open_maximum=True),
-                       default=0.0, help="in training, replace each word by <unk> with this "
-                                         "probability (default 0)")
+    group.add_argument("--word-dropout", type=_PROBABILITY, default=0.0,
+                       help="in training, replace each word by <unk> with this probability "
+                            "(default 0)")
     group.add_argument("--keep-best", choices=["fine", "binary", "phrase"], default=None,
                        help="the dev metric that picks each run's epoch, and the test figure "
                             "reported: fine (5-class root accuracy), binary (root accuracy on "
