@@ -159,3 +159,19 @@ def test_memory_shared_through_dlpack_and_changed_before_backward_is_refused():
     t.mul_(3)
     with pytest.raises(mc.InPlaceModificationError, match="tensor 'from torch'"):
         loss.backward()
+
+
+def test_reading_data_every_step_never_wears_a_record_out():
+    """Versions whose content is the same share one fingerprint: a hundred reads of ``.data``
+    (a loop logging the weights) leave every record checkable, and a real write is still
+    caught after them."""
+    W = mc.Parameter(np.array([1.0, 2.0]))
+    loss = 0
+    for i in range(100):
+        loss = loss + mc.sum(W * float(i))
+        W.data
+    loss.backward(retain_graph=True)
+    np.testing.assert_array_equal(W.grad.numpy(), [4950.0, 4950.0])
+    W.data[0] = 5.0
+    with pytest.raises(mc.InPlaceModificationError):
+        loss.backward()

@@ -29,7 +29,7 @@ from . import views
 from .signature import Signature
 
 _SOURCE = r"""// minicavs autobatch recorder (minicavs/autobatch/native.py); see scope.py for the
-// reference in Python: record_known, _view, _append, _leaf.
+// reference in Python: record_known, _view, _append, _leaf, _data_leaf.
 #include <Python.h>
 #include <structmember.h>
 
@@ -74,7 +74,8 @@ struct Recorder {
 };
 
 PyObject *s_start, *s_count, *s_node_depth, *s_active, *s_leaves, *s_leaf_ids, *s_views,
-    *s_grad_enabled, *s_shape, *s_dtype, *s_ndim, *s_kind, *s_str, *s_axis, *s_stop;
+    *s_grad_enabled, *s_shape, *s_dtype, *s_ndim, *s_kind, *s_str, *s_axis, *s_stop, *s_copy,
+    *s_array;
 
 Py_ssize_t scope_int(Recorder *r, PyObject *name) {
   PyObject *v = PyDict_GetItem(r->state, name);
@@ -124,6 +125,20 @@ Py_ssize_t leaf(Recorder *r, PyObject *value) {
   }
   Py_DECREF(id);
   return result == PY_SSIZE_T_MIN ? result : -1 - result;
+}
+
+// _data_leaf: data (an array, a Tensor needing no gradient) copied as it is recorded.
+Py_ssize_t data_leaf(Recorder *r, PyObject *value) {
+  PyObject *leaves = scope_obj(r, s_leaves);
+  if (!leaves) return PY_SSIZE_T_MIN;
+  PyObject *array = Py_TYPE(value) == r->ndarray ? (Py_INCREF(value), value)
+                                                 : PyObject_GetAttr(value, s_array);
+  PyObject *copy = array ? PyObject_CallMethodNoArgs(array, s_copy) : nullptr;
+  Py_XDECREF(array);
+  if (!copy) return PY_SSIZE_T_MIN;
+  int rc = PyList_Append(leaves, copy);
+  Py_DECREF(copy);
+  return rc < 0 ? PY_SSIZE_T_MIN : -PyList_GET_SIZE(leaves);
 }
 
 PyObject *fresh(Recorder *r, PyTypeObject *type, PyObject *aval, Py_ssize_t index,
@@ -328,7 +343,7 @@ PyObject *record_known(Recorder *r, PyObject *op, PyObject *args, PyObject *attr
       PyObject *shape = dims ? PyObject_GetAttr(a, s_shape) : (Py_INCREF(r->no_axes), r->no_axes);
       part = shape ? PyTuple_Pack(2, shape, r->data_code) : nullptr;
       Py_XDECREF(shape);
-      Py_ssize_t j = part ? leaf(r, a) : PY_SSIZE_T_MIN;
+      Py_ssize_t j = part ? data_leaf(r, a) : PY_SSIZE_T_MIN;
       if (j == PY_SSIZE_T_MIN) { Py_XDECREF(part); Py_DECREF(key); return nullptr; }
       sources[n++] = j;
     } else {
@@ -452,6 +467,8 @@ extern "C" PyObject *make_recorder(PyObject *scope, PyObject *types, PyObject *t
     s_str = PyUnicode_InternFromString("str");
     s_axis = PyUnicode_InternFromString("axis");
     s_stop = PyUnicode_InternFromString("stop");
+    s_copy = PyUnicode_InternFromString("copy");
+    s_array = PyUnicode_InternFromString("_array");
   }
   PyObject *lazy = PyTuple_GET_ITEM(types, 0), *view = PyTuple_GET_ITEM(types, 1),
            *view_key_type = PyTuple_GET_ITEM(types, 4), *sig = PyTuple_GET_ITEM(types, 5);

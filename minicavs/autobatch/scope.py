@@ -21,22 +21,23 @@ import time
 import numpy as np
 
 from .. import backend
-from ..autodiff.tensor import Tensor, is_grad_enabled, set_lazy_recorder
+from ..autodiff.tensor import Tensor, is_grad_enabled
 from ..errors import ArgumentError, MinicavsError, ShapeError, UnsupportedError
 from ..locations import format_location, user_location
-from ..ops.registry import Aval, set_fast_path, tracing
+from ..ops import registry
+from ..ops.registry import Aval, tracing
 from ..ops.shape import RESHAPE, SLICE_AXIS
 from . import native, schedule
 from .segment import Segment
 from .signature import Signature
 from .views import view_key
 
-_active = None  # the AutoBatch whose block is running
 # Signatures learned in earlier scopes, by the fast path's key: a training loop opens a scope per
 # mini-batch and meets the same call forms in each (the tagger: 74 a step, 3-4 ms to learn
 # anew). Each is kept detached — no nodes, its parameters held weakly — and dropped when one of
 # its parameters is collected (a key names parameters by id, which a new object may reuse).
 _LEARNED = {}  # key -> (full key, detached Signature, the avals the key names, _forms(args))
+_LEARNED_KEPT = 4096
 # The module of Tensor, whose _grad_enabled the hot path reads directly (``minicavs.autodiff``
 # exports a function named ``tensor``, so the module is taken from sys.modules).
 _tensor = sys.modules[Tensor.__module__]
@@ -82,8 +83,9 @@ class LazyTensor(Tensor):
 
     @classmethod
     def __minicavs_apply__(cls, op, args, attrs):
-        if _active is not None:
-            return _active.record(op, args, attrs)
+        scope = registry.recording.scope if registry.recording_threads else None
+        if scope is not None:
+            return scope.record(op, args, attrs)
         if is_grad_enabled() and any(
                 isinstance(a, LazyTensor) and a.requires_grad for a in args):
             raise MinicavsError(
@@ -105,11 +107,12 @@ class LazyTensor(Tensor):
             if int(np.prod(self.shape)) != 1:
                 raise ShapeError(f"backward() without a gradient needs a tensor with one "
                                  f"element, got shape {self.shape}; pass grad= explicitly")
-        else:
+        else:  # (as eager backward() checks it)
             xp_grad = grad._array if isinstance(grad, Tensor) else np.asarray(grad)
-            if tuple(xp_grad.shape) != tuple(self.shape):
-                raise ShapeError(f"backward(): grad has shape {tuple(xp_grad.shape)}, the "
-                                 f"tensor has shape {self.shape}")
+            if tuple(xp_grad.shape) != tuple(self.shape) or xp_grad.dtype != self.dtype:
+                raise ShapeError(f"backward(): grad has shape {tuple(xp_grad.shape)} and dtype "
+                                 f"{xp_grad.dtype}, the tensor has shape {self.shape} and dtype "
+                                 f"{self.dtype}")
         self._scope.backward([(self, xp_grad)], retain_graph)
 
     def __repr__(self):
@@ -170,22 +173,16 @@ class AutoBatch:
 
     # --- the block ------------------------------------------------------------------------------
     def __enter__(self):
-        global _active
-        if _active is not None:
+        if registry.recording_threads and registry.recording.scope is not None:
             raise MinicavsError("mc.autobatch blocks cannot be nested; end the outer block first")
-        _active = self
         # the C recorder (native.py), else the Python one; dropped on leaving (it holds the
         # scope: a cycle would keep the scope's slabs until the garbage collector ran)
         self._fast_path = native.recorder(self, (LazyTensor, LazyView)) or self.record_known
-        set_lazy_recorder(self.record)
-        set_fast_path(self._fast_path)
+        registry.start_recording(self, self.record, self._fast_path)  # (this thread's ops)
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        global _active
-        _active = None
-        set_lazy_recorder(None)
-        set_fast_path(None)
+        registry.stop_recording()
         self._fast_path = None
         if exc_type is None:
             self.run_pending()
@@ -271,7 +268,7 @@ class AutoBatch:
                 # data (a word id, a label): a row of its own, keyed by shape and dtype as
                 # _classify keys it
                 parts.append((a.shape, a.dtype.str))
-                sources.append(self._leaf(a))
+                sources.append(self._data_leaf(a))
             else:
                 return None
         if not sources:
@@ -302,7 +299,11 @@ class AutoBatch:
             return None  # (promotion would change the call: never cached)
         node = self.record(op, args, attrs)
         sig, avals = self._last_signature, [a._aval for a in args if type(a) is LazyTensor]
+        if sig.per_node:
+            return node
         self._known[key] = (sig, avals)
+        if len(_LEARNED) >= _LEARNED_KEPT:
+            _LEARNED.pop(next(iter(_LEARNED)), None)  # (the oldest form: a bounded cache)
         _LEARNED[key] = (self._last_full_key,
                          sig.detached(lambda _, key=key: _LEARNED.pop(key, None)), avals,
                          _forms(args))
@@ -329,13 +330,13 @@ class AutoBatch:
                     key.append(id(a))
                     needs_grad = True
                 else:
-                    sources.append(self._leaf(a))
+                    sources.append(self._leaf(a) if a.requires_grad else self._data_leaf(a))
                     key.append(Aval(a.shape, a.dtype))
                     needs_grad = needs_grad or a.requires_grad
-            elif getattr(a, "ndim", 1) == 0 and not _is_index(a):  # a constant, by value
-                key.append(("const", a.dtype.str, a.item()))
+            elif getattr(a, "ndim", 1) == 0 and not _is_index(a):  # a constant, by its bytes
+                key.append(("const", a.dtype.str, a.tobytes()))  # (-0.0 is not 0.0; NaN is NaN)
             else:  # an array of data
-                sources.append(self._leaf(a))
+                sources.append(self._data_leaf(a))
                 key.append(Aval(a.shape, a.dtype))
         return key, sources, depth, needs_grad
 
@@ -368,11 +369,21 @@ class AutoBatch:
         return view
 
     def _leaf(self, value):
+        """A value read as data whose content cannot change: an earlier segment's (read-only)
+        or a Tensor that requires grad (minicavs' writers run the pending ops first:
+        ``versions.writing``). Numbered once per object."""
         j = self._leaf_ids.get(id(value))
         if j is None:
             j = self._leaf_ids[id(value)] = len(self.leaves)
             self.leaves.append(value)  # (kept alive, so its id stays unique)
         return -1 - j
+
+    def _data_leaf(self, value):
+        """Data (an array, a Tensor that needs no gradient) is copied as it is recorded: the
+        caller may write into it before the block runs (a reused buffer), and eager code
+        would have read it now."""
+        self.leaves.append((value._array if isinstance(value, Tensor) else value).copy())
+        return -len(self.leaves)
 
     def _signature(self, full_key, op, args, attrs, grad_on, sources):
         row_avals, shared = [], []
@@ -388,33 +399,39 @@ class AutoBatch:
         sig = Signature(len(self._signatures), op, attrs, row_avals, shared, grad_on)
         sig.can_grad = bool(grad_on and op.vjp is not None and np.dtype(sig.out.dtype).kind == "f")
         sig.local = -1
-        self._signatures[full_key] = sig
+        if not sig.forward.per_node:  # (one that runs node by node is made for each node)
+            self._signatures[full_key] = sig
         return sig
 
-    @staticmethod
-    def _eager(op, args, attrs):
-        set_lazy_recorder(None)
-        set_fast_path(None)
+    def _eager(self, op, args, attrs):
+        state = registry.recording
+        state.recorder = state.fast_path = None
         try:
             return Tensor.__minicavs_apply__(op, args, attrs)
         finally:
-            set_lazy_recorder(_active.record if _active is not None else None)
-            set_fast_path(_active._fast_path if _active is not None else None)
+            if state.scope is self:
+                state.recorder, state.fast_path = self.record, self._fast_path
 
     # --- forcing --------------------------------------------------------------------------------
     def run_pending(self):
         """Execute every pending node as one segment (batched by the strategy)."""
         if self.count == self.start:
             return
-        segment = Segment(self.start, self.count, self.strategy)
+        start, active, node_depth, leaves = self.start, self.active, self.node_depth, self.leaves
+        segment = Segment(start, self.count, self.strategy)
         segment.stats["record_s"] = time.perf_counter() - self.record_began
         segment.stats["views"] = self.views
-        segment.run(self.active, self.node_depth, self.leaves)
-        for sig in self.active:
-            sig.nodes, sig.arg_rows = [], []
-        self.segments.append(segment)
-        self._starts.append(self.start)
-        self._reset_pending(self.count)
+        self._reset_pending(self.count)  # (first: nothing the run does finds these pending)
+        try:
+            segment.run(active, node_depth, leaves)
+        except Exception as exc:  # its values raise this error; later ones run as usual
+            segment = _Failed(exc)
+            raise
+        finally:
+            for sig in active:
+                sig.nodes, sig.arg_rows = [], []
+            self.segments.append(segment)
+            self._starts.append(start)
 
     def value_of(self, node):
         if node._index >= self.start:
@@ -473,6 +490,27 @@ class AutoBatch:
         """What was batched and what it cost; see ``explain.py``."""
         from .explain import explain
         return explain(self, picture, max_batches)
+
+
+class _Failed:
+    """A segment whose run raised: reading one of its values raises a clear error (the values
+    recorded after it run as usual)."""
+
+    def __init__(self, exc):
+        self.error = f"{type(exc).__name__}: {exc}"
+        self.slabs, self.gslabs = [], None
+
+    def value_of(self, index):
+        raise MinicavsError("this value was recorded in a part of the autobatch block whose run "
+                            "failed with the error raised then:\n" + self.error)
+
+    def begin_backward(self):  # (nothing later can depend on its values: no value exists)
+        pass
+
+    def backward(self, params):
+        return []
+
+    release = begin_backward
 
 
 def _forms(args):

@@ -32,6 +32,7 @@ from collections import defaultdict
 import numpy as np
 
 from .. import backend
+from ..autodiff import versions
 from ..autodiff.tensor import Tensor
 from ..cpu import kernels
 from . import memory, schedule, views
@@ -132,8 +133,18 @@ class Segment:
             if isinstance(s, Tensor) and backend.is_cupy_array(s._array)]
         xp = backend.get_array_module(on_device[0]) if on_device else np
         self.xp = xp
-        self.invariants = list({id(s): s._array for sig in active for s in sig.shared
-                                if isinstance(s, Tensor)}.values())
+        read = {}  # the Tensors it reads (by object), with an op that reads each
+        for sig in active:
+            for t in sig.shared:
+                if isinstance(t, Tensor):
+                    read.setdefault(id(t), (t, sig.op.name))
+        self.invariants = [t._array for t, _ in read.values()]
+        for v in leaves:
+            if isinstance(v, Tensor) and v.requires_grad and not hasattr(v, "_scope"):
+                read.setdefault(id(v), (v, "autobatched"))
+        # Their versions, as an eager record saves them: backward refuses one changed since.
+        self.read = list(read.values())
+        self.saved = versions.save([t for t, _ in self.read])
         shapes = {v: k for k, v in slab_ids.items()}
         self.slabs = memory.arrays(xp, [((int(leaf_count[i] + node_count[i]),) + shapes[i][0],
                                          shapes[i][1]) for i in range(num_slabs)])
@@ -243,11 +254,19 @@ class Segment:
         self.stats["forward_s"] = time.perf_counter() - began
 
     def value_of(self, index):
+        """A node's value: a read-only view of its row (a write would change what the
+        backward pass reads)."""
         local = index - self.start
-        return self.slabs[self.node_slab[local]][self.row_of[local]]
+        value = self.slabs[self.node_slab[local]][self.row_of[local], ...]
+        if self.xp is np:
+            value.flags.writeable = False
+        return value
 
     # --- backward -------------------------------------------------------------------------------
     def begin_backward(self):
+        for i, (t, op_name) in enumerate(self.read):
+            versions.check([t], (self.saved[0][i:i + 1],
+                                 self.saved[1] and self.saved[1][i:i + 1]), op_name)
         # Fresh zeros for every backward pass: a second one (retain_graph) must not start from
         # the first one's cotangents.
         self.gslabs = memory.arrays(self.xp, [(s.shape, s.dtype) for s in self.slabs],

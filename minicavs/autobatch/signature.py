@@ -20,12 +20,13 @@ from collections import Counter
 
 import numpy as np
 
-from ..errors import GraphError, MinicavsError
+from ..errors import MinicavsError
 from ..autodiff.symbolic import Graph, Tracer, grad_graph
 from ..autodiff.tensor import Tensor
 from ..locations import format_location, user_location
 from ..ops.batching import VERTICES, has_symbolic_size, instantiate, row_domain
-from ..ops.registry import Aval
+from ..ops.registry import Aval, apply
+from ..ops.shape import reshape
 
 
 _nothing = contextlib.nullcontext()
@@ -51,7 +52,8 @@ class Signature:
     shared value (a Tensor or a 0-d constant array). Kernels are built on first use."""
 
     __slots__ = ("id", "op", "attrs", "row_avals", "shared", "out", "grad_enabled", "nodes",
-                 "arg_rows", "arity", "_forward", "label", "can_grad", "local", "_detached")
+                 "arg_rows", "arity", "_forward", "label", "can_grad", "local", "_detached",
+                 "per_node")
 
     def __init__(self, sig_id, op, attrs, row_avals, shared, grad_enabled):
         self.id = sig_id
@@ -67,14 +69,11 @@ class Signature:
         except MinicavsError as exc:
             raise type(exc)(str(exc) + format_location(user_location())) from None
         self.out = interned_aval(tuple(int(d) for d in out.shape), np.dtype(out.dtype))
-        if op.batch is None:
-            raise GraphError(f"op '{op.name}' has no batching rule, so it cannot run under "
-                             f"mc.autobatch; compute it outside the block"
-                             + format_location(user_location()))
         self.nodes = []  # indices of the recorded nodes of this signature, in recording order
         self.arg_rows = []  # flat: per node, the source id of each per-row operand
         self._forward = None
         self._detached = None  # its copy in the cache of learned signatures, if any
+        self.per_node = False  # True: its kernel runs one node (the op has no batching rule)
         parts = [str(tuple(a.shape)) if a is not None
                  else "W" if hasattr(s, "requires_grad") else "c"
                  for a, s in zip(row_avals, shared)]
@@ -124,10 +123,16 @@ class Signature:
     def forward(self):
         if self._forward is None:
             key = self.structure()
-            kernel = _KERNELS.get(key)
+            kernel = _KERNELS.pop(key, None)  # (put back last: the least recent goes first)
             if kernel is None:
-                kernel = _KERNELS[key] = BatchedKernel(self)
+                kernel = _batched_or_per_node(self)
+                while len(_KERNELS) >= _KERNELS_KEPT:
+                    del _KERNELS[next(iter(_KERNELS))]
+            _KERNELS[key] = kernel
             self._forward = kernel
+            if kernel.per_node:
+                self.per_node = True
+                self.label += " (per node)"
             if self._detached is not None:  # (the next scope's copy starts with it)
                 self._detached._forward = kernel
         return self._forward
@@ -142,7 +147,7 @@ class Signature:
     def structure(self):
         """What the batched kernel depends on: the op, its attributes, per operand the per-row
         aval, a shared Tensor's aval and whether it needs a gradient (its value is read at
-        each run, so not its identity), or a constant's value."""
+        each run, so not its identity), or a constant's bytes (-0.0 is not 0.0, NaN is NaN)."""
         attrs = tuple(self.attrs.items())
         try:
             hash(attrs)
@@ -156,27 +161,47 @@ class Signature:
                 parts.append(("shared", tuple(value.shape), np.dtype(value.dtype).str,
                               bool(value.requires_grad)))
             else:
-                parts.append(("const", np.dtype(value.dtype).str, np.asarray(value).item()))
+                parts.append(("const", np.dtype(value.dtype).str, np.asarray(value).tobytes()))
         return tuple(parts)
 
 
 # Batched kernels by structure (``Signature.structure``): traced, and their ∂ derived, once per
 # process rather than once per scope — a training loop opens a scope per mini-batch.
 _KERNELS = {}
+_KERNELS_KEPT = 4096  # (a constant per node, x * float(i), makes a kernel each)
+
+
+def _batched_or_per_node(sig):
+    """The signature's batched kernel, or, where the op has no batching rule for these operands
+    (a per-row table of ``take_rows``: ``h[::-1]``; a rule that refuses a form), a kernel of
+    one node: such nodes run one by one, as eager code runs them, never an error eager code
+    would not raise."""
+    if sig.op.batch is not None:
+        try:
+            kernel = BatchedKernel(sig)
+            if tuple(kernel.output.shape) == (VERTICES,) + tuple(sig.out.shape):
+                return kernel
+        except MinicavsError:
+            pass
+    return BatchedKernel(sig, per_node=True)
 
 
 class BatchedKernel:
     """The batching rule of a signature traced once: a list of op nodes over symbols whose
-    per-row operands have the leading axis ``VERTICES``; ``run`` executes it for n rows."""
+    per-row operands have the leading axis ``VERTICES``; ``run`` executes it for n rows.
+    ``per_node``: the op itself on one row (a leading axis of 1), for an op with no batching
+    rule for this signature."""
 
-    def __init__(self, sig):
+    def __init__(self, sig, per_node=False):
+        self.per_node = per_node
         tracer = Tracer()
         with tracer.active():
             self.inputs = []  # per operand: its input symbol (None: a constant baked in)
             items = []
             for row, value in zip(sig.row_avals, sig.shared):
                 if row is not None:
-                    s = tracer.input((VERTICES,) + tuple(row.shape), row.dtype)
+                    s = tracer.input((1 if per_node else VERTICES,) + tuple(row.shape),
+                                     row.dtype)
                     items.append((s, "vertex"))
                 elif hasattr(value, "requires_grad"):  # a Tensor: its value is read each run
                     s = tracer.input(tuple(value.shape), value.dtype)
@@ -186,7 +211,11 @@ class BatchedKernel:
                     items.append((s, None))
                     s = None
                 self.inputs.append(s)
-            out = sig.op.batch(sig.op, items, sig.attrs, sig.out)
+            if per_node:
+                args = [reshape(s, tuple(s.shape[1:])) if kind else s for s, kind in items]
+                out = reshape(apply(sig.op, *args, **sig.attrs), (1,) + tuple(sig.out.shape))
+            else:
+                out = sig.op.batch(sig.op, items, sig.attrs, sig.out)
         if out.kind != "op" or out is not tracer.nodes[-1]:  # (the output must be the last op)
             with tracer.active():
                 out = out + 0

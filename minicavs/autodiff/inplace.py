@@ -37,7 +37,7 @@ def _grad_involved(tensor, operands):
 
 
 def _refuse(tensor, what):
-    kind = "parameter" if tensor._creator is None else "tensor"
+    kind = "parameter" if tensor.is_leaf else "tensor"
     raise UnsupportedError(f"{what}: an in-place update where gradients are recorded (this "
                            f"{kind} or an operand requires grad); wrap optimiser-style updates "
                            f"in `with mc.no_grad():`, or write x = x - y to build a new tensor")
@@ -67,8 +67,10 @@ def write(tensor, result, what, cast="same_kind"):
                          f"in the tensor's dtype {target.dtype} (as in PyTorch); convert the "
                          f"tensor first (x = x.astype('{array.dtype}'))")
     if not getattr(getattr(target, "flags", None), "writeable", True):
-        raise UnsupportedError(f"{what}: the tensor's array is a read-only view (a broadcast); "
-                               f"copy it first")
+        raise UnsupportedError(f"{what}: the tensor's array is read-only (a broadcast, or a "
+                               f"value computed under mc.autobatch, which lives in the block's "
+                               f"storage); copy it first (x = x + 0)")
+    versions.writing(tensor)
     target[...] = array
     versions.changed(tensor)
     return tensor
@@ -79,7 +81,7 @@ def update(tensor, fn, operands, what, operator=False):
     from .tensor import no_grad
 
     if _grad_involved(tensor, operands):
-        if operator and tensor._creator is not None:
+        if operator and not tensor.is_leaf:
             return fn(tensor, *operands)  # a computed result: a new tensor, as Python would
         _refuse(tensor, what)
     with no_grad():

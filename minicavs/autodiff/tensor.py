@@ -26,18 +26,6 @@ from ..locations import user_location
 
 _grad_enabled = True
 
-# While an automatic-batching scope is active (``minicavs/autobatch``), ops on Tensors are handed
-# to its recorder instead of being run: the layer above installs it here, so nothing in
-# autodiff imports it.
-_lazy_recorder = None
-
-
-def set_lazy_recorder(recorder):
-    """Install ``recorder(op, args, attrs)`` for ops on Tensors (None: run them eagerly)."""
-    global _lazy_recorder
-    _lazy_recorder = recorder
-
-
 @contextlib.contextmanager
 def no_grad():
     """Within this block ops are not recorded: nothing can be differentiated, nothing is kept."""
@@ -99,6 +87,7 @@ class Tensor(OperatorMixin):
 
     @data.setter
     def data(self, array):
+        versions.writing(self)
         self._array = array
         versions.changed(self)
 
@@ -246,8 +235,12 @@ class Tensor(OperatorMixin):
     # --- eager execution --------------------------------------------------------------------------
     @classmethod
     def __minicavs_apply__(cls, op, args, attrs):
-        if _lazy_recorder is not None and not registry.tracing:
-            return _lazy_recorder(op, args, attrs)
+        # While this thread has an automatic-batching scope (``minicavs/autobatch``), ops on
+        # Tensors go to its recorder instead of being run (``registry.recording``).
+        if registry.recording_threads and not registry.tracing:
+            recorder = registry.recording.recorder
+            if recorder is not None:
+                return recorder(op, args, attrs)
         if registry.tracing and any(isinstance(a, Tensor) and a.requires_grad for a in args):
             return registry.tracing[-1].record(op, args, attrs)
         inputs = [a if isinstance(a, Tensor) else Tensor(a) for a in args]

@@ -11,7 +11,9 @@ the array out through ``.data`` counts as a possible write: it bumps the counter
 pending record saved the tensor at the current version, a fingerprint (CRC-32) of the content
 is taken first. Backward then compares the content with the fingerprint, so merely reading
 ``.data`` is never mistaken for a change, and the normal path (no ``.data`` access between
-forward and backward) costs one integer comparison per saved tensor. In debug mode
+forward and backward) costs one integer comparison per saved tensor. Versions whose content is
+the same share one fingerprint (a run of versions), so reads without writes — a training loop
+that logs ``W.data`` every step — never wear the record of a forward pass out. In debug mode
 (``minicavs.autodiff.debug``) every saved tensor is fingerprinted when it is saved, which also
 catches writes through an array reference taken before the forward pass.
 
@@ -29,10 +31,13 @@ import numpy as np
 
 from .. import backend
 from ..errors import InPlaceModificationError
+from ..ops import registry
 from ..ops.registry import describe
 from . import debug
 
-_KEEP = 64  # fingerprints kept per tensor: a record older than that many reads is refused
+# Distinct contents fingerprinted per tensor: a record that saved a content which was written
+# over that many times (each time handed out through .data in between) is refused.
+_KEEP = 64
 
 
 class Version:
@@ -44,8 +49,19 @@ class Version:
     def __init__(self):
         self.count = 0
         self.saved_at = -1
-        self.fingerprints = None  # {version: fingerprint}, made on the first exposure
+        # [first version, last version, fingerprint] per run of versions of one content, made
+        # on the first exposure
+        self.fingerprints = None
         self.external = False  # memory another library owns (mc.from_dlpack): it may write
+
+    def fingerprint_of(self, version):
+        """The fingerprint kept for ``version``, or None."""
+        for first, last, value in reversed(self.fingerprints or ()):
+            if first <= version <= last:
+                return value
+            if last < version:
+                return None
+        return None
 
 
 def fingerprint(array):
@@ -59,20 +75,38 @@ def fingerprint(array):
 
 
 def exposed(tensor):
-    """``tensor``'s array is being handed out and may be written through: keep a fingerprint
-    of a version a record saved, then move to a new version."""
+    """``tensor``'s array is being handed out and may be written through: run what is recorded
+    but not yet run that may read it, keep a fingerprint of a version a record saved, then move
+    to a new version."""
+    writing(tensor)
     v = tensor._versions
     if v.saved_at == v.count:
+        value = fingerprint(tensor._array)
         if v.fingerprints is None:
-            v.fingerprints = {}
-        v.fingerprints[v.count] = fingerprint(tensor._array)
-        if len(v.fingerprints) > _KEEP:
-            del v.fingerprints[next(iter(v.fingerprints))]
+            v.fingerprints = []
+        runs = v.fingerprints
+        if runs and runs[-1][2] == value and runs[-1][1] == v.count - 1:  # the same content
+            runs[-1][1] = v.count
+        else:
+            runs.append([v.count, v.count, value])
+            if len(runs) > _KEEP:
+                del runs[0]
     v.count += 1
 
 
+def writing(tensor):
+    """minicavs is about to write into ``tensor``'s array (an optimiser step, ``.data =``, an
+    in-place op): the ops this thread's automatic-batching scope recorded and has not run yet
+    run first, so they read the values they were recorded with, as eager code would have."""
+    if registry.recording_threads:
+        scope = registry.recording.scope
+        if scope is not None:
+            scope.run_pending()
+
+
 def changed(tensor):
-    """minicavs itself wrote into ``tensor``'s array (an optimiser step, a state load)."""
+    """minicavs itself wrote into ``tensor``'s array (an optimiser step, a state load); call
+    :func:`writing` before the write."""
     tensor._versions.count += 1
 
 
@@ -105,7 +139,7 @@ def check(tensors, saved, op_name, where=None, roles=None):
         elif v.count == count:
             continue
         else:
-            known = v.fingerprints.get(count) if v.fingerprints else None
+            known = v.fingerprint_of(count)
             same = known is not None and fingerprint(t._array) == known
         if not same:
             raise InPlaceModificationError(_message(t, op_name, where, roles[i] if roles

@@ -194,6 +194,7 @@ class Module:
                                   f"{type(self).__name__}:\n  " + "\n  ".join(problems))
         for name, p in params.items():
             xp = backend.get_array_module(p._array)
+            versions.writing(p)
             xp.copyto(p._array, xp.asarray(state[name]))
             versions.changed(p)
 

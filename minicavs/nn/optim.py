@@ -150,6 +150,7 @@ class Optimizer:
                         f"{describe(p.shape)} and dtype {p.dtype}, its grad has shape "
                         f"{describe(grad.shape)} and dtype {grad.dtype}")
         xp = backend.get_array_module(p._array, grad, op=f"{type(self).__name__}.step")
+        versions.writing(p)
         if group["weight_decay"] and not self.decoupled_weight_decay:
             grad = grad + group["weight_decay"] * p._array  # L2 penalty: its gradient is wd * p
         self._update(xp, p._array, grad, state, group)
@@ -331,6 +332,8 @@ class Adam(Optimizer):
             by_step.setdefault((state["step"], p.dtype), []).append((p, grad, state))
         decay = 1 - group["lr"] * group["weight_decay"] if self.decoupled_weight_decay else 1.0
         for (t, _), members in by_step.items():
+            for p, _, _ in members:
+                versions.writing(p)
             arrays = [[p._array for p, _, _ in members], [g for _, g, _ in members],
                       [s["m"] for _, _, s in members], [s["v"] for _, _, s in members]]
             if not kernels.adam(*arrays, beta1, beta2, group["eps"], 1 - beta2 ** t,

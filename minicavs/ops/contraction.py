@@ -58,7 +58,9 @@ def _infer_einsum(*avals, subscripts):
 
 
 def _constant(like, array):
-    return indexing._on_device_of(like, array.astype(np.dtype(like.dtype)))
+    array = array.astype(np.dtype(like.dtype))
+    tracer = getattr(like, "tracer", None)  # a symbol: a constant of its graph (a ∂ graph)
+    return tracer.constant(array) if tracer is not None else indexing._on_device_of(like, array)
 
 
 def _einsum_vjp(g, out, *operands, subscripts):

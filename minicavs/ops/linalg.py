@@ -63,8 +63,15 @@ def _batch_matmul(op, items, attrs, out):
     (a, da), (b, db) = items
     a_rank = len(a.shape) - (1 if da else 0)
     b_rank = len(b.shape) - (1 if db else 0)
-    if da and not db:  # per-vertex @ shared: NumPy's rules already batch over the leading axis
-        return apply(op, a, b)
+    if da and not db:  # per-vertex @ shared: NumPy's rules batch over the leading axis
+        if b_rank <= 2:
+            return apply(op, a, b)
+        # a shared stack of matrices: the vertex axis ahead of the stack's axes, which
+        # broadcast against the row's (a vector is a (1, k) matrix)
+        rows = batching.row_count(da)
+        ones = (1,) * (b_rank - max(a_rank, 2))
+        a4 = shape.reshape(a, (rows,) + ones + ((1,) if a_rank == 1 else ()) + a.shape[1:])
+        return shape.reshape(apply(op, a4, b), (rows,) + tuple(out.shape))
     if db and not da:  # shared @ per-vertex
         if b_rank == 1:  # A @ x for each vertex is X @ Aᵀ for the task
             if a_rank > 2:

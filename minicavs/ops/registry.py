@@ -80,6 +80,7 @@ it eagerly and records it for backward.
 captured parameters); None: "argument i".
 """
 
+import threading
 from collections import namedtuple
 
 import numpy as np
@@ -268,25 +269,47 @@ def _astype_op():
     return OPS["astype"]
 
 
-# A front-end that records ops instead of running them (``minicavs/autobatch``) may take a call
-# before promotion: ``fast_path(op, args, attrs)`` returns the recorded result, or None to let
-# the call go the usual way. It answers only calls whose operands it has seen in this form
-# before and that promotion left unchanged then, so skipping promotion changes nothing.
-_fast_path = None
+class _Recording(threading.local):
+    """A front-end that records ops instead of running them (``minicavs/autobatch``) does so
+    for the thread that opened it, as grad mode and PyTorch's autograd state are per thread:
+    eager code in another thread runs eagerly. Per thread, ``scope`` is the recording scope,
+    ``recorder(op, args, attrs)`` takes the ops on Tensors (``Tensor.__minicavs_apply__``),
+    and ``fast_path(op, args, attrs)`` may take a call before promotion: it returns the
+    recorded result, or None to let the call go the usual way (it answers only calls whose
+    operands it has seen in this form before and that promotion left unchanged then, so
+    skipping promotion changes nothing)."""
+
+    scope = recorder = fast_path = None
 
 
-def set_fast_path(fast_path):
-    """Install ``fast_path`` (see above; None: none)."""
-    global _fast_path
-    _fast_path = fast_path
+recording = _Recording()
+recording_threads = 0  # threads with a recording scope: while none, eager code tests one int
+_recording_lock = threading.Lock()
+
+
+def start_recording(scope, recorder, fast_path):
+    """This thread's ops go to ``scope`` (see :class:`_Recording`) until :func:`stop_recording`."""
+    global recording_threads
+    with _recording_lock:
+        recording.scope, recording.recorder, recording.fast_path = scope, recorder, fast_path
+        recording_threads += 1
+
+
+def stop_recording():
+    global recording_threads
+    with _recording_lock:
+        recording.scope = recording.recorder = recording.fast_path = None
+        recording_threads -= 1
 
 
 def apply(op, *args, **attrs):
     """Apply primitive ``op`` to ``args``: Tensors, Symbols, arrays or Python scalars."""
-    if _fast_path is not None:
-        result = _fast_path(op, args, attrs)
-        if result is not None:
-            return result
+    if recording_threads:
+        fast_path = recording.fast_path
+        if fast_path is not None:
+            result = fast_path(op, args, attrs)
+            if result is not None:
+                return result
     args = promote(op, args)
     if any(is_scalar(a) for a in args):  # a scalar where no promotion applies
         args = tuple(np.asarray(a) if is_scalar(a) else a for a in args)
