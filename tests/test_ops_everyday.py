@@ -330,6 +330,30 @@ def test_cumprod_equals_numpy_and_its_gradient_is_exact_at_zeros():
     same(mc.cumprod(t(i)), np.cumprod(i, dtype=np.int64))  # small integers widen, as cumsum
 
 
+def _grad(fn, x, weights):
+    x = t(x, requires_grad=True)
+    (fn(x) * t(weights)).sum().backward()
+    return x.grad.numpy()
+
+
+def test_running_sum_and_product_gradients_sum_from_the_end_without_cancelling():
+    # The reverse running sum written as sum(g) - cumsum(g) + g lost every small term next
+    # to a large one: [1e8, 1, 1, 1, 1, 1] instead of [1e8 + 5, 5, 4, 3, 2, 1].
+    for dtype, big in ((np.float32, 1e8), (np.float64, 1e17)):
+        w = np.array([big, 1, 1, 1, 1, 1], dtype)
+        got = _grad(mc.cumsum, np.ones(6, dtype), w)
+        np.testing.assert_allclose(got, [big + 5, 5, 4, 3, 2, 1], rtol=1e-6)
+        np.testing.assert_array_equal(got[1:], [5, 4, 3, 2, 1])
+    x = np.array([1000, 1000, 1000, 1e-3, 1e-3, 1e-3, 1], np.float32)
+    exact = [sum(np.prod(np.delete(x.astype(np.float64)[:j + 1], i)) for j in range(i, 7))
+             for i in range(7)]
+    np.testing.assert_allclose(_grad(mc.cumprod, x, np.ones(7, np.float32)), exact, rtol=1e-5)
+    with_zeros = np.array([1000, 0, 1000, 1e-3, 0, 1e-3, 1], np.float64)
+    exact = [sum(np.prod(np.delete(with_zeros[:j + 1], i)) for j in range(i, 7))
+             for i in range(7)]
+    np.testing.assert_allclose(_grad(mc.cumprod, with_zeros, np.ones(7)), exact, rtol=1e-12)
+
+
 @covers("cumargmax", "cumargmin")
 def test_cummax_and_cummin_equal_pytorch_with_ties_and_nans():
     torch = torch_or_skip()
