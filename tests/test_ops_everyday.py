@@ -674,3 +674,65 @@ def test_docs_ops_table_lists_every_public_op():
     assert not public - set(rows), f"add to docs/ops.md: {sorted(public - set(rows))}"
     assert not set(rows) - public, f"not public ops: {sorted(set(rows) - public)}"
     assert all(hasattr(mc, name) for name in rows)  # each is mc.<name> too
+
+
+# --- a 0-d tensor along axis 0 or -1; resampling and rolling with odd arguments ----------------
+
+ALONG_AN_AXIS = {  # op(x, axis) of a 0-d x: NumPy's reductions and squeeze, PyTorch's every op
+    "sum": mc.sum, "mean": mc.mean, "max": mc.max, "min": mc.min, "prod": mc.prod,
+    "var": mc.var, "std": mc.std, "logsumexp": mc.logsumexp, "any": mc.any, "all": mc.all,
+    "argmax": mc.argmax, "argmin": mc.argmin, "softmax": mc.softmax,
+    "log_softmax": mc.log_softmax, "squeeze": mc.squeeze, "cumsum": mc.cumsum,
+    "cumprod": mc.cumprod, "flip": mc.flip, "argsort": mc.argsort,
+    "cummax": lambda x, a: mc.cummax(x, a).values, "cummin": lambda x, a: mc.cummin(x, a).values,
+    "sort": lambda x, a: mc.sort(x, a).values}
+
+
+@pytest.mark.parametrize("name", sorted(ALONG_AN_AXIS))
+def test_a_0d_tensor_takes_axis_0_or_minus_1_and_no_other(name):
+    op = ALONG_AN_AXIS[name]
+    x = np.float64(3.0)
+    for axis in (0, -1):
+        out = op(t(x), axis)
+        like_a_vector = np.asarray(op(t(np.array([x])), 0).numpy()).reshape(())
+        same(out, like_a_vector)
+    for axis in (1, -2):
+        with pytest.raises(mc.ShapeError, match=rf"axis {axis} is out of range for argument 0 "
+                                                r"with 0 dimension\(s\) \(a 0-d argument takes "
+                                                r"axis 0 or -1\)"):
+            op(t(x), axis)
+    if name in ("sum", "mean", "softmax", "logsumexp", "cumsum", "cumprod", "cummax"):
+        assert mc.gradcheck(lambda a: op(a, -1), [np.array(0.7)])
+
+
+def test_interpolate_keeps_an_integer_dtype_in_every_mode():
+    image = (np.arange(16).reshape(1, 1, 4, 4) * 10).astype(np.uint8)
+    for mode, size in (("nearest", (8, 8)), ("bilinear", (8, 8)), ("area", (2, 2))):
+        out = mc.interpolate(t(image), size=size, mode=mode)
+        as_float = mc.interpolate(t(image.astype(np.float64)), size=size, mode=mode).numpy()
+        same(out, np.floor(as_float + 0.5).astype(np.uint8))  # PyTorch's uint8: half up
+    assert mc.interpolate(t(image.astype(np.int64)), scale_factor=2, mode="bilinear").dtype \
+        == np.int64
+
+
+@pytest.mark.parametrize("scale_factor", [float("inf"), float("nan"), -1.0, 0, "2", (2.0,)])
+def test_interpolate_refuses_a_scale_factor_that_is_not_a_finite_positive_number(scale_factor):
+    with pytest.raises(mc.ArgumentError, match=r"interpolate: scale_factor must be finite and "
+                                               r"positive, one or 2 numbers, got "):
+        mc.interpolate(t(np.ones((1, 1, 4, 4), np.float32)), scale_factor=scale_factor)
+
+
+def test_unfold_of_an_empty_batch_is_empty_as_in_pytorch():
+    out = mc.unfold(t(np.zeros((0, 2, 4, 4), np.float32)), 2)
+    assert out.shape == (0, 8, 9) and out.dtype == np.float32
+
+
+@pytest.mark.parametrize("shift, axis, message", [
+    (1.5, 0, "roll: shift must be an int or a tuple of ints, got 1.5"),
+    ((1, 2.5), (0, 1), r"roll: shift must be an int or a tuple of ints, got \(1, 2.5\)"),
+    ("a", 0, "roll: shift must be an int or a tuple of ints, got 'a'"),
+    (1, 0.0, "roll: axis must be an int or a tuple of ints, got 0.0"),
+])
+def test_roll_refuses_shifts_and_axes_that_are_not_ints(shift, axis, message):
+    with pytest.raises(mc.ArgumentError, match=message):
+        mc.roll(t(np.arange(6.0).reshape(2, 3)), shift, axis)

@@ -176,7 +176,9 @@ def prod(x, axis=None, keepdims=False):
 
 
 def _arg(op, x, axis, keepdims):
-    axis = None if axis is None else normalize_axis(op.name, int(axis), len(x.shape))
+    if axis is not None:  # (a 0-d x takes axis 0 or -1: the index of its one element)
+        axis = normalize_axis(op.name, int(axis), len(x.shape), zero_d=True)
+        axis = axis if len(x.shape) else None
     return apply(op, x, axis=axis, keepdims=bool(keepdims))
 
 
@@ -190,9 +192,17 @@ def argmin(x, axis=None, keepdims=False):
     return _arg(ARGMIN, x, axis, keepdims)
 
 
+def on_one_element(fn, x):
+    """``fn`` (an op along axis 0) applied to a 0-d ``x`` as to a vector of one element."""
+    return shape.reshape(fn(shape.reshape(x, (1,)), 0), ())
+
+
 def cumsum(x, axis=-1):
-    """The running sum along ``axis``."""
-    return apply(CUMSUM, _wide_int(x), axis=normalize_axis("cumsum", int(axis), len(x.shape)))
+    """The running sum along ``axis`` (a 0-d x takes axis 0 or -1, as in PyTorch)."""
+    axis = normalize_axis("cumsum", int(axis), len(x.shape), zero_d=True)
+    if not len(x.shape):
+        return on_one_element(cumsum, x)
+    return apply(CUMSUM, _wide_int(x), axis=axis)
 
 
 def mean(x, axis=None, keepdims=False):

@@ -77,16 +77,18 @@ CUMARGMIN = register(Op("cumargmin", _cumarg_forward(False), _infer_cumarg, batc
 
 def cumprod(x, axis=-1):
     """The running product along ``axis`` (bools and small integers as int64, as ``cumsum``)."""
-    return apply(CUMPROD, reduce._wide_int(x),
-                 axis=normalize_axis("cumprod", int(axis), len(x.shape)))
+    axis = normalize_axis("cumprod", int(axis), len(x.shape), zero_d=True)
+    if not len(x.shape):
+        return reduce.on_one_element(cumprod, x)
+    return apply(CUMPROD, reduce._wide_int(x), axis=axis)
 
 
 def _cumulative_extremum(op, name, x, axis):
+    axis = normalize_axis(name, int(axis), len(x.shape), zero_d=True)
     if len(x.shape) == 0:
         x0 = shape.reshape(x, (1,))
         values, indices = _cumulative_extremum(op, name, x0, 0)
         return SortResult(shape.reshape(values, ()), shape.reshape(indices, ()))
-    axis = normalize_axis(name, int(axis), len(x.shape))
     indices = apply(op, x, axis=axis)
     return SortResult(sorting.take_along_axis(x, indices, axis), indices)
 
