@@ -24,6 +24,7 @@ from . import backend, validate
 from .distributed import (DEFAULT_TIMEOUT, DistributedSampler, LocalCommunicator,
                           create_communicator, launched_by_mpi, shard)
 from .data.batches import minibatches  # noqa: F401 (the training loop's, re-exported)
+from .data.tree import DataError
 from .autodiff import Tensor
 from .errors import ArgumentError, MinicavsError
 from .nn import SGD, Adagrad, Adam, CombinedOptimizer, clip_grad_norm
@@ -247,6 +248,18 @@ def best_epoch(history, metric):
     return min(finite)[1] if finite else None
 
 
+def check_something_to_train(model, train, batch_size=256):
+    """A :class:`DataError` unless some sample of ``train`` gives ``model`` a target: one-word
+    trees of a model trained on internal vertices, or a set of only unlabelled phrases, would
+    otherwise "train" for every epoch, change nothing and report success. Stops at the first
+    batch with a target, so real data costs one ``prepare``."""
+    if not any(model.prepare(chunk).num_targets for chunk in minibatches(train, batch_size)):
+        raise DataError(f"nothing to train on: the {len(train)} training samples give "
+                        f"{type(model).__name__} no target (no labelled vertex or word it "
+                        f"trains on; one-word trees, for instance, have no internal vertex: "
+                        f"train on the leaves too, --leaf-loss)")
+
+
 def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=None,
         progress=True, unit="sample", start_epoch=0, eval_batch_size=256, on_epoch_end=None,
         log=None, comm=None, keep_best=None, loss_per="target", on_epoch_start=None,
@@ -275,6 +288,8 @@ def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=N
         validate.integer(value, name, "fit", minimum=low)
     if clip is not None:
         validate.number(clip, "clip", "fit", minimum=0)
+    if epochs > start_epoch:
+        check_something_to_train(model, train, eval_batch_size)
     comm = comm or LocalCommunicator()
     log = log or comm.log
     comm.broadcast_parameters(model.named_parameters())  # names: same shapes, other order

@@ -270,7 +270,7 @@ def test_main_job_trains_saves_and_resumes(tmp_path):
 
 def test_main_job_reports_bad_input_clearly(tmp_path):
     done = _minicavs("train", "tree-lstm", "--data", str(tmp_path / "missing"), cwd=tmp_path)
-    assert done.returncode == 1 and "missing SST file" in done.stdout
+    assert done.returncode == 1 and "missing: does not exist" in done.stdout
     done = _minicavs("train", "tree-lstm", "--resume", str(tmp_path / "none.npz"), "--sizes",
                      "8,8,8", cwd=tmp_path)
     assert done.returncode == 1 and "no checkpoint at" in done.stdout
