@@ -12,6 +12,7 @@ steps of one process with batch N × B (:mod:`minicavs.distributed`).
 """
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -88,6 +89,22 @@ def add_model_arguments(parser, *, embed_dim=64, hidden=64, clip=None):
 _PROBABILITY = validate.real(minimum=0, maximum=1, open_maximum=True)  # a dropout rate, [0, 1)
 
 
+def plot_file(text):
+    """``--plot PNG``, checked when the options are read rather than when the run ends: the
+    file's folder exists and takes a new file, and matplotlib, which draws it, is installed."""
+    directory = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(directory):
+        raise argparse.ArgumentTypeError(f"the folder {directory!r} of {text!r} does not exist")
+    try:
+        validate.writable_file(text, "the plot")
+    except ArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if importlib.util.find_spec("matplotlib") is None:
+        raise argparse.ArgumentTypeError(f"drawing {text!r} needs matplotlib, which is not "
+                                         f"installed (pip install 'minicavs[plot]')")
+    return text
+
+
 def add_language_model_arguments(parser):
     """The options the two language-model examples share: regularisation and curves."""
     parser.add_argument("--dropout", type=_PROBABILITY, default=0.0,
@@ -97,7 +114,7 @@ def add_language_model_arguments(parser):
     parser.add_argument("--tie-weights", action="store_true",
                         help="the softmax layer's weights are the embedding table, transposed "
                              "(Press & Wolf 2017; needs --embed-dim equal to --hidden)")
-    parser.add_argument("--plot", metavar="PNG", default=None,
+    parser.add_argument("--plot", metavar="PNG", type=plot_file, default=None,
                         help="write the training curves (train and held-out loss, held-out "
                              "perplexity per epoch) to this PNG (needs matplotlib: pip "
                              "install 'minicavs[plot]')")
@@ -456,7 +473,7 @@ def add_sst_arguments(parser):
                        help="pretrained vectors in GloVe's text format for the embedding "
                             "(its dimension must be the embedding size; words the file "
                             "lacks keep their random vectors)")
-    group.add_argument("--plot", metavar="PNG", default=None,
+    group.add_argument("--plot", metavar="PNG", type=plot_file, default=None,
                        help="write the training curves (train and dev loss, dev accuracy "
                             "per epoch, one line per seed) to this PNG (needs matplotlib: "
                             "pip install 'minicavs[plot]')")
