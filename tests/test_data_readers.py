@@ -130,13 +130,11 @@ def test_sst_labels_outside_0_to_4_are_refused_with_file_line_and_column(tmp_pat
     assert len(read_sst(path, num_labels=10)) == 2  # another treebank's labels
 
 
-@pytest.mark.parametrize("reader", ["sst", "ptb", "vocabulary"])
+@pytest.mark.parametrize("reader", ["sst", "ptb", "vocabulary", "tags", "vectors"])
 def test_files_that_are_not_utf8_name_the_file_line_and_byte(tmp_path, reader):
     path = tmp_path / "file.txt"
-    first = {"sst": b"(2 (2 a) (3 b))\n", "ptb": b"a b c\n", "vocabulary": b"<unk>\n"}[reader]
-    path.write_bytes(first + "(2 caf\u00e9)\n".encode("latin-1"))
-    read = {"sst": read_sst, "ptb": read_ptb,
-            "vocabulary": Vocabulary.load}[reader]
+    path.write_bytes(GOOD_FIRST_LINE[reader] + "(2 caf\u00e9)\n".encode("latin-1"))
+    read = READERS[reader]
     with pytest.raises(DataError, match=r"file.txt:2:7: byte 0xe9 is not UTF-8 text; the "
                                              r"file must be UTF-8"):
         read(path)
