@@ -19,7 +19,8 @@ from . import data as datasets, validate
 from .errors import CheckpointError, MinicavsError
 from .models import ChildSumTreeLSTMClassifier, TreeLSTMClassifier
 from .nn import Adam, load_checkpoint, save_checkpoint
-from .training import add_common_arguments, fit, format_metrics, prepare_all, setup, throughput
+from .training import (add_common_arguments, check_something_to_train, fit, format_metrics,
+                       prepare_all, setup, throughput)
 
 DEFAULT_LR = 0.005
 MODELS = {"tree-lstm": TreeLSTMClassifier, "child-sum-tree-lstm": ChildSumTreeLSTMClassifier}
@@ -151,6 +152,10 @@ def run(args):
         return comm.fail(f"minicavs train: {exc}")
     model = MODELS[args.model](len(splits.vocab), args.embed_dim, args.hidden, 5,
                                dtype=args.dtype, leaf_loss=args.leaf_loss)
+    try:
+        check_something_to_train(model, splits.train)
+    except MinicavsError as exc:
+        return comm.fail(f"minicavs train: {args.data}: {exc}")
     optimizer = Adam(model.parameters(), lr=DEFAULT_LR if args.lr is None else args.lr)
     hyperparameters = {"model": args.model, "vocab_size": len(splits.vocab),
                        "embed_dim": args.embed_dim, "hidden": args.hidden,

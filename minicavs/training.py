@@ -12,6 +12,7 @@ steps of one process with batch N × B (:mod:`minicavs.distributed`).
 """
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -24,6 +25,7 @@ from . import backend, validate
 from .distributed import (DEFAULT_TIMEOUT, DistributedSampler, LocalCommunicator,
                           create_communicator, launched_by_mpi, shard)
 from .data.batches import minibatches  # noqa: F401 (the training loop's, re-exported)
+from .data.tree import DataError
 from .autodiff import Tensor
 from .errors import ArgumentError, MinicavsError
 from .nn import SGD, Adagrad, Adam, CombinedOptimizer, clip_grad_norm
@@ -87,6 +89,22 @@ def add_model_arguments(parser, *, embed_dim=64, hidden=64, clip=None):
 _PROBABILITY = validate.real(minimum=0, maximum=1, open_maximum=True)  # a dropout rate, [0, 1)
 
 
+def plot_file(text):
+    """``--plot PNG``, checked when the options are read rather than when the run ends: the
+    file's folder exists and takes a new file, and matplotlib, which draws it, is installed."""
+    directory = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(directory):
+        raise argparse.ArgumentTypeError(f"the folder {directory!r} of {text!r} does not exist")
+    try:
+        validate.writable_file(text, "the plot")
+    except ArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if importlib.util.find_spec("matplotlib") is None:
+        raise argparse.ArgumentTypeError(f"drawing {text!r} needs matplotlib, which is not "
+                                         f"installed (pip install 'minicavs[plot]')")
+    return text
+
+
 def add_language_model_arguments(parser):
     """The options the two language-model examples share: regularisation and curves."""
     parser.add_argument("--dropout", type=_PROBABILITY, default=0.0,
@@ -96,7 +114,7 @@ def add_language_model_arguments(parser):
     parser.add_argument("--tie-weights", action="store_true",
                         help="the softmax layer's weights are the embedding table, transposed "
                              "(Press & Wolf 2017; needs --embed-dim equal to --hidden)")
-    parser.add_argument("--plot", metavar="PNG", default=None,
+    parser.add_argument("--plot", metavar="PNG", type=plot_file, default=None,
                         help="write the training curves (train and held-out loss, held-out "
                              "perplexity per epoch) to this PNG (needs matplotlib: pip "
                              "install 'minicavs[plot]')")
@@ -247,6 +265,18 @@ def best_epoch(history, metric):
     return min(finite)[1] if finite else None
 
 
+def check_something_to_train(model, train, batch_size=256):
+    """A :class:`DataError` unless some sample of ``train`` gives ``model`` a target: one-word
+    trees of a model trained on internal vertices, or a set of only unlabelled phrases, would
+    otherwise "train" for every epoch, change nothing and report success. Stops at the first
+    batch with a target, so real data costs one ``prepare``."""
+    if not any(model.prepare(chunk).num_targets for chunk in minibatches(train, batch_size)):
+        raise DataError(f"nothing to train on: the {len(train)} training samples give "
+                        f"{type(model).__name__} no target (no labelled vertex or word it "
+                        f"trains on; one-word trees, for instance, have no internal vertex: "
+                        f"train on the leaves too, --leaf-loss)")
+
+
 def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=None,
         progress=True, unit="sample", start_epoch=0, eval_batch_size=256, on_epoch_end=None,
         log=None, comm=None, keep_best=None, loss_per="target", on_epoch_start=None,
@@ -275,6 +305,8 @@ def fit(model, optimizer, train, dev=None, *, epochs, batch_size, seed=0, clip=N
         validate.integer(value, name, "fit", minimum=low)
     if clip is not None:
         validate.number(clip, "clip", "fit", minimum=0)
+    if epochs > start_epoch:
+        check_something_to_train(model, train, eval_batch_size)
     comm = comm or LocalCommunicator()
     log = log or comm.log
     comm.broadcast_parameters(model.named_parameters())  # names: same shapes, other order
@@ -441,7 +473,7 @@ def add_sst_arguments(parser):
                        help="pretrained vectors in GloVe's text format for the embedding "
                             "(its dimension must be the embedding size; words the file "
                             "lacks keep their random vectors)")
-    group.add_argument("--plot", metavar="PNG", default=None,
+    group.add_argument("--plot", metavar="PNG", type=plot_file, default=None,
                        help="write the training curves (train and dev loss, dev accuracy "
                             "per epoch, one line per seed) to this PNG (needs matplotlib: "
                             "pip install 'minicavs[plot]')")

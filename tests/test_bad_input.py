@@ -3,6 +3,7 @@ sample, vertex or file:line, and what was expected — the cases of the bad-inpu
 (docs/bad_input.md lists them with their outcome)."""
 
 import argparse
+import importlib.util
 import os
 
 import numpy as np
@@ -295,3 +296,48 @@ def test_flag_types_build_on_the_argument_checks():
     with pytest.raises(argparse.ArgumentTypeError, match="must be a number, got 'fast'"):
         validate.real()("fast")
     assert isinstance(build_parser(), argparse.ArgumentParser)
+
+
+# --- data that gives nothing to train on, and options that would fail after the run -----------
+
+def test_the_main_job_names_a_data_folder_that_does_not_exist(tmp_path, capsys):
+    assert main(["train", "tree-lstm", "--data", str(tmp_path / "nowhere"), "--save", "",
+                 "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "nowhere: does not exist" in out and "missing SST file" not in out
+
+
+def test_sst_of_one_word_trees_is_refused_as_nothing_to_train_on(tmp_path, capsys):
+    for name in ("train", "dev", "test"):
+        (tmp_path / f"{name}.txt").write_text("(3 good)\n(1 bad)\n")
+    assert main(["train", "tree-lstm", "--data", str(tmp_path), "--save", "",
+                 "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "nothing to train on: the 2 training samples give TreeLSTMClassifier no target" in out
+    assert "epoch" not in out and "test root accuracy" not in out
+    assert main(["train", "tree-lstm", "--data", str(tmp_path), "--save", "", "--epochs", "1",
+                 "--no-progress", "--leaf-loss"]) == 0  # the leaves' labels: something to learn
+
+
+def _example_parser(name):
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    spec = importlib.util.spec_from_file_location(name, os.path.join(root, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.parse_args
+
+
+@pytest.mark.parametrize("name", ["tree_lstm", "var_lstm_lm"])
+def test_a_plot_that_could_not_be_written_is_refused_before_the_run(name, tmp_path, capsys,
+                                                                    monkeypatch):
+    parse_args = _example_parser(name)
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--plot", str(tmp_path / "no-such-folder" / "curves.png")])
+    assert info.value.code == 2
+    assert "argument --plot: the folder" in capsys.readouterr().err
+    find_spec = importlib.util.find_spec  # as if matplotlib were not installed:
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda module, *a: None if module == "matplotlib" else find_spec(module, *a))
+    with pytest.raises(SystemExit):
+        parse_args(["--plot", str(tmp_path / "curves.png")])
+    assert "needs matplotlib, which is not installed" in capsys.readouterr().err

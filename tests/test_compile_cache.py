@@ -8,6 +8,7 @@ Everything that could hang or crash runs in a subprocess with a short timeout.""
 
 import os
 import pathlib
+import platform
 import shutil
 import subprocess
 import sys
@@ -187,6 +188,25 @@ def test_stale_scratch_files_of_killed_compiles_are_removed(tmp_path, monkeypatc
     assert not any(path.exists() for path in old) and young.exists()
     assert not [p for p in folder.iterdir() if p.name.startswith("fresh") and
                 p.name.endswith(".part")]
+
+
+@needs_native
+def test_scratch_files_of_a_compile_whose_process_ended_are_removed_at_once(tmp_path,
+                                                                            monkeypatch):
+    monkeypatch.setenv("MINICAVS_CACHE_DIR", str(tmp_path))
+    folder = tmp_path / "native"
+    folder.mkdir()
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    host = platform.node()
+    killed = folder / f"levels@{host}@{int(ended.stdout)}@x1.so.part"  # a compile killed now
+    running = folder / f"levels@{host}@{os.getpid()}@x2.so.part"      # this live process's
+    elsewhere = folder / f"levels@another-host@{int(ended.stdout)}@x3.so.part"
+    for path in (killed, running, elsewhere):
+        path.write_bytes(b"half a library")
+    lib, compiled = build.build(_source(8), "again")
+    assert compiled and lib.minicavs_answer() == 8
+    assert not killed.exists() and running.exists() and elsewhere.exists()
 
 
 # --- a compiler that hangs -----------------------------------------------------------------------

@@ -4,6 +4,7 @@ Every file these tests read is written by the tests themselves (into tmp_path); 
 test looks at the real SST folder, and it skips, saying why, where that folder is absent.
 """
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -129,13 +130,11 @@ def test_sst_labels_outside_0_to_4_are_refused_with_file_line_and_column(tmp_pat
     assert len(read_sst(path, num_labels=10)) == 2  # another treebank's labels
 
 
-@pytest.mark.parametrize("reader", ["sst", "ptb", "vocabulary"])
+@pytest.mark.parametrize("reader", ["sst", "ptb", "vocabulary", "tags", "vectors"])
 def test_files_that_are_not_utf8_name_the_file_line_and_byte(tmp_path, reader):
     path = tmp_path / "file.txt"
-    first = {"sst": b"(2 (2 a) (3 b))\n", "ptb": b"a b c\n", "vocabulary": b"<unk>\n"}[reader]
-    path.write_bytes(first + "(2 caf\u00e9)\n".encode("latin-1"))
-    read = {"sst": read_sst, "ptb": read_ptb,
-            "vocabulary": Vocabulary.load}[reader]
+    path.write_bytes(GOOD_FIRST_LINE[reader] + "(2 caf\u00e9)\n".encode("latin-1"))
+    read = READERS[reader]
     with pytest.raises(DataError, match=r"file.txt:2:7: byte 0xe9 is not UTF-8 text; the "
                                              r"file must be UTF-8"):
         read(path)
@@ -171,6 +170,113 @@ def test_load_sst_names_missing_files(tmp_path):
     write(tmp_path / "train.txt", SST_LINES)
     with pytest.raises(DataError, match="missing SST file.*dev.txt, test.txt"):
         load_sst(tmp_path)
+
+
+# -- what every text reader refuses or accepts (minicavs/data/files.py) -------------------------
+
+def _vectors(path):
+    from minicavs.data import load_word_vectors
+    return load_word_vectors(path, Vocabulary(["a", "b"]), np.zeros((3, 2)))
+
+
+def _tagged(path):
+    from minicavs.models.plain import read_tagged
+    return read_tagged(path)
+
+
+READERS = {"sst": read_sst, "ptb": read_ptb, "vocabulary": Vocabulary.load, "tags": _tagged,
+           "vectors": _vectors}
+GOOD_FIRST_LINE = {"sst": b"(2 (2 a) (3 b))\n", "ptb": b"a b c\n", "vocabulary": b"<unk>\n",
+                   "tags": b"a|DT b|NN\n", "vectors": b"a 0.5 1.5\n"}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_every_text_reader_takes_a_byte_order_mark_and_refuses_binary_files(tmp_path, reader):
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_bytes(GOOD_FIRST_LINE[reader])
+    marked.write_bytes(b"\xef\xbb\xbf" + GOOD_FIRST_LINE[reader])  # what Windows editors write
+    read = READERS[reader]
+    first, again = read(plain), read(marked)
+    if reader == "vocabulary":
+        first, again = first.tokens, again.tokens
+    elif reader == "sst":
+        first, again = [t.to_string() for t in first], [t.to_string() for t in again]
+    assert again == first
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(GOOD_FIRST_LINE[reader] + b"PK\x03\x04\x00\x00\n")
+    with pytest.raises(DataError, match=r"binary.txt:2:5: a NUL byte: this is a binary file, "
+                                        r"not text"):
+        read(binary)
+
+
+def test_the_ptb_reader_strips_the_mark_from_the_first_word(tmp_path):
+    path = tmp_path / "ptb.valid.txt"
+    path.write_bytes("\ufeffthe cat\n".encode("utf-8"))
+    assert read_ptb(path) == [["the", "cat", "<eos>"]]
+
+
+@pytest.mark.parametrize("lines", [[], ["", "  ", ""]])
+def test_a_ptb_file_without_a_word_is_refused(tmp_path, lines):
+    path = tmp_path / "ptb.train.txt"
+    path.write_text("\n".join(lines))
+    with pytest.raises(DataError, match=r"ptb.train.txt: no words in it \(\d blank line\(s\)\): "
+                                        r"nothing to train on or evaluate"):
+        read_ptb(path)
+
+
+@pytest.mark.parametrize("label", ["\u0663", "+3", "3_0", "\uff13"])
+def test_sst_labels_are_ascii_digits(tmp_path, label):
+    path = tmp_path / "train.txt"
+    path.write_text(f"(3 (2 a) (4 b))\n({label} (2 good) (2 film))\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"train.txt:2:2: expected an integer label after '\(', "
+                                        rf"found '{re.escape(label)}' \(a label is written in "
+                                        r"ASCII digits\)"):
+        read_sst(path)
+
+
+@pytest.mark.parametrize("line, token", [("a|DT b|\n", "b|"), ("a|DT b\n", "b"),
+                                         ("|NN\n", "|NN")])
+def test_a_tagged_token_needs_a_word_and_a_tag(tmp_path, line, token):
+    path = tmp_path / "tags.txt"
+    path.write_text("the|DT cat|NN\n" + line)
+    with pytest.raises(DataError, match=rf"tags.txt:2: the token {re.escape(repr(token))} is "
+                                        r"not word\|TAG"):
+        _tagged(path)
+    path.write_text("the|DT a|b|NN\n")  # the tag follows the last '|'
+    assert _tagged(path) == [[("the", "DT"), ("a|b", "NN")]]
+
+
+def test_load_sst_says_a_folder_that_does_not_exist_does_not_exist(tmp_path):
+    with pytest.raises(DataError, match=r"nowhere: does not exist"):
+        load_sst(tmp_path / "nowhere")
+    write(tmp_path / "train.txt", SST_LINES)
+    with pytest.raises(DataError, match=r"train.txt: is a file, not a directory"):
+        load_sst(tmp_path / "train.txt")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", r"vectors.txt: holds no word vectors \(an empty file\)"),
+    ("a 0.5 nan\n", r"vectors.txt:1: the vector of 'a' holds 'nan'; word vectors must be finite"),
+    ("b 1 2\na -inf 2\n", r"vectors.txt:2: the vector of 'a' holds '-inf'"),
+])
+def test_word_vectors_that_are_empty_or_not_finite_are_refused(tmp_path, text, message):
+    path = tmp_path / "vectors.txt"
+    path.write_text(text)
+    with pytest.raises(DataError, match=message):
+        _vectors(path)
+
+
+def test_the_binary_tasks_refuse_a_split_left_without_trees(sst_dir):
+    from minicavs.data import sst_task
+
+    write(sst_dir / "dev.txt", ["(2 (2 a) (2 b))", "(2 neutral)"])
+    splits = load_sst(sst_dir)
+    assert len(sst_task(splits, "fine").dev) == 2
+    for task in ("binary", "binary3"):
+        with pytest.raises(DataError, match=rf"--task {task}: all 2 dev trees have a neutral "
+                                            rf"\(or unlabelled\) root, and the {task} task drops "
+                                            r"those: no dev tree is left"):
+            sst_task(splits, task)
 
 
 # -- Tree validation -------------------------------------------------------------------------

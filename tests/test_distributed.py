@@ -214,6 +214,29 @@ def test_ranks_with_different_parameters_all_get_a_clear_error():
         run_ranks(2, work)
 
 
+def test_parameters_are_matched_by_name_not_by_the_order_they_were_made_in():
+    def work(comm):
+        made = dict(zip("ab", _params((3,), (3,))))
+        for name, p in made.items():
+            p.data[:] = {"a": 1.0, "b": 2.0}[name] + 10 * comm.rank
+        pairs = sorted(made.items(), reverse=comm.rank == 1)  # rank 1 made b first
+        comm.broadcast_parameters(pairs)
+        return {name: p.numpy() for name, p in made.items()}
+
+    results, _ = run_ranks(2, work)
+    for values in results:
+        np.testing.assert_array_equal(values["a"], np.full(3, 1.0))
+        np.testing.assert_array_equal(values["b"], np.full(3, 2.0))
+
+    def renamed(comm):
+        params = _params((3,), (3,))
+        comm.broadcast_parameters(zip(["a", "b" if comm.rank == 0 else "c"], params))
+
+    with pytest.raises(DistributedError, match=r"parameter 1 is 'c' \(3,\) float32 on rank 1, "
+                                               r"'b' \(3,\) float32 on rank 0"):
+        run_ranks(2, renamed)
+
+
 def test_optimizer_state_and_counts_reach_every_rank():
     def work(comm):
         params = _params((3,))

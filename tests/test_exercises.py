@@ -49,4 +49,29 @@ def test_the_command_line(tmp_path):
     (tmp_path / "exercises" / "schedule.py").write_text((SOLUTIONS / "schedule.py").read_text())
     passed = run("check", "schedule")
     assert passed.returncode == 0 and "passed" in passed.stdout
-    assert run("check", "no-such-chapter").returncode == 1
+    unknown = run("check", "no-such-chapter")
+    assert unknown.returncode == 2 and "not yet" not in unknown.stderr
+    assert "there is no exercise 'no-such-chapter'; the exercises are: tensors, " in unknown.stderr
+
+
+def test_a_file_that_exits_does_not_pass(tmp_path):
+    """sys.exit(0) ended the checker with status 0, which the command line reads as a pass."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MINICAVS_DEVICE="cpu")
+    exiting = tmp_path / "tensors.py"
+    for body in ("import sys\nsys.exit(0)\n",
+                 "import sys\n\ndef softsign(x):\n    sys.exit(0)\n"):
+        exiting.write_text(body)
+        with pytest.raises(ExerciseFailed, match=r"sys.exit\(0\).*cannot pass it"):
+            exercises.check("tensors", exiting)
+        done = subprocess.run([sys.executable, "-m", "minicavs.exercises", "check", "tensors",
+                               "--file", str(exiting)], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 1 and "tensors: not yet. " in done.stderr, done.stderr
+
+
+def test_a_file_without_the_function_gets_a_verdict_not_a_traceback(tmp_path):
+    empty = tmp_path / "tensors.py"
+    empty.write_text("# nothing written yet\n")
+    with pytest.raises(ExerciseFailed, match=r"your file .*tensors.py defines no function named "
+                                             r"'softsign'"):
+        exercises.check("tensors", empty)

@@ -286,8 +286,9 @@ def test_squeeze_flatten_and_expand_dims():
     with pytest.raises(mc.ShapeError, match=r"op 'squeeze': axis 1 of argument 0 with shape "
                                             r"\(1, 2, 1\) has size 2, not 1"):
         mc.squeeze(t(np.zeros((1, 2, 1))), axis=1)
-    with pytest.raises(mc.ShapeError, match="op 'squeeze': axis 0 is out of range"):
-        mc.squeeze(scalar, axis=0)
+    assert mc.squeeze(scalar, axis=0).shape == ()  # as np.squeeze and torch.squeeze
+    with pytest.raises(mc.ShapeError, match="op 'squeeze': axis 1 is out of range"):
+        mc.squeeze(scalar, axis=1)
     assert mc.flatten(t(np.zeros((2, 3, 4))), 1).shape == (2, 12)
     assert mc.expand_dims(t(np.zeros(3)), -1).shape == (3, 1)
 

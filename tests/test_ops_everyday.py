@@ -330,6 +330,30 @@ def test_cumprod_equals_numpy_and_its_gradient_is_exact_at_zeros():
     same(mc.cumprod(t(i)), np.cumprod(i, dtype=np.int64))  # small integers widen, as cumsum
 
 
+def _grad(fn, x, weights):
+    x = t(x, requires_grad=True)
+    (fn(x) * t(weights)).sum().backward()
+    return x.grad.numpy()
+
+
+def test_running_sum_and_product_gradients_sum_from_the_end_without_cancelling():
+    # The reverse running sum written as sum(g) - cumsum(g) + g lost every small term next
+    # to a large one: [1e8, 1, 1, 1, 1, 1] instead of [1e8 + 5, 5, 4, 3, 2, 1].
+    for dtype, big in ((np.float32, 1e8), (np.float64, 1e17)):
+        w = np.array([big, 1, 1, 1, 1, 1], dtype)
+        got = _grad(mc.cumsum, np.ones(6, dtype), w)
+        np.testing.assert_allclose(got, [big + 5, 5, 4, 3, 2, 1], rtol=1e-6)
+        np.testing.assert_array_equal(got[1:], [5, 4, 3, 2, 1])
+    x = np.array([1000, 1000, 1000, 1e-3, 1e-3, 1e-3, 1], np.float32)
+    exact = [sum(np.prod(np.delete(x.astype(np.float64)[:j + 1], i)) for j in range(i, 7))
+             for i in range(7)]
+    np.testing.assert_allclose(_grad(mc.cumprod, x, np.ones(7, np.float32)), exact, rtol=1e-5)
+    with_zeros = np.array([1000, 0, 1000, 1e-3, 0, 1e-3, 1], np.float64)
+    exact = [sum(np.prod(np.delete(with_zeros[:j + 1], i)) for j in range(i, 7))
+             for i in range(7)]
+    np.testing.assert_allclose(_grad(mc.cumprod, with_zeros, np.ones(7)), exact, rtol=1e-12)
+
+
 @covers("cumargmax", "cumargmin")
 def test_cummax_and_cummin_equal_pytorch_with_ties_and_nans():
     torch = torch_or_skip()
@@ -650,3 +674,65 @@ def test_docs_ops_table_lists_every_public_op():
     assert not public - set(rows), f"add to docs/ops.md: {sorted(public - set(rows))}"
     assert not set(rows) - public, f"not public ops: {sorted(set(rows) - public)}"
     assert all(hasattr(mc, name) for name in rows)  # each is mc.<name> too
+
+
+# --- a 0-d tensor along axis 0 or -1; resampling and rolling with odd arguments ----------------
+
+ALONG_AN_AXIS = {  # op(x, axis) of a 0-d x: NumPy's reductions and squeeze, PyTorch's every op
+    "sum": mc.sum, "mean": mc.mean, "max": mc.max, "min": mc.min, "prod": mc.prod,
+    "var": mc.var, "std": mc.std, "logsumexp": mc.logsumexp, "any": mc.any, "all": mc.all,
+    "argmax": mc.argmax, "argmin": mc.argmin, "softmax": mc.softmax,
+    "log_softmax": mc.log_softmax, "squeeze": mc.squeeze, "cumsum": mc.cumsum,
+    "cumprod": mc.cumprod, "flip": mc.flip, "argsort": mc.argsort,
+    "cummax": lambda x, a: mc.cummax(x, a).values, "cummin": lambda x, a: mc.cummin(x, a).values,
+    "sort": lambda x, a: mc.sort(x, a).values}
+
+
+@pytest.mark.parametrize("name", sorted(ALONG_AN_AXIS))
+def test_a_0d_tensor_takes_axis_0_or_minus_1_and_no_other(name):
+    op = ALONG_AN_AXIS[name]
+    x = np.float64(3.0)
+    for axis in (0, -1):
+        out = op(t(x), axis)
+        like_a_vector = np.asarray(op(t(np.array([x])), 0).numpy()).reshape(())
+        same(out, like_a_vector)
+    for axis in (1, -2):
+        with pytest.raises(mc.ShapeError, match=rf"axis {axis} is out of range for argument 0 "
+                                                r"with 0 dimension\(s\) \(a 0-d argument takes "
+                                                r"axis 0 or -1\)"):
+            op(t(x), axis)
+    if name in ("sum", "mean", "softmax", "logsumexp", "cumsum", "cumprod", "cummax"):
+        assert mc.gradcheck(lambda a: op(a, -1), [np.array(0.7)])
+
+
+def test_interpolate_keeps_an_integer_dtype_in_every_mode():
+    image = (np.arange(16).reshape(1, 1, 4, 4) * 10).astype(np.uint8)
+    for mode, size in (("nearest", (8, 8)), ("bilinear", (8, 8)), ("area", (2, 2))):
+        out = mc.interpolate(t(image), size=size, mode=mode)
+        as_float = mc.interpolate(t(image.astype(np.float64)), size=size, mode=mode).numpy()
+        same(out, np.floor(as_float + 0.5).astype(np.uint8))  # PyTorch's uint8: half up
+    assert mc.interpolate(t(image.astype(np.int64)), scale_factor=2, mode="bilinear").dtype \
+        == np.int64
+
+
+@pytest.mark.parametrize("scale_factor", [float("inf"), float("nan"), -1.0, 0, "2", (2.0,)])
+def test_interpolate_refuses_a_scale_factor_that_is_not_a_finite_positive_number(scale_factor):
+    with pytest.raises(mc.ArgumentError, match=r"interpolate: scale_factor must be finite and "
+                                               r"positive, one or 2 numbers, got "):
+        mc.interpolate(t(np.ones((1, 1, 4, 4), np.float32)), scale_factor=scale_factor)
+
+
+def test_unfold_of_an_empty_batch_is_empty_as_in_pytorch():
+    out = mc.unfold(t(np.zeros((0, 2, 4, 4), np.float32)), 2)
+    assert out.shape == (0, 8, 9) and out.dtype == np.float32
+
+
+@pytest.mark.parametrize("shift, axis, message", [
+    (1.5, 0, "roll: shift must be an int or a tuple of ints, got 1.5"),
+    ((1, 2.5), (0, 1), r"roll: shift must be an int or a tuple of ints, got \(1, 2.5\)"),
+    ("a", 0, "roll: shift must be an int or a tuple of ints, got 'a'"),
+    (1, 0.0, "roll: axis must be an int or a tuple of ints, got 0.0"),
+])
+def test_roll_refuses_shifts_and_axes_that_are_not_ints(shift, axis, message):
+    with pytest.raises(mc.ArgumentError, match=message):
+        mc.roll(t(np.arange(6.0).reshape(2, 3)), shift, axis)

@@ -359,6 +359,11 @@ def test_kind_errors_name_the_sample_and_vertex():
         tagged(batch, pull=X, tag=[0, 1])
     with pytest.raises(mc.DTypeError, match="tag must hold integers"):
         tagged(batch, pull=X, tag=[0.5, 1, 0])
+    by_sign = mc.VertexFunction.by_kind({-1: leaf, 0: leaf, 1: leaf}, by="tag",
+                                        pull_shape=(E,), scatter_shape=(H,), dtype="float64")
+    with pytest.raises(mc.IndexRangeError, match=r"tag 18446744073709551615 of vertex 1 is "
+                                                 r"outside int64"):  # not kind -1's cell
+        by_sign(batch, pull=X, tag=np.array([0, 2**64 - 1, 1], np.uint64))
 
     def pushes(v):
         v.scatter(mc.tanh(v.pull() @ p["W"]))

@@ -13,8 +13,9 @@ for, the ELF size and its SHA-256. Before a cached library is loaded the trailer
 checked; a truncated, empty, junk, swapped (another key's library under this name),
 unreadable or foreign-owned entry is rebuilt, with one warning naming the file. A library is
 written to a unique ``.part`` file, fsync'ed, then renamed over its name, so a reader sees the
-whole old file or the whole new one; ``.part`` files older than :data:`STALE_SECONDS` (left by
-killed compiles) are removed by the next compile. The compiler runs under a time limit
+whole old file or the whole new one; ``.part`` files of killed compiles are removed by the next
+compile: at once where their name's process (host and pid) is gone, else once older than
+:data:`STALE_SECONDS`. The compiler runs under a time limit
 (``MINICAVS_COMPILE_TIMEOUT`` seconds, default :data:`COMPILE_TIMEOUT`): a compiler that hangs
 is killed, with its children, and the error says so and how to run without native code.
 
@@ -323,7 +324,9 @@ def compile_library(source, tag, *, kind, key, commands, failure):
 
 
 def _scratch(folder, tag, suffix):
-    fd, path = tempfile.mkstemp(prefix=f"{tag}-", suffix=suffix, dir=folder)
+    # the writer's host and pid in the name: a later compile removes it once that pid is gone
+    fd, path = tempfile.mkstemp(prefix=f"{tag}@{platform.node()}@{os.getpid()}@", suffix=suffix,
+                                dir=folder)
     os.close(fd)
     return path
 
@@ -348,9 +351,25 @@ def _sync_folder(folder):
         os.close(fd)
 
 
+def _writer_is_gone(name):
+    """Whether the scratch file ``name`` was written by a process of this host that has ended
+    (another host's pids cannot be asked: for them only the age tells)."""
+    parts = name.split("@")
+    if len(parts) < 4 or parts[1] != platform.node() or not parts[2].isdigit():
+        return False
+    try:
+        os.kill(int(parts[2]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        pass
+    return False
+
+
 def _remove_stale_parts(folder):
     """Remove scratch files of compiles that were killed: ``.part`` (and private ``.so``
-    copies) older than :data:`STALE_SECONDS` — a live compile is younger (time-boxed)."""
+    copies) whose writer's process has ended, or older than :data:`STALE_SECONDS` — a live
+    compile is younger (time-boxed)."""
     cutoff = time.time() - max(STALE_SECONDS, 2 * compile_timeout())
     try:
         names = os.listdir(folder)
@@ -360,7 +379,7 @@ def _remove_stale_parts(folder):
         if name.endswith((".part", ".so.private")):
             path = os.path.join(folder, name)
             try:
-                if os.lstat(path).st_mtime < cutoff:
+                if os.lstat(path).st_mtime < cutoff or _writer_is_gone(name):
                     os.remove(path)
             except OSError:
                 pass  # another process removed it first

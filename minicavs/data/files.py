@@ -1,18 +1,34 @@
-"""Text files for the readers: UTF-8 line by line, with errors that name the file and line."""
+"""Text files for the readers: UTF-8 line by line, with errors that name the file and line.
+
+Every text reader (SST, PTB, tagged sentences, word vectors, vocabularies) reads through
+:func:`text_lines`, so each refuses the same things the same way: a file that cannot be
+opened, a binary file (a NUL byte), bytes that are not UTF-8 (Latin-1, UTF-16); and each
+accepts a UTF-8 byte-order mark, which editors on Windows write and which would otherwise
+become part of the first word.
+"""
 
 from .tree import DataError
 
+BOM = b"\xef\xbb\xbf"
+
 
 def text_lines(path):
-    """``(line number, text)`` for every line of the UTF-8 file ``path`` (from 1). A file that
-    cannot be opened, or a line that is not UTF-8, raises :class:`DataError` naming the file,
-    the line and the byte."""
+    """``(line number, text)`` for every line of the UTF-8 file ``path`` (from 1), a leading
+    byte-order mark removed. A file that cannot be opened, a NUL byte (a binary file) or a
+    line that is not UTF-8 raises :class:`DataError` naming the file, the line and the
+    column."""
     try:
         f = open(path, "rb")
     except OSError as exc:
         raise DataError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     with f:
         for number, raw in enumerate(f, start=1):
+            if number == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM):]
+            nul = raw.find(b"\0")
+            if nul >= 0:
+                raise DataError(f"{path}:{number}:{nul + 1}: a NUL byte: this is a binary "
+                                f"file, not text")
             try:
                 yield number, raw.decode("utf-8")
             except UnicodeDecodeError as exc:

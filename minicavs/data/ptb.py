@@ -31,9 +31,14 @@ def read_ptb(path):
     """The sentences of a PTB file as token lists, each ending in ``<eos>``.
 
     Every line is one sentence; a blank line gives ``["<eos>"]``, as the usual reader (which
-    replaces each newline by ``<eos>``) would.
+    replaces each newline by ``<eos>``) would. A file without a word (empty, or only blank
+    lines) is refused: a model trained or scored on it would report a perplexity of nothing.
     """
-    return [line.split() + [EOS] for _, line in text_lines(path)]
+    sentences = [line.split() + [EOS] for _, line in text_lines(path)]
+    if not any(len(s) > 1 for s in sentences):
+        raise DataError(f"{path}: no words in it ({len(sentences)} blank line(s)): nothing to "
+                        f"train on or evaluate")
+    return sentences
 
 
 def load_ptb(directory, vocab=None):

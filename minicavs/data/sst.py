@@ -45,6 +45,7 @@ from .vocab import Vocabulary
 # Tokens are split at ASCII whitespace only: SST has a few words with a no-break space inside
 # (the film title "8\xa01\/2"), which Python's \s would split.
 _TOKEN = re.compile(r"\(|\)|[^ \t\n\r\f\v()]+")
+_LABEL = re.compile(r"-?[0-9]+")
 
 
 def _error(text, token_index, source, line, message):
@@ -83,11 +84,11 @@ def parse_tree(text, vocab=None, *, collapse_unary=True, source="<string>", line
             if root is not None:
                 raise fail(i, "unexpected '(' after the end of the tree (one tree a line)")
             label_token = tokens[i + 1] if i + 1 < count else None
-            try:
-                label = int(label_token)
-            except (TypeError, ValueError):
+            # ASCII digits only: int() also takes '٣', '+3' and '3_0', which no treebank means
+            if label_token is None or not _LABEL.fullmatch(label_token):
                 raise fail(i + 1, f"expected an integer label after '(', found "
-                                  f"{_shown(label_token)}") from None
+                                  f"{_shown(label_token)} (a label is written in ASCII digits)")
+            label = int(label_token)
             if num_labels is not None and not 0 <= label < num_labels:
                 raise fail(i + 1, f"label {label} is out of range (valid: 0..{num_labels - 1})")
             body = tokens[i + 2] if i + 2 < count else None
@@ -160,6 +161,10 @@ def load_sst(directory, *, lowercase=False, min_count=1, collapse_unary=True, nu
     test, vocab)``.
     """
     directory = Path(directory)
+    if not directory.is_dir():
+        raise DataError(f"{directory}: " + ("is a file, not a directory with train.txt, dev.txt "
+                                            "and test.txt" if directory.exists()
+                                            else "does not exist"))
     missing = [n for n in ("train.txt", "dev.txt", "test.txt") if not (directory / n).is_file()]
     if missing:
         raise DataError(f"{directory}: missing SST file(s) {', '.join(missing)}")
@@ -243,17 +248,21 @@ def sst_task(splits, task):
 
     relabel = binary_labels if task == "binary" else ternary_labels
 
-    def binary(trees):
+    def binary(trees, name):
         kept = []
         for tree in trees:
             root = tree.labels[-1]  # the root is the last vertex
             if root >= 0 and root != 2:
                 kept.append(Tree._unchecked(tree.children, tree.words, relabel(tree.labels),
                                             tree.tokens))
+        if trees and not kept:  # refused now, not after training: nothing would be scored
+            raise DataError(f"--task {task}: all {len(trees)} {name} trees have a neutral (or "
+                            f"unlabelled) root, and the {task} task drops those: no {name} "
+                            f"tree is left")
         return kept
 
-    return TreebankSplits(binary(splits.train), binary(splits.dev), binary(splits.test),
-                          splits.vocab)
+    return TreebankSplits(binary(splits.train, "train"), binary(splits.dev, "dev"),
+                          binary(splits.test, "test"), splits.vocab)
 
 
 def polarity(probabilities):

@@ -18,9 +18,10 @@ def load_word_vectors(path, vocab, table):
     keep their values. A vocabulary that lowercases looks its words up lowercased; the first
     vector of a word wins. Returns the number of vocabulary words matched.
 
-    A line whose vector is not ``dim`` values long, or holds a value that is not a number,
-    raises :class:`DataError` naming the file and line (a file of another dimension stops at
-    its first line, before anything is copied).
+    A line whose vector is not ``dim`` values long, or holds a value that is not a finite
+    number (of a word the vocabulary has), raises :class:`DataError` naming the file and line
+    (a file of another dimension stops at its first line, before anything is copied); so does
+    a file without a single vector.
     """
     table = np.asarray(table)
     if table.ndim != 2 or table.shape[0] != len(vocab):
@@ -29,12 +30,14 @@ def load_word_vectors(path, vocab, table):
     dim = table.shape[1]
     rows, vectors = [], []
     seen = set()
+    vector_lines = 0
     for number, line in text_lines(path):
         fields = line.rstrip("\n\r").split(" ")
         if number == 1 and len(fields) == 2 and all(f.isdigit() for f in fields):
             continue  # word2vec's header "count dim"
         if not line.strip():
             continue
+        vector_lines += 1
         word, values = fields[0], [f for f in fields[1:] if f]
         if len(values) != dim:
             raise DataError(f"{path}:{number}: the vector of {word!r} has {len(values)} values; "
@@ -44,12 +47,20 @@ def load_word_vectors(path, vocab, table):
             continue
         row = vocab.lookup(word)
         try:
-            vectors.append(np.array(values, dtype=np.float64))
+            vector = np.array(values, dtype=np.float64)
         except ValueError:
             raise DataError(f"{path}:{number}: the vector of {word!r} holds a value that is "
                             f"not a number") from None
+        if not np.isfinite(vector).all():
+            bad = values[int(np.flatnonzero(~np.isfinite(vector))[0])]
+            raise DataError(f"{path}:{number}: the vector of {word!r} holds {bad!r}; word "
+                            f"vectors must be finite numbers")
+        vectors.append(vector)
         rows.append(row)
         seen.add(row)
+    if not vector_lines:
+        raise DataError(f"{path}: holds no word vectors (an empty file); expected lines "
+                        f"'word value value ...'")
     if rows:
         table[np.array(rows)] = np.stack(vectors).astype(table.dtype)
     return len(rows)

@@ -45,7 +45,9 @@ class Traffic:
 
 def _named(params):
     """``(names, tensors)`` of ``params``: Tensors (named by ``.name``, else None) or
-    ``(name, Tensor)`` pairs."""
+    ``(name, Tensor)`` pairs. Where every one has a name of its own they come sorted by name,
+    so ranks that created their parameters in another order still pair each with its
+    namesake (in creation order, equal shapes would swap values unnoticed)."""
     names, tensors = [], []
     for item in params:
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
@@ -54,6 +56,9 @@ def _named(params):
         else:
             names.append(getattr(item, "name", None))
             tensors.append(item)
+    if all(isinstance(n, str) for n in names) and len(set(names)) == len(names):
+        order = sorted(range(len(names)), key=names.__getitem__)
+        names, tensors = [names[i] for i in order], [tensors[i] for i in order]
     return names, tensors
 
 

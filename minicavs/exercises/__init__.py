@@ -32,9 +32,14 @@ def template_path(name):
     return TEMPLATES / f"{name}.py"
 
 
+class UnknownExercise(ExerciseFailed):
+    """A name that is no exercise's (a mistake in the command, not in the reader's file)."""
+
+
 def _known(name):
     if name not in CHECKS:
-        raise ExerciseFailed(f"no exercise {name!r}; the exercises are: {', '.join(CHECKS)}")
+        raise UnknownExercise(f"there is no exercise {name!r}; the exercises are: "
+                              f"{', '.join(CHECKS)}")
 
 
 def load(path):
@@ -48,6 +53,9 @@ def load(path):
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
+    except SystemExit as stop:
+        raise ExerciseFailed(f"importing {path} called sys.exit({stop.code!r}); a file that "
+                             f"stops the checker cannot pass it") from None
     except Exception as error:
         raise ExerciseFailed(f"importing {path} failed: {type(error).__name__}: {error}") \
             from error
@@ -56,9 +64,20 @@ def load(path):
 
 def check(name, path):
     """Check the reader's file ``path`` for exercise ``name``: returns a message, or raises
-    :class:`ExerciseFailed` saying what is wrong."""
+    :class:`ExerciseFailed` saying what is wrong — also where the file lacks a name the
+    check needs, or stops the checker with ``sys.exit`` (which would exit with status 0)."""
     _known(name)
-    return CHECKS[name][1](load(path))
+    module = load(path)
+    try:
+        return CHECKS[name][1](module)
+    except SystemExit as stop:
+        raise ExerciseFailed(f"your code called sys.exit({stop.code!r}) while it was checked; "
+                             f"a file that stops the checker cannot pass it") from None
+    except AttributeError as error:
+        if error.obj is not module:
+            raise
+        raise ExerciseFailed(f"your file {path} defines no function named {error.name!r} (the "
+                             f"template's; start again from it with --force)") from None
 
 
 def start(name, folder="exercises", force=False):
@@ -96,8 +115,10 @@ def main(argv=None):
         else:
             path = args.file or f"exercises/{args.name}.py"
             print(f"{args.name}: passed. {check(args.name, path)}")
+    except UnknownExercise as failure:
+        print(f"{parser.prog}: {failure}", file=sys.stderr)
+        return 2
     except ExerciseFailed as failure:
-        print(f"{args.name if args.command != 'list' else 'exercises'}: not yet. {failure}",
-              file=sys.stderr)
+        print(f"{args.name}: not yet. {failure}", file=sys.stderr)
         return 1
     return 0

@@ -21,6 +21,8 @@ import numpy as np
 
 from .. import ops
 from ..autodiff import Parameter, tensor
+from ..data.files import text_lines
+from ..data.tree import DataError
 
 
 def _uniform(rng, shape, dtype, scale=None):
@@ -172,13 +174,17 @@ class PlainTreeLSTM(_Plain):
 
 
 def read_tagged(path, limit=None):
-    """Sentences of ``word|TAG word|TAG ...`` lines (the DyNet benchmark's tagging format)."""
+    """Sentences of ``word|TAG word|TAG ...`` lines (the DyNet benchmark's tagging format),
+    as lists of (word, tag); a token without a word or a tag is refused with its file:line."""
     sentences = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            pairs = [tok.rsplit("|", 1) for tok in line.split()]
-            if pairs:
-                sentences.append([(w, t) for w, t in pairs])
-            if limit and len(sentences) >= limit:
-                break
+    for number, line in text_lines(path):
+        pairs = [token.rpartition("|") for token in line.split()]
+        for word, bar, tag in pairs:
+            if not (word and bar and tag):
+                raise DataError(f"{path}:{number}: the token {word + bar + tag!r} is not "
+                                f"word|TAG (a word, '|', a tag, neither empty)")
+        if pairs:
+            sentences.append([(word, tag) for word, _, tag in pairs])
+        if limit and len(sentences) >= limit:
+            break
     return sentences

@@ -48,12 +48,18 @@ LOG_SOFTMAX = register(Op(
 
 def softmax(x, axis=-1):
     """``exp(x) / sum(exp(x))`` along ``axis``, computed shifted by the maximum."""
-    return apply(SOFTMAX, x, axis=normalize_axis("softmax", axis, len(x.shape)))
+    axis = normalize_axis("softmax", axis, len(x.shape), zero_d=True)
+    if not len(x.shape):
+        return reduce.on_one_element(softmax, x)
+    return apply(SOFTMAX, x, axis=axis)
 
 
 def log_softmax(x, axis=-1):
     """``x - logsumexp(x)`` along ``axis``."""
-    return apply(LOG_SOFTMAX, x, axis=normalize_axis("log_softmax", axis, len(x.shape)))
+    axis = normalize_axis("log_softmax", axis, len(x.shape), zero_d=True)
+    if not len(x.shape):
+        return reduce.on_one_element(log_softmax, x)
+    return apply(LOG_SOFTMAX, x, axis=axis)
 
 
 def leaky_relu(x, negative_slope=0.01):

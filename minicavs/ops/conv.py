@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 
-from . import batching, indexing, linalg, reduce, shape
+from . import batching, elementwise, indexing, linalg, reduce, shape
 from ..cpu import conv as native_conv, kernels as native_kernels
 from .registry import Aval, Op, apply, common_dtype, describe, needs_grad, register
 from ..errors import ArgumentError, ShapeError
@@ -688,7 +688,9 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
     ``scale_factor`` (an int/float or one per spatial axis); ``mode`` "nearest" (PyTorch's legacy rule
     floor(dst · scale)), "nearest-exact", "linear" (1 spatial axis), "bilinear" (2), or
     "area" (adaptive average pooling). ``align_corners`` only for the linear modes. With a
-    ``scale_factor`` the source coordinates use 1 / scale_factor, as PyTorch does."""
+    ``scale_factor`` the source coordinates use 1 / scale_factor, as PyTorch does. The result
+    has ``x``'s dtype: the linear and area modes round integers half up, as PyTorch's uint8
+    kernels do, so an image stays an image."""
     name = "interpolate"
     if mode not in _MODES:
         raise ArgumentError(f"{name}: mode must be one of {', '.join(map(repr, _MODES))}, got "
@@ -711,30 +713,37 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
         scales = tuple(np.float32(n) / np.float32(m) if not linear else n / m
                        for n, m in zip(spatial, out))
     else:
-        factors = (scale_factor,) * nd if isinstance(scale_factor, (int, float)) \
-            else tuple(scale_factor)
-        if len(factors) != nd or not builtins.all(f > 0 for f in factors):
-            raise ArgumentError(f"{name}: scale_factor must be positive, one or {nd} values, "
-                                f"got {scale_factor!r}")
+        factors = (scale_factor,) * nd if np.ndim(scale_factor) == 0 else tuple(scale_factor)
+        if len(factors) != nd or not builtins.all(
+                isinstance(f, (_INTEGERS, float, np.floating)) and 0 < f < math.inf
+                for f in factors):
+            raise ArgumentError(f"{name}: scale_factor must be finite and positive, one or "
+                                f"{nd} numbers, got {scale_factor!r}")
         out = tuple(int(math.floor(n * f)) for n, f in zip(spatial, factors))
         if not builtins.all(out):
             raise ShapeError(f"{name}: scale_factor {scale_factor!r} gives an empty output "
                              f"{out} from {spatial}")
         scales = tuple(1.0 / f for f in factors)
+    if mode != "area" and not linear:
+        return _nearest(x, mode, spatial, out, scales)
+    dtype = np.dtype(x.dtype)
     if mode == "area":
-        return _adaptive_avg_pool(name, nd, x, out)
-    for axis, (n, m, scale) in enumerate(zip(spatial, out, scales)):
-        from_end = nd - axis
-        if linear:
-            x = _along(x, _linear_matrix(n, m, scale, bool(align_corners)), from_end,
+        x = _adaptive_avg_pool(name, nd, x, out)
+    else:
+        for axis, (n, m, scale) in enumerate(zip(spatial, out, scales)):
+            x = _along(x, _linear_matrix(n, m, scale, bool(align_corners)), nd - axis,
                        _float_dtype(x))
-        else:
-            # PyTorch's index arithmetic, in float32 as its kernels do it
-            dst = np.arange(m, dtype=np.float32) + np.float32(0.5 if mode == "nearest-exact"
-                                                              else 0.0)
-            src = np.minimum(np.floor(dst * np.float32(scale)).astype(np.int64), n - 1)
-            if m != n or (src != np.arange(n)).any():
-                x = indexing.take(x, src, axis=len(x.shape) - from_end)
+    return x if dtype.kind == "f" else elementwise.astype(elementwise.floor(x + 0.5), dtype)
+
+
+def _nearest(x, mode, spatial, out, scales):
+    nd = len(spatial)
+    for axis, (n, m, scale) in enumerate(zip(spatial, out, scales)):
+        # PyTorch's index arithmetic, in float32 as its kernels do it
+        dst = np.arange(m, dtype=np.float32) + np.float32(0.5 if mode == "nearest-exact" else 0.0)
+        src = np.minimum(np.floor(dst * np.float32(scale)).astype(np.int64), n - 1)
+        if m != n or (src != np.arange(n)).any():
+            x = indexing.take(x, src, axis=len(x.shape) - (nd - axis))
     return x
 
 
@@ -750,8 +759,8 @@ def unfold(x, kernel_size, dilation=1, padding=0, stride=1):
     pads = tuple((p, p) for p in _ints("unfold", "padding", padding, 2, 0))
     _check_fits("unfold", tuple(x.shape[-2:]), kernel, dilation, pads,
                 what=f"the input {describe(x.shape)}")
-    cols = _unfold(x, kernel, stride, dilation, pads)
-    return shape.reshape(cols, lead + (channels * math.prod(kernel), -1))
+    cols = _unfold(x, kernel, stride, dilation, pads)  # (*lead, C, kH, kW, outH, outW)
+    return shape.reshape(cols, lead + (channels * math.prod(kernel), math.prod(cols.shape[-2:])))
 
 
 def fold(cols, output_size, kernel_size, dilation=1, padding=0, stride=1):

@@ -15,7 +15,7 @@ import numpy as np
 from .. import backend
 from . import elementwise as ew, index, shape
 from .registry import describe, normalize_axis
-from ..errors import DTypeError, GraphError, IndexRangeError, ShapeError
+from ..errors import ArgumentError, DTypeError, GraphError, IndexRangeError, ShapeError
 
 _INTEGERS = (int, np.integer)
 
@@ -104,11 +104,11 @@ def flip(x, axis=None):
     """``x`` reversed along ``axis`` (an int, a tuple, or None: every axis)."""
     axes = range(len(x.shape)) if axis is None else (
         (axis,) if isinstance(axis, _INTEGERS) else tuple(axis))
-    axes = [normalize_axis("flip", a, len(x.shape)) for a in axes]
+    axes = [normalize_axis("flip", a, len(x.shape), zero_d=True) for a in axes]
     if len(set(axes)) != len(axes):  # twice reversed would be no flip at all: a mistake
         raise ShapeError(f"op 'flip': repeated axis in {axis}")
     for a in axes:
-        if x.shape[a] > 1:
+        if len(x.shape) and x.shape[a] > 1:  # (a 0-d x, flipped along axis 0 or -1, is x)
             x = take(x, np.arange(x.shape[a] - 1, -1, -1), a)
     return x
 
@@ -279,6 +279,15 @@ def getitem(x, key):
 
 
 
+def _ints_of(opname, name, value):
+    """An int or a sequence of ints as a tuple; anything else (1.5, "a") an ArgumentError."""
+    values = (value,) if np.ndim(value) == 0 else tuple(value)
+    if not all(isinstance(v, _INTEGERS) for v in values):
+        raise ArgumentError(f"{opname}: {name} must be an int or a tuple of ints, got "
+                            f"{value!r}")
+    return values
+
+
 def roll(x, shift, axis=None):
     """``x`` rotated by ``shift`` places along ``axis`` (``numpy.roll``, ``torch.roll``):
     elements pushed off the end come back at the start. ``shift`` and ``axis`` may be tuples
@@ -288,8 +297,8 @@ def roll(x, shift, axis=None):
         if not isinstance(shift, _INTEGERS):
             raise ShapeError(f"roll: without an axis the shift must be one int, got {shift!r}")
         return shape.reshape(roll(shape.reshape(x, (-1,)), shift, 0), tuple(x.shape))
-    shifts = (shift,) if isinstance(shift, _INTEGERS) else tuple(shift)
-    axes = (axis,) if isinstance(axis, _INTEGERS) else tuple(axis)
+    shifts, axes = (_ints_of("roll", name, value) for name, value in (("shift", shift),
+                                                                      ("axis", axis)))
     if len(shifts) != len(axes):
         if len(shifts) != 1:
             raise ShapeError(f"roll: {len(shifts)} shifts for {len(axes)} axes")

@@ -5,7 +5,7 @@ import builtins
 
 import numpy as np
 
-from . import batching, elementwise, shape
+from . import batching, elementwise, indexing, shape
 from .registry import Aval, Op, apply, normalize_axis, normalize_axes, register, result_dtype
 from .rows import FULL, KEEPS
 from ..errors import ArgumentError, ShapeError
@@ -93,9 +93,16 @@ def _batch_arg(op, items, attrs, out):
     return apply(op, x, **dict(attrs, axis=attrs["axis"] + 1))
 
 
+def reverse_cumsum(x, axis):
+    """``sum(x[i:])`` at every i along ``axis``, summed from the end: the shortcut
+    ``sum(x) - cumsum(x) + x`` cancels catastrophically (with weights [1e8, 1, 1] in float32 it
+    gives [1e8, 1, 1] for [1e8 + 2, 2, 1])."""
+    return indexing.flip(cumsum(indexing.flip(x, axis), axis), axis)
+
+
 def _cumsum_vjp(g, out, x, axis):
     # The gradient of a running sum is the running sum from the other end.
-    return (sum(g, axis, keepdims=True) - cumsum(g, axis) + g,)
+    return (reverse_cumsum(g, axis),)
 
 
 SUM = register(Op("sum", lambda xp, x, axes, keepdims: xp.sum(x, axis=axes, keepdims=keepdims),
@@ -169,7 +176,9 @@ def prod(x, axis=None, keepdims=False):
 
 
 def _arg(op, x, axis, keepdims):
-    axis = None if axis is None else normalize_axis(op.name, int(axis), len(x.shape))
+    if axis is not None:  # (a 0-d x takes axis 0 or -1: the index of its one element)
+        axis = normalize_axis(op.name, int(axis), len(x.shape), zero_d=True)
+        axis = axis if len(x.shape) else None
     return apply(op, x, axis=axis, keepdims=bool(keepdims))
 
 
@@ -183,9 +192,17 @@ def argmin(x, axis=None, keepdims=False):
     return _arg(ARGMIN, x, axis, keepdims)
 
 
+def on_one_element(fn, x):
+    """``fn`` (an op along axis 0) applied to a 0-d ``x`` as to a vector of one element."""
+    return shape.reshape(fn(shape.reshape(x, (1,)), 0), ())
+
+
 def cumsum(x, axis=-1):
-    """The running sum along ``axis``."""
-    return apply(CUMSUM, _wide_int(x), axis=normalize_axis("cumsum", int(axis), len(x.shape)))
+    """The running sum along ``axis`` (a 0-d x takes axis 0 or -1, as in PyTorch)."""
+    axis = normalize_axis("cumsum", int(axis), len(x.shape), zero_d=True)
+    if not len(x.shape):
+        return on_one_element(cumsum, x)
+    return apply(CUMSUM, _wide_int(x), axis=axis)
 
 
 def mean(x, axis=None, keepdims=False):

@@ -383,19 +383,25 @@ def require_int(opname, aval, position):
                          f"indices, got dtype {np.dtype(aval.dtype)}")
 
 
-def normalize_axis(opname, axis, ndim, position=0):
-    if not -ndim <= axis < ndim:
+def normalize_axis(opname, axis, ndim, position=0, zero_d=False):
+    """``axis`` as a non-negative int, or a ShapeError. ``zero_d``: a 0-d argument takes axis 0
+    or -1, as if it were a vector of one element (NumPy's reductions and squeeze, PyTorch's
+    ops along a dim); the caller then treats it so, and 0 is returned."""
+    bound = max(ndim, 1) if zero_d else ndim
+    if not -bound <= axis < bound:
+        takes = " (a 0-d argument takes axis 0 or -1)" if zero_d and not ndim else ""
         raise ShapeError(f"op '{opname}': axis {axis} is out of range for argument {position} "
-                         f"with {ndim} dimension(s)")
-    return axis % ndim
+                         f"with {ndim} dimension(s){takes}")
+    return axis % bound
 
 
 def normalize_axes(opname, axis, ndim):
-    """None -> all axes; int or sequence -> sorted tuple of non-negative axes."""
+    """None -> all axes; int or sequence -> sorted tuple of non-negative axes. A 0-d argument
+    takes axis 0 or -1 (as NumPy's reductions and PyTorch do) and has nothing to reduce: ()."""
     if axis is None:
         return tuple(range(ndim))
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
-    out = tuple(sorted({normalize_axis(opname, int(a), ndim) for a in axes}))
+    out = tuple(sorted({normalize_axis(opname, int(a), ndim, zero_d=True) for a in axes}))
     if len(out) != len(axes):
         raise ShapeError(f"op '{opname}': repeated axis in {axis}")
-    return out
+    return out if ndim else ()

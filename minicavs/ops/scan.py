@@ -19,11 +19,6 @@ def _along(op, items, attrs, out):
     return apply(op, items[0][0], **dict(attrs, axis=attrs["axis"] + 1))
 
 
-def _reverse_cumsum(x, axis):
-    """``sum(x[i:])`` at every i along ``axis``."""
-    return reduce.sum(x, axis, keepdims=True) - reduce.cumsum(x, axis) + x
-
-
 def _cumprod_vjp(g, out, x, axis):
     """d out_j / d x_i = prod_{k <= j, k != i} x_k for j >= i. Before the first zero of a
     slice that is out_j / x_i, so the gradient is a reverse running sum of g·out over x_i; at
@@ -33,8 +28,8 @@ def _cumprod_vjp(g, out, x, axis):
     zeros_so_far = reduce.cumsum(ew.astype(zero, np.int64), axis)
     before = ew.equal(zeros_so_far, 0)
     first_zero = ew.logical_and(zero, ew.equal(zeros_so_far, 1))
-    plain = _reverse_cumsum(g * out, axis) / ew.where(before, x, 1)
-    skipping = _reverse_cumsum(g * cumprod(ew.where(first_zero, 1, x), axis), axis)
+    plain = reduce.reverse_cumsum(g * out, axis) / ew.where(before, x, 1)
+    skipping = reduce.reverse_cumsum(g * cumprod(ew.where(first_zero, 1, x), axis), axis)
     return (ew.where(before, plain, ew.where(first_zero, skipping, 0)),)
 
 
@@ -82,16 +77,18 @@ CUMARGMIN = register(Op("cumargmin", _cumarg_forward(False), _infer_cumarg, batc
 
 def cumprod(x, axis=-1):
     """The running product along ``axis`` (bools and small integers as int64, as ``cumsum``)."""
-    return apply(CUMPROD, reduce._wide_int(x),
-                 axis=normalize_axis("cumprod", int(axis), len(x.shape)))
+    axis = normalize_axis("cumprod", int(axis), len(x.shape), zero_d=True)
+    if not len(x.shape):
+        return reduce.on_one_element(cumprod, x)
+    return apply(CUMPROD, reduce._wide_int(x), axis=axis)
 
 
 def _cumulative_extremum(op, name, x, axis):
+    axis = normalize_axis(name, int(axis), len(x.shape), zero_d=True)
     if len(x.shape) == 0:
         x0 = shape.reshape(x, (1,))
         values, indices = _cumulative_extremum(op, name, x0, 0)
         return SortResult(shape.reshape(values, ()), shape.reshape(indices, ()))
-    axis = normalize_axis(name, int(axis), len(x.shape))
     indices = apply(op, x, axis=axis)
     return SortResult(sorting.take_along_axis(x, indices, axis), indices)
 

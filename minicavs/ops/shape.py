@@ -263,8 +263,10 @@ def squeeze(x, axis=None):
     shape = list(x.shape)
     if axis is None:
         return reshape(x, [d for d in shape if d != 1])
-    axes = {normalize_axis("squeeze", int(a), len(shape))
+    axes = {normalize_axis("squeeze", int(a), len(shape), zero_d=True)
             for a in ((axis,) if isinstance(axis, (int, np.integer)) else axis)}
+    if not shape:  # a 0-d x takes axis 0 or -1, as in NumPy and PyTorch, and stays 0-d
+        return x
     for a in sorted(axes):
         if shape[a] != 1:
             raise ShapeError(f"op 'squeeze': axis {a} of argument 0 with shape "

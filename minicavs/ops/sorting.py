@@ -41,10 +41,10 @@ def argsort(x, axis=-1, descending=False, stable=True):
     """The int64 indices that sort ``x`` along ``axis``. Always stable (equal values keep
     their order, descending too: ``stable=False`` promises less, so it gets the same); NaN
     sorts as the largest value. Not differentiable: an index has no gradient."""
+    axis = normalize_axis("argsort", int(axis), len(x.shape), zero_d=True)
     if len(x.shape) == 0:
         x = shape.reshape(x, (1,))
         return shape.reshape(argsort(x, 0, descending), ())
-    axis = normalize_axis("argsort", int(axis), len(x.shape))
     return apply(ARGSORT, x, axis=axis, descending=bool(descending))
 
 
@@ -138,7 +138,7 @@ def sort(x, axis=-1, descending=False, stable=True):
     ``sort`` is the values, ``argsort`` the indices). Stable; the gradient goes to each value's
     place."""
     if len(x.shape) == 0:
-        return SortResult(x, shape.reshape(argsort(x), ()))
+        return SortResult(x, shape.reshape(argsort(x, axis), ()))
     idx = argsort(x, axis, descending)
     return SortResult(take_along_axis(x, idx, axis), idx)
 
@@ -146,7 +146,7 @@ def sort(x, axis=-1, descending=False, stable=True):
 def topk(x, k, axis=-1, largest=True, sorted=True):  # noqa: A002 (PyTorch's name)
     """``(values, indices)`` of the ``k`` largest (``largest=False``: smallest) elements
     along ``axis``, largest first; of equal values the first ones."""
-    axis = normalize_axis("topk", int(axis), max(len(x.shape), 1))
+    axis = normalize_axis("topk", int(axis), len(x.shape), zero_d=True)
     size = x.shape[axis] if len(x.shape) else 1
     if not isinstance(k, (int, np.integer)) or not 0 <= k <= size:
         raise ShapeError(f"topk: k={k!r} must be an int in 0..{size} (the size of axis {axis} "

@@ -68,6 +68,11 @@ def check_tag(tag, batch, name):
     if array.shape != (batch.num_vertices,):
         raise ShapeError(f"{name}: tag has shape {describe(array.shape)}, expected "
                          f"{describe((batch.num_vertices,))} (one per vertex of the batch)")
+    if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
+        # as int64 it would wrap around: 2**64 - 1 would run the cell of kind -1
+        vertex = int(np.argmax(array > np.iinfo(np.int64).max))
+        raise IndexRangeError(f"{name}: tag {int(array[vertex])} of vertex {vertex} is outside "
+                              f"int64, the range of kind tags")
     return array.astype(np.int64)
 
 
