@@ -274,9 +274,18 @@ def test_parameter_gradients_are_handed_over_without_aliasing_the_scope_memory()
 def test_slab_memory_that_cannot_be_had_is_a_clear_error():
     """A segment whose slabs do not fit: OutOfMemoryError with the size, not NumPy's raw
     MemoryError (the free pooled blocks are given back before the retry)."""
-    memory = sys.modules["minicavs.autobatch.memory"]
-    with pytest.raises(mc.OutOfMemoryError, match=r"mc.autobatch: cannot allocate [0-9.]+ MB"):
-        memory.arrays(np, [((10 ** 7, 10 ** 7), np.float64)])
+    from minicavs.runtime.memory import SLABS
+    with pytest.raises(mc.OutOfMemoryError, match=r"mc.autobatch: a forced segment needs "
+                                                  r"[0-9.]+ [kMGT]?B .*more than the memory "
+                                                  r"budget"):
+        SLABS.arrays(np, [((10 ** 7, 10 ** 7), np.float64)])
+    mc.set_memory_budget("1M")  # under the one budget of every front-end
+    try:
+        with pytest.raises(mc.OutOfMemoryError, match=r"needs [0-9.]+ MB .*budget of 1\.0 MB"):
+            with mc.autobatch():
+                mc.tanh(mc.tensor(np.ones((1000, 1000))))
+    finally:
+        mc.set_memory_budget(None)
 
 
 def test_batched_products_run_on_one_pool_of_threads(monkeypatch):
@@ -418,7 +427,7 @@ def test_slab_memory_is_reused_across_steps_but_never_under_a_live_value():
     faults), but a block is handed out again only when no value of it is alive: what a user
     kept from step 1 — the lazy tensor, a row read with ``numpy()`` — reads the same after
     many more steps over other data."""
-    memory = sys.modules["minicavs.autobatch.memory"]
+    from minicavs.runtime.memory import SLABS as memory
     gc.collect()  # (earlier tests' scopes in reference cycles hold blocks until collected)
     rng = np.random.default_rng(8)
     W = mc.Parameter(rng.normal(size=(D, D)))
@@ -438,17 +447,17 @@ def test_slab_memory_is_reused_across_steps_but_never_under_a_live_value():
     for k in range(8):
         hs, _ = step(float(k + 2))
         address = hs[0].numpy().__array_interface__["data"][0]
-        used.update(id(b) for b in memory._blocks
+        used.update(id(b) for b in memory.blocks
                     if b.ctypes.data <= address < b.ctypes.data + b.nbytes)
         del hs
     for h, want in zip(kept, expected):
         np.testing.assert_array_equal(h.numpy(), want)
     np.testing.assert_array_equal(row, expected[2])
     assert 1 <= len(used) <= 2  # pooled, and the later steps reuse a block (not 8 fresh)
-    assert len(memory._blocks) <= 4
+    assert len(memory.blocks) <= 4
     del kept, row, h
     memory.release()
-    assert memory._blocks == []
+    assert memory.blocks == []
 
 @settings(max_examples=60, deadline=None)
 @given(st.data())

@@ -5,6 +5,8 @@ The picture lists the batches of a segment in execution order, one line each: th
 operands were read (``=`` a view of contiguous rows, ``g`` a gather).
 """
 
+from ..runtime import backends
+
 
 def explain(scope, picture=True, max_batches=40):
     lines = [f"autobatch strategy={scope.strategy!r}: {len(scope.segments)} segment(s)"]
@@ -14,6 +16,11 @@ def explain(scope, picture=True, max_batches=40):
         lines.append(
             f"segment {i}: {st['nodes']} nodes -> {st.get('batches', 0)} batches "
             f"(average {st['nodes'] / batches:.1f} nodes per batch)")
+        kernels = {id(b.sig.forward): b.sig.forward for b in seg.plan}.values()
+        fused = sum(bool(k.exe.program.groups) for k in kernels)
+        lines.append(
+            f"  run by the runtime's driver: {backends.static_backend(seg.xp)}; {len(kernels)} "
+            f"batched kernels (Programs), {fused} with fused groups")
         lines.append(
             f"  forward gathers: {st['copies_made']} copied, {st['copies_avoided']} avoided "
             f"(operand rows already contiguous)")

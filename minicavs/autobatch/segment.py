@@ -35,7 +35,8 @@ from .. import backend
 from ..autodiff import versions
 from ..autodiff.tensor import Tensor
 from ..cpu import kernels
-from . import memory, schedule, views
+from ..runtime.memory import SLABS
+from . import schedule, views
 
 
 class _Batch:
@@ -146,7 +147,7 @@ class Segment:
         self.read = list(read.values())
         self.saved = versions.save([t for t, _ in self.read])
         shapes = {v: k for k, v in slab_ids.items()}
-        self.slabs = memory.arrays(xp, [((int(leaf_count[i] + node_count[i]),) + shapes[i][0],
+        self.slabs = SLABS.arrays(xp, [((int(leaf_count[i] + node_count[i]),) + shapes[i][0],
                                          shapes[i][1]) for i in range(num_slabs)])
         for slab, values in zip(self.slabs, members):
             if values:  # (np.array of a list of arrays of one shape stacks them, 10x np.stack)
@@ -211,21 +212,21 @@ class Segment:
                     if aval is not None:
                         if uniform[j][k]:
                             whole = contiguous[j][k]
-                            entry = (id(symbol), first_slab[j][k], first_row[j][k],
+                            entry = (symbol.key, first_slab[j][k], first_row[j][k],
                                      None if whole else rows[a:z, k], None,
                                      views.BY_CODE[first_code[j][k]])
                             self.stats["copies_avoided" if whole else "copies_made"] += 1
                         else:
-                            entry = (id(symbol), None, 0,
+                            entry = (symbol.key, None, 0,
                                      _groups(slabs[a:z, k], codes[a:z, k], rows[a:z, k]),
                                      False, None)
                             self.stats["copies_made"] += 1
                         b.inputs.append(entry)
-                        b.targets[id(symbol)] = entry
+                        b.targets[symbol.key] = entry
                         k += 1
                     elif symbol is not None:
-                        b.shared.append((id(symbol), shared))
-                        b.targets[id(symbol)] = shared
+                        b.shared.append((symbol.key, shared))
+                        b.targets[symbol.key] = shared
                 b.out_slab, b.out_row = out, int(row_of[batches[i][0]])
                 b.env = b.handed = None
                 counts[0] += 1
@@ -269,7 +270,7 @@ class Segment:
                                  self.saved[1] and self.saved[1][i:i + 1]), op_name)
         # Fresh zeros for every backward pass: a second one (retain_graph) must not start from
         # the first one's cotangents.
-        self.gslabs = memory.arrays(self.xp, [(s.shape, s.dtype) for s in self.slabs],
+        self.gslabs = SLABS.arrays(self.xp, [(s.shape, s.dtype) for s in self.slabs],
                                     zero=True)
 
     def seed(self, value, grad):
@@ -376,9 +377,9 @@ class Segment:
         env = {}
         for (f, _), is_row in zip(kernel.refs, kernel.ref_is_row):
             if not is_row or len(terms) == 1:
-                env[id(f)] = terms[0].env[id(f)]
+                env[f.key] = terms[0].env[f.key]
                 continue
-            spans = [b.targets.get(id(f)) for b in terms]  # (an operand read as a view)
+            spans = [b.targets.get(f.key) for b in terms]  # (an operand read as a view)
             view = None
             if any(not isinstance(t, tuple) or t[3] is not None or t[5] is not spans[0][5]
                    for t in spans):  # (one form of view for all, or the values are joined)
@@ -386,7 +387,7 @@ class Segment:
             else:
                 view = spans[0][5]
                 spans = [(t[1], t[2], b.n) for t, b in zip(spans, terms)]
-            env[id(f)] = self._joined(self.slabs, spans, [b.env[id(f)] for b in terms], view)
+            env[f.key] = self._joined(self.slabs, spans, [b.env[f.key] for b in terms], view)
         grads = kernel.run(cotangents, env, total, self.xp)
         self.stats["plus_products"] += 1
         self.stats["plus_products_saved"] += len(terms) - 1

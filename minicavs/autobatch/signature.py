@@ -14,7 +14,6 @@ when it runs. Its backward graphs are derived symbolically from it (``grad_graph
 parameter gradient of ``x @ W`` over a batch is one product Xᵀ·G, as in ∂F.
 """
 
-import contextlib
 import weakref
 from collections import Counter
 
@@ -24,12 +23,12 @@ from ..errors import MinicavsError
 from ..autodiff.symbolic import Graph, Tracer, grad_graph
 from ..autodiff.tensor import Tensor
 from ..locations import format_location, user_location
-from ..ops.batching import VERTICES, has_symbolic_size, instantiate, row_domain
+from ..ops.batching import VERTICES, row_domain
 from ..ops.registry import Aval, apply
+from ..runtime import driver
+from ..runtime.executable import Executable
+from ..runtime.passes import compile_graph
 from ..ops.shape import reshape
-
-
-_nothing = contextlib.nullcontext()
 
 
 # One Aval object per (shape, dtype) among the signatures' outputs: the recorder's caches key a
@@ -216,7 +215,7 @@ class BatchedKernel:
                 out = reshape(apply(sig.op, *args, **sig.attrs), (1,) + tuple(sig.out.shape))
             else:
                 out = sig.op.batch(sig.op, items, sig.attrs, sig.out)
-        if out.kind != "op" or out is not tracer.nodes[-1]:  # (the output must be the last op)
+        if out.kind != "op":  # (an input or a constant passed through: an op writes it)
             with tracer.active():
                 out = out + 0
         # (what ∂ needs of the signature, not the signature: it holds the parameters)
@@ -224,9 +223,18 @@ class BatchedKernel:
         self.shared_grads = sig.shared_grads()
         self.graph = Graph(tracer.nodes, [s for s in self.inputs if s is not None], [out])
         self.output = out
-        self.steps = _steps(self.graph)
-        self._body = (self.steps[0][:-1], self.steps[1])  # all but the last op
+        self._exe = None
         self._backward = {}
+
+    @property
+    def exe(self):
+        """The graph as a Program (``runtime.passes.compile_graph``: fusion), compiled on first
+        use, keeping the values either form of its ∂ reads."""
+        if self._exe is None:
+            keep = {f.key: f for split in (False, True) for k in self.backward(split)
+                    if k is not None for f, _ in k.refs}
+            self._exe = Executable(compile_graph(self.graph, keep=keep.values()))
+        return self._exe
 
     def backward(self, split_shared):
         if split_shared not in self._backward:
@@ -234,21 +242,9 @@ class BatchedKernel:
         return self._backward[split_shared]
 
     def run(self, env, n, xp, out):
-        """Evaluate into ``env`` (input symbol id -> array, filled by the caller), the result
-        into ``out`` (the batch's rows of its slab): the last op writes there directly when it
-        has a writer (``op.into``), saving a copy of every batch's output."""
-        run_steps(self._body, env, n, xp)
-        node, attrs, symbolic, _, inputs, result = self.steps[0][-1]
-        if symbolic:
-            attrs = {k: instantiate(v, n, 0) for k, v in attrs.items()}
-        args = [env[i] for i in inputs]
-        op = node.op
-        if op.into is not None and xp is np and not any(a is out for a in args):
-            with np.errstate(over="ignore", invalid="ignore") if op.quiet_overflow else _nothing:
-                op.into(*args, out, **attrs)
-            env[result] = out
-        else:
-            out[...] = env[result] = op.forward(xp, *args, **attrs)
+        """Evaluate into ``env`` (input symbol key -> array, filled by the caller) through the
+        runtime's driver, the result into ``out`` (the batch's rows of its slab)."""
+        driver.run_static(self.exe, env, xp, n, outs={self.output.key: out})
         return out
 
     def derive(self, split_shared):
@@ -305,44 +301,20 @@ class BackwardKernel:
         self.cotangents = self.graph.cotangents
         self.refs = list(zip(self.graph.forward_refs,
                              self.graph.inputs[len(self.cotangents):]))
-        self.wrt = [id(s) for s in wrt]  # forward input symbol ids, in the order of outputs
+        self.wrt = [s.key for s in wrt]  # forward input symbols, in the order of outputs
         self.outputs = self.graph.outputs
         self.hands_on = len(also)  # trailing outputs: cotangents for the shared kernel
         self.same_as = same_as  # None: the one cotangent is the batch's
-        self.steps = _steps(self.graph)
+        self.exe = Executable(compile_graph(self.graph))
         # Refs with the vertex axis are rows of the batch; others (a parameter) are shared.
         self.ref_is_row = [row_domain(f.shape) is not None for f, _ in self.refs]
 
     def op_names(self):
-        return [step[0].op.name for step in self.steps[0]]
+        return [n.op.name for n in self.graph.nodes if n.kind == "op"]
 
     def run(self, cotangents, forward_env, n, xp):
-        env = {id(c): v for c, v in zip(self.cotangents, cotangents)}
+        env = {c.key: v for c, v in zip(self.cotangents, cotangents)}
         for f, s in self.refs:
-            env[id(s)] = forward_env[id(f)]
-        run_steps(self.steps, env, n, xp)
-        return [env[id(o)] for o in self.outputs]
-
-
-def _steps(graph):
-    """Per op node (node, attrs, whether they hold the symbolic row count, the op's forward,
-    its inputs' and its own keys in the environment), worked out once: a kernel runs for
-    every batch. Constants are bound once."""
-    steps = []
-    for node in graph.nodes:
-        if node.kind == "op":
-            symbolic = any(has_symbolic_size(v) for v in node.attrs.values())
-            steps.append((node, node.attrs, symbolic, node.op.forward,
-                          tuple(id(x) for x in node.inputs), id(node)))
-    consts = {id(n): n.value for n in graph.nodes if n.kind == "const"}
-    return steps, consts
-
-
-def run_steps(steps, env, n, xp):
-    steps, consts = steps
-    if consts:
-        env.update(consts if xp is np else {k: xp.asarray(v) for k, v in consts.items()})
-    for _, attrs, symbolic, forward, inputs, result in steps:
-        if symbolic:
-            attrs = {k: instantiate(v, n, 0) for k, v in attrs.items()}
-        env[result] = forward(xp, *[env[i] for i in inputs], **attrs)
+            env[s.key] = forward_env[f.key]
+        driver.run_static(self.exe, env, xp, n)
+        return [env[o.key] for o in self.outputs]

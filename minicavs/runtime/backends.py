@@ -77,6 +77,16 @@ def _why_not_native(exe):
     return exe.native if isinstance(exe.native, str) else None
 
 
+def static_backend(xp):
+    """What runs a static Program (one eager phase: ``driver.run_static``) on array module
+    ``xp``, in words, as ``explain()`` reports it."""
+    if xp is not np:
+        return f"the interpreter on {xp.__name__}, fused groups as generated kernels"
+    reason = build.unavailable()
+    return ("the interpreter on numpy, fused groups as native loops" if reason is None else
+            f"the interpreter on numpy, fused groups op by op ({reason})")
+
+
 def backend_of(exe):
     """``"native"`` or ``"interpreter (<why>)"`` for ``exe`` on NumPy, as it would run now."""
     if getattr(_state, "off", False):

@@ -24,7 +24,7 @@ from ..cpu import kernels
 from ..cuda import streams
 from . import backends
 from .finite_check import FiniteCheck
-from .interpreter import run_whole
+from .interpreter import run_static_step, run_whole
 
 
 def run(parts, xp):
@@ -53,6 +53,22 @@ def run(parts, xp):
             p.counts, p.backend = (loop.finish(), loop.backend) if loop else ([], None)
         _whole_phase("lazy", parts, schedulers, checks, xp)
     return parts
+
+
+def run_static(exe, env, xp, rows=0, outs=None):
+    """Run ``exe``'s Program of one eager phase (``passes.compile_graph``) on ``env``
+    (``symbol.key -> array``, its inputs bound; its constants are added): the batched kernel
+    of one batch of automatic batching, whose symbolic row count V is ``rows``. ``outs``
+    (``symbol.key -> array``): where outputs are written (a batch's rows of its slab). Debug
+    mode checks each instruction's outputs, as in :func:`run`."""
+    for key, value in exe.constants(xp).items():
+        env.setdefault(key, value)
+    check = FiniteCheck(exe.program, None, env) if debug.enabled and xp is not RECORD else None
+    for ins in exe.program.eager:
+        run_static_step(ins, xp, env, rows, outs)
+        if check:
+            check(ins, env)
+    return env
 
 
 def _whole_phase(phase, parts, schedulers, checks, xp):

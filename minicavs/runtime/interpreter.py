@@ -127,6 +127,12 @@ def run_whole(ins, xp, env, ranges, rows):
             ranges[o.key] = r
 
 
+def run_static_step(ins, xp, env, rows, outs):
+    """An instruction of a static Program over ``rows`` rows (V), its outputs into ``outs``
+    where given."""
+    _compute(ins, xp, env, rows, 0, outs)
+
+
 def _compute(ins, xp, env, n, e, outs=None):
     step = ins.step
     if ins.symbolic:  # attributes recorded with V or E get the task's sizes

@@ -22,6 +22,8 @@ an allocation that fails anyway (:func:`out_of_memory`).
 
 import os
 import re
+import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -300,6 +302,110 @@ def out_of_memory(f, batch, phase, exc, training):
         f"memory budget is {text(memory_budget())}. {_ADVICE}; or lower the budget "
         f"(mc.set_memory_budget, MINICAVS_MEMORY_BUDGET) so that such batches are split into "
         f"sub-batches before they run.")
+
+
+# --- the slabs of automatic batching --------------------------------------------------------
+
+class SlabPool:
+    """Memory for the slabs of automatic batching (``minicavs/autobatch/segment.py``), kept from
+    one forced segment to the next (DyNet's preallocated pools), under the memory budget.
+
+    A training loop opens a scope per mini-batch, and every step's segment needs tens of MB of
+    slabs and as much again of gradient slabs. Memory the process has not touched before costs
+    a page fault per page on first write — on these virtual machines 2.5 µs per 4 kB page, and
+    5–95 ms a step for the BiLSTM tagger's 66 MB (measured) — while memory reused from the
+    previous step costs nothing. So a segment's slabs are carved from one *block*, and the
+    blocks of earlier steps are handed out again.
+
+    A block is handed out again only once nothing references it: every slab is a view of its
+    block, and a NumPy view (of a view, of a row, …) holds a reference to the array that owns
+    the memory, so a block whose only reference is the pool's own list is free. A value a user
+    keeps from an earlier step keeps its block out of the pool for as long as it lives: it is
+    never overwritten. CuPy arrays come from CuPy's own pool."""
+
+    ALIGN = 64  # bytes: every slab starts on a cache line (and a SIMD-aligned address)
+    MAX_BLOCKS = 6  # blocks held at most: a step needs two (values, gradients)
+
+    def __init__(self):
+        self.blocks = []  # 1-D uint8 arrays, owned by the pool
+        self._lock = threading.Lock()  # (a block is free until its first view exists)
+
+    def arrays(self, xp, specs, zero=False):
+        """Arrays of ``specs`` ((shape, dtype) each) carved from one pooled block (NumPy; CuPy:
+        ``xp.empty``/``xp.zeros`` each), refused beyond the memory budget. ``zero``: filled
+        with zeros."""
+        sizes = [-(-int(np.prod(shape)) * np.dtype(dtype).itemsize // self.ALIGN) * self.ALIGN
+                 for shape, dtype in specs]
+        end = sum(sizes)
+        budget = memory_budget()
+        if end > budget:
+            raise self._refusal(end, f"more than the memory budget of {text(budget)}")
+        if xp is not np:
+            make = xp.zeros if zero else xp.empty
+            return [make(shape, dtype) for shape, dtype in specs]
+        offsets = np.cumsum([0] + sizes[:-1]).tolist()
+        with self._lock:
+            block = self._block(end + self.ALIGN)
+            skew = -block.ctypes.data % self.ALIGN
+            views = [block[skew + o:skew + o + int(np.prod(shape)) * np.dtype(dtype).itemsize]
+                     .view(dtype).reshape(shape) for o, (shape, dtype) in zip(offsets, specs)]
+        if zero:
+            block[skew:skew + end].fill(0)
+        return views
+
+    def release(self):
+        """Give the free blocks back (to the allocator); blocks still in use stay until their
+        values are gone."""
+        with self._lock:
+            for i in reversed(range(len(self.blocks))):
+                if self._unused(i):
+                    del self.blocks[i]
+
+    def _unused(self, i):
+        # References: the list's own and getrefcount's argument; any slab or row view adds one.
+        return sys.getrefcount(self.blocks[i]) == 2
+
+    def _block(self, nbytes):
+        """A block of at least ``nbytes`` that nothing references: the smallest free one that
+        fits, else a new one (replacing a free block too small, while the pool is full)."""
+        blocks, best = self.blocks, None
+        for i in range(len(blocks)):
+            size = blocks[i].nbytes
+            if size >= nbytes and self._unused(i) and (best is None or size < blocks[best].nbytes):
+                best = i
+        if best is not None:
+            return blocks[best]
+        block = self._allocate(nbytes)
+        if len(blocks) >= self.MAX_BLOCKS:
+            small = [i for i in range(len(blocks)) if self._unused(i)]
+            if not small:
+                return block  # every block in use (values kept alive): not pooled
+            del blocks[min(small, key=lambda i: blocks[i].nbytes)]
+        blocks.append(block)
+        return block
+
+    def _allocate(self, nbytes):
+        """A new block with room to grow a little; where that fails, the free blocks go back
+        first and exactly ``nbytes`` is tried, then :class:`OutOfMemoryError` says how much."""
+        for size in (nbytes + nbytes // 8, nbytes):
+            try:
+                return np.empty(size, dtype=np.uint8)
+            except MemoryError:
+                for i in reversed(range(len(self.blocks))):
+                    if self._unused(i):
+                        del self.blocks[i]
+        raise self._refusal(nbytes, "which could not be allocated")
+
+    @staticmethod
+    def _refusal(nbytes, why):
+        return OutOfMemoryError(
+            f"mc.autobatch: a forced segment needs {text(nbytes)} for its values (its slabs, "
+            f"or their gradients), {why}. Record fewer samples per block, or force values "
+            f"earlier; or raise the budget (mc.set_memory_budget, MINICAVS_MEMORY_BUDGET) if "
+            f"more memory is free.")
+
+
+SLABS = SlabPool()  # the process's one pool of slabs
 
 
 # --- the buffers of a call ----------------------------------------------------------------

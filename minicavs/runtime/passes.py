@@ -605,6 +605,14 @@ STATIC_OPTIONS = Options(regroup_sums=False, alias_concats=False, zero_rows=Fals
                          inline_windows=False, direct_scatters=False, streams=False)
 
 
+def compile_graph(graph, keep=(), options=STATIC_OPTIONS):
+    """One static graph as a Program of one eager phase, its graph as traced (no rewrites, so
+    its symbols stay those another graph refers to): automatic batching's batched kernels and
+    their ∂ (``minicavs/autobatch/signature.py``). ``keep``: values read after it runs."""
+    return run_passes(Program(graph.name, graph, (), (), (), keep=tuple(keep)), PIPELINE,
+                      options)
+
+
 def compile_static(graph, options=STATIC_OPTIONS):
     """The Programs of a static graph and of its derivative: one eager phase each."""
     forward = run_passes(Program(graph.name, graph, (), (), ()), GRAPH_PASSES, options)
