@@ -66,3 +66,17 @@ def test_the_c_recorder_records_generated_programs_as_the_python_one(codes, seed
         mc.sum(_combine(outs[0], outs[1], p))
 
     _same_recording(program)
+
+
+def test_the_c_recorder_is_refused_when_a_lazy_value_has_a_slot_it_does_not_write():
+    """The C code writes a lazy value's slots by name; a slot added to the Python class alone
+    would be left NULL, so the recorder refuses to start and names it."""
+    from minicavs.autobatch.scope import LazyTensor, LazyView
+
+    native._check_slots(LazyTensor, LazyView)  # today's classes: every slot written
+
+    class Extended(LazyTensor):
+        __slots__ = ("_extra",)
+
+    with pytest.raises(mc.MinicavsError, match=r"does not write slot\(s\) \['_extra'\]"):
+        native._check_slots(Extended, LazyView)

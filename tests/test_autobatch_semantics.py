@@ -237,3 +237,29 @@ def test_a_zero_dimensional_value_is_an_array():
     with mc.autobatch():
         y = mc.sum(W * 2.0)
     assert np.asarray(y).shape == () and float(np.asarray(y)) == 6.0
+
+
+def test_grad_mode_is_per_thread():
+    """Another thread's ``no_grad`` (a data-loading thread) leaves this thread's gradients, in
+    a block and eagerly, as PyTorch's grad mode does."""
+    W = mc.Parameter(np.array([1.0, 2.0]))
+    inside, done = threading.Event(), threading.Event()
+
+    def loader():
+        with mc.no_grad():
+            inside.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=loader)
+    thread.start()
+    inside.wait(10)
+    try:
+        eager = mc.sum(W * 3.0)
+        with mc.autobatch():
+            batched = mc.sum(W * 2.0)
+        assert eager.requires_grad and batched.requires_grad
+    finally:
+        done.set()
+        thread.join(10)
+    (eager + batched.detach()).backward()
+    np.testing.assert_array_equal(W.grad.numpy(), [3.0, 3.0])

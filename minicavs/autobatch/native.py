@@ -16,13 +16,13 @@ compiler, no headers — :func:`recorder` returns None and the scope records in 
 import ctypes
 import functools
 import os
-import sys
 import sysconfig
 
 import numpy as np
 
-from ..autodiff.tensor import Tensor
+from ..autodiff.tensor import Tensor, grad_mode
 from ..cpu import build
+from ..errors import MinicavsError
 from ..ops import registry
 from ..ops.shape import RESHAPE, SLICE_AXIS
 from . import views
@@ -61,7 +61,7 @@ struct Recorder {
   PyObject *known;              // scope._known
   PyTypeObject *lazy, *view, *tensor, *ndarray;
   PyObject *tracing;            // registry.tracing (a list: nonempty while tracing)
-  PyObject *tensor_globals;     // autodiff/tensor.py's globals (_grad_enabled)
+  PyObject *grad_mode;          // autodiff/tensor.py's grad_mode (per thread: .enabled)
   PyObject *slice_op, *reshape_op;
   PyObject *views_by_id;        // views._BY_ID
   PyObject *view_key;           // views.view_key (a form not seen yet)
@@ -74,7 +74,7 @@ struct Recorder {
 };
 
 PyObject *s_start, *s_count, *s_node_depth, *s_active, *s_leaves, *s_leaf_ids, *s_views,
-    *s_grad_enabled, *s_shape, *s_dtype, *s_ndim, *s_kind, *s_str, *s_axis, *s_stop, *s_copy,
+    *s_enabled, *s_shape, *s_dtype, *s_ndim, *s_kind, *s_str, *s_axis, *s_stop, *s_copy,
     *s_array;
 
 Py_ssize_t scope_int(Recorder *r, PyObject *name) {
@@ -292,15 +292,14 @@ PyObject *record_known(Recorder *r, PyObject *op, PyObject *args, PyObject *attr
   if (nargs > 60) Py_RETURN_NONE;
   Py_ssize_t start = scope_int(r, s_start);
   if (start == -1 && PyErr_Occurred()) return nullptr;
-  PyObject *grad_enabled = PyDict_GetItem(r->tensor_globals, s_grad_enabled);
-  if (!grad_enabled) Py_RETURN_NONE;
+  PyObject *grad_enabled = PyObject_GetAttr(r->grad_mode, s_enabled);  // (a new reference)
+  if (!grad_enabled) return nullptr;
   const bool has_attrs = PyDict_GET_SIZE(attrs) > 0;
   PyObject *key = PyTuple_New(2 + nargs + (has_attrs ? 1 : 0));
-  if (!key) return nullptr;
+  if (!key) { Py_DECREF(grad_enabled); return nullptr; }
   Py_INCREF(op);
   PyTuple_SET_ITEM(key, 0, op);
-  Py_INCREF(grad_enabled);
-  PyTuple_SET_ITEM(key, 1, grad_enabled);
+  PyTuple_SET_ITEM(key, 1, grad_enabled);  // (the reference GetAttr made)
   Py_ssize_t sources[64], n = 0, depth = 0;
   bool needs_grad = false;
   for (Py_ssize_t k = 0; k < nargs; ++k) {
@@ -387,7 +386,7 @@ PyObject *recorder_call(PyObject *self, PyObject *args, PyObject *kwargs) {
 void recorder_dealloc(PyObject *self) {
   Recorder *r = reinterpret_cast<Recorder *>(self);
   PyObject_GC_UnTrack(self);
-  for (PyObject **p : {&r->scope, &r->state, &r->known, &r->tracing, &r->tensor_globals,
+  for (PyObject **p : {&r->scope, &r->state, &r->known, &r->tracing, &r->grad_mode,
                        &r->slice_op, &r->reshape_op, &r->views_by_id, &r->view_key, &r->learn,
                        &r->data_dtype, &r->data_code, &r->no_axes})
     Py_CLEAR(*p);
@@ -438,7 +437,7 @@ Py_ssize_t offset_of(PyObject *type, const char *name) {
 }  // namespace
 
 extern "C" PyObject *make_recorder(PyObject *scope, PyObject *types, PyObject *tracing,
-                                   PyObject *tensor_globals, PyObject *ops, PyObject *views) {
+                                   PyObject *grad_mode, PyObject *ops, PyObject *views) {
   // types: (LazyTensor, LazyView, Tensor, ndarray, ViewKey, Signature); ops: (SLICE_AXIS,
   // RESHAPE); views: (views._BY_ID, views.view_key)
   if (!recorder_type) {
@@ -459,7 +458,7 @@ extern "C" PyObject *make_recorder(PyObject *scope, PyObject *types, PyObject *t
     s_leaves = PyUnicode_InternFromString("leaves");
     s_leaf_ids = PyUnicode_InternFromString("_leaf_ids");
     s_views = PyUnicode_InternFromString("views");
-    s_grad_enabled = PyUnicode_InternFromString("_grad_enabled");
+    s_enabled = PyUnicode_InternFromString("enabled");
     s_shape = PyUnicode_InternFromString("shape");
     s_dtype = PyUnicode_InternFromString("dtype");
     s_ndim = PyUnicode_InternFromString("ndim");
@@ -509,7 +508,7 @@ extern "C" PyObject *make_recorder(PyObject *scope, PyObject *types, PyObject *t
     *type_fields[k] = reinterpret_cast<PyTypeObject *>(t);
   }
   Py_INCREF(tracing); r->tracing = tracing;
-  Py_INCREF(tensor_globals); r->tensor_globals = tensor_globals;
+  Py_INCREF(grad_mode); r->grad_mode = grad_mode;
   r->slice_op = PyTuple_GET_ITEM(ops, 0); Py_INCREF(r->slice_op);
   r->reshape_op = PyTuple_GET_ITEM(ops, 1); Py_INCREF(r->reshape_op);
   r->views_by_id = PyTuple_GET_ITEM(views, 0); Py_INCREF(r->views_by_id);
@@ -559,13 +558,33 @@ def _build():
     return make, None
 
 
+# The slots of a lazy value the C code writes (``fresh``, ``make_view``), checked against the
+# classes (``_check_slots``): one added to Tensor or LazyTensor and not written there would be
+# left NULL, so a slot change must be made in both places, and the check says so.
+_WRITTEN = {"_scope", "_index", "_depth", "_aval", "_value", "_versions", "_creator", "grad",
+            "name", "requires_grad"}
+_WRITTEN_BY_VIEW = _WRITTEN | {"_base", "_key"}
+
+
+@functools.lru_cache(maxsize=None)
+def _check_slots(lazy, view):
+    for cls, written in ((lazy, _WRITTEN), (view, _WRITTEN_BY_VIEW)):
+        # (``_array``: a lazy value's is a property, the slot it shadows is never read)
+        slots = {s for k in cls.__mro__ for s in getattr(k, "__slots__", ())}
+        missing = slots - written - {"__weakref__", "_array"}
+        if missing:
+            raise MinicavsError(f"autobatch/native.py: the C recorder does not write slot(s) "
+                                f"{sorted(missing)} of {cls.__name__}; write them in fresh() "
+                                f"or make_view() and add them to _WRITTEN")
+
+
 def recorder(scope, lazy_types):
     """The C fast path for ``scope`` (an ``AutoBatch``) whose values are of ``lazy_types``
     (``LazyTensor``, ``LazyView``), or None (record in Python)."""
     make = _library()
     if make is None:
         return None
-    tensor_globals = sys.modules[Tensor.__module__].__dict__
+    _check_slots(*lazy_types)
     return make(scope, (*lazy_types, Tensor, np.ndarray, views.ViewKey, Signature),
-                registry.tracing, tensor_globals, (SLICE_AXIS, RESHAPE),
+                registry.tracing, grad_mode, (SLICE_AXIS, RESHAPE),
                 (views._BY_ID, views.view_key))

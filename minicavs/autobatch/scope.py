@@ -15,13 +15,12 @@ data. ``backward()`` runs the segments in reverse, each batched as its forward w
 """
 
 import bisect
-import sys
 import time
 
 import numpy as np
 
 from .. import backend
-from ..autodiff.tensor import Tensor, is_grad_enabled
+from ..autodiff.tensor import Tensor, grad_mode, is_grad_enabled
 from ..errors import ArgumentError, MinicavsError, ShapeError, UnsupportedError
 from ..locations import format_location, user_location
 from ..ops import registry
@@ -38,9 +37,6 @@ from .views import view_key
 # its parameters is collected (a key names parameters by id, which a new object may reuse).
 _LEARNED = {}  # key -> (full key, detached Signature, the avals the key names, _forms(args))
 _LEARNED_KEPT = 4096
-# The module of Tensor, whose _grad_enabled the hot path reads directly (``minicavs.autodiff``
-# exports a function named ``tensor``, so the module is taken from sys.modules).
-_tensor = sys.modules[Tensor.__module__]
 
 
 class LazyTensor(Tensor):
@@ -246,7 +242,7 @@ class AutoBatch:
             view = self._view(op, args[0], attrs)
             if view is not None:
                 return view
-        parts, sources, depth, needs_grad = [op, _tensor._grad_enabled], [], 0, False
+        parts, sources, depth, needs_grad = [op, grad_mode.enabled], [], 0, False
         start = self.start
         for a in args:
             kind = type(a)

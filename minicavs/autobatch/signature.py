@@ -25,10 +25,10 @@ from ..autodiff.tensor import Tensor
 from ..locations import format_location, user_location
 from ..ops.batching import VERTICES, row_domain
 from ..ops.registry import Aval, apply
+from ..ops.shape import reshape
 from ..runtime import driver
 from ..runtime.executable import Executable
 from ..runtime.passes import compile_graph
-from ..ops.shape import reshape
 
 
 # One Aval object per (shape, dtype) among the signatures' outputs: the recorder's caches key a

@@ -13,6 +13,7 @@ and refusing is better than silently producing gradients from a half-released gr
 """
 
 import contextlib
+import threading
 import weakref
 
 import numpy as np
@@ -24,31 +25,37 @@ from ..ops.operators import OperatorMixin
 from . import debug, inplace, versions
 from ..locations import user_location
 
-_grad_enabled = True
+class _GradMode(threading.local):
+    """Whether ops are recorded for autodiff: per thread, as in PyTorch (a data-loading
+    thread's ``no_grad`` must not switch off the training thread's gradients)."""
+
+    enabled = True
+
+
+grad_mode = _GradMode()
+
 
 @contextlib.contextmanager
 def no_grad():
     """Within this block ops are not recorded: nothing can be differentiated, nothing is kept."""
-    global _grad_enabled
-    previous, _grad_enabled = _grad_enabled, False
+    previous, grad_mode.enabled = grad_mode.enabled, False
     try:
         yield
     finally:
-        _grad_enabled = previous
+        grad_mode.enabled = previous
 
 
 @contextlib.contextmanager
 def enable_grad():
-    global _grad_enabled
-    previous, _grad_enabled = _grad_enabled, True
+    previous, grad_mode.enabled = grad_mode.enabled, True
     try:
         yield
     finally:
-        _grad_enabled = previous
+        grad_mode.enabled = previous
 
 
 def is_grad_enabled():
-    return _grad_enabled
+    return grad_mode.enabled
 
 
 _RELEASED = object()  # marks a tensor whose recorded graph a backward() has released
@@ -251,7 +258,7 @@ class Tensor(OperatorMixin):
         outputs = [Tensor(r) for r in result] if op.multi_output else [Tensor(result)]
         if debug.enabled:
             debug.check_eager(op, inputs, outputs)
-        if _grad_enabled and op.vjp is not None and any(
+        if grad_mode.enabled and op.vjp is not None and any(
                 t.requires_grad for i, t in enumerate(inputs) if i not in op.nondiff_args):
             record = _Record(op, inputs, attrs, outputs)
             for index, out in enumerate(outputs):
