@@ -150,9 +150,14 @@ class Segment:
         self.slabs = SLABS.arrays(xp, [((int(leaf_count[i] + node_count[i]),) + shapes[i][0],
                                          shapes[i][1]) for i in range(num_slabs)])
         for slab, values in zip(self.slabs, members):
-            if values:  # (np.array of a list of arrays of one shape stacks them, 10x np.stack)
-                slab[:len(values)] = np.array(values) if xp is np else \
-                    xp.stack([xp.asarray(v) for v in values])
+            if not values:
+                continue
+            # (np.array of a list of arrays of one shape stacks them, 10x np.stack; on a GPU
+            # the host's data — word ids, labels — goes over in one copy, not one per leaf)
+            if xp is np or all(type(v) is np.ndarray for v in values):
+                slab[:len(values)] = xp.asarray(np.array(values))
+            else:
+                slab[:len(values)] = xp.stack([xp.asarray(v) for v in values])
         self.plan = self._plan_batches(batches, active, sig_of, tables, position, lookup,
                                        value_slab, out_slab, row_of)
         self.stats["batches"] = len(batches)
