@@ -21,6 +21,11 @@ def _import_cupy():
     """Return the cupy module or None, importing it at most once."""
     global _cupy
     if _cupy is None:
+        if cuda_emulated():  # the whole CUDA path on the CPU (minicavs/cuda/emulated.py)
+            from .cuda import emulated
+
+            _cupy = emulated.cupy
+            return _cupy
         try:
             import cupy  # noqa: F401  (the one import of cupy outside minicavs/cuda/)
 
@@ -28,6 +33,11 @@ def _import_cupy():
         except Exception:  # ImportError, or a CUDA library that fails to load
             _cupy = False
     return _cupy or None
+
+
+def cuda_emulated():
+    """Whether ``MINICAVS_CUDA_EMULATE=1`` asks for the emulated CUDA device (no GPU needed)."""
+    return os.environ.get("MINICAVS_CUDA_EMULATE", "").strip() == "1"
 
 
 def cupy_or_error():

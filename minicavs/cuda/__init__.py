@@ -16,6 +16,8 @@
 * ``nccl``     — NCCL through ``cupy.cuda.nccl`` for the data-parallel all-reduce of
   ``minicavs.distributed`` (unique id over MPI, in-place collectives waited on with a deadline);
 * ``cupyx_ops`` — the ``cupyx`` functions the ops call on CuPy arrays (nothing else names cupyx);
+* ``emulated`` — the emulated CUDA device (``MINICAVS_CUDA_EMULATE=1``): a CuPy stand-in on
+  host arrays, kernels through the shim, every launch counted for ``explain()``;
 * ``doctor``   — ``python -m minicavs doctor``: what is installed, what is missing, and one
   kernel compiled as CuPy compiles it and run through the shim and, where there is one, the GPU.
 

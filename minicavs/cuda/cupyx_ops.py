@@ -5,6 +5,12 @@ CuPy is installed when they run)."""
 
 def special():
     """``cupyx.scipy.special``: the GPU twin of ``scipy.special`` (erf, gammaln, ...)."""
+    from ..backend import cuda_emulated
+
+    if cuda_emulated():
+        from .emulated import special
+
+        return special
     import cupyx.scipy.special
 
     return cupyx.scipy.special
@@ -12,6 +18,12 @@ def special():
 
 def scatter_add(target, index, values):
     """``target[index[i]] += values[i]``, repeated indices adding up (``cupyx.scatter_add``)."""
+    from ..backend import cuda_emulated
+
+    if cuda_emulated():
+        from .emulated import scatter_add as emulated_scatter_add
+
+        return emulated_scatter_add(target, index, values)
     import cupyx
 
     cupyx.scatter_add(target, index, values)

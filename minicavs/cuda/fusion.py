@@ -312,7 +312,9 @@ class CupyFusedKernel(GeneratedFusedKernel):
     group with the same signature and dtype). The executor's factory for ``"cupy"``."""
 
     def _launch(self, plan, inputs, results):
-        from cupy.cuda.compiler import CompileException
+        from ..backend import _import_cupy  # CuPy's, or the emulated device's
+
+        CompileException = _import_cupy().cuda.compiler.CompileException
 
         kernel = _elementwise_kernel(self.source)
         try:
@@ -323,9 +325,10 @@ class CupyFusedKernel(GeneratedFusedKernel):
 
 @functools.lru_cache(maxsize=None)
 def _elementwise_kernel(source):
-    import cupy  # lazily: only CuPy arrays reach here
-
+    from ..backend import _import_cupy  # lazily: only CuPy (or emulated) arrays reach here
     from . import nvrtc
+
+    cupy = _import_cupy()
     from .errors import ToolchainError
 
     try:  # let CuPy < 14 find the NVRTC wheel too (see nvrtc.py)

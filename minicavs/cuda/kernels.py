@@ -298,9 +298,10 @@ def all_kernel_sources():
 
 @functools.lru_cache(maxsize=None)
 def _raw_kernel(kernel, dtype):
-    import cupy  # lazily: importing minicavs.cuda never needs CuPy
-
+    from ..backend import _import_cupy  # lazily (and the emulated device when asked for)
     from . import nvrtc
+
+    cupy = _import_cupy()
     from .errors import ToolchainError
 
     try:  # let CuPy < 14 find the NVRTC wheel too (see nvrtc.py)
@@ -363,9 +364,9 @@ def _pick_runner(kernel, runner, arrays):
 
 def _xp(runner):
     if runner == "cupy":
-        import cupy
+        from ..backend import _import_cupy
 
-        return cupy
+        return _import_cupy()
     return np
 
 

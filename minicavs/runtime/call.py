@@ -44,6 +44,7 @@ class Part:
     counts: list = None
     backend: str = None
     store: dict = None  # pooled buffers held until release() (∂F: for the time of backward)
+    level_launches: dict = None  # launches in the level loop by category (where counted)
 
     @property
     def program(self):
@@ -218,4 +219,21 @@ def stats(batch, counts, seconds):
             "vertices_per_level": np.diff(batch.level_offsets).tolist(),
             "forward_ops_per_level": counts, "backward_ops_per_level": None,
             "scheduling_seconds": batch.build_seconds, "forward_seconds": seconds,
-            "backward_seconds": None, "forward_backend": None, "backward_backend": None}
+            "backward_seconds": None, "forward_backend": None, "backward_backend": None,
+            "forward_launches_per_level": None, "backward_launches_per_level": None}
+
+
+def launches_per_level(parts, num_levels):
+    """GPU launches (kernels + library calls + copies) in the level loop of ``parts`` per level
+    step, and the same by category; ``(None, None)`` where launches are not counted (NumPy, or
+    a real GPU: only the emulated device counts them so far)."""
+    counted = [p.level_launches for p in parts if p.level_launches is not None]
+    if not counted or len(counted) < len(parts):
+        return None, None
+    steps = max(num_levels, 1)
+    by_category = {}
+    for launches in counted:
+        for what, n in launches.items():
+            by_category[what] = by_category.get(what, 0) + n
+    return (sum(by_category.values()) / steps,
+            {what: n / steps for what, n in sorted(by_category.items())})

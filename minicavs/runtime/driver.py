@@ -47,8 +47,15 @@ def run(parts, xp):
             p.publish_state()
         loops = [backends.level_loop(p, xp, c) if p.rows is not None else None
                  for p, c in zip(parts, checks)]
+        counter = getattr(xp, "launch_counter", None)  # the emulated device counts launches
+        for p in parts:
+            p.level_launches = {} if counter is not None else None
         for k, first, stop in level_runs(parts):
+            before = counter.snapshot() if counter is not None else None
             loops[k].run(first, stop)
+            if counter is not None:
+                for what, n in counter.since(before).items():
+                    parts[k].level_launches[what] = parts[k].level_launches.get(what, 0) + n
         for p, loop in zip(parts, loops):
             p.counts, p.backend = (loop.finish(), loop.backend) if loop else ([], None)
         _whole_phase("lazy", parts, schedulers, checks, xp)

@@ -341,6 +341,8 @@ class VertexFunction(BatchedFunction):
         result = call.take_rows(xp, part.output, rows.row_of)
         record.stats = call.stats(batch, part.counts, time.perf_counter() - started)
         record.stats["forward_backend"] = part.backend
+        record.stats["forward_launches_per_level"], record.stats["forward_launches_by_category"] = (
+            call.launches_per_level([part], batch.num_levels))
         self._last_stats = record.stats
         return result
 
@@ -367,6 +369,8 @@ class VertexFunction(BatchedFunction):
         record.stats.update(backward_seconds=time.perf_counter() - started,
                             backward_ops_per_level=part.counts[::-1],
                             backward_backend=part.backend)
+        record.stats["backward_launches_per_level"], record.stats["backward_launches_by_category"] = (
+            call.launches_per_level([part], batch.num_levels))
         return grads
 
     def _gradients(self, xp, grad_of, rows):

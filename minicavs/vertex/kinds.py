@@ -377,6 +377,8 @@ class KindedFunction(BatchedFunction):
                 "forward_ops_per_level": part.counts, "backward_ops_per_level": None,
                 "forward_backend": part.backend, "backward_backend": None}
         stats["forward_backend"] = _one_backend(self._named(kinds, parts))
+        stats["forward_launches_per_level"], stats["forward_launches_by_category"] = (
+            call.launches_per_level(parts, batch.num_levels))
         return stats
 
     def _named(self, kinds, parts):
@@ -415,6 +417,8 @@ class KindedFunction(BatchedFunction):
             kind["backward_backend"] = part.backend
         record.stats["backward_backend"] = _one_backend(self._named(kinds, parts))
         record.stats["backward_seconds"] = time.perf_counter() - started
+        record.stats["backward_launches_per_level"], record.stats["backward_launches_by_category"] = (
+            call.launches_per_level(parts, record.stats["levels"]))
         return grads
 
     def _gradients(self, xp, n, kinds, parts):

@@ -1,0 +1,100 @@
+"""GPU launches per level of the benchmark models, on the emulated CUDA device (issue 41).
+
+    MINICAVS_CUDA_EMULATE=1 python benchmarks/cuda_launches.py [--workloads tree_lstm,var_lstm]
+
+Each workload's model (``benchmarks/systems/minicavs_cpu.py``, device ``"cuda"``) trains for
+``--steps`` mini-batches of 64 samples; the table gives, from ``F.explain()`` of the last step,
+the launches (kernels + library calls + copies + NumPy-forwarded elementwise calls) per level
+step of F and of ∂F, by category, and the host seconds per level step (the emulation's: the
+shim and NumPy on this CPU, not a GPU's time). The loss of the first step is compared with the
+NumPy backend's. Launches, not FLOPs, are the GPU's cost at these sizes (DESIGN.md), so these
+counts are what GPU speed work is measured by. On a real GPU (no emulation) the counts are not
+available yet and the table says so.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from benchmarks import common  # noqa: E402
+from benchmarks.systems import minicavs_cpu  # noqa: E402
+
+DEFAULT = "tree_lstm,tree_fc,var_lstm,tree_rnn,rntn"
+
+
+def first_loss(data, params, device):
+    import minicavs as mc
+
+    mc.set_device(device)
+    F, parameters, prepare, loss_of = minicavs_cpu.build(data, params)
+    loss = loss_of(*prepare(data["batches"][0]))
+    return float(loss.item())
+
+
+def measure(data, params, steps):
+    import minicavs as mc
+
+    mc.set_device("cuda")
+    F, parameters, prepare, loss_of = minicavs_cpu.build(data, params)
+    optimizer = mc.nn.Adam(parameters, lr=1e-3)
+    stats = None
+    for samples in data["batches"][:steps]:
+        optimizer.zero_grad()
+        loss = loss_of(*prepare(samples))
+        loss.backward()
+        optimizer.step()
+        loss.item()
+        stats = dict(F.explain())
+    return stats
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workloads", default=DEFAULT)
+    parser.add_argument("--size", type=int, default=128, help="samples loaded per workload")
+    parser.add_argument("--steps", type=int, default=2, help="mini-batches trained")
+    args = parser.parse_args(argv)
+    from minicavs import backend
+
+    if not backend.cuda_emulated():
+        print("note: MINICAVS_CUDA_EMULATE is not 1: counts need the emulated device")
+    rows = []
+    for name in args.workloads.split(","):
+        data = common.load_workload(name, args.size)
+        params = common.init_params(data)
+        cpu, cuda = first_loss(data, params, "cpu"), first_loss(data, params, "cuda")
+        stats = measure(data, params, args.steps)
+        levels = stats["levels"]
+        rows.append((name, data["hidden"], levels, stats["forward_launches_per_level"],
+                     stats["backward_launches_per_level"],
+                     stats.get("forward_launches_by_category"),
+                     stats.get("backward_launches_by_category"),
+                     stats["forward_seconds"] / levels, stats["backward_seconds"] / levels,
+                     abs(cpu - cuda) / max(abs(cpu), 1.0)))
+    print(f"{'workload':<14}{'H':>5}{'levels':>8}{'fwd/level':>11}{'bwd/level':>11}"
+          f"{'fwd ms/level':>14}{'bwd ms/level':>14}{'loss rel. diff':>16}")
+    for name, h, levels, fwd, bwd, _, _, fs, bs, diff in rows:
+        show = (lambda x: "n/a" if x is None else f"{x:.2f}")  # noqa: E731
+        print(f"{name:<14}{h:>5}{levels:>8}{show(fwd):>11}{show(bwd):>11}"
+              f"{fs * 1e3:>14.2f}{bs * 1e3:>14.2f}{diff:>16.1e}")
+    print("\nby category (per level step):")
+    for name, *_, fcat, bcat, _, _, _ in rows:
+        print(f"  {name}: forward {_fmt(fcat)}; backward {_fmt(bcat)}")
+
+
+def _fmt(categories):
+    if not categories:
+        return "n/a"
+    return ", ".join(f"{k} {v:.2f}" for k, v in categories.items())
+
+
+if __name__ == "__main__":
+    started = time.perf_counter()
+    main()
+    print(f"\n({time.perf_counter() - started:.0f} s)")
+    np.seterr(all="warn")

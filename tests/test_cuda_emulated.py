@@ -1,0 +1,210 @@
+"""The emulated CUDA device (issue 41; minicavs/cuda/emulated.py): the CUDA path on the CPU.
+
+The end-to-end checks run in a subprocess with ``MINICAVS_CUDA_EMULATE=1`` (the backend reads
+it when CuPy is first asked for, and keeps the module it chose for the process): one worker
+runs every scenario and prints JSON, which the tests below read. The emulated module's own
+pieces (kernels through the shim, counting, host/device mixing) are tested in-process: using
+``emulated.cupy`` directly changes no global state.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minicavs.cuda import emulated
+
+ROOT = Path(__file__).resolve().parents[1]
+cp = emulated.cupy
+
+WORKER = textwrap.dedent(r'''
+    import json
+    import numpy as np
+    import minicavs as mc
+    from minicavs import backend
+    from minicavs.data import synthetic_treebank
+
+    def readme_tree_lstm(device, trees, vocab):
+        """The README's Tree-LSTM ("A vertex function"), forward and backward on device."""
+        mc.set_device("cpu"); mc.seed(0)
+        E = H = 16
+        def weight(*shape):
+            return mc.Parameter(mc.nn.init.xavier_uniform(shape))
+        table = mc.Parameter(mc.nn.init.uniform((len(vocab), E)))
+        W, U, W_out = weight(E, 5 * H), weight(2 * H, 5 * H), weight(H, 5)
+        b, b_out = mc.Parameter(np.zeros(5 * H, np.float32)), mc.Parameter(np.zeros(5, np.float32))
+        params = [table, W, U, W_out, b, b_out]
+        mc.set_device(device)
+        for p in params:
+            p.data = backend.to_device(p.data)
+        def tree_lstm(v):
+            x = mc.reshape(mc.embedding(table, v.pull()), (E,))
+            h_l, c_l = mc.split(v.gather(0), 2)
+            h_r, c_r = mc.split(v.gather(1), 2)
+            i, f_l, f_r, o, u = mc.split(x @ W + mc.concat([h_l, h_r]) @ U + b, 5)
+            c = mc.sigmoid(i) * mc.tanh(u) + mc.sigmoid(f_l) * c_l + mc.sigmoid(f_r) * c_r
+            h = mc.sigmoid(o) * mc.tanh(c)
+            v.scatter(mc.concat([h, c]))
+            v.push(h @ W_out + b_out)
+        F = mc.VertexFunction(tree_lstm, pull_shape=(1,), pull_dtype="int64",
+                              scatter_shape=(2 * H,), push_shape=(5,), arity=2)
+        batch = mc.GraphBatch([mc.InputGraph(t.children) for t in trees])
+        word_ids = mc.tensor(np.concatenate([t.words for t in trees])[:, None])
+        labels = mc.tensor(np.concatenate([t.labels for t in trees]))
+        explained = []
+        for _ in range(2):  # a second call must report the same counts
+            for p in params:
+                p.grad = None
+            logits = F(batch, pull=word_ids)
+            mc.softmax_cross_entropy(logits, labels, reduction="sum").backward()
+            explained.append({k: v for k, v in F.explain().items()
+                              if "launches" in k or "backend" in k})
+        return {"logits": backend.to_numpy(logits.data).tolist(),
+                "on_device": backend.is_cupy_array(logits.data),
+                "grads": [backend.to_numpy(p.grad.data).tolist() for p in params],
+                "explain": explained}
+
+    def ops(device):
+        mc.set_device(device); mc.seed(1)
+        rng = np.random.default_rng(1)
+        x = mc.tensor(rng.normal(size=(4, 6)).astype(np.float32), requires_grad=True)
+        w = mc.tensor(rng.normal(size=(6, 3)).astype(np.float32), requires_grad=True)
+        y = mc.softmax_cross_entropy(mc.tanh(x @ w) * mc.sigmoid(x[:, :3]) + mc.exp(-w[:4]),
+                                     mc.tensor(np.array([0, 2, 1, 0])))
+        z = mc.sum(mc.concat(mc.split(x, 2), axis=0) ** 2) + mc.mean(mc.relu(x))
+        (y + z).backward()
+        return [backend.to_numpy(a).tolist() for a in (y.data, z.data, x.grad.data, w.grad.data)]
+
+    def autobatched(device):
+        mc.set_device(device); mc.seed(2)
+        rng = np.random.default_rng(2)
+        W = mc.Parameter(rng.normal(size=(5, 5)).astype(np.float32) * 0.5)
+        b = mc.Parameter(np.zeros(5, np.float32))
+        with mc.autobatch("agenda+") as ab:
+            losses = []
+            for n in (2, 3, 4):
+                h = mc.tensor(rng.normal(size=5).astype(np.float32))
+                for _ in range(n):
+                    h = mc.tanh(h @ W + b)
+                losses.append(mc.sum(h * h))
+            total = mc.sum(mc.stack(losses))
+            total.backward()
+        return [backend.to_numpy(a).tolist() for a in (total.data, W.grad.data, b.grad.data)]
+
+    trees, vocab = synthetic_treebank(6)
+    out = {}
+    for device in ("cpu", "cuda"):
+        out[device] = {"readme": readme_tree_lstm(device, trees, vocab), "ops": ops(device),
+                       "autobatch": autobatched(device)}
+    from minicavs.cuda import emulated
+    out["launches"] = emulated.launches()
+    out["emulated"] = backend.cuda_emulated() and backend._import_cupy() is emulated.cupy
+    print("RESULT" + json.dumps(out))
+''')
+
+
+@pytest.fixture(scope="module")
+def emulated_run(tmp_path_factory):
+    script = tmp_path_factory.mktemp("emulated") / "worker.py"
+    script.write_text(WORKER)
+    env = dict(os.environ, MINICAVS_CUDA_EMULATE="1", MINICAVS_DEVICE="cpu",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    line = [s for s in done.stdout.splitlines() if s.startswith("RESULT")][-1]
+    return json.loads(line[len("RESULT"):])
+
+
+def _close(a, b, what):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    scale = max(1.0, float(np.abs(b).max(initial=0.0)))
+    np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6 * scale, err_msg=what)
+
+
+def test_the_readme_tree_lstm_on_the_emulated_device_equals_numpy(emulated_run):
+    assert emulated_run["emulated"]
+    cpu, cuda = emulated_run["cpu"]["readme"], emulated_run["cuda"]["readme"]
+    assert cuda["on_device"] and not cpu["on_device"]
+    assert cuda["explain"][0]["forward_backend"] == "cupy"
+    _close(cuda["logits"], cpu["logits"], "logits")
+    for k, (g, r) in enumerate(zip(cuda["grads"], cpu["grads"])):
+        _close(g, r, f"gradient of parameter {k}")
+
+
+def test_explain_reports_launches_per_level_and_they_repeat(emulated_run):
+    first, second = emulated_run["cuda"]["readme"]["explain"]
+    for phase in ("forward", "backward"):
+        per_level = first[f"{phase}_launches_per_level"]
+        assert isinstance(per_level, float) and per_level > 0
+        assert per_level == second[f"{phase}_launches_per_level"]
+        by_category = first[f"{phase}_launches_by_category"]
+        assert set(by_category) <= set(emulated.CATEGORIES)
+        assert abs(sum(by_category.values()) - per_level) < 1e-9
+        assert by_category["kernel"] > 0 and by_category["library"] > 0  # shim and GEMMs ran
+    cpu = emulated_run["cpu"]["readme"]["explain"][0]
+    assert cpu["forward_launches_per_level"] is None  # NumPy: nothing is launched
+
+
+def test_ops_and_an_autobatched_program_on_the_emulated_device_equal_numpy(emulated_run):
+    for what in ("ops", "autobatch"):
+        for k, (a, b) in enumerate(zip(emulated_run["cuda"][what], emulated_run["cpu"][what])):
+            _close(a, b, f"{what} value {k}")
+    assert emulated_run["launches"]["kernel"] > 0 and emulated_run["launches"]["copy"] > 0
+
+
+# --- the emulated module's pieces, in-process ----------------------------------------------------
+
+def test_device_arrays_are_typed_as_device_arrays_and_refuse_host_arrays():
+    a = cp.asarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert isinstance(a, cp.ndarray) and type(a) is not np.ndarray
+    assert isinstance(cp.tanh(a), cp.ndarray) and isinstance(a.sum(), cp.ndarray)
+    np.testing.assert_array_equal(a.get(), np.arange(6).reshape(2, 3))
+    assert type(a.get()) is np.ndarray
+    with pytest.raises(TypeError, match="host-device"):
+        a + np.ones(3, np.float32)
+    with pytest.raises(TypeError, match="host-device"):
+        cp.tanh(np.ones(3))
+
+
+def test_launches_are_counted_by_category_and_views_launch_nothing():
+    a = cp.asarray(np.ones((4, 3), np.float32))
+    with emulated.counter.measure() as got:
+        a.T.reshape(3, 4)[1:]  # views
+        cp.empty((5, 5))
+    assert got == {}
+    with emulated.counter.measure() as got:
+        b = a @ a.T  # a library product
+        c = cp.tanh(b) + 1  # two elementwise launches
+        c[cp.asarray(np.array([0, 2]))]  # an upload, then a gather
+        cp.zeros((3,))
+        c.get()
+    assert got == {"library": 1, "elementwise": 2, "copy": 3, "fill": 1}
+
+
+def test_raw_and_elementwise_kernels_run_their_cuda_source_through_the_shim():
+    from minicavs.cuda import kernels
+
+    src = cp.asarray(np.arange(12, dtype=np.float32).reshape(4, 3))
+    idx = cp.asarray(np.array([3, -1, 0], dtype=np.int32))
+    source = kernels.kernel_source("gather_rows", np.float32)
+    gather = cp.RawKernel(source.code, source.name)
+    out = cp.empty((3, 3), np.float32)
+    with emulated.counter.measure() as got:
+        gather((1,), (256,), (src, idx, out, np.int64(3), np.int64(3)))
+    assert got == {"kernel": 1}
+    np.testing.assert_array_equal(out.get(), kernels.gather_rows_numpy(src.get(), idx.get()))
+
+    kernel = cp.ElementwiseKernel("T x, T y", "T z", "z = x * y + (T)1;", "emulated_fma_free")
+    x = cp.asarray(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
+    y = cp.asarray(np.float32([1, 2, 3]))  # broadcast along rows
+    z = cp.empty((2, 3), np.float32)
+    with emulated.counter.measure() as got:
+        kernel(x, y, z)
+    assert got == {"kernel": 1}
+    np.testing.assert_array_equal(z.get(), x.get() * y.get() + np.float32(1))
