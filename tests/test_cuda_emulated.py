@@ -96,11 +96,37 @@ WORKER = textwrap.dedent(r'''
             total.backward()
         return [backend.to_numpy(a).tolist() for a in (total.data, W.grad.data, b.grad.data)]
 
+    def lstm_steps(device):
+        """Chains of lstm_step under autobatch: values, gradients, launches per batch."""
+        mc.set_device(device); mc.seed(3)
+        rng = np.random.default_rng(3)
+        H = 6
+        W, U = (mc.Parameter(rng.normal(size=(H, 4 * H)).astype(np.float32) * 0.5)
+                for _ in range(2))
+        b = mc.Parameter(np.zeros(4 * H, np.float32))
+        with mc.autobatch("agenda+") as ab:
+            losses = []
+            for n in range(8):
+                state = mc.tensor(np.zeros(2 * H, np.float32))
+                for t in range(4):
+                    state = mc.lstm_step(mc.tensor(rng.normal(size=H).astype(np.float32)),
+                                         state, W, U, b)
+                losses.append(mc.sum(state * state))
+            total = mc.add_n(losses)
+            total.backward()
+        stats = ab.segments[0].stats
+        label = "lstm_step (6,),(12,),W,W,W"
+        launches = stats.get("forward_launches_by_signature")
+        return {"values": [backend.to_numpy(a).tolist() for a in
+                           (total.data, W.grad.data, U.grad.data, b.grad.data)],
+                "per_step_batch": launches and launches[label] / stats["by_signature"][label][0],
+                "explain": ab.explain(picture=False)}
+
     trees, vocab = synthetic_treebank(6)
     out = {}
     for device in ("cpu", "cuda"):
         out[device] = {"readme": readme_tree_lstm(device, trees, vocab), "ops": ops(device),
-                       "autobatch": autobatched(device)}
+                       "autobatch": autobatched(device), "lstm": lstm_steps(device)}
     from minicavs.cuda import emulated
     out["launches"] = emulated.launches()
     out["emulated"] = backend.cuda_emulated() and backend._import_cupy() is emulated.cupy
@@ -208,3 +234,15 @@ def test_raw_and_elementwise_kernels_run_their_cuda_source_through_the_shim():
         kernel(x, y, z)
     assert got == {"kernel": 1}
     np.testing.assert_array_equal(z.get(), x.get() * y.get() + np.float32(1))
+
+
+def test_autobatched_lstm_steps_on_the_emulated_device(emulated_run):
+    """lstm_step chains under autobatch equal NumPy, and each step's batch takes few launches:
+    the operand gather, the two products, the fused sums and one cell kernel (its CuPy ufuncs
+    were ten launches, and a copy into the slab one more)."""
+    cpu, cuda = emulated_run["cpu"]["lstm"], emulated_run["cuda"]["lstm"]
+    for k, (g, r) in enumerate(zip(cuda["values"], cpu["values"])):
+        _close(g, r, f"value {k}")
+    assert cpu["per_step_batch"] is None  # (counted on the emulated device only)
+    assert cuda["per_step_batch"] <= 5, cuda["explain"]
+    assert "forward launches per batch" in cuda["explain"]

@@ -751,3 +751,66 @@ def test_gpu_out_of_range_index_is_an_error_not_a_fault():
     d_src, d_idx = _to_gpu(np.ones((5, 3), np.float32), np.array([0, 5], np.int32))
     with pytest.raises(IndexRangeError, match="index 5 at position 1"):
         kernels.gather_rows(d_src, d_idx)
+
+
+# --- the LSTM cell kernels: against the op's NumPy form -------------------------------------------
+
+def _cell_case(k, dtype, rows=7, H=5, seed=0):
+    """Pre-activations, k previous cells read as column windows of a wider state (strided rows),
+    the cell's [h, c] and a gradient of it."""
+    from minicavs.ops import cells
+
+    rng = np.random.default_rng(seed)
+    pre = (3 * rng.standard_normal((rows, (3 + k) * H))).astype(dtype)
+    state = rng.standard_normal((rows, 2 * H * max(k, 1))).astype(dtype)
+    c_prev = [state[:, (2 * j + 1) * H:(2 * j + 2) * H] for j in range(k)]
+    i, forget, o, u = cells._gates(np, pre, k)
+    c = i * u + sum((f * cj for f, cj in zip(forget, c_prev)), np.zeros_like(u))
+    out = np.concatenate([o * np.tanh(c), c], axis=-1)
+    g = rng.standard_normal((rows, 2 * H)).astype(dtype)
+    return pre, c_prev, out, g
+
+
+def _cell_grad_numpy(pre, c_prev, out, g, monkeypatch):
+    from minicavs.cpu import kernels as native
+    from minicavs.ops import cells
+
+    monkeypatch.setattr(native, "lstm_cell_grad", lambda *args: None)  # the op's NumPy form
+    return cells._grad_forward(np, pre, *c_prev, out, g)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_shim_lstm_cell_kernels_equal_the_ops_numpy_form(k, dtype, monkeypatch):
+    pre, c_prev, out, g = _cell_case(k, dtype)
+    rtol = 1e-6 if dtype == np.float32 else 1e-14
+    np.testing.assert_allclose(kernels.lstm_cell(pre, c_prev, runner="shim"), out, rtol=rtol,
+                               atol=rtol)
+    slab = np.full((9, 2 * pre.shape[1] // (3 + k)), np.nan, dtype)  # into given rows
+    kernels.lstm_cell(pre, c_prev, slab[1:8], runner="shim")
+    np.testing.assert_allclose(slab[1:8], out, rtol=rtol, atol=rtol)
+    assert np.isnan(slab[[0, 8]]).all()
+    np.testing.assert_allclose(kernels.lstm_cell_grad(pre, c_prev, out, g, runner="shim"),
+                               _cell_grad_numpy(pre, c_prev, out, g, monkeypatch), rtol=rtol,
+                               atol=rtol)
+
+
+def test_the_lstm_cell_kernels_leave_what_they_do_not_fit_to_the_op():
+    pre, c_prev, out, g = _cell_case(2, np.float32)
+    assert kernels.lstm_cell(pre, c_prev * 2, runner="shim") is None  # k > 2
+    assert kernels.lstm_cell(pre[:, ::2], c_prev, runner="shim") is None  # strided columns
+    assert kernels.lstm_cell(pre, c_prev) is None  # NumPy arrays: the op's own C loop
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_gpu_lstm_cell_kernels_equal_the_ops_numpy_form(k, monkeypatch):
+    pre, c_prev, out, g = _cell_case(k, np.float32)
+    d_pre, d_out, d_g = _to_gpu(pre, out, g)
+    d_state = _to_gpu(np.concatenate([c for c in c_prev] or [np.zeros((7, 0), np.float32)], 1))
+    d_cells = [d_state[0][:, j * 5:(j + 1) * 5] for j in range(k)]
+    np.testing.assert_allclose(kernels.lstm_cell(d_pre, d_cells).get(), out, rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(kernels.lstm_cell_grad(d_pre, d_cells, d_out, d_g).get(),
+                               _cell_grad_numpy(pre, c_prev, out, g, monkeypatch), rtol=1e-5,
+                               atol=1e-6)

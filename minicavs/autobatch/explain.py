@@ -37,13 +37,21 @@ def explain(scope, picture=True, max_batches=40):
                     f"{st['plus_products'] + st['plus_products_saved']}, "
                     f"{st['plus_copies']} contiguous copies made for them, "
                     f"{st['plus_copies_avoided']} avoided (rows already one run)")
+        if "forward_launches" in st:
+            lines.append(
+                f"  launches (emulated device): forward {st['forward_launches']} "
+                f"({st['forward_launches'] / batches:.1f} per batch), backward "
+                f"{st.get('backward_launches', '-')}")
         lines.append(
             f"  time: recording {_ms(st.get('record_s'))}, scheduling {_ms(st.get('schedule_s'))}"
             f", forward {_ms(st.get('forward_s'))}, backward {_ms(st['backward_s'])}")
-        lines.append("  batches per signature (batches, nodes):")
+        launches = st.get("forward_launches_by_signature")
+        lines.append("  batches per signature (batches, nodes" +
+                     (", forward launches per batch):" if launches else "):"))
         for label, (count, nodes) in sorted(st["by_signature"].items(),
                                             key=lambda kv: -kv[1][1]):
-            lines.append(f"    {label:<46} {count:>5} {nodes:>7}   avg {nodes / count:.1f}")
+            lines.append(f"    {label:<46} {count:>5} {nodes:>7}   avg {nodes / count:.1f}" +
+                         (f"   {launches.get(label, 0) / count:.1f}" if launches else ""))
         if picture:
             lines.append("  batches in execution order (# = one node; operands: = view, g gather):")
             for j, b in enumerate(seg.plan[:max_batches]):

@@ -243,6 +243,9 @@ class Segment:
     def _forward(self):
         began = time.perf_counter()
         slabs, xp = self.slabs, self.xp
+        counter = getattr(xp, "launch_counter", None)  # (the emulated device counts launches)
+        before = counter.snapshot() if counter is not None else None
+        last, by_signature = counter.total if counter is not None else 0, {}
         for b in self.plan:
             n = b.n
             env = {}
@@ -257,7 +260,14 @@ class Segment:
             b.sig.forward.run(env, n, xp, slabs[b.out_slab][b.out_row:b.out_row + n])
             if b.sig.can_grad:
                 b.env = env  # what its backward reads
+            if counter is not None:  # (the batch's operand gathers included)
+                launches = counter.total
+                by_signature[b.sig.label] = by_signature.get(b.sig.label, 0) + launches - last
+                last = launches
         self.stats["forward_s"] = time.perf_counter() - began
+        if counter is not None:
+            self.stats["forward_launches"] = sum(counter.since(before).values())
+            self.stats["forward_launches_by_signature"] = by_signature
 
     def value_of(self, index):
         """A node's value: a read-only view of its row (a write would change what the
@@ -295,11 +305,16 @@ class Segment:
         began = time.perf_counter()
         gslabs, xp, stats = self.gslabs, self.xp, self.stats
         deferred = defaultdict(list)  # signature -> [(cotangent, env, n)] (the + strategies)
+        counter = getattr(xp, "launch_counter", None)
+        before = counter.snapshot() if counter is not None else None
         with self._one_pool():
             self._backward_batches(gslabs, xp, deferred, params)
             for sig, terms in deferred.items():
                 self._shared_gradients(sig, terms, params)
         stats["backward_s"] += time.perf_counter() - began
+        if counter is not None:
+            stats["backward_launches"] = (stats.get("backward_launches", 0)
+                                          + sum(counter.since(before).values()))
         out = []
         for j, leaf in enumerate(self.leaves):
             if getattr(leaf, "requires_grad", False):

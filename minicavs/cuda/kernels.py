@@ -38,10 +38,17 @@ GPU; the default is ``"cupy"`` for CuPy arrays and ``"numpy"`` otherwise.
 ``copy_rows``            ``out[dst[i]] = src[src[i]]``, dst unique (``minicavs_copy_rows``)
 ``pull_rows``            caller order -> level order (a gather)
 ``push_rows``            level order -> caller order (a scatter of a permutation)
+``lstm_cell``            the LSTM cell of ``ops/cells.py`` on k previous cells, one launch
+                         where CuPy's ufuncs take ten              (``minicavs_lstm_cell<k>``)
+``lstm_cell_grad``       its gradient, one launch          (``minicavs_lstm_cell_grad<k>``)
 =======================  ==================================================================
+
+The cell kernels read rows at a stride (``*_ld``, in elements: a previous cell is a column
+window of the state [h, c]); their NumPy twin is the op's own forward (``ops/cells.py``).
 """
 
 import functools
+import re
 from collections import namedtuple
 from string import Template
 
@@ -253,6 +260,53 @@ SCATTER_FOLDS = {  # reduce -> (the fold, as a C expression of acc and v; helper
 for _reduce, (_fold, _helpers) in SCATTER_FOLDS.items():
     _SOURCES[f"scatter_{_reduce}_sorted"] = _helpers + Template(_SCATTER_FOLD).safe_substitute(
         fold=_fold)
+
+# The LSTM cell (ops/cells.py) with k = 0, 1, 2 previous cells: one thread per (row, unit j);
+# pre holds [i, f_1..f_k, o, u] pre-activations, out [h, c], grads [∂pre, ∂c_1..∂c_k].
+_CELL_HEAD = """
+__device__ float minicavs_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ double minicavs_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+extern "C" __global__ void ${name}(const ${T}* __restrict__ pre, const long long pre_ld,
+                                   const ${T}* __restrict__ c1, const long long c1_ld,
+                                   const ${T}* __restrict__ c2, const long long c2_ld,
+                                   ${ARGS}, const long long rows, const long long H)
+{
+    const long long total = rows * H;
+    ${loop} {
+        const long long r = e / H, j = e - r * H;
+        const ${T}* p = pre + r * pre_ld;
+        const ${T} i = minicavs_sigmoid(p[j]), o = minicavs_sigmoid(p[(1 + K) * H + j]),
+                   u = tanh(p[(2 + K) * H + j]);
+        const ${T} f1 = K > 0 ? minicavs_sigmoid(p[H + j]) : 0, cp1 = K > 0 ? c1[r * c1_ld + j] : 0;
+        const ${T} f2 = K > 1 ? minicavs_sigmoid(p[2 * H + j]) : 0, cp2 = K > 1 ? c2[r * c2_ld + j] : 0;
+"""
+_SOURCES["lstm_cell"] = _CELL_HEAD.replace("${ARGS}", "${T}* __restrict__ out, "
+                                           "const long long out_ld") + """
+        const ${T} c = i * u + f1 * cp1 + f2 * cp2;
+        out[r * out_ld + H + j] = c;
+        out[r * out_ld + j] = o * tanh(c);
+    }
+}
+"""
+_SOURCES["lstm_cell_grad"] = _CELL_HEAD.replace(
+    "${ARGS}", "const ${T}* __restrict__ out, const long long out_ld, "
+    "const ${T}* __restrict__ g, const long long g_ld, ${T}* __restrict__ grads, "
+    "const long long grads_ld") + """
+        const ${T} tc = tanh(out[r * out_ld + H + j]), gh = g[r * g_ld + j];
+        const ${T} d_c = g[r * g_ld + H + j] + gh * o * (1 - tc * tc);
+        ${T}* d = grads + r * grads_ld;
+        d[j] = d_c * u * i * (1 - i);
+        if (K > 0) { d[H + j] = d_c * cp1 * f1 * (1 - f1); d[(3 + K) * H + j] = d_c * f1; }
+        if (K > 1) { d[2 * H + j] = d_c * cp2 * f2 * (1 - f2); d[(4 + K) * H + j] = d_c * f2; }
+        d[(1 + K) * H + j] = gh * tc * o * (1 - o);
+        d[(2 + K) * H + j] = d_c * i * (1 - u * u);
+    }
+}
+"""
+for _k in range(3):
+    for _cell in ("lstm_cell", "lstm_cell_grad"):
+        _SOURCES[f"{_cell}{_k}"] = re.sub(r"\bK\b", str(_k), _SOURCES[_cell])
+del _SOURCES["lstm_cell"], _SOURCES["lstm_cell_grad"]
 
 KERNELS = tuple(_SOURCES)
 KernelSource = namedtuple("KernelSource", "name code")
@@ -758,3 +812,61 @@ def push_rows(level_rows, level_order, out=None, *, runner=None, check_indices=T
     if out is None:
         out = _xp(runner).zeros(level_rows.shape, dtype=level_rows.dtype)
     return scatter_rows(level_rows, level_order, out, runner=runner, check_indices=check_indices)
+
+
+# ---------------------------------------------------------------------------------------------
+# lstm_cell, lstm_cell_grad
+
+def _rows_of(a):
+    """``(a C-contiguous 1-D view from a's first element over all its rows, a's row stride in
+    elements)`` for a 2-D float array whose last axis is contiguous (a column window of a
+    wider array reads in place); None for any other."""
+    if a.ndim != 2 or a.dtype not in DTYPES or a.strides[1] != a.itemsize or \
+            a.strides[0] % a.itemsize or a.shape[0] == 0:
+        return None
+    ld = a.strides[0] // a.itemsize
+    span = (a.shape[0] - 1) * ld + a.shape[1]
+    tricks = np.lib.stride_tricks if isinstance(a, np.ndarray) else _xp("cupy").lib.stride_tricks
+    return tricks.as_strided(a, shape=(span,), strides=(a.itemsize,)), ld
+
+
+def lstm_cell(pre, c_prev, out=None, *, runner=None):
+    """``ops/cells.py``'s LSTM cell in one launch: ``pre`` (rows, (3 + k)·H), ``c_prev`` k <= 2
+    arrays (rows, H), ``out`` (rows, 2H) = [h, c], allocated if None; rows may be strided.
+    Returns None where the kernel does not apply (k > 2, another dtype or layout): the op
+    then computes it its own way (its NumPy form is this kernel's twin)."""
+    k = len(c_prev)
+    runner = _pick_runner("lstm_cell", runner, (pre, *c_prev, out))
+    if runner == "numpy" or k > 2 or any(c.dtype != pre.dtype for c in c_prev):
+        return None
+    rows, H = pre.shape[0], pre.shape[-1] // (3 + k) if pre.ndim == 2 else 0
+    if out is None:
+        out = _xp(runner).empty((rows, 2 * H), pre.dtype)
+    operands = [_rows_of(a) for a in (pre, *c_prev, out)]
+    if None in operands or out.dtype != pre.dtype:
+        return None
+    (p, p_ld), *cells, (o, o_ld) = operands
+    cells += [(p, 0)] * (2 - k)  # (an absent cell: never read)
+    _launch(f"lstm_cell{k}", pre.dtype, runner, rows * H,
+            (p, p_ld, *cells[0], *cells[1], o, o_ld, rows, H))
+    return out
+
+
+def lstm_cell_grad(pre, c_prev, out, g, *, runner=None):
+    """The gradient of :func:`lstm_cell` in one launch: ``[∂pre, ∂c_prev[0], …]`` side by side
+    ((rows, (3 + 2k)·H)) from the cell's ``out`` and its gradient ``g``; None where the
+    kernel does not apply (as :func:`lstm_cell`)."""
+    k = len(c_prev)
+    runner = _pick_runner("lstm_cell_grad", runner, (pre, *c_prev, out, g))
+    if runner == "numpy" or k > 2 or any(a.dtype != pre.dtype for a in (*c_prev, out, g)):
+        return None
+    rows, H = pre.shape[0], pre.shape[-1] // (3 + k) if pre.ndim == 2 else 0
+    grads = _xp(runner).empty((rows, (3 + 2 * k) * H), pre.dtype)
+    operands = [_rows_of(a) for a in (pre, *c_prev, out, g, grads)]
+    if None in operands:
+        return None
+    (p, p_ld), *cells, (o, o_ld), (gg, g_ld), (d, d_ld) = operands
+    cells += [(p, 0)] * (2 - k)
+    _launch(f"lstm_cell_grad{k}", pre.dtype, runner, rows * H,
+            (p, p_ld, *cells[0], *cells[1], o, o_ld, gg, g_ld, d, d_ld, rows, H))
+    return grads

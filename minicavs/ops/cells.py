@@ -30,8 +30,10 @@ step is its primitives (``Op.expand``).
 import numpy as np
 
 from . import batching, elementwise, linalg, shape
+from .. import backend
 from .registry import Aval, Op, apply, describe, needs_grad, register, require_float
 from ..cpu import kernels as native_kernels
+from ..cuda import kernels as cuda_kernels
 from ..errors import ArgumentError, ShapeError
 
 
@@ -49,10 +51,12 @@ def _gates(xp, pre, k):
 
 
 def _forward(xp, pre, *c_prev):
-    if xp is np:  # one pass over the rows in C (cpu/kernels.py), where it applies
-        done = native_kernels.lstm_cell(pre, c_prev)
-        if done is not None:
-            return done
+    # One pass over the rows where it applies: in C (cpu/kernels.py), or one CUDA kernel
+    # (cuda/kernels.py) where CuPy's ufuncs take ten launches.
+    done = native_kernels.lstm_cell(pre, c_prev) if xp is np else \
+        cuda_kernels.lstm_cell(pre, c_prev)
+    if done is not None:
+        return done
     i, forget, o, u = _gates(xp, pre, len(c_prev))
     H = u.shape[-1]
     out = xp.empty(pre.shape[:-1] + (2 * H,), pre.dtype)
@@ -91,15 +95,24 @@ def _vjp(g, out, pre, *c_prev):
                      for j in range(k)))
 
 
-LSTM_CELL = register(Op("lstm_cell", _forward, _infer, _vjp, batch=batching.leading_axes_rule))
+def _into(pre, *rest):
+    """The cell written into ``out`` (a batch's rows of its slab): on a GPU the kernel writes
+    there, saving the copy's launch."""
+    *c_prev, out = rest
+    if cuda_kernels.lstm_cell(pre, c_prev, out) is None:
+        out[...] = _forward(backend.get_array_module(pre), pre, *c_prev)
+
+
+LSTM_CELL = register(Op("lstm_cell", _forward, _infer, _vjp, batch=batching.leading_axes_rule,
+                        into=_into))
 
 
 def _grad_forward(xp, pre, *rest):
     *c_prev, out, g = rest
-    if xp is np:
-        done = native_kernels.lstm_cell_grad(pre, c_prev, out, g)
-        if done is not None:
-            return done
+    done = native_kernels.lstm_cell_grad(pre, c_prev, out, g) if xp is np else \
+        cuda_kernels.lstm_cell_grad(pre, c_prev, out, g)
+    if done is not None:
+        return done
     k = len(c_prev)
     i, forget, o, u = _gates(xp, pre, k)
     H = u.shape[-1]
