@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import minicavs as mc
-from minicavs.autodiff import executor
-from minicavs.autodiff.analysis import FusedGroup, fusion_groups
-from minicavs.autodiff.executor import GroupStep, NumpyFusedKernel, OpByOpKernel
+from minicavs.runtime import executor
+from minicavs.runtime.analysis import FusedGroup, fusion_groups
+from minicavs.runtime.executor import GroupStep, NumpyFusedKernel, OpByOpKernel
 from minicavs.autodiff.symbolic import Symbol
 from minicavs.cuda import fusion, nvrtc
 from minicavs.errors import KernelCompileError
@@ -596,8 +596,8 @@ def test_cupy_factory_is_registered_on_first_use_without_importing_cupy():
 import sys, types
 import numpy as np
 import minicavs as mc
-from minicavs.autodiff import executor
-from minicavs.autodiff.analysis import fusion_groups
+from minicavs.runtime import executor
+from minicavs.runtime.analysis import fusion_groups
 assert "cupy" not in sys.modules and "minicavs.cuda.fusion" not in sys.modules
 graph = mc.trace(lambda x: mc.tanh(x) * 2 + 1, ((4,), "float32"))
 (group,) = fusion_groups(graph)

@@ -701,7 +701,7 @@ def test_fused_groups_as_native_loops_equal_the_numpy_plan(cell, dtype, seed):
     """cpu/fused.py runs a fused group over whole arrays as one native loop: its results equal
     the NumPy plan's (NumpyFusedKernel without the native loop), for per-row inputs that are
     whole arrays or column windows of wider ones, shared rows and values, columns."""
-    from minicavs.autodiff.executor import NumpyFusedKernel
+    from minicavs.runtime.executor import NumpyFusedKernel
     from minicavs.cpu import fused
     from minicavs.cuda import fusion
     from test_cuda_fusion import assert_outputs_close, cell_groups, random_inputs

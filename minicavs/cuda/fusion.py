@@ -1,6 +1,6 @@
 """Fusion code generation: one ``cupy.ElementwiseKernel`` per fused group (Cavs §3.4).
 
-A :class:`~minicavs.autodiff.analysis.FusedGroup` is a set of linked elementwise nodes; each op
+A :class:`~minicavs.runtime.analysis.FusedGroup` is a set of linked elementwise nodes; each op
 brings a C expression (``op.c_expr``, e.g. ``"tanh({0})"``, ``{T}`` = the C type of the result).
 :func:`elementwise_source` turns a group into the three texts an ElementwiseKernel is made of:
 
@@ -19,7 +19,7 @@ brings a C expression (``op.c_expr``, e.g. ``"tanh({0})"``, ``{T}`` = the C type
 The kernel is named ``minicavs_fused_<hash>``, the hash of its dtype and texts, and built once per
 (group signature, dtype): every group with the same signature (the T copies of an unrolled cell,
 the two ``1 - h*h`` of ∂F) shares it. :class:`CupyFusedKernel` is the executor's
-:class:`~minicavs.autodiff.executor.FusedKernel` for CuPy arrays; the executor imports it on first
+:class:`~minicavs.runtime.executor.FusedKernel` for CuPy arrays; the executor imports it on first
 use (``import minicavs`` never imports CuPy). A body that does not compile raises
 :class:`~minicavs.errors.KernelCompileError` with the generated source, numbered, and the ops.
 

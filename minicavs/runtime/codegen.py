@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..autodiff.analysis import FusedGroup
 from ..cuda import fusion
 from ..ops.batching import row_domain
+from .analysis import FusedGroup
 from .plans import RUN, SKIP, ZERO
 from .program import Compute, Gather
 

@@ -5,8 +5,8 @@ read their inputs from an environment ``env`` (``symbol.key -> array``), write t
 into it, and can be told to write an output into a preallocated array instead of a new one
 (``outs``: ``symbol.key -> array``). That is all the vertex runtime needs to run *subsets* of a
 graph — eager steps once, core steps per level on row blocks, lazy steps at the end — into its
-batch buffers; :func:`run_steps` runs a list of steps (``Graph.evaluate`` runs a whole graph
-with it; the runtime's driver runs Programs of steps).
+batch buffers; :func:`run_steps` runs a list of steps (the driver runs Programs of steps;
+``Graph.evaluate``, the reference, runs a graph op by op without them).
 
 A fused group runs through one interface: :func:`make_fused_kernel` returns a
 :class:`FusedKernel`, a callable ``kernel(*inputs, outs=None) -> tuple of outputs`` built once
