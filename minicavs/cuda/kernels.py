@@ -301,7 +301,7 @@ def _raw_kernel(kernel, dtype):
     import cupy  # lazily: importing minicavs.cuda never needs CuPy
 
     from . import nvrtc
-    from .errors import ToolchainError
+    from ..errors import ToolchainError
 
     try:  # let CuPy < 14 find the NVRTC wheel too (see nvrtc.py)
         nvrtc.load_nvrtc()
