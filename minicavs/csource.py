@@ -1,29 +1,25 @@
-"""The C source of a fused elementwise group: the one body both native backends compile.
+"""The C source of a fused elementwise group: the one body every native backend compiles.
 
-A fused group (``runtime/analysis.FusedGroup``) is a set of linked elementwise nodes; each op
-brings a C expression (``op.c_expr``, e.g. ``"tanh({0})"``, ``{T}`` = the C type of the result).
-:func:`elementwise_source` turns a group into the texts a ``cupy.ElementwiseKernel`` is made of
-(``cuda/fusion.py``), which the native CPU loops run too (``cpu/fused.py``, ``runtime/codegen.py``):
+:func:`elementwise_source` turns a fused group (``runtime/analysis.FusedGroup``: linked
+elementwise nodes, each op with a C expression ``op.c_expr``, e.g. ``"tanh({0})"``, ``{T}`` = the
+C type of the result) into the texts of a ``cupy.ElementwiseKernel`` (``cuda/fusion.py``), which
+the native CPU loops run too (``cpu/fused.py``, ``runtime/codegen.py``):
 
 * ``in_params``  the group inputs, ``"T x0, T x1, bool x2"``: ``T`` for values in the compute
-  dtype, the NumPy type name otherwise. Broadcasting (an ``(H,)`` bias against ``(N, H)`` rows,
-  the 0-d constant 1 of ``1 - h*h``) is left to the caller;
+  dtype, the NumPy type name otherwise (broadcasting the inputs is the caller's);
 * ``out_params`` the group outputs, ``"T y0, T y1"``;
-* ``operation``  one C statement per member, each into a local ``t<j>`` (so no value is read
-  back from memory), then one assignment per output: ::
+* ``operation``  one C statement per member, each into a local ``t<j>`` (no value is read back
+  from memory), then one assignment per output: ::
 
       const T t0 = (1 / (1 + exp(-x0)));  // sigmoid
       const T t1 = tanh(x1);  // tanh
       const T t2 = (t0 * t1);  // mul
       y0 = t2;
 
-The source is named ``minicavs_fused_<hash>``, the hash of its dtype and texts, and made once per
-(group signature, dtype): every group with the same signature (the T copies of an unrolled cell,
-the two ``1 - h*h`` of ∂F) shares it. The C expressions follow NumPy's NaN rules
-(``ops/elementwise.py``).
-
-This module stands on the ground floor, beside ``errors.py``: a group is read through its
-``members``/``inputs``/``outputs`` and each member's ``op``, ``attrs``, ``inputs``, ``dtype``.
+It is named ``minicavs_fused_<hash>`` (of its dtype and texts) and made once per (group
+signature, dtype), so equal groups (the T copies of an unrolled cell) share it. A group is read
+through ``members``/``inputs``/``outputs`` and each member's ``op``, ``attrs``, ``inputs``,
+``dtype``: this module stands on the ground floor, beside ``errors.py``.
 """
 
 import hashlib

@@ -294,13 +294,9 @@ class Graph:
             if n.kind == "const" and n.key not in env:
                 env[n.key] = n.value if xp is np else xp.asarray(n.value)
             elif n.kind == "op":
-                try:
-                    args = [env[x.key] for x in n.inputs]
-                except KeyError:
-                    raise GraphError(f"graph {self.name!r}: {n!r} reads a value not computed "
-                                     f"before it; the nodes are not in topological order"
-                                     ) from None
-                env[n.key] = n.op.forward(xp, *args, **n.attrs)
+                if any(x.key not in env for x in n.inputs):
+                    raise GraphError(f"graph {self.name!r}: {n!r} comes before its inputs")
+                env[n.key] = n.op.forward(xp, *[env[x.key] for x in n.inputs], **n.attrs)
         return env
 
     def summary(self, classes=None, groups=None):
