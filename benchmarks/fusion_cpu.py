@@ -1,5 +1,5 @@
 """How fast can a fused elementwise group run on the CPU? (the measurement behind
-``minicavs/autodiff/executor.py``'s choice of :class:`NumpyFusedKernel`).
+``minicavs/runtime/executor.py``'s choice of :class:`NumpyFusedKernel`).
 
 The groups are the real ones the fusion pass finds in the binary Tree-LSTM cell (Cavs Fig. 4):
 ``F``: σ/tanh/⊙/+ on the five gate slices and c_l, c_r (12 ops, 7 inputs, 2 outputs);
@@ -47,9 +47,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import minicavs as mc  # noqa: E402
-from minicavs.autodiff.analysis import (backward_sources_and_sinks, dependency_classes,  # noqa: E402
+from minicavs.runtime.analysis import (backward_sources_and_sinks, dependency_classes,  # noqa: E402
                                         fusion_groups)
-from minicavs.autodiff.executor import (FusedKernel, NumpyFusedKernel,  # noqa: E402
+from minicavs.runtime.executor import (FusedKernel, NumpyFusedKernel,  # noqa: E402
                                         OpByOpKernel, make_fused_kernel, sigmoid_expit_into,
                                         sigmoid_tanh_into)
 from minicavs.ops.elementwise import SIGMOID  # noqa: E402

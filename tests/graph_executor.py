@@ -3,8 +3,8 @@ eager phase — the tests compare fused and unfused runs, and both with ``graph.
 runtime path runs a bare graph this way: front-ends run Programs through the driver.)"""
 
 from minicavs import backend
-from minicavs.autodiff.analysis import fusion_groups
-from minicavs.autodiff.executor import _value, plan_steps, run_steps
+from minicavs.runtime.analysis import fusion_groups
+from minicavs.runtime.executor import _value, plan_steps, run_steps
 from minicavs.errors import GraphError
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import minicavs as mc
-from minicavs.autodiff.executor import NumpyFusedKernel
+from minicavs.runtime.executor import NumpyFusedKernel
 from minicavs.cuda import kernels
 from minicavs.cuda.streams import SIDE
 from minicavs.data import random_binary_tree

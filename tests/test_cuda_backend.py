@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import minicavs as mc
-from minicavs.autodiff.executor import NumpyFusedKernel
+from minicavs.runtime.executor import NumpyFusedKernel
 from minicavs.autodiff.tensor import Tensor
 from minicavs.cuda import streams
 from minicavs.cuda.streams import MAIN, SIDE
@@ -486,7 +486,7 @@ def test_gpu_broken_expression_is_a_kernel_compile_error():
 @pytest.mark.gpu
 def test_gpu_executor_uses_generated_kernels():
     cupy = _cupy()
-    from minicavs.autodiff.executor import make_fused_kernel
+    from minicavs.runtime.executor import make_fused_kernel
     from minicavs.cuda.fusion import CupyFusedKernel
 
     (_, group), *_ = cell_groups("binary_tree_lstm", np.float32)

@@ -25,10 +25,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import minicavs as mc
-from minicavs.autodiff import executor
-from minicavs.autodiff.analysis import FusedGroup, fusion_groups
-from minicavs.autodiff.executor import GroupStep, NumpyFusedKernel, OpByOpKernel
+from minicavs.runtime import executor
+from minicavs.runtime.analysis import FusedGroup, fusion_groups
+from minicavs.runtime.executor import GroupStep, NumpyFusedKernel, OpByOpKernel
 from minicavs.autodiff.symbolic import Symbol
+from minicavs import csource
 from minicavs.cuda import fusion, nvrtc
 from minicavs.errors import KernelCompileError
 from minicavs.ops import OPS
@@ -108,7 +109,7 @@ def cell_groups(cell, dtype):
 
 
 def sources_of(cell, dtype):
-    return [fusion.elementwise_source(g, dtype) for _, g in cell_groups(cell, dtype)]
+    return [csource.elementwise_source(g, dtype) for _, g in cell_groups(cell, dtype)]
 
 
 CASES = [(cell, dtype) for cell in CELLS for dtype in DTYPES]
@@ -158,7 +159,7 @@ def cupy_kernel_code(source, input_ndims):
 @pytest.mark.parametrize("cell, dtype", CASES, ids=CASE_IDS)
 def test_the_code_cupy_generates_for_every_fused_kernel_compiles_with_nvrtc(cell, dtype):
     for where, group in cell_groups(cell, dtype):
-        source = fusion.elementwise_source(group, dtype)
+        source = csource.elementwise_source(group, dtype)
         code, options = cupy_kernel_code(source, [len(x.shape) for x in group.inputs])
         assert f'extern "C" __global__ void {source.name}(' in code
         try:
@@ -184,7 +185,7 @@ def _elements(dtype, low=-3.0, high=3.0):
 def draw_inputs(data, group, dtype, n, e, domains=None):
     """Arrays for ``group.inputs`` for a task of n vertices and e edges: constants keep their
     value (in ``dtype``), float inputs of the traced dtype become ``dtype``."""
-    traced = fusion._compute_dtype(group)
+    traced = csource.compute_dtype(group)
     arrays = []
     for k, x in enumerate(group.inputs):
         run_dtype = np.dtype(dtype) if x.dtype == traced else x.dtype
@@ -200,7 +201,7 @@ def draw_inputs(data, group, dtype, n, e, domains=None):
 
 def random_inputs(group, dtype, n, e, rng):
     """Like :func:`draw_inputs`, from a NumPy generator (for large tasks)."""
-    traced = fusion._compute_dtype(group)
+    traced = csource.compute_dtype(group)
     arrays = []
     for x in group.inputs:
         run_dtype = np.dtype(dtype) if x.dtype == traced else x.dtype
@@ -312,7 +313,7 @@ def test_the_generator_covers_every_elementwise_primitive():
 def test_every_c_expression_in_the_shim_equals_numpy(dtype, data):
     graph = _all_elementwise_ops_graph(dtype)
     (group,) = [g for g in fusion_groups(graph, min_size=1) if len(g) > 5]
-    source = fusion.elementwise_source(group, dtype)
+    source = csource.elementwise_source(group, dtype)
     assert nvrtc.ptx_entries(fusion.compile_ptx(source)) == [source.name]
     assert "const bool t" in source.operation and "int32 x" in source.in_params  # masks and
     assert "const int t" in source.operation  # integer casts keep their own types
@@ -414,7 +415,7 @@ def _one_op_groups(name, dtype):
 @functools.lru_cache(maxsize=None)
 def _build_one_op_kernels(dtype):
     """Every case's kernels in one g++ run per dtype (one run per case would cost seconds)."""
-    fusion.build_shim_kernels([fusion.elementwise_source(g, dtype) for name in ONE_OP_CASES
+    fusion.build_shim_kernels([csource.elementwise_source(g, dtype) for name in ONE_OP_CASES
                                for g in _one_op_groups(name, dtype)[2]])
 
 
@@ -440,10 +441,10 @@ def test_c_expressions_give_numpys_nans_zeros_and_infinities(name, dtype):
 def test_a_product_and_a_sum_stay_two_roundings_on_the_gpu():
     graph = mc.trace(lambda a, b, c: a * b + c, *[((4,), "float32")] * 3)
     (group,) = fusion_groups(graph, min_size=1)
-    source = fusion.elementwise_source(group, np.float32)
+    source = csource.elementwise_source(group, np.float32)
     ptx = fusion.compile_ptx(source)  # minicavs' options: --fmad=false, then CuPy's -ftz=true
     assert "fma" not in ptx and "mul.rn.ftz.f32" in ptx and "add.rn.ftz.f32" in ptx
-    assert "fma.rn" in nvrtc.compile_to_ptx(source.raw_source(), source.name)  # NVRTC's default
+    assert "fma.rn" in nvrtc.compile_to_ptx(fusion.raw_source(source), source.name)  # NVRTC's default
 
 
 # ----------------------------------------------------------------------------- the generated text
@@ -451,8 +452,8 @@ def test_a_product_and_a_sum_stay_two_roundings_on_the_gpu():
 def test_generated_kernel_is_named_typed_and_shared_by_equal_signatures():
     groups = cell_groups("binary_tree_lstm", np.float32)
     (_, cell_group), = [(w, g) for w, g in groups if w == "F core" and len(g) == 12]
-    f32 = fusion.elementwise_source(cell_group, np.float32)
-    f64 = fusion.elementwise_source(cell_group, np.float64)
+    f32 = csource.elementwise_source(cell_group, np.float32)
+    f64 = csource.elementwise_source(cell_group, np.float64)
     assert re.fullmatch(r"minicavs_fused_[0-9a-f]{12}", f32.name)
     assert f32.name != f64.name and f32.operation == f64.operation  # the body is written in T
     assert f32.in_params == ", ".join(f"T x{k}" for k in range(7))
@@ -461,12 +462,12 @@ def test_generated_kernel_is_named_typed_and_shared_by_equal_signatures():
     lines = f32.operation.splitlines()
     assert lines[0] == "const T t0 = (1 / (1 + exp(-x0)));  // sigmoid"
     assert len(lines) == len(cell_group) + len(cell_group.outputs)  # one statement per member
-    assert fusion.elementwise_source(cell_group, "float32") is f32  # cached
+    assert csource.elementwise_source(cell_group, "float32") is f32  # cached
     # Two groups with one signature (the same chain on either side of a matmul): one kernel.
     W = mc.tensor(np.ones((3, 3), np.float32))
     graph = mc.trace(lambda a: mc.tanh((mc.tanh(a) * 2.0) @ W) * 2.0, ((4, 3), "float32"))
     groups = fusion_groups(graph)
-    names = {fusion.elementwise_source(g, np.float32).name for g in groups}
+    names = {csource.elementwise_source(g, np.float32).name for g in groups}
     assert len(groups) == 2 and len(names) == 1
 
 
@@ -476,7 +477,7 @@ def test_non_float_members_keep_their_c_types():
 
     graph = mc.trace(fn, ((4,), "float64"), ((4,), "float64"))
     (group,) = fusion_groups(graph, min_size=1)
-    source = fusion.elementwise_source(group, np.float64)
+    source = csource.elementwise_source(group, np.float64)
     assert "const bool t0 = (x0 > x1);  // greater" in source.operation.splitlines()
 
 
@@ -524,7 +525,7 @@ def _broken_group():
 
 
 def test_a_broken_c_expression_is_a_compile_error_with_numbered_source_and_ops():
-    source = fusion.elementwise_source(_broken_group(), np.float32)
+    source = csource.elementwise_source(_broken_group(), np.float32)
     with pytest.raises(KernelCompileError) as info:
         fusion.compile_ptx(source)
     message = str(info.value)
@@ -532,7 +533,7 @@ def test_a_broken_c_expression_is_a_compile_error_with_numbered_source_and_ops()
     assert "minicavs_no_such_function" in info.value.log
     assert re.search(r"\n *\d+ \| +const T t1 = minicavs_no_such_function\(t0\);  // broken_op",
                      message), message
-    assert info.value.source == source.raw_source()
+    assert info.value.source == fusion.raw_source(source)
     # The g++ shim reports the same way (its log points at line 9, shown numbered).
     shim_report = r"(?s)ops: tanh broken_op.*g\+\+ shim.*cu:9:.*\n 9 \| "
     with pytest.raises(KernelCompileError, match=shim_report):
@@ -544,7 +545,7 @@ def test_a_c_expression_missing_an_attribute_is_a_compile_error():
     x = Symbol("input", (4,), np.float64)
     y = Symbol("op", (4,), np.float64, op=op, inputs=[x])
     with pytest.raises(KernelCompileError, match="'needs_attr' needs 'scale'"):
-        fusion.elementwise_source(FusedGroup([y], [x], [y]), np.float64)
+        csource.elementwise_source(FusedGroup([y], [x], [y]), np.float64)
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -596,8 +597,8 @@ def test_cupy_factory_is_registered_on_first_use_without_importing_cupy():
 import sys, types
 import numpy as np
 import minicavs as mc
-from minicavs.autodiff import executor
-from minicavs.autodiff.analysis import fusion_groups
+from minicavs.runtime import executor
+from minicavs.runtime.analysis import fusion_groups
 assert "cupy" not in sys.modules and "minicavs.cuda.fusion" not in sys.modules
 graph = mc.trace(lambda x: mc.tanh(x) * 2 + 1, ((4,), "float32"))
 (group,) = fusion_groups(graph)

@@ -17,8 +17,7 @@ from hypothesis.extra import numpy as hnp
 
 import minicavs as mc
 from minicavs.cuda import kernels, nvrtc, shim
-from minicavs.cuda.errors import KernelCompileError
-from minicavs.errors import DTypeError, IndexRangeError, ShapeError
+from minicavs.errors import DTypeError, IndexRangeError, KernelCompileError, ShapeError
 
 FLOAT_DTYPES = [np.float32, np.float64]
 ROW_SHAPES = [(), (1,), (3,), (2, 3), (0,), (5, 1, 2)]

@@ -701,9 +701,9 @@ def test_fused_groups_as_native_loops_equal_the_numpy_plan(cell, dtype, seed):
     """cpu/fused.py runs a fused group over whole arrays as one native loop: its results equal
     the NumPy plan's (NumpyFusedKernel without the native loop), for per-row inputs that are
     whole arrays or column windows of wider ones, shared rows and values, columns."""
-    from minicavs.autodiff.executor import NumpyFusedKernel
+    from minicavs.runtime.executor import NumpyFusedKernel
     from minicavs.cpu import fused
-    from minicavs.cuda import fusion
+    from minicavs import csource
     from test_cuda_fusion import assert_outputs_close, cell_groups, random_inputs
 
     rng = np.random.default_rng(seed)
@@ -721,7 +721,7 @@ def test_fused_groups_as_native_loops_equal_the_numpy_plan(cell, dtype, seed):
         reference = NumpyFusedKernel(group, np, dtype)
         reference._native = None
         want = reference(*inputs)
-        got = fused.run(fusion.elementwise_source(group, dtype), inputs)
+        got = fused.run(csource.elementwise_source(group, dtype), inputs)
         if got is not None:
             ran += 1
             assert_outputs_close(got, want, dtype, f"{cell} {where}", chained=True)
@@ -731,11 +731,11 @@ def test_fused_groups_as_native_loops_equal_the_numpy_plan(cell, dtype, seed):
 @needs_native
 def test_a_fused_group_the_native_loop_cannot_read_runs_on_numpy():
     from minicavs.cpu import fused
-    from minicavs.cuda import fusion
+    from minicavs import csource
     from test_cuda_fusion import cell_groups
 
     (where, group), *_ = cell_groups("tree_fc", np.float64)
-    source = fusion.elementwise_source(group, np.float64)
+    source = csource.elementwise_source(group, np.float64)
     rng = np.random.default_rng(0)
     strided = [rng.standard_normal((64, 2 * x.shape[-1]))[:, ::2] if len(x.shape) == 2 else
                np.asarray(rng.standard_normal(x.shape)) for x in group.inputs]

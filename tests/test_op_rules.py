@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import minicavs as mc
-from minicavs.autodiff.analysis import merge_common_subexpressions
-from minicavs.autodiff.executor import OpStep
+from minicavs.runtime.analysis import merge_common_subexpressions
+from minicavs.runtime.executor import OpStep
 from minicavs.ops import OPS, registry
 from minicavs.ops.batching import EDGES, VERTICES, dim_text, row_domain
 from minicavs.ops.elementwise import SIGMOID, elementwise

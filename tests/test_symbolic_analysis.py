@@ -13,11 +13,11 @@ import pytest
 import scipy.special
 
 import minicavs as mc
-from minicavs.autodiff import analysis
-from minicavs.autodiff.analysis import (backward_sources_and_sinks, dependency_classes,
+from minicavs.runtime import analysis
+from minicavs.runtime.analysis import (backward_sources_and_sinks, dependency_classes,
                                         eliminate_dead, freeze, fusion_groups,
                                         merge_common_subexpressions)
-from minicavs.autodiff.executor import (NumpyFusedKernel, OpByOpKernel, make_fused_kernel,
+from minicavs.runtime.executor import (NumpyFusedKernel, OpByOpKernel, make_fused_kernel,
                                         plan_steps, run_steps, sigmoid_expit_into,
                                         sigmoid_tanh_into)
 from minicavs.ops.elementwise import SIGMOID
@@ -454,7 +454,7 @@ def test_tree_lstm_dot():
     graph, s = tree_lstm(head=True)
     gathers = [s[k] for k in ("h_l", "c_l", "h_r", "c_r")]
     classes = dependency_classes(graph, gathers, [s["scatter"]])
-    text = graph.to_dot(classes)
+    text = graph.to_dot(classes, fusion_groups(graph, classes=classes))
     declared, edges = check_dot_structure(text)
     assert text.startswith('digraph "cell" {')
     assert text.count("subgraph cluster_fused_") == 2
@@ -462,7 +462,7 @@ def test_tree_lstm_dot():
     assert "invhouse" in text and "box3d" in text and "legend" in text
     assert 'fillcolor="#b7e1cd"' in text and 'fillcolor="#f9cb9c"' in text  # eager, lazy
     assert "matmul\\n(3, 20)" in text and "sigmoid\\n(3, 4)" in text
-    plain = graph.to_dot(groups=[])
+    plain = graph.to_dot()  # the graph alone: no clusters unless the runtime's are given
     check_dot_structure(plain)
     assert "cluster" not in plain
     summary = graph.summary(classes=classes, groups=fusion_groups(graph, classes=classes))

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, strategies as st
 
 import minicavs as mc
-from minicavs.autodiff import analysis
+from minicavs.runtime import analysis
 from graph_executor import GraphExecutor
 
 from symbolic_programs import arrays_for, interpret, programs

@@ -1,5 +1,5 @@
 """Automatic differentiation: eager Tensors (``tensor.py``), traced symbolic graphs
-(``symbolic.py``), their symbolic backward and analyses, and gradient checking."""
+(``symbolic.py``) and their symbolic backward, and gradient checking."""
 
 from .tensor import (Parameter, Tensor, enable_grad, from_dlpack, is_grad_enabled, no_grad,
                      tensor)

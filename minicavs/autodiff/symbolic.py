@@ -282,8 +282,6 @@ class Graph:
 
     def run(self, input_arrays, params=None, env=None):
         """Evaluate every node, op by op; return the environment ``node.key -> array``."""
-        from .executor import plan_steps, run_steps
-
         if len(input_arrays) != len(self.inputs):
             raise GraphError(f"graph {self.name!r} takes {len(self.inputs)} inputs, "
                              f"got {len(input_arrays)}")
@@ -292,22 +290,25 @@ class Graph:
         env.update(zip((s.key for s in self.inputs + self.params),
                        list(input_arrays) + param_values))
         xp = backend.get_array_module(*input_arrays, *param_values)
-        run_steps(plan_steps(self, fuse=False), env, xp)
-        for n in self.nodes:  # constants no op reads (an output that is a constant)
+        for n in self.nodes:  # in traced order, which is topological: inputs come first
             if n.kind == "const" and n.key not in env:
                 env[n.key] = n.value if xp is np else xp.asarray(n.value)
+            elif n.kind == "op":
+                if any(x.key not in env for x in n.inputs):
+                    raise GraphError(f"graph {self.name!r}: {n!r} comes before its inputs")
+                env[n.key] = n.op.forward(xp, *[env[x.key] for x in n.inputs], **n.attrs)
         return env
 
     def summary(self, classes=None, groups=None):
-        """One line per node: index, what it is, shape, dtype, and its inputs. With
-        ``classes`` (``analysis.dependency_classes``) or ``groups`` (``analysis.fusion_groups``)
-        each line also shows the node's eager/core/lazy class and fused group."""
+        """One line per node: index, what it is, shape, dtype, and its inputs. With the
+        runtime's ``classes`` (``dependency_classes``) or ``groups`` (``fusion_groups``) each
+        line also shows the node's eager/core/lazy class and fused group."""
         from .visualize import summary
         return summary(self, classes, groups)
 
     def to_dot(self, classes=None, groups=None):
-        """Graphviz DOT text of the graph, fused groups as clusters, nodes coloured by their
-        eager/core/lazy ``classes`` if given (see ``minicavs.autodiff.visualize.to_dot``)."""
+        """Graphviz DOT text of the graph, fused ``groups`` as clusters and nodes coloured by
+        their eager/core/lazy ``classes`` where given (see ``autodiff/visualize.py``)."""
         from .visualize import to_dot
         return to_dot(self, classes, groups)
 

@@ -1,10 +1,11 @@
 """Seeing a graph: Graphviz DOT text and an annotated text summary.
 
 ``graph.to_dot()`` draws every node with its op (or kind) and shape: inputs as house shapes,
-parameters as 3-D boxes, constants as notes, ops as rounded boxes; fused groups are dashed
-clusters ("fused kernel k"). Given the eager/core/lazy classes of :func:`dependency_classes`,
-nodes are coloured as in Cavs Fig. 7 (eager green, lazy orange, the gather→scatter core white)
-and a legend is added. Render with ``dot -Tsvg graph.dot -o graph.svg``.
+parameters as 3-D boxes, constants as notes, ops as rounded boxes. What the runtime decided
+about a graph is drawn when given: fused groups (``runtime/analysis.fusion_groups``, or a
+Program's ``groups``) as dashed clusters ("fused kernel k"), the eager/core/lazy classes of
+``dependency_classes`` as the colours of Cavs Fig. 7 (eager green, lazy orange, the
+gather→scatter core white) with a legend. Render with ``dot -Tsvg graph.dot -o graph.svg``.
 
 Shapes and attributes may hold a task's symbolic sizes (the vertex runtime records F with a
 leading axis of symbolic length); they are shown by name, ``(V, 4)``, as everywhere a person
@@ -13,9 +14,9 @@ reads a shape (``registry.describe``).
 
 from ..ops.batching import dim_text, has_symbolic_size
 from ..ops.registry import describe
-from .analysis import CORE, EAGER, LAZY, fusion_groups
 
-CLASS_COLOURS = {EAGER: "#b7e1cd", CORE: "#ffffff", LAZY: "#f9cb9c"}  # Fig. 7: eager, lazy
+# The runtime's node classes (runtime/analysis.py), coloured as in Fig. 7.
+CLASS_COLOURS = {"eager": "#b7e1cd", "core": "#ffffff", "lazy": "#f9cb9c"}
 PARAM_COLOUR = "#d9d2e9"
 CONST_COLOUR = "#eeeeee"
 INPUT_COLOUR = "#ffffff"
@@ -62,12 +63,10 @@ def _node_style(node, cls):
 def to_dot(graph, classes=None, groups=None, title=None):
     """Graphviz DOT text for ``graph``.
 
-    ``classes``: a :func:`dependency_classes` result, to colour nodes eager/core/lazy.
-    ``groups``: the fused groups to draw as clusters; by default ``fusion_groups(graph,
-    classes=classes)`` (pass ``[]`` for none).
+    ``classes``: a ``dependency_classes`` result, to colour nodes eager/core/lazy.
+    ``groups``: the fused groups to draw as clusters (objects with ``members``), or None.
     """
-    if groups is None:
-        groups = fusion_groups(graph, classes=classes)
+    groups = groups or []
     index = {n.key: i for i, n in enumerate(graph.nodes)}
     group_of = {m.key: k for k, g in enumerate(groups) for m in g.members}
     name = title or graph.name or "graph"
@@ -105,7 +104,7 @@ def to_dot(graph, classes=None, groups=None, title=None):
     if classes is not None:
         lines.append("  subgraph cluster_legend {")
         lines.append('    label="legend"; style=rounded; color="#999999";')
-        for kind in (EAGER, CORE, LAZY):
+        for kind in CLASS_COLOURS:
             lines.append(f"    legend_{kind} [label={_quote(kind + ' operator')}, shape=box, "
                          f'style="rounded,filled", fillcolor={_quote(CLASS_COLOURS[kind])}];')
         lines.append(f'    legend_param [label="parameter", shape=box3d, style=filled, '

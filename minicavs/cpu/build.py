@@ -65,7 +65,7 @@ import time
 import warnings
 
 from .. import validate
-from ..cuda.errors import numbered
+from ..csource import numbered
 from ..errors import ArgumentError, KernelCompileError, ToolchainError
 
 CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",

@@ -4,7 +4,7 @@ The passes fuse linked elementwise ops into groups; inside a native level loop a
 already one loop (``runtime/codegen.py``), but a group run over whole arrays — an eager or lazy
 step of a vertex function (all of a recursive definition's leaf kind: its gates), an interpreted
 level — ran as one NumPy call per member. Here it is one loop whose body is the C every backend
-runs for the group (``cuda/fusion.elementwise_source``, from the ops' ``c_expr``): rows split
+runs for the group (``csource.elementwise_source``, from the ops' ``c_expr``): rows split
 between the native team inside a call of native loops, columns vectorised.
 
 The output is seen as ``(rows, cols)`` (its last axis the columns); each input is read as one
@@ -22,6 +22,8 @@ import threading
 import numpy as np
 
 from . import build, kernels
+from ..csource import elementwise_source
+from ..errors import KernelCompileError
 
 WHOLE, ONE, ROW, COLUMN = "whole", "one", "row", "column"
 # Elements from which the native loop runs: below, the NumPy calls cost less than preparing
@@ -35,15 +37,12 @@ _loops = {}  # (source name, layouts) -> ctypes function, or None (does not comp
 
 
 def source_for(group, dtype):
-    """The group's :class:`~minicavs.cuda.fusion.ElementwiseSource` in ``dtype``, or None
+    """The group's :class:`~minicavs.csource.ElementwiseSource` in ``dtype``, or None
     where native code cannot run it (no compiler, a dtype or op the generator does not take)."""
     if build.unavailable() is not None:
         return None
-    from ..cuda import fusion
-    from ..errors import KernelCompileError
-
     try:
-        return fusion.elementwise_source(group, dtype)
+        return elementwise_source(group, dtype)
     except KernelCompileError:
         return None
 

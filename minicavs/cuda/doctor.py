@@ -64,7 +64,7 @@ def _probe(report):
             report.append(("gpu", f"none visible ({type(exc).__name__})", GPU_HINT, False))
 
     from . import nvrtc, shim
-    from .errors import ToolchainError
+    from ..errors import ToolchainError
 
     version = None
     try:
@@ -101,7 +101,7 @@ def _probe(report):
 
 def _probe_headers(report, nvrtc, nvrtc_version):
     """The CUDA headers CuPy would compile with; returns CuPy's options, or None."""
-    from .errors import ToolchainError
+    from ..errors import ToolchainError
 
     try:
         options = nvrtc.cupy_compile_options()

@@ -1,29 +1,13 @@
 """Fusion code generation: one ``cupy.ElementwiseKernel`` per fused group (Cavs §3.4).
 
-A :class:`~minicavs.autodiff.analysis.FusedGroup` is a set of linked elementwise nodes; each op
-brings a C expression (``op.c_expr``, e.g. ``"tanh({0})"``, ``{T}`` = the C type of the result).
-:func:`elementwise_source` turns a group into the three texts an ElementwiseKernel is made of:
-
-* ``in_params``  the group inputs, ``"T x0, T x1, bool x2"``: ``T`` for values in the compute
-  dtype, the NumPy type name otherwise. Broadcasting (an ``(H,)`` bias against ``(N, H)`` rows,
-  the 0-d constant 1 of ``1 - h*h``) is CuPy's elementwise broadcasting of the inputs;
-* ``out_params`` the group outputs, ``"T y0, T y1"``;
-* ``operation``  one C statement per member, each into a local ``t<j>`` (so no value is read
-  back from global memory), then one assignment per output: ::
-
-      const T t0 = (1 / (1 + exp(-x0)));  // sigmoid
-      const T t1 = tanh(x1);  // tanh
-      const T t2 = (t0 * t1);  // mul
-      y0 = t2;
-
-The kernel is named ``minicavs_fused_<hash>``, the hash of its dtype and texts, and built once per
-(group signature, dtype): every group with the same signature (the T copies of an unrolled cell,
-the two ``1 - h*h`` of ∂F) shares it. :class:`CupyFusedKernel` is the executor's
-:class:`~minicavs.autodiff.executor.FusedKernel` for CuPy arrays; the executor imports it on first
+A fused group's C body is ``csource.elementwise_source`` (the texts an ElementwiseKernel is made
+of, shared with the native CPU loops); the kernel is built once per source, so every group with
+the same signature and dtype shares it. :class:`CupyFusedKernel` is the executor's
+:class:`~minicavs.runtime.executor.FusedKernel` for CuPy arrays; the executor imports it on first
 use (``import minicavs`` never imports CuPy). A body that does not compile raises
 :class:`~minicavs.errors.KernelCompileError` with the generated source, numbered, and the ops.
 
-Checked without a GPU: :meth:`ElementwiseSource.raw_source` wraps the same ``operation`` into a
+Checked without a GPU: :func:`raw_source` wraps the same ``operation`` into a
 grid-stride RawKernel (``shim.elementwise_raw_source``, one thread per element i) that NVRTC
 compiles for compute_90 and the g++ shim runs on the CPU; :class:`ShimFusedKernel` is the
 CuPy kernel's CPU twin (same call logic, inputs broadcast on the host, body run by the shim).
@@ -31,173 +15,30 @@ Both sides compile without contraction (``nvrtc.KERNEL_OPTIONS``), and the shim 
 bodies with subnormals flushed, as CuPy's ``-ftz=true`` makes the GPU do. The C expressions
 follow NumPy's NaN rules (``ops/elementwise.py``); the math functions (exp, log, tanh, pow)
 are the GPU's and libm's, equal to NumPy's within a few units in the last place.
-
-This module imports nothing from the layers above the CUDA layer: a group is read through its
-``members``/``inputs``/``outputs`` and each member's ``op``, ``attrs``, ``inputs``, ``dtype``.
 """
 
 import functools
-import hashlib
 import math
-from collections import namedtuple
 
 import numpy as np
 
-from ..errors import GraphError
-from .errors import KernelCompileError, numbered
+from ..csource import C_TYPES, elementwise_source, numbered, run_dtypes
+from ..errors import GraphError, KernelCompileError
 
-# NumPy dtype -> C type, for the dtypes a fused body may hold (the compute dtype is float32 or
-# float64; masks are bool; integer members come only from an explicit astype).
-C_TYPES = {
-    np.dtype(np.float32): "float", np.dtype(np.float64): "double", np.dtype(np.bool_): "bool",
-    np.dtype(np.int8): "signed char", np.dtype(np.uint8): "unsigned char",
-    np.dtype(np.int16): "short", np.dtype(np.uint16): "unsigned short",
-    np.dtype(np.int32): "int", np.dtype(np.uint32): "unsigned int",
-    np.dtype(np.int64): "long long", np.dtype(np.uint64): "unsigned long long",
-}
-COMPUTE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 BLOCK_SIZE = 256  # the shim's launch shape (its kernels are grid-stride loops)
 MAX_BLOCKS = 4096
 
 
-# --- the generated source ----------------------------------------------------------------------
+def raw_source(source):
+    """The body of ``source`` (an ``ElementwiseSource``) as a grid-stride RawKernel over ``i``
+    (arrays of the broadcast size, in group order: inputs, outputs, then ``long long n``), for
+    NVRTC and the CPU shim."""
+    from .shim import elementwise_raw_source
 
-class ElementwiseSource(namedtuple("ElementwiseSource", "name dtype in_params out_params "
-                                                      "operation preamble inputs outputs ops")):
-    """A fused group as ElementwiseKernel texts (see the module docstring).
-
-    ``name``: ``minicavs_fused_<hash>``; ``dtype``: the compute dtype's name; ``in_params``,
-    ``out_params``, ``operation``, ``preamble``: the arguments of ``cupy.ElementwiseKernel``;
-    ``inputs``/``outputs``: ``((dtype name, C type, param name), ...)`` in group order; ``ops``:
-    the member op names, in order."""
-
-    __slots__ = ()
-
-    def raw_source(self):
-        """The body as a grid-stride RawKernel over ``i`` (arrays of the broadcast size, in
-        group order: inputs, outputs, then ``long long n``), for NVRTC and the CPU shim."""
-        from .shim import elementwise_raw_source
-
-        preamble = f"typedef {C_TYPES[np.dtype(self.dtype)]} T;"
-        return elementwise_raw_source(self.name, [(c, n) for _, c, n in self.inputs],
-                                      [(c, n) for _, c, n in self.outputs], self.operation,
-                                      preamble)
-
-    def describe(self):
-        return f"fused kernel '{self.name}' ({self.dtype}; ops: {' '.join(self.ops)})"
-
-
-def _compute_dtype(group):
-    """The float dtype the group was traced in (as the executor decides it): that of its float
-    inputs, else of its first float member, else of its first output."""
-    for x in group.inputs:
-        if x.dtype.kind == "f":
-            return x.dtype
-    for m in group.members:
-        if m.dtype.kind == "f":
-            return m.dtype
-    return group.outputs[0].dtype
-
-
-def _run_dtypes(group, dtype):
-    """dtypes of the inputs and members when the group computes in ``dtype``: values of the
-    traced float dtype follow ``dtype``; masks and explicit casts keep theirs."""
-    traced = _compute_dtype(group)
-
-    def run(x):
-        return dtype if x.dtype == traced else x.dtype
-
-    return [run(x) for x in group.inputs], [run(m) for m in group.members]
-
-
-class _CLiteral:
-    """An attribute value that formats (``{exponent!r}``) as a C literal."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def __repr__(self):
-        v = self.value
-        if isinstance(v, (bool, np.bool_)):
-            return "true" if v else "false"
-        if isinstance(v, (int, np.integer)):
-            return f"{int(v)}LL"
-        if isinstance(v, (float, np.floating)):
-            v = float(v)
-            if math.isnan(v):
-                return "(0.0 / 0.0)"
-            if math.isinf(v):
-                return "(1.0 / 0.0)" if v > 0 else "(-1.0 / 0.0)"
-            return repr(v)  # always has '.', 'e' or is exact: a valid C double literal
-        return repr(v)
-
-    def __format__(self, spec):
-        return format(self.value, spec)
-
-
-def elementwise_source(group, dtype):
-    """The :class:`ElementwiseSource` of ``group`` computing in ``dtype`` (float32 or float64),
-    cached by (group signature, dtype)."""
-    dtype = np.dtype(dtype)
-    key = (group.signature(), dtype.str)
-    source = _SOURCES.get(key)
-    if source is None:
-        source = _SOURCES[key] = _generate(group, dtype)
-    return source
-
-
-_SOURCES = {}  # (group signature, dtype) -> ElementwiseSource
-
-
-def _generate(group, dtype):
-    if dtype not in COMPUTE_DTYPES:
-        raise KernelCompileError(f"fusion: no fused kernels for dtype {dtype} (float32 and "
-                                 f"float64 only)")
-    input_dtypes, member_dtypes = _run_dtypes(group, dtype)
-    for d in input_dtypes + member_dtypes:
-        if d not in C_TYPES:
-            raise KernelCompileError(f"fusion: a member or input has dtype {d}, which fused "
-                                     f"kernels do not support")
-
-    def label(d):  # a parameter's type in CuPy's signature
-        return "T" if d == dtype else d.name
-
-    def ctype(d):  # a value's type in the body
-        return "T" if d == dtype else C_TYPES[d]
-
-    inputs = tuple((d.name, C_TYPES[d], f"x{k}") for k, d in enumerate(input_dtypes))
-    name_of = {x.key: f"x{k}" for k, x in enumerate(group.inputs)}
-    lines = []
-    for j, (m, d) in enumerate(zip(group.members, member_dtypes)):
-        if m.op.c_expr is None:
-            raise KernelCompileError(f"fusion: member {j} ({m.op.name}) has no C expression")
-        attrs = {k: _CLiteral(v) for k, v in m.attrs.items()}
-        try:
-            expr = m.op.c_expr.format(*[name_of[x.key] for x in m.inputs], T=ctype(d), **attrs)
-        except (IndexError, KeyError) as exc:
-            raise KernelCompileError(f"fusion: the C expression {m.op.c_expr!r} of op "
-                                     f"'{m.op.name}' needs {exc}, which member {j} does not "
-                                     f"have") from None
-        lines.append(f"const {ctype(d)} t{j} = {expr};  // {m.op.name}")
-        name_of[m.key] = f"t{j}"
-    position = {m.key: j for j, m in enumerate(group.members)}
-    outputs = []
-    for p, o in enumerate(group.outputs):
-        d = member_dtypes[position[o.key]]
-        outputs.append((d.name, C_TYPES[d], f"y{p}"))
-        lines.append(f"y{p} = {name_of[o.key]};")
-    outputs = tuple(outputs)
-    in_params = ", ".join(f"{label(np.dtype(d))} {n}" for d, _, n in inputs)
-    out_params = ", ".join(f"{label(np.dtype(d))} {n}" for d, _, n in outputs)
-    operation = "\n".join(lines)
-    # CuPy typedefs T only when a parameter is typed T; the body may use T all the same.
-    uses_t = any(np.dtype(d) == dtype for d, _, _ in inputs + outputs)
-    preamble = "" if uses_t else f"typedef {C_TYPES[dtype]} T;"
-    digest = hashlib.sha1("\0".join((dtype.str, in_params, out_params, operation, preamble))
-                          .encode()).hexdigest()[:12]
-    return ElementwiseSource(f"minicavs_fused_{digest}", dtype.name, in_params, out_params,
-                             operation, preamble, inputs, outputs,
-                             tuple(m.op.name for m in group.members))
+    preamble = f"typedef {C_TYPES[np.dtype(source.dtype)]} T;"
+    return elementwise_raw_source(source.name, [(c, n) for _, c, n in source.inputs],
+                                  [(c, n) for _, c, n in source.outputs], source.operation,
+                                  preamble)
 
 
 # --- compile checks (NVRTC, no GPU needed) ------------------------------------------------------
@@ -209,7 +50,7 @@ def compile_ptx(source, arch=None):
     from . import nvrtc
 
     try:
-        return nvrtc.compile_to_ptx(source.raw_source(), source.name,
+        return nvrtc.compile_to_ptx(raw_source(source), source.name,
                                     arch=arch or nvrtc.DEFAULT_ARCH,
                                     options=nvrtc.KERNEL_OPTIONS + nvrtc.CUPY_APPENDED_OPTIONS)
     except KernelCompileError as exc:
@@ -217,12 +58,12 @@ def compile_ptx(source, arch=None):
 
 
 def _compile_error(source, log, compiler):
-    body = numbered(source.raw_source())
+    body = numbered(raw_source(source))
     return KernelCompileError(
         f"{source.describe()} does not compile ({compiler}).\n"
         f"--- compiler log ---\n{str(log).strip()}\n"
         f"--- generated source (one line per op: the comment names it) ---\n{body}",
-        log=str(log), source=source.raw_source())
+        log=str(log), source=raw_source(source))
 
 
 # --- the fused kernels --------------------------------------------------------------------------
@@ -266,7 +107,7 @@ class GeneratedFusedKernel:
             self.source = elementwise_source(group, self.dtype)
         except KernelCompileError:
             self.source = None  # not generated (e.g. float16): op by op
-        _, member_dtypes = _run_dtypes(group, self.dtype)
+        _, member_dtypes = run_dtypes(group, self.dtype)
         self.output_dtypes = [member_dtypes[s - n] for s in self.output_slots]
         self.describe = " ".join(m.op.name for m in group.members)
         self._plans = {}
@@ -329,7 +170,7 @@ def _elementwise_kernel(source):
     from . import nvrtc
 
     cupy = _import_cupy()
-    from .errors import ToolchainError
+    from ..errors import ToolchainError
 
     try:  # let CuPy < 14 find the NVRTC wheel too (see nvrtc.py)
         nvrtc.load_nvrtc()
@@ -389,7 +230,7 @@ def build_shim_kernels(sources):
         if source not in _SHIM_KERNELS:
             by_dtype.setdefault(source.dtype, {})[source.name] = source
     for dtype, named in by_dtype.items():
-        unit = "\n".join(s.raw_source() for s in named.values())  # typedef T repeats: legal C++
+        unit = "\n".join(raw_source(s) for s in named.values())  # typedef T repeats: legal C++
         tag = next(iter(named)) if len(named) == 1 else f"minicavs_fused_{len(named)}_{dtype}"
         try:
             module = shim_module(unit, tag)

@@ -356,7 +356,7 @@ def _raw_kernel(kernel, dtype):
     from . import nvrtc
 
     cupy = _import_cupy()
-    from .errors import ToolchainError
+    from ..errors import ToolchainError
 
     try:  # let CuPy < 14 find the NVRTC wheel too (see nvrtc.py)
         nvrtc.load_nvrtc()

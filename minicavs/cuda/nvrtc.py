@@ -23,7 +23,8 @@ import os
 import re
 import sys
 
-from .errors import KernelCompileError, ToolchainError, numbered
+from ..csource import numbered
+from ..errors import KernelCompileError, ToolchainError
 
 DEFAULT_ARCH = "compute_90"  # Hopper (H100/H200); PTX for it is what the tests check
 INSTALL_HINT = ("pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12   "

@@ -46,8 +46,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
-from .errors import KernelCompileError, ToolchainError, numbered
+from ..csource import numbered
+from ..errors import DTypeError, KernelCompileError, ShapeError, ToolchainError
 
 SHIM_HEADER = r"""// minicavs CPU shim: CUDA kernels compiled for the host (minicavs/cuda/shim.py).
 #include <float.h>

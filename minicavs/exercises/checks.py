@@ -110,7 +110,7 @@ def check_gradcheck(module):
 # --- 4 symbolic -----------------------------------------------------------------------------
 
 def check_symbolic(module):
-    from minicavs.autodiff.analysis import fusion_groups, merge_common_subexpressions
+    from minicavs.runtime.analysis import fusion_groups, merge_common_subexpressions
 
     W = mc.Parameter(np.ones((3, 3)))
 

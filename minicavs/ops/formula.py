@@ -5,7 +5,7 @@ operators and ``xp.exp``, ``xp.log``, ``xp.tanh``: ``lambda xp, x: 1 / (1 + xp.e
 Run on NumPy or CuPy arrays it is the forward. Traced once on stand-ins, it gives the C
 expression of the fusion code generators (:func:`c_expr`) and a NumPy writer ``fn(x, out)``
 that runs each step as one ufunc writing into ``out``, with no temporaries (:func:`writer`;
-the fastest CPU form, see autodiff/executor.py). The three cannot disagree.
+the fastest CPU form, see runtime/executor.py). The three cannot disagree.
 """
 
 import numpy as np

@@ -3,7 +3,8 @@
 Every front-end (``minicavs/vertex/``: vertex functions, kinds, recursive definitions, growth,
 static functions) makes Programs here and runs them through one chain::
 
-    passes.compile_programs(...)  -> Program (F, ∂F)         program.py, passes.py, zero_rows.py
+    passes.compile_programs(...)  -> Program (F, ∂F)         program.py, passes.py, zero_rows.py,
+                                                              analysis.py (the graph rewrites)
     Executable(program)           -> its caches               executable.py, plans.py, memory.py
     call.bind_forward(...)        -> a Part: one call's values call.py
     driver.run([part, ...], xp)   -> eager, the level loop, lazy          driver.py
@@ -11,8 +12,9 @@ static functions) makes Programs here and runs them through one chain::
             native.py + codegen.py (C++ via minicavs/cpu/), interpreter.py (NumPy/CuPy)
 
 Read in this order: ``program.py``, ``passes.py``, ``call.py``, ``driver.py``, ``backends.py``,
-then a backend. ``memory.py`` holds the batch buffers' pool, a call's memory model and the
-budget; ``finite_check.py`` debug mode's check of each instruction.
+then a backend. ``executor.py`` runs a graph's steps (an op or a fused group); ``memory.py``
+holds the batch buffers' pool, a call's memory model and the budget; ``finite_check.py`` debug
+mode's check of each instruction.
 """
 
 from .backends import interpreter_only  # noqa: F401

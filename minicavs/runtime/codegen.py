@@ -27,7 +27,7 @@ Instructions become loops or calls:
   ``ScatterAdd``: row adds into ∂F's state gradient;
 * an elementwise op or fused group: a loop over rows (split between cores with OpenMP) and
   columns (``omp simd``: vectorised, with libmvec's ``exp``/``tanh``), whose body is the
-  *same C* the CUDA ElementwiseKernels run (``cuda/fusion.elementwise_source``);
+  *same C* the CUDA ElementwiseKernels run (``csource.elementwise_source``);
 * a matrix product (``Op.native == "product"``) of per-row ``X`` and a shared ``W``: one BLAS
   gemm (``blas.py``), its transposition read from ``W``'s strides at call time;
 * a concat (``Op.assembles_in_place``): nothing if its parts wrote its columns, else column copies.
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..autodiff.analysis import FusedGroup
-from ..cuda import fusion
+from .. import csource
 from ..ops.batching import row_domain
+from .analysis import FusedGroup
 from .plans import RUN, SKIP, ZERO
 from .program import Compute, Gather
 
@@ -60,7 +60,7 @@ SPLIT_WORK = 1 << 23
 TEAM_FOR = "#pragma omp for schedule(static)"
 
 
-# The names a fused group's C uses (cuda/fusion.py): inputs x0.., temporaries t0.., outputs y0..
+# The names a fused group's C uses (csource.py): inputs x0.., temporaries t0.., outputs y0..
 _NAMES = re.compile(r"\b[xty]\d+\b")
 
 
@@ -226,7 +226,7 @@ class _Generator:
     def _dtype(self):
         touched = [x for ins in self.program.core for x in (*ins.reads, *ins.writes)]
         dtypes = {np.dtype(x.dtype) for x in touched}
-        if len(dtypes) != 1 or next(iter(dtypes)) not in fusion.COMPUTE_DTYPES:
+        if len(dtypes) != 1 or next(iter(dtypes)) not in csource.COMPUTE_DTYPES:
             raise Unsupported(f"the level loop holds values of dtypes {sorted(map(str, dtypes))} "
                               f"(the native loop takes one, float32 or float64)")
         return next(iter(dtypes))
@@ -459,7 +459,7 @@ class _Generator:
         if x.key in self.summed:  # the group's statements, at the element being added
             group = self.group_of(self.summed[x.key])
             rows, loads = self.element_loads(group, shape)
-            element = "\n".join(loads + ["T y0;", fusion.elementwise_source(
+            element = "\n".join(loads + ["T y0;", csource.elementwise_source(
                 group, self.dtype).operation]) + "\n"
             value = "y0"
         else:
@@ -572,7 +572,7 @@ class _Generator:
                 f"{a.row(0)}, {a.ld}, {out.row(0)}, {out.ld});")
 
     def elementwise(self, group):
-        source = fusion.elementwise_source(group, self.dtype)
+        source = csource.elementwise_source(group, self.dtype)
         outs = [self.output(o) for o in group.outputs]
         if any(o.shape is not None for o in outs) or any(
                 row_domain(x.shape) == "vertex" and x.key not in self.inlined
@@ -661,7 +661,7 @@ class _Generator:
         group = self.group_of(producer)
         full = _width(group.outputs[index])
         at = f"({column}) + {col}" if width > 1 else f"{col}"
-        source = fusion.elementwise_source(group, self.dtype)
+        source = csource.elementwise_source(group, self.dtype)
         lines = []
         for k, x in enumerate(group.inputs):
             if x.key in self.inlined:
@@ -809,7 +809,7 @@ class _Generator:
 
     def source(self, body):
         program = self.program
-        ctype = fusion.C_TYPES[self.dtype]
+        ctype = csource.C_TYPES[self.dtype]
         declare, per_level = [], []
         for s in self.slots:
             i = s.index

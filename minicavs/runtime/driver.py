@@ -19,10 +19,10 @@ import contextlib
 import numpy as np
 
 from ..autodiff import debug
-from ..autodiff.executor import RECORD
 from ..cpu import kernels
 from ..cuda import streams
 from . import backends
+from .executor import RECORD
 from .finite_check import FiniteCheck
 from .interpreter import run_static_step, run_whole
 

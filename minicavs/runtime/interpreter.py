@@ -22,9 +22,9 @@ differentiated twice).
 
 import numpy as np
 
-from ..autodiff.executor import OpStep
 from ..ops.index import scatter_add_into
 from ..ops.batching import instantiate, row_domain
+from .executor import OpStep
 from .plans import RUN, ZERO, record_written, widen
 from .program import Compute, Gather
 from .zero_rows import FULL, index_rows, intersect

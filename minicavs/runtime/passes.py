@@ -47,12 +47,12 @@ native level loop (codegen.py; the interpreter computes the same values its own 
 
 from dataclasses import dataclass, fields, replace
 
-from ..autodiff.analysis import (NodeClasses, clone, dependency_classes, eliminate_dead,
-                                 fusion_groups, merge_common_subexpressions)
-from ..autodiff.executor import OpStep, plan_steps
 from ..autodiff.symbolic import Graph, Symbol, grad_graph
 from ..errors import GraphError
 from ..ops.batching import has_symbolic_size, row_domain
+from .analysis import (NodeClasses, clone, dependency_classes, eliminate_dead, fusion_groups,
+                       merge_common_subexpressions)
+from .executor import OpStep, plan_steps
 from .program import Buffer, Compute, Gather, Program, ScatterAdd
 from .zero_rows import ZeroRowRule
 

@@ -36,7 +36,7 @@ def label(symbol, names):
 
 @dataclass(frozen=True, eq=False)
 class Compute:
-    """Run one executor step (an op or a fused group; ``autodiff/executor.py``).
+    """Run one executor step (an op or a fused group; ``runtime/executor.py``).
 
     ``symbolic``: attributes hold V or E and are instantiated per task. ``accumulate``: per
     output, a shared value computed per level and summed (a parameter gradient without lazy

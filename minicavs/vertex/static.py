@@ -9,7 +9,7 @@ replays both programs on recorded Tensors, so the gradient is differentiable aga
 import numpy as np
 
 from .. import backend
-from ..autodiff.executor import RECORD
+from ..runtime.executor import RECORD
 from ..autodiff.symbolic import Symbol, trace
 from ..autodiff.tensor import Tensor, is_grad_enabled
 from ..errors import DTypeError, GraphError, ShapeError

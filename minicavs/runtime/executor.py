@@ -5,8 +5,8 @@ read their inputs from an environment ``env`` (``symbol.key -> array``), write t
 into it, and can be told to write an output into a preallocated array instead of a new one
 (``outs``: ``symbol.key -> array``). That is all the vertex runtime needs to run *subsets* of a
 graph — eager steps once, core steps per level on row blocks, lazy steps at the end — into its
-batch buffers; :func:`run_steps` runs a list of steps (``Graph.evaluate`` runs a whole graph
-with it; the runtime's driver runs Programs of steps).
+batch buffers; :func:`run_steps` runs a list of steps (the driver runs Programs of steps;
+``Graph.evaluate``, the reference, runs a graph op by op without them).
 
 A fused group runs through one interface: :func:`make_fused_kernel` returns a
 :class:`FusedKernel`, a callable ``kernel(*inputs, outs=None) -> tuple of outputs`` built once
@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import backend
 from ..cpu import fused as native_fused
+from ..csource import compute_dtype
 from ..errors import GraphError
 from ..ops import registry
 from .analysis import FusedGroup, fusion_groups, schedule
@@ -140,7 +141,7 @@ class GroupStep:
                 _record(m, env, m.attrs)
             return
         args = [_value(env, x, xp) for x in self.group.inputs]
-        kernel = self.kernel(xp, _compute_dtype(self.group, args))
+        kernel = self.kernel(xp, compute_dtype(self.group, args))
         out_arrays = [outs.get(o.key) for o in self.group.outputs] if outs else None
         results = kernel(*args, outs=out_arrays)
         for o, r in zip(self.group.outputs, results):
@@ -148,19 +149,6 @@ class GroupStep:
 
     def __repr__(self):
         return f"GroupStep({self.group!r})"
-
-
-def _compute_dtype(group, args):
-    """The float dtype the group computes in: that of its float inputs (all share one, the ops
-    check that), else that of its first float member (a group fed by integer data only)."""
-    for a in args:
-        d = a.dtype
-        if d.kind == "f":
-            return d
-    for m in group.members:
-        if m.dtype.kind == "f":
-            return m.dtype
-    return group.outputs[0].dtype
 
 
 def plan_steps(graph, fuse=True, groups=None, **fusion_options):
@@ -217,7 +205,7 @@ class FusedKernel:
         self.output_slots = [n + position[o.key] for o in group.outputs]
         # Members of the group's traced float dtype compute in the kernel's dtype; the others
         # (masks, and the results of an explicit astype) keep the dtype they were traced with.
-        traced = _compute_dtype(group, group.inputs)
+        traced = compute_dtype(group)
         self.member_dtypes = [self.dtype if m.dtype == traced else m.dtype
                               for m in group.members]
         self.describe = " ".join(m.op.name for m in group.members)

@@ -23,6 +23,7 @@ import heapq
 import numpy as np
 
 from .. import backend
+from ..autodiff.symbolic import Symbol
 from ..errors import GraphError
 
 EAGER, CORE, LAZY = "eager", "core", "lazy"
@@ -366,8 +367,6 @@ def _rebuilt(graph, nodes, outputs):
 
 def clone(node, inputs):
     """A copy of op or constant ``node`` reading ``inputs`` (a rewrite's new node)."""
-    from .symbolic import Symbol
-
     return Symbol(node.kind, node.shape, node.dtype, op=node.op, inputs=inputs,
                   attrs=node.attrs, value=node.value, name=node.name, where=node.where,
                   tracer=node.tracer, role=node.role)
