@@ -1,0 +1,195 @@
+"""The hand-written product kernels on every instruction set, and the calibration that picks
+between them and NumPy's BLAS (``minicavs/cpu/isa.py``, ``calibrate.py``, ``kernels.py``).
+
+Every variant is compiled into the one kernels library everywhere (x86), so a variant this CPU
+cannot run is still checked to compile; each variant this CPU runs is forced
+(``MINICAVS_CPU_TARGET``) and checked against NumPy. No timing is asserted: speed is in
+``benchmarks/kernels.py``."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from minicavs.cpu import build, calibrate, isa, kernels
+from minicavs.errors import ArgumentError
+
+needs_native = pytest.mark.skipif(build.unavailable() is not None,
+                                  reason="no native code here (no compiler, or switched off)")
+
+
+def _skip_unless_runs(target):
+    if not isa.runs_here(target):
+        pytest.skip(f"the {target} variant is compiled (test_every_variant_is_compiled) but "
+                    f"runs only on a CPU with {', '.join(isa.TARGETS[target][4])}; this one "
+                    f"lacks it")
+
+
+@needs_native
+def test_every_variant_is_compiled_into_the_kernels_library():
+    """The library holds each target's panel kernels (on x86 the AVX-512 one too, compiled
+    with ``#pragma GCC target("avx512f")`` whatever this CPU has)."""
+    lib = kernels._library()
+    for target in isa.TARGETS:
+        if isa.TARGETS[target][0] and not isa.x86():
+            continue
+        for suffix in ("f32", "f64"):
+            for kernel in ("packed_gemm", "pack_panels", "panel_width"):
+                assert hasattr(lib, f"{target}_{kernel}_{suffix}"), (target, kernel)
+        width = getattr(lib, f"{target}_panel_width_f32")()
+        _, vector, _, vectors, _ = isa.TARGETS[target]
+        assert width == vectors * vector // 4
+
+
+@needs_native
+@pytest.mark.parametrize("target", list(isa.TARGETS))
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_each_variants_panels_equal_numpy(monkeypatch, target, dtype):
+    """Forced to one variant and to the library's own kernels: products with an invariant
+    weight and with its transpose, every row tail of the register block, a last panel cut
+    short, strided rows and a given ``out``, equal NumPy's in float64."""
+    _skip_unless_runs(target)
+    monkeypatch.setenv(isa.ENVIRONMENT, target)
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "own")
+    rng = np.random.default_rng(7)
+    W = rng.standard_normal((200, 333)).astype(dtype)  # 333: no panel width divides it
+    wide = rng.standard_normal((40, 500)).astype(dtype)
+    tol = 1e-12 if dtype == "float64" else 3e-5
+    with kernels.team_products(), kernels.invariant_operands([W]):
+        for m in range(1, 15):
+            for x, w in ((wide[:m, :200], W), (wide[:m, :333], W.T)):
+                got = kernels.packed_matmul(x, w)
+                assert got is not None, (m, w.shape)
+                expect = x.astype(np.float64) @ w.astype(np.float64)
+                np.testing.assert_allclose(got, expect, rtol=tol, atol=tol * 30)
+        out = np.full((9, 333), np.nan, dtype)
+        assert kernels.matmul(wide[:9, :200], W, out) is out
+        np.testing.assert_allclose(out, wide[:9, :200].astype(np.float64) @ W, rtol=tol,
+                                   atol=tol * 30)
+
+
+def test_the_target_is_the_widest_the_cpu_runs_unless_forced(monkeypatch):
+    monkeypatch.delenv(isa.ENVIRONMENT, raising=False)
+    assert isa.target() == next(t for t in isa.TARGETS if isa.runs_here(t))
+    assert isa.runs_here("portable")
+    monkeypatch.setenv(isa.ENVIRONMENT, "portable")
+    assert isa.target() == "portable"
+    monkeypatch.setenv(isa.ENVIRONMENT, "sse9")
+    with pytest.raises(ArgumentError, match="MINICAVS_CPU_TARGET='sse9' is not one of"):
+        isa.target()
+    lacking = [t for t in isa.TARGETS if not isa.runs_here(t)]
+    if lacking:  # forcing what the CPU lacks is an error, not an illegal instruction
+        monkeypatch.setenv(isa.ENVIRONMENT, lacking[0])
+        with pytest.raises(ArgumentError, match="this CPU lacks"):
+            isa.target()
+
+
+def test_the_generated_code_prefers_wide_vectors_only_for_the_avx512_target(monkeypatch):
+    monkeypatch.setenv(isa.ENVIRONMENT, "portable")
+    build.cxx_flags.cache_clear()
+    try:
+        assert not any("vector-width" in flag for flag in build.cxx_flags())
+    finally:
+        build.cxx_flags.cache_clear()
+
+
+@needs_native
+def test_forced_choices_pick_the_blas_or_the_own_kernels(monkeypatch):
+    """``MINICAVS_KERNELS=blas`` leaves every product to NumPy; ``own`` runs the panels and the
+    team wherever they apply (values equal NumPy's); another value is an error."""
+    rng = np.random.default_rng(8)
+    W = rng.standard_normal((64, 96))
+    x = rng.standard_normal((5, 64))
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "blas")
+    with kernels.team_products(), kernels.invariant_operands([W]):
+        assert kernels.matmul(x, W) is None
+        assert kernels.team_matmul(x, W) is None
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "own")
+    with kernels.team_products(), kernels.invariant_operands([W]):
+        np.testing.assert_allclose(kernels.packed_matmul(x, W), x @ W, rtol=1e-12)
+        if kernels.team_ready():
+            np.testing.assert_allclose(kernels.team_matmul(x, W.T.copy().T), x @ W, rtol=1e-12)
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "fastest")
+    with pytest.raises(ArgumentError, match="MINICAVS_KERNELS"):
+        calibrate.forced()
+
+
+@pytest.fixture
+def fresh_calibration(monkeypatch, tmp_path):
+    """Calibration in an empty cache folder, this process's measurements forgotten."""
+    monkeypatch.setenv("MINICAVS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(calibrate.ENVIRONMENT, raising=False)
+    monkeypatch.setattr(calibrate, "free_cores", lambda: 64)
+    calibrate.path.cache_clear()
+    monkeypatch.setattr(calibrate, "_table", None)
+    yield tmp_path
+    calibrate.path.cache_clear()
+
+
+def test_a_choice_is_measured_once_kept_on_disk_and_read_back(fresh_calibration, monkeypatch):
+    calls = []
+    slow = lambda: sum(range(20000))  # noqa: E731
+    fast = lambda: calls.append(1)  # noqa: E731
+    assert calibrate.own_is_faster("demo", fast, slow) is True
+    assert calibrate.own_is_faster("demo2", slow, fast) is False
+    measured = len(calls)
+    assert measured >= 1 + calibrate.ROUNDS[0]  # a warm-up, then timed rounds
+    with open(calibrate.path()) as f:
+        stored = json.load(f)
+    assert set(stored) == {"demo", "demo2"} and stored["demo"][0] < stored["demo"][1]
+    monkeypatch.setattr(calibrate, "_table", None)  # as a new process: read, not measured
+    monkeypatch.setattr(calibrate, "measure", lambda *calls: pytest.fail("measured again"))
+    assert calibrate.own_is_faster("demo", fast, slow) is True
+    assert calibrate.measured() == stored
+
+
+def test_measurements_are_not_kept_while_other_work_holds_their_cores(fresh_calibration,
+                                                                      monkeypatch):
+    monkeypatch.setattr(calibrate, "free_cores", lambda: 1)
+    fast, slow = (lambda: None), (lambda: sum(range(20000)))
+    assert calibrate.own_is_faster("team", fast, slow, threads=2) is True
+    assert not os.path.exists(calibrate.path())
+    assert "team" in calibrate.measured()  # (this process still uses it)
+    calibrate.own_is_faster("one thread", fast, slow, threads=1)
+    with open(calibrate.path()) as f:
+        assert list(json.load(f)) == ["one thread"]
+
+
+def test_free_cores_lie_between_one_and_the_team():
+    assert 1 <= calibrate.free_cores() <= kernels.team_size()
+
+
+def test_another_cpu_or_blas_measures_again(fresh_calibration, monkeypatch):
+    from minicavs.cpu import blas
+
+    first = calibrate.path()
+    calibrate.path.cache_clear()
+    monkeypatch.setattr(blas, "identity", lambda: "another BLAS 1.0")
+    assert calibrate.path() != first
+    calibrate.path.cache_clear()
+    monkeypatch.setattr(build, "cpu_signature", lambda: "x86_64 another CPU")
+    assert calibrate.path() != first
+    assert os.path.dirname(first) == build.cache_dir()
+
+
+@needs_native
+def test_products_follow_the_measured_choice(fresh_calibration, monkeypatch):
+    """With a measurement saying the panels (or the team) are slower, the product is left to
+    NumPy; saying faster, it runs on them."""
+    rng = np.random.default_rng(9)
+    W = rng.standard_normal((128, 256)).astype(np.float32)
+    x = rng.standard_normal((6, 128)).astype(np.float32)
+    for own_wins in (False, True):
+        monkeypatch.setattr(calibrate, "measure",
+                            lambda *calls: [1.0, 2.0] if own_wins else [2.0, 1.0])
+        monkeypatch.setattr(calibrate, "_table", None)
+        with open(calibrate.path(), "w") as f:
+            f.write("{}")
+        with kernels.team_products(), kernels.invariant_operands([W]):
+            got = kernels.matmul(x, W)
+        assert (got is not None) == own_wins
+        if own_wins:
+            np.testing.assert_allclose(got, x @ W, rtol=3e-5, atol=1e-4)
+        names = list(calibrate.measured())
+        assert any(n.startswith("panels f32 <=8x128x256") for n in names), names
