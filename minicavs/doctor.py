@@ -93,7 +93,8 @@ def _probe_kernels(report):
     report.append(("kernel choices", f"forced: MINICAVS_KERNELS={forced}" if forced else
                    calibrate.path(), None, False))
     for name, (own, blas) in sorted(calibrate.measured().items()):
-        report.append(("", f"{name}: {'own' if own < blas else 'BLAS'} (own {own * 1e6:.0f} "
+        choice = "own" if calibrate.wins((own, blas)) else "BLAS"
+        report.append(("", f"{name}: {choice} (own {own * 1e6:.0f} "
                        f"us, BLAS {blas * 1e6:.0f} us: {blas / own:.2f}x)", None, False))
 
 

@@ -22,7 +22,7 @@ needs_native = pytest.mark.skipif(build.unavailable() is not None,
 def _skip_unless_runs(target):
     if not isa.runs_here(target):
         pytest.skip(f"the {target} variant is compiled (test_every_variant_is_compiled) but "
-                    f"runs only on a CPU with {', '.join(isa.TARGETS[target][4])}; this one "
+                    f"runs only on a CPU with {', '.join(isa.TARGETS[target].needs)}; this one "
                     f"lacks it")
 
 
@@ -32,14 +32,13 @@ def test_every_variant_is_compiled_into_the_kernels_library():
     with ``#pragma GCC target("avx512f")`` whatever this CPU has)."""
     lib = kernels._library()
     for target in isa.TARGETS:
-        if isa.TARGETS[target][0] and not isa.x86():
+        if isa.TARGETS[target].pragma and not isa.x86():
             continue
         for suffix in ("f32", "f64"):
             for kernel in ("packed_gemm", "pack_panels", "panel_width"):
                 assert hasattr(lib, f"{target}_{kernel}_{suffix}"), (target, kernel)
         width = getattr(lib, f"{target}_panel_width_f32")()
-        _, vector, _, vectors, _ = isa.TARGETS[target]
-        assert width == vectors * vector // 4
+        assert width == isa.TARGETS[target].vectors * isa.TARGETS[target].vector // 4
 
 
 @needs_native
@@ -131,8 +130,8 @@ def test_a_choice_is_measured_once_kept_on_disk_and_read_back(fresh_calibration,
     calls = []
     slow = lambda: sum(range(20000))  # noqa: E731
     fast = lambda: calls.append(1)  # noqa: E731
-    assert calibrate.own_is_faster("demo", fast, slow) is True
-    assert calibrate.own_is_faster("demo2", slow, fast) is False
+    assert calibrate.own_is_faster("demo", lambda: (fast, slow)) is True
+    assert calibrate.own_is_faster("demo2", lambda: (slow, fast)) is False
     measured = len(calls)
     assert measured >= 1 + calibrate.ROUNDS[0]  # a warm-up, then timed rounds
     with open(calibrate.path()) as f:
@@ -140,7 +139,7 @@ def test_a_choice_is_measured_once_kept_on_disk_and_read_back(fresh_calibration,
     assert set(stored) == {"demo", "demo2"} and stored["demo"][0] < stored["demo"][1]
     monkeypatch.setattr(calibrate, "_table", None)  # as a new process: read, not measured
     monkeypatch.setattr(calibrate, "measure", lambda *calls: pytest.fail("measured again"))
-    assert calibrate.own_is_faster("demo", fast, slow) is True
+    assert calibrate.own_is_faster("demo", lambda: pytest.fail("set up again")) is True
     assert calibrate.measured() == stored
 
 
@@ -148,10 +147,10 @@ def test_measurements_are_not_kept_while_other_work_holds_their_cores(fresh_cali
                                                                       monkeypatch):
     monkeypatch.setattr(calibrate, "free_cores", lambda: 1)
     fast, slow = (lambda: None), (lambda: sum(range(20000)))
-    assert calibrate.own_is_faster("team", fast, slow, threads=2) is True
+    assert calibrate.own_is_faster("team", lambda: (fast, slow), threads=2) is True
     assert not os.path.exists(calibrate.path())
     assert "team" in calibrate.measured()  # (this process still uses it)
-    calibrate.own_is_faster("one thread", fast, slow, threads=1)
+    calibrate.own_is_faster("one thread", lambda: (fast, slow), threads=1)
     with open(calibrate.path()) as f:
         assert list(json.load(f)) == ["one thread"]
 
@@ -184,6 +183,7 @@ def test_products_follow_the_measured_choice(fresh_calibration, monkeypatch):
         monkeypatch.setattr(calibrate, "measure",
                             lambda *calls: [1.0, 2.0] if own_wins else [2.0, 1.0])
         monkeypatch.setattr(calibrate, "_table", None)
+        monkeypatch.setattr(kernels, "_wins", {})
         with open(calibrate.path(), "w") as f:
             f.write("{}")
         with kernels.team_products(), kernels.invariant_operands([W]):
@@ -193,3 +193,36 @@ def test_products_follow_the_measured_choice(fresh_calibration, monkeypatch):
             np.testing.assert_allclose(got, x @ W, rtol=3e-5, atol=1e-4)
         names = list(calibrate.measured())
         assert any(n.startswith("panels f32 <=8x128x256") for n in names), names
+
+
+@needs_native
+@pytest.mark.parametrize("target", list(isa.TARGETS))
+@pytest.mark.parametrize("choice", ["own", "blas"])
+def test_each_variants_convolution_loops_equal_numpy(monkeypatch, target, choice):
+    """The convolution's products (``cpu/conv.py``) on each variant's own loops (filter rows,
+    dot-product tiles: every row tail and filter count left over by the tiles) and on the
+    gemm, against NumPy's einsum in float64."""
+    from minicavs.cpu import conv
+
+    _skip_unless_runs(target)
+    monkeypatch.setenv(isa.ENVIRONMENT, target)
+    monkeypatch.setenv(calibrate.ENVIRONMENT, choice)
+    rng = np.random.default_rng(10)
+    for dtype, tol in ((np.float32, 3e-5), (np.float64, 1e-12)):
+        for samples, channels, outs, k, size in ((2, 3, 7, 3, 13), (3, 2, 9, 2, 20)):
+            positions = size - k + 1  # (121 and 361: no vector width divides them)
+            cols = rng.standard_normal((samples, channels, k, k, positions, positions))
+            w = rng.standard_normal((outs, channels, k, k))
+            b = rng.standard_normal(outs)
+            g = rng.standard_normal((samples, outs, positions, positions))
+            cast = [a.astype(dtype) for a in (cols, w, b, g)]
+            y = conv.product(cast[0], cast[1], cast[2], 2)
+            np.testing.assert_allclose(
+                y, np.einsum("pcijxy,ocij->poxy", cols, w) + b[:, None, None], rtol=tol,
+                atol=tol * 10)
+            np.testing.assert_allclose(conv.weight_grad(cast[0], cast[3], 2),
+                                       np.einsum("pcijxy,poxy->ocij", cols, g), rtol=tol,
+                                       atol=tol * 100)
+            np.testing.assert_allclose(conv.input_grad(cast[3], cast[1], 2),
+                                       np.einsum("poxy,ocij->pcijxy", g, w), rtol=tol,
+                                       atol=tol * 10)

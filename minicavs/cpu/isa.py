@@ -20,17 +20,18 @@ portable  16 B, 16         6 x 2          15 (SSE2's 16 xmm; NEON has 32)
 otherwise the widest the CPU has runs. A target the CPU lacks is an error, not a crash.
 """
 
+import collections
 import functools
 import os
 import platform
 
 from ..errors import ArgumentError
 
-# name: (gcc target pragma, vector bytes, rows MR, vectors NV, CPU flags it needs)
-TARGETS = {
-    "avx512": ("avx512f,avx2,fma", 64, 6, 4, ("avx512f", "fma")),
-    "avx2": ("avx2,fma", 32, 6, 2, ("avx2", "fma")),
-    "portable": (None, 16, 6, 2, ()),
+Target = collections.namedtuple("Target", "pragma vector rows vectors registers needs")
+TARGETS = {  # gcc target pragma, vector bytes, block MR x NV, vector registers, CPU flags
+    "avx512": Target("avx512f,avx2,fma", 64, 6, 4, 32, ("avx512f", "fma")),
+    "avx2": Target("avx2,fma", 32, 6, 2, 16, ("avx2", "fma")),
+    "portable": Target(None, 16, 6, 2, 16, ()),
 }
 ENVIRONMENT = "MINICAVS_CPU_TARGET"
 
@@ -54,7 +55,7 @@ def x86():
 
 def runs_here(name):
     """Whether this CPU can run the ``name`` variant."""
-    needs = TARGETS[name][4]
+    needs = TARGETS[name].needs
     return not needs or (x86() and all(flag in cpu_flags() for flag in needs))
 
 
@@ -69,7 +70,7 @@ def target():
     if not runs_here(chosen):
         raise ArgumentError(f"environment variable {ENVIRONMENT}={chosen} asks for "
                             f"instructions this CPU lacks (it needs "
-                            f"{', '.join(TARGETS[chosen][4])}); unset it, or pick one of "
+                            f"{', '.join(TARGETS[chosen].needs)}); unset it, or pick one of "
                             f"{', '.join(n for n in TARGETS if runs_here(n))}")
     return chosen
 
@@ -77,21 +78,22 @@ def target():
 def describe(name=None):
     """One line for people: the target, its vectors and register block."""
     name = name or target()
-    _, width, rows, vectors, _ = TARGETS[name]
+    width, rows, vectors = TARGETS[name].vector, TARGETS[name].rows, TARGETS[name].vectors
     return (f"{name} ({width}-byte vectors, {rows} x {vectors} register block = {rows} x "
             f"{vectors * width // 4} float32)")
 
 
 def variants(text):
-    """``text`` (C++ using ``VB``, ``MR``, ``NV`` and prefixing its exported names with
-    ``NAME_``) once per target, each in its own namespace and compiled for its instructions
+    """``text`` (C++ using ``VB``, ``MR``, ``NV``, ``REGS`` and prefixing its exported names
+    with ``NAME_``) once per target, each in its own namespace and compiled for its instructions
     (``#pragma GCC target``): every variant is in the library (so every one is compiled and
     tested for compiling everywhere), and the caller picks which one runs. The x86 variants
     are left out on other machines."""
     parts = []
-    for name, (pragma, width, rows, vectors, _) in TARGETS.items():
-        body = (f"namespace {name} {{\nconstexpr int VB = {width}, MR = {rows}, NV = {vectors};\n"
-                + text.replace("NAME_", f"{name}_") + f"}}  // namespace {name}\n")
+    for name, (pragma, width, rows, vectors, registers, _) in TARGETS.items():
+        body = (f"namespace {name} {{\nconstexpr int VB = {width}, MR = {rows}, NV = {vectors}, "
+                f"REGS = {registers};\n" + text.replace("NAME_", f"{name}_")
+                + f"}}  // namespace {name}\n")
         if pragma:
             body = (f"#if defined(__x86_64__)\n#pragma GCC push_options\n"
                     f"#pragma GCC target(\"{pragma}\")\n{body}#pragma GCC pop_options\n#endif\n")

@@ -760,11 +760,10 @@ def team_products(on=True):
     the whole call uses one pool of threads. Elsewhere NumPy's BLAS runs them: work that mixes
     the two pools (an interpreted loop's products between the team's) measured slower than
     either (RNTN: 183 -> 240 ms per 8 batches)."""
-    before = getattr(_team, "on", False), getattr(_team, "wins", None), \
-        getattr(_team, "threads", None)
+    before = getattr(_team, "on", False), getattr(_team, "threads", None)
     _team.on = on
     if not before[0]:
-        _team.wins = {}  # bucket -> whether the team runs it (calibrate.py)
+        _fresh_choices()
         _team.threads = calibrate.free_cores() if on else 1  # (sampled once a call)
     # NumPy's own products in the block (those too small for the team) run on one BLAS
     # thread: a product on OpenBLAS's pool leaves its threads spinning, and the team's next
@@ -774,7 +773,7 @@ def team_products(on=True):
     try:
         yield
     finally:
-        _team.on, _team.wins, _team.threads = before
+        _team.on, _team.threads = before
         if threads is not None:
             _set_blas_threads(threads)
 
@@ -838,17 +837,17 @@ def team_matmul(a, b, out=None, measured=True):
         return None
     (ta, lda, a), (tb, ldb, b) = _operand(a), _operand(b)
     if measured:
-        if getattr(_team, "wins", None) is None:
+        if not getattr(_team, "on", False):
             return None  # outside team_products
-        bucket = (suffix, ta, tb, _bucket(m), _bucket(n), _bucket(k))
-        wins = _team.wins.get(bucket)  # (the block's: a choice forced in another holds not)
+        bucket = ("team", suffix, ta, tb, _bucket(m), _bucket(n), _bucket(k), threads)
+        wins = _wins.get(bucket)
         if wins is None:
-            name = f"team {suffix} {'x'.join(f'<={1 << e}' for e in bucket[3:])}" \
+            name = f"team {suffix} {'x'.join(f'<={1 << e}' for e in bucket[4:7])}" \
                    f"{' Aᵀ' if ta else ''}{' Bᵀ' if tb else ''} ({threads} threads)"
             scratch = np.empty((m, n), dtype)
-            wins = _team.wins[bucket] = calibrate.own_is_faster(
-                name, lambda: team_matmul(a, b, scratch, False), lambda: np.matmul(a, b),
-                threads)
+            wins = _wins[bucket] = calibrate.own_is_faster(
+                name, lambda: (lambda: team_matmul(a, b, scratch, False),
+                               lambda: np.matmul(a, b)), threads)
         if not wins:
             return None
     if out is None:
@@ -859,6 +858,18 @@ def team_matmul(a, b, out=None, measured=True):
         ctypes.c_int(tb), integer(m), integer(n), integer(k), _p(a), integer(lda), _p(b),
         integer(ldb), _p(out), integer(n), ctypes.c_int(threads))
     return out
+
+
+_wins = {}  # bucket -> whether the library's kernel runs it (calibrate.py), for the state:
+_wins_forced = [None]  # MINICAVS_KERNELS when they were chosen
+
+
+def _fresh_choices():
+    """At a block's start: choices made before a change of ``MINICAVS_KERNELS`` are dropped."""
+    force = calibrate.forced()
+    if force != _wins_forced[0]:
+        _wins.clear()
+        _wins_forced[0] = force
 
 
 def _bucket(size):
@@ -886,6 +897,7 @@ def invariant_operands(arrays):
                 a.flags.c_contiguous or a.flags.f_contiguous):
             known[(data_address(a), a.size)] = a
     _invariant.arrays, _invariant.packs = known, {}
+    _fresh_choices()
     try:
         yield
     finally:
@@ -934,7 +946,7 @@ class _Panels:
         self.lib, self.b, self.transposed, self.suffix = lib, b, transposed, suffix
         self.prefix, self.threads = prefix, calibrate.free_cores()
         self.gemm = _typed(lib, f"{prefix}_packed_gemm_{suffix}", _PACKED_GEMM_ARGS)
-        self.wins = {}  # rows -> whether the panels run them (calibrate.py)
+        self.key = ("panels", prefix, suffix, transposed, b.shape, self.threads)
         self._packed = None
 
     @classmethod
@@ -969,15 +981,17 @@ class _Panels:
         return self._packed
 
     def faster(self, m):
-        wins = self.wins.get(m)
+        bucket = self.key + (m,)
+        wins = _wins.get(bucket)
         if wins is None:
             (k, n), rows, b = self.b.shape, 1 << _bucket(m), self.b
             name = (f"panels {self.suffix} <={rows}x{k}x{n}{' Bᵀ' if self.transposed else ''} "
                     f"({self.prefix}, {self.threads} threads)")
-            x = np.random.default_rng(0).standard_normal((rows, k)).astype(b.dtype)
-            wins = self.wins[m] = calibrate.own_is_faster(
-                name, lambda: packed_matmul(x, b, measured=False), _otherwise(x, b),
-                self.threads)
+
+            def make():
+                x = np.random.default_rng(0).standard_normal((rows, k)).astype(b.dtype)
+                return lambda: packed_matmul(x, b, measured=False), _otherwise(x, b)
+            wins = _wins[bucket] = calibrate.own_is_faster(name, make, self.threads)
         return wins
 
 
