@@ -226,3 +226,18 @@ def test_each_variants_convolution_loops_equal_numpy(monkeypatch, target, choice
             np.testing.assert_allclose(conv.input_grad(cast[3], cast[1], 2),
                                        np.einsum("poxy,ocij->pcijxy", g, w), rtol=tol,
                                        atol=tol * 10)
+
+
+@needs_native
+def test_a_team_block_takes_only_the_free_cores(monkeypatch):
+    """Inside a call of native loops the team (level loops, panels, team products) is sized
+    to the cores no other work held when the call began; outside, every core."""
+    cores = kernels.team_size()
+    monkeypatch.setattr(calibrate, "free_cores", lambda: 1)
+    with kernels.team_products():
+        assert kernels.team_size() == 1
+        with kernels.team_products():  # nested: the outer call's team
+            assert kernels.team_size() == 1
+        x = np.ones((300, 200))
+        assert kernels.team_matmul(x, x.T, measured=False) is None  # no team of one
+    assert kernels.team_size() == cores

@@ -764,7 +764,7 @@ def team_products(on=True):
     _team.on = on
     if not before[0]:
         _fresh_choices()
-        _team.threads = calibrate.free_cores() if on else 1  # (sampled once a call)
+        _team.threads = calibrate.free_cores() if on else None  # (sampled once a call)
     # NumPy's own products in the block (those too small for the team) run on one BLAS
     # thread: a product on OpenBLAS's pool leaves its threads spinning, and the team's next
     # product then shares the cores with them (measured: recursive Tree-LSTM 128, 2 threads,
@@ -824,7 +824,7 @@ def team_matmul(a, b, out=None, measured=True):
     if out is not None and (out.dtype != dtype or out.shape != (m, n)
                             or not out.flags.c_contiguous):
         return None
-    threads = getattr(_team, "threads", None) or team_size()
+    threads = team_size()
     if threads < 2:
         return None
     from . import blas
@@ -1043,7 +1043,13 @@ def team_size():
     ``runtime/native.py`` too): the cores this process may use (``OMP_NUM_THREADS`` caps it,
     as it caps OpenBLAS); 1 where the BLAS cannot be set to one thread per call (two pools of
     threads would contend), and 1 in a child forked after OpenMP started (its parent's pool
-    threads are gone: a team there would wait for them forever; ``build.forked_child``)."""
+    threads are gone: a team there would wait for them forever; ``build.forked_child``).
+    Inside :func:`team_products`, only the cores no other work ran on when the block began
+    (``calibrate.free_cores``): a team waits at every barrier for a member that another
+    process holds off its core."""
+    threads = getattr(_team, "threads", None)
+    if threads:
+        return threads
     from . import blas
 
     if build.forked_child() or blas.threads_local() is None:
