@@ -8,6 +8,8 @@ cannot run is still checked to compile; each variant this CPU runs is forced
 
 import json
 import os
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -241,3 +243,25 @@ def test_a_team_block_takes_only_the_free_cores(monkeypatch):
         x = np.ones((300, 200))
         assert kernels.team_matmul(x, x.T, measured=False) is None  # no team of one
     assert kernels.team_size() == cores
+
+
+@needs_native
+@pytest.mark.skipif(not isa.x86() or shutil.which("objdump") is None,
+                    reason="the vector registers are read from x86 machine code with objdump")
+def test_each_variants_panel_kernel_uses_its_own_vector_registers():
+    """The compiled panel loop of each variant runs on its target's registers — zmm for
+    AVX-512, ymm and no zmm for AVX2, neither for the portable build — whatever this CPU is."""
+    kernels._library()
+    path = build.library_path(kernels._SOURCE, "kernels")
+    listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", path], capture_output=True,
+                             text=True, check=True).stdout
+    bodies = {}
+    for block in listing.split("\n\n"):
+        name = block.split("\n", 1)[0]  # "<address> <symbol>:", the parallel loop's body
+        for target in isa.TARGETS:
+            if f"<_ZN{len(target)}{target}L11packed_gemmIfE" in name and "omp_fn" in name:
+                bodies[target] = block
+    assert set(bodies) == set(isa.TARGETS)
+    assert "%zmm" in bodies["avx512"]
+    assert "%ymm" in bodies["avx2"] and "%zmm" not in bodies["avx2"]
+    assert "%ymm" not in bodies["portable"] and "%zmm" not in bodies["portable"]
