@@ -265,3 +265,19 @@ def test_each_variants_panel_kernel_uses_its_own_vector_registers():
     assert "%zmm" in bodies["avx512"]
     assert "%ymm" in bodies["avx2"] and "%zmm" not in bodies["avx2"]
     assert "%ymm" not in bodies["portable"] and "%zmm" not in bodies["portable"]
+
+
+@needs_native
+def test_the_doctor_prints_the_target_and_every_choice_with_its_times(monkeypatch):
+    import io
+
+    from minicavs.doctor import run_doctor
+
+    monkeypatch.delenv(calibrate.ENVIRONMENT, raising=False)
+    text = io.StringIO()
+    assert run_doctor(text) == 0
+    lines = text.getvalue().splitlines()
+    assert any("cpu kernels" in x and isa.describe() in x for x in lines)
+    assert any("kernel choices" in x and x.strip().endswith(".json") for x in lines)
+    tagger = [x for x in lines if f"panels f32 <=4x256x1024 ({isa.target()}" in x]
+    assert tagger and all(" us: " in x and ("own" in x or "BLAS" in x) for x in tagger)
