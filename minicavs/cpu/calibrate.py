@@ -28,12 +28,12 @@ from . import build
 
 ENVIRONMENT = "MINICAVS_KERNELS"
 CHOICES = ("measure", "own", "blas")
-ROUNDS = (3, 9)  # timed rounds of each: at least, at most
+ROUNDS = (2, 9)  # timed rounds of each: at least, at most
 # The own kernel must beat the BLAS by this much: closer, the two are equal within the noise
 # of a shared machine (repeated measurements of one pair differ by several percent), and the
 # BLAS is kept.
 MARGIN = 0.95
-BUDGET = 0.02  # seconds of timed rounds after which no more are started (past the minimum)
+BUDGET = 0.01  # seconds of timed rounds after which no more are started (past the minimum)
 
 _lock = threading.Lock()
 _table = None  # name -> [own seconds, BLAS seconds], loaded from the file on first use
@@ -91,14 +91,18 @@ def free_cores():
 
 
 def measure(*calls):
-    """The best time (seconds) of each of ``calls``, run in turns (one warm-up each): on a
-    shared machine a slow moment then hits one round of every call, not all rounds of one."""
+    """The best time (seconds) of each of ``calls``, run in turns after one warm-up each (on a
+    shared machine a slow moment then hits one round of every call, not all rounds of one):
+    :data:`ROUNDS` rounds, past the least once :data:`BUDGET` is spent — one where a warm-up
+    alone took that long (a large product varies little from run to run)."""
+    began = time.perf_counter()
     for call in calls:
         call()
+    least = 1 if time.perf_counter() - began > BUDGET else ROUNDS[0]
     best = [float("inf")] * len(calls)
     began = time.perf_counter()
     for r in range(ROUNDS[1]):
-        if r >= ROUNDS[0] and time.perf_counter() - began > BUDGET:
+        if r >= least and time.perf_counter() - began > BUDGET:
             break
         for i, call in enumerate(calls):
             start = time.perf_counter()
