@@ -62,6 +62,7 @@ def _probe_native(report):
     why = recorder.unavailable()
     report.append(("autobatch recorder", "C fast path" if why is None else
                    f"Python ({why})", None, False))
+    _probe_kernels(report)
     try:
         error, backends = _compare()
     except Exception as exc:  # noqa: BLE001 (a doctor reports; it does not crash)
@@ -71,6 +72,30 @@ def _probe_native(report):
     report.append(("cpu backend", f"native C++ level loops ({'ok' if ok else 'WRONG RESULT'}: "
                    f"a test cell ran {'/'.join(backends)}, relative error {error:.1e} "
                    f"against the NumPy interpreter)", None, not ok))
+
+
+def _probe_kernels(report):
+    """The kernels' instruction set, and each own-kernel-or-BLAS choice with the times behind
+    it (``cpu/calibrate.py``): the tagger's products measured now unless already."""
+    from .cpu import calibrate, isa, kernels
+
+    runs = [t for t in isa.TARGETS if isa.runs_here(t)]
+    report.append(("cpu kernels", f"{isa.describe()}; variants compiled: "
+                   f"{', '.join(isa.TARGETS)}; run here: {', '.join(runs)}", None, False))
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((256, 1024)).astype(np.float32)
+    with kernels.team_products(), kernels.invariant_operands([W]):
+        for m in (1, 4, 16, 64):
+            kernels.matmul(rng.standard_normal((m, 256)).astype(np.float32), W)
+            kernels.matmul(rng.standard_normal((m, 1024)).astype(np.float32), W.T)
+        kernels.matmul(rng.standard_normal((1024, 256)).astype(np.float32), W)
+    forced = calibrate.forced()
+    report.append(("kernel choices", f"forced: MINICAVS_KERNELS={forced}" if forced else
+                   calibrate.path(), None, False))
+    for name, (own, blas) in sorted(calibrate.measured().items()):
+        choice = "own" if calibrate.wins((own, blas)) else "BLAS"
+        report.append(("", f"{name}: {choice} (own {own * 1e6:.0f} "
+                       f"us, BLAS {blas * 1e6:.0f} us: {blas / own:.2f}x)", None, False))
 
 
 def _compare():

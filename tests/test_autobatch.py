@@ -316,9 +316,10 @@ def test_recurrent_products_on_packed_weights_match_eager(monkeypatch):
     rows and read the recurrent weight (and, backward, its transpose) from panels packed once
     per forward and backward pass (``kernels.invariant_operands``); values and gradients
     equal eager execution's."""
-    from minicavs.cpu import kernels
+    from minicavs.cpu import calibrate, kernels
     from minicavs.models.plain import BiLSTMTagger
 
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "own")  # the panels wherever they apply
     packed = []
     real = kernels.packed_matmul
 

@@ -56,6 +56,26 @@ def gemm(dtype):
 
 
 @functools.lru_cache(maxsize=None)
+def identity():
+    """Which BLAS this is, for the calibration's key (``cpu/calibrate.py``): its file, size and
+    (OpenBLAS) configuration line — a new BLAS is measured again."""
+    parts = []
+    for path in _loaded_blas_libraries()[:1]:
+        try:
+            parts.append(f"{path} {os.path.getsize(path)}")
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for symbol in ("scipy_openblas_get_config64_", "openblas_get_config",
+                       "scipy_openblas_get_corename64_", "openblas_get_corename"):
+            function = getattr(lib, symbol, None)
+            if function is not None:
+                function.restype = ctypes.c_char_p
+                parts.append(function().decode(errors="replace"))
+    return " ".join(parts) or "scipy cython_blas"
+
+
+@functools.lru_cache(maxsize=None)
 def threads_local():
     """Address of the BLAS's ``openblas_set_num_threads_local`` (OpenBLAS >= 0.3.27: sets
     its threads, returning the previous count; in NumPy's pthreads build for the whole

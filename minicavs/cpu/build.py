@@ -38,8 +38,9 @@ The flags, and why:
 * ``-fopenmp``: rows of a level are split between cores (``#pragma omp parallel for``), and
   ``#pragma omp simd`` loops call glibc's vector math (libmvec: ``_ZGVdN8v_expf`` is 8 ``expf``
   at once);
-* ``-mprefer-vector-width=512`` where the CPU has AVX-512 (:func:`cxx_flags`): 16 floats per
-  vector, and libmvec's ``_ZGVeN16v_expf``; gcc picks 256-bit vectors without it;
+* ``-mprefer-vector-width=512`` where the kernels' target is AVX-512 (``cpu/isa.py``,
+  :func:`cxx_flags`): 16 floats per vector, and libmvec's ``_ZGVeN16v_expf``; gcc picks
+  256-bit vectors without it (``MINICAVS_CPU_TARGET=avx2`` keeps them there);
 * ``-fno-math-errno -fno-trapping-math -D__FAST_MATH__``: what glibc's ``math.h`` needs to
   declare the vector variants of ``exp``/``tanh``/``log`` — *without* ``-ffast-math``, so NaN and
   infinity keep IEEE semantics, sums are not reassociated, and no ``crtfastmath.o`` is linked
@@ -224,9 +225,10 @@ def cache_key(*parts):
 
 @functools.lru_cache(maxsize=None)
 def cxx_flags():
-    """:data:`CXX_FLAGS`, with :data:`WIDE_VECTORS` where the CPU has AVX-512."""
-    wide = " avx512f" in cpu_signature() and os.environ.get("MINICAVS_VECTOR_WIDTH") != "256"
-    return CXX_FLAGS + (WIDE_VECTORS if wide else ())
+    """:data:`CXX_FLAGS`, with :data:`WIDE_VECTORS` where the target is AVX-512."""
+    from . import isa
+
+    return CXX_FLAGS + (WIDE_VECTORS if isa.target() == "avx512" else ())
 
 
 def library_path(source, tag):

@@ -8,8 +8,9 @@ Per sample the windows ``unfold`` laid out are a (C·K, L) matrix, the output an
 * input gradient: ∂cols = Wᵀ · g (``fold`` then makes ∂x);
 * weight gradient: ∂W = Σ over samples of g · colsᵀ.
 
-Each picks the fastest of three loops for its sizes (below: filter rows, dot products, or a
-gemm of NumPy's BLAS, whose address ``cpu/blas.py`` finds — no link step). A fused op that
+Each runs a loop of its own (filter rows, dot products; written per instruction set,
+``cpu/isa.py``) or a gemm of NumPy's BLAS (its address from ``cpu/blas.py`` — no link step),
+whichever is measured faster here for its sizes (below). A fused op that
 took x itself, im2col inside per block of samples, was tried first and measured slower: the
 backward lays the windows out again (2.1 against 1.5 ms of kernels on LeNet's two layers).
 
@@ -22,13 +23,13 @@ import math
 
 import numpy as np
 
-from . import build
+from . import build, calibrate, isa
 from .kernels import _SUFFIX, _p
 
 _SOURCE = r"""// minicavs native convolution products (minicavs/cpu/conv.py)
 #include <cstdint>
 #include <cstring>
-
+""" + isa.variants(r"""
 // CBLAS gemm, row-major (101); 111 no transpose, 112 transpose.
 template <typename T, typename I>
 using gemm_t = void (*)(int, int, int, I, I, I, T, const T *, I, const T *, I, T, T *, I);
@@ -41,8 +42,8 @@ using gemm_t = void (*)(int, int, int, I, I, I, T, const T *, I, const T *, I, T
 template <typename T, int TO>
 static inline void filter_rows(const T *w, int64_t rs, int64_t ks, const T *b, const T *cols,
                                int64_t CK, int64_t L, T *y) {
-  typedef T V __attribute__((vector_size(64)));
-  constexpr int64_t n = 64 / sizeof(T);
+  typedef T V __attribute__((vector_size(VB)));
+  constexpr int64_t n = VB / sizeof(T);
   int64_t l = 0;
   for (; l + n <= L; l += n) {
     V acc[TO];
@@ -89,7 +90,7 @@ static void forward(void *function, const T *cols, const T *w, const T *b, const
                     T *y) {
   const gemm_t<T, I> gemm = (gemm_t<T, I>)function;
   const int64_t P = s[0], O = s[1], CK = s[2], L = s[3];
-  if (s[4]) {  // rows long enough for filter_rows (conv.py, FILTER_MIN_LENGTH)
+  if (s[4]) {  // filter rows measured faster than the gemm here (conv.py)
     for (int64_t p = 0; p < P; ++p)
       filters(w, CK, 1, b, cols + p * CK * L, O, CK, L, y + p * O * L);
     return;
@@ -113,8 +114,8 @@ static void forward(void *function, const T *cols, const T *w, const T *b, const
 template <typename T, int TO, int TK>
 static inline void dot_tile(const T *a, int64_t sa, const T *b, int64_t sb, int64_t P,
                             int64_t L, T *out, int64_t ldo) {
-  typedef T V __attribute__((vector_size(64)));
-  constexpr int64_t n = 64 / sizeof(T);
+  typedef T V __attribute__((vector_size(VB)));
+  constexpr int64_t n = VB / sizeof(T);
   V acc[TO][TK] = {};
   T tail[TO][TK] = {};
   for (int64_t p = 0; p < P; ++p, a += sa, b += sb) {
@@ -139,18 +140,21 @@ static inline void dot_tile(const T *a, int64_t sa, const T *b, int64_t sb, int6
 }
 
 // dW (O, CK) += sum over P samples of g[p] (O, L) cols[p]^T (L, CK), as dot products in
-// tiles of 3 x 4.
+// tiles of R x 4: R R*4 accumulators and R + 4 loads in the vector registers (3 of 32, 2 of 16).
+constexpr int DOT_ROWS = REGS >= 32 ? 3 : 2;
+
 template <typename T>
 static void dots(const T *g, const T *cols, int64_t P, int64_t O, int64_t CK, int64_t L,
                  T *dw) {
+  constexpr int R = DOT_ROWS;
   const int64_t sg = O * L, sc = CK * L;
   int64_t o = 0;
-  for (; o + 3 <= O; o += 3) {
+  for (; o + R <= O; o += R) {
     int64_t k = 0;
     for (; k + 4 <= CK; k += 4)
-      dot_tile<T, 3, 4>(g + o * L, sg, cols + k * L, sc, P, L, dw + o * CK + k, CK);
+      dot_tile<T, R, 4>(g + o * L, sg, cols + k * L, sc, P, L, dw + o * CK + k, CK);
     for (; k < CK; ++k)
-      dot_tile<T, 3, 1>(g + o * L, sg, cols + k * L, sc, P, L, dw + o * CK + k, CK);
+      dot_tile<T, R, 1>(g + o * L, sg, cols + k * L, sc, P, L, dw + o * CK + k, CK);
   }
   for (; o < O; ++o) {
     int64_t k = 0;
@@ -166,7 +170,7 @@ template <typename T, typename I>
 static void weight_grad(void *function, const T *cols, const T *g, const int64_t *s, T *dw) {
   const gemm_t<T, I> gemm = (gemm_t<T, I>)function;
   const int64_t P = s[0], O = s[1], CK = s[2], L = s[3];
-  if (s[5]) {  // few filters, long rows: dot products (conv.py, DOT_MAX_FILTERS)
+  if (s[5]) {  // dot products measured faster than the gemm here (conv.py)
     std::memset(dw, 0, sizeof(T) * O * CK);
     const int64_t chunk = s[5];  // samples whose windows stay in the cache for all tiles
     for (int64_t p = 0; p < P; p += chunk)
@@ -183,7 +187,7 @@ template <typename T, typename I>
 static void input_grad(void *function, const T *g, const T *w, const int64_t *s, T *dcols) {
   const gemm_t<T, I> gemm = (gemm_t<T, I>)function;
   const int64_t P = s[0], O = s[1], CK = s[2], L = s[3];
-  if (s[4]) {  // W^T: row k of it is column k of W
+  if (s[4]) {  // filter rows of W^T (row k of it is column k of W)
     for (int64_t p = 0; p < P; ++p)
       filters(w, (int64_t)1, CK, (const T *)nullptr, g + p * O * L, CK, O, L, dcols + p * CK * L);
     return;
@@ -195,19 +199,19 @@ static void input_grad(void *function, const T *g, const T *w, const int64_t *s,
 
 extern "C" {
 #define PRODUCTS(suffix, T, I)                                                                 \
-  void windows_forward_##suffix(void *f, const T *c, const T *w, const T *b,                   \
-                                const int64_t *s, T *y) { forward<T, I>(f, c, w, b, s, y); }   \
-  void windows_weight_grad_##suffix(void *f, const T *c, const T *g, const int64_t *s,         \
-                                    T *dw) { weight_grad<T, I>(f, c, g, s, dw); }              \
-  void windows_input_grad_##suffix(void *f, const T *g, const T *w, const int64_t *s,          \
-                                   T *dc) { input_grad<T, I>(f, g, w, s, dc); }
+  void NAME_windows_forward_##suffix(void *f, const T *c, const T *w, const T *b,              \
+                                     const int64_t *s, T *y) { forward<T, I>(f, c, w, b, s, y); } \
+  void NAME_windows_weight_grad_##suffix(void *f, const T *c, const T *g, const int64_t *s,    \
+                                         T *dw) { weight_grad<T, I>(f, c, g, s, dw); }         \
+  void NAME_windows_input_grad_##suffix(void *f, const T *g, const T *w, const int64_t *s,     \
+                                        T *dc) { input_grad<T, I>(f, g, w, s, dc); }
 PRODUCTS(f32_64, float, int64_t)
 PRODUCTS(f64_64, double, int64_t)
 PRODUCTS(f32_32, float, int)
 PRODUCTS(f64_32, double, int)
+#undef PRODUCTS
 }
-"""
-
+""")
 
 
 def _library():
@@ -230,30 +234,46 @@ def _entry(name, *arrays):
     lib = _library()
     if lib is None:
         return None
-    return getattr(lib, f"windows_{name}_{suffix}_{interface[-2:]}"), ctypes.c_void_p(address)
+    return (getattr(lib, f"{isa.target()}_windows_{name}_{suffix}_{interface[-2:]}"),
+            ctypes.c_void_p(address))
 
 
-# Below the products of a LeNet layer (a few filters, 25-150 window entries, rows of 64-576
-# output positions) the gemm of NumPy's OpenBLAS runs at 35-90 GFLOP/s. Measured, one thread,
-# batch 64, float32:
-#
-# * forward and input gradient as filter rows (each vector of a window row loaded once and
-#   multiplied into up to eight accumulators): 1.7-2.4x faster than the gemm whenever the
-#   rows hold 64 positions or more (LeNet's layers: 0.20 -> 0.09 ms, 0.22 -> 0.12 ms), slower
-#   on shorter rows (32 filters x 144 entries x 36 positions: 0.24 -> 0.50 ms);
-# * weight gradient as dot products of whole rows (tiles of 3 x 4 accumulators, samples in
-#   cache-sized chunks): faster for at most 16 filters over rows of 256 or more (LeNet's
-#   first layer: 0.35 -> 0.18 ms), slower on short rows (its second: 0.25 -> 0.37 ms).
-FILTER_MIN_LENGTH = 64
-DOT_MAX_FILTERS, DOT_MIN_LENGTH = 16, 256
-DOT_CHUNK_ELEMENTS = 1 << 16  # windows of a chunk of samples: 256 KiB of float32
+# Each product has a loop of its own beside NumPy's gemm: forward and input gradient as filter
+# rows (each vector of a window row loaded once and multiplied into up to eight accumulators),
+# the weight gradient as dot products of whole rows (register tiles, samples in cache-sized
+# chunks). Which is faster depends on the sizes and the machine (on one AVX-512 machine, one
+# thread, batch 64: filter rows 1.7-2.4x faster than the gemm on LeNet's layers, 2x slower
+# on rows of 36 positions; dot products faster for LeNet's first layer's gradient, slower for
+# its second's): it is measured here, per bucket of sizes, on the first product of each
+# (``cpu/calibrate.py``).
+DOT_CHUNK_ELEMENTS = 1 << 16  # windows of a chunk of samples: 256 KiB of float32, in L2
+_wins = {}  # (kind, dtype, sizes' buckets, target, forced) -> own loop faster
 
 
-def _sizes(samples, out_channels, window, length):
-    filters = length >= FILTER_MIN_LENGTH
-    dots = out_channels <= DOT_MAX_FILTERS and length >= DOT_MIN_LENGTH
-    chunk = max(1, DOT_CHUNK_ELEMENTS // (window * length)) if dots else 0
-    return np.array([samples, out_channels, window, length, filters, chunk], dtype=np.int64)
+def _sizes(samples, out_channels, window, length, own):
+    """The sizes the C functions take; ``own``: its own loop instead of the gemm."""
+    chunk = max(1, DOT_CHUNK_ELEMENTS // (window * length)) if own else 0
+    return np.array([samples, out_channels, window, length, int(own), chunk], dtype=np.int64)
+
+
+def _run(kind, function, gemm, arrays, sizes):
+    """``function`` on ``arrays`` (the last its output) with its own loop where that is
+    measured faster for these sizes than the gemm."""
+    samples, out_channels, window, length = sizes
+    force = calibrate.forced()
+    key = (kind, arrays[0].dtype.char, *((s - 1).bit_length() for s in sizes[1:]), isa.target(),
+           force)
+    own = _wins.get(key)
+    pointers = [None if a is None else _p(a) for a in arrays]
+    if own is None:
+        def call(own):
+            shape = _sizes(samples, out_channels, window, length, own)
+            return lambda: function(gemm, *pointers[:-1], _p(shape), pointers[-1])
+        name = (f"conv {kind} {arrays[0].dtype.name} O<={1 << key[2]} CK<={1 << key[3]} "
+                f"L<={1 << key[4]} ({isa.target()})")
+        own = _wins[key] = calibrate.own_is_faster(name, lambda: (call(True), call(False)))
+    function(gemm, *pointers[:-1], _p(_sizes(samples, out_channels, window, length, own)),
+             pointers[-1])
 
 
 def product(cols, w, b, nd):
@@ -264,9 +284,9 @@ def product(cols, w, b, nd):
         return None
     function, gemm = entry
     lead, out = cols.shape[:cols.ndim - 2 * nd - 1], cols.shape[cols.ndim - nd:]
-    sizes = _sizes(math.prod(lead), w.shape[0], w.size // w.shape[0], math.prod(out))
     y = np.empty(lead + (w.shape[0],) + out, dtype=cols.dtype)
-    function(gemm, _p(cols), _p(w), None if b is None else _p(b), _p(sizes), _p(y))
+    _run("forward", function, gemm, (cols, w, b, y),
+         (math.prod(lead), w.shape[0], w.size // w.shape[0], math.prod(out)))
     return y
 
 
@@ -280,10 +300,10 @@ def weight_grad(cols, g, nd):
     rank = cols.ndim - 2 * nd - 1  # the leading axes
     window = cols.shape[rank:cols.ndim - nd]
     out_channels = g.shape[rank]
-    sizes = _sizes(math.prod(cols.shape[:rank]), out_channels, math.prod(window),
-                   math.prod(cols.shape[cols.ndim - nd:]))
     dw = np.empty((out_channels,) + window, dtype=cols.dtype)
-    function(gemm, _p(cols), _p(g), _p(sizes), _p(dw))
+    _run("weight_grad", function, gemm, (cols, g, dw),
+         (math.prod(cols.shape[:rank]), out_channels, math.prod(window),
+          math.prod(cols.shape[cols.ndim - nd:])))
     return dw
 
 
@@ -295,8 +315,8 @@ def input_grad(g, w, nd):
         return None
     function, gemm = entry
     lead, out = g.shape[:g.ndim - nd - 1], g.shape[g.ndim - nd:]
-    sizes = _sizes(math.prod(lead), w.shape[0], w.size // w.shape[0], math.prod(out))
     dcols = np.empty(lead + w.shape[1:] + out, dtype=g.dtype)
-    function(gemm, _p(g), _p(w), _p(sizes), _p(dcols))
+    _run("input_grad", function, gemm, (g, w, dcols),
+         (math.prod(lead), w.shape[0], w.size // w.shape[0], math.prod(out)))
     return dcols
 

@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from . import build
+from . import build, calibrate, isa
 
 _SOURCE = r"""// minicavs native kernels (minicavs/cpu/kernels.py)
 #include <cmath>
@@ -228,90 +228,6 @@ static void team_gemm(void *function, void *set_threads, int ta, int tb, I M, I 
   set(before);
 }
 
-// A product with few rows, X (M x K) times a matrix B (K x N) that stays the same over many
-// products (a recurrent weight, one product per time step): B is copied once into panels of
-// NR columns, P[p][k][0:NR] = B[k, p NR : p NR + NR] (zero past N), and each product streams
-// its panels from cache. OpenBLAS packs B again for every call, which for 16-64 rows costs
-// more than the arithmetic (measured at M = 24, K = 256, N = 1024 on two cores: 50 GFLOP/s
-// there, 180 here). A thread takes whole panels; within one, a register block of MR rows by
-// NR columns (MR x NV vectors of 64 bytes: 24 accumulators) runs down K.
-template <typename T> struct Vec64 {
-  typedef T type __attribute__((vector_size(64), aligned(sizeof(T))));  // (unaligned loads)
-};
-
-template <typename T>
-constexpr int64_t panel_width() { return 4 * 64 / sizeof(T); }  // NV = 4 vectors
-
-template <typename T>
-static void pack_panels(const T *B, int64_t ldb, int tb, int64_t K, int64_t N, T *P,
-                        int threads) {
-  constexpr int64_t NR = panel_width<T>();
-  const int64_t panels = (N + NR - 1) / NR;
-  #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t p = 0; p < panels; ++p) {
-    const int64_t n0 = p * NR, width = N - n0 < NR ? N - n0 : NR;
-    for (int64_t k = 0; k < K; ++k) {
-      T *row = P + (p * K + k) * NR;
-      if (tb)  // B stored transposed: B[k, n] = src[n ldb + k]
-        for (int64_t j = 0; j < width; ++j) row[j] = B[(n0 + j) * ldb + k];
-      else
-        for (int64_t j = 0; j < width; ++j) row[j] = B[k * ldb + n0 + j];
-      for (int64_t j = width; j < NR; ++j) row[j] = 0;
-    }
-  }
-}
-
-template <typename T, int MR>
-static inline void panel_block(const T *A, int64_t lda, const T *panel, int64_t K, T *C,
-                               int64_t ldc, int64_t width) {
-  typedef typename Vec64<T>::type V;
-  constexpr int L = 64 / sizeof(T), NV = 4, NR = NV * L;
-  V acc[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
-  for (int64_t k = 0; k < K; ++k) {
-    V b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = *(const V *)(panel + k * NR + v * L);
-    for (int r = 0; r < MR; ++r) {
-      const T a = A[r * lda + k];
-      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
-    }
-  }
-  for (int r = 0; r < MR; ++r) {
-    if (width == NR) {
-      for (int v = 0; v < NV; ++v) *(V *)(C + r * ldc + v * L) = acc[r][v];
-    } else {  // the last panel: only its columns inside C
-      T row[NR];
-      for (int v = 0; v < NV; ++v) *(V *)(row + v * L) = acc[r][v];
-      for (int64_t j = 0; j < width; ++j) C[r * ldc + j] = row[j];
-    }
-  }
-}
-
-template <typename T>
-static void packed_gemm(const T *A, int64_t lda, const T *P, int64_t M, int64_t N, int64_t K,
-                        T *C, int64_t ldc, int threads) {
-  constexpr int64_t NR = panel_width<T>(), MR = 6;
-  const int64_t panels = (N + NR - 1) / NR;
-  #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t p = 0; p < panels; ++p) {
-    const T *panel = P + p * K * NR;
-    const int64_t n0 = p * NR, width = N - n0 < NR ? N - n0 : NR;
-    int64_t m = 0;
-    for (; m + MR <= M; m += MR)
-      panel_block<T, MR>(A + m * lda, lda, panel, K, C + m * ldc + n0, ldc, width);
-    const T *a = A + m * lda;
-    T *c = C + m * ldc + n0;
-    switch (M - m) {  // the last rows, a block of their own height
-      case 5: panel_block<T, 5>(a, lda, panel, K, c, ldc, width); break;
-      case 4: panel_block<T, 4>(a, lda, panel, K, c, ldc, width); break;
-      case 3: panel_block<T, 3>(a, lda, panel, K, c, ldc, width); break;
-      case 2: panel_block<T, 2>(a, lda, panel, K, c, ldc, width); break;
-      case 1: panel_block<T, 1>(a, lda, panel, K, c, ldc, width); break;
-    }
-  }
-}
-
 // DyNet's agenda over a recorded graph (autobatch/schedule.py has the same loop in NumPy and
 // the meaning of every array): repeatedly emit every ready node of the signature with the
 // lowest average depth (the first such signature on a tie), then release its consumers.
@@ -444,16 +360,6 @@ TEAM_GEMM(team_gemm_f32_64, float, int64_t)
 TEAM_GEMM(team_gemm_f64_64, double, int64_t)
 TEAM_GEMM(team_gemm_f32_32, float, int)
 TEAM_GEMM(team_gemm_f64_32, double, int)
-void pack_panels_f32(const float *b, int64_t ldb, int tb, int64_t k, int64_t n, float *p,
-                     int t) { pack_panels(b, ldb, tb, k, n, p, t); }
-void pack_panels_f64(const double *b, int64_t ldb, int tb, int64_t k, int64_t n, double *p,
-                     int t) { pack_panels(b, ldb, tb, k, n, p, t); }
-void packed_gemm_f32(const float *a, int64_t lda, const float *p, int64_t m, int64_t n,
-                     int64_t k, float *c, int64_t ldc, int t) {
-  packed_gemm(a, lda, p, m, n, k, c, ldc, t); }
-void packed_gemm_f64(const double *a, int64_t lda, const double *p, int64_t m, int64_t n,
-                     int64_t k, double *c, int64_t ldc, int t) {
-  packed_gemm(a, lda, p, m, n, k, c, ldc, t); }
 void scatter_add_f32(float *o, const int64_t *i, const float *v, int64_t r, int64_t c,
                      int64_t lo, int64_t lv) { scatter_add(o, i, v, r, c, lo, lv); }
 void scatter_add_f64(double *o, const int64_t *i, const double *v, int64_t r, int64_t c,
@@ -489,7 +395,106 @@ void lstm_cell_grad_f64(const double *p, const double *a, const double *b, int64
                         const double *o, const double *g, int64_t k, int64_t r, int64_t h,
                         double *d) { lstm_cell_grad_k(p, a, b, ldc, o, g, k, r, h, d); }
 }
-"""
+""" + isa.variants(r"""// A product with few rows, X (M x K) times a matrix B (K x N) that stays the same over many
+// products (a recurrent weight, one product per time step): B is copied once into panels of
+// NR columns, P[p][k][0:NR] = B[k, p NR : p NR + NR] (zero past N), and each product streams
+// its panels from cache (OpenBLAS packs B again at every call, which for a few rows costs
+// more than the arithmetic). A thread takes whole panels; within one, a register block of MR
+// rows by NV vectors of VB bytes runs down K: MR x NV accumulators, NV loads of B and one
+// broadcast of A, sized by cpu/isa.py to the target's registers (BLIS's micro-kernels).
+template <typename T> struct Vec {
+  typedef T type __attribute__((vector_size(VB), aligned(sizeof(T))));  // (unaligned loads)
+};
+
+template <typename T>
+constexpr int64_t panel_width() { return NV * VB / sizeof(T); }
+
+template <typename T>
+static void pack_panels(const T *B, int64_t ldb, int tb, int64_t K, int64_t N, T *P,
+                        int threads) {
+  constexpr int64_t NR = panel_width<T>();
+  const int64_t panels = (N + NR - 1) / NR;
+  #pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t n0 = p * NR, width = N - n0 < NR ? N - n0 : NR;
+    for (int64_t k = 0; k < K; ++k) {
+      T *row = P + (p * K + k) * NR;
+      if (tb)  // B stored transposed: B[k, n] = src[n ldb + k]
+        for (int64_t j = 0; j < width; ++j) row[j] = B[(n0 + j) * ldb + k];
+      else
+        for (int64_t j = 0; j < width; ++j) row[j] = B[k * ldb + n0 + j];
+      for (int64_t j = width; j < NR; ++j) row[j] = 0;
+    }
+  }
+}
+
+template <typename T, int R>
+static inline __attribute__((always_inline)) void panel_block(
+    const T *A, int64_t lda, const T *panel, int64_t K, T *C, int64_t ldc, int64_t width) {
+  typedef typename Vec<T>::type V;
+  constexpr int L = VB / sizeof(T), NR = NV * L;
+  V acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+  for (int64_t k = 0; k < K; ++k) {
+    V b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = *(const V *)(panel + k * NR + v * L);
+    for (int r = 0; r < R; ++r) {
+      const T a = A[r * lda + k];
+      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if (width == NR) {
+      for (int v = 0; v < NV; ++v) *(V *)(C + r * ldc + v * L) = acc[r][v];
+    } else {  // the last panel: only its columns inside C
+      T row[NR];
+      for (int v = 0; v < NV; ++v) *(V *)(row + v * L) = acc[r][v];
+      for (int64_t j = 0; j < width; ++j) C[r * ldc + j] = row[j];
+    }
+  }
+}
+
+template <typename T, int R>
+static void rows_tail(const T *a, int64_t lda, const T *panel, int64_t K, T *c, int64_t ldc,
+                      int64_t width, int64_t rows) {  // the last rows, a block of their height
+  if constexpr (R > 0) {
+    if (rows == R) panel_block<T, R>(a, lda, panel, K, c, ldc, width);
+    else rows_tail<T, R - 1>(a, lda, panel, K, c, ldc, width, rows);
+  }
+}
+
+template <typename T>
+static void packed_gemm(const T *A, int64_t lda, const T *P, int64_t M, int64_t N, int64_t K,
+                        T *C, int64_t ldc, int threads) {
+  constexpr int64_t NR = panel_width<T>();
+  const int64_t panels = (N + NR - 1) / NR;
+  #pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t p = 0; p < panels; ++p) {
+    const T *panel = P + p * K * NR;
+    const int64_t n0 = p * NR, width = N - n0 < NR ? N - n0 : NR;
+    int64_t m = 0;
+    for (; m + MR <= M; m += MR)
+      panel_block<T, MR>(A + m * lda, lda, panel, K, C + m * ldc + n0, ldc, width);
+    rows_tail<T, MR - 1>(A + m * lda, lda, panel, K, C + m * ldc + n0, ldc, width, M - m);
+  }
+}
+
+extern "C" {
+int64_t NAME_panel_width_f32() { return panel_width<float>(); }
+int64_t NAME_panel_width_f64() { return panel_width<double>(); }
+void NAME_pack_panels_f32(const float *b, int64_t ldb, int tb, int64_t k, int64_t n, float *p,
+                          int t) { pack_panels(b, ldb, tb, k, n, p, t); }
+void NAME_pack_panels_f64(const double *b, int64_t ldb, int tb, int64_t k, int64_t n,
+                          double *p, int t) { pack_panels(b, ldb, tb, k, n, p, t); }
+void NAME_packed_gemm_f32(const float *a, int64_t lda, const float *p, int64_t m, int64_t n,
+                          int64_t k, float *c, int64_t ldc, int t) {
+  packed_gemm(a, lda, p, m, n, k, c, ldc, t); }
+void NAME_packed_gemm_f64(const double *a, int64_t lda, const double *p, int64_t m, int64_t n,
+                          int64_t k, double *c, int64_t ldc, int t) {
+  packed_gemm(a, lda, p, m, n, k, c, ldc, t); }
+}
+""")
 
 _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 
@@ -740,14 +745,6 @@ def fold(cols, size, kernel, stride, dilation, padding):
     return result
 
 
-# Multiply-adds from which a product runs on the team (below, NumPy's call costs less).
-TEAM_GEMM_MIN = 1 << 20
-# Each of its three sizes, per thread of the team, below which it does not either: a narrow
-# product (a 5-class classifier: 2,500 x 128 x 5, or its gradients) is memory-bound, and waking
-# the team cost more than it saved (measured: 152 -> 84 us, 62 -> 45 us on NumPy's one thread).
-TEAM_GEMM_MIN_SIDE = 32
-
-
 _team = threading.local()
 
 
@@ -763,17 +760,20 @@ def team_products(on=True):
     the whole call uses one pool of threads. Elsewhere NumPy's BLAS runs them: work that mixes
     the two pools (an interpreted loop's products between the team's) measured slower than
     either (RNTN: 183 -> 240 ms per 8 batches)."""
-    before = getattr(_team, "on", False)
+    before = getattr(_team, "on", False), getattr(_team, "threads", None)
     _team.on = on
+    if not before[0]:
+        _fresh_choices()
+        _team.threads = calibrate.free_cores() if on else None  # (sampled once a call)
     # NumPy's own products in the block (those too small for the team) run on one BLAS
     # thread: a product on OpenBLAS's pool leaves its threads spinning, and the team's next
     # product then shares the cores with them (measured: recursive Tree-LSTM 128, 2 threads,
     # the same team products 1.6-1.8x slower after the leaf kind's small NumPy products).
-    threads = _set_blas_threads(1) if on and not before else None
+    threads = _set_blas_threads(1) if on and not before[0] else None
     try:
         yield
     finally:
-        _team.on = before
+        _team.on, _team.threads = before
         if threads is not None:
             _set_blas_threads(threads)
 
@@ -794,31 +794,38 @@ _SET_THREADS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
 
 def matmul(a, b, out=None):
     """``a @ b`` for 2-D float32/float64 NumPy matrices (each row-contiguous or a transpose of
-    one), inside :func:`team_products`: with few rows and ``b`` an operand of
-    :func:`invariant_operands`, on its packed panels (:func:`packed_matmul`); else, when
-    large, on a team of threads (:func:`team_size`), each running a one-thread gemm of NumPy's
-    BLAS; into ``out`` (C-contiguous) when given. None where it does not apply (NumPy runs):
-    another BLAS, one core, a small product. Every large product of a step goes here, not
-    only some: switching between OpenBLAS's threads and the team's costs more than either
-    (measured: with the Xᵀ·G products left to OpenBLAS the step was 12 % slower)."""
+    one), inside :func:`team_products`: with ``b`` an operand of :func:`invariant_operands`, on
+    its packed panels (:func:`packed_matmul`); else on a team of threads (:func:`team_size`),
+    each running a one-thread gemm of NumPy's BLAS; into ``out`` (C-contiguous) when given —
+    each only where measured faster here than NumPy's call (``cpu/calibrate.py``). None
+    where it does not apply or is slower (NumPy runs): another BLAS, one core. Every large
+    product of a step comes here, not only some: switching between OpenBLAS's threads and the
+    team's costs more than either (measured: with the Xᵀ·G products left to OpenBLAS the step
+    was 12 % slower)."""
     if not getattr(_team, "on", False):
         return None
     if getattr(_invariant, "arrays", None):
         done = packed_matmul(a, b, out)
         if done is not None:
             return done
+    return team_matmul(a, b, out)
+
+
+def team_matmul(a, b, out=None, measured=True):
+    """``a @ b`` on the team (see :func:`matmul`), or None; ``measured=False`` runs it
+    wherever it applies (the calibration's own side)."""
     dtype = getattr(a, "dtype", None)
     suffix = _SUFFIX.get(dtype)
     if suffix is None or getattr(b, "dtype", None) != dtype or a.ndim != 2 or b.ndim != 2 \
             or a.shape[1] != b.shape[0] or not isinstance(a, np.ndarray) \
-            or not isinstance(b, np.ndarray):
+            or not isinstance(b, np.ndarray) or a.size == 0 or b.size == 0:
         return None
     (m, k), n = a.shape, b.shape[1]
-    if m * n * k < TEAM_GEMM_MIN or (out is not None and (
-            out.dtype != dtype or out.shape != (m, n) or not out.flags.c_contiguous)):
+    if out is not None and (out.dtype != dtype or out.shape != (m, n)
+                            or not out.flags.c_contiguous):
         return None
     threads = team_size()
-    if threads < 2 or min(m, n, k) < TEAM_GEMM_MIN_SIDE * threads:
+    if threads < 2:
         return None
     from . import blas
 
@@ -829,6 +836,20 @@ def matmul(a, b, out=None):
     if lib is None:
         return None
     (ta, lda, a), (tb, ldb, b) = _operand(a), _operand(b)
+    if measured:
+        if not getattr(_team, "on", False):
+            return None  # outside team_products
+        bucket = ("team", suffix, ta, tb, _bucket(m), _bucket(n), _bucket(k), threads)
+        wins = _wins.get(bucket)
+        if wins is None:
+            name = f"team {suffix} {'x'.join(f'<={1 << e}' for e in bucket[4:7])}" \
+                   f"{' Aᵀ' if ta else ''}{' Bᵀ' if tb else ''} ({threads} threads)"
+            scratch = np.empty((m, n), dtype)
+            wins = _wins[bucket] = calibrate.own_is_faster(
+                name, lambda: (lambda: team_matmul(a, b, scratch, False),
+                               lambda: np.matmul(a, b)), threads)
+        if not wins:
+            return None
     if out is None:
         out = np.empty((m, n), dtype=dtype)
     integer = ctypes.c_int64 if interface == "cblas64" else ctypes.c_int
@@ -839,13 +860,24 @@ def matmul(a, b, out=None):
     return out
 
 
-# --- products with an operand that stays the same (packed_gemm in the source above) ------------
+_wins = {}  # bucket -> whether the library's kernel runs it (calibrate.py), for the state:
+_wins_forced = [None]  # MINICAVS_KERNELS when they were chosen
 
-# When a product runs on packed panels: B of 128K elements or more (a 256 x 1024 LSTM weight;
-# OpenBLAS is faster on a small B, 64 x 256, whatever the rows) and 512K multiply-adds or more
-# (2 rows of that weight, 4 of a 128 x 1024 one; below, a call costs the same either way).
-PACKED_MIN_WEIGHT = 1 << 17
-PACKED_MIN_WORK = 1 << 19
+
+def _fresh_choices():
+    """At a block's start: choices made before a change of ``MINICAVS_KERNELS`` are dropped."""
+    force = calibrate.forced()
+    if force != _wins_forced[0]:
+        _wins.clear()
+        _wins_forced[0] = force
+
+
+def _bucket(size):
+    """The power of two at or above ``size``, as an exponent: shapes measured together."""
+    return (size - 1).bit_length()
+
+
+# --- products with an operand that stays the same (packed_gemm in the source above) ------------
 
 _invariant = threading.local()
 
@@ -865,17 +897,20 @@ def invariant_operands(arrays):
                 a.flags.c_contiguous or a.flags.f_contiguous):
             known[(data_address(a), a.size)] = a
     _invariant.arrays, _invariant.packs = known, {}
+    _fresh_choices()
     try:
         yield
     finally:
         _invariant.arrays, _invariant.packs = before
 
 
-def packed_matmul(a, b, out=None):
+def packed_matmul(a, b, out=None, measured=True):
     """``a @ b`` inside :func:`invariant_operands` with ``b`` (or ``b.T``) one of its arrays,
-    from ``b``'s panels (packed on first use in the block); None where it does not apply.
-    Every product of a step asks, thousands a step, so what depends on ``b`` alone — whether
-    it applies, its panels, the team — is worked out once per ``b`` in the block."""
+    from ``b``'s panels (packed on first use in the block) where they are measured faster here
+    than what runs otherwise (``cpu/calibrate.py``: per row count rounded up to a power of
+    two); None where it does not apply or is slower. ``measured=False``: wherever it applies.
+    Every product of a step asks, thousands a step, so what depends on ``b`` alone is worked
+    out once per ``b`` in the block."""
     packs = getattr(_invariant, "packs", None)
     if packs is None or type(a) is not np.ndarray or type(b) is not np.ndarray or a.ndim != 2 \
             or b.ndim != 2:
@@ -883,51 +918,89 @@ def packed_matmul(a, b, out=None):
     key = (data_address(b), b.shape, b.strides, b.dtype)
     panels = packs.get(key)
     if panels is None:
-        panels = packs[key] = _panels(b)
+        panels = packs[key] = _Panels.of(b)
     if not panels:
         return None
-    gemm, packed, threads = panels
     (m, k), n = a.shape, b.shape[1]
-    item = b.itemsize
-    if a.dtype != b.dtype or k != b.shape[0] or m * k * n < PACKED_MIN_WORK:
+    if a.dtype != b.dtype or k != b.shape[0] or m == 0:
         return None
     if out is not None and (out.dtype != a.dtype or out.shape != (m, n)
                             or not out.flags.c_contiguous):
         return None
+    item = b.itemsize
     if a.strides[1] != item or a.strides[0] < k * item or a.strides[0] % item:
         a = np.ascontiguousarray(a)
+    if measured and not panels.faster(m):
+        return None
     if out is None:
         out = np.empty((m, n), dtype=a.dtype)
-    gemm(data_address(a), a.strides[0] // item, data_address(packed), m, n, k,
-         data_address(out), n, threads)
+    panels.gemm(data_address(a), a.strides[0] // item, data_address(panels.packed()), m, n, k,
+                data_address(out), n, panels.threads)
     return out
 
 
-def _panels(b):
-    """``(gemm, panels, threads)`` for products with ``b`` in this block, ``b`` packed now; or
-    False where they do not run on panels (not an invariant operand, too small, a layout
-    other than one of a matrix and its transpose, no native code)."""
-    (k, n), item = b.shape, b.itemsize
-    if b.dtype not in _SUFFIX or (data_address(b), b.size) not in _invariant.arrays \
-            or k * n < PACKED_MIN_WEIGHT or build.forked_child():
-        return False
-    if b.strides == (n * item, item):
-        transposed = 0
-    elif b.strides == (item, k * item):
-        transposed = 1
-    else:
-        return False
-    lib = _library()
-    if lib is None:
-        return False
-    suffix, threads = _SUFFIX[b.dtype], team_size()
-    width = 256 // item  # panel_width in the source
-    packed = np.empty(-(-n // width) * width * k, dtype=b.dtype)
-    getattr(lib, f"pack_panels_{suffix}")(ctypes.c_void_p(data_address(b)),
-                                          ctypes.c_int64(n if not transposed else k),
-                                          ctypes.c_int(transposed), ctypes.c_int64(k),
-                                          ctypes.c_int64(n), _p(packed), ctypes.c_int(threads))
-    return _typed(lib, f"packed_gemm_{suffix}", _PACKED_GEMM_ARGS), packed, threads
+class _Panels:
+    """One invariant ``b``'s panels in a block, packed when first used."""
+
+    def __init__(self, lib, b, transposed, prefix, suffix):
+        self.lib, self.b, self.transposed, self.suffix = lib, b, transposed, suffix
+        self.prefix, self.threads = prefix, calibrate.free_cores()
+        self.gemm = _typed(lib, f"{prefix}_packed_gemm_{suffix}", _PACKED_GEMM_ARGS)
+        self.key = ("panels", prefix, suffix, transposed, b.shape, self.threads)
+        self._packed = None
+
+    @classmethod
+    def of(cls, b):
+        """The panels of ``b``, or False where products with it do not run on panels: not an
+        invariant operand, a layout other than one of a matrix and its transpose, no native
+        code, a forked child."""
+        (k, n), item = b.shape, b.itemsize
+        if b.dtype not in _SUFFIX or (data_address(b), b.size) not in _invariant.arrays \
+                or build.forked_child() or b.size == 0:
+            return False
+        if b.strides == (n * item, item):
+            transposed = 0
+        elif b.strides == (item, k * item):
+            transposed = 1
+        else:
+            return False
+        lib = _library()
+        if lib is None:
+            return False
+        return cls(lib, b, transposed, isa.target(), _SUFFIX[b.dtype])
+
+    def packed(self):
+        if self._packed is None:
+            (k, n), lib, suffix = self.b.shape, self.lib, self.suffix
+            width = getattr(lib, f"{self.prefix}_panel_width_{suffix}")()
+            self._packed = np.empty(-(-n // width) * width * k, dtype=self.b.dtype)
+            getattr(lib, f"{self.prefix}_pack_panels_{suffix}")(
+                _p(self.b), ctypes.c_int64(k if self.transposed else n),
+                ctypes.c_int(self.transposed), ctypes.c_int64(k), ctypes.c_int64(n),
+                _p(self._packed), ctypes.c_int(self.threads))
+        return self._packed
+
+    def faster(self, m):
+        bucket = self.key + (m,)
+        wins = _wins.get(bucket)
+        if wins is None:
+            (k, n), rows, b = self.b.shape, 1 << _bucket(m), self.b
+            name = (f"panels {self.suffix} <={rows}x{k}x{n}{' Bᵀ' if self.transposed else ''} "
+                    f"({self.prefix}, {self.threads} threads)")
+
+            def make():
+                x = np.random.default_rng(0).standard_normal((rows, k)).astype(b.dtype)
+                return lambda: packed_matmul(x, b, measured=False), _otherwise(x, b)
+            wins = _wins[bucket] = calibrate.own_is_faster(name, make, self.threads)
+        return wins
+
+
+def _otherwise(a, b):
+    """What runs ``a @ b`` in a team block where the panels do not, as a call (the team's
+    choice made first: only the product itself is timed)."""
+    if team_matmul(a, b) is not None:
+        return lambda: team_matmul(a, b, measured=False)
+    return lambda: a @ b
 
 
 # (pointers as ints, sizes as int64, the team as int: declared, ctypes converts plain ints in C)
@@ -970,7 +1043,13 @@ def team_size():
     ``runtime/native.py`` too): the cores this process may use (``OMP_NUM_THREADS`` caps it,
     as it caps OpenBLAS); 1 where the BLAS cannot be set to one thread per call (two pools of
     threads would contend), and 1 in a child forked after OpenMP started (its parent's pool
-    threads are gone: a team there would wait for them forever; ``build.forked_child``)."""
+    threads are gone: a team there would wait for them forever; ``build.forked_child``).
+    Inside :func:`team_products`, only the cores no other work ran on when the block began
+    (``calibrate.free_cores``): a team waits at every barrier for a member that another
+    process holds off its core."""
+    threads = getattr(_team, "threads", None)
+    if threads:
+        return threads
     from . import blas
 
     if build.forked_child() or blas.threads_local() is None:

@@ -1,0 +1,214 @@
+"""Each hand-written product kernel against NumPy's BLAS on the shapes the benchmarks give it.
+
+    python benchmarks/kernels.py               # the table (about a minute on 2 cores)
+    python benchmarks/kernels.py --quick       # fewer shapes
+
+Kernels (``minicavs/cpu/kernels.py``): ``panels`` — a product with few rows and a weight packed
+once (every instruction-set variant this CPU runs, ``minicavs/cpu/isa.py``) — and ``team`` —
+a team of threads, each running a one-thread gemm of NumPy's BLAS; and the convolution's own
+loops (``minicavs/cpu/conv.py``) against its gemms, on LeNet's layers. Against: NumPy's ``a @ b``
+on one BLAS thread (what runs inside a native call when the library declines) and on the
+BLAS's own threads. ``chosen`` is what the library runs after its calibration
+(``minicavs/cpu/calibrate.py``) and ``BLAS ÷ chosen`` its speed against NumPy's one-thread
+call (≥ 1: at least as fast; the calibration's promise is that it never picks its own kernel
+where that is slower than the BLAS). Times are µs, best of interleaved rounds.
+
+Shapes: rows m = 1..128 (a recurrent step's few rows; a deep tree level's) against the weights
+of the workloads — the tagger's LSTM (256 -> 4 x 256, and backward its transpose), its
+character LSTM (64 -> 4 x 64), the Tree-LSTM's U (2H -> 5H, H = 128 and 256) and a wide one
+(512 -> 2048) — and level-sized products (m = 512..2048) for the team.
+"""
+
+import argparse
+import os
+import pathlib
+import platform
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from minicavs.cpu import blas, calibrate, isa, kernels  # noqa: E402
+
+WEIGHTS = [("tagger LSTM", 256, 1024), ("tagger LSTM ∂ (Wᵀ)", 1024, 256),
+           ("char LSTM", 64, 256), ("Tree-LSTM 128 U", 256, 640),
+           ("Tree-LSTM 256 U", 512, 1280), ("wide", 512, 2048)]
+ROWS = [1, 2, 4, 8, 16, 32, 64, 128]
+LEVELS = [("Tree-LSTM 256 level", 512, 512, 1280), ("Tree-LSTM 256 level", 2048, 512, 1280),
+          ("tagger batch", 1024, 256, 1024), ("∂W = Xᵀ G", 256, 2048, 1024)]
+
+
+def best(calls, rounds):
+    for call in calls:
+        call()
+    times = [float("inf")] * len(calls)
+    for _ in range(rounds):
+        for i, call in enumerate(calls):
+            start = time.perf_counter()
+            call()
+            times[i] = min(times[i], time.perf_counter() - start)
+    return times
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def gemm_rate():
+    """NumPy's float32 GEMM rate (GFLOP/s) at 1024³, on its own threads."""
+    a = np.ones((1024, 1024), np.float32)
+    (seconds,) = best([lambda: a @ a], 3)
+    return 2 * 1024 ** 3 / seconds / 1e9
+
+
+def header():
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    runs = [n for n in isa.TARGETS if isa.runs_here(n)]
+    return "\n".join([
+        f"machine: {cpu_model()}, {os.cpu_count()} cores (team {kernels.team_size()}), "
+        f"load {load:.2f}",
+        f"ISA: {isa.describe()}; variants that run here: {', '.join(runs)}",
+        f"BLAS: {blas.identity()}",
+        f"BLAS GEMM (1024³ float32, its own threads): {gemm_rate():.1f} GFLOP/s",
+        f"calibration: {calibrate.path()} ({calibrate.forced() or 'measured'})"])
+
+
+def table(rounds, quick):
+    variants = [n for n in isa.TARGETS if isa.runs_here(n)]
+    rows = ROWS[::2] if quick else ROWS
+    names = [f"panels {v}" for v in variants] + ["team", "BLAS 1 thr", "BLAS threads", "chosen"]
+    lines = ["| product | m x k x n | " + " | ".join(names) + " | choice | BLAS ÷ chosen |",
+             "|---|---" + "|---:" * len(names) + "|---|---:|"]
+    worst = {"own": float("inf"), "BLAS": float("inf")}
+    shapes = [(label, m, k, n) for label, k, n in WEIGHTS for m in rows]
+    shapes += [(label, m, k, n) for label, m, k, n in (LEVELS[::2] if quick else LEVELS)]
+    for label, m, k, n in shapes:
+        rng = np.random.default_rng(k * n)
+        W = rng.standard_normal((k, n)).astype(np.float32)
+        if "Wᵀ" in label:
+            W = np.ascontiguousarray(W.T).T  # a transposed view, as backward reads it
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        times, choice = measure_shape(x, W, variants, rounds)
+        blas1, chosen = times[-3], times[-1]
+        speed = blas1 / chosen
+        side = "BLAS" if choice == "BLAS" else "own"
+        worst[side] = min(worst[side], speed)
+        cells = ["-" if t is None else f"{t * 1e6:.0f}" for t in times]
+        lines.append(f"| {label} | {m} x {k} x {n} | " + " | ".join(cells)
+                     + f" | {choice} | {speed:.2f}× |")
+    lines.append(f"\nworst BLAS ÷ chosen where an own kernel is chosen: {worst['own']:.2f}×; "
+                 f"where the BLAS is (the cost of asking, a few µs of Python): "
+                 f"{worst['BLAS']:.2f}× (BLAS: NumPy's call on one thread, what runs inside a "
+                 f"native call when the library declines; '-': the team does not run, one "
+                 f"core free)")
+    return "\n".join(lines)
+
+
+def measure_shape(x, W, variants, rounds):
+    """Best µs of each variant's panels, the team, NumPy on one thread and on its threads, and
+    the library's choice; and the name of that choice."""
+    out = np.empty((len(x), W.shape[1]), np.float32)
+    with kernels.team_products(), kernels.invariant_operands([W]):
+        calls = []
+        for v in variants:  # each variant's own panels, packed now
+            os.environ[isa.ENVIRONMENT] = v
+            try:
+                calls.append(_panels(kernels._Panels.of(W), x, W, out))
+            finally:
+                os.environ.pop(isa.ENVIRONMENT, None)
+        team = kernels.team_matmul(x, W, out, measured=False) is not None
+        calls.append((lambda: kernels.team_matmul(x, W, out, measured=False)) if team else None)
+        calls.append(lambda: np.matmul(x, W, out=out))
+        kernels.matmul(x, W, out)  # calibrates this bucket if it is new
+        if kernels.packed_matmul(x, W, out) is not None:
+            choice = f"panels {isa.target()}"
+        elif kernels.team_matmul(x, W, out) is not None:
+            choice = "team"
+        else:
+            choice = "BLAS"
+
+        def chosen():
+            if kernels.matmul(x, W, out) is None:
+                np.matmul(x, W, out=out)
+        calls.append(chosen)
+        inside = best([c for c in calls if c is not None], rounds)
+    own_threads = best([lambda: np.matmul(x, W, out=out)], rounds)[0]  # outside: BLAS threads
+    it = iter(inside)
+    times = [next(it) if c is not None else None for c in calls]
+    times.insert(len(times) - 1, own_threads)
+    return times, choice
+
+
+CONV = [("LeNet conv1", 64, 1, 28, 6, 5), ("LeNet conv2", 64, 6, 12, 16, 5),
+        ("32 filters, 36 positions", 64, 16, 8, 32, 3)]
+
+
+def conv_table(rounds):
+    """The convolution's own loops (filter rows, dot products) against NumPy's gemm, one
+    thread, batch 64 (``minicavs/cpu/conv.py``), and what the calibration picks."""
+    from minicavs.cpu import conv
+
+    lines = ["| layer (N, C, H -> O, k) | product | own loops | BLAS gemm | chosen | choice "
+             "| BLAS ÷ chosen |", "|---|---|---:|---:|---:|---|---:|"]
+    worst = float("inf")
+    for label, n, c, h, o, k in CONV:
+        rng = np.random.default_rng(o)
+        p = h - k + 1
+        cols = rng.standard_normal((n, c, k, k, p, p)).astype(np.float32)
+        w = rng.standard_normal((o, c, k, k)).astype(np.float32)
+        g = rng.standard_normal((n, o, p, p)).astype(np.float32)
+        for kind, call in (("forward", lambda: conv.product(cols, w, None, 2)),
+                           ("input grad", lambda: conv.input_grad(g, w, 2)),
+                           ("weight grad", lambda: conv.weight_grad(cols, g, 2))):
+            runs = []
+            for force in ("own", "blas", None):
+                def run(force=force, call=call):
+                    if force:
+                        os.environ[calibrate.ENVIRONMENT] = force
+                    try:
+                        call()
+                    finally:
+                        os.environ.pop(calibrate.ENVIRONMENT, None)
+                runs.append(run)
+            runs[2]()  # calibrates this bucket if it is new
+            own, gemm, chosen = best(runs, rounds)
+            key = (kind.replace(" ", "_"), "f", *((s - 1).bit_length() for s in
+                                                    (o, c * k * k, p * p)), isa.target(), None)
+            choice = "own" if conv._wins.get(key) else "BLAS"
+            worst = min(worst, gemm / chosen)
+            lines.append(f"| {label} ({n}, {c}, {h} -> {o}, {k}) | {kind} | {own * 1e6:.0f} | "
+                         f"{gemm * 1e6:.0f} | {chosen * 1e6:.0f} | {choice} | "
+                         f"{gemm / chosen:.2f}× |")
+    lines.append(f"\nworst BLAS ÷ chosen (convolution): {worst:.2f}×")
+    return "\n".join(lines)
+
+
+def _panels(p, x, W, out):
+    """A call of ``p``'s packed gemm (the kernel alone, no choosing)."""
+    packed, item = p.packed(), W.itemsize
+    return lambda: p.gemm(kernels.data_address(x), x.strides[0] // item,
+                          kernels.data_address(packed), len(x), W.shape[1], W.shape[0],
+                          kernels.data_address(out), W.shape[1], p.threads)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="every other row count")
+    parser.add_argument("--rounds", type=int, default=7, help="timed rounds per shape")
+    args = parser.parse_args(argv)
+    print(header())
+    print()
+    print(table(args.rounds, args.quick))
+    print()
+    print(conv_table(args.rounds))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Own kernel or NumPy's BLAS: decided by measuring both here, once per CPU and BLAS.
+
+Where the library has a kernel of its own for a product (panels packed once, a team of
+one-thread gemms: ``cpu/kernels.py``), which is faster depends on the CPU, its vector width,
+the BLAS and the shape; a crossover constant measured on one machine was wrong on the next (on
+an AVX2 EPYC the panels ran 4-20x slower than the BLAS where an AVX-512 machine had them
+faster). So the first product of each kind of shape (a *bucket*: the sizes rounded up to
+powers of two) runs both ways, interleaved, best of a few (a few milliseconds), and the faster
+one runs that bucket from then on. The measurements are kept in the native cache folder, in a
+file named by the CPU's model and flags, the BLAS (its file and configuration), the target
+(``cpu/isa.py``), the cores and the kernels' source, so a new CPU, BLAS or kernel measures
+again; ``python -m minicavs doctor`` prints them. One taken while other work held the cores it
+needed (:func:`free_cores`) decides for this process only.
+
+``MINICAVS_KERNELS``: ``measure`` (the default), ``own`` or ``blas`` forces every choice
+(tests force ``own`` to check the kernels whatever this machine prefers).
+"""
+
+import functools
+import json
+import os
+import tempfile
+import threading
+import time
+
+from ..errors import ArgumentError
+from . import build
+
+ENVIRONMENT = "MINICAVS_KERNELS"
+CHOICES = ("measure", "own", "blas")
+ROUNDS = (2, 9)  # timed rounds of each: at least, at most
+# The own kernel must beat the BLAS by this much: closer, the two are equal within the noise
+# of a shared machine (repeated measurements of one pair differ by several percent), and the
+# BLAS is kept.
+MARGIN = 0.95
+BUDGET = 0.01  # seconds of timed rounds after which no more are started (past the minimum)
+
+_lock = threading.Lock()
+_table = None  # name -> [own seconds, BLAS seconds], loaded from the file on first use
+
+
+def forced():
+    """``"own"``, ``"blas"``, or None (measure): ``MINICAVS_KERNELS``."""
+    value = os.environ.get(ENVIRONMENT, "").strip().lower() or "measure"
+    if value not in CHOICES:
+        raise ArgumentError(f"environment variable {ENVIRONMENT}={value!r} is not one of "
+                            f"{', '.join(CHOICES)}")
+    return None if value == "measure" else value
+
+
+def own_is_faster(name, make, threads=1):
+    """Whether the library's kernel (on ``threads`` threads) runs the bucket ``name`` faster
+    than NumPy's BLAS: measured now, ``make()`` giving the two calls ``(own, blas)``, unless
+    already measured on this CPU and BLAS."""
+    force = forced()
+    if force is not None:
+        return force == "own"
+    table = _load()
+    times = table.get(name)
+    if times is None:
+        quiet = free_cores() >= threads
+        times = table[name] = measure(*make())
+        if quiet and free_cores() >= threads:
+            _save(name, times)
+    return wins(times)
+
+
+def wins(times):
+    """Whether measured ``(own, BLAS)`` seconds choose the own kernel."""
+    return times[0] < MARGIN * times[1]
+
+
+def free_cores():
+    """The cores of this process (``kernels.team_size``) that no other thread is running on
+    now (``/proc/loadavg``'s runnable count, less this thread). A team larger than that
+    waits at each product for a member the other work holds off its core (two cores, one
+    busy: 0.35-0.8 ms for any team product against 17-220 us idle), so teams are sized to
+    it, and a measurement taken with fewer free cores than its threads decides for this
+    process but is not kept for the next. Every core where a choice is forced (tests: one
+    path, whatever else runs)."""
+    from .kernels import team_size
+
+    if forced() is not None:
+        return team_size()
+    try:
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return team_size()
+    return max(1, team_size() - max(0, running - 1))
+
+
+def measure(*calls):
+    """The best time (seconds) of each of ``calls``, run in turns after one warm-up each (on a
+    shared machine a slow moment then hits one round of every call, not all rounds of one):
+    :data:`ROUNDS` rounds, past the least once :data:`BUDGET` is spent — one where a warm-up
+    alone took that long (a large product varies little from run to run)."""
+    began = time.perf_counter()
+    for call in calls:
+        call()
+    least = 1 if time.perf_counter() - began > BUDGET else ROUNDS[0]
+    best = [float("inf")] * len(calls)
+    began = time.perf_counter()
+    for r in range(ROUNDS[1]):
+        if r >= least and time.perf_counter() - began > BUDGET:
+            break
+        for i, call in enumerate(calls):
+            start = time.perf_counter()
+            call()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best
+
+
+def measured():
+    """Every choice measured on this CPU and BLAS: ``{name: (own s, BLAS s)}``."""
+    return dict(_load())
+
+
+@functools.lru_cache(maxsize=None)
+def path():
+    """The file of this CPU's, BLAS's and kernels' measurements."""
+    from . import blas, isa, kernels
+
+    key = build.cache_key(build.cpu_signature(), blas.identity(), isa.target(),
+                          str(kernels.team_size()), kernels._SOURCE)
+    return os.path.join(build.cache_dir(), f"calibration-{key[:24]}.json")
+
+
+def _load():
+    global _table
+    if _table is None:
+        with _lock:
+            if _table is None:
+                _table = _read()
+    return _table
+
+
+def _read():
+    try:
+        with open(path()) as f:
+            table = json.load(f)
+        return {k: list(v) for k, v in table.items() if len(v) == 2}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}  # none yet, or unreadable: measured again
+
+
+def _save(name, times):
+    """Add one measurement to the file (merged with what other processes wrote; atomic)."""
+    with _lock:
+        table = _read()
+        table[name] = times
+        folder = os.path.dirname(path())
+        try:
+            fd, scratch = tempfile.mkstemp(prefix="calibration-", suffix=".part", dir=folder)
+            with os.fdopen(fd, "w") as f:
+                json.dump(table, f, indent=0, sort_keys=True)
+            os.replace(scratch, path())
+        except OSError:
+            pass  # a read-only cache: measured again by the next process

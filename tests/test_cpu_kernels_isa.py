@@ -1,0 +1,283 @@
+"""The hand-written product kernels on every instruction set, and the calibration that picks
+between them and NumPy's BLAS (``minicavs/cpu/isa.py``, ``calibrate.py``, ``kernels.py``).
+
+Every variant is compiled into the one kernels library everywhere (x86), so a variant this CPU
+cannot run is still checked to compile; each variant this CPU runs is forced
+(``MINICAVS_CPU_TARGET``) and checked against NumPy. No timing is asserted: speed is in
+``benchmarks/kernels.py``."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from minicavs.cpu import build, calibrate, isa, kernels
+from minicavs.errors import ArgumentError
+
+needs_native = pytest.mark.skipif(build.unavailable() is not None,
+                                  reason="no native code here (no compiler, or switched off)")
+
+
+def _skip_unless_runs(target):
+    if not isa.runs_here(target):
+        pytest.skip(f"the {target} variant is compiled (test_every_variant_is_compiled) but "
+                    f"runs only on a CPU with {', '.join(isa.TARGETS[target].needs)}; this one "
+                    f"lacks it")
+
+
+@needs_native
+def test_every_variant_is_compiled_into_the_kernels_library():
+    """The library holds each target's panel kernels (on x86 the AVX-512 one too, compiled
+    with ``#pragma GCC target("avx512f")`` whatever this CPU has)."""
+    lib = kernels._library()
+    for target in isa.TARGETS:
+        if isa.TARGETS[target].pragma and not isa.x86():
+            continue
+        for suffix in ("f32", "f64"):
+            for kernel in ("packed_gemm", "pack_panels", "panel_width"):
+                assert hasattr(lib, f"{target}_{kernel}_{suffix}"), (target, kernel)
+        width = getattr(lib, f"{target}_panel_width_f32")()
+        assert width == isa.TARGETS[target].vectors * isa.TARGETS[target].vector // 4
+
+
+@needs_native
+@pytest.mark.parametrize("target", list(isa.TARGETS))
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_each_variants_panels_equal_numpy(monkeypatch, target, dtype):
+    """Forced to one variant and to the library's own kernels: products with an invariant
+    weight and with its transpose, every row tail of the register block, a last panel cut
+    short, strided rows and a given ``out``, equal NumPy's in float64."""
+    _skip_unless_runs(target)
+    monkeypatch.setenv(isa.ENVIRONMENT, target)
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "own")
+    rng = np.random.default_rng(7)
+    W = rng.standard_normal((200, 333)).astype(dtype)  # 333: no panel width divides it
+    wide = rng.standard_normal((40, 500)).astype(dtype)
+    tol = 1e-12 if dtype == "float64" else 3e-5
+    with kernels.team_products(), kernels.invariant_operands([W]):
+        for m in range(1, 15):
+            for x, w in ((wide[:m, :200], W), (wide[:m, :333], W.T)):
+                got = kernels.packed_matmul(x, w)
+                assert got is not None, (m, w.shape)
+                expect = x.astype(np.float64) @ w.astype(np.float64)
+                np.testing.assert_allclose(got, expect, rtol=tol, atol=tol * 30)
+        out = np.full((9, 333), np.nan, dtype)
+        assert kernels.matmul(wide[:9, :200], W, out) is out
+        np.testing.assert_allclose(out, wide[:9, :200].astype(np.float64) @ W, rtol=tol,
+                                   atol=tol * 30)
+
+
+def test_the_target_is_the_widest_the_cpu_runs_unless_forced(monkeypatch):
+    monkeypatch.delenv(isa.ENVIRONMENT, raising=False)
+    assert isa.target() == next(t for t in isa.TARGETS if isa.runs_here(t))
+    assert isa.runs_here("portable")
+    monkeypatch.setenv(isa.ENVIRONMENT, "portable")
+    assert isa.target() == "portable"
+    monkeypatch.setenv(isa.ENVIRONMENT, "sse9")
+    with pytest.raises(ArgumentError, match="MINICAVS_CPU_TARGET='sse9' is not one of"):
+        isa.target()
+    lacking = [t for t in isa.TARGETS if not isa.runs_here(t)]
+    if lacking:  # forcing what the CPU lacks is an error, not an illegal instruction
+        monkeypatch.setenv(isa.ENVIRONMENT, lacking[0])
+        with pytest.raises(ArgumentError, match="this CPU lacks"):
+            isa.target()
+
+
+def test_the_generated_code_prefers_wide_vectors_only_for_the_avx512_target(monkeypatch):
+    monkeypatch.setenv(isa.ENVIRONMENT, "portable")
+    build.cxx_flags.cache_clear()
+    try:
+        assert not any("vector-width" in flag for flag in build.cxx_flags())
+    finally:
+        build.cxx_flags.cache_clear()
+
+
+@needs_native
+def test_forced_choices_pick_the_blas_or_the_own_kernels(monkeypatch):
+    """``MINICAVS_KERNELS=blas`` leaves every product to NumPy; ``own`` runs the panels and the
+    team wherever they apply (values equal NumPy's); another value is an error."""
+    rng = np.random.default_rng(8)
+    W = rng.standard_normal((64, 96))
+    x = rng.standard_normal((5, 64))
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "blas")
+    with kernels.team_products(), kernels.invariant_operands([W]):
+        assert kernels.matmul(x, W) is None
+        assert kernels.team_matmul(x, W) is None
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "own")
+    with kernels.team_products(), kernels.invariant_operands([W]):
+        np.testing.assert_allclose(kernels.packed_matmul(x, W), x @ W, rtol=1e-12)
+        if kernels.team_ready():
+            np.testing.assert_allclose(kernels.team_matmul(x, W.T.copy().T), x @ W, rtol=1e-12)
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "fastest")
+    with pytest.raises(ArgumentError, match="MINICAVS_KERNELS"):
+        calibrate.forced()
+
+
+@pytest.fixture
+def fresh_calibration(monkeypatch, tmp_path):
+    """Calibration in an empty cache folder, this process's measurements forgotten."""
+    monkeypatch.setenv("MINICAVS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(calibrate.ENVIRONMENT, raising=False)
+    monkeypatch.setattr(calibrate, "free_cores", lambda: 64)
+    calibrate.path.cache_clear()
+    monkeypatch.setattr(calibrate, "_table", None)
+    yield tmp_path
+    calibrate.path.cache_clear()
+
+
+def test_a_choice_is_measured_once_kept_on_disk_and_read_back(fresh_calibration, monkeypatch):
+    calls = []
+    slow = lambda: sum(range(20000))  # noqa: E731
+    fast = lambda: calls.append(1)  # noqa: E731
+    assert calibrate.own_is_faster("demo", lambda: (fast, slow)) is True
+    assert calibrate.own_is_faster("demo2", lambda: (slow, fast)) is False
+    measured = len(calls)
+    assert measured >= 1 + calibrate.ROUNDS[0]  # a warm-up, then timed rounds
+    with open(calibrate.path()) as f:
+        stored = json.load(f)
+    assert set(stored) == {"demo", "demo2"} and stored["demo"][0] < stored["demo"][1]
+    monkeypatch.setattr(calibrate, "_table", None)  # as a new process: read, not measured
+    monkeypatch.setattr(calibrate, "measure", lambda *calls: pytest.fail("measured again"))
+    assert calibrate.own_is_faster("demo", lambda: pytest.fail("set up again")) is True
+    assert calibrate.measured() == stored
+
+
+def test_measurements_are_not_kept_while_other_work_holds_their_cores(fresh_calibration,
+                                                                      monkeypatch):
+    monkeypatch.setattr(calibrate, "free_cores", lambda: 1)
+    fast, slow = (lambda: None), (lambda: sum(range(20000)))
+    assert calibrate.own_is_faster("team", lambda: (fast, slow), threads=2) is True
+    assert not os.path.exists(calibrate.path())
+    assert "team" in calibrate.measured()  # (this process still uses it)
+    calibrate.own_is_faster("one thread", lambda: (fast, slow), threads=1)
+    with open(calibrate.path()) as f:
+        assert list(json.load(f)) == ["one thread"]
+
+
+def test_free_cores_lie_between_one_and_the_team():
+    assert 1 <= calibrate.free_cores() <= kernels.team_size()
+
+
+def test_another_cpu_or_blas_measures_again(fresh_calibration, monkeypatch):
+    from minicavs.cpu import blas
+
+    first = calibrate.path()
+    calibrate.path.cache_clear()
+    monkeypatch.setattr(blas, "identity", lambda: "another BLAS 1.0")
+    assert calibrate.path() != first
+    calibrate.path.cache_clear()
+    monkeypatch.setattr(build, "cpu_signature", lambda: "x86_64 another CPU")
+    assert calibrate.path() != first
+    assert os.path.dirname(first) == build.cache_dir()
+
+
+@needs_native
+def test_products_follow_the_measured_choice(fresh_calibration, monkeypatch):
+    """With a measurement saying the panels (or the team) are slower, the product is left to
+    NumPy; saying faster, it runs on them."""
+    rng = np.random.default_rng(9)
+    W = rng.standard_normal((128, 256)).astype(np.float32)
+    x = rng.standard_normal((6, 128)).astype(np.float32)
+    for own_wins in (False, True):
+        monkeypatch.setattr(calibrate, "measure",
+                            lambda *calls: [1.0, 2.0] if own_wins else [2.0, 1.0])
+        monkeypatch.setattr(calibrate, "_table", None)
+        monkeypatch.setattr(kernels, "_wins", {})
+        with open(calibrate.path(), "w") as f:
+            f.write("{}")
+        with kernels.team_products(), kernels.invariant_operands([W]):
+            got = kernels.matmul(x, W)
+        assert (got is not None) == own_wins
+        if own_wins:
+            np.testing.assert_allclose(got, x @ W, rtol=3e-5, atol=1e-4)
+        names = list(calibrate.measured())
+        assert any(n.startswith("panels f32 <=8x128x256") for n in names), names
+
+
+@needs_native
+@pytest.mark.parametrize("target", list(isa.TARGETS))
+@pytest.mark.parametrize("choice", ["own", "blas"])
+def test_each_variants_convolution_loops_equal_numpy(monkeypatch, target, choice):
+    """The convolution's products (``cpu/conv.py``) on each variant's own loops (filter rows,
+    dot-product tiles: every row tail and filter count left over by the tiles) and on the
+    gemm, against NumPy's einsum in float64."""
+    from minicavs.cpu import conv
+
+    _skip_unless_runs(target)
+    monkeypatch.setenv(isa.ENVIRONMENT, target)
+    monkeypatch.setenv(calibrate.ENVIRONMENT, choice)
+    rng = np.random.default_rng(10)
+    for dtype, tol in ((np.float32, 3e-5), (np.float64, 1e-12)):
+        for samples, channels, outs, k, size in ((2, 3, 7, 3, 13), (3, 2, 9, 2, 20)):
+            positions = size - k + 1  # (121 and 361: no vector width divides them)
+            cols = rng.standard_normal((samples, channels, k, k, positions, positions))
+            w = rng.standard_normal((outs, channels, k, k))
+            b = rng.standard_normal(outs)
+            g = rng.standard_normal((samples, outs, positions, positions))
+            cast = [a.astype(dtype) for a in (cols, w, b, g)]
+            y = conv.product(cast[0], cast[1], cast[2], 2)
+            np.testing.assert_allclose(
+                y, np.einsum("pcijxy,ocij->poxy", cols, w) + b[:, None, None], rtol=tol,
+                atol=tol * 10)
+            np.testing.assert_allclose(conv.weight_grad(cast[0], cast[3], 2),
+                                       np.einsum("pcijxy,poxy->ocij", cols, g), rtol=tol,
+                                       atol=tol * 100)
+            np.testing.assert_allclose(conv.input_grad(cast[3], cast[1], 2),
+                                       np.einsum("poxy,ocij->pcijxy", g, w), rtol=tol,
+                                       atol=tol * 10)
+
+
+@needs_native
+def test_a_team_block_takes_only_the_free_cores(monkeypatch):
+    """Inside a call of native loops the team (level loops, panels, team products) is sized
+    to the cores no other work held when the call began; outside, every core."""
+    cores = kernels.team_size()
+    monkeypatch.setattr(calibrate, "free_cores", lambda: 1)
+    with kernels.team_products():
+        assert kernels.team_size() == 1
+        with kernels.team_products():  # nested: the outer call's team
+            assert kernels.team_size() == 1
+        x = np.ones((300, 200))
+        assert kernels.team_matmul(x, x.T, measured=False) is None  # no team of one
+    assert kernels.team_size() == cores
+
+
+@needs_native
+@pytest.mark.skipif(not isa.x86() or shutil.which("objdump") is None,
+                    reason="the vector registers are read from x86 machine code with objdump")
+def test_each_variants_panel_kernel_uses_its_own_vector_registers():
+    """The compiled panel loop of each variant runs on its target's registers — zmm for
+    AVX-512, ymm and no zmm for AVX2, neither for the portable build — whatever this CPU is."""
+    kernels._library()
+    path = build.library_path(kernels._SOURCE, "kernels")
+    listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", path], capture_output=True,
+                             text=True, check=True).stdout
+    bodies = {}
+    for block in listing.split("\n\n"):
+        name = block.split("\n", 1)[0]  # "<address> <symbol>:", the parallel loop's body
+        for target in isa.TARGETS:
+            if f"<_ZN{len(target)}{target}L11packed_gemmIfE" in name and "omp_fn" in name:
+                bodies[target] = block
+    assert set(bodies) == set(isa.TARGETS)
+    assert "%zmm" in bodies["avx512"]
+    assert "%ymm" in bodies["avx2"] and "%zmm" not in bodies["avx2"]
+    assert "%ymm" not in bodies["portable"] and "%zmm" not in bodies["portable"]
+
+
+@needs_native
+def test_the_doctor_prints_the_target_and_every_choice_with_its_times(monkeypatch):
+    import io
+
+    from minicavs.doctor import run_doctor
+
+    monkeypatch.delenv(calibrate.ENVIRONMENT, raising=False)
+    text = io.StringIO()
+    assert run_doctor(text) == 0
+    lines = text.getvalue().splitlines()
+    assert any("cpu kernels" in x and isa.describe() in x for x in lines)
+    assert any("kernel choices" in x and x.strip().endswith(".json") for x in lines)
+    tagger = [x for x in lines if f"panels f32 <=4x256x1024 ({isa.target()}" in x]
+    assert tagger and all(" us: " in x and ("own" in x or "BLAS" in x) for x in tagger)
