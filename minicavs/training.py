@@ -114,12 +114,21 @@ def check_language_model_arguments(parser, args):
 def command_line(main, argv=None):
     """Run an example's ``main(argv)`` as a command: a minicavs error (bad data, a device that
     is missing) ends it with the message and exit status 1, not a traceback."""
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "minicavs"
     try:
         main(argv)
     except MinicavsError as exc:
-        prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "minicavs"
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {command_line_hint(exc)}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:  # one line, not a traceback: nothing is lost but this run
+        print(f"\n{prog}: interrupted (the examples save no checkpoint; the main job, "
+              f"python -m minicavs train, does)", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def command_line_hint(exc):
+    """An error's message as a command line should give it: the flag, not the Python call."""
+    return str(exc).replace("use set_device('cpu')", "pass --device cpu")
 
 
 def setup(args):

@@ -123,3 +123,47 @@ def test_the_machine_is_named_in_benchmark_reports():
 
     text = common.cpu_description()
     assert text.endswith(" cores") and any(isa in text for isa in ("AVX", "ISA", "no AVX"))
+
+
+# --- interrupted runs and command-line wording -----------------------------------------------
+
+def test_ctrl_c_in_the_main_job_says_where_the_checkpoint_is(tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from minicavs import train_command
+    from minicavs.__main__ import main
+
+    def fit_then_interrupt(*args, on_epoch_end, **kwargs):
+        on_epoch_end(1, SimpleNamespace(loss=1.0), {})  # epoch 1 saved, then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_command, "fit", fit_then_interrupt)
+    save = tmp_path / "run.npz"
+    status = main(["train", "tree-lstm", "--sizes", "8,4,4", "--hidden", "4", "--embed-dim", "4",
+                   "--save", str(save), "--no-progress"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert status == 130 and save.is_file()
+    assert out[-1] == (f"minicavs train: interrupted; the checkpoint of epoch 1 is safe at "
+                       f"{save} (written atomically); continue with --resume {save}")
+    assert "no epoch had finished" in train_command.interrupted_note("x.npz", None)
+
+
+def test_examples_end_an_interrupt_with_one_line_and_name_the_flag(capsys):
+    from minicavs.errors import MinicavsError
+    from minicavs.training import command_line
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    def no_gpu(argv):
+        raise MinicavsError("device 'cuda' needs a GPU; run on one, or use set_device('cpu')")
+
+    with pytest.raises(SystemExit) as stop:
+        command_line(interrupted, [])
+    assert stop.value.code == 130
+    assert capsys.readouterr().err.strip().endswith("interrupted (the examples save no "
+                                                    "checkpoint; the main job, python -m "
+                                                    "minicavs train, does)")
+    with pytest.raises(SystemExit):
+        command_line(no_gpu, [])
+    assert "or pass --device cpu" in capsys.readouterr().err
