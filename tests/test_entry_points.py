@@ -167,3 +167,24 @@ def test_examples_end_an_interrupt_with_one_line_and_name_the_flag(capsys):
     with pytest.raises(SystemExit):
         command_line(no_gpu, [])
     assert "or pass --device cpu" in capsys.readouterr().err
+
+
+def test_training_curves_mark_whole_epochs_only(tmp_path, monkeypatch):
+    matplotlib = pytest.importorskip("matplotlib", reason="--plot needs matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from types import SimpleNamespace
+
+    from minicavs.training import plot_history
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    history = [(SimpleNamespace(loss=1.0 / e), {"loss": 1.2 / e, "fine": 0.1 * e})
+               for e in (1, 2, 3)]
+    assert plot_history({"seed 0": history}, tmp_path / "curves.png", "fine", log=lambda m: None)
+    (figure,) = figures
+    figure.canvas.draw()
+    for axes in figure.axes:
+        low, high = axes.get_xlim()
+        ticks = [t for t in axes.get_xticks() if low <= t <= high]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
