@@ -19,6 +19,13 @@ samples and runs them batched — forward and backward. The last line reports th
 accuracy (tagging accuracy per word; root accuracy for the Tree-LSTM) against chance (the most
 frequent tag or root label of the held-out data) and the throughput;
 ``--explain`` prints what the autobatcher did with the last training batch.
+
+Measured with the defaults (seed 0, one epoch of 2,000 sentences; 2-core AMD EPYC, AVX2, at
+load 5-6 with other jobs running, so ~2 minutes a run): the tagger tags 99.0 % of the held-out
+words right, the tagger with character LSTMs 99.99 % (the made-up names are new words at test
+time: the characters read them), against 20.3 % for the most frequent tag. The Tree-LSTM learns
+from the root label alone and needs more than the default epoch: 30.2 % after one against
+25.6 % for the most frequent root label.
 """
 
 import argparse
