@@ -619,14 +619,28 @@ def breakdown_table(entries):
 NOISE = 0.05  # an ablation ratio within 1 ± this reads as "no measurable effect"
 
 
-def ablation_effect(variant_seconds, base_seconds, name="x off"):
+def ablation_reference(first, last):
+    """The all-on result the ablation compares with: the faster of the runs before and after
+    the variants, with ``drift`` (how much slower the other was, a fraction) recorded."""
+    runs = [r for r in (first, last) if "best_epoch_seconds" in r]
+    if not runs:
+        return first
+    best = dict(min(runs, key=lambda r: r["best_epoch_seconds"]))
+    if len(runs) == 2:
+        times = sorted(r["best_epoch_seconds"] for r in runs)
+        best["drift"] = times[1] / times[0] - 1.0
+        best["all_on_epoch_seconds"] = [first["best_epoch_seconds"], last["best_epoch_seconds"]]
+    return best
+
+
+def ablation_effect(variant_seconds, base_seconds, name="x off", noise=NOISE):
     """What one optimisation does on this machine, from the epoch time of the variant ``name``
     ("<option> off": a default-on optimisation switched off; "<option> on": a default-off one
     switched on) ÷ the all-on time: the ratio, and a few words saying whether the optimisation
-    buys or costs here. Returns ``(ratio, words, costs)``."""
+    buys or costs here (within ``noise`` of 1: neither). Returns ``(ratio, words, costs)``."""
     ratio = variant_seconds / base_seconds
-    if abs(ratio - 1.0) <= NOISE:
-        return ratio, f"no measurable effect (within ±{NOISE:.0%})", False
+    if abs(ratio - 1.0) <= noise:
+        return ratio, f"no measurable effect (within ±{noise:.0%})", False
     if name.endswith(" on"):  # off by default: the variant is the optimisation
         if ratio > 1.0:
             return ratio, f"switched on it costs {ratio:.2f}× (off by default)", False
@@ -639,15 +653,19 @@ def ablation_effect(variant_seconds, base_seconds, name="x off"):
 def ablation_table(ablation, machine=""):
     """Fig. 10: minicavs with one optimisation switched from its default at a time, against
     all on — what each optimisation buys on this machine, and where one costs."""
-    rows, costs = [], []
+    rows, costs, drifts = [], [], []
     for workload, variants in ablation.items():
         base = variants.get("all on", {}).get("best_epoch_seconds")
+        drift = variants.get("all on", {}).get("drift")
+        noise = max(NOISE, drift or 0.0)
+        if drift is not None:
+            drifts.append(f"{workload} {drift:.0%}")
         for name, r in variants.items():
             if "throughput" not in r:
                 rows.append([workload, name, str(r.get("error") or r.get("missing"))[:60],
                              "", "", ""])
                 continue
-            ratio, words, cost = (ablation_effect(r["best_epoch_seconds"], base, name)
+            ratio, words, cost = (ablation_effect(r["best_epoch_seconds"], base, name, noise)
                                   if base and name != "all on" else (1.0, "the reference", False))
             if cost:
                 costs.append(f"{workload}: {name.rsplit(' ', 1)[0]} ({words})")
@@ -660,6 +678,10 @@ def ablation_table(ablation, machine=""):
             f"{where}.\nFor an option on by default, a ratio above 1 is what it buys; below 1 "
             f"it costs on this machine and workload (the variant without it was faster).\n"
             + _table(header, rows))
+    if drifts:
+        text += ("\nThe reference is the faster of two all-on runs, before and after the variants; "
+                 "the slower was behind by " + ", ".join(drifts) + " (the machine's load moved): "
+                 "a ratio within that of 1 reads as no measurable effect.")
     short = [v for variants in ablation.values() for v in variants.values()
              if v.get("best_epoch_seconds", 1.0) < 0.2]
     if short:
@@ -690,7 +712,8 @@ def draw_chart(report, directory):
     rows = -(-max(len(entries), 1) // columns)
     ablation_rows = sum(max(len(v) - 1, 0) for v in report.get("ablation", {}).values())
     ablation_height = 0.22 * ablation_rows + 1.4 if report.get("ablation") else 0.0
-    fig = plt.figure(figsize=(4.4 * columns, 4.0 * rows + ablation_height), layout="constrained")
+    width = max(4.4 * columns, 10.0 if report.get("ablation") else 0.0)  # the ablation's labels
+    fig = plt.figure(figsize=(width, 4.0 * rows + ablation_height), layout="constrained")
     # Two sub-figures, each laid out on its own: the throughput grid, then the ablation.
     top, bottom = (fig.subfigures(2, 1, height_ratios=[4.0 * rows, ablation_height])
                    if report.get("ablation") else (fig, None))
@@ -729,12 +752,12 @@ def draw_chart(report, directory):
         ax.axvline(1.0, color="black", linewidth=1)
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
         ax.invert_yaxis()
-        ax.set_xlabel("time with one option switched from its default ÷ time with the defaults "
-                      "(green: the default is faster by that; red: the default costs here; "
-                      "grey: within ±5 %)", fontsize=8)
+        ax.set_xlabel("time with one option switched from its default ÷ time with the defaults\n"
+                      "green: the default is faster by that; red: the default costs here; "
+                      "grey: within ±5 %", fontsize=8)
         machine = report.get("machine", {}).get("cpu", "")
         ax.set_title(f"minicavs ablation: what each optimisation buys on this machine"
-                     f"{f' ({machine})' if machine else ''}", fontsize=9)
+                     f"{f', {machine}' if machine else ''}", fontsize=9, wrap=True)
     path = Path(directory) / "results.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
