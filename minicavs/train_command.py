@@ -43,9 +43,9 @@ with batch N*B (same seed, same order). Rank 0 evaluates, prints and writes the 
 
 With the defaults the Tree-LSTM reaches 99.7% fine-grained and 100% binary root accuracy on
 the 2,210 synthetic test trees (seed 0; seeds 1 and 2: 100% and 100%). Measured on a 2-core
-AMD EPYC (AVX2): 11 s at load average 1.1, 20 s on the first run (which compiles the native
-loops into the cache); 26 s and 39 s with the machine busy (load 4.8). The last line gives this
-run's time and training trees/s. On SST (--data) it
+AMD EPYC (AVX2): 12 s at load average 0.6 (3,625 training trees/s), 16 s on the first run
+(which compiles the native loops into the cache); 26 s and 39 s with the machine busy (load
+4.8). The last line gives this run's time and training trees/s. On SST (--data) it
 overfits after 2-4 epochs without pretrained embeddings: 43-47% fine-grained. The papers'
 protocols and settings are options of examples/tree_lstm.py; docs/results.md has what they
 reach.
