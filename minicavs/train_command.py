@@ -19,8 +19,8 @@ from . import data as datasets, validate
 from .errors import CheckpointError, MinicavsError
 from .models import ChildSumTreeLSTMClassifier, TreeLSTMClassifier
 from .nn import Adam, load_checkpoint, save_checkpoint
-from .training import (add_common_arguments, command_line_hint, fit, format_metrics,
-                       prepare_all, setup, throughput)
+from .training import (add_common_arguments, chance_level, command_line_hint, fit,
+                       format_metrics, prepare_all, setup, throughput)
 
 DEFAULT_LR = 0.005
 MODELS = {"tree-lstm": TreeLSTMClassifier, "child-sum-tree-lstm": ChildSumTreeLSTMClassifier}
@@ -216,7 +216,10 @@ def run(args):
         rate = f"{throughput(history):.0f} trees/s" if history else "no training"
         ranks = f" on {comm.size} ranks" if comm.size > 1 else ""
         saved_to = f", checkpoint {save}" if save and history else ""
+        chance = (chance_level(splits.test, "fine"), chance_level(splits.test, "binary"))
+        against = (f" (chance {chance[0]:.3f}, {chance[1]:.3f})" if None not in chance else "")
         comm.log(f"{args.model}: test root accuracy fine {test['fine']:.3f} binary "
-                 f"{test['binary']:.3f} after {max(args.epochs, start_epoch)} epochs, {rate}"
+                 f"{test['binary']:.3f}{against} after {max(args.epochs, start_epoch)} epochs, "
+                 f"{rate}"
                  f"{ranks}, {time.perf_counter() - started:.1f} s{saved_to}")
     return 0
