@@ -101,8 +101,16 @@ def main(argv=None):
                         help="the taggers' LSTMs with their input projections hoisted "
                              "(BiLSTMTagger(hoist=True))")
     parser.add_argument("--no-dynet", action="store_true", help="minicavs's phases only")
+    parser.add_argument("--data", default=None, metavar="DIR",
+                        help="a data folder with tags/dev.txt and sst/train.txt (docs/data.md; "
+                             "default: embedded synthetic sentences and trees)")
     parser.add_argument("--dynet-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.data is not None and not args.dynet_child:  # checked first; the child reads the env
+        path = autobatch_table.data_files(args.data)[args.task]
+        if not path.is_file():
+            raise SystemExit(f"--data {args.data}: missing {path} (docs/data.md)")
+        os.environ[autobatch_table.DATA_ENV] = str(pathlib.Path(args.data).resolve())
     if args.dynet_child:
         print(json.dumps(dynet_phases(args.task, args.batches).tolist()))
         return

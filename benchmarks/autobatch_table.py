@@ -6,8 +6,10 @@ automatically, in sentences (trees) per second of training, mini-batch 64.
 
 Tasks: the BiLSTM tagger, the BiLSTM tagger with character LSTMs for rare words (the paper's
 sizes: word embedding 128, character embedding 64, LSTM 256 per direction, MLP 32, characters
-for words seen fewer than 5 times) on the shared POS data, and the per-tree Tree-LSTM
-(E = H = 256) on SST. Systems: minicavs ``mc.autobatch`` with depth, depth+, agenda, agenda+
+for words seen fewer than 5 times), and the per-tree Tree-LSTM (E = H = 256). The data is
+embedded by default — the synthetic tagged sentences (``minicavs.models.plain.synthetic_tagged``)
+and the synthetic treebank — and with ``--data DIR`` the UD English tags (``DIR/tags/dev.txt``)
+and SST (``DIR/sst/train.txt``; docs/data.md), as the paper's figures were measured. Systems: minicavs ``mc.autobatch`` with depth, depth+, agenda, agenda+
 (``minicavs.models.plain``); DyNet 2.x (dynet38) with its own autobatching, agenda (flag 1)
 and depth (flag 2), the models written as dynet-benchmark writes them; PyTorch eager, one
 sample at a time; and for the Tree-LSTM minicavs's vertex-function form. Every (system, task)
@@ -25,7 +27,7 @@ import time
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-DATA = ROOT.parent / "shared" / "data"
+DATA_ENV = "MINICAVS_BENCH_DATA"  # --data, as the worker subprocesses see it
 TASKS = ["tagger", "tagger-char", "treelstm"]
 SYSTEMS = ["minicavs-depth", "minicavs-depth+", "minicavs-agenda", "minicavs-agenda+",
            "dynet-depth", "dynet-agenda", "torch-eager", "minicavs-vertex"]
@@ -36,15 +38,30 @@ DYNET_POOL_MB = 512
 DYNET_POOL_MAX_MB = 8192
 
 
-def load(task, count):
+def data_files(folder):
+    """The files ``--data folder`` gives the tasks (the layout of docs/data.md)."""
+    folder = pathlib.Path(folder)
+    return {"treelstm": folder / "sst" / "train.txt", "tagger": folder / "tags" / "dev.txt",
+            "tagger-char": folder / "tags" / "dev.txt"}
+
+
+def load(task, count, folder=None):
+    """``count`` samples of ``task`` and the vocabulary (None for the taggers): from ``folder``
+    (default: the environment's MINICAVS_BENCH_DATA, which --data sets), else synthetic."""
     sys.path.insert(0, str(ROOT))
+    from minicavs import data
+    from minicavs.models.plain import read_tagged, synthetic_tagged
+    folder = folder or os.environ.get(DATA_ENV) or None
     if task == "treelstm":
-        from minicavs import data
-        trees = data.read_sst(DATA / "sst" / "train.txt")
+        if folder:
+            trees = data.read_sst(data_files(folder)[task])
+        else:
+            trees, _ = data.synthetic_treebank(count, seed=0)
         vocab = data.Vocabulary.build((t.tokens for t in trees))
         return [vocab.encode_tree(t) for t in trees[:count]], vocab
-    from minicavs.models.plain import read_tagged
-    return read_tagged(DATA / "tags" / "dev.txt", limit=count), None
+    if folder:
+        return read_tagged(data_files(folder)[task], limit=count), None
+    return synthetic_tagged(count, seed=0), None
 
 
 # --- the systems, each: (setup(samples, vocab) -> step(batch)) ---------------------------------
@@ -287,11 +304,24 @@ def main(argv=None):
                         help="times the whole table runs, its systems taking turns (the "
                              "machine is shared: a slow second hits one system, not all); "
                              "each mini-batch's time is the median of the rounds'")
+    parser.add_argument("--data", default=None, metavar="DIR",
+                        help="a data folder with tags/dev.txt and sst/train.txt (docs/data.md; "
+                             "default: embedded synthetic sentences and trees)")
     parser.add_argument("--worker", nargs=2, metavar=("SYSTEM", "TASK"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(*args.worker, args.batches, args.threads)))
         return None
+    if args.data is not None:  # checked before any work; the workers read it from the env
+        missing = sorted({str(data_files(args.data)[t]) for t in args.tasks.split(",")
+                          if t in TASKS and not data_files(args.data)[t].is_file()})
+        if missing:
+            raise SystemExit(f"--data {args.data}: missing {', '.join(missing)} (docs/data.md "
+                             f"says where each set comes from)")
+        os.environ[DATA_ENV] = str(pathlib.Path(args.data).resolve())
+    else:
+        os.environ.pop(DATA_ENV, None)
+    print(f"data: {args.data or 'embedded synthetic sentences and trees'}", flush=True)
     times = {}  # (task, system) -> [per round: seconds per mini-batch, or None]
     for r in range(args.rounds):
         for task in args.tasks.split(","):

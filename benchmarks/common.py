@@ -38,6 +38,7 @@ the first batch is the same everywhere; the report shows it as a check that the 
 import importlib
 import json
 import os
+import platform
 import pickle
 import resource
 import subprocess
@@ -103,12 +104,46 @@ TREE_FC_LEAVES = 256
 TREE_FC_VOCAB = 1000
 
 
-def default_data_dir():
-    """``shared/data`` beside the checkout (CI's layout) or inside it."""
-    for candidate in (REPO.parent / "shared" / "data", REPO / "shared" / "data"):
-        if candidate.is_dir():
-            return candidate
-    return REPO.parent / "shared" / "data"
+def cpu_description():
+    """``AMD EPYC, AVX2, 2 cores``: the CPU model, its widest vector ISA and the core count, so
+    that a figure names the machine it came from."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model in ("", platform.machine(), None):
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    isa = ("AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else
+           "AVX" if "avx" in flags else "no AVX" if flags else "ISA unknown")
+    return f"{model}, {isa}, {os.cpu_count()} cores"
+
+
+def data_files(data_dir):
+    """The files a ``--data`` folder (laid out as the project's shared data: ``sst/``,
+    ``ptb/``, ``tags/``; docs/data.md) gives each kind of workload."""
+    data_dir = Path(data_dir)
+    return {"sst": data_dir / "sst" / "train.txt", "ptb": data_dir / "ptb" / "ptb.valid.txt",
+            "tags": data_dir / "tags" / "dev.txt"}
+
+
+def missing_data(workloads, sst_path=None, ptb_path=None):
+    """What the given workloads would read and is not there: a list of messages (empty when
+    all is present). Checked before any work, so a wrong path costs nothing."""
+    problems = []
+    for workload in workloads:
+        kind = WORKLOADS[workload].kind
+        path, what = ((sst_path, "--sst/--data: an SST tree file") if kind in SST_KINDS else
+                      (ptb_path, "--ptb/--data: a PTB text file") if kind == "var_lstm" else
+                      (None, None))
+        if path is not None and not Path(path).is_file():
+            problems.append(f"{workload} reads {path}, which is not a file (expected {what}; "
+                            f"docs/data.md says where to get it)")
+    return list(dict.fromkeys(problems))
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -118,23 +153,30 @@ def load_workload(workload, size, sst_path=None, ptb_path=None, seed=0):
 
     ``batches``: lists of samples (a :class:`minicavs.data.Tree`, or an int64 id array ending
     in <eos> for var_lstm), in a fixed order shared by all systems; ``units``: trees or
-    predicted tokens per epoch.
+    predicted tokens per epoch. Without ``sst_path``/``ptb_path`` the tree workloads train on
+    the synthetic treebank and var_lstm on its sentences (embedded: nothing is read from disk);
+    with them, on the first ``size`` trees or sentences of those files.
     """
     from minicavs import data as datasets  # the project's readers
 
     spec = WORKLOADS[workload]
+    title = spec.title
     if spec.kind == "td_generate":
         from benchmarks import generation
 
         return generation.load(spec, size)
-    data_dir = default_data_dir()
     if spec.kind in SST_KINDS:
-        path = Path(sst_path) if sst_path else data_dir / "sst" / "train.txt"
-        trees = _first_trees(path, size)
+        if sst_path:
+            path = Path(sst_path)
+            trees = _first_trees(path, size)
+            source = f"first {len(trees)} trees of {path.name}"
+        else:
+            trees, _ = datasets.synthetic_treebank(size, seed)
+            source = f"{len(trees)} synthetic treebank trees"
+            title = spec.title.replace("(SST)", "(synthetic trees)")
         vocab = datasets.Vocabulary.build(t.tokens for t in trees)
         samples = [vocab.encode_tree(t) for t in trees]
         vocab_size, units = len(vocab), len(samples)
-        source = f"first {len(samples)} trees of {path.name}"
     elif spec.kind == "tree_fc":
         rng = np.random.default_rng(seed)
         samples = [datasets.complete_binary_tree(TREE_FC_LEAVES, rng, vocab_size=TREE_FC_VOCAB,
@@ -143,15 +185,21 @@ def load_workload(workload, size, sst_path=None, ptb_path=None, seed=0):
         vocab_size, units = TREE_FC_VOCAB, len(samples)
         source = f"{len(samples)} generated trees"
     else:
-        path = Path(ptb_path) if ptb_path else data_dir / "ptb" / "ptb.valid.txt"
-        sentences = datasets.read_ptb(path)
+        if ptb_path:
+            path = Path(ptb_path)
+            sentences = datasets.read_ptb(path)
+            source = f"first {min(size, len(sentences))} sentences of {path.name}"
+        else:
+            trees, _ = datasets.synthetic_treebank(size, seed)
+            sentences = [t.tokens + [datasets.EOS] for t in trees]
+            source = f"{len(sentences)} synthetic treebank sentences"
+            title = spec.title.replace("(PTB)", "(synthetic sentences)")
         vocab = datasets.Vocabulary.build(sentences, specials=[datasets.EOS])
         samples = [vocab.encode(s) for s in sentences[:size]]
         vocab_size, units = len(vocab), int(sum(len(s) for s in samples))
-        source = f"first {len(samples)} sentences of {path.name}"
     batches = [samples[i:i + BATCH_SIZE] for i in range(0, len(samples), BATCH_SIZE)]
     return {
-        "workload": spec.name, "kind": spec.kind, "title": spec.title, "unit": spec.unit,
+        "workload": spec.name, "kind": spec.kind, "title": title, "unit": spec.unit,
         "embed": spec.embed, "hidden": spec.hidden, "num_classes": spec.num_classes,
         "vocab_size": vocab_size, "batch_size": BATCH_SIZE, "batches": batches,
         "num_samples": len(samples), "units": units, "source": source,
@@ -568,22 +616,80 @@ def breakdown_table(entries):
             + _table(header, rows))
 
 
-def ablation_table(ablation):
-    """Fig. 10: minicavs with one optimisation off at a time, against all on."""
-    rows = []
+NOISE = 0.05  # an ablation ratio within 1 ± this reads as "no measurable effect"
+
+
+def ablation_reference(first, last):
+    """The all-on result the ablation compares with: the faster of the runs before and after
+    the variants, with ``drift`` (how much slower the other was, a fraction) recorded."""
+    runs = [r for r in (first, last) if "best_epoch_seconds" in r]
+    if not runs:
+        return first
+    best = dict(min(runs, key=lambda r: r["best_epoch_seconds"]))
+    if len(runs) == 2:
+        times = sorted(r["best_epoch_seconds"] for r in runs)
+        best["drift"] = times[1] / times[0] - 1.0
+        best["all_on_epoch_seconds"] = [first["best_epoch_seconds"], last["best_epoch_seconds"]]
+    return best
+
+
+def ablation_effect(variant_seconds, base_seconds, name="x off", noise=NOISE):
+    """What one optimisation does on this machine, from the epoch time of the variant ``name``
+    ("<option> off": a default-on optimisation switched off; "<option> on": a default-off one
+    switched on) ÷ the all-on time: the ratio, and a few words saying whether the optimisation
+    buys or costs here (within ``noise`` of 1: neither). Returns ``(ratio, words, costs)``."""
+    ratio = variant_seconds / base_seconds
+    if abs(ratio - 1.0) <= noise:
+        return ratio, f"no measurable effect (within ±{noise:.0%})", False
+    if name.endswith(" on"):  # off by default: the variant is the optimisation
+        if ratio > 1.0:
+            return ratio, f"switched on it costs {ratio:.2f}× (off by default)", False
+        return ratio, f"switched on it buys {1 / ratio:.2f}×, yet is off by default", True
+    if ratio > 1.0:
+        return ratio, f"buys {ratio:.2f}×", False
+    return ratio, f"COSTS here: without it {1 / ratio:.2f}× faster", True
+
+
+def ablation_table(ablation, machine=""):
+    """Fig. 10: minicavs with one optimisation switched from its default at a time, against
+    all on — what each optimisation buys on this machine, and where one costs."""
+    rows, costs, drifts = [], [], []
     for workload, variants in ablation.items():
         base = variants.get("all on", {}).get("best_epoch_seconds")
+        drift = variants.get("all on", {}).get("drift")
+        noise = max(NOISE, drift or 0.0)
+        if drift is not None:
+            drifts.append(f"{workload} {drift:.0%}")
         for name, r in variants.items():
             if "throughput" not in r:
                 rows.append([workload, name, str(r.get("error") or r.get("missing"))[:60],
-                             "", ""])
+                             "", "", ""])
                 continue
-            gain = r["best_epoch_seconds"] / base if base else None
+            ratio, words, cost = (ablation_effect(r["best_epoch_seconds"], base, name, noise)
+                                  if base and name != "all on" else (1.0, "the reference", False))
+            if cost:
+                costs.append(f"{workload}: {name.rsplit(' ', 1)[0]} ({words})")
             rows.append([workload, name, f"{r['throughput']:,.0f}",
-                         f"{r['best_epoch_seconds']:.2f}", _fmt(gain, "{:.2f}×")])
-    header = ["workload", "minicavs variant", "throughput", "epoch s",
-              "this ÷ all-on time (speedup of the optimisation)"]
-    return ("Ablation: one optimisation off at a time (Cavs Fig. 10)\n" + _table(header, rows))
+                         f"{r['best_epoch_seconds']:.3f}", f"{ratio:.2f}×", words])
+    header = ["workload", "variant", "throughput", "epoch s", "variant ÷ all-on time",
+              "what the optimisation does here"]
+    where = f" on {machine}" if machine else ""
+    text = (f"Ablation (Cavs Fig. 10): one optimisation switched from its default at a time"
+            f"{where}.\nFor an option on by default, a ratio above 1 is what it buys; below 1 "
+            f"it costs on this machine and workload (the variant without it was faster).\n"
+            + _table(header, rows))
+    if drifts:
+        text += ("\nThe reference is the faster of two all-on runs, before and after the variants; "
+                 "the slower was behind by " + ", ".join(drifts) + " (the machine's load moved): "
+                 "a ratio within that of 1 reads as no measurable effect.")
+    short = [v for variants in ablation.values() for v in variants.values()
+             if v.get("best_epoch_seconds", 1.0) < 0.2]
+    if short:
+        text += ("\nEpochs under 0.2 s (a --quick run): ratios within about ±10 % are noise; "
+                 "the full run's are steadier.")
+    if costs:
+        text += "\nWhere the defaults cost here: " + "; ".join(costs) + "."
+    return text
 
 
 def write_json(report, directory):
@@ -602,13 +708,22 @@ def draw_chart(report, directory):
     except ImportError as exc:
         return None, f"matplotlib not installed ({exc})"
     entries = report["workloads"]
-    panels = len(entries) + (1 if report.get("ablation") else 0)
-    fig, axes = plt.subplots(1, max(panels, 1), figsize=(4.2 * max(panels, 1), 4.2),
-                             squeeze=False)
+    columns = min(max(len(entries), 1), 3)  # a grid, three panels a row, not one long strip
+    rows = -(-max(len(entries), 1) // columns)
+    ablation_rows = sum(max(len(v) - 1, 0) for v in report.get("ablation", {}).values())
+    ablation_height = 0.22 * ablation_rows + 1.4 if report.get("ablation") else 0.0
+    width = max(4.4 * columns, 10.0 if report.get("ablation") else 0.0)  # the ablation's labels
+    fig = plt.figure(figsize=(width, 4.0 * rows + ablation_height), layout="constrained")
+    # Two sub-figures, each laid out on its own: the throughput grid, then the ablation.
+    top, bottom = (fig.subfigures(2, 1, height_ratios=[4.0 * rows, ablation_height])
+                   if report.get("ablation") else (fig, None))
+    panel_axes = top.subplots(rows, columns, squeeze=False).ravel()
+    for ax in panel_axes[len(entries):]:
+        ax.set_visible(False)
     colours = {"minicavs": "#d62728", "minicavs-cuda": "#ff9896", "torch-eager": "#1f77b4",
                "torch-batched": "#2ca02c", "torch-batched-cuda": "#98df8a",
                "dynet": "#9467bd"}
-    for ax, entry in zip(axes[0], entries):
+    for ax, entry in zip(panel_axes, entries):
         names = [s for s, r in entry["results"].items() if "throughput" in r]
         values = [entry["results"][s]["throughput"] for s in names]
         bars = ax.bar(range(len(names)), values, color=[colours.get(s, "grey") for s in names])
@@ -621,20 +736,28 @@ def draw_chart(report, directory):
         ax.set_ylabel(entry["unit"])
         ax.legend(fontsize=7)
     if report.get("ablation"):
-        ax = axes[0][-1]
+        # One horizontal bar per variant, its name on the y axis: labels never overprint.
+        ax = bottom.subplots()
         labels, values = [], []
         for workload, variants in report["ablation"].items():
             base = variants.get("all on", {}).get("best_epoch_seconds")
             for name, r in variants.items():
                 if name != "all on" and "best_epoch_seconds" in r and base:
-                    labels.append(f"{workload}\n{name}")
+                    labels.append(f"{workload}: {name}")
                     values.append(r["best_epoch_seconds"] / base)
-        bars = ax.bar(range(len(values)), values, color="#d62728")
-        ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=7)
-        ax.axhline(1.0, color="black", linewidth=1)
-        ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
-        ax.set_title("minicavs: time with one optimisation off\n÷ time with all on", fontsize=9)
-    fig.tight_layout()
+        colour = ["#2ca02c" if v > 1 + NOISE else "#d62728" if v < 1 - NOISE else "grey"
+                  for v in values]
+        bars = ax.barh(range(len(values)), values, color=colour)
+        ax.bar_label(bars, labels=[f"{v:.2f}×" for v in values], fontsize=7, padding=2)
+        ax.axvline(1.0, color="black", linewidth=1)
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("time with one option switched from its default ÷ time with the defaults\n"
+                      "green: the default is faster by that; red: the default costs here; "
+                      "grey: within ±5 %", fontsize=8)
+        machine = report.get("machine", {}).get("cpu", "")
+        ax.set_title(f"minicavs ablation: what each optimisation buys on this machine"
+                     f"{f', {machine}' if machine else ''}", fontsize=9, wrap=True)
     path = Path(directory) / "results.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,7 +1,8 @@
 """The benchmark of the Cavs evaluation: minicavs against PyTorch and DyNet.
 
-    python benchmarks/run.py --quick            # smoke run, about a minute or two
+    python benchmarks/run.py --quick            # smoke run (docs/benchmarks: minutes)
     python benchmarks/run.py                    # the full run (tens of minutes on 2 cores)
+    python benchmarks/run.py --data ../shared/data   # on SST and PTB instead of synthetic data
     python benchmarks/run.py --workloads tree_lstm --systems minicavs,dynet --epochs 5
     python benchmarks/run.py --cuda             # on a GPU: minicavs-cuda against PyTorch CUDA
     python benchmarks/run.py --lrcn             # conv2d and the LRCN example against PyTorch
@@ -10,7 +11,13 @@ Every (workload, system) pair trains in its own subprocess, one after another, s
 thread pools do not mix. Prints a table per workload (throughput, minicavs ÷ each system, share
 of the FLOP floor, construction time, peak memory, first-batch loss), the construction vs
 computation breakdown (Cavs Fig. 9) and the minicavs ablation (Fig. 10); writes
-``results.json`` and ``results.png`` (with matplotlib) under ``--out``.
+``results.json`` and ``results.png`` (with matplotlib) under ``--out`` — only when something
+was measured: a run where every system is missing is refused before it starts, and never
+overwrites earlier results.
+
+The data is embedded by default (the synthetic treebank's trees and sentences, so a bare clone
+runs it); ``--data DIR`` reads SST's train.txt and PTB's ptb.valid.txt from a folder laid out
+as docs/data.md describes (``DIR/sst/``, ``DIR/ptb/``), as the Cavs paper's workloads do.
 """
 
 import argparse
@@ -63,8 +70,16 @@ def parse_args(argv=None):
     parser.add_argument("--size", type=int, default=None,
                         help="samples per epoch for every workload (default: 1024 trees or "
                              "sentences, 256 Tree-FC trees; --quick: 128 / 64)")
-    parser.add_argument("--sst", default=None, help="SST train file (default shared/data)")
-    parser.add_argument("--ptb", default=None, help="PTB file (default ptb.valid.txt)")
+    parser.add_argument("--data", default=None, metavar="DIR",
+                        help="a data folder with sst/train.txt and ptb/ptb.valid.txt "
+                             "(docs/data.md; default: the embedded synthetic treebank and its "
+                             "sentences)")
+    parser.add_argument("--sst", default=None,
+                        help="SST tree file (default: DIR/sst/train.txt with --data, else "
+                             "synthetic trees)")
+    parser.add_argument("--ptb", default=None,
+                        help="PTB text file (default: DIR/ptb/ptb.valid.txt with --data, else "
+                             "synthetic sentences)")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads per system (torch.set_num_threads, BLAS/OpenMP; default "
                              "all cores, --quick: 1, which keeps a smoke run steady on a busy "
@@ -114,6 +129,17 @@ def parse_args(argv=None):
     args.systems = _names(args.systems, common.SYSTEMS, "system")
     args.ablation = [] if args.ablation == "none" else _names(args.ablation, common.WORKLOADS,
                                                                "workload")
+    if args.data is not None:
+        if not Path(args.data).is_dir():
+            raise SystemExit(f"--data {args.data}: not a folder (expected one holding "
+                             f"sst/train.txt and ptb/ptb.valid.txt; docs/data.md)")
+        files = common.data_files(args.data)
+        args.sst, args.ptb = args.sst or str(files["sst"]), args.ptb or str(files["ptb"])
+    if not (args.autobatch or args.lrcn):
+        problems = common.missing_data(args.workloads + args.ablation, args.sst, args.ptb)
+        if problems:
+            raise SystemExit("benchmarks/run.py: nothing run, the data is missing:\n  "
+                             + "\n  ".join(problems))
     return args
 
 
@@ -156,14 +182,23 @@ def main(argv=None):
     args = parse_args(argv)
     if args.autobatch:  # its own table: every system writes the same plain models
         from benchmarks import autobatch_table
-        return autobatch_table.main(["--threads", str(args.threads or 2)])
+        return autobatch_table.main(["--threads", str(args.threads or 2)]
+                                    + (["--data", args.data] if args.data else []))
     if args.lrcn:  # its own table too: one process per system and part
         from benchmarks import lrcn
         return lrcn.main(["--threads", str(1 if args.quick else args.threads)]
                          + (["--part", "conv"] if args.quick else []))
     started = time.time()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if args.cuda:  # before any work: without a GPU every row would read "missing"
+        reasons = {system: common.check_system(system, args.threads)
+                   for system in args.systems}
+        if all(reasons.values()):
+            raise SystemExit("benchmarks/run.py --cuda: no GPU system can run here, so "
+                             "nothing was measured and no results were written:\n  "
+                             + "\n  ".join(f"{s}: {r}" for s, r in reasons.items())
+                             + "\n(run it on a machine with a CUDA GPU and CuPy: pip install "
+                               "-e '.[cuda,bench]'; python -m minicavs doctor checks it)")
     report = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick,
               "epochs": args.epochs, "warmup": args.warmup, "threads": args.threads,
               "batch_size": common.BATCH_SIZE, "machine": _machine(), "workloads": [],
@@ -238,12 +273,14 @@ def main(argv=None):
         if args.ablation and ablated in missing:
             log(f"ablation skipped: {ablated} is missing ({missing[ablated]})")
         elif ablated not in missing:
-            main_results = {e["workload"]: e["results"].get(ablated)
-                            for e in report["workloads"]}
             for workload in args.ablation:
+                # The reference is measured here, not taken from the table above: the load of a
+                # shared machine drifts, and a reference from minutes earlier made variants look
+                # faster than the defaults. All-on runs first and last; the faster is the
+                # reference, and how far the two differ is the noise the ratios are read with.
                 variants = report["ablation"][workload] = {}
-                variants["all on"] = (main_results.get(workload)
-                                      or run_one(ablated, workload, paths[workload], args))
+                log(f"ablation {workload}: all on (first) ...")
+                first = run_one(ablated, workload, paths[workload], args)
                 for name, vertex_options in ABLATION.items():
                     if name == "streams off" and ablated == "minicavs":
                         variants[name] = {"missing": "streams exist only on CUDA"}
@@ -252,6 +289,10 @@ def main(argv=None):
                     variants[name] = run_one(ablated, workload, paths[workload], args,
                                              {"vertex": vertex_options})
                     log(f"  {_short(variants[name])}")
+                log(f"ablation {workload}: all on (last) ...")
+                last = run_one(ablated, workload, paths[workload], args)
+                variants["all on"] = common.ablation_reference(first, last)
+                report["ablation"][workload] = {"all on": variants.pop("all on"), **variants}
 
     report["machine"]["load_after"] = os.getloadavg()
     report["seconds"] = time.time() - started
@@ -264,16 +305,29 @@ def main(argv=None):
     print(common.breakdown_table(report["workloads"]))
     if report["ablation"]:
         print()
-        print(common.ablation_table(report["ablation"]))
+        print(common.ablation_table(report["ablation"], report["machine"].get("cpu", "")))
     if args.cuda:
         print()
         print(_cuda_goal(report))
+    if not _measured_anything(report):
+        print()
+        print(f"nothing was measured (every system missing or failed): {out} left as it was")
+        print(f"total {report['seconds']:.0f} s")
+        raise SystemExit(1)
+    out.mkdir(parents=True, exist_ok=True)
     json_path = common.write_json(report, out)
     png_path, why_not = common.draw_chart(report, out)
     print()
     print(f"results: {json_path}" + (f", {png_path}" if png_path else f" (no chart: {why_not})"))
     print(f"total {report['seconds']:.0f} s")
     return report
+
+
+def _measured_anything(report):
+    """Whether any system or ablation variant produced a throughput."""
+    results = [r for e in report["workloads"] for r in e["results"].values()]
+    results += [r for variants in report["ablation"].values() for r in variants.values()]
+    return any(isinstance(r, dict) and "throughput" in r for r in results)
 
 
 def _short(result):
@@ -290,10 +344,12 @@ def _cuda_goal(report):
     for entry in report["workloads"]:
         if entry["workload"] != CUDA_WORKLOAD:
             continue
-        full = entry["units"] == SST_TRAIN_TREES
+        full = entry["units"] == SST_TRAIN_TREES and "synthetic" not in entry["source"]
         lines.append(f"Goal: an SST epoch ({SST_TRAIN_TREES:,} trees) of the Tree-LSTM-256 in "
                      f"under {CUDA_GOAL_SECONDS:g} s on an H100-class GPU"
-                     + ("" if full else f" (this run: {entry['units']:,} trees per epoch)"))
+                     + ("" if full else f" (this run: {entry['units']:,} trees per epoch, "
+                                        f"{entry['source']}; the goal is judged with --data, "
+                                        f"on SST)"))
         for system, r in entry["results"].items():
             if "best_epoch_seconds" not in r:
                 lines.append(f"  {system}: {_short(r)}")
@@ -307,7 +363,7 @@ def _cuda_goal(report):
 
 def _machine():
     return {"python": platform.python_version(), "platform": platform.platform(),
-            "cpus": os.cpu_count(), "numpy": np.__version__, "load_before": os.getloadavg()}
+            "cpus": os.cpu_count(), "cpu": common.cpu_description(), "numpy": np.__version__, "load_before": os.getloadavg()}
 
 
 def _header(report):
@@ -316,7 +372,7 @@ def _header(report):
     return (f"\nminicavs benchmark — {report['started']}, {'quick' if report['quick'] else 'full'}"
             f" run, B={report['batch_size']}, best of {report['epochs']} epoch(s) after "
             f"{report['warmup']} warm-up, {report['threads']} thread(s) per system\n"
-            f"{m['cpus']} CPUs, load average {load(m['load_before'])} before, "
+            f"{m.get('cpu', str(m['cpus']) + ' CPUs')}, load average {load(m['load_before'])} before, "
             f"{load(m['load_after'])} after (other work on the machine slows every system); "
             f"GEMM rate {report['gemm_flops'] / 1e9:.1f} GFLOP/s "
             f"({'GPU, CuPy' if report['gemm_device'] == 'cuda' else 'CPU, NumPy'})")

@@ -3,7 +3,8 @@
 Sphinx with MyST-Parser: the pages stay markdown (the reference pages under docs/ were written
 for GitHub and render unchanged), autodoc and napoleon make the API reference from the
 docstrings, and -W turns every warning (a broken cross-reference, a bad docstring) into an
-error. The figures are made at build time by the library's own code (_ext/minicavs_figures.py).
+error. The figures are made at build time by the library's own code (_ext/minicavs_figures.py),
+and what each python block prints is run and shown under it (_ext/minicavs_outputs.py).
 """
 
 import os
@@ -23,7 +24,7 @@ release = version = minicavs.__version__
 copyright = "minicavs authors, MIT licence"
 
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon",
-              "sphinx.ext.viewcode", "minicavs_figures"]
+              "sphinx.ext.viewcode", "minicavs_figures", "minicavs_outputs"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "_generated", "_ext", "Thumbs.db", ".DS_Store"]
@@ -37,9 +38,18 @@ autodoc_default_options = {"undoc-members": False}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = True
 
-html_theme = "alabaster"
+# Furo (the docs extra): a theme made for reading, light and dark, a sidebar that folds away on
+# a phone. Where it is not installed the build falls back on Sphinx's own alabaster.
+try:
+    import furo  # noqa: F401
+    html_theme = "furo"
+    html_theme_options = {}
+except ImportError:
+    html_theme = "alabaster"
+    html_theme_options = {"description": "a dynamic-network framework, built to be read",
+                          "fixed_sidebar": True, "page_width": "1100px",
+                          "sidebar_width": "240px"}
 html_title = f"minicavs {release}"
-html_static_path = []
-html_theme_options = {"description": "a dynamic-network framework, built to be read",
-                      "fixed_sidebar": True, "page_width": "1100px", "sidebar_width": "240px"}
+html_static_path = ["_static"]
+html_css_files = ["minicavs.css"]  # code wraps; what a block printed is shown under it
 nitpicky = False

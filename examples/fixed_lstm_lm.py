@@ -72,7 +72,9 @@ def main(argv=None):
     rate = training.throughput(history)
     scored = len(held_out_rows) * args.steps
     comm.log(f"fixed_lstm_lm: held-out loss {result['loss']:.4f}  perplexity "
-             f"{result['perplexity']:.2f} (per word, <eos> counted: {scored} of "
+             f"{result['perplexity']:.2f} (unigram baseline "
+             f"{training.unigram_perplexity(train, held_out, len(vocab)):.2f}; per word, <eos> "
+             f"counted: {scored} of "
              f"{sum(len(s) for s in held_out)} words; trained on {source})  {rate:.1f} rows/s "
              f"({rate * args.steps:.0f} words/s)")
     return {"held_out": result, "rows_per_second": rate}

@@ -73,8 +73,10 @@ def main(argv=None):
         result["beam_sequence_accuracy"] = float(np.mean(exact))
         comm.log(f"seq2seq: beam search (width {args.beam_size}) exact match "
                  f"{result['beam_sequence_accuracy']:.3f}")
+    targets = np.concatenate([np.asarray(target) for _, target in held_out])
+    chance = float(np.bincount(targets).max() / targets.size)  # always the most frequent token
     comm.log(f"seq2seq: held-out loss {result['loss']:.4f}  token accuracy "
-             f"{result['token_accuracy']:.3f}  greedy exact match "
+             f"{result['token_accuracy']:.3f} (chance {chance:.3f})  greedy exact match "
              f"{result['sequence_accuracy']:.3f}  {training.throughput(history):.0f} pairs/s; "
              f"greedy decoding {decode_rate:.0f} pairs/s ({steps} decoder steps)")
     return {"held_out": result, "pairs_per_second": training.throughput(history),

@@ -8,9 +8,18 @@ state: training runs it on the known trees of the synthetic treebank read top-do
 forcing, mc.top_down), one batched call per batch of trees. Generation grows trees from one
 root per requested label with mc.grow: each step runs F on the frontier of every tree at once
 and samples each frontier vertex's class — two children, or a leaf with a word. The last line
-gives the held-out teacher-forced accuracy, the generated trees' size against the held-out
-trees', how often the treebank's own rule gives a generated tree the label it was asked for
-(chance: 0.2), and the generation throughput.
+gives the held-out teacher-forced accuracy against always answering "expand" (the most
+frequent class), the generated trees' size against the held-out trees', how often the
+treebank's own rule gives a generated tree the label it was asked for (against chance, 1 in
+the number of labels), and the generation throughput.
+
+What it reaches at the defaults (synthetic treebank, seed 0): teacher-forced accuracy 0.52
+against 0.48 for always "expand" — near the ceiling, since the treebank draws the words of a
+class uniformly, so a leaf's word is mostly a guess — and generated trees of the data's size
+(35 vertices against 30). The label is not followed: agreement 0.14 against chance 0.20 (64
+trees; 0.18 of 256 after 10 epochs). The model learns the treebank's shapes and word classes,
+not yet how the label steers them; the example shows growing structures batched, not a solved
+conditional generator.
 """
 
 import argparse
@@ -70,18 +79,23 @@ def main(argv=None):
     for tree, label in list(zip(trees, labels))[:3]:
         comm.log(f"  label {label}: {' '.join(tree.tokens)}")
     data_vertices = np.mean([len(t.children) for t in splits.test])
+    targets = np.concatenate([np.asarray(b.targets) for b in
+                              training.prepare_all(model, splits.test, 256)])
+    majority = float(np.bincount(targets).max() / max(targets.size, 1))
     result = {"test": test, "generated": len(trees), "complete": len(complete),
               "mean_vertices": growth.num_vertices / len(trees),
               "data_mean_vertices": float(data_vertices),
               "label_agreement": float(np.mean(agree)) if agree else float("nan"),
               "trees_per_second": len(trees) / seconds,
               "train_trees_per_second": training.throughput(history)}
-    comm.log(f"td_tree_lstm: test loss {test['loss']:.4f}  accuracy {test['accuracy']:.3f}  "
-             f"generated {len(trees)} trees ({len(complete)} complete, "
-             f"{result['mean_vertices']:.1f} vertices on average, held-out trees "
-             f"{data_vertices:.1f}; label agreement "
-             f"{result['label_agreement']:.2f}) at {result['trees_per_second']:.0f} trees/s; "
-             f"training {result['train_trees_per_second']:.0f} trees/s")
+    result["majority"] = majority
+    comm.log(f"td_tree_lstm: test loss {test['loss']:.4f}  accuracy {test['accuracy']:.3f} "
+             f"(always 'expand': {majority:.3f})  generated {len(trees)} trees "
+             f"({len(complete)} complete, {result['mean_vertices']:.1f} vertices on average, "
+             f"held-out trees {data_vertices:.1f}; label agreement "
+             f"{result['label_agreement']:.2f}, chance {1 / model.num_labels:.2f}) at "
+             f"{result['trees_per_second']:.0f} trees/s; training "
+             f"{result['train_trees_per_second']:.0f} trees/s")
     return result
 
 

@@ -59,8 +59,9 @@ def main(argv=None):
     seconds = sum(stats.seconds for stats, _ in history)
     targets = sum(len(s) for s in held_out)
     comm.log(f"var_lstm_lm: held-out loss {result['loss']:.4f}  perplexity "
-             f"{result['perplexity']:.2f} (per word, <eos> counted: {targets} words of "
-             f"{len(held_out)} sentences; trained on {source})  "
+             f"{result['perplexity']:.2f} (unigram baseline "
+             f"{training.unigram_perplexity(train, held_out, len(vocab)):.2f}; per word, <eos> "
+             f"counted: {targets} words of {len(held_out)} sentences; trained on {source})  "
              f"{training.throughput(history):.0f} sentences/s "
              f"({words / seconds if seconds else float('nan'):.0f} words/s)")
     return {"held_out": result, "sentences_per_second": training.throughput(history)}

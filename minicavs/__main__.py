@@ -10,8 +10,14 @@ import sys
 
 
 def _configure_doctor(parser):
-    parser.description = ("Report the versions of Python, NumPy, CuPy, the CUDA driver, runtime "
-                          "and NVRTC, whether a GPU is visible, and compile and run one kernel.")
+    parser.description = ("Check this machine for minicavs, CPU and GPU: the versions of Python, "
+                          "NumPy and CuPy; the native CPU backend (the C++ compiler, NumPy's "
+                          "BLAS and its threads, the compile cache, glibc's allocator, the "
+                          "autobatch recorder; a test cell run natively against the "
+                          "interpreter); and the CUDA toolchain (driver, runtime, NVRTC, headers, "
+                          "whether a GPU is visible; one kernel compiled with NVRTC and CuPy and "
+                          "run through the g++ shim). Each line says what is missing and how to "
+                          "get it; the last line is 'status: ok' or what is broken.")
 
 
 def _run_doctor(args):
@@ -34,7 +40,8 @@ def _run_train(args):
 
 COMMANDS = {
     "doctor": (_configure_doctor, _run_doctor,
-               "check the CUDA toolchain (NVRTC, CPU shim, GPU) and say what is missing"),
+               "check the native CPU backend and the CUDA toolchain (NVRTC, CPU shim, GPU) "
+               "and say what is missing"),
     "train": (_configure_train, _run_train,
               "train an example model (tree-lstm: the main job) and save a checkpoint"),
 }
@@ -54,7 +61,11 @@ def build_parser():
 def main(argv=None):
     """Parse ``argv`` (default: ``sys.argv[1:]``), run the command, return its exit status."""
     args = build_parser().parse_args(argv)
-    return int(args.run(args) or 0)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:  # one line, not a traceback (train says what its checkpoint holds)
+        print(f"\nminicavs {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

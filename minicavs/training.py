@@ -132,12 +132,21 @@ def check_language_model_arguments(parser, args):
 def command_line(main, argv=None):
     """Run an example's ``main(argv)`` as a command: a minicavs error (bad data, a device that
     is missing) ends it with the message and exit status 1, not a traceback."""
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "minicavs"
     try:
         main(argv)
     except MinicavsError as exc:
-        prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "minicavs"
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {command_line_hint(exc)}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:  # one line, not a traceback: nothing is lost but this run
+        print(f"\n{prog}: interrupted (the examples save no checkpoint; the main job, "
+              f"python -m minicavs train, does)", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def command_line_hint(exc):
+    """An error's message as a command line should give it: the flag, not the Python call."""
+    return str(exc).replace("use set_device('cpu')", "pass --device cpu")
 
 
 def setup(args):
@@ -381,6 +390,20 @@ def language_model_corpus(path=None, *, seed=0, num_sentences=3000):
     return encoded[:cut], encoded[cut:], vocab, f"{path} (last tenth held out)"
 
 
+def unigram_perplexity(train, held_out, vocab_size):
+    """The held-out perplexity of word frequencies alone (add-one smoothed counts of ``train``,
+    sentences of ids): the baseline a language model has to beat, printed beside its own."""
+    counts = np.bincount(np.concatenate([np.asarray(s) for s in train]),
+                         minlength=vocab_size).astype(np.float64) + 1.0
+    log_p = np.log(counts / counts.sum())
+    words = np.concatenate([np.asarray(s) for s in held_out])
+    return float(np.exp(-log_p[words].mean()))
+
+
+def _fraction(value):
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def report_root_accuracy(name, model, splits, history, comm=None):
     """Evaluate a tree classifier on dev and test, print the final line (on rank 0 of
     ``comm``), return the figures."""
@@ -390,7 +413,8 @@ def report_root_accuracy(name, model, splits, history, comm=None):
     (comm or LocalCommunicator()).log(
         f"{name}: test loss {test['loss']:.4f}  root accuracy dev fine {dev['fine']:.3f} "
         f"binary {dev['binary']:.3f}, test fine {test['fine']:.3f} binary "
-        f"{test['binary']:.3f}  {speed:.0f} trees/s")
+        f"{test['binary']:.3f} (chance {_fraction(chance_level(splits.test, 'fine'))} fine, "
+        f"{_fraction(chance_level(splits.test, 'binary'))} binary)  {speed:.0f} trees/s")
     return {"dev": dev, "test": test, "trees_per_second": speed}
 
 
@@ -590,6 +614,9 @@ def plot_history(histories, path, metric, title="", log=print, held_out="dev"):
     losses.set(xlabel="epoch", ylabel="loss per target", title="loss")
     what = metric if metric == "perplexity" else f"{metric} accuracy"
     scores.set(xlabel="epoch", ylabel=f"{held_out} {what}", title=f"{held_out} {metric}")
+    from matplotlib.ticker import MaxNLocator
+    for axes in (losses, scores):  # epochs are whole numbers: no 1.5 on the axis
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     losses.legend(fontsize="small")
     scores.legend(fontsize="small")
     if title:
@@ -651,6 +678,30 @@ def task_metric(task, keep_best=None):
     return keep_best
 
 
+def chance_level(trees, metric, classes=5):
+    """The accuracy of always answering the most frequent class of ``trees`` under ``metric``
+    ("fine": root labels; "phrase": every labelled vertex; "binary": the roots' polarity, neutral
+    dropped) for labels of ``classes`` classes (5, 3 or 2), or None where it is not defined."""
+    if not trees:
+        return None
+    if metric == "phrase":
+        labels = np.concatenate([np.asarray(t.labels) for t in trees])
+        labels = labels[labels >= 0]
+    else:
+        labels = np.array([int(t.labels[-1]) for t in trees])
+        if metric == "binary":
+            polarity = {5: [0, 0, -1, 1, 1], 3: [0, -1, 1], 2: [0, 1]}.get(classes)
+            if polarity is None or labels.min(initial=0) < 0 or labels.max(initial=0) >= classes:
+                return None
+            labels = np.array(polarity)[labels]
+            labels = labels[labels >= 0]
+        elif metric != "fine":
+            return None
+    if labels.size == 0:
+        return None
+    return float(np.bincount(labels).max() / labels.size)
+
+
 def sentiment_experiment(name, args, splits, make_model, log=print):
     """Train ``make_model(num_classes)`` on ``splits`` under ``args.task`` for each of
     ``args.seeds`` seeds, keep each run's best dev epoch, evaluate it on test, and log one line
@@ -691,19 +742,23 @@ def sentiment_experiment(name, args, splits, make_model, log=print):
         runs.append({"seed": seed, "best_epoch": epoch, "dev": dev, "test": test,
                      "seconds": seconds, "trees_per_second": throughput(history)})
         histories[f"seed {seed}"] = history
-        log(f"{name} seed {seed}: best dev {metric} epoch {epoch} of {len(history)}: dev "
-            f"{format_metrics(dev)}; test {format_metrics(test)}  ({seconds:.0f} s, "
-            f"{throughput(history):.0f} trees/s)")
+        if args.seeds > 1:  # one seed: the summary below is its line
+            log(f"{name} seed {seed}: best dev {metric} epoch {epoch} of {len(history)}: dev "
+                f"{format_metrics(dev)}; test {format_metrics(test)}  ({seconds:.0f} s, "
+                f"{throughput(history):.0f} trees/s)")
     summary = {}
     for key in runs[0]["test"]:
         summary[key] = mean_and_std([run["test"][key] for run in runs])
     scope = "accuracy over every phrase" if metric == "phrase" else "root accuracy"
+    chance = chance_level(splits.test, metric, datasets.SST_TASKS.get(args.task, 5))
     log(f"{name}: {args.task} task, test {scope} {metric} "
         f"{100 * summary[metric][0]:.1f} ± {100 * summary[metric][1]:.1f} % over "
         f"{len(runs)} seed(s) (phrases {100 * summary['phrase'][0]:.1f} ± "
         f"{100 * summary['phrase'][1]:.1f} %), best dev {metric} epoch of each: "
         f"{[run['best_epoch'] for run in runs]}, "
-        f"{sum(run['seconds'] for run in runs):.0f} s in all")
+        f"{sum(run['seconds'] for run in runs):.0f} s in all, "
+        f"{np.mean([run['trees_per_second'] for run in runs]):.0f} trees/s"
+        + (f"; chance {100 * chance:.1f} %" if chance is not None else ""))
     if args.plot:
         plot_history(histories, args.plot, metric, title=f"{name}, SST {args.task}", log=log)
     return {"runs": runs, "test": summary, "metric": metric}

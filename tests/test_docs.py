@@ -134,3 +134,21 @@ def test_fences_are_read_as_the_site_reads_them():
     with pytest.raises(AssertionError, match="without a language"):
         classify_text("```\nbare\n```\n", "page.md")
 
+
+def test_the_site_runs_the_blocks_this_test_runs():
+    """docs/_ext/minicavs_outputs.py shows what each python block prints: it must run exactly
+    the blocks this test runs, in the same order, with the same code."""
+    sys.path.insert(0, str(DOCS / "_ext"))
+    try:
+        import minicavs_outputs
+    finally:
+        sys.path.remove(str(DOCS / "_ext"))
+    for page in PAGES:
+        ours = [(kind, code) for kind, code, _ in classify(page) if kind != "not run"]
+        site = [(kind, code) for kind, code, _ in
+                minicavs_outputs.runnable_blocks(page.read_text())]
+        assert site == ours, page
+    long = "\n".join(str(i) for i in range(minicavs_outputs.MAX_LINES + 5))
+    assert minicavs_outputs.shown(long).endswith("... (5 more lines)")
+    assert minicavs_outputs.shown("a\nb\n") == "a\nb"
+

@@ -87,6 +87,18 @@ def test_every_link_inside_the_site_resolves(site):
     assert not broken, f"{len(broken)} broken links of {checked}:\n" + "\n".join(broken[:40])
 
 
+def test_executed_blocks_show_their_output_and_code_wraps(site):
+    """What a python block prints appears under it (docs/_ext/minicavs_outputs.py), and the
+    stylesheet wraps long code lines instead of scrolling them."""
+    page = (site / "path" / "tensors.html").read_text()
+    output = re.search(r'<div class="mc-output[^"]*"><div class="highlight"><pre>(.*?)</pre>',
+                       page, re.S)
+    assert output, "no output block on path/tensors.html"
+    assert "(1, 2) float32" in html.unescape(re.sub(r"<[^>]+>", "", output.group(1)))
+    css = (site / "_static" / "minicavs.css").read_text()
+    assert "white-space: pre-wrap" in css
+
+
 def test_the_chapters_have_figures_made_at_build_time(site):
     images = sorted(p.name for p in (site / "_images").iterdir())
     assert any(name.endswith(".svg") for name in images) or shutil.which("dot") is None

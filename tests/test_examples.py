@@ -267,17 +267,3 @@ def test_main_job_reports_bad_input_clearly(tmp_path):
     done = _minicavs("train", "tree-lstm", "--resume", str(tmp_path / "none.npz"), "--sizes",
                      "8,8,8", cwd=tmp_path)
     assert done.returncode == 1 and "no checkpoint at" in done.stdout
-
-
-def test_readme_tour_runs(tmp_path, monkeypatch):
-    """The README's Python snippets, run in order, do what they say."""
-    import re
-
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert len(blocks) >= 3
-    monkeypatch.chdir(tmp_path)  # the tour writes F.dot
-    namespace = {}
-    exec(compile("\n".join(blocks), "README.md", "exec"), namespace)
-    assert (tmp_path / "F.dot").read_text().startswith("digraph")
-    vertices = sum(t.num_vertices for t in namespace["trees"])
-    assert namespace["logits"].shape == (vertices, 5)

@@ -188,3 +188,50 @@ def read_tagged(path, limit=None):
         if limit and len(sentences) >= limit:
             break
     return sentences
+
+
+def synthetic_tagged(num_sentences, seed=0, *, p_name=0.15):
+    """``num_sentences`` part-of-speech tagged sentences of the synthetic treebank, in
+    :func:`read_tagged`'s form (lists of ``(word, tag)``): the embedded default of the tagging
+    examples and benchmarks, so they run without any data on disk.
+
+    The sentences are :func:`minicavs.data.synthetic_treebank`'s (``seed``, an int or a numpy
+    Generator, fixes them), read left to right; each word's universal POS tag comes from its
+    word list (determiners DET, adjectives ADJ, nouns NOUN, copulas AUX, transitive verbs VERB,
+    "and"/"but"/"yet" CCONJ, "not"/"never" PART, intensifiers ADV). With odds ``p_name`` a
+    determiner and its noun become a name (PROPN, "Tamiro") made of random syllables: most
+    names occur once or twice, so the character model of the tagger (rare words) and unknown
+    words at test time have something to do. A tagger can reach 100 %; the most frequent tag
+    alone (:func:`majority_tag_rate`) is the chance level to beat.
+    """
+    from ..data import synthetic as syn
+
+    tag_of = {}
+    for tag, lists in (("DET", [syn.DETERMINERS]), ("NOUN", [syn.NOUNS]),
+                       ("ADJ", list(syn.ADJECTIVES_BY_SCORE.values())), ("AUX", [syn.COPULAS]),
+                       ("VERB", [syn.TRANSITIVE_VERBS]), ("PART", [syn.NEGATORS]),
+                       ("ADV", [syn.INTENSIFIERS]), ("CCONJ", [syn.CONJUNCTIONS, syn.CONTRASTS])):
+        tag_of.update((word, tag) for words in lists for word in words)
+    rng = np.random.default_rng(seed)
+    trees, _ = syn.synthetic_treebank(num_sentences, rng)
+    syllables = ("ka", "mi", "ro", "ta", "ne", "lo", "vi", "sa", "du", "re", "po", "li")
+    sentences = []
+    for tree in trees:
+        tagged, tokens, i = [], tree.tokens, 0
+        while i < len(tokens):
+            if (tag_of[tokens[i]] == "DET" and i + 1 < len(tokens)
+                    and tag_of[tokens[i + 1]] == "NOUN" and rng.uniform() < p_name):
+                name = "".join(rng.choice(syllables, size=int(rng.integers(2, 4))))
+                tagged.append((name.capitalize(), "PROPN"))
+                i += 2
+            else:
+                tagged.append((tokens[i], tag_of[tokens[i]]))
+                i += 1
+        sentences.append(tagged)
+    return sentences
+
+
+def majority_tag_rate(sentences):
+    """The share of words that carry the most frequent tag: the accuracy of always guessing it."""
+    counts = Counter(tag for sentence in sentences for _, tag in sentence)
+    return max(counts.values()) / max(sum(counts.values()), 1)

@@ -1,0 +1,190 @@
+"""Every example and benchmark entry point runs from a bare clone: on embedded synthetic data by
+default, on real data only with ``--data``; a missing path is refused before any work, and a
+benchmark run that measured nothing writes nothing."""
+
+import importlib.util
+import pathlib
+from collections import Counter
+
+import pytest
+
+from minicavs.data import DataError
+from minicavs.models.plain import majority_tag_rate, synthetic_tagged
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _example(name):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" /
+                                                  f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_synthetic_tags_are_fixed_by_the_seed_and_learnable():
+    train, test = synthetic_tagged(300, seed=0), synthetic_tagged(100, seed=1)
+    assert train == synthetic_tagged(300, seed=0) and train != test
+    tags = {tag for sentence in train + test for _, tag in sentence}
+    assert tags == {"DET", "NOUN", "ADJ", "AUX", "VERB", "PART", "ADV", "CCONJ", "PROPN"}
+    # Learnable: each known word has one tag, and a name is capitalised (the rare words the
+    # character model reads), so the training tags of a word and that rule tag all of test.
+    seen = {}
+    for sentence in train:
+        for word, tag in sentence:
+            assert seen.setdefault(word, tag) == tag, word
+    guess = [seen.get(w, "PROPN" if w[0].isupper() else "?") for s in test for w, _ in s]
+    gold = [t for s in test for _, t in s]
+    assert guess == gold
+    # ... and not by chance: the most frequent tag covers about a fifth of the words.
+    assert 0.15 < majority_tag_rate(test) < 0.3
+    names = Counter(w for s in train for w, t in s if t == "PROPN")
+    assert names and sum(n < 5 for n in names.values()) > len(names) / 2  # mostly rare
+
+
+@pytest.mark.parametrize("task", ["tagger", "treelstm"])
+def test_the_autobatch_example_runs_on_embedded_data(task, capsys):
+    result = _example("autobatch").main(["--task", task, "--train-size", "12", "--test-size",
+                                         "6", "--hidden", "6", "--embed-dim", "6",
+                                         "--batch-size", "6", "--no-progress"])
+    assert 0.0 <= result["accuracy"] <= 1.0 and 0.0 < result["chance"] < 1.0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "synthetic" in out[0]
+    assert out[-1].startswith(f"{task} (agenda+): held-out") and "chance" in out[-1]
+
+
+def test_the_autobatch_example_refuses_a_missing_tags_folder_before_work(tmp_path):
+    (tmp_path / "dev.txt").write_text("The|DET film|NOUN\n")
+    with pytest.raises(DataError, match=r"test.txt is missing"):
+        _example("autobatch").main(["--data", str(tmp_path)])
+    with pytest.raises(DataError, match="missing SST file"):
+        _example("autobatch").main(["--task", "treelstm", "--data", str(tmp_path / "no")])
+
+
+def test_the_autobatch_example_reads_a_tags_folder(tmp_path, capsys):
+    for name in ("dev.txt", "test.txt"):
+        (tmp_path / name).write_text("The|DET film|NOUN is|AUX good|ADJ\nIt|PRON ends|VERB\n")
+    result = _example("autobatch").main(["--data", str(tmp_path), "--hidden", "4",
+                                         "--embed-dim", "4", "--no-progress"])
+    assert result["chance"] == pytest.approx(1 / 6)
+    assert f"from tagged sentences from {tmp_path}" in capsys.readouterr().out
+
+
+# --- benchmarks ------------------------------------------------------------------------------
+
+def test_benchmark_workloads_default_to_synthetic_data():
+    from benchmarks import common
+
+    trees = common.load_workload("tree_lstm", 8)
+    assert trees["num_samples"] == 8 and "synthetic" in trees["source"]
+    lm = common.load_workload("var_lstm", 8)
+    assert lm["num_samples"] == 8 and "synthetic" in lm["source"]
+    assert all(s[-1] == lm["eos"] for batch in lm["batches"] for s in batch)
+    assert common.missing_data(["tree_lstm", "tree_fc", "var_lstm"]) == []
+
+
+def test_benchmark_refuses_missing_data_before_work(tmp_path):
+    from benchmarks import run
+
+    with pytest.raises(SystemExit, match="not a folder"):
+        run.parse_args(["--quick", "--data", str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match=r"tree_lstm reads .*sst/train.txt, which is not a"):
+        run.parse_args(["--quick", "--data", str(tmp_path)])
+    (tmp_path / "sst").mkdir()
+    (tmp_path / "sst" / "train.txt").write_text("(2 (2 a) (2 b))\n")
+    args = run.parse_args(["--quick", "--workloads", "tree_lstm", "--data", str(tmp_path)])
+    assert args.sst == str(tmp_path / "sst" / "train.txt")
+
+
+def test_a_benchmark_that_measured_nothing_is_not_a_result():
+    from benchmarks import run
+
+    report = {"workloads": [{"results": {"minicavs-cuda": {"missing": "no GPU"}}}],
+              "ablation": {"tree_lstm_256": {"all on": {"missing": "no GPU"}}}}
+    assert not run._measured_anything(report)
+    report["workloads"][0]["results"]["x"] = {"throughput": 1.0}
+    assert run._measured_anything(report)
+
+
+def test_benchmark_cuda_without_a_gpu_is_refused_and_writes_nothing(tmp_path):
+    from benchmarks import run
+    from minicavs.backend import gpu_available
+
+    if gpu_available():
+        pytest.skip("a GPU is visible: --cuda would run")
+    out = tmp_path / "results"
+    with pytest.raises(SystemExit, match="no GPU system can run here"):
+        run.main(["--cuda", "--out", str(out), "--systems", "minicavs-cuda"])
+    assert not out.exists()
+
+
+def test_the_machine_is_named_in_benchmark_reports():
+    from benchmarks import common
+
+    text = common.cpu_description()
+    assert text.endswith(" cores") and any(isa in text for isa in ("AVX", "ISA", "no AVX"))
+
+
+# --- interrupted runs and command-line wording -----------------------------------------------
+
+def test_ctrl_c_in_the_main_job_says_where_the_checkpoint_is(tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from minicavs import train_command
+    from minicavs.__main__ import main
+
+    def fit_then_interrupt(*args, on_epoch_end, **kwargs):
+        on_epoch_end(1, SimpleNamespace(loss=1.0), {})  # epoch 1 saved, then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_command, "fit", fit_then_interrupt)
+    save = tmp_path / "run.npz"
+    status = main(["train", "tree-lstm", "--sizes", "8,4,4", "--hidden", "4", "--embed-dim", "4",
+                   "--save", str(save), "--no-progress"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert status == 130 and save.is_file()
+    assert out[-1] == (f"minicavs train: interrupted; the checkpoint of epoch 1 is safe at "
+                       f"{save} (written atomically); continue with --resume {save}")
+    assert "no epoch had finished" in train_command.interrupted_note("x.npz", None)
+
+
+def test_examples_end_an_interrupt_with_one_line_and_name_the_flag(capsys):
+    from minicavs.errors import MinicavsError
+    from minicavs.training import command_line
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    def no_gpu(argv):
+        raise MinicavsError("device 'cuda' needs a GPU; run on one, or use set_device('cpu')")
+
+    with pytest.raises(SystemExit) as stop:
+        command_line(interrupted, [])
+    assert stop.value.code == 130
+    assert capsys.readouterr().err.strip().endswith("interrupted (the examples save no "
+                                                    "checkpoint; the main job, python -m "
+                                                    "minicavs train, does)")
+    with pytest.raises(SystemExit):
+        command_line(no_gpu, [])
+    assert "or pass --device cpu" in capsys.readouterr().err
+
+
+def test_training_curves_mark_whole_epochs_only(tmp_path, monkeypatch):
+    matplotlib = pytest.importorskip("matplotlib", reason="--plot needs matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from types import SimpleNamespace
+
+    from minicavs.training import plot_history
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    history = [(SimpleNamespace(loss=1.0 / e), {"loss": 1.2 / e, "fine": 0.1 * e})
+               for e in (1, 2, 3)]
+    assert plot_history({"seed 0": history}, tmp_path / "curves.png", "fine", log=lambda m: None)
+    (figure,) = figures
+    figure.canvas.draw()
+    for axes in figure.axes:
+        low, high = axes.get_xlim()
+        ticks = [t for t in axes.get_xticks() if low <= t <= high]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
