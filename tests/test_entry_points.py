@@ -57,7 +57,7 @@ def test_the_autobatch_example_refuses_a_missing_tags_folder_before_work(tmp_pat
     (tmp_path / "dev.txt").write_text("The|DET film|NOUN\n")
     with pytest.raises(DataError, match=r"test.txt is missing"):
         _example("autobatch").main(["--data", str(tmp_path)])
-    with pytest.raises(DataError, match="missing SST file"):
+    with pytest.raises(DataError, match="no: does not exist"):
         _example("autobatch").main(["--task", "treelstm", "--data", str(tmp_path / "no")])
 
 
