@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -281,3 +282,24 @@ def test_the_doctor_prints_the_target_and_every_choice_with_its_times(monkeypatc
     assert any("kernel choices" in x and x.strip().endswith(".json") for x in lines)
     tagger = [x for x in lines if f"panels f32 <=4x256x1024 ({isa.target()}" in x]
     assert tagger and all(" us: " in x and ("own" in x or "BLAS" in x) for x in tagger)
+
+
+def test_an_avx2_build_is_asked_for_by_minicavs_march(monkeypatch, tmp_path):
+    """``MINICAVS_MARCH=x86-64-v3`` (with ``MINICAVS_CPU_TARGET=avx2``): the AVX2 build an
+    AVX-512 machine runs too, cached apart from the native one, and it runs here."""
+    monkeypatch.setenv("MINICAVS_MARCH", "x86-64-v3")
+    build.cxx_flags.cache_clear()
+    try:
+        assert "-march=x86-64-v3" in build.cxx_flags()
+        assert "-march=native" not in build.cxx_flags()
+    finally:
+        build.cxx_flags.cache_clear()
+    if build.unavailable() is not None or not isa.runs_here("avx2"):
+        pytest.skip("needs native code and an AVX2 CPU to run the AVX2 build")
+    env = dict(os.environ, MINICAVS_MARCH="x86-64-v3", MINICAVS_CPU_TARGET="avx2",
+               MINICAVS_CACHE_DIR=str(tmp_path))
+    # the doctor compiles a test cell's level loop and compares it with the interpreter
+    done = subprocess.run([sys.executable, "-m", "minicavs", "doctor"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "native C++ level loops (ok" in done.stdout

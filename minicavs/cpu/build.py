@@ -34,7 +34,8 @@ says whether this process is such a child.
 
 The flags, and why:
 
-* ``-O3 -march=native``: the loops are vectorised for this CPU (AVX2/AVX-512);
+* ``-O3 -march=native``: the loops are vectorised for this CPU (AVX2/AVX-512;
+  ``MINICAVS_MARCH=x86-64-v3`` builds for AVX2 only, to measure that build on any machine);
 * ``-fopenmp``: rows of a level are split between cores (``#pragma omp parallel for``), and
   ``#pragma omp simd`` loops call glibc's vector math (libmvec: ``_ZGVdN8v_expf`` is 8 ``expf``
   at once);
@@ -225,10 +226,14 @@ def cache_key(*parts):
 
 @functools.lru_cache(maxsize=None)
 def cxx_flags():
-    """:data:`CXX_FLAGS`, with :data:`WIDE_VECTORS` where the target is AVX-512."""
+    """:data:`CXX_FLAGS`, with :data:`WIDE_VECTORS` where the target is AVX-512, and the
+    ``-march`` of ``MINICAVS_MARCH`` where it is set (``x86-64-v3``: the AVX2 build any
+    AVX-512 machine also runs, to measure it there; with ``MINICAVS_CPU_TARGET=avx2``)."""
     from . import isa
 
-    return CXX_FLAGS + (WIDE_VECTORS if isa.target() == "avx512" else ())
+    march = os.environ.get("MINICAVS_MARCH", "").strip()
+    flags = tuple(f"-march={march}" if f == "-march=native" and march else f for f in CXX_FLAGS)
+    return flags + (WIDE_VECTORS if isa.target() == "avx512" else ())
 
 
 def library_path(source, tag):
