@@ -29,27 +29,9 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)
-FENCE = re.compile(r"^(?P<indent> *)(?P<ticks>`{3,}|~{3,})(?P<info>[^\n`]*)$")
 COUNTS = {"python": 0, "figure": 0, "not_run": 0, "pages": 0}
-
-
-def fences(text):
-    """The fenced blocks of a markdown page: (info string, body, first line number)."""
-    blocks, lines, i = [], text.split("\n"), 0
-    while i < len(lines):
-        m = FENCE.match(lines[i])
-        if not m:
-            i += 1
-            continue
-        ticks, info, start = m["ticks"], m["info"].strip(), i + 1
-        j = start
-        while j < len(lines) and not re.match(rf"^ *{re.escape(ticks[0])}{{{len(ticks)},}}\s*$",
-                                              lines[j]):
-            j += 1
-        body = "\n".join(line[len(m["indent"]):] for line in lines[start:j])
-        blocks.append((info, body, start))
-        i = j + 1
-    return blocks
+sys.path.insert(0, str(DOCS / "_ext"))
+from markdown_fences import fences  # noqa: E402  (the docs build reads pages the same way)
 
 
 def figure_code(body):

@@ -22,10 +22,10 @@ import sys
 import tempfile
 
 from docutils import nodes
+from markdown_fences import fences  # (docs/_ext: the test suite reads pages the same way)
 from sphinx.util import logging
 
 MAX_LINES = 60
-FENCE = re.compile(r"^(?P<indent> *)(?P<ticks>`{3,}|~{3,})(?P<info>[^\n`]*)$")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CACHE = pathlib.Path(__file__).resolve().parents[1] / "_generated" / "outputs"
 logger = logging.getLogger(__name__)
@@ -53,18 +53,8 @@ json.dump(outputs, open(sys.argv[3], "w"))
 def runnable_blocks(text):
     """``(kind, code, line)`` of the blocks that run: ``python`` and ``{mc-figure}`` fences
     (a figure's ``:option:`` lines removed), in page order."""
-    blocks, lines, i = [], text.split("\n"), 0
-    while i < len(lines):
-        m = FENCE.match(lines[i])
-        if not m:
-            i += 1
-            continue
-        ticks, info, start = m["ticks"], m["info"].strip(), i + 1
-        j = start
-        while j < len(lines) and not re.match(rf"^ *{re.escape(ticks[0])}{{{len(ticks)},}}\s*$",
-                                              lines[j]):
-            j += 1
-        body = "\n".join(line[len(m["indent"]):] for line in lines[start:j])
+    blocks = []
+    for info, body, start in fences(text):
         if info == "python":
             blocks.append(("python", body, start))
         elif info.startswith("{mc-figure}"):
@@ -72,7 +62,6 @@ def runnable_blocks(text):
             while code and re.match(r"^:[\w-]+:", code[0]):
                 code.pop(0)
             blocks.append(("figure", "\n".join(code), start))
-        i = j + 1
     return blocks
 
 
