@@ -74,8 +74,10 @@ def test_the_other_rules_are_where_the_passes_expect_them():
     assert OPS["take_rows"].promotes == () and OPS["astype"].promotes == ()
     assert {n for n, op in OPS.items() if op.promotes_to_float} >= {
         "div", "exp", "log", "tanh", "sigmoid", "softmax", "log_softmax", "sin", "erf"}
-    # (lstm_cell: its CUDA kernel writes a batch's rows of its slab in place, cuda/kernels.py)
-    assert {name for name, op in OPS.items() if op.into} == ELEMENTWISE | {"matmul", "lstm_cell"}
+    # (linear, lstm_cell: a batch's rows of its slab written in place, no copy; lstm_cell by
+    # its CUDA kernel, cuda/kernels.py)
+    assert {name for name, op in OPS.items() if op.into} == ELEMENTWISE | {"matmul", "linear",
+                                                                            "lstm_cell"}
 
 
 # --- a missing rule is a clear error, or the documented default ----------------------------------

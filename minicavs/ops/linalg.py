@@ -190,9 +190,14 @@ def _expand_linear(x, weight, bias):
 # One node for eager code and automatic batching (nn.Linear, an MLP per word: half the nodes
 # of a product and a sum); traced, it is the product and the sum (``expand``), which fusion
 # and the backends see as before.
+def _linear_into(x, weight, bias, out):
+    _matmul_into(x, weight, out)  # (a batch's rows of its slab: no copy of the result)
+    out += bias
+
+
 LINEAR = register(Op("linear", _linear_forward, _infer_linear, _linear_vjp,
                      batch=_batch_linear, promotes="all", expand=_expand_linear,
-                     argument_names=("x", "weight", "bias")))
+                     into=_linear_into, argument_names=("x", "weight", "bias")))
 
 
 def linear(x, weight, bias=None):

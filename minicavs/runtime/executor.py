@@ -105,13 +105,18 @@ class OpStep:
 
 def _forward_into(node, xp, args, attrs, out):
     """Run ``node`` writing its value into ``out``: with the op's writer (``op.into``) where it
-    has one — an elementwise op's writer on NumPy only (on CuPy those ops run as generated
-    kernels) — else computed and copied."""
+    has one — an elementwise op's writer on NumPy only; on CuPy an elementwise op is one
+    generated kernel writing there (computing and copying would be two launches) — else
+    computed and copied."""
     op = node.op
     if op.into is not None and (xp is np or not op.is_elementwise):
         with np.errstate(over="ignore") if op.quiet_overflow else contextlib.nullcontext():
             op.into(*args, out, **attrs)
         return out
+    if op.is_elementwise and xp is not np and xp is not RECORD and attrs is node.attrs and \
+            len({x.key for x in node.inputs}) == len(node.inputs):
+        group = FusedGroup([node], node.inputs, [node])
+        return make_fused_kernel(group, xp, compute_dtype(group, args))(*args, outs=[out])[0]
     out[...] = op.forward(xp, *args, **attrs)
     return out
 
