@@ -301,8 +301,8 @@ def _values_and_gradients(conv, x, w, b, input_grad, geometry, dtype=np.float64)
 
 @st.composite
 def product_geometries(draw):
-    """Geometries whose products take each native form: short rows (gemms), rows of 64+
-    positions (filter rows) and of 256+ with few filters (dot products)."""
+    """Geometries of every size of product: short rows, rows of 64+ positions and of 256+
+    with few filters (which native form runs each is measured, cpu/calibrate.py)."""
     kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
@@ -329,13 +329,17 @@ def test_the_fused_product_equals_the_composed_one(geometry, seed):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kernels", ["own", "blas"])
 @pytest.mark.parametrize("n, c, h, o, k", [
-    (3, 2, 7, 4, 3),     # 25 positions: the gemms
-    (2, 3, 12, 5, 3),    # 100 positions: filter rows
-    (2, 1, 20, 6, 5),    # 256 positions, 6 filters: the weight gradient as dot products
-    (1, 2, 21, 17, 2),   # 400 positions, 17 filters: the gemm again; batch 1
+    (3, 2, 7, 4, 3),     # 25 positions
+    (2, 3, 12, 5, 3),    # 100 positions
+    (2, 1, 20, 6, 5),    # 256 positions, 6 filters
+    (1, 2, 21, 17, 2),   # 400 positions, 17 filters; batch 1
 ])
-def test_native_products_equal_the_numpy_form(monkeypatch, n, c, h, o, k, dtype):
+def test_native_products_equal_the_numpy_form(monkeypatch, n, c, h, o, k, dtype, kernels):
+    """The native products, with the library's loops and with the gemms (which one runs a
+    shape is measured on the machine, cpu/calibrate.py: both are forced here)."""
+    monkeypatch.setenv("MINICAVS_KERNELS", kernels)
     x, w, b = _normal(n, c, h, h), _normal(o, c, k, k), _normal(o)
     run = lambda: _values_and_gradients(mc.conv2d, x, w, b, True, {}, dtype)  # noqa: E731
     native = run()
