@@ -115,11 +115,21 @@ WORKER = textwrap.dedent(r'''
             total = mc.add_n(losses)
             total.backward()
         stats = ab.segments[0].stats
+        with mc.autobatch("agenda+") as xab:  # a softmax loss per sample, one batch
+            logits = [mc.tensor(rng.normal(size=5).astype(np.float32)) * W[0, :5]
+                      for _ in range(6)]
+            xent = mc.add_n([mc.softmax_cross_entropy(z, np.array(k % 5))
+                             for k, z in enumerate(logits)])
+            xent.backward()
+        xstats = xab.segments[0].stats
         label = "lstm_step (6,),(12,),W,W,W"
         launches = stats.get("forward_launches_by_signature")
         return {"values": [backend.to_numpy(a).tolist() for a in
                            (total.data, W.grad.data, U.grad.data, b.grad.data)],
                 "per_step_batch": launches and launches[label] / stats["by_signature"][label][0],
+                "xent": backend.to_numpy(xent.data).tolist(),
+                "xent_launches": (xstats.get("forward_launches_by_signature") or {}).get(
+                    "softmax_cross_entropy (5,),()"),
                 "explain": ab.explain(picture=False)}
 
     trees, vocab = synthetic_treebank(6)
@@ -245,4 +255,6 @@ def test_autobatched_lstm_steps_on_the_emulated_device(emulated_run):
         _close(g, r, f"value {k}")
     assert cpu["per_step_batch"] is None  # (counted on the emulated device only)
     assert cuda["per_step_batch"] <= 5, cuda["explain"]
+    _close(cuda["xent"], cpu["xent"], "softmax cross-entropy")
+    assert cuda["xent_launches"] <= 4  # gather, flag, the kernel, the flag back (was 13)
     assert "forward launches per batch" in cuda["explain"]

@@ -813,3 +813,54 @@ def test_gpu_lstm_cell_kernels_equal_the_ops_numpy_form(k, monkeypatch):
     np.testing.assert_allclose(kernels.lstm_cell_grad(d_pre, d_cells, d_out, d_g).get(),
                                _cell_grad_numpy(pre, c_prev, out, g, monkeypatch), rtol=1e-5,
                                atol=1e-6)
+
+
+# --- softmax cross-entropy kernels: against the op's NumPy form ------------------------------------
+
+def _xent_case(dtype, rows=7, classes=9, seed=0):
+    rng = np.random.default_rng(seed)
+    logits = (3 * rng.standard_normal((rows, classes))).astype(dtype)
+    logits[2, 4] = 60.0  # (a large logit: the row's max is subtracted first)
+    labels = rng.integers(0, classes, rows)
+    g = rng.standard_normal(rows).astype(dtype)
+    shifted = logits - logits.max(-1, keepdims=True)
+    losses = np.log(np.exp(shifted).sum(-1)) - shifted[np.arange(rows), labels]
+    probs = np.exp(shifted) / np.exp(shifted).sum(-1, keepdims=True)
+    grads = probs * g[:, None]
+    grads[np.arange(rows), labels] -= g
+    return logits, labels, g, losses, grads
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_shim_softmax_xent_kernels_equal_the_ops_numpy_form(dtype):
+    logits, labels, g, losses, grads = _xent_case(dtype)
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(kernels.softmax_xent(logits, labels, runner="shim"), losses,
+                               rtol=tol, atol=tol)
+    out = np.full(len(labels), np.nan, dtype)
+    assert kernels.softmax_xent(logits, labels, out, runner="shim") is out
+    np.testing.assert_allclose(out, losses, rtol=tol, atol=tol)
+    np.testing.assert_allclose(kernels.softmax_xent_grad(logits, labels, g, runner="shim"),
+                               grads, rtol=tol, atol=tol)
+    wide = np.zeros((len(labels), 12), dtype)  # rows at a stride: the first 9 columns
+    wide[:, :9] = logits
+    np.testing.assert_allclose(kernels.softmax_xent(wide[:, :9], labels, runner="shim"),
+                               losses, rtol=tol, atol=tol)
+
+
+def test_a_label_out_of_range_leaves_the_error_to_the_op():
+    logits, labels, g, _, _ = _xent_case(np.float32)
+    labels[3] = 9
+    assert kernels.softmax_xent(logits, labels, runner="shim") is None
+    assert kernels.softmax_xent(logits, labels.astype(np.int32), runner="shim") is None  # int32
+    assert kernels.softmax_xent(logits, labels) is None  # NumPy arrays: the op's own loop
+
+
+@pytest.mark.gpu
+def test_gpu_softmax_xent_kernels_equal_the_ops_numpy_form():
+    logits, labels, g, losses, grads = _xent_case(np.float32)
+    d_logits, d_labels, d_g = _to_gpu(logits, labels, g)
+    np.testing.assert_allclose(kernels.softmax_xent(d_logits, d_labels).get(), losses,
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(kernels.softmax_xent_grad(d_logits, d_labels, d_g).get(), grads,
+                               rtol=1e-5, atol=1e-5)

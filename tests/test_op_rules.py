@@ -74,10 +74,10 @@ def test_the_other_rules_are_where_the_passes_expect_them():
     assert OPS["take_rows"].promotes == () and OPS["astype"].promotes == ()
     assert {n for n, op in OPS.items() if op.promotes_to_float} >= {
         "div", "exp", "log", "tanh", "sigmoid", "softmax", "log_softmax", "sin", "erf"}
-    # (linear, lstm_cell: a batch's rows of its slab written in place, no copy; lstm_cell by
-    # its CUDA kernel, cuda/kernels.py)
-    assert {name for name, op in OPS.items() if op.into} == ELEMENTWISE | {"matmul", "linear",
-                                                                            "lstm_cell"}
+    # (linear, lstm_cell, softmax_cross_entropy: a batch's rows of its slab written in place,
+    # no copy; the last two by their CUDA kernels, cuda/kernels.py)
+    assert {name for name, op in OPS.items() if op.into} == ELEMENTWISE | {
+        "matmul", "linear", "lstm_cell", "softmax_cross_entropy"}
 
 
 # --- a missing rule is a clear error, or the documented default ----------------------------------

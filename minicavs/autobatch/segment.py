@@ -491,5 +491,5 @@ def _unique(rows):
 def _scatter_add(xp, target, rows, values):
     if xp is np:
         np.add.at(target, rows, values)
-    else:
-        xp.add.at(target, rows, values)
+    else:  # (the rows are a host array: CuPy takes device indices only)
+        xp.add.at(target, xp.asarray(rows), values)

@@ -41,6 +41,9 @@ GPU; the default is ``"cupy"`` for CuPy arrays and ``"numpy"`` otherwise.
 ``lstm_cell``            the LSTM cell of ``ops/cells.py`` on k previous cells, one launch
                          where CuPy's ufuncs take ten              (``minicavs_lstm_cell<k>``)
 ``lstm_cell_grad``       its gradient, one launch          (``minicavs_lstm_cell_grad<k>``)
+``softmax_xent``         ``ops/loss.py``'s softmax cross-entropy per row, one launch where CuPy
+                         takes eight                         (``minicavs_softmax_xent``)
+``softmax_xent_grad``    its gradient            (``minicavs_softmax_xent_grad``)
 =======================  ==================================================================
 
 The cell kernels read rows at a stride (``*_ld``, in elements: a previous cell is a column
@@ -300,6 +303,41 @@ _SOURCES["lstm_cell_grad"] = _CELL_HEAD.replace(
         if (K > 1) { d[2 * H + j] = d_c * cp2 * f2 * (1 - f2); d[(4 + K) * H + j] = d_c * f2; }
         d[(1 + K) * H + j] = gh * tc * o * (1 - o);
         d[(2 + K) * H + j] = d_c * i * (1 - u * u);
+    }
+}
+"""
+# Softmax cross-entropy, one thread per row (a row is one prediction's classes): its max, the
+# sum of exps past it, the label's term; a label out of range sets *bad and writes 0, and the
+# op then raises its error the NumPy way. The max keeps a NaN, as NumPy's does.
+_XENT_ROW = """
+        const ${T}* z = logits + e * ld;
+        const long long y = labels[e];
+        if (y < 0 || y >= C) { *bad = 1; ${on_bad} continue; }
+        ${T} m = z[0];
+        for (long long c = 1; c < C; ++c) m = (z[c] > m || z[c] != z[c]) ? z[c] : m;
+        ${T} s = 0;
+        for (long long c = 0; c < C; ++c) s += exp(z[c] - m);
+"""
+_XENT_HEAD = """
+extern "C" __global__ void ${name}(const ${T}* __restrict__ logits, const long long ld,
+                                   const long long* __restrict__ labels, ${ARGS},
+                                   int* __restrict__ bad, const long long rows, const long long C)
+{
+    const long long total = rows;
+    ${loop} {"""
+_SOURCES["softmax_xent"] = _XENT_HEAD.replace("${ARGS}", "${T}* __restrict__ losses") + \
+    _XENT_ROW.replace("${on_bad}", "losses[e] = 0;") + """
+        losses[e] = log(s) - (z[y] - m);
+    }
+}
+"""
+_SOURCES["softmax_xent_grad"] = _XENT_HEAD.replace(
+    "${ARGS}", "const ${T}* __restrict__ g, ${T}* __restrict__ grads") + \
+    _XENT_ROW.replace("${on_bad}", "") + """
+        ${T}* d = grads + e * C;
+        const ${T} scale = g[e] / s;
+        for (long long c = 0; c < C; ++c) d[c] = exp(z[c] - m) * scale;
+        d[y] -= g[e];
     }
 }
 """
@@ -869,4 +907,53 @@ def lstm_cell_grad(pre, c_prev, out, g, *, runner=None):
     cells += [(p, 0)] * (2 - k)
     _launch(f"lstm_cell_grad{k}", pre.dtype, runner, rows * H,
             (p, p_ld, *cells[0], *cells[1], o, o_ld, gg, g_ld, d, d_ld, rows, H))
+    return grads
+
+
+# ---------------------------------------------------------------------------------------------
+# softmax_xent, softmax_xent_grad
+
+def _xent_operands(kernel, runner, logits, labels, *rest):
+    """(runner, logits as rows with their stride, labels as int64 rows, rows, C), or None where
+    the kernel does not apply (another dtype or layout, NumPy arrays: the op's own form)."""
+    runner = _pick_runner(kernel, runner, (logits, labels, *rest))
+    if runner == "numpy" or logits.ndim == 0 or labels.dtype != np.int64 or \
+            any(a.dtype != logits.dtype for a in rest):
+        return None
+    C = logits.shape[-1]
+    rows_view = _rows_of(logits.reshape(-1, C)) if logits.size else None
+    if rows_view is None or not labels.flags.c_contiguous:
+        return None
+    return runner, rows_view, labels.reshape(-1), int(labels.size), C
+
+
+def _bad_flag(runner):
+    return _xp(runner).zeros(1, np.int32)
+
+
+def softmax_xent(logits, labels, out=None, *, runner=None):
+    """Per row ``log Σ exp(logits) - logits[label]`` in one launch (``ops/loss.py``'s
+    softmax_cross_entropy; its NumPy form is the twin): the losses, shaped as ``labels``
+    (into ``out`` where given, contiguous), or None where the kernel does not apply or a label
+    is out of range (the op then raises)."""
+    operands = _xent_operands("softmax_xent", runner, logits, labels)
+    if operands is None or (out is not None and not out.flags.c_contiguous):
+        return None
+    runner, (z, ld), y, rows, C = operands
+    losses = _xp(runner).empty(labels.shape, logits.dtype) if out is None else out
+    bad = _bad_flag(runner)
+    _launch("softmax_xent", logits.dtype, runner, rows, (z, ld, y, losses, bad, rows, C))
+    return None if int(bad[0]) else losses  # (one copy back: the check the op makes anyway)
+
+
+def softmax_xent_grad(logits, labels, g, *, runner=None):
+    """``(softmax(logits) - onehot(labels)) · g`` per row in one launch, shaped as ``logits``;
+    None where the kernel does not apply."""
+    operands = _xent_operands("softmax_xent_grad", runner, logits, labels, g)
+    if operands is None or not g.flags.c_contiguous:
+        return None
+    runner, (z, ld), y, rows, C = operands
+    grads, bad = _xp(runner).empty(logits.shape, logits.dtype), _bad_flag(runner)
+    _launch("softmax_xent_grad", logits.dtype, runner, rows,
+            (z, ld, y, g.reshape(-1), grads, bad, rows, C))
     return grads

@@ -7,12 +7,18 @@ one, as everywhere in minicavs (PyTorch puts it second)."""
 import numpy as np
 
 from . import activations, batching, elementwise as ew, index, reduce, shape
+from .. import backend
 from ..cpu import kernels as native_kernels
+from ..cuda import kernels as cuda_kernels
 from .registry import Aval, Op, apply, describe, register, require_float, require_int
 from ..errors import ArgumentError, IndexRangeError, ShapeError
 
 
 def _xent_forward(xp, logits, labels):
+    if xp is not np:  # one CUDA kernel (cuda/kernels.py), where CuPy's ufuncs take eight
+        done = cuda_kernels.softmax_xent(logits, labels)
+        if done is not None:
+            return done
     num_classes = logits.shape[-1]
     low, high = index._index_bounds(labels) if labels.size else (0, -1)  # one sync on CuPy
     if low < 0 or high >= num_classes:
@@ -42,10 +48,17 @@ def _infer_xent(logits, labels):
     return Aval(tuple(labels.shape), np.dtype(logits.dtype))
 
 
+def _xent_into(logits, labels, out):
+    """The losses written into ``out`` (a batch's slab rows): on a GPU by the kernel itself."""
+    if cuda_kernels.softmax_xent(logits, labels, out) is None:
+        out[...] = _xent_forward(backend.get_array_module(logits), logits, labels)
+
+
 SOFTMAX_CROSS_ENTROPY = register(Op(
     "softmax_cross_entropy", _xent_forward, _infer_xent,
     lambda g, out, logits, labels: (apply(SOFTMAX_CROSS_ENTROPY_GRAD, logits, labels, g), None),
-    nondiff_args=(1,), batch=batching.leading_axes_rule, promotes=(0,), promotes_to_float=True))
+    nondiff_args=(1,), batch=batching.leading_axes_rule, promotes=(0,), promotes_to_float=True,
+    into=_xent_into))
 
 
 # The gradient (softmax(logits) - onehot(labels)) * g is a primitive of its own: over a
@@ -53,10 +66,10 @@ SOFTMAX_CROSS_ENTROPY = register(Op(
 # passes over the logits and one allocation, where composing it from primitives takes a dozen.
 # It has no batching rule: it appears only in ∂F, which is derived from the batched F.
 def _xent_grad_forward(xp, logits, labels, g):
-    if xp is np:
-        grad = native_kernels.softmax_cross_entropy_grad(logits, labels, g)
-        if grad is not None:
-            return grad
+    grad = native_kernels.softmax_cross_entropy_grad(logits, labels, g) if xp is np else \
+        cuda_kernels.softmax_xent_grad(logits, labels, g)
+    if grad is not None:
+        return grad
     probs = logits - xp.max(logits, axis=-1, keepdims=True)
     xp.exp(probs, out=probs)
     probs *= (g / xp.sum(probs, axis=-1))[..., None]
