@@ -250,7 +250,7 @@ def available_memory(device=None):
     (``MemAvailable``), what a cgroup limit leaves and what an address-space limit
     (``ulimit -v``) leaves; on a GPU: its free memory plus what CuPy's pool holds unused."""
     device = device or _device
-    if device == "cuda":
+    if device == "cuda" and not cuda_emulated():  # (an emulated device's memory is the host's)
         cupy = cupy_or_error()
         free, _ = cupy.cuda.runtime.memGetInfo()
         return int(free) + int(cupy.get_default_memory_pool().free_bytes())

@@ -37,6 +37,8 @@ from collections import Counter
 
 import numpy as np
 
+from ..csource import C_TYPES  # (the C type of each dtype, as the generated kernels write them)
+
 CATEGORIES = ("kernel", "library", "elementwise", "copy", "fill")
 
 
@@ -401,13 +403,6 @@ class RawModule:
         return RawKernel(self.code, name, self.options)
 
 
-_C_TYPES = {
-    np.dtype(np.float32): "float", np.dtype(np.float64): "double", np.dtype(np.bool_): "bool",
-    np.dtype(np.int8): "signed char", np.dtype(np.uint8): "unsigned char",
-    np.dtype(np.int16): "short", np.dtype(np.uint16): "unsigned short",
-    np.dtype(np.int32): "int", np.dtype(np.uint32): "unsigned int",
-    np.dtype(np.int64): "long long", np.dtype(np.uint64): "unsigned long long",
-}
 _PARAM = re.compile(r"^\s*(?:raw\s+)?(\w+)\s+(\w+)\s*$")
 _BLOCK_SIZE, _MAX_BLOCKS = 256, 4096
 
@@ -475,8 +470,8 @@ class ElementwiseKernel:
         if kernel is None:
             from . import shim
 
-            c = lambda a: _C_TYPES[a.dtype]  # noqa: E731
-            typedef = f"typedef {_C_TYPES[t_dtype]} T;\n" if t_dtype is not None else ""
+            c = lambda a: C_TYPES[a.dtype]  # noqa: E731
+            typedef = f"typedef {C_TYPES[t_dtype]} T;\n" if t_dtype is not None else ""
             source = shim.elementwise_raw_source(
                 self.name, [(c(a), n) for a, (_, n) in zip(host_in, self.in_params)],
                 [(c(a), n) for a, (_, n) in zip(host_out, self.out_params)],
@@ -571,16 +566,9 @@ class _MemoryPool:
 _POOL = _MemoryPool()
 
 
-def _mem_get_info():
-    from .. import backend
-
-    free = backend.available_memory("cpu") or 0
-    return free, free
-
-
 _runtime = types.SimpleNamespace(
     getDeviceCount=lambda: 1, getDevice=lambda: 0, deviceSynchronize=lambda: None,
-    memGetInfo=_mem_get_info, runtimeGetVersion=lambda: 12090, driverGetVersion=lambda: 12090,
+    runtimeGetVersion=lambda: 12090, driverGetVersion=lambda: 12090,
     getDeviceProperties=lambda device: {"name": b"minicavs emulated CUDA device"},
     CUDARuntimeError=RuntimeError)
 
