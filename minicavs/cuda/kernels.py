@@ -875,9 +875,9 @@ def lstm_cell(pre, c_prev, out=None, *, runner=None):
     then computes it its own way (its NumPy form is this kernel's twin)."""
     k = len(c_prev)
     runner = _pick_runner("lstm_cell", runner, (pre, *c_prev, out))
-    if runner == "numpy" or k > 2 or any(c.dtype != pre.dtype for c in c_prev):
+    if runner == "numpy" or k > 2 or pre.ndim != 2 or any(c.dtype != pre.dtype for c in c_prev):
         return None
-    rows, H = pre.shape[0], pre.shape[-1] // (3 + k) if pre.ndim == 2 else 0
+    rows, H = pre.shape[0], pre.shape[1] // (3 + k)
     if out is None:
         out = _xp(runner).empty((rows, 2 * H), pre.dtype)
     operands = [_rows_of(a) for a in (pre, *c_prev, out)]
@@ -896,9 +896,10 @@ def lstm_cell_grad(pre, c_prev, out, g, *, runner=None):
     kernel does not apply (as :func:`lstm_cell`)."""
     k = len(c_prev)
     runner = _pick_runner("lstm_cell_grad", runner, (pre, *c_prev, out, g))
-    if runner == "numpy" or k > 2 or any(a.dtype != pre.dtype for a in (*c_prev, out, g)):
+    if runner == "numpy" or k > 2 or pre.ndim != 2 or \
+            any(a.dtype != pre.dtype for a in (*c_prev, out, g)):
         return None
-    rows, H = pre.shape[0], pre.shape[-1] // (3 + k) if pre.ndim == 2 else 0
+    rows, H = pre.shape[0], pre.shape[1] // (3 + k)
     grads = _xp(runner).empty((rows, (3 + 2 * k) * H), pre.dtype)
     operands = [_rows_of(a) for a in (pre, *c_prev, out, g, grads)]
     if None in operands:
