@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from .. import backend
-from ..autodiff.tensor import Tensor, grad_mode, is_grad_enabled
+from ..autodiff.tensor import Tensor, grad_lock, grad_mode, is_grad_enabled
 from ..errors import ArgumentError, MinicavsError, ShapeError, UnsupportedError
 from ..locations import format_location, user_location
 from ..ops import registry
@@ -538,14 +538,15 @@ def _accumulate_grad(t, g, rows):
     product or scatter-add, and copying an embedding table's (18 MB at the Tree-LSTM's
     vocabulary) cost more than the rest of the step's backward pass."""
     g = g.reshape(t.shape)
-    if t.grad is not None:
-        t.grad = Tensor(t.grad._array + g)
-        return
-    xp = backend.get_array_module(g)
-    shares = getattr(xp, "may_share_memory", None)
-    if shares is None or any(shares(g, r) for r in rows):
-        g = g.copy()
-    t.grad = Tensor(g)
+    with grad_lock:  # (another thread's backward may add into the same parameter)
+        if t.grad is not None:
+            t.grad = Tensor(t.grad._array + g)
+            return
+        xp = backend.get_array_module(g)
+        shares = getattr(xp, "may_share_memory", None)
+        if shares is None or any(shares(g, r) for r in rows):
+            g = g.copy()
+        t.grad = Tensor(g)
 
 
 def _continue_outside(outside):

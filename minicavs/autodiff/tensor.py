@@ -33,6 +33,9 @@ class _GradMode(threading.local):
 
 
 grad_mode = _GradMode()
+# Held while a backward pass adds into a leaf's .grad: two threads' backward passes through
+# one parameter both count (as PyTorch's AccumulateGrad), none overwrites the other.
+grad_lock = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -378,7 +381,8 @@ def _backpropagate(root, grad, retain_graph, create_graph):
         g = grads[key][0]
         if not create_graph:
             g = g.detach()
-        t.grad = g if t.grad is None else t.grad + g
+        with grad_lock:
+            t.grad = g if t.grad is None else t.grad + g
 
 
 class Parameter(Tensor):
