@@ -1,8 +1,10 @@
-"""Table 2 of the backward-batching paper, on this CPU: plain per-sample models batched
-automatically, in sentences (trees) per second of training, mini-batch 64.
+"""Tables 2 and 3 of the backward-batching paper: plain per-sample models batched
+automatically, in sentences (trees) per second of training, mini-batch 64, on this CPU or
+(``--cuda``) on its GPU.
 
     python benchmarks/run.py --autobatch --threads 2          # the table (via run.py)
     python benchmarks/autobatch_table.py --batches 8 --rounds 3 --threads 2
+    python benchmarks/run.py --autobatch --cuda               # Table 3: the GPU, beside this CPU
 
 Tasks: the BiLSTM tagger, the BiLSTM tagger with character LSTMs for rare words (the paper's
 sizes: word embedding 128, character embedding 64, LSTM 256 per direction, MLP 32, characters
@@ -13,7 +15,9 @@ and SST (``DIR/sst/train.txt``; docs/data.md), as the paper's figures were measu
 (``minicavs.models.plain``); DyNet 2.x (dynet38) with its own autobatching, agenda (flag 1)
 and depth (flag 2), the models written as dynet-benchmark writes them; PyTorch eager, one
 sample at a time; and for the Tree-LSTM minicavs's vertex-function form. Every (system, task)
-runs in its own subprocess (DyNet reads its autobatch flag once per process).
+runs in its own subprocess (DyNet reads its autobatch flag once per process). A system named
+``name:cuda`` runs on the GPU (minicavs's tensors through CuPy, PyTorch's on its CUDA device);
+each step then waits for the device, so its time is the GPU's.
 """
 
 import argparse
@@ -31,6 +35,11 @@ DATA_ENV = "MINICAVS_BENCH_DATA"  # --data, as the worker subprocesses see it
 TASKS = ["tagger", "tagger-char", "treelstm"]
 SYSTEMS = ["minicavs-depth", "minicavs-depth+", "minicavs-agenda", "minicavs-agenda+",
            "dynet-depth", "dynet-agenda", "torch-eager", "minicavs-vertex"]
+CUDA_SYSTEMS = ["minicavs-depth:cuda", "minicavs-depth+:cuda", "minicavs-agenda:cuda",
+                "minicavs-agenda+:cuda", "minicavs-agenda+", "torch-eager:cuda",
+                "minicavs-vertex:cuda"]
+# Table 3 of the paper (one Tesla P100), agenda+; the issue's target is twice each.
+PAPER_P100_AGENDA_PLUS = {"tagger": 801, "tagger-char": 133, "treelstm": 1365}
 BATCH = 64
 # DyNet's autobatcher needs its memory pool preallocated: start here, double on failure
 # (as benchmarks/run.py does for the tree peers).
@@ -67,7 +76,7 @@ def load(task, count, folder=None):
 # --- the systems, each: (setup(samples, vocab) -> step(batch)) ---------------------------------
 
 def minicavs_plain(task, strategy, samples, vocab):
-    import minicavs as mc
+    import minicavs as mc  # (tensors on the device the worker set)
     from minicavs.models.plain import BiLSTMTagger, PlainTreeLSTM
     if task == "treelstm":
         model = PlainTreeLSTM(len(vocab))
@@ -169,9 +178,10 @@ def dynet_models(task, samples, vocab):
     return step
 
 
-def torch_eager(task, samples, vocab):
+def torch_eager(task, samples, vocab, device="cpu"):
     import torch
     torch.manual_seed(0)
+    torch.set_default_device(device)
     F = torch.nn.functional
     if task == "treelstm":
         H = 256
@@ -240,7 +250,10 @@ def torch_eager(task, samples, vocab):
 
 def worker(system, task, batches, threads):
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    system, _, device = system.partition(":")
+    device = device or "cpu"
     samples, vocab = load(task, BATCH * (batches + 1) if task != "tagger-char" else 2000)
+    wait = _device_wait(system, device)
     if system.startswith("dynet"):
         import dynet_config
         # --dynet-autobatch 1 (agenda) or 2 (depth) and the pool, before dynet is imported
@@ -250,7 +263,7 @@ def worker(system, task, batches, threads):
     elif system == "torch-eager":
         import torch
         torch.set_num_threads(threads)
-        step = torch_eager(task, samples, vocab)
+        step = torch_eager(task, samples, vocab, device)
     elif system == "minicavs-vertex":
         if task != "treelstm":
             return None
@@ -263,12 +276,29 @@ def worker(system, task, batches, threads):
         step = minicavs_plain(task, system.split("-", 1)[1], samples, vocab)
     chunks = [samples[i * BATCH:(i + 1) * BATCH] for i in range(batches + 1)]
     step(chunks[0])  # warm-up: caches, kernels, pools
+    wait()
     times = []  # seconds per measured mini-batch
     for chunk in chunks[1:]:
         began = time.perf_counter()
         step(chunk)
+        wait()
         times.append(time.perf_counter() - began)
     return times
+
+
+def _device_wait(system, device):
+    """Put the system on ``device`` and return what waits for its queued work (a GPU runs
+    behind the host: a step's time is the device's only once it has finished)."""
+    if device == "cpu":
+        return lambda: None
+    if system.startswith("dynet"):
+        raise SystemExit(f"{system}:{device}: this DyNet build runs on the CPU only")
+    if system == "torch-eager":
+        import torch
+        return torch.cuda.synchronize
+    from minicavs import backend
+    backend.set_device(device)
+    return backend.cupy_or_error().cuda.Device().synchronize
 
 
 def run_worker(system, task, args, env):
@@ -299,7 +329,11 @@ def main(argv=None):
     parser.add_argument("--batches", type=int, default=8, help="measured mini-batches of 64")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tasks", default=",".join(TASKS))
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--systems", default=None,
+                        help=f"default {','.join(SYSTEMS)}; --cuda: {','.join(CUDA_SYSTEMS)}")
+    parser.add_argument("--cuda", action="store_true",
+                        help="Table 3: the minicavs strategies, PyTorch eager and the vertex "
+                             "form on the GPU, beside minicavs agenda+ on this CPU")
     parser.add_argument("--rounds", type=int, default=3,
                         help="times the whole table runs, its systems taking turns (the "
                              "machine is shared: a slow second hits one system, not all); "
@@ -309,6 +343,7 @@ def main(argv=None):
                              "default: embedded synthetic sentences and trees)")
     parser.add_argument("--worker", nargs=2, metavar=("SYSTEM", "TASK"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    systems = (args.systems or ",".join(CUDA_SYSTEMS if args.cuda else SYSTEMS)).split(",")
     if args.worker:
         print(json.dumps(worker(*args.worker, args.batches, args.threads)))
         return None
@@ -322,11 +357,14 @@ def main(argv=None):
     else:
         os.environ.pop(DATA_ENV, None)
     print(f"data: {args.data or 'embedded synthetic sentences and trees'}", flush=True)
+    if os.environ.get("MINICAVS_CUDA_EMULATE") and any(s.endswith(":cuda") for s in systems):
+        print("minicavs's :cuda systems run on the emulated device (MINICAVS_CUDA_EMULATE): "
+              "their times are this CPU's, not a GPU's", flush=True)
     times = {}  # (task, system) -> [per round: seconds per mini-batch, or None]
     for r in range(args.rounds):
         for task in args.tasks.split(","):
-            for system in args.systems.split(","):
-                if system == "minicavs-vertex" and task != "treelstm":
+            for system in systems:
+                if system.startswith("minicavs-vertex") and task != "treelstm":
                     continue
                 env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
                            OPENBLAS_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT))
@@ -336,7 +374,7 @@ def main(argv=None):
                       ("failed" if steps is None else
                        f"{BATCH * len(steps) / sum(steps):8.1f} samples/s"), flush=True)
     table = throughputs(times)
-    print(render(table, args.tasks.split(","), args.rounds))
+    print(render(table, args.tasks.split(","), systems, args.rounds))
     return table
 
 
@@ -353,23 +391,30 @@ def throughputs(times):
     return table
 
 
-def render(table, tasks, rounds=1):
+# The ratios a table shows, where it has both systems.
+RATIOS = [("minicavs-agenda+", "dynet-agenda"), ("minicavs-agenda+", "minicavs-agenda"),
+          ("minicavs-depth+", "dynet-depth"), ("minicavs-agenda+:cuda", "minicavs-agenda:cuda"),
+          ("minicavs-agenda+:cuda", "minicavs-agenda+")]
+
+
+def render(table, tasks, systems, rounds=1):
+    ratios = [(a, b) for a, b in RATIOS if a in systems and b in systems]
+    paper = "minicavs-agenda+:cuda" in systems  # against Table 3's P100
+    heads = [f"{a} ÷ {b}" for a, b in ratios] + (["agenda+:cuda ÷ paper's P100"] if paper else [])
     lines = ["", f"samples/s; each mini-batch's time the median of {rounds} round(s)", "",
-             "| task | " + " | ".join(SYSTEMS) + " | agenda+ ÷ dynet-agenda | agenda+ ÷ agenda "
-             "| depth+ ÷ dynet-depth |",
-             "|---" * (len(SYSTEMS) + 4) + "|"]
+             "| task | " + " | ".join(systems + heads) + " |",
+             "|---" * (len(systems) + len(heads) + 1) + "|"]
     for task in tasks:
-        row = [table.get((task, s)) for s in SYSTEMS]
-
-        def ratio(a, b):
+        cells = ["-" if table.get((task, s)) is None else f"{table[task, s]:.1f}"
+                 for s in systems]
+        for a, b in ratios:
             x, y = table.get((task, a)), table.get((task, b))
-            return f"{x / y:.2f}×" if x and y else "-"
-        lines.append(f"| {task} | " + " | ".join("-" if r is None else f"{r:.1f}" for r in row)
-                     + f" | {ratio('minicavs-agenda+', 'dynet-agenda')} | "
-                     f"{ratio('minicavs-agenda+', 'minicavs-agenda')} | "
-                     f"{ratio('minicavs-depth+', 'dynet-depth')} |")
+            cells.append(f"{x / y:.2f}×" if x and y else "-")
+        if paper:
+            x = table.get((task, "minicavs-agenda+:cuda"))
+            cells.append(f"{x / PAPER_P100_AGENDA_PLUS[task]:.2f}×" if x else "-")
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
 
 if __name__ == "__main__":
     main()

@@ -183,7 +183,8 @@ def main(argv=None):
     if args.autobatch:  # its own table: every system writes the same plain models
         from benchmarks import autobatch_table
         return autobatch_table.main(["--threads", str(args.threads or 2)]
-                                    + (["--data", args.data] if args.data else []))
+                                    + (["--data", args.data] if args.data else [])
+                                    + (["--cuda"] if args.cuda else []))
     if args.lrcn:  # its own table too: one process per system and part
         from benchmarks import lrcn
         return lrcn.main(["--threads", str(1 if args.quick else args.threads)]

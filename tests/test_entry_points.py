@@ -118,6 +118,28 @@ def test_benchmark_cuda_without_a_gpu_is_refused_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
+def test_autobatch_table_on_the_gpu_measures_the_device_and_compares_with_the_paper():
+    from benchmarks import autobatch_table
+
+    import os
+    from types import SimpleNamespace
+
+    # A :cuda system in its own process, on the emulated device (chosen when CuPy is first
+    # asked for, so not in this process).
+    env = dict(os.environ, MINICAVS_CUDA_EMULATE="1", PYTHONPATH=str(autobatch_table.ROOT))
+    times = autobatch_table.run_worker("minicavs-agenda+:cuda", "tagger",
+                                       SimpleNamespace(batches=1, threads=1), env)
+    assert len(times) == 1 and times[0] > 0
+    table = {("tagger", "minicavs-agenda+:cuda"): 1602.0, ("tagger", "minicavs-agenda+"): 801.0}
+    text = autobatch_table.render(table, ["tagger"], ["minicavs-agenda+:cuda", "minicavs-agenda+",
+                                                      "dynet-agenda"])
+    assert "minicavs-agenda+:cuda ÷ minicavs-agenda+" in text
+    assert "÷ minicavs-agenda " not in text  # a ratio only where the table has both systems
+    assert text.splitlines()[-1] == "| tagger | 1602.0 | 801.0 | - | - | 2.00× | 2.00× |"
+    with pytest.raises(SystemExit, match="DyNet build runs on the CPU only"):
+        autobatch_table.worker("dynet-agenda:cuda", "tagger", 1, 1)
+
+
 def test_the_machine_is_named_in_benchmark_reports():
     from benchmarks import common
 
