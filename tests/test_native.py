@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -622,6 +623,20 @@ def test_openblas_idle_threads_sleep_even_when_numpy_came_first():
     assert timeout != blas.IDLE_TIMEOUT and "OPENBLAS_THREAD_TIMEOUT=4" in state
 
 
+def test_the_loops_choice_for_a_few_rows_is_measured_per_product_and_bucket(monkeypatch):
+    """Each product's row buckets up to FEW_ROWS get the measured (or forced) choice."""
+    from minicavs.runtime import native
+
+    spec = SimpleNamespace(slots=range(3), products=((1, 16, 80),), dtype=np.float64)
+    lib = SimpleNamespace(minicavs_gemm_few_rows=None)
+    monkeypatch.setenv("MINICAVS_KERNELS", "own")
+    table = native._own_rows(spec, lib)
+    assert table.shape == (3, 2, codegen.ROW_BUCKETS) and table[1].all()
+    assert not table[0].any() and not table[2].any()  # slots that are no product's weight
+    monkeypatch.setenv("MINICAVS_KERNELS", "blas")
+    assert not native._own_rows(spec, lib).any()
+
+
 @given(forests(max_arity=3, max_vertices=20, kinds=("tree", "dag")), st.integers(0, 2**16))
 def test_level_plans_found_at_once_equal_the_plans_made_level_by_level(graphs, seed):
     """plans.per_level finds every level's plan with arrays over the levels; here each level's
@@ -681,12 +696,15 @@ def test_a_profiling_loop_times_each_instruction_and_clears_what_it_read():
 
 
 @needs_native
+@pytest.mark.parametrize("kernels", ["own", "blas"])
 @pytest.mark.parametrize("trees", [1, 3, 5, 9])
-def test_products_of_a_few_rows_equal_the_interpreter(trees):
-    """Levels of up to codegen.FEW_ROWS rows multiply without the BLAS (blocks of 4 rows and 64
-    columns, a remainder of rows and of columns; dot products for ∂F's x·Wᵀ): 80 gate columns,
-    levels of 1 to 36 rows."""
+def test_products_of_a_few_rows_equal_the_interpreter(trees, kernels, monkeypatch):
+    """Levels of up to codegen.FEW_ROWS rows multiply with the loop's own kernel where it was
+    measured faster (blocks of 4 rows and 64 columns, a remainder of rows and of columns; dot
+    products for ∂F's x·Wᵀ), else with the BLAS: both forced here, 80 gate columns, levels of
+    1 to 36 rows."""
     assert codegen.FEW_ROWS >= 4
+    monkeypatch.setenv("MINICAVS_KERNELS", kernels)
     rng = np.random.default_rng(trees)
     F, params = binary_tree_lstm(E, 16, rng)
     graphs = [mc.InputGraph.complete_binary(4)] * trees + [mc.InputGraph.chain(3)]

@@ -839,13 +839,13 @@ def team_matmul(a, b, out=None, measured=True):
     if measured:
         if not getattr(_team, "on", False):
             return None  # outside team_products
-        bucket = ("team", suffix, ta, tb, _bucket(m), _bucket(n), _bucket(k), threads)
-        wins = _wins.get(bucket)
+        key = ("team", suffix, ta, tb, bucket(m), bucket(n), bucket(k), threads)
+        wins = _wins.get(key)
         if wins is None:
-            name = f"team {suffix} {'x'.join(f'<={1 << e}' for e in bucket[4:7])}" \
+            name = f"team {suffix} {'x'.join(f'<={1 << e}' for e in key[4:7])}" \
                    f"{' Aᵀ' if ta else ''}{' Bᵀ' if tb else ''} ({threads} threads)"
             scratch = np.empty((m, n), dtype)
-            wins = _wins[bucket] = calibrate.own_is_faster(
+            wins = _wins[key] = calibrate.own_is_faster(
                 name, lambda: (lambda: team_matmul(a, b, scratch, False),
                                lambda: np.matmul(a, b)), threads)
         if not wins:
@@ -872,7 +872,7 @@ def _fresh_choices():
         _wins_forced[0] = force
 
 
-def _bucket(size):
+def bucket(size):
     """The power of two at or above ``size``, as an exponent: shapes measured together."""
     return (size - 1).bit_length()
 
@@ -981,17 +981,17 @@ class _Panels:
         return self._packed
 
     def faster(self, m):
-        bucket = self.key + (m,)
-        wins = _wins.get(bucket)
+        key = self.key + (m,)
+        wins = _wins.get(key)
         if wins is None:
-            (k, n), rows, b = self.b.shape, 1 << _bucket(m), self.b
+            (k, n), rows, b = self.b.shape, 1 << bucket(m), self.b
             name = (f"panels {self.suffix} <={rows}x{k}x{n}{' Bᵀ' if self.transposed else ''} "
                     f"({self.prefix}, {self.threads} threads)")
 
             def make():
                 x = np.random.default_rng(0).standard_normal((rows, k)).astype(b.dtype)
                 return lambda: packed_matmul(x, b, measured=False), _otherwise(x, b)
-            wins = _wins[bucket] = calibrate.own_is_faster(name, make, self.threads)
+            wins = _wins[key] = calibrate.own_is_faster(name, make, self.threads)
         return wins
 
 

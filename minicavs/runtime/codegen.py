@@ -176,6 +176,7 @@ class LevelLoop:
     num_core: int
     actions: dict = None  # RUN/ZERO/SKIP -> the code the loop reads
     notes: tuple = ()  # each core instruction, as the program's dump writes it
+    products: tuple = ()  # (shared slot, k, m) of each product x (n x k) . W (k x m)
 
 
 def generate(program, blas="cblas64", profile=False):
@@ -222,6 +223,7 @@ class _Generator:
         self.written_for = set()  # reshape keys whose producer writes their rows directly
         self.gathered_parts = set()  # concat parts a direct gather wrote into their columns
         self.summed = {}  # node.key -> the elementwise step computed inside the sum reading it
+        self.products = set()  # (shared slot, k, m) of the products
 
     def _dtype(self):
         touched = [x for ins in self.program.core for x in (*ins.reads, *ins.writes)]
@@ -269,7 +271,7 @@ class _Generator:
                     for k, code in enumerate(body)]
         notes = tuple(" ".join(ins.dump(self.names).split()) for ins in core)
         return LevelLoop(self.source(body), self.dtype, tuple(self.slots), len(core), ACTIONS,
-                         notes)
+                         notes, tuple(sorted(self.products)))
 
     def place_level_values(self):
         """A value that lives only during its level and that one step reads is made where that
@@ -568,7 +570,8 @@ class _Generator:
             raise Unsupported(f"matmul {node.label()}: X's rows are not packed")
         k, m = (int(d) for d in w.shape)
         s = self.shared[w.key].index
-        return (f"gemm_team(n, {m}, {k}, P{s}, a[{2 * s}], a[{2 * s + 1}], "
+        self.products.add((s, k, m))
+        return (f"gemm_team({s}, n, {m}, {k}, P{s}, a[{2 * s}], a[{2 * s + 1}], "
                 f"{a.row(0)}, {a.ld}, {out.row(0)}, {out.ld});")
 
     def elementwise(self, group):
@@ -828,6 +831,8 @@ class _Generator:
 #include <omp.h>
 using std::exp; using std::log; using std::tanh; using std::sqrt; using std::pow;
 typedef {ctype} T;
+static int8_t own_rows[{2 * ROW_BUCKETS * max(1, len(self.slots))}];  // see own_runs
+extern "C" void minicavs_set_own_rows(const int8_t *t) {{ std::memcpy(own_rows, t, sizeof own_rows); }}
 {_GEMM[self.blas]}
 {_PROFILE.format(n=len(program.core)) if self.profile else ""}
 extern "C" void {ENTRY}(int64_t num_levels, int64_t first, int64_t stop,
@@ -867,10 +872,14 @@ extern "C" void minicavs_profile(double *out) {{
 # The gemm the loop calls, per interface (blas.py): row-major out (n x m, row stride ldo) =
 # x (n x k, stride ldx) . w (k x m, stride ldw; or its transpose stored, m x k).
 # A product of a few rows (a deep level of a tree: a handful of vertices) without the BLAS:
-# the gemm packs all of W for every call, which costs more than the product when x has a few
-# rows (measured, 1 thread, x (n, 256) . W (256, 640): n = 8 at 81 GFLOP/s here against 60 in
-# OpenBLAS, n = 16 at 92 against 81; from about 32 rows the BLAS is as fast or faster).
-FEW_ROWS = 16
+# the gemm packs all of W for every call, which can cost more than the product when x has a
+# few rows. Which is faster depends on the CPU: x (n, 256) . W (256, 1024), one thread, n = 16
+# ran at 0.57x OpenBLAS's time on an AVX-512 Xeon and 1.75x on an AVX2 EPYC (its 16 vector
+# registers hold half the kernel's accumulators). So each product's choice, per power of two
+# of n up to FEW_ROWS, is measured on the machine (runtime/native.py, cpu/calibrate.py) and
+# handed to the loop before its first call (minicavs_set_own_rows).
+FEW_ROWS = 32
+ROW_BUCKETS = FEW_ROWS.bit_length()  # n <= 1, 2, 4, ..., FEW_ROWS
 _FEW_ROWS = """// out (n x m) = x (n x k) . w (k x m), or . (w stored m x k)' — rows of x in blocks of R.
 template <int R, int C>
 static inline void few_rows_block(int64_t k, const T *x, int64_t ldx, const T *w, int64_t ldw,
@@ -906,8 +915,9 @@ static inline void few_rows_dots(int64_t m, int64_t k, const T *x, int64_t ldx, 
     for (int r = 0; r < R; ++r) out[r * ldo + j] = acc[r];
   }
 }
-static void gemm_few_rows(int64_t n, int64_t m, int64_t k, const T *w, int64_t ldw,
-                          int64_t w_transposed, const T *x, int64_t ldx, T *out, int64_t ldo) {
+extern "C" void minicavs_gemm_few_rows(int64_t n, int64_t m, int64_t k, const T *w,
+                                       int64_t ldw, int64_t w_transposed, const T *x,
+                                       int64_t ldx, T *out, int64_t ldo) {
   if (w_transposed) {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) few_rows_dots<4>(m, k, x + i * ldx, ldx, w, ldw, out + i * ldo, ldo);
@@ -928,15 +938,21 @@ static void gemm_few_rows(int64_t n, int64_t m, int64_t k, const T *w, int64_t l
       for (int64_t kk = 0; kk < k; ++kk) total += x[i * ldx + kk] * w[kk * ldw + j];
       out[i * ldo + j] = total;
     }
+}
+// own_rows[slot][transposed][bucket of n]: whether the loop's own kernel runs that product.
+static inline bool own_runs(int64_t slot, int64_t w_transposed, int64_t n) {
+  if (n > FEW_ROWS) return false;
+  const int64_t bucket = n <= 1 ? 0 : 64 - __builtin_clzll((uint64_t)(n - 1));
+  return own_rows[(slot * 2 + (w_transposed != 0)) * ROW_BUCKETS + bucket] != 0;
 }"""
 _CBLAS = """typedef void (*gemm_t)(int, int, int, I, I, I, T, const T *, I, const T *, I, T, T *, I);
 static gemm_t gemm;
 extern "C" void minicavs_set_gemm(void *f) {{ gemm = (gemm_t)f; }}
-static inline void gemm_rows(int64_t n, int64_t m, int64_t k, const T *w, int64_t ldw,
-                             int64_t w_transposed, const T *x, int64_t ldx, T *out,
+static inline void gemm_rows(int64_t slot, int64_t n, int64_t m, int64_t k, const T *w,
+                             int64_t ldw, int64_t w_transposed, const T *x, int64_t ldx, T *out,
                              int64_t ldo) {{
-  if (n <= FEW_ROWS) {{
-    gemm_few_rows(n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
+  if (own_runs(slot, w_transposed, n)) {{
+    minicavs_gemm_few_rows(n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
     return;
   }}
   gemm(101, 111, w_transposed ? 112 : 111, (I)n, (I)m, (I)k, (T)1, x, (I)ldx, w, (I)ldw,
@@ -948,11 +964,11 @@ _FORTRAN = """typedef void (*gemm_t)(const char *, const char *, const int *, co
 static gemm_t gemm;
 extern "C" void minicavs_set_gemm(void *f) { gemm = (gemm_t)f; }
 // Row-major out = x.w is column-major out' = w'.x': one Fortran gemm.
-static inline void gemm_rows(int64_t n, int64_t m, int64_t k, const T *w, int64_t ldw,
-                             int64_t w_transposed, const T *x, int64_t ldx, T *out,
+static inline void gemm_rows(int64_t slot, int64_t n, int64_t m, int64_t k, const T *w,
+                             int64_t ldw, int64_t w_transposed, const T *x, int64_t ldx, T *out,
                              int64_t ldo) {
-  if (n <= FEW_ROWS) {
-    gemm_few_rows(n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
+  if (own_runs(slot, w_transposed, n)) {
+    minicavs_gemm_few_rows(n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
     return;
   }
   const int rows = (int)n, cols = (int)m, inner = (int)k;
@@ -966,23 +982,24 @@ static inline void gemm_rows(int64_t n, int64_t m, int64_t k, const T *w, int64_
 _TEAM = """typedef int (*blas_threads_t)(int);  // sets the BLAS's threads, returns the old count
 static blas_threads_t blas_threads;
 extern "C" void minicavs_set_blas_threads(void *f) { blas_threads = (blas_threads_t)f; }
-static inline void gemm_team(int64_t n, int64_t m, int64_t k, const T *w, int64_t ldw,
-                             int64_t w_transposed, const T *x, int64_t ldx, T *out,
+static inline void gemm_team(int64_t slot, int64_t n, int64_t m, int64_t k, const T *w,
+                             int64_t ldw, int64_t w_transposed, const T *x, int64_t ldx, T *out,
                              int64_t ldo) {
   const int64_t team = omp_get_num_threads();
   if (team == 1 || n * m * k < %d || m < 32 * team) {
     #pragma omp single
-    gemm_rows(n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
+    gemm_rows(slot, n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
     return;
   }
   const int64_t block = ((m + team - 1) / team + 15) / 16 * 16;
   const int64_t c0 = omp_get_thread_num() * block, c1 = c0 + block < m ? c0 + block : m;
   if (c1 > c0)
-    gemm_rows(n, c1 - c0, k, w_transposed ? w + c0 * ldw : w + c0, ldw, w_transposed, x, ldx,
+    gemm_rows(slot, n, c1 - c0, k, w_transposed ? w + c0 * ldw : w + c0, ldw, w_transposed, x, ldx,
               out + c0, ldo);
   #pragma omp barrier
 }""" % GEMM_SPLIT_MIN
-_PRELUDE = f"const int64_t FEW_ROWS = {FEW_ROWS};\n" + _FEW_ROWS + "\n"
+_PRELUDE = (f"const int64_t FEW_ROWS = {FEW_ROWS}, ROW_BUCKETS = {ROW_BUCKETS};\n"
+            + _FEW_ROWS + "\n")
 _GEMM = {"cblas64": _PRELUDE + "typedef int64_t I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}")
          + "\n" + _TEAM,
          "cblas32": _PRELUDE + "typedef int I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}")

@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 
-from ..cpu import blas, build, kernels
+from ..cpu import blas, build, calibrate, kernels
 from ..ops.batching import row_domain
 from .plans import RUN, record_written, widen
 
@@ -40,6 +40,49 @@ def compile_loop(program):
 PROFILE = os.environ.get("MINICAVS_NATIVE_PROFILE", "") not in ("", "0")
 
 
+def _own_rows(spec, lib):
+    """The loop's ``own_rows`` table: for each of its products, each layout of the weight and
+    each power of two of rows up to ``codegen.FEW_ROWS``, whether the loop's own kernel for a
+    few rows beats the BLAS on this machine (cpu/calibrate.py: measured once per CPU, BLAS and
+    bucket of shapes, then read from its file)."""
+    from . import codegen
+
+    table = np.zeros((max(1, len(spec.slots)), 2, codegen.ROW_BUCKETS), dtype=np.int8)
+    for slot, k, m in spec.products:
+        for transposed in (0, 1):
+            for b in range(codegen.ROW_BUCKETS):
+                table[slot, transposed, b] = _own_wins(lib, spec.dtype, 1 << b, k, m, transposed)
+    return table
+
+
+_few_rows_wins = {}  # (dtype, rows, k, m buckets, transposed) -> bool, for this process
+
+
+def _own_wins(lib, dtype, rows, k, m, transposed):
+    if calibrate.forced() is not None:  # (MINICAVS_KERNELS=own or blas: not remembered)
+        return calibrate.forced() == "own"
+    bucket = (np.dtype(dtype).name, rows, kernels.bucket(k), kernels.bucket(m), transposed)
+    wins = _few_rows_wins.get(bucket)
+    if wins is None:
+        name = (f"loop rows {'f32' if bucket[0] == 'float32' else 'f64'} <={rows}x"
+                f"<={1 << bucket[2]}x<={1 << bucket[3]}{' Bᵀ' if transposed else ''}")
+
+        def make():
+            rng = np.random.default_rng(0)
+            x = rng.standard_normal((rows, k)).astype(dtype)
+            w = rng.standard_normal((m, k) if transposed else (k, m)).astype(dtype)
+            out = np.empty((rows, m), dtype=dtype)
+            own = lib.minicavs_gemm_few_rows
+            i64 = ctypes.c_int64
+            args = (i64(rows), i64(m), i64(k), ctypes.c_void_p(w.ctypes.data),
+                    i64(k if transposed else m), i64(transposed), ctypes.c_void_p(x.ctypes.data),
+                    i64(k), ctypes.c_void_p(out.ctypes.data), i64(m))
+            return (lambda: own(*args),
+                    lambda: np.matmul(x, w.T if transposed else w, out=out))
+        wins = _few_rows_wins[bucket] = calibrate.own_is_faster(name, make)
+    return wins
+
+
 class NativeLoop:
     """One program's compiled level loop."""
 
@@ -50,6 +93,7 @@ class NativeLoop:
         self.dtype = spec.dtype
         lib.minicavs_set_gemm(ctypes.c_void_p(blas.gemm(spec.dtype)[0]))
         lib.minicavs_set_blas_threads(ctypes.c_void_p(blas.threads_local()))
+        lib.minicavs_set_own_rows(ctypes.c_void_p(_own_rows(spec, lib).ctypes.data))
         self._run = lib.minicavs_levels
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         self._run.argtypes = [i64, i64, i64, p, p, p, p, i64, p, i64, p, i64, i64, i64]
