@@ -372,9 +372,10 @@ def train_loop(step, batches, epochs, warmup):
     ``step`` returns a dict with ``loss`` (a float, read each step so that lazy systems really
     compute) and optional timings in seconds (``construction`` and system-specific parts),
     which are summed per epoch. Returns the per-epoch wall times and sums of the measured
-    epochs (warm-up dropped), and the first batch's loss (taken before any update).
+    epochs, the warm-up epochs' times apart (the first epoch compiles: its cost is reported),
+    and the first batch's loss (taken before any update).
     """
-    epoch_seconds, parts, first_loss, last_loss = [], [], None, None
+    epoch_seconds, warmup_seconds, parts, first_loss, last_loss = [], [], [], None, None
     for epoch in range(warmup + epochs):
         totals = {}
         started = time.perf_counter()
@@ -390,7 +391,10 @@ def train_loop(step, batches, epochs, warmup):
         if epoch >= warmup:
             epoch_seconds.append(elapsed)
             parts.append(totals)
-    return {"epoch_seconds": epoch_seconds, "parts": parts, "first_loss": first_loss,
+        else:
+            warmup_seconds.append(elapsed)
+    return {"epoch_seconds": epoch_seconds, "warmup_seconds": warmup_seconds, "parts": parts,
+            "first_loss": first_loss,
             "last_loss": float(last_loss) if last_loss is not None else None}
 
 
@@ -403,6 +407,7 @@ def summarize(loop, data, **extra):
     result = {
         "throughput": data["units"] / seconds[best], "unit": data["unit"],
         "epoch_seconds": seconds, "best_epoch_seconds": seconds[best],
+        "warmup_seconds": loop.get("warmup_seconds", []),
         "construction_seconds": parts.get("construction"),
         "breakdown": parts, "first_loss": loop["first_loss"], "last_loss": loop["last_loss"],
     }
