@@ -1,25 +1,23 @@
 """TD-TreeLSTM: generate sentence trees top-down, conditioned on a sentiment label.
 
     python examples/td_tree_lstm.py
-    python examples/td_tree_lstm.py --epochs 6 --hidden 128 --generate 256
+    python examples/td_tree_lstm.py --epochs 20 --hidden 128 --generate 256
 
 The model (minicavs.models.TDTreeLSTM) is one vertex function F that reads its *parent's*
 state: training runs it on the known trees of the synthetic treebank read top-down (teacher
 forcing, mc.top_down), one batched call per batch of trees. Generation grows trees from one
 root per requested label with mc.grow: each step runs F on the frontier of every tree at once
-and samples each frontier vertex's class — two children, or a leaf with a word. The last line
-gives the held-out teacher-forced accuracy against always answering "expand" (the most
-frequent class), the generated trees' size against the held-out trees', how often the
+and samples each frontier vertex's class — two children and their labels, or a leaf with a
+word. The last line gives the held-out teacher-forced accuracy against always answering the
+most frequent class, the generated trees' size against the held-out trees', how often the
 treebank's own rule gives a generated tree the label it was asked for (against chance, 1 in
 the number of labels), and the generation throughput.
 
-What it reaches at the defaults (synthetic treebank, seed 0): teacher-forced accuracy 0.52
-against 0.48 for always "expand" — near the ceiling, since the treebank draws the words of a
-class uniformly, so a leaf's word is mostly a guess — and generated trees of the data's size
-(35 vertices against 30). The label is not followed: agreement 0.14 against chance 0.20 (64
-trees; 0.18 of 256 after 10 epochs). The model learns the treebank's shapes and word classes,
-not yet how the label steers them; the example shows growing structures batched, not a solved
-conditional generator.
+What it reaches at the defaults (synthetic treebank, seed 0, about 20 s on 2 cores):
+teacher-forced accuracy 0.45 against 0.17 for the most frequent class — far from 1 by nature,
+since the treebank draws the words of a category uniformly — generated trees of the data's
+size (34 vertices against 30), and the label followed: the rule gives 0.88 of the 64 generated
+trees the label asked for, against chance 0.20.
 """
 
 import argparse
@@ -36,7 +34,7 @@ from minicavs.models import TDTreeLSTM
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    training.add_common_arguments(parser, epochs=3, batch_size=32, lr=0.01,
+    training.add_common_arguments(parser, epochs=10, batch_size=32, lr=0.01,
                                   data_help="SST directory (train.txt, dev.txt, test.txt); "
                                             "default: the synthetic treebank")
     training.add_model_arguments(parser, embed_dim=32, hidden=64, clip=5.0)
@@ -90,7 +88,7 @@ def main(argv=None):
               "train_trees_per_second": training.throughput(history)}
     result["majority"] = majority
     comm.log(f"td_tree_lstm: test loss {test['loss']:.4f}  accuracy {test['accuracy']:.3f} "
-             f"(always 'expand': {majority:.3f})  generated {len(trees)} trees "
+             f"(most frequent class: {majority:.3f})  generated {len(trees)} trees "
              f"({len(complete)} complete, {result['mean_vertices']:.1f} vertices on average, "
              f"held-out trees {data_vertices:.1f}; label agreement "
              f"{result['label_agreement']:.2f}, chance {1 / model.num_labels:.2f}) at "

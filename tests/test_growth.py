@@ -470,7 +470,6 @@ def test_seq2seq_greedy_decoding_is_linear_and_equals_rerunning_the_chain(seed, 
 def test_td_tree_lstm_teacher_forcing_and_generation():
     from minicavs.data import make_splits
     from minicavs.models import TDTreeLSTM
-    from minicavs.models.td_tree_lstm import EXPAND
     from minicavs.vertex import evaluate_per_sample
 
     splits = make_splits(sizes=(6, 1, 1))
@@ -478,10 +477,20 @@ def test_td_tree_lstm_teacher_forcing_and_generation():
     model = TDTreeLSTM(len(splits.vocab), embed_dim=4, hidden=6, dtype="float64")
     trees = splits.train[:4]
     batch = model.prepare(trees)
-    internal = sum(sum(1 for kids in t.children if kids) for t in trees)
-    assert int((batch.targets == EXPAND).sum()) == internal
-    leaf_words = sorted(w for t in trees for w, kids in zip(t.words, t.children) if not kids)
-    assert sorted(batch.targets[batch.targets != EXPAND] - 1) == leaf_words
+    E, L = model.num_expand, model.num_labels
+    # per vertex in the batch's order: the class it must predict and the condition it pulls
+    want_targets, want_conditions = [], []
+    for t, tree in enumerate(trees):
+        parent = {c: (v, k) for v, kids in enumerate(tree.children) for k, c in enumerate(kids)}
+        for v in batch.structure.vertex[batch.structure.batch.sample_of == t]:
+            kids = tree.children[v]
+            want_targets.append(tree.labels[kids[0]] * L + tree.labels[kids[1]] if kids
+                                else E + tree.words[v])
+            p, k = parent.get(v, (None, -1))
+            sibling = tree.labels[tree.children[p][1 - k]] if p is not None else L
+            want_conditions.append(model.condition(tree.labels[v], sibling, 1 + k))
+    assert batch.targets.tolist() == want_targets
+    assert batch.conditions.numpy().ravel().tolist() == want_conditions
     params = model.parameters()
     model.loss(batch).backward()
     got = _grads(params)
@@ -491,17 +500,19 @@ def test_td_tree_lstm_teacher_forcing_and_generation():
 
     # a model that always expands down to the budget, then its generation as Trees
     model.b_out.data[...] = 0
-    model.b_out.data[EXPAND] = 50.0
+    model.b_out.data[3 * L + 1] = 50.0  # always two children, labelled 3 and 1
     generated, growth = model.generate([0, 3], vocab=splits.vocab, max_vertices=7, greedy=True)
     assert growth.truncated.tolist() == [True, True]
-    for tree in generated:  # 7 vertices: a full binary tree of depth 2, its leaves cut
+    for tree, root in zip(generated, [0, 3]):  # 7 vertices: a full binary tree, leaves cut
         assert [len(k) for k in tree.children] == [0, 0, 2, 0, 0, 2, 2]
         assert tree.tokens == ["…"] * 4
-    model.b_out.data[EXPAND] = -50.0  # now every vertex is a leaf: one word per tree
+        assert tree.labels.tolist() == [3, 1, 3, 3, 1, 1, root]
+    model.b_out.data[:E] = -50.0  # now every vertex is a leaf: one word per tree
     generated, growth = model.generate([1, 2, 4], vocab=splits.vocab, greedy=True)
     assert [t.num_vertices for t in generated] == [1, 1, 1]
-    words = growth.push.argmax(-1) - 1
+    words = growth.push.argmax(-1) - E
     assert [t.tokens for t in generated] == [[splits.vocab.token(w)] for w in words]
+    assert [t.labels.tolist() for t in generated] == [[1], [2], [4]]
 
     from minicavs.data.tree import DataError, Tree
     unary = Tree([[], [0]], [3, -1], [2, 2])

@@ -24,7 +24,9 @@ import threading
 import time
 
 from ..errors import ArgumentError
-from . import build
+from . import blas, build, isa
+from .kernel_source import SOURCE
+from .team import team_size
 
 ENVIRONMENT = "MINICAVS_KERNELS"
 CHOICES = ("measure", "own", "blas")
@@ -71,15 +73,13 @@ def wins(times):
 
 
 def free_cores():
-    """The cores of this process (``kernels.team_size``) that no other thread is running on
+    """The cores of this process (``team.team_size``) that no other thread is running on
     now (``/proc/loadavg``'s runnable count, less this thread). A team larger than that
     waits at each product for a member the other work holds off its core (two cores, one
     busy: 0.35-0.8 ms for any team product against 17-220 us idle), so teams are sized to
     it, and a measurement taken with fewer free cores than its threads decides for this
     process but is not kept for the next. Every core where a choice is forced (tests: one
     path, whatever else runs)."""
-    from .kernels import team_size
-
     if forced() is not None:
         return team_size()
     try:
@@ -119,10 +119,8 @@ def measured():
 @functools.lru_cache(maxsize=None)
 def path():
     """The file of this CPU's, BLAS's and kernels' measurements."""
-    from . import blas, isa, kernels
-
     key = build.cache_key(build.cpu_signature(), blas.identity(), isa.target(),
-                          str(kernels.team_size()), kernels._SOURCE)
+                          str(team_size()), SOURCE)
     return os.path.join(build.cache_dir(), f"calibration-{key[:24]}.json")
 
 

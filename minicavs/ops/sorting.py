@@ -164,8 +164,9 @@ def _refuse_gradient(g, out, x, result):
                            "detach its result, or use sort, whose values have a gradient")
 
 
-# Not registered: it holds its (value-dependent) result as an attribute, and exists to make a
-# gradient through unique a clear error, as PyTorch's is.
+# Not registered: it holds its (value-dependent) result as an attribute; through apply it makes
+# unique's results Tensors without this layer knowing the class, and a gradient through them a
+# clear error, as PyTorch's is.
 _UNIQUE = Op("unique", lambda xp, x, result: result,
              lambda x, result: Aval(tuple(result.shape), np.dtype(result.dtype)),
              vjp=_refuse_gradient)
@@ -181,19 +182,15 @@ def unique(x, sorted=True, return_inverse=False, return_counts=False, axis=None)
     if getattr(type(x), "__minicavs_priority__", 0) >= 2:
         raise GraphError("unique: its result's size depends on the values, so it cannot be "
                          "traced; call it on data")
-    from ..autodiff.tensor import Tensor
-
-    tensor = x if isinstance(x, Tensor) else Tensor(np.asarray(x))
-    data = tensor._array
+    data = x._array if hasattr(x, "_array") else np.asarray(x)  # a Tensor's, or the data
     xp = backend.get_array_module(data)
     if axis is not None:
         axis = normalize_axis("unique", int(axis), data.ndim)
     values, inverse, counts = xp.unique(data, return_inverse=True, return_counts=True,
                                         axis=axis, equal_nan=False)
     inverse = inverse.reshape(data.shape if axis is None else (-1,)).astype(np.int64)
-    out = Tensor(values)
-    if tensor.requires_grad:
-        out = apply(_UNIQUE, tensor, result=values)
-    extra = [Tensor(inverse)] if return_inverse else []
-    extra += [Tensor(counts.astype(np.int64))] if return_counts else []
-    return (out, *extra) if extra else out
+    results = ([values] + [inverse] * bool(return_inverse)
+               + [counts.astype(np.int64)] * bool(return_counts))
+    # apply runs plain arrays as Tensors too: each result a Tensor, values refusing gradients
+    out = [apply(_UNIQUE, x if hasattr(x, "_array") else data, result=r) for r in results]
+    return tuple(out) if len(out) > 1 else out[0]

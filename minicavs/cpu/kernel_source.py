@@ -1,0 +1,478 @@
+"""The C++ of the native kernels (``cpu/kernels.py`` calls them): a module of its own, below
+both the kernels and ``cpu/calibrate.py``, whose measurements are keyed on it so that a new
+kernel measures again."""
+
+from . import isa
+
+SOURCE = r"""// minicavs native kernels (minicavs/cpu/kernels.py)
+#include <cmath>
+#include <cstdint>
+#include <omp.h>
+
+template <typename T>
+static inline T row_max(const T *x, int64_t n) {
+  T m = x[0];
+  for (int64_t j = 1; j < n; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+template <typename T>
+static inline T row_sum_exp(const T *x, int64_t n, T m) {
+  T s = 0;
+  #pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < n; ++j) s += std::exp(x[j] - m);
+  return s;
+}
+
+// loss[i] = log(sum_j exp(x[i, j])) - x[i, label[i]], stably.
+template <typename T>
+static void xent(const T *x, const int64_t *label, int64_t rows, int64_t cols, T *loss) {
+  #pragma omp parallel for schedule(static) if (rows * cols >= (1 << 18))
+  for (int64_t i = 0; i < rows; ++i) {
+    const T *r = x + i * cols;
+    const T m = row_max(r, cols);
+    loss[i] = std::log(row_sum_exp(r, cols, m)) + m - r[label[i]];
+  }
+}
+
+// out[i, j] = (softmax(x[i])[j] - (j == label[i])) * g[i]
+template <typename T>
+static void xent_grad(const T *x, const int64_t *label, const T *g, int64_t rows,
+                      int64_t cols, T *out) {
+  #pragma omp parallel for schedule(static) if (rows * cols >= (1 << 18))
+  for (int64_t i = 0; i < rows; ++i) {
+    const T *r = x + i * cols;
+    T *o = out + i * cols;
+    const T m = row_max(r, cols);
+    const T scale = g[i] / row_sum_exp(r, cols, m);
+    #pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) o[j] = std::exp(r[j] - m) * scale;
+    o[label[i]] -= g[i];
+  }
+}
+
+// out[idx[i]] += values[i] for each i with idx[i] >= 0, in order of i (repeats add up, as
+// np.add.at does): an embedding's gradient. One core: two rows may name one output row.
+template <typename T>
+static void scatter_add(T *out, const int64_t *idx, const T *values, int64_t rows,
+                        int64_t cols, int64_t ldo, int64_t ldv) {  // (row strides)
+  for (int64_t i = 0; i < rows; ++i) {
+    if (idx[i] < 0) continue;
+    T *__restrict__ o = out + idx[i] * ldo;
+    const T *__restrict__ v = values + i * ldv;
+    #pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) o[j] += v[j];
+  }
+}
+
+// The window rows [lo, hi) that lie inside [0, n): position o*s - p + offset.
+static inline void inside(int64_t offset, int64_t n, int64_t s, int64_t count, int64_t &lo,
+                          int64_t &hi) {
+  lo = offset < 0 ? (-offset + s - 1) / s : 0;
+  hi = n - offset > 0 ? (n - offset + s - 1) / s : 0;
+  if (lo > count) lo = count;
+  if (hi > count) hi = count;
+  if (hi < lo) hi = lo;
+}
+
+// im2col of planes (H, W) into (kh, kw, OH, OW) per plane: out[p][i][j][oh][ow] =
+// x[p][oh*sh - ph + i*dh][ow*sw - pw + j*dw], or value outside the plane. One core, no
+// OpenMP region: an outlined loop body measured 1.7x slower (its sizes read through a
+// pointer). A window plane wholly inside the input, at stride 1 (a LeNet layer's every
+// plane), is a plain row copy; its rows are short (8-24), where bounds per row cost more
+// than the copy.
+template <typename T>
+static void unfold2d(const T *x, int64_t planes, int64_t H, int64_t W, int64_t kh, int64_t kw,
+                     int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t ph, int64_t pw,
+                     int64_t OH, int64_t OW, T value, T *out) {
+  for (int64_t p = 0; p < planes; ++p) {
+    const T *plane = x + p * H * W;
+    T *o = out + p * kh * kw * OH * OW;
+    for (int64_t i = 0; i < kh; ++i) {
+      int64_t top, bottom;  // the output rows whose input row lies inside the plane
+      inside(i * dh - ph, H, sh, OH, top, bottom);
+      for (int64_t j = 0; j < kw; ++j, o += OH * OW) {
+        const int64_t c0 = j * dw - pw;
+        int64_t lo, hi;  // the output columns whose input column lies inside the plane
+        inside(c0, W, sw, OW, lo, hi);
+        const T *first = plane + (top * sh - ph + i * dh) * W + c0;
+        if (sw == 1 && lo == 0 && hi == OW && top == 0 && bottom == OH) {
+          for (int64_t oh = 0; oh < OH; ++oh)
+            for (int64_t ow = 0; ow < OW; ++ow) o[oh * OW + ow] = first[oh * sh * W + ow];
+          continue;
+        }
+        for (int64_t k = 0; k < top * OW; ++k) o[k] = value;
+        for (int64_t k = bottom * OW; k < OH * OW; ++k) o[k] = value;
+        for (int64_t oh = top; oh < bottom; ++oh) {
+          T *r = o + oh * OW;
+          const T *row = first + (oh - top) * sh * W;
+          for (int64_t ow = 0; ow < lo; ++ow) r[ow] = value;
+          for (int64_t ow = lo; ow < hi; ++ow) r[ow] = row[ow * sw];
+          for (int64_t ow = hi; ow < OW; ++ow) r[ow] = value;
+        }
+      }
+    }
+  }
+}
+
+// col2im, the adjoint: out[p] (H, W), zeroed here, gets every window entry added back.
+template <typename T>
+static void fold2d(const T *cols, int64_t planes, int64_t H, int64_t W, int64_t kh, int64_t kw,
+                   int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t ph, int64_t pw,
+                   int64_t OH, int64_t OW, T *out) {
+  for (int64_t p = 0; p < planes; ++p) {
+    T *plane = out + p * H * W;
+    const T *c = cols + p * kh * kw * OH * OW;
+    for (int64_t k = 0; k < H * W; ++k) plane[k] = 0;
+    for (int64_t i = 0; i < kh; ++i) {
+      int64_t top, bottom;
+      inside(i * dh - ph, H, sh, OH, top, bottom);
+      for (int64_t j = 0; j < kw; ++j, c += OH * OW) {
+        const int64_t c0 = j * dw - pw;
+        int64_t lo, hi;
+        inside(c0, W, sw, OW, lo, hi);
+        T *first = plane + (top * sh - ph + i * dh) * W + c0;
+        if (sw == 1 && lo == 0 && hi == OW && top == 0 && bottom == OH) {
+          for (int64_t oh = 0; oh < OH; ++oh)
+            for (int64_t ow = 0; ow < OW; ++ow) first[oh * sh * W + ow] += c[oh * OW + ow];
+          continue;
+        }
+        for (int64_t oh = top; oh < bottom; ++oh) {
+          const T *r = c + oh * OW;
+          T *row = first + (oh - top) * sh * W;
+          for (int64_t ow = lo; ow < hi; ++ow) row[ow * sw] += r[ow];
+        }
+      }
+    }
+  }
+}
+
+// Adam (decay: AdamW's p *= 1 - lr * wd first; 1 when none) over several parameters in one
+// pass each: m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// p -= step * m / (sqrt(v / bc2) + eps), step = lr / bc1. Each parameter's elements are split
+// between the cores when there are enough of them in all.
+template <typename T>
+static void adam(int64_t count, T *const *p, const T *const *g, T *const *m, T *const *v,
+                 const int64_t *size, const double *hyper) {
+  const T b1 = hyper[0], b2 = hyper[1], eps = hyper[2], bc2 = hyper[3], step = hyper[4],
+          decay = hyper[5];
+  int64_t total = 0;
+  for (int64_t k = 0; k < count; ++k) total += size[k];
+  #pragma omp parallel if (total >= (1 << 18))
+  {
+    for (int64_t k = 0; k < count; ++k) {
+      T *__restrict__ pk = p[k];
+      T *__restrict__ mk = m[k];
+      T *__restrict__ vk = v[k];
+      const T *__restrict__ gk = g[k];
+      #pragma omp for simd schedule(static) nowait
+      for (int64_t i = 0; i < size[k]; ++i) {
+        const T gi = gk[i];
+        const T mi = b1 * mk[i] + (1 - b1) * gi;
+        const T vi = b2 * vk[i] + (1 - b2) * (gi * gi);
+        mk[i] = mi;
+        vk[i] = vi;
+        pk[i] = pk[i] * decay - step * (mi / (std::sqrt(vi / bc2) + eps));
+      }
+    }
+  }
+}
+
+// C = op(A) op(B) (row-major; op: transposed or not), on a team of threads each running a
+// one-thread gemm on its block: C's columns split, or its rows when it has few columns. The
+// BLAS is set to one thread for the call (process-wide in a pthreads OpenBLAS), then restored.
+template <typename T, typename I>
+static void team_gemm(void *function, void *set_threads, int ta, int tb, I M, I N, I K,
+                      const T *A, I lda, const T *B, I ldb, T *C, I ldc, int threads) {
+  typedef void (*gemm_t)(int, int, int, I, I, I, T, const T *, I, const T *, I, T, T *, I);
+  typedef int (*set_t)(int);
+  const gemm_t gemm = (gemm_t)function;
+  const set_t set = (set_t)set_threads;
+  const int before = set(1);
+  const bool by_columns = N > M && N >= 32 * threads;  // split the longer side: each thread packs all of the other operand
+  #pragma omp parallel num_threads(threads)
+  {
+    const I team = omp_get_num_threads(), tid = omp_get_thread_num();
+    const I size = by_columns ? N : M;
+    const I block = by_columns ? ((size + team - 1) / team + 15) / 16 * 16
+                               : (size + team - 1) / team;
+    const I a0 = tid * block, a1 = a0 + block < size ? a0 + block : size;
+    if (a1 > a0) {
+      if (by_columns)
+        gemm(101, ta ? 112 : 111, tb ? 112 : 111, M, a1 - a0, K, (T)1, A, lda,
+             B + (tb ? a0 * ldb : a0), ldb, (T)0, C + a0, ldc);
+      else
+        gemm(101, ta ? 112 : 111, tb ? 112 : 111, a1 - a0, N, K, (T)1,
+             A + (ta ? a0 : a0 * lda), lda, B, ldb, (T)0, C + a0 * ldc, ldc);
+    }
+  }
+  set(before);
+}
+
+// DyNet's agenda over a recorded graph (autobatch/schedule.py has the same loop in NumPy and
+// the meaning of every array): repeatedly emit every ready node of the signature with the
+// lowest average depth (the first such signature on a tie), then release its consumers.
+// Writes the nodes in batch order to order[n] and each batch's end to ends; returns the
+// number of batches, or -1 if nodes remain that never become ready (a cycle).
+static int64_t agenda(int64_t n, int64_t num_sigs, const int64_t *sig, int64_t *waiting,
+                      const int64_t *consumer_ptr, const int64_t *consumers,
+                      const int64_t *per_sig, const int64_t *position, const int64_t *sig_start,
+                      const double *average_depth, char *ready, int64_t *ready_count,
+                      double *priority, int64_t *order, int64_t *ends) {
+  const double none = HUGE_VAL;
+  for (int64_t s = 0; s < num_sigs; ++s)
+    priority[s] = ready_count[s] > 0 ? average_depth[s] : none;
+  int64_t done = 0, batches = 0;
+  while (done < n) {
+    int64_t s = 0;
+    for (int64_t k = 1; k < num_sigs; ++k)
+      if (priority[k] < priority[s]) s = k;
+    if (priority[s] == none) return -1;
+    const int64_t first = done;
+    for (int64_t p = sig_start[s]; p < sig_start[s + 1]; ++p)
+      if (ready[p]) { ready[p] = 0; order[done++] = per_sig[p]; }
+    ready_count[s] = 0;
+    priority[s] = none;
+    ends[batches++] = done;
+    for (int64_t i = first; i < done; ++i) {
+      const int64_t v = order[i];
+      for (int64_t e = consumer_ptr[v]; e < consumer_ptr[v + 1]; ++e) {
+        const int64_t c = consumers[e];
+        if (--waiting[c] == 0) {
+          ready[position[c]] = 1;
+          ++ready_count[sig[c]];
+          priority[sig[c]] = average_depth[sig[c]];
+        }
+      }
+    }
+  }
+  return batches;
+}
+
+// The LSTM cell (ops/cells.py) on rows of gate pre-activations [i, f_1..f_K, o, u] (each H):
+// c = s(i) t(u) + sum_j s(f_j) c_j, h = s(o) t(c), written as [h, c]; one pass, no temporaries.
+// K (0, 1, 2) is a template argument so the loop over a row has no branch. The previous
+// cells may be strided rows (ldc: the c half of [h, c] states). One core: a row of a
+// recurrent step is short and a step has few rows.
+template <typename T>
+static inline T sigm(T x) { return T(1) / (T(1) + std::exp(-x)); }
+
+template <typename T, int K>
+static void lstm_cell(const T *pre, const T *c0, const T *c1, int64_t ldc, int64_t rows,
+                      int64_t H, T *out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *p = pre + r * (3 + K) * H;
+    const T *a = K > 0 ? c0 + r * ldc : nullptr, *b = K > 1 ? c1 + r * ldc : nullptr;
+    T *h = out + r * 2 * H, *c = h + H;
+    #pragma omp simd
+    for (int64_t j = 0; j < H; ++j) {
+      T cell = sigm(p[j]) * std::tanh(p[(2 + K) * H + j]);
+      if (K > 0) cell += sigm(p[H + j]) * a[j];
+      if (K > 1) cell += sigm(p[2 * H + j]) * b[j];
+      c[j] = cell;
+      h[j] = sigm(p[(1 + K) * H + j]) * std::tanh(cell);
+    }
+  }
+}
+
+// Its gradient, [d_pre (3+K)H, d_c_1..d_c_K] per row, from the output [h, c] and its
+// cotangent g = [g_h, g_c].
+template <typename T, int K>
+static void lstm_cell_grad(const T *pre, const T *c0, const T *c1, int64_t ldc, const T *out,
+                           const T *g, int64_t rows, int64_t H, T *grads) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *p = pre + r * (3 + K) * H, *o = out + r * 2 * H, *gr = g + r * 2 * H;
+    const T *a = K > 0 ? c0 + r * ldc : nullptr, *b = K > 1 ? c1 + r * ldc : nullptr;
+    T *d = grads + r * (3 + 2 * K) * H;
+    #pragma omp simd
+    for (int64_t j = 0; j < H; ++j) {
+      const T i = sigm(p[j]), og = sigm(p[(1 + K) * H + j]), u = std::tanh(p[(2 + K) * H + j]);
+      const T tc = std::tanh(o[H + j]), gh = gr[j];
+      const T dc = gr[H + j] + gh * og * (T(1) - tc * tc);
+      d[j] = dc * u * i * (T(1) - i);
+      if (K > 0) {
+        const T f = sigm(p[H + j]);
+        d[H + j] = dc * a[j] * f * (T(1) - f);
+        d[(3 + K) * H + j] = dc * f;
+      }
+      if (K > 1) {
+        const T f = sigm(p[2 * H + j]);
+        d[2 * H + j] = dc * b[j] * f * (T(1) - f);
+        d[(4 + K) * H + j] = dc * f;
+      }
+      d[(1 + K) * H + j] = gh * tc * og * (T(1) - og);
+      d[(2 + K) * H + j] = dc * i * (T(1) - u * u);
+    }
+  }
+}
+
+template <typename T>
+static void lstm_cell_k(const T *pre, const T *c0, const T *c1, int64_t ldc, int64_t k,
+                        int64_t rows, int64_t H, T *out) {
+  if (k == 0) lstm_cell<T, 0>(pre, c0, c1, ldc, rows, H, out);
+  else if (k == 1) lstm_cell<T, 1>(pre, c0, c1, ldc, rows, H, out);
+  else lstm_cell<T, 2>(pre, c0, c1, ldc, rows, H, out);
+}
+
+template <typename T>
+static void lstm_cell_grad_k(const T *pre, const T *c0, const T *c1, int64_t ldc,
+                             const T *out, const T *g, int64_t k, int64_t rows, int64_t H,
+                             T *grads) {
+  if (k == 0) lstm_cell_grad<T, 0>(pre, c0, c1, ldc, out, g, rows, H, grads);
+  else if (k == 1) lstm_cell_grad<T, 1>(pre, c0, c1, ldc, out, g, rows, H, grads);
+  else lstm_cell_grad<T, 2>(pre, c0, c1, ldc, out, g, rows, H, grads);
+}
+
+extern "C" {
+int64_t agenda_schedule(int64_t n, int64_t num_sigs, const int64_t *sig, int64_t *waiting,
+                        const int64_t *consumer_ptr, const int64_t *consumers,
+                        const int64_t *per_sig, const int64_t *position,
+                        const int64_t *sig_start, const double *average_depth, char *ready,
+                        int64_t *ready_count, double *priority, int64_t *order, int64_t *ends) {
+  return agenda(n, num_sigs, sig, waiting, consumer_ptr, consumers, per_sig, position,
+                sig_start, average_depth, ready, ready_count, priority, order, ends);
+}
+#define TEAM_GEMM(name, T, I)                                                                  \
+  void name(void *f, void *s, int ta, int tb, I M, I N, I K, const T *A, I lda, const T *B,   \
+            I ldb, T *C, I ldc, int threads) {                                                \
+    team_gemm<T, I>(f, s, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, threads);                  \
+  }
+TEAM_GEMM(team_gemm_f32_64, float, int64_t)
+TEAM_GEMM(team_gemm_f64_64, double, int64_t)
+TEAM_GEMM(team_gemm_f32_32, float, int)
+TEAM_GEMM(team_gemm_f64_32, double, int)
+void scatter_add_f32(float *o, const int64_t *i, const float *v, int64_t r, int64_t c,
+                     int64_t lo, int64_t lv) { scatter_add(o, i, v, r, c, lo, lv); }
+void scatter_add_f64(double *o, const int64_t *i, const double *v, int64_t r, int64_t c,
+                     int64_t lo, int64_t lv) { scatter_add(o, i, v, r, c, lo, lv); }
+void adam_f32(int64_t n, float *const *p, const float *const *g, float *const *m,
+              float *const *v, const int64_t *s, const double *h) { adam(n, p, g, m, v, s, h); }
+void adam_f64(int64_t n, double *const *p, const double *const *g, double *const *m,
+              double *const *v, const int64_t *s, const double *h) { adam(n, p, g, m, v, s, h); }
+void unfold2d_f32(const float *x, const int64_t *g, double v, float *o) {
+  unfold2d(x, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12],
+           (float)v, o); }
+void unfold2d_f64(const double *x, const int64_t *g, double v, double *o) {
+  unfold2d(x, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12],
+           v, o); }
+void fold2d_f32(const float *c, const int64_t *g, float *o) {
+  fold2d(c, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], o); }
+void fold2d_f64(const double *c, const int64_t *g, double *o) {
+  fold2d(c, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], o); }
+void xent_f32(const float *x, const int64_t *l, int64_t r, int64_t c, float *o) { xent(x, l, r, c, o); }
+void xent_f64(const double *x, const int64_t *l, int64_t r, int64_t c, double *o) { xent(x, l, r, c, o); }
+void xent_grad_f32(const float *x, const int64_t *l, const float *g, int64_t r, int64_t c,
+                   float *o) { xent_grad(x, l, g, r, c, o); }
+void xent_grad_f64(const double *x, const int64_t *l, const double *g, int64_t r, int64_t c,
+                   double *o) { xent_grad(x, l, g, r, c, o); }
+void lstm_cell_f32(const float *p, const float *a, const float *b, int64_t ldc, int64_t k,
+                   int64_t r, int64_t h, float *o) { lstm_cell_k(p, a, b, ldc, k, r, h, o); }
+void lstm_cell_f64(const double *p, const double *a, const double *b, int64_t ldc, int64_t k,
+                   int64_t r, int64_t h, double *o) { lstm_cell_k(p, a, b, ldc, k, r, h, o); }
+void lstm_cell_grad_f32(const float *p, const float *a, const float *b, int64_t ldc,
+                        const float *o, const float *g, int64_t k, int64_t r, int64_t h,
+                        float *d) { lstm_cell_grad_k(p, a, b, ldc, o, g, k, r, h, d); }
+void lstm_cell_grad_f64(const double *p, const double *a, const double *b, int64_t ldc,
+                        const double *o, const double *g, int64_t k, int64_t r, int64_t h,
+                        double *d) { lstm_cell_grad_k(p, a, b, ldc, o, g, k, r, h, d); }
+}
+""" + isa.variants(r"""// A product with few rows, X (M x K) times a matrix B (K x N) that stays the same over many
+// products (a recurrent weight, one product per time step): B is copied once into panels of
+// NR columns, P[p][k][0:NR] = B[k, p NR : p NR + NR] (zero past N), and each product streams
+// its panels from cache (OpenBLAS packs B again at every call, which for a few rows costs
+// more than the arithmetic). A thread takes whole panels; within one, a register block of MR
+// rows by NV vectors of VB bytes runs down K: MR x NV accumulators, NV loads of B and one
+// broadcast of A, sized by cpu/isa.py to the target's registers (BLIS's micro-kernels).
+template <typename T> struct Vec {
+  typedef T type __attribute__((vector_size(VB), aligned(sizeof(T))));  // (unaligned loads)
+};
+
+template <typename T>
+constexpr int64_t panel_width() { return NV * VB / sizeof(T); }
+
+template <typename T>
+static void pack_panels(const T *B, int64_t ldb, int tb, int64_t K, int64_t N, T *P,
+                        int threads) {
+  constexpr int64_t NR = panel_width<T>();
+  const int64_t panels = (N + NR - 1) / NR;
+  #pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t n0 = p * NR, width = N - n0 < NR ? N - n0 : NR;
+    for (int64_t k = 0; k < K; ++k) {
+      T *row = P + (p * K + k) * NR;
+      if (tb)  // B stored transposed: B[k, n] = src[n ldb + k]
+        for (int64_t j = 0; j < width; ++j) row[j] = B[(n0 + j) * ldb + k];
+      else
+        for (int64_t j = 0; j < width; ++j) row[j] = B[k * ldb + n0 + j];
+      for (int64_t j = width; j < NR; ++j) row[j] = 0;
+    }
+  }
+}
+
+template <typename T, int R>
+static inline __attribute__((always_inline)) void panel_block(
+    const T *A, int64_t lda, const T *panel, int64_t K, T *C, int64_t ldc, int64_t width) {
+  typedef typename Vec<T>::type V;
+  constexpr int L = VB / sizeof(T), NR = NV * L;
+  V acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+  for (int64_t k = 0; k < K; ++k) {
+    V b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = *(const V *)(panel + k * NR + v * L);
+    for (int r = 0; r < R; ++r) {
+      const T a = A[r * lda + k];
+      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if (width == NR) {
+      for (int v = 0; v < NV; ++v) *(V *)(C + r * ldc + v * L) = acc[r][v];
+    } else {  // the last panel: only its columns inside C
+      T row[NR];
+      for (int v = 0; v < NV; ++v) *(V *)(row + v * L) = acc[r][v];
+      for (int64_t j = 0; j < width; ++j) C[r * ldc + j] = row[j];
+    }
+  }
+}
+
+template <typename T, int R>
+static void rows_tail(const T *a, int64_t lda, const T *panel, int64_t K, T *c, int64_t ldc,
+                      int64_t width, int64_t rows) {  // the last rows, a block of their height
+  if constexpr (R > 0) {
+    if (rows == R) panel_block<T, R>(a, lda, panel, K, c, ldc, width);
+    else rows_tail<T, R - 1>(a, lda, panel, K, c, ldc, width, rows);
+  }
+}
+
+template <typename T>
+static void packed_gemm(const T *A, int64_t lda, const T *P, int64_t M, int64_t N, int64_t K,
+                        T *C, int64_t ldc, int threads) {
+  constexpr int64_t NR = panel_width<T>();
+  const int64_t panels = (N + NR - 1) / NR;
+  #pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t p = 0; p < panels; ++p) {
+    const T *panel = P + p * K * NR;
+    const int64_t n0 = p * NR, width = N - n0 < NR ? N - n0 : NR;
+    int64_t m = 0;
+    for (; m + MR <= M; m += MR)
+      panel_block<T, MR>(A + m * lda, lda, panel, K, C + m * ldc + n0, ldc, width);
+    rows_tail<T, MR - 1>(A + m * lda, lda, panel, K, C + m * ldc + n0, ldc, width, M - m);
+  }
+}
+
+extern "C" {
+int64_t NAME_panel_width_f32() { return panel_width<float>(); }
+int64_t NAME_panel_width_f64() { return panel_width<double>(); }
+void NAME_pack_panels_f32(const float *b, int64_t ldb, int tb, int64_t k, int64_t n, float *p,
+                          int t) { pack_panels(b, ldb, tb, k, n, p, t); }
+void NAME_pack_panels_f64(const double *b, int64_t ldb, int tb, int64_t k, int64_t n,
+                          double *p, int t) { pack_panels(b, ldb, tb, k, n, p, t); }
+void NAME_packed_gemm_f32(const float *a, int64_t lda, const float *p, int64_t m, int64_t n,
+                          int64_t k, float *c, int64_t ldc, int t) {
+  packed_gemm(a, lda, p, m, n, k, c, ldc, t); }
+void NAME_packed_gemm_f64(const double *a, int64_t lda, const double *p, int64_t m, int64_t n,
+                          int64_t k, double *c, int64_t ldc, int t) {
+  packed_gemm(a, lda, p, m, n, k, c, ldc, t); }
+}
+""")

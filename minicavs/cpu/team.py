@@ -1,0 +1,44 @@
+"""The native team of this process: how many threads run a large product or a level loop
+(``cpu/kernels.py``'s team products, ``runtime/native.py``'s loops), and this thread's state
+inside ``kernels.team_products``. Below both the kernels and ``cpu/calibrate.py``, which
+sizes teams to the cores that other work leaves free."""
+
+import functools
+import os
+import threading
+
+from . import blas, build
+
+state = threading.local()  # inside kernels.team_products: .on, and .threads (its team)
+
+
+def in_team_products():
+    """Whether this thread is inside ``kernels.team_products`` (a call of native loops)."""
+    return getattr(state, "on", False)
+
+
+def team_size():
+    """Threads of a native team, chosen here and never by the user (the level loops' teams in
+    ``runtime/native.py`` too): the cores this process may use (``OMP_NUM_THREADS`` caps it,
+    as it caps OpenBLAS); 1 where the BLAS cannot be set to one thread per call (two pools of
+    threads would contend), and 1 in a child forked after OpenMP started (its parent's pool
+    threads are gone: a team there would wait for them forever; ``build.forked_child``).
+    Inside ``kernels.team_products``, only the cores no other work ran on when the block began
+    (``calibrate.free_cores``): a team waits at every barrier for a member that another
+    process holds off its core."""
+    threads = getattr(state, "threads", None)
+    if threads:
+        return threads
+    if build.forked_child() or blas.threads_local() is None:
+        return 1
+    return _cores()
+
+
+@functools.lru_cache(maxsize=None)
+def _cores():
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    cap = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return max(1, min(cores, int(cap))) if cap.isdigit() and int(cap) > 0 else cores
