@@ -146,6 +146,20 @@ def test_a_choice_is_measured_once_kept_on_disk_and_read_back(fresh_calibration,
     assert calibrate.measured() == stored
 
 
+def test_a_kernel_whose_source_changed_is_measured_again(fresh_calibration):
+    made = []
+
+    def make():
+        made.append(1)
+        return (lambda: None), (lambda: sum(range(20000)))
+    assert calibrate.own_is_faster("conv", make, source="kernel v1") is True
+    assert calibrate.own_is_faster("conv", make, source="kernel v1") is True
+    assert len(made) == 1
+    calibrate.own_is_faster("conv", make, source="kernel v2")  # an edited kernel
+    assert len(made) == 2
+    assert list(calibrate.measured()) == ["conv"]  # (named without the source's digest)
+
+
 def test_measurements_are_not_kept_while_other_work_holds_their_cores(fresh_calibration,
                                                                       monkeypatch):
     monkeypatch.setattr(calibrate, "free_cores", lambda: 1)

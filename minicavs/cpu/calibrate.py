@@ -50,13 +50,16 @@ def forced():
     return None if value == "measure" else value
 
 
-def own_is_faster(name, make, threads=1):
+def own_is_faster(name, make, threads=1, source=None):
     """Whether the library's kernel (on ``threads`` threads) runs the bucket ``name`` faster
     than NumPy's BLAS: measured now, ``make()`` giving the two calls ``(own, blas)``, unless
-    already measured on this CPU and BLAS."""
+    already measured on this CPU and BLAS. ``source``: the C++ of a kernel outside
+    ``kernel_source.py`` (which keys the whole file), so that a change of it measures again."""
     force = forced()
     if force is not None:
         return force == "own"
+    if source is not None:
+        name = f"{name} #{build.cache_key(source)[:8]}"
     table = _load()
     times = table.get(name)
     if times is None:
@@ -112,8 +115,9 @@ def measure(*calls):
 
 
 def measured():
-    """Every choice measured on this CPU and BLAS: ``{name: (own s, BLAS s)}``."""
-    return dict(_load())
+    """Every choice measured on this CPU and BLAS: ``{name: (own s, BLAS s)}`` (a name
+    without the digest of its kernel's source)."""
+    return {name.split(" #")[0]: times for name, times in _load().items()}
 
 
 @functools.lru_cache(maxsize=None)

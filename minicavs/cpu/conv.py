@@ -271,7 +271,8 @@ def _run(kind, function, gemm, arrays, sizes):
             return lambda: function(gemm, *pointers[:-1], _p(shape), pointers[-1])
         name = (f"conv {kind} {arrays[0].dtype.name} O<={1 << key[2]} CK<={1 << key[3]} "
                 f"L<={1 << key[4]} ({isa.target()})")
-        own = _wins[key] = calibrate.own_is_faster(name, lambda: (call(True), call(False)))
+        own = _wins[key] = calibrate.own_is_faster(name, lambda: (call(True), call(False)),
+                                                   source=_SOURCE)
     function(gemm, *pointers[:-1], _p(_sizes(samples, out_channels, window, length, own)),
              pointers[-1])
 

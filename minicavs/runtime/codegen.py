@@ -880,7 +880,7 @@ extern "C" void minicavs_profile(double *out) {{
 # handed to the loop before its first call (minicavs_set_own_rows).
 FEW_ROWS = 32
 ROW_BUCKETS = FEW_ROWS.bit_length()  # n <= 1, 2, 4, ..., FEW_ROWS
-_FEW_ROWS = """// out (n x m) = x (n x k) . w (k x m), or . (w stored m x k)' — rows of x in blocks of R.
+FEW_ROWS_SOURCE = """// out (n x m) = x (n x k) . w (k x m), or . (w stored m x k)' — rows of x in blocks of R.
 template <int R, int C>
 static inline void few_rows_block(int64_t k, const T *x, int64_t ldx, const T *w, int64_t ldw,
                                   T *out, int64_t ldo) {
@@ -999,7 +999,7 @@ static inline void gemm_team(int64_t slot, int64_t n, int64_t m, int64_t k, cons
   #pragma omp barrier
 }""" % GEMM_SPLIT_MIN
 _PRELUDE = (f"const int64_t FEW_ROWS = {FEW_ROWS}, ROW_BUCKETS = {ROW_BUCKETS};\n"
-            + _FEW_ROWS + "\n")
+            + FEW_ROWS_SOURCE + "\n")
 _GEMM = {"cblas64": _PRELUDE + "typedef int64_t I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}")
          + "\n" + _TEAM,
          "cblas32": _PRELUDE + "typedef int I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}")

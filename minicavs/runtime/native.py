@@ -51,14 +51,15 @@ def _own_rows(spec, lib):
     for slot, k, m in spec.products:
         for transposed in (0, 1):
             for b in range(codegen.ROW_BUCKETS):
-                table[slot, transposed, b] = _own_wins(lib, spec.dtype, 1 << b, k, m, transposed)
+                table[slot, transposed, b] = _own_wins(
+                    lib, spec.dtype, 1 << b, k, m, transposed, codegen.FEW_ROWS_SOURCE)
     return table
 
 
 _few_rows_wins = {}  # (dtype, rows, k, m buckets, transposed) -> bool, for this process
 
 
-def _own_wins(lib, dtype, rows, k, m, transposed):
+def _own_wins(lib, dtype, rows, k, m, transposed, source):
     if calibrate.forced() is not None:  # (MINICAVS_KERNELS=own or blas: not remembered)
         return calibrate.forced() == "own"
     bucket = (np.dtype(dtype).name, rows, kernels.bucket(k), kernels.bucket(m), transposed)
@@ -79,7 +80,8 @@ def _own_wins(lib, dtype, rows, k, m, transposed):
                     i64(k), ctypes.c_void_p(out.ctypes.data), i64(m))
             return (lambda: own(*args),
                     lambda: np.matmul(x, w.T if transposed else w, out=out))
-        wins = _few_rows_wins[bucket] = calibrate.own_is_faster(name, make)
+        wins = _few_rows_wins[bucket] = calibrate.own_is_faster(name, make,
+                                                                source=source)
     return wins
 
 
