@@ -121,3 +121,26 @@ def test_lstm_steps_read_the_previous_steps_states_in_place():
         mc.add_n(ends).backward()
     steps = [b for b in ab.segments[0].plan if b.sig.op.name == "lstm_step"]
     assert len(steps) == 7 and all(entry[3] is None for b in steps for entry in b.inputs)
+
+
+@pytest.mark.gpu
+def test_gpu_repeated_rows_equal_numpy():
+    """On CuPy: the atomic scatter, add.at into a view, device indices (float32 against the
+    float64 NumPy run)."""
+    from minicavs import backend
+
+    want = _grads("agenda+")
+    rng = np.random.default_rng(5)
+    mc.set_device("cuda")
+    try:
+        W = mc.Parameter(backend.to_device((rng.normal(size=(4, 4)) * 0.5).astype(np.float32)))
+        b = mc.Parameter(backend.to_device((rng.normal(size=4) * 0.1).astype(np.float32)))
+        with mc.autobatch("agenda+") as ab:
+            loss = repeated_rows_program(rng, W, b)
+            loss.backward()
+        got = float(loss), backend.to_numpy(W.grad.data), backend.to_numpy(b.grad.data)
+    finally:
+        mc.set_device("cpu")
+    assert ab.segments[0].xp is not np
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)

@@ -16,6 +16,9 @@ per node — and where native code runs, the same loop runs in C in one call
   thereby run early and in one piece, and nodes that are ready early but belong to a deep
   signature wait for their siblings instead of forming small batches.
 * ``none``: every node its own batch, in recording order (DyNet without autobatching).
+
+Within each batch of ``depth`` and ``agenda`` the nodes are then ordered as their first reader
+reads them (``in_reader_order``), so that later batches read rows in place.
 """
 
 import numpy as np

@@ -22,6 +22,12 @@ forward batch, the cotangents and saved operands of *every* batch of the signatu
 into one contiguous block each and the parameter gradient is computed once. An LSTM's
 recurrent ``W_h`` — one forward batch per time step, since step t needs step t-1 — thus gets
 one large product instead of one per step.
+
+**Host cost.** Row indices are planned for the whole segment and moved to the device in one
+copy (``_Indices``); a batch is laid out in the order its first reader reads it
+(``schedule.in_reader_order``), so many reads are views. ``stats["host_us_per_node"]`` is the
+time per node not spent in kernels — recording, scheduling, launch preparation — which on a
+GPU decides whether the device waits for Python.
 """
 
 import contextlib
