@@ -130,13 +130,39 @@ WORKER = textwrap.dedent(r'''
                 "xent": backend.to_numpy(xent.data).tolist(),
                 "xent_launches": (xstats.get("forward_launches_by_signature") or {}).get(
                     "softmax_cross_entropy (5,),()"),
+                "uploads": stats.get("uploads"),
                 "explain": ab.explain(picture=False)}
+
+    def repeated_rows(device):
+        """One value read by several nodes of a batch (its row repeats in the gather), also
+        through a view of its columns: values, gradients, host->device copies per segment."""
+        mc.set_device(device); mc.seed(4)
+        rng = np.random.default_rng(4)
+        W = mc.Parameter(rng.normal(size=(4, 4)).astype(np.float32) * 0.5)
+        b = mc.Parameter(np.zeros(4, np.float32))
+        for _ in range(2):  # (the second step: its kernels' constants went over in the first)
+            W.grad = b.grad = None
+            with mc.autobatch("agenda+") as ab:
+                losses = []
+                for i in range(5):
+                    v = mc.tanh(mc.tensor(rng.normal(size=4).astype(np.float32)) @ W + b)
+                    reads = [mc.tanh(v) for _ in range(3)] + [mc.sigmoid(v[1:3])
+                                                              for _ in range(i % 3 + 1)]
+                    losses.append(mc.sum(mc.concat(reads) ** 2))
+                total = mc.add_n(losses)
+                total.backward()
+        stats = ab.segments[0].stats
+        return {"values": [backend.to_numpy(a).tolist() for a in
+                           (total.data, W.grad.data, b.grad.data)],
+                "scatters": stats["scatter_made"], "uploads": stats.get("uploads"),
+                "host_us_per_node": stats["host_us_per_node"]}
 
     trees, vocab = synthetic_treebank(6)
     out = {}
     for device in ("cpu", "cuda"):
         out[device] = {"readme": readme_tree_lstm(device, trees, vocab), "ops": ops(device),
-                       "autobatch": autobatched(device), "lstm": lstm_steps(device)}
+                       "autobatch": autobatched(device), "lstm": lstm_steps(device),
+                       "repeated": repeated_rows(device)}
     from minicavs.cuda import emulated
     out["launches"] = emulated.launches()
     out["emulated"] = backend.cuda_emulated() and backend._import_cupy() is emulated.cupy
@@ -258,3 +284,20 @@ def test_autobatched_lstm_steps_on_the_emulated_device(emulated_run):
     _close(cuda["xent"], cpu["xent"], "softmax cross-entropy")
     assert cuda["xent_launches"] <= 4  # gather, flag, the kernel, the flag back (was 13)
     assert "forward launches per batch" in cuda["explain"]
+
+
+def test_repeated_rows_on_the_emulated_device_add_every_term(emulated_run):
+    """A backward scatter with repeated rows (the atomic kernel, and ``add.at`` into a view of
+    some columns) equals NumPy; the segment's row indices went over in one copy."""
+    cpu, cuda = emulated_run["cpu"]["repeated"], emulated_run["cuda"]["repeated"]
+    for k, (g, r) in enumerate(zip(cuda["values"], cpu["values"])):
+        _close(g, r, f"value {k}")
+    assert cuda["scatters"] > 0 and cpu["uploads"] is None
+    assert cuda["uploads"] <= 2  # the indices, and the data leaves' slab (was one a gather)
+    assert cuda["host_us_per_node"] > 0 and cpu["host_us_per_node"] > 0
+
+
+def test_an_lstm_segment_moves_its_indices_to_the_device_once(emulated_run):
+    # the indices, the data leaves' slab, a kernel's constant on its first run (was 2 more
+    # per batch of steps: a gather's and a scatter's host indices)
+    assert emulated_run["cuda"]["lstm"]["uploads"] <= 3

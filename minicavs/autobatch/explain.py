@@ -45,6 +45,11 @@ def explain(scope, picture=True, max_batches=40):
         lines.append(
             f"  time: recording {_ms(st.get('record_s'))}, scheduling {_ms(st.get('schedule_s'))}"
             f", forward {_ms(st.get('forward_s'))}, backward {_ms(st['backward_s'])}")
+        if "host_us_per_node" in st:
+            lines.append(
+                f"  host time per node: {st['host_us_per_node']:.2f} µs (recording, scheduling, "
+                f"launch preparation; the kernels' own {_ms(st['kernel_s'])} left out)" +
+                (f"; host->device copies: {st['uploads']}" if "uploads" in st else ""))
         launches = st.get("forward_launches_by_signature")
         lines.append("  batches per signature (batches, nodes" +
                      (", forward launches per batch):" if launches else "):"))

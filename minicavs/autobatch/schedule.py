@@ -16,6 +16,9 @@ per node — and where native code runs, the same loop runs in C in one call
   thereby run early and in one piece, and nodes that are ready early but belong to a deep
   signature wait for their siblings instead of forming small batches.
 * ``none``: every node its own batch, in recording order (DyNet without autobatching).
+
+Within each batch of ``depth`` and ``agenda`` the nodes are then ordered as their first reader
+reads them (``in_reader_order``), so that later batches read rows in place.
 """
 
 import numpy as np
@@ -100,6 +103,36 @@ def batches_by_agenda(sig, depth, src, dst, num_sigs, native=True):
     return batches
 
 
+def in_reader_order(batches, src, dst, num_nodes):
+    """``batches`` with each one's nodes reordered so that a later batch finds its operand rows
+    as one run where it can — an LSTM step the previous step's states, the words' embeddings
+    in the order the first LSTM reads them — a view instead of a gather (and, backwards, an
+    add into rows instead of a scatter). Each node goes where its first reader (one in the
+    earliest batch that reads it) is, nodes no batch reads last. From the last batch back: a
+    reader's place is final before the nodes it reads are placed."""
+    sizes = np.array([len(b) for b in batches], dtype=np.int64)
+    if len(batches) < 2 or not len(src) or sizes.max() == 1:
+        return batches
+    batch_of = np.empty(num_nodes, dtype=np.int64)
+    batch_of[np.concatenate(batches)] = np.repeat(np.arange(len(batches)), sizes)
+    first_batch = np.full(num_nodes, len(batches), dtype=np.int64)
+    np.minimum.at(first_batch, src, batch_of[dst])
+    first = batch_of[dst] == first_batch[src]
+    reader = np.full(num_nodes, num_nodes, dtype=np.int64)  # num_nodes: none
+    reader[src[first]] = dst[first]
+    at = np.full(num_nodes + 1, num_nodes, dtype=np.int64)  # a node's place, in run order
+    places = np.arange(num_nodes, dtype=np.int64)
+    batches, hi = list(batches), num_nodes
+    for i in range(len(batches) - 1, -1, -1):
+        nodes = batches[i]
+        lo = hi - len(nodes)
+        if len(nodes) > 1:
+            nodes = batches[i] = nodes[np.argsort(at[reader[nodes]], kind="stable")]
+        at[nodes] = places[lo:hi]
+        hi = lo
+    return batches
+
+
 STRATEGIES = ("none", "depth", "agenda", "depth+", "agenda+")
 
 
@@ -108,5 +141,7 @@ def plan(strategy, sig, depth, src, dst, num_sigs):
     if base == "none":
         return batches_none(len(sig))
     if base == "depth":
-        return batches_by_depth(sig, depth)
-    return batches_by_agenda(sig, depth, src, dst, num_sigs)
+        batches = batches_by_depth(sig, depth)
+    else:
+        batches = batches_by_agenda(sig, depth, src, dst, num_sigs)
+    return in_reader_order(batches, src, dst, len(sig))

@@ -414,12 +414,13 @@ class AutoBatch:
         if self.count == self.start:
             return
         start, active, node_depth, leaves = self.start, self.active, self.node_depth, self.leaves
+        tensor_leaves = list(self._leaf_ids.values())
         segment = Segment(start, self.count, self.strategy)
         segment.stats["record_s"] = time.perf_counter() - self.record_began
         segment.stats["views"] = self.views
         self._reset_pending(self.count)  # (first: nothing the run does finds these pending)
         try:
-            segment.run(active, node_depth, leaves)
+            segment.run(active, node_depth, leaves, tensor_leaves)
         except Exception as exc:  # its values raise this error; later ones run as usual
             segment = _Failed(exc)
             raise

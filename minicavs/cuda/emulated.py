@@ -19,7 +19,8 @@ Every operation a GPU would launch is counted in :data:`counter` by what it is: 
 (RawKernel / ElementwiseKernel through the shim), ``library`` (a cuBLAS-like product),
 ``elementwise`` (a NumPy-forwarded ufunc, reduction or array function: one CuPy kernel each),
 ``copy`` (host→device, device→host, and device copies: fancy-index gathers, setitem,
-concatenation, ``astype``), ``fill`` (zeros, ones, full). Views (reshape, slicing, transpose,
+concatenation, ``astype``; ``counter.uploads`` tallies the host→device ones, host index
+arrays included), ``fill`` (zeros, ones, full). Views (reshape, slicing, transpose,
 broadcast) and ``empty`` launch nothing. Functions CuPy runs as several kernels (sort, unique,
 nonzero) count one: the counts are a floor, never padded.
 
@@ -32,6 +33,7 @@ cannot). See ``README.md`` in this folder.
 import contextlib
 import functools
 import re
+import time
 import types
 from collections import Counter
 
@@ -47,6 +49,8 @@ class LaunchCounter:
 
     def __init__(self):
         self.counts = Counter()
+        self.uploads = 0  # host->device copies among the "copy" launches (each a sync on a GPU)
+        self.seconds = 0.0  # spent running kernels, products and ufuncs: the device's work
         self.log = None  # a list to append (category, what) to, while one looks closer
 
     def add(self, category, n=1, what=None):
@@ -57,6 +61,14 @@ class LaunchCounter:
     @property
     def total(self):
         return sum(self.counts.values())
+
+    def timed(self, run, *args, **kwargs):
+        """``run(*args, **kwargs)``, its time added to :attr:`seconds`."""
+        began = time.perf_counter()
+        try:
+            return run(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - began
 
     def snapshot(self):
         return dict(self.counts)
@@ -148,7 +160,7 @@ def _apply_ufunc(ufunc, method, inputs, kwargs):
         kwargs["where"] = _unwrap(kwargs["where"], what)
     counter.add("library" if ufunc is np.matmul else "elementwise",
                 what=f"{ufunc.__name__}.{method} " + _caller())
-    result = getattr(ufunc, method)(*args, **kwargs)
+    result = counter.timed(getattr(ufunc, method), *args, **kwargs)
     if method == "at":
         return None
     if out is not None:
@@ -239,11 +251,12 @@ class ndarray(np.ndarray):
 
     def dot(self, other, out=None):
         counter.add("library")
-        return _wrap(np.dot(self.view(np.ndarray), _unwrap(other, "dot"),
-                            out=None if out is None else _unwrap(out, "dot")))
+        return _wrap(counter.timed(np.dot, self.view(np.ndarray), _unwrap(other, "dot"),
+                                   out=None if out is None else _unwrap(out, "dot")))
 
     def __getitem__(self, key):
         host = self.view(np.ndarray)
+        _upload_host_indices(key)
         key = _index_key(key)
         if _advanced(key):
             counter.add("copy")  # a gather kernel
@@ -251,9 +264,11 @@ class ndarray(np.ndarray):
 
     def __setitem__(self, key, value):
         host = self.view(np.ndarray)
+        _upload_host_indices(key)
         key = _index_key(key)
         if isinstance(value, np.ndarray) and not isinstance(value, ndarray):
             counter.add("copy")  # CuPy copies a host value up first
+            counter.uploads += 1
         counter.add("copy" if isinstance(value, np.ndarray) else "fill")
         host[key] = value.view(np.ndarray) if isinstance(value, np.ndarray) else value
 
@@ -271,6 +286,14 @@ def _index_key(key):
     if isinstance(key, tuple):
         return tuple(k.view(np.ndarray) if isinstance(k, ndarray) else k for k in key)
     return key
+
+
+def _upload_host_indices(key):
+    """CuPy copies each host index array of an index up first (a copy and a sync on a GPU)."""
+    for k in key if isinstance(key, tuple) else (key,):
+        if isinstance(k, list) or (isinstance(k, np.ndarray) and not isinstance(k, ndarray)):
+            counter.add("copy")
+            counter.uploads += 1
 
 
 def _advanced(key):
@@ -323,7 +346,7 @@ def _call_function(name, func, args, kwargs):
         return _wrap(result)
     if category is not None:
         counter.add(category)
-    return _wrap(func(*host_args, **host_kwargs))
+    return _wrap(counter.timed(func, *host_args, **host_kwargs))
 
 
 def _to_device(name, a, dtype=None, *args, copy=None, **kwargs):
@@ -341,6 +364,7 @@ def _to_device(name, a, dtype=None, *args, copy=None, **kwargs):
             return np.ascontiguousarray(host, dtype=dtype).view(ndarray)
         return np.array(host, dtype=dtype, copy=True).view(ndarray)
     counter.add("copy")  # host -> device
+    counter.uploads += 1
     host = np.array(_unwrap_all(a), dtype=dtype, copy=True, *args, **kwargs)
     return np.ascontiguousarray(host).view(ndarray)
 
@@ -389,8 +413,8 @@ class RawKernel:
 
     def __call__(self, grid, block, args, shared_mem=0, stream=None):  # noqa: ARG002
         counter.add("kernel")
-        self._kernel(grid, block, tuple(a.view(np.ndarray) if isinstance(a, ndarray) else a
-                                        for a in args))
+        counter.timed(self._kernel, grid, block, tuple(
+            a.view(np.ndarray) if isinstance(a, ndarray) else a for a in args))
 
 
 class RawModule:
@@ -457,7 +481,7 @@ class ElementwiseKernel:
         if total:
             kernel = self._kernel(t_dtype, host_in, host_out)
             blocks = min(-(-total // _BLOCK_SIZE), _MAX_BLOCKS)
-            kernel((blocks,), (_BLOCK_SIZE,), (*host_in, *host_out, total))
+            counter.timed(kernel, (blocks,), (_BLOCK_SIZE,), (*host_in, *host_out, total))
         for o, h in zip(outs, host_out):
             if h is not o.view(np.ndarray) and not np.shares_memory(h, o.view(np.ndarray)):
                 o.view(np.ndarray)[...] = h
