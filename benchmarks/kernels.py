@@ -6,7 +6,9 @@
 Kernels (``minicavs/cpu/kernels.py``): ``panels`` — a product with few rows and a weight packed
 once (every instruction-set variant this CPU runs, ``minicavs/cpu/isa.py``) — and ``team`` —
 a team of threads, each running a one-thread gemm of NumPy's BLAS; and the convolution's own
-loops (``minicavs/cpu/conv.py``) against its gemms, on LeNet's layers. Against: NumPy's ``a @ b``
+loops (``minicavs/cpu/conv.py``) against its gemms, on LeNet's layers; and the native level
+loop's kernel for products of a few rows (``minicavs/runtime/codegen.py``, up to
+``FEW_ROWS``) against the gemm it calls otherwise. Against: NumPy's ``a @ b``
 on one BLAS thread (what runs inside a native call when the library declines) and on the
 BLAS's own threads. ``chosen`` is what the library runs after its calibration
 (``minicavs/cpu/calibrate.py``) and ``BLAS ÷ chosen`` its speed against NumPy's one-thread
@@ -190,6 +192,46 @@ def conv_table(rounds):
     return "\n".join(lines)
 
 
+def loop_table(rounds):
+    """The level loop's own kernel for a product of a few rows (a deep tree level) against
+    NumPy's gemm on one thread, and the choice the loop makes (``runtime/native.py``)."""
+    import ctypes
+
+    import minicavs as mc
+    from minicavs.runtime import codegen, native
+
+    U = mc.tensor(np.ones((8, 8), np.float32))  # a chain cell: any loop holds the kernel
+    F = mc.VertexFunction(lambda v: v.scatter(mc.tanh(v.gather(0) @ U + v.pull())), arity=1,
+                          scatter_shape=(8,), pull_shape=(8,), dtype="float32")
+    loop = native.compile_loop(F.program)
+    own = loop._lib.minicavs_gemm_few_rows
+    lines = ["| product | m x k x n | own | BLAS 1 thr | choice | BLAS ÷ chosen |",
+             "|---|---|---:|---:|---|---:|"]
+    worst = float("inf")
+    i64, p = ctypes.c_int64, ctypes.c_void_p
+    for label, k, n in WEIGHTS:
+        transposed = "Wᵀ" in label
+        for m in [r for r in ROWS if r <= codegen.FEW_ROWS]:
+            rng = np.random.default_rng(k * n)
+            w = rng.standard_normal((n, k) if transposed else (k, n)).astype(np.float32)
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            out = np.empty((m, n), np.float32)
+            args = (i64(m), i64(n), i64(k), p(w.ctypes.data), i64(k if transposed else n),
+                    i64(transposed), p(x.ctypes.data), i64(k), p(out.ctypes.data), i64(n))
+            with kernels.one_blas_thread():
+                times = best([lambda: own(*args),
+                              lambda: np.matmul(x, w.T if transposed else w, out=out)], rounds)
+            wins = native._own_wins(loop._lib, np.float32, m, k, n, int(transposed),
+                                    codegen.FEW_ROWS_SOURCE)
+            speed = times[1] / (times[0] if wins else times[1])
+            worst = min(worst, speed)
+            lines.append(f"| {label} | {m} x {k} x {n} | {times[0] * 1e6:.0f} | "
+                         f"{times[1] * 1e6:.0f} | {'own' if wins else 'BLAS'} | {speed:.2f}× |")
+    lines.append(f"\nworst BLAS ÷ chosen (the level loop's products of a few rows): "
+                 f"{worst:.2f}×")
+    return "\n".join(lines)
+
+
 def _panels(p, x, W, out):
     """A call of ``p``'s packed gemm (the kernel alone, no choosing)."""
     packed, item = p.packed(), W.itemsize
@@ -208,6 +250,8 @@ def main(argv=None):
     print(table(args.rounds, args.quick))
     print()
     print(conv_table(args.rounds))
+    print()
+    print(loop_table(args.rounds))
 
 
 if __name__ == "__main__":

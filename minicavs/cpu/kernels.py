@@ -300,6 +300,18 @@ def team_products(on=True):
             _set_blas_threads(threads)
 
 
+@contextlib.contextmanager
+def one_blas_thread():
+    """NumPy's BLAS on one thread for the block, where the BLAS can be set so (as inside a
+    team's call: what a measurement against the BLAS there must compare with)."""
+    before = _set_blas_threads(1)
+    try:
+        yield
+    finally:
+        if before is not None:
+            _set_blas_threads(before)
+
+
 def _set_blas_threads(count):
     """Set the BLAS's threads (process-wide in NumPy's OpenBLAS); the previous count, or None
     where the BLAS has no such call."""

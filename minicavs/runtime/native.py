@@ -80,8 +80,8 @@ def _own_wins(lib, dtype, rows, k, m, transposed, source):
                     i64(k), ctypes.c_void_p(out.ctypes.data), i64(m))
             return (lambda: own(*args),
                     lambda: np.matmul(x, w.T if transposed else w, out=out))
-        wins = _few_rows_wins[bucket] = calibrate.own_is_faster(name, make,
-                                                                source=source)
+        with kernels.one_blas_thread():  # (as the loop calls it: one thread inside a team)
+            wins = _few_rows_wins[bucket] = calibrate.own_is_faster(name, make, source=source)
     return wins
 
 
