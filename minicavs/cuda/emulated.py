@@ -32,6 +32,7 @@ cannot). See ``README.md`` in this folder.
 import contextlib
 import functools
 import re
+import time
 import types
 from collections import Counter
 
@@ -48,6 +49,11 @@ class LaunchCounter:
     def __init__(self):
         self.counts = Counter()
         self.log = None  # a list to append (category, what) to, while one looks closer
+        # Seconds spent inside the emulated library (the shim's kernels, NumPy's work, the
+        # stand-in's own bookkeeping): what is left of a loop's time is minicavs' own Python,
+        # the host time a GPU's launches wait on.
+        self.device_seconds = 0.0
+        self._depth = 0
 
     def add(self, category, n=1, what=None):
         self.counts[category] += n
@@ -78,6 +84,22 @@ class LaunchCounter:
 
 
 counter = LaunchCounter()
+
+
+def _library(func):
+    """Time ``func`` as the emulated library's work (outermost calls only: they nest)."""
+    @functools.wraps(func)
+    def timed(*args, **kwargs):
+        if counter._depth:
+            return func(*args, **kwargs)
+        counter._depth += 1
+        started = time.perf_counter()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            counter.device_seconds += time.perf_counter() - started
+            counter._depth -= 1
+    return timed
 
 
 def _caller():
@@ -137,6 +159,7 @@ def _wrap(result):
     return result
 
 
+@_library
 def _apply_ufunc(ufunc, method, inputs, kwargs):
     what = f"ufunc '{ufunc.__name__}'"
     args = [_unwrap(x, what) for x in inputs]
@@ -168,6 +191,7 @@ class ndarray(np.ndarray):
         return _call_function(func.__name__, func, args, kwargs)
 
     # CuPy's transfers
+    @_library
     def get(self, stream=None, out=None):  # noqa: ARG002
         counter.add("copy")
         if out is not None:
@@ -175,6 +199,7 @@ class ndarray(np.ndarray):
             return out
         return self.view(np.ndarray).copy()
 
+    @_library
     def set(self, array, stream=None):  # noqa: ARG002
         counter.add("copy")
         self.view(np.ndarray)[...] = array
@@ -205,16 +230,19 @@ class ndarray(np.ndarray):
         return self.view(np.ndarray).__index__()
 
     # copies and fills (not ufuncs: counted here)
+    @_library
     def copy(self, order="C"):
         counter.add("copy")
         return self.view(np.ndarray).copy(order).view(ndarray)
 
+    @_library
     def astype(self, dtype, order="K", casting="unsafe", subok=True, copy=True):  # noqa: ARG002
         if not copy and np.dtype(dtype) == self.dtype:
             return self
         counter.add("copy")
         return self.view(np.ndarray).astype(dtype, order=order, casting=casting).view(ndarray)
 
+    @_library
     def fill(self, value):
         counter.add("fill")
         self.view(np.ndarray).fill(value)
@@ -223,6 +251,7 @@ class ndarray(np.ndarray):
         counter.add("copy")
         return self.view(np.ndarray).flatten(order).view(ndarray)
 
+    @_library
     def ravel(self, order="C"):
         host = self.view(np.ndarray)
         result = host.ravel(order)
@@ -230,6 +259,7 @@ class ndarray(np.ndarray):
             counter.add("copy")
         return result.view(ndarray)
 
+    @_library
     def reshape(self, *shape, **kwargs):
         host = self.view(np.ndarray)
         result = host.reshape(*shape, **kwargs)
@@ -242,6 +272,7 @@ class ndarray(np.ndarray):
         return _wrap(np.dot(self.view(np.ndarray), _unwrap(other, "dot"),
                             out=None if out is None else _unwrap(out, "dot")))
 
+    @_library
     def __getitem__(self, key):
         host = self.view(np.ndarray)
         key = _index_key(key)
@@ -249,6 +280,7 @@ class ndarray(np.ndarray):
             counter.add("copy")  # a gather kernel
         return _wrap(host[key])
 
+    @_library
     def __setitem__(self, key, value):
         host = self.view(np.ndarray)
         key = _index_key(key)
@@ -309,6 +341,7 @@ def _category(name):
     return "elementwise"
 
 
+@_library
 def _call_function(name, func, args, kwargs):
     if name in ("asarray", "array", "ascontiguousarray"):
         return _to_device(name, *args, **kwargs)
@@ -326,6 +359,7 @@ def _call_function(name, func, args, kwargs):
     return _wrap(func(*host_args, **host_kwargs))
 
 
+@_library
 def _to_device(name, a, dtype=None, *args, copy=None, **kwargs):
     """``asarray``/``array``/``ascontiguousarray``: a host value copied up (one copy), a device
     array kept (or copied, converted or made contiguous: one copy)."""
@@ -387,6 +421,7 @@ class RawKernel:
 
         return shim.shim_kernel(self.code, self.name)
 
+    @_library
     def __call__(self, grid, block, args, shared_mem=0, stream=None):  # noqa: ARG002
         counter.add("kernel")
         self._kernel(grid, block, tuple(a.view(np.ndarray) if isinstance(a, ndarray) else a
@@ -431,6 +466,7 @@ class ElementwiseKernel:
     def _dtype(self, type_name, t_dtype):
         return t_dtype if type_name == "T" else np.dtype(type_name)
 
+    @_library
     def __call__(self, *args, **kwargs):  # noqa: ARG002
         n_in = len(self.in_params)
         inputs, outs = list(args[:n_in]), list(args[n_in:])

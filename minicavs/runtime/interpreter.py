@@ -20,13 +20,15 @@ buffer, so scattering copies nothing. Rows move with the named kernels of
 differentiated twice).
 """
 
+import functools
+
 import numpy as np
 
 from ..ops.index import scatter_add_into
 from ..ops.batching import instantiate, row_domain
-from .executor import OpStep
+from .executor import RECORD, OpStep
 from .plans import RUN, ZERO, record_written, widen
-from .program import Compute, Gather
+from .program import Compute, Gather, ScatterAdd
 from .zero_rows import FULL, index_rows, intersect
 
 
@@ -55,6 +57,7 @@ def _level_steps(part, xp, check):
     """The level loop, one level per step: yields the instructions run on it."""
     program, env, ranges, rows = part.program, part.env, part.ranges, part.rows
     moves = RowMoves(xp, rows, part.states, part.d_states)
+    windows = _windows(part, xp)
     row_keys = [(k, d) for k, d in program.row_keys if k in env]
     in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
     written, summed = {}, {}
@@ -66,10 +69,14 @@ def _level_steps(part, xp, check):
         if program.edge_parent is not None:  # per level, parent rows count from the first
             local[program.edge_parent.key] = rows.edge_parent_local[slice(*window["edge"])]
         ran = 0
-        for ins, action in zip(program.core, plan):
+        steps = windows.steps(plan) if windows else ()
+        for k, (ins, action) in enumerate(zip(program.core, plan)):
             if action == RUN:
                 ran += 1
-                moves.run(ins, local, t, window)
+                if not steps:
+                    moves.run(ins, local, t, window)
+                elif steps[k] is not None:  # (None: done by a launch of the level's row moves)
+                    steps[k](ins, local, t, window)
                 if check:
                     check(ins, local, t, window)
                 for o, add in zip(ins.writes, getattr(ins, "accumulate", ())):
@@ -86,6 +93,18 @@ def _level_steps(part, xp, check):
     env.update(summed)
     record_written(program, ranges, written)
 
+
+
+def _windows(part, xp):
+    """The Program's :class:`Windows` on CuPy (made once, kept by the Executable), else None."""
+    if xp is np or xp is RECORD or part.states is None and part.d_states is None:
+        return None
+    exe = part.exe
+    if getattr(exe, "windows", None) is None:
+        exe.windows = Windows(part.program)
+    if not exe.windows.gathers and not exe.windows.scatters:
+        return None
+    return exe.windows.bound(part, xp)
 
 
 def run_whole(ins, xp, env, ranges, rows):
@@ -207,3 +226,155 @@ class RowMoves:
         local[symbol.key] = self.xp.broadcast_to(self.xp.zeros((), symbol.dtype), shape)
 
 
+
+
+class Windows:
+    """(CuPy) A level's row moves in one launch each (``cuda/windows.py``), where the passes
+    allow: every direct gather (read only through column windows kept in buffers) copies the
+    children's columns straight into the windows' rows, and every direct scatter-add adds the
+    parts of its concat into their columns of the children's gradient rows — so the gathered
+    blocks, the window copies and the concats are never made. Made once per Program; each
+    level plan gets its steps once (:meth:`steps`)."""
+
+    def __init__(self, program):
+        core = program.core
+        made_by = {o.key: k for k, ins in enumerate(core) for o in ins.writes}
+        readers = {}
+        for k, ins in enumerate(core):
+            for x in ins.reads:
+                readers.setdefault(x.key, []).append(k)
+        homes = {b.key: (b.key, 0) for b in program.buffers}  # key -> (buffer key, column)
+        homes.update({p.key: (c.key, start) for p, c, axis, start, _ in program.aliases
+                      if axis in (1, -1) and len(c.shape) == 2})
+        self.gathers, self.scatters = {}, {}  # core index -> pieces (see gather_pieces)
+        for k, ins in enumerate(core):
+            if isinstance(ins, Gather) and ins.direct and ins.slot != "edges":
+                pieces = _gather_pieces(ins, [core[r] for r in readers.get(ins.target.key, ())],
+                                        homes)
+                if pieces:  # (each piece led by the core index of its window)
+                    self.gathers[k] = [(r,) + p for r, p in zip(readers[ins.target.key], pieces)]
+            elif isinstance(ins, ScatterAdd) and ins.direct and ins.source.key in made_by:
+                concat = core[made_by[ins.source.key]]
+                self.scatters[k] = (made_by[ins.source.key],
+                                    _scatter_pieces(ins, concat, core, made_by))
+        self._steps = {}
+
+    def bound(self, part, xp):
+        return _BoundWindows(self, part, xp)
+
+    def level(self, plan):
+        """For a level with ``plan``: ``(done, gather_at, gather_pieces, scatter_at,
+        scatter_pieces)`` — the core indices whose work the two launches do, and where each
+        launch goes (None: no launch)."""
+        found = self._steps.get(plan)
+        if found is None:
+            done, gather_at, scatter_at, gathered, scattered = set(), None, None, [], []
+            gathers = [k for k in self.gathers if plan[k] == RUN]
+            if gathers:
+                gathered = [p for k in gathers for p in self.gathers[k]]
+                done.update(gathers)
+                done.update(p[0] for p in gathered)  # the windows it writes
+                gather_at, gathered = gathers[0], [p[1:] for p in gathered]
+            scatters = [k for k in self.scatters if plan[k] == RUN]
+            if scatters:  # after the last concat part is made
+                done.update(scatters)
+                done.update(self.scatters[k][0] for k in scatters)  # no concat is made
+                scatter_at = scatters[-1]
+                scattered = [p for k in scatters for p in self.scatters[k][1]]
+            found = self._steps[plan] = (done, gather_at, gathered, scatter_at, scattered)
+        return found
+
+
+def _is_column_window(ins):
+    node = getattr(ins.step, "node", None) if isinstance(ins, Compute) else None
+    return (node is not None and node.op.native == "window" and len(node.shape) == 2
+            and node.attrs["axis"] in (1, -1))
+
+
+def _gather_pieces(gather, readers, homes):
+    """Per reader of a direct gather: (slot, source column, width, home key, home column), or
+    None where one reader is not a column window with a home (a buffer, or a concat's
+    columns)."""
+    if len(gather.target.shape) != 2 or not readers:
+        return None
+    pieces = []
+    for w in readers:
+        out = w.writes[0]
+        if not _is_column_window(w) or out.key not in homes:
+            return None
+        home, column = homes[out.key]
+        start = w.step.node.attrs["start"]
+        pieces.append((gather.slot, start, out.shape[1], home, column))
+    return pieces
+
+
+def _scatter_pieces(scatter, concat, core, made_by):
+    """Per part of a direct scatter-add's concat: (slot, value key, its column, its width,
+    width, column in the state gradient); a part that is a column window of a level value is
+    read from that value (the window itself is a strided view)."""
+    pieces, column = [], 0
+    for x in concat.reads:
+        width = x.shape[1]
+        w = core[made_by[x.key]] if x.key in made_by else None
+        if w is not None and _is_column_window(w) and len(w.reads[0].shape) == 2:
+            source = w.reads[0]
+            pieces.append((scatter.slot, source.key, w.step.node.attrs["start"],
+                           source.shape[1], width, column))
+        else:
+            pieces.append((scatter.slot, x.key, 0, width, width, column))
+        column += width
+    return pieces
+
+
+class _BoundWindows:
+    """:class:`Windows` for one call: the whole batch's index arrays and buffers."""
+
+    def __init__(self, windows, part, xp):
+        self.windows, self.part, self.xp = windows, part, xp
+        self.moves = RowMoves(xp, part.rows, part.states, part.d_states)
+        self._steps = {}
+
+    def steps(self, plan):
+        """Per core instruction, what runs it on a level with ``plan``: a function, or None
+        where a launch of the level's row moves does its work."""
+        steps = self._steps.get(plan)
+        if steps is None:
+            done, gather_at, gathered, scatter_at, scattered = self.windows.level(plan)
+            steps = [None if k in done else self.moves.run for k in range(len(plan))]
+            if gather_at is not None:
+                steps[gather_at] = functools.partial(self._gather, gathered)
+            if scatter_at is not None:
+                steps[scatter_at] = functools.partial(self._scatter, scattered)
+            self._steps[plan] = steps
+        return steps
+
+    def _gather(self, pieces, ins, local, t, window):
+        from ..cuda import windows
+
+        env, rows = self.part.env, self.part.rows
+        homes = sorted({p[3] for p in pieces})
+        layout = tuple((slot, start, width, homes.index(home), column, env[home].shape[1])
+                       for slot, start, width, home, column in pieces)
+        idx = {slot: rows.slot_rows(slot) for slot in {p[0] for p in pieces}}
+        lo, hi = window["vertex"]
+        windows.gather_windows(self.moves.states, idx, [env[h] for h in homes], layout,
+                               hi - lo, lo)
+
+    def _scatter(self, pieces, ins, local, t, window):
+        from ..cuda import windows
+
+        rows, xp = self.part.rows, self.xp
+        values, layout = [], []
+        for slot, key, start, source_width, width, column in pieces:
+            value = local[key]
+            if not any(value.strides):  # a zero stand-in (a zero level): adds nothing
+                continue
+            if not value.flags.c_contiguous:
+                value = xp.ascontiguousarray(value)
+            values.append(value)
+            layout.append((slot, len(values) - 1, start, source_width, width, column))
+        if layout:
+            lo, hi = window["vertex"]
+            idx = {slot: rows.slot_rows(slot) for slot in {p[0] for p in layout}}
+            windows.scatter_add_windows(values, idx, self.moves.d_states, tuple(layout),
+                                        hi - lo, lo)

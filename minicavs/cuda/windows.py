@@ -1,0 +1,170 @@
+"""A level's row moves as one launch each: gathers into column windows, scatter-adds out of them.
+
+F's entrance on a level is the rows of every child slot copied out of the scattered state; its
+readers are mostly column windows (the Tree-LSTM's ``h_l, c_l = split(gather(0), 2)``) that
+live in batch buffers (``h_l`` in its columns of the product's input ``[h_l, h_r]``, ``c_l`` in
+the buffer ∂F reads). :func:`gather_windows` copies each window's columns of the children's rows
+straight into the rows it owns, every slot in one launch: no gathered block, no copy per window.
+∂F's exit is the mirror: :func:`scatter_add_windows` adds the parts of each slot's
+concatenated gradient (``[dh, dc]``) into their columns of the children's state gradient rows,
+every slot in one launch, so the concatenation is never made.
+
+A launch is described by a *layout* (a tuple of pieces, fixed for a Program) and the kernel
+source is generated per layout and dtype, its columns and row widths written in as constants,
+and cached (few layouts per model: one per set of slots a level has):
+
+* gather piece ``(slot, src_col, width, dst, dst_col, dst_width)``:
+  ``dsts[dst][lo + i, dst_col + j] = src[idx[slot][lo + i], src_col + j]`` (zeros for -1);
+* scatter piece ``(slot, src, src_col, src_width, width, dst_col)``:
+  ``out[idx[slot][lo + i], dst_col + j] += srcs[src][i, src_col + j]`` (atomic; -1 dropped).
+
+``lo`` is the level's first row: the index arrays and destinations are the whole batch's, so a
+level passes pointers it already has. Index -1 reads zeros / adds nothing, as the row kernels
+of ``kernels.py`` do; the NumPy twins (``*_numpy``) are the reference semantics.
+"""
+
+import functools
+import hashlib
+from string import Template
+
+import numpy as np
+
+from . import kernels
+
+_HEAD = """
+extern "C" __global__ void ${name}(${params}, const long long n, const long long lo)
+{
+    const long long total = n * ${width};
+    ${loop} {
+        const long long i = e / ${width};
+        long long j = e - i * ${width};
+${pieces}
+    }
+}
+"""
+
+_GATHER_PIECE = """        if (j < ${width}) {
+            const int r = idx${slot}[lo + i];
+            dst${dst}[(lo + i) * ${dst_width} + ${dst_col} + j] =
+                r < 0 ? (${T})0 : src[(long long)r * ${src_width} + ${src_col} + j];
+            continue;
+        }
+        j -= ${width};"""
+
+_SCATTER_PIECE = """        if (j < ${width}) {
+            const int r = idx${slot}[lo + i];
+            if (r >= 0)
+                atomicAdd(&out[(long long)r * ${out_width} + ${dst_col} + j],
+                          src${src}[i * ${src_width} + ${src_col} + j]);
+            continue;
+        }
+        j -= ${width};"""
+
+
+def _name(kind, layout, dtype):
+    digest = hashlib.sha1(repr(layout).encode()).hexdigest()[:10]
+    return f"minicavs_{kind}_{kernels.DTYPES[np.dtype(dtype)][1]}_{digest}"
+
+
+@functools.lru_cache(maxsize=None)
+def gather_source(layout, src_width, dtype):
+    """The CUDA source of a gather layout: ``KernelSource(name, code)``."""
+    t = kernels.DTYPES[np.dtype(dtype)][0]
+    slots = sorted({p[0] for p in layout})
+    dsts = sorted({p[3] for p in layout})
+    params = [f"const {t}* __restrict__ src"] + [
+        f"const int* __restrict__ idx{s}" for s in slots] + [f"{t}* __restrict__ dst{d}"
+                                                             for d in dsts]
+    pieces = "\n".join(Template(_GATHER_PIECE).substitute(
+        slot=s, width=w, dst=d, dst_col=dc, dst_width=dw, src_col=sc, src_width=src_width, T=t)
+        for s, sc, w, d, dc, dw in layout)
+    name = _name("gather_windows", (layout, src_width), dtype)
+    code = Template(_HEAD).substitute(name=name, params=", ".join(params), loop=kernels._GRID_STRIDE,
+                                      width=sum(p[2] for p in layout), pieces=pieces)
+    return kernels.KernelSource(name, code)
+
+
+@functools.lru_cache(maxsize=None)
+def scatter_source(layout, out_width, dtype):
+    """The CUDA source of a scatter-add layout: ``KernelSource(name, code)``."""
+    t = kernels.DTYPES[np.dtype(dtype)][0]
+    slots = sorted({p[0] for p in layout})
+    srcs = sorted({p[1] for p in layout})
+    params = [f"const {t}* __restrict__ src{s}" for s in srcs] + [
+        f"const int* __restrict__ idx{s}" for s in slots] + [f"{t}* __restrict__ out"]
+    pieces = "\n".join(Template(_SCATTER_PIECE).substitute(
+        slot=s, src=src, src_col=sc, src_width=sw, width=w, dst_col=dc, out_width=out_width)
+        for s, src, sc, sw, w, dc in layout)
+    name = _name("scatter_add_windows", (layout, out_width), dtype)
+    code = kernels._DOUBLE_ATOMIC_ADD + Template(_HEAD).substitute(
+        name=name, params=", ".join(params), loop=kernels._GRID_STRIDE,
+        width=sum(p[4] for p in layout), pieces=pieces)
+    return kernels.KernelSource(name, code)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(source, runner):
+    if runner == "shim":
+        from . import shim
+
+        return shim.shim_kernel(source.code, source.name)
+    from ..backend import _import_cupy
+    from . import nvrtc
+
+    return _import_cupy().RawKernel(source.code, source.name, options=nvrtc.KERNEL_OPTIONS)
+
+
+def _launch(source, runner, total, args):
+    if total:
+        blocks = min(-(-total // kernels.BLOCK_SIZE), kernels.MAX_BLOCKS)
+        args = tuple(np.int64(a) if isinstance(a, int) else a for a in args)
+        _compiled(source, runner)((blocks,), (kernels.BLOCK_SIZE,), args)
+
+
+# --- gathers ------------------------------------------------------------------------------------
+
+def gather_windows_numpy(src, idx, dsts, layout, n, lo):
+    """NumPy twin of :func:`gather_windows`."""
+    for slot, src_col, width, dst, dst_col, _ in layout:
+        rows = idx[slot][lo:lo + n]
+        block = np.where((rows >= 0)[:, None], src[rows, src_col:src_col + width], 0)
+        dsts[dst][lo:lo + n, dst_col:dst_col + width] = block
+
+
+def gather_windows(src, idx, dsts, layout, n, lo, runner=None):
+    """Rows ``lo..lo+n`` of each destination window from the children's rows of ``src``, all
+    pieces of ``layout`` in one launch. ``src``: the (N, S) state; ``idx``: per slot, the whole
+    batch's (rows,) int32 child rows (a dict or list indexed by slot); ``dsts``: C-contiguous 2-D
+    arrays indexed by a piece's ``dst``. The caller checks the indices once per batch."""
+    runner = runner or ("cupy" if kernels._is_cupy(src) else "numpy")
+    if runner == "numpy":
+        return gather_windows_numpy(src, idx, dsts, layout, n, lo)
+    source = gather_source(layout, int(src.shape[1]), src.dtype)
+    slots = sorted({p[0] for p in layout})
+    targets = sorted({p[3] for p in layout})
+    _launch(source, runner, n * sum(p[2] for p in layout),
+            (src, *[idx[s] for s in slots], *[dsts[d] for d in targets], n, lo))
+
+
+# --- scatter-adds -------------------------------------------------------------------------------
+
+def scatter_add_windows_numpy(srcs, idx, out, layout, n, lo):
+    """NumPy twin of :func:`scatter_add_windows` (pieces in order, rows in index order)."""
+    for slot, src, src_col, _, width, dst_col in layout:
+        rows = idx[slot][lo:lo + n]
+        present = rows >= 0
+        np.add.at(out[:, dst_col:dst_col + width], rows[present],
+                  srcs[src][:n][present, src_col:src_col + width])
+
+
+def scatter_add_windows(srcs, idx, out, layout, n, lo, runner=None):
+    """Add each piece's columns of the level's rows ``srcs[src]`` (C-contiguous (n, width)
+    arrays) into its columns of the children's rows of ``out``, all pieces in one launch."""
+    runner = runner or ("cupy" if kernels._is_cupy(out) else "numpy")
+    if runner == "numpy":
+        return scatter_add_windows_numpy(srcs, idx, out, layout, n, lo)
+    source = scatter_source(layout, int(out.shape[1]), out.dtype)
+    slots = sorted({p[0] for p in layout})
+    parts = sorted({p[1] for p in layout})
+    _launch(source, runner, n * sum(p[4] for p in layout),
+            (*[srcs[s] for s in parts], *[idx[s] for s in slots], out, n, lo))
