@@ -10,7 +10,8 @@ AS_CUPY = nvrtc.KERNEL_OPTIONS + nvrtc.CUPY_APPENDED_OPTIONS
 
 # The Tree-LSTM's: child 0's h into columns 0:3 of [h_l, h_r] and its c into a buffer of its
 # own; child 1's h into columns 3:6, its c into another buffer (state rows [h, c], width 6).
-GATHER = ((0, 0, 3, 0, 0, 6), (0, 3, 3, 1, 0, 3), (1, 0, 3, 0, 3, 6), (1, 3, 3, 2, 0, 3))
+# (child 1's c into a block of the level's own: rows 0..3)
+GATHER = ((0, 0, 3, 0, 0, 6, 1), (0, 3, 3, 1, 0, 3, 1), (1, 0, 3, 0, 3, 6, 1), (1, 3, 3, 2, 0, 3, 0))
 # ∂F's: per child, [dh, dc] from a column window of a product (dh: columns 0:3 or 3:6 of a
 # (n, 6) value) and a (n, 3) value of its own.
 SCATTER = ((0, 0, 0, 6, 3, 0), (0, 1, 0, 3, 3, 3), (1, 0, 3, 6, 3, 0), (1, 2, 0, 3, 3, 3))
@@ -43,9 +44,10 @@ def test_gather_windows_on_the_shim_equals_its_numpy_twin(dtype):
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
     np.testing.assert_array_equal(want[0][5], np.concatenate([states[0, :3], states[1, :3]]))
-    np.testing.assert_array_equal(want[2][7], states[2, 3:])
+    np.testing.assert_array_equal(want[2][2], states[2, 3:])  # level row 2: batch row 7
     np.testing.assert_array_equal(want[1][7], 0)  # no child 0: zeros
     np.testing.assert_array_equal(got[0][:5], want[0][:5])  # other levels' rows untouched
+    np.testing.assert_array_equal(got[2][4:], want[2][4:])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

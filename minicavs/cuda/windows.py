@@ -13,8 +13,9 @@ A launch is described by a *layout* (a tuple of pieces, fixed for a Program) and
 source is generated per layout and dtype, its columns and row widths written in as constants,
 and cached (few layouts per model: one per set of slots a level has):
 
-* gather piece ``(slot, src_col, width, dst, dst_col, dst_width)``:
-  ``dsts[dst][lo + i, dst_col + j] = src[idx[slot][lo + i], src_col + j]`` (zeros for -1);
+* gather piece ``(slot, src_col, width, dst, dst_col, dst_width, batch)``:
+  ``dsts[dst][row, dst_col + j] = src[idx[slot][lo + i], src_col + j]`` (zeros for -1), the
+  row ``lo + i`` of a batch-wide destination (``batch`` 1) or ``i`` of the level's own (0);
 * scatter piece ``(slot, src, src_col, src_width, width, dst_col)``:
   ``out[idx[slot][lo + i], dst_col + j] += srcs[src][i, src_col + j]`` (atomic; -1 dropped).
 
@@ -45,7 +46,7 @@ ${pieces}
 
 _GATHER_PIECE = """        if (j < ${width}) {
             const int r = idx${slot}[lo + i];
-            dst${dst}[(lo + i) * ${dst_width} + ${dst_col} + j] =
+            dst${dst}[(${row}) * ${dst_width} + ${dst_col} + j] =
                 r < 0 ? (${T})0 : src[(long long)r * ${src_width} + ${src_col} + j];
             continue;
         }
@@ -76,8 +77,8 @@ def gather_source(layout, src_width, dtype):
         f"const int* __restrict__ idx{s}" for s in slots] + [f"{t}* __restrict__ dst{d}"
                                                              for d in dsts]
     pieces = "\n".join(Template(_GATHER_PIECE).substitute(
-        slot=s, width=w, dst=d, dst_col=dc, dst_width=dw, src_col=sc, src_width=src_width, T=t)
-        for s, sc, w, d, dc, dw in layout)
+        slot=s, width=w, dst=d, dst_col=dc, dst_width=dw, src_col=sc, src_width=src_width, T=t,
+        row="lo + i" if batch else "i") for s, sc, w, d, dc, dw, batch in layout)
     name = _name("gather_windows", (layout, src_width), dtype)
     code = Template(_HEAD).substitute(name=name, params=", ".join(params), loop=kernels._GRID_STRIDE,
                                       width=sum(p[2] for p in layout), pieces=pieces)
@@ -125,10 +126,11 @@ def _launch(source, runner, total, args):
 
 def gather_windows_numpy(src, idx, dsts, layout, n, lo):
     """NumPy twin of :func:`gather_windows`."""
-    for slot, src_col, width, dst, dst_col, _ in layout:
+    for slot, src_col, width, dst, dst_col, _, batch in layout:
         rows = idx[slot][lo:lo + n]
         block = np.where((rows >= 0)[:, None], src[rows, src_col:src_col + width], 0)
-        dsts[dst][lo:lo + n, dst_col:dst_col + width] = block
+        first = lo if batch else 0
+        dsts[dst][first:first + n, dst_col:dst_col + width] = block
 
 
 def gather_windows(src, idx, dsts, layout, n, lo, runner=None):

@@ -27,7 +27,7 @@ import numpy as np
 from ..ops.index import scatter_add_into
 from ..ops.batching import instantiate, row_domain
 from .executor import RECORD, OpStep
-from .plans import RUN, ZERO, record_written, widen
+from .plans import RUN, SKIP, ZERO, record_written, widen
 from .program import Compute, Gather, ScatterAdd
 from .zero_rows import FULL, index_rows, intersect
 
@@ -69,14 +69,12 @@ def _level_steps(part, xp, check):
         if program.edge_parent is not None:  # per level, parent rows count from the first
             local[program.edge_parent.key] = rows.edge_parent_local[slice(*window["edge"])]
         ran = 0
-        steps = windows.steps(plan) if windows else ()
+        done = windows.start_level(plan, local, window) if windows else ()
         for k, (ins, action) in enumerate(zip(program.core, plan)):
             if action == RUN:
                 ran += 1
-                if not steps:
+                if k not in done:  # (done: by the launches of the level's row moves)
                     moves.run(ins, local, t, window)
-                elif steps[k] is not None:  # (None: done by a launch of the level's row moves)
-                    steps[k](ins, local, t, window)
                 if check:
                     check(ins, local, t, window)
                 for o, add in zip(ins.writes, getattr(ins, "accumulate", ())):
@@ -86,9 +84,11 @@ def _level_steps(part, xp, check):
                 for o in ins.writes:
                     if o.key in env and row_domain(o.shape):
                         widen(written, o.key, window[row_domain(o.shape)])
-            elif action == ZERO:
+            elif action == ZERO and k not in done:
                 for o in ins.writes:
                     moves.zero(o, local, window, o.key in in_buffers)
+        if windows:
+            windows.end_level(plan, local, window)
         yield ran
     env.update(summed)
     record_written(program, ranges, written)
@@ -104,7 +104,7 @@ def _windows(part, xp):
         exe.windows = Windows(part.program)
     if not exe.windows.gathers and not exe.windows.scatters:
         return None
-    return exe.windows.bound(part, xp)
+    return _BoundWindows(exe.windows, part, xp)
 
 
 def run_whole(ins, xp, env, ranges, rows):
@@ -229,16 +229,20 @@ class RowMoves:
 
 
 class Windows:
-    """(CuPy) A level's row moves in one launch each (``cuda/windows.py``), where the passes
-    allow: every direct gather (read only through column windows kept in buffers) copies the
-    children's columns straight into the windows' rows, and every direct scatter-add adds the
-    parts of its concat into their columns of the children's gradient rows — so the gathered
-    blocks, the window copies and the concats are never made. Made once per Program; each
-    level plan gets its steps once (:meth:`steps`)."""
+    """(CuPy) A level's row moves in one launch each (``cuda/windows.py``): at its start every
+    gather, at its end every scatter-add, whatever the slots.
+
+    A gather writes where its value is read: a direct gather (read only through column
+    windows) straight into the windows' homes (their buffers, or their columns of a concat's
+    buffer), gathers read only by a concat of columns into the concat's columns, any other
+    into its own rows (its buffer, or a block of the level). A scatter-add reads its source
+    where it is: the parts of a direct scatter-add's concat, a column window's value at the
+    window's columns. So no gathered block, window copy or concatenation is made for them.
+    Made once per Program; each level plan gets its launches once (:meth:`level`)."""
 
     def __init__(self, program):
         core = program.core
-        made_by = {o.key: k for k, ins in enumerate(core) for o in ins.writes}
+        self.made_by = {o.key: k for k, ins in enumerate(core) for o in ins.writes}
         readers = {}
         for k, ins in enumerate(core):
             for x in ins.reads:
@@ -246,42 +250,85 @@ class Windows:
         homes = {b.key: (b.key, 0) for b in program.buffers}  # key -> (buffer key, column)
         homes.update({p.key: (c.key, start) for p, c, axis, start, _ in program.aliases
                       if axis in (1, -1) and len(c.shape) == 2})
-        self.gathers, self.scatters = {}, {}  # core index -> pieces (see gather_pieces)
+        outside = program.read_outside_core
+        # per gather: (core index, what it writes: "windows", "concat" or "own" rows,
+        # [(slot, source column, width, home key, column, core indices it makes)])
+        self.gathers, self.scatters = [], []
+        gathered = {ins.target.key: k for k, ins in enumerate(core)
+                    if isinstance(ins, Gather) and ins.slot != "edges"
+                    and len(ins.target.shape) == 2}
+        for key, k in gathered.items():
+            ins, users = core[k], [core[r] for r in readers.get(key, ())]
+            width = ins.target.shape[1]
+            if ins.direct and users and key not in outside and all(
+                    _is_column_window(w) and w.writes[0].key in homes for w in users):
+                self.gathers.append((k, "windows", [(ins.slot, w.step.node.attrs["start"],
+                                          w.writes[0].shape[1], *homes[w.writes[0].key], (r,))
+                                         for r, w in zip(readers[key], users)]))
+                continue
+            concat = _column_concat(users, gathered, readers, outside)
+            if concat is not None:
+                keys = [x.key for x in concat.reads]
+                column = sum(x.shape[1] for x in concat.reads[:keys.index(key)])
+                home, start = homes.get(concat.writes[0].key, (concat.writes[0].key, 0))
+                self.gathers.append((k, "concat", [(ins.slot, 0, width, home, start + column,
+                                          (self.made_by[concat.writes[0].key],))]))
+                continue
+            self.gathers.append((k, "own", [(ins.slot, 0, width, *homes.get(key, (key, 0)), ())]))
         for k, ins in enumerate(core):
-            if isinstance(ins, Gather) and ins.direct and ins.slot != "edges":
-                pieces = _gather_pieces(ins, [core[r] for r in readers.get(ins.target.key, ())],
-                                        homes)
-                if pieces:  # (each piece led by the core index of its window)
-                    self.gathers[k] = [(r,) + p for r, p in zip(readers[ins.target.key], pieces)]
-            elif isinstance(ins, ScatterAdd) and ins.direct and ins.source.key in made_by:
-                concat = core[made_by[ins.source.key]]
-                self.scatters[k] = (made_by[ins.source.key],
-                                    _scatter_pieces(ins, concat, core, made_by))
-        self._steps = {}
+            if not isinstance(ins, ScatterAdd) or ins.slot == "edges" or \
+                    len(ins.source.shape) != 2:
+                continue
+            source = core[self.made_by[ins.source.key]] if ins.source.key in self.made_by \
+                else None
+            if ins.direct and source is not None:
+                self.scatters.append((k, self.made_by[ins.source.key],
+                                      self._parts(ins.slot, source.reads, core)))
+            else:
+                self.scatters.append((k, None, self._parts(ins.slot, [ins.source], core)))
+        self.dtype = program.sinks[0].dtype if program.sinks else None
+        self._levels = {}
 
-    def bound(self, part, xp):
-        return _BoundWindows(self, part, xp)
+    def _parts(self, slot, parts, core):
+        """Scatter pieces: (slot, value key, its column, width, column in the gradient); a
+        column window of a level value is read from that value at the window's columns."""
+        pieces, column = [], 0
+        for x in parts:
+            width = x.shape[1]
+            w = core[self.made_by[x.key]] if x.key in self.made_by else None
+            if w is not None and _is_column_window(w) and len(w.reads[0].shape) == 2:
+                pieces.append((slot, w.reads[0].key, w.step.node.attrs["start"], width, column))
+            else:
+                pieces.append((slot, x.key, 0, width, column))
+            column += width
+        return pieces
 
     def level(self, plan):
-        """For a level with ``plan``: ``(done, gather_at, gather_pieces, scatter_at,
-        scatter_pieces)`` — the core indices whose work the two launches do, and where each
-        launch goes (None: no launch)."""
-        found = self._steps.get(plan)
-        if found is None:
-            done, gather_at, scatter_at, gathered, scattered = set(), None, None, [], []
-            gathers = [k for k in self.gathers if plan[k] == RUN]
-            if gathers:
-                gathered = [p for k in gathers for p in self.gathers[k]]
-                done.update(gathers)
-                done.update(p[0] for p in gathered)  # the windows it writes
-                gather_at, gathered = gathers[0], [p[1:] for p in gathered]
-            scatters = [k for k in self.scatters if plan[k] == RUN]
-            if scatters:  # after the last concat part is made
-                done.update(scatters)
-                done.update(self.scatters[k][0] for k in scatters)  # no concat is made
-                scatter_at = scatters[-1]
-                scattered = [p for k in scatters for p in self.scatters[k][1]]
-            found = self._steps[plan] = (done, gather_at, gathered, scatter_at, scattered)
+        """For a level with ``plan``: (the core indices the launches do, the gather pieces,
+        the scatter pieces)."""
+        found = self._levels.get(plan)
+        if found is not None:
+            return found
+        done, gathers, scatters = set(), [], []
+        for k, kind, pieces in self.gathers:
+            made = {r for *_, makes in pieces for r in makes}
+            if kind == "own":
+                launch = plan[k] == RUN
+            elif kind == "concat":  # (a part with no children on the level: zeros)
+                launch = any(plan[r] == RUN for r in made)
+            else:  # where it runs, or where zeros would be written into its windows' buffers
+                launch = any(plan[r] == (RUN if plan[k] == RUN else ZERO) for r in made)
+            if launch:
+                done.add(k)
+                done.update(r for r in made if plan[r] != SKIP)
+                gathers.extend(p[:5] for p in pieces)
+        for k, concat, pieces in self.scatters:
+            if plan[k] == RUN:
+                done.add(k)
+                if concat is not None:
+                    done.add(concat)  # never made
+                scatters.extend(pieces)
+        found = self._levels[plan] = (frozenset(done), gathers, scatters)
         return found
 
 
@@ -291,90 +338,98 @@ def _is_column_window(ins):
             and node.attrs["axis"] in (1, -1))
 
 
-def _gather_pieces(gather, readers, homes):
-    """Per reader of a direct gather: (slot, source column, width, home key, home column), or
-    None where one reader is not a column window with a home (a buffer, or a concat's
-    columns)."""
-    if len(gather.target.shape) != 2 or not readers:
+def _column_concat(users, gathered, readers, outside):
+    """The concat of columns that is a gather's only reader, if each of its parts is a
+    gather read by it alone, once (the TreeRNN's [h_l, h_r]), else None."""
+    if len(users) != 1:
         return None
-    pieces = []
-    for w in readers:
-        out = w.writes[0]
-        if not _is_column_window(w) or out.key not in homes:
-            return None
-        home, column = homes[out.key]
-        start = w.step.node.attrs["start"]
-        pieces.append((gather.slot, start, out.shape[1], home, column))
-    return pieces
-
-
-def _scatter_pieces(scatter, concat, core, made_by):
-    """Per part of a direct scatter-add's concat: (slot, value key, its column, its width,
-    width, column in the state gradient); a part that is a column window of a level value is
-    read from that value (the window itself is a strided view)."""
-    pieces, column = [], 0
-    for x in concat.reads:
-        width = x.shape[1]
-        w = core[made_by[x.key]] if x.key in made_by else None
-        if w is not None and _is_column_window(w) and len(w.reads[0].shape) == 2:
-            source = w.reads[0]
-            pieces.append((scatter.slot, source.key, w.step.node.attrs["start"],
-                           source.shape[1], width, column))
-        else:
-            pieces.append((scatter.slot, x.key, 0, width, width, column))
-        column += width
-    return pieces
+    node = getattr(users[0].step, "node", None) if isinstance(users[0], Compute) else None
+    if node is None or not node.op.assembles_in_place or users[0].aliased or \
+            len(node.shape) != 2 or node.attrs.get("axis") not in (1, -1):
+        return None
+    keys = [x.key for x in node.inputs]
+    if len(set(keys)) != len(keys) or any(
+            k not in gathered or k in outside or len(readers[k]) != 1 for k in keys):
+        return None
+    return users[0]
 
 
 class _BoundWindows:
-    """:class:`Windows` for one call: the whole batch's index arrays and buffers."""
+    """:class:`Windows` for one call: the batch's index arrays, buffers and launches."""
 
     def __init__(self, windows, part, xp):
         self.windows, self.part, self.xp = windows, part, xp
-        self.moves = RowMoves(xp, part.rows, part.states, part.d_states)
-        self._steps = {}
+        self.env, self.rows = part.env, part.rows
+        self.idx = _SlotRows(part.rows)
+        self._gathers = {}  # plan -> (layout, homes, whether each is a block of the level)
 
-    def steps(self, plan):
-        """Per core instruction, what runs it on a level with ``plan``: a function, or None
-        where a launch of the level's row moves does its work."""
-        steps = self._steps.get(plan)
-        if steps is None:
-            done, gather_at, gathered, scatter_at, scattered = self.windows.level(plan)
-            steps = [None if k in done else self.moves.run for k in range(len(plan))]
-            if gather_at is not None:
-                steps[gather_at] = functools.partial(self._gather, gathered)
-            if scatter_at is not None:
-                steps[scatter_at] = functools.partial(self._scatter, scattered)
-            self._steps[plan] = steps
-        return steps
+    def start_level(self, plan, local, window):
+        """Launch the level's gathers; the core indices the level's launches do."""
+        done, gathers, _ = self.windows.level(plan)
+        if gathers:
+            self._gather(plan, gathers, local, window)
+        return done
 
-    def _gather(self, pieces, ins, local, t, window):
+    def _gather(self, plan, pieces, local, window):
         from ..cuda import windows
 
-        env, rows = self.part.env, self.part.rows
-        homes = sorted({p[3] for p in pieces})
-        layout = tuple((slot, start, width, homes.index(home), column, env[home].shape[1])
-                       for slot, start, width, home, column in pieces)
-        idx = {slot: rows.slot_rows(slot) for slot in {p[0] for p in pieces}}
         lo, hi = window["vertex"]
-        windows.gather_windows(self.moves.states, idx, [env[h] for h in homes], layout,
-                               hi - lo, lo)
+        spec = self._gathers.get(plan)
+        if spec is None:
+            homes = list(dict.fromkeys(p[3] for p in pieces))
+            level = [h not in self.env for h in homes]  # a block of the level's own
+            layout = tuple((slot, start, width, homes.index(home), column,
+                            self._width(home), int(not level[homes.index(home)]))
+                           for slot, start, width, home, column in pieces)
+            spec = self._gathers[plan] = (layout, homes, level)
+        layout, homes, level = spec
+        dsts = []
+        for home, own in zip(homes, level):
+            if own:
+                local[home] = self.xp.empty((hi - lo, self._width(home)),
+                                            self.part.states.dtype)
+                dsts.append(local[home])
+            else:
+                dsts.append(self.env[home])
+        windows.gather_windows(self.part.states, self.idx, dsts, layout, hi - lo, lo)
 
-    def _scatter(self, pieces, ins, local, t, window):
+    def _width(self, key):
+        value = self.env.get(key)
+        if value is not None:
+            return value.shape[1]
+        return next(n.shape[1] for n in self.part.program.graph.nodes if n.key == key)
+
+    def end_level(self, plan, local, window):
+        """Launch the level's scatter-adds."""
         from ..cuda import windows
 
-        rows, xp = self.part.rows, self.xp
-        values, layout = [], []
-        for slot, key, start, source_width, width, column in pieces:
+        _, _, pieces = self.windows.level(plan)
+        if not pieces:
+            return
+        values, keys, layout = [], {}, []
+        for slot, key, start, width, column in pieces:
             value = local[key]
             if not any(value.strides):  # a zero stand-in (a zero level): adds nothing
                 continue
-            if not value.flags.c_contiguous:
-                value = xp.ascontiguousarray(value)
-            values.append(value)
-            layout.append((slot, len(values) - 1, start, source_width, width, column))
+            if key not in keys:
+                if not value.flags.c_contiguous:
+                    value = self.xp.ascontiguousarray(value)
+                keys[key] = len(values)
+                values.append(value)
+            layout.append((slot, keys[key], start, values[keys[key]].shape[1], width, column))
         if layout:
             lo, hi = window["vertex"]
-            idx = {slot: rows.slot_rows(slot) for slot in {p[0] for p in layout}}
-            windows.scatter_add_windows(values, idx, self.moves.d_states, tuple(layout),
+            windows.scatter_add_windows(values, self.idx, self.part.d_states, tuple(layout),
                                         hi - lo, lo)
+
+
+class _SlotRows(dict):
+    """slot -> each row's child in that slot, the whole batch's (int32 on CuPy), on demand."""
+
+    def __init__(self, rows):
+        super().__init__()
+        self.rows = rows
+
+    def __missing__(self, slot):
+        rows = self[slot] = self.rows.slot_rows(slot)
+        return rows
