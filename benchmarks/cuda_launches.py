@@ -65,6 +65,9 @@ def main(argv=None):
     parser.add_argument("--workloads", default=DEFAULT)
     parser.add_argument("--size", type=int, default=128, help="samples loaded per workload")
     parser.add_argument("--steps", type=int, default=4, help="mini-batches trained")
+    parser.add_argument("--hidden", type=int, default=None,
+                        help="hidden (and embedding) size instead of the workload's: a small one "
+                             "times the host with little emulated work beside it")
     args = parser.parse_args(argv)
     from minicavs import backend
 
@@ -73,6 +76,8 @@ def main(argv=None):
     rows = []
     for name in args.workloads.split(","):
         data = common.load_workload(name, args.size)
+        if args.hidden:
+            data["hidden"] = data["embed"] = args.hidden
         params = common.init_params(data)
         cpu, cuda = first_loss(data, params, "cpu"), first_loss(data, params, "cuda")
         stats = measure(data, params, args.steps)

@@ -29,7 +29,7 @@ from ..ops.batching import instantiate, row_domain
 from .executor import RECORD, OpStep
 from .plans import RUN, SKIP, ZERO, record_written, widen
 from .program import Compute, Gather, ScatterAdd
-from .zero_rows import FULL, index_rows, intersect
+from .zero_rows import FULL, hull, index_rows, intersect
 
 
 class InterpreterLoop:
@@ -57,42 +57,72 @@ def _level_steps(part, xp, check):
     """The level loop, one level per step: yields the instructions run on it."""
     program, env, ranges, rows = part.program, part.env, part.ranges, part.rows
     moves = RowMoves(xp, rows, part.states, part.d_states)
-    windows = _windows(part, xp)
-    row_keys = [(k, d) for k, d in program.row_keys if k in env]
+    windows = None if check else _windows(part, xp)  # (debug mode: one instruction at a time)
     in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
-    written, summed = {}, {}
+    steps, summed, levels_run = {}, {}, []
     for t, window, plan in part.exe.plans.levels(ranges, rows):
+        level = steps.get(plan)
+        if level is None:
+            level = steps[plan] = _LevelSteps(program, plan, env, windows)
         local = dict(env)  # shared values as they are, per-row ones cut to the level's rows
-        for key, domain in row_keys:
+        for key, domain in level.row_keys:
             lo, hi = window[domain]
             local[key] = env[key][lo:hi]
         if program.edge_parent is not None:  # per level, parent rows count from the first
             local[program.edge_parent.key] = rows.edge_parent_local[slice(*window["edge"])]
-        ran = 0
-        done = windows.start_level(plan, local, window) if windows else ()
-        for k, (ins, action) in enumerate(zip(program.core, plan)):
+        if windows:
+            windows.start_level(plan, local, window)
+        for ins, action, sums in level.steps:
             if action == RUN:
-                ran += 1
-                if k not in done:  # (done: by the launches of the level's row moves)
-                    moves.run(ins, local, t, window)
+                moves.run(ins, local, t, window)
                 if check:
                     check(ins, local, t, window)
-                for o, add in zip(ins.writes, getattr(ins, "accumulate", ())):
-                    if add:
-                        summed[o.key] = summed[o.key] + local[o.key] if o.key in summed \
-                            else local[o.key]
-                for o in ins.writes:
-                    if o.key in env and row_domain(o.shape):
-                        widen(written, o.key, window[row_domain(o.shape)])
-            elif action == ZERO and k not in done:
+                for key in sums:  # a shared value computed per level and summed
+                    summed[key] = summed[key] + local[key] if key in summed else local[key]
+            else:
                 for o in ins.writes:
                     moves.zero(o, local, window, o.key in in_buffers)
         if windows:
             windows.end_level(plan, local, window)
-        yield ran
+        levels_run.append((level, window))
+        yield level.ran
     env.update(summed)
-    record_written(program, ranges, written)
+    record_written(program, ranges, _written(levels_run))
 
+
+class _LevelSteps:
+    """What the loop does on a level with one plan, worked out once per call: the instructions
+    to run or zero (less those the row moves' launches do: :class:`Windows`), the per-row values
+    they touch (only those are cut to the level's rows) and the buffers they write."""
+
+    def __init__(self, program, plan, env, windows):
+        done = windows.windows.level(plan)[0] if windows else ()
+        self.ran = sum(action == RUN for action in plan)
+        self.steps = [(ins, action, tuple(o.key for o, add in zip(
+                          ins.writes, getattr(ins, "accumulate", ())) if add))
+                      for k, (ins, action) in enumerate(zip(program.core, plan))
+                      if action in (RUN, ZERO) and k not in done]
+        touched = {x.key for ins, *_ in self.steps for x in (*ins.reads, *ins.writes)}
+        if windows:
+            touched |= windows.windows.reads(plan)
+        self.row_keys = [(k, d) for k, d in program.row_keys if k in env and k in touched]
+        self.written = {o.key: row_domain(o.shape)
+                        for ins, action in zip(program.core, plan) if action == RUN
+                        for o in ins.writes if o.key in env and row_domain(o.shape)}
+
+
+def _written(levels_run):
+    """Each buffer's rows written by the loop: the hull of the levels that ran its writer."""
+    hulls = {}  # _LevelSteps -> {domain: the hull of its levels' rows}
+    for level, window in levels_run:
+        hull_of = hulls.setdefault(level, {})
+        for domain, rows in window.items():
+            hull_of[domain] = hull(hull_of[domain], rows) if domain in hull_of else rows
+    written = {}
+    for level, hull_of in hulls.items():
+        for key, domain in level.written.items():
+            widen(written, key, hull_of[domain])
+    return written
 
 
 def _windows(part, xp):
@@ -302,6 +332,10 @@ class Windows:
                 pieces.append((slot, x.key, 0, width, column))
             column += width
         return pieces
+
+    def reads(self, plan):
+        """Keys of the per-row values the level's scatter-adds read."""
+        return {key for _, key, *_ in self.level(plan)[2]}
 
     def level(self, plan):
         """For a level with ``plan``: (the core indices the launches do, the gather pieces,
