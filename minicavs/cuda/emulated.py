@@ -651,11 +651,12 @@ class _EmulatedCupy(types.ModuleType):
             raise AttributeError(name)
         attr = getattr(np, name)  # AttributeError for what NumPy lacks too
         if isinstance(attr, np.ufunc):
-            return _Ufunc(attr)
-        if isinstance(attr, types.FunctionType) or type(attr).__name__ in (
+            attr = _Ufunc(attr)
+        elif isinstance(attr, types.FunctionType) or type(attr).__name__ in (
                 "_ArrayFunctionDispatcher", "builtin_function_or_method"):
-            return _forwarder(name)
-        return attr  # dtypes, scalar types, constants
+            attr = _forwarder(name)
+        setattr(self, name, attr)  # (found once: later lookups cost what CuPy's do)
+        return attr  # and dtypes, scalar types, constants as they are
 
 
 def _make_module():

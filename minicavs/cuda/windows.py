@@ -26,6 +26,7 @@ of ``kernels.py`` do; the NumPy twins (``*_numpy``) are the reference semantics.
 
 import functools
 import hashlib
+from collections import namedtuple
 from string import Template
 
 import numpy as np
@@ -62,6 +63,9 @@ _SCATTER_PIECE = """        if (j < ${width}) {
         j -= ${width};"""
 
 
+LayoutSource = namedtuple("LayoutSource", "name code row_width")  # (elements moved per row)
+
+
 def _name(kind, layout, dtype):
     digest = hashlib.sha1(repr(layout).encode()).hexdigest()[:10]
     return f"minicavs_{kind}_{kernels.DTYPES[np.dtype(dtype)][1]}_{digest}"
@@ -69,7 +73,7 @@ def _name(kind, layout, dtype):
 
 @functools.lru_cache(maxsize=None)
 def gather_source(layout, src_width, dtype):
-    """The CUDA source of a gather layout: ``KernelSource(name, code)``."""
+    """The CUDA source of a gather layout: ``LayoutSource(name, code, row_width)``."""
     t = kernels.DTYPES[np.dtype(dtype)][0]
     slots = sorted({p[0] for p in layout})
     dsts = sorted({p[3] for p in layout})
@@ -80,14 +84,15 @@ def gather_source(layout, src_width, dtype):
         slot=s, width=w, dst=d, dst_col=dc, dst_width=dw, src_col=sc, src_width=src_width, T=t,
         row="lo + i" if batch else "i") for s, sc, w, d, dc, dw, batch in layout)
     name = _name("gather_windows", (layout, src_width), dtype)
-    code = Template(_HEAD).substitute(name=name, params=", ".join(params), loop=kernels._GRID_STRIDE,
-                                      width=sum(p[2] for p in layout), pieces=pieces)
-    return kernels.KernelSource(name, code)
+    width = sum(p[2] for p in layout)
+    code = Template(_HEAD).substitute(name=name, params=", ".join(params), width=width,
+                                      loop=kernels._GRID_STRIDE, pieces=pieces)
+    return LayoutSource(name, code, width)
 
 
 @functools.lru_cache(maxsize=None)
 def scatter_source(layout, out_width, dtype):
-    """The CUDA source of a scatter-add layout: ``KernelSource(name, code)``."""
+    """The CUDA source of a scatter-add layout: ``LayoutSource(name, code, row_width)``."""
     t = kernels.DTYPES[np.dtype(dtype)][0]
     slots = sorted({p[0] for p in layout})
     srcs = sorted({p[1] for p in layout})
@@ -97,10 +102,11 @@ def scatter_source(layout, out_width, dtype):
         slot=s, src=src, src_col=sc, src_width=sw, width=w, dst_col=dc, out_width=out_width)
         for s, src, sc, sw, w, dc in layout)
     name = _name("scatter_add_windows", (layout, out_width), dtype)
+    width = sum(p[4] for p in layout)
     code = kernels._DOUBLE_ATOMIC_ADD + Template(_HEAD).substitute(
-        name=name, params=", ".join(params), loop=kernels._GRID_STRIDE,
-        width=sum(p[4] for p in layout), pieces=pieces)
-    return kernels.KernelSource(name, code)
+        name=name, params=", ".join(params), loop=kernels._GRID_STRIDE, width=width,
+        pieces=pieces)
+    return LayoutSource(name, code, width)
 
 
 @functools.lru_cache(maxsize=None)
@@ -113,6 +119,12 @@ def _compiled(source, runner):
     from . import nvrtc
 
     return _import_cupy().RawKernel(source.code, source.name, options=nvrtc.KERNEL_OPTIONS)
+
+
+@functools.lru_cache(maxsize=None)
+def _operands(layout, slot_at, array_at):
+    """The slots and the arrays a layout reads, in parameter order."""
+    return sorted({p[slot_at] for p in layout}), sorted({p[array_at] for p in layout})
 
 
 def _launch(source, runner, total, args):
@@ -141,10 +153,9 @@ def gather_windows(src, idx, dsts, layout, n, lo, runner=None):
     runner = runner or ("cupy" if kernels._is_cupy(src) else "numpy")
     if runner == "numpy":
         return gather_windows_numpy(src, idx, dsts, layout, n, lo)
-    source = gather_source(layout, int(src.shape[1]), src.dtype)
-    slots = sorted({p[0] for p in layout})
-    targets = sorted({p[3] for p in layout})
-    _launch(source, runner, n * sum(p[2] for p in layout),
+    source = gather_source(layout, src.shape[1], src.dtype)
+    slots, targets = _operands(layout, 0, 3)
+    _launch(source, runner, n * source.row_width,
             (src, *[idx[s] for s in slots], *[dsts[d] for d in targets], n, lo))
 
 
@@ -165,8 +176,7 @@ def scatter_add_windows(srcs, idx, out, layout, n, lo, runner=None):
     runner = runner or ("cupy" if kernels._is_cupy(out) else "numpy")
     if runner == "numpy":
         return scatter_add_windows_numpy(srcs, idx, out, layout, n, lo)
-    source = scatter_source(layout, int(out.shape[1]), out.dtype)
-    slots = sorted({p[0] for p in layout})
-    parts = sorted({p[1] for p in layout})
-    _launch(source, runner, n * sum(p[4] for p in layout),
+    source = scatter_source(layout, out.shape[1], out.dtype)
+    slots, parts = _operands(layout, 0, 1)
+    _launch(source, runner, n * source.row_width,
             (*[srcs[s] for s in parts], *[idx[s] for s in slots], out, n, lo))

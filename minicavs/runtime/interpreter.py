@@ -26,6 +26,7 @@ import numpy as np
 
 from ..ops.index import scatter_add_into
 from ..ops.batching import instantiate, row_domain
+from ..csource import compute_dtype
 from .executor import RECORD, OpStep
 from .plans import RUN, SKIP, ZERO, record_written, widen
 from .program import Compute, Gather, ScatterAdd
@@ -59,11 +60,13 @@ def _level_steps(part, xp, check):
     moves = RowMoves(xp, rows, part.states, part.d_states)
     windows = None if check else _windows(part, xp)  # (debug mode: one instruction at a time)
     in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
-    steps, summed, levels_run = {}, {}, []
+    summed, levels_run = {}, []
+    steps = part.exe.__dict__.setdefault("level_steps", {})  # (kept across calls)
+    bound = (xp.__name__, windows is not None, frozenset(env))
     for t, window, plan in part.exe.plans.levels(ranges, rows):
-        level = steps.get(plan)
+        level = steps.get((plan, bound))
         if level is None:
-            level = steps[plan] = _LevelSteps(program, plan, env, windows)
+            level = steps[(plan, bound)] = _LevelSteps(program, plan, env, windows, xp)
         local = dict(env)  # shared values as they are, per-row ones cut to the level's rows
         for key, domain in level.row_keys:
             lo, hi = window[domain]
@@ -72,9 +75,12 @@ def _level_steps(part, xp, check):
             local[program.edge_parent.key] = rows.edge_parent_local[slice(*window["edge"])]
         if windows:
             windows.start_level(plan, local, window)
-        for ins, action, sums in level.steps:
+        for ins, action, sums, quick in level.steps:
             if action == RUN:
-                moves.run(ins, local, t, window)
+                if quick is not None:
+                    quick(local)
+                else:
+                    moves.run(ins, local, t, window)
                 if check:
                     check(ins, local, t, window)
                 for key in sums:  # a shared value computed per level and summed
@@ -95,13 +101,16 @@ class _LevelSteps:
     to run or zero (less those the row moves' launches do: :class:`Windows`), the per-row values
     they touch (only those are cut to the level's rows) and the buffers they write."""
 
-    def __init__(self, program, plan, env, windows):
+    def __init__(self, program, plan, env, windows, xp):
         done = windows.windows.level(plan)[0] if windows else ()
+        in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
         self.ran = sum(action == RUN for action in plan)
         self.steps = [(ins, action, tuple(o.key for o, add in zip(
-                          ins.writes, getattr(ins, "accumulate", ())) if add))
+                          ins.writes, getattr(ins, "accumulate", ())) if add),
+                       _quick(ins, xp, in_buffers))
                       for k, (ins, action) in enumerate(zip(program.core, plan))
-                      if action in (RUN, ZERO) and k not in done]
+                      if action in (RUN, ZERO) and k not in done
+                      and not (action == RUN and getattr(ins, "aliased", False))]
         touched = {x.key for ins, *_ in self.steps for x in (*ins.reads, *ins.writes)}
         if windows:
             touched |= windows.windows.reads(plan)
@@ -109,6 +118,38 @@ class _LevelSteps:
         self.written = {o.key: row_domain(o.shape)
                         for ins, action in zip(program.core, plan) if action == RUN
                         for o in ins.writes if o.key in env and row_domain(o.shape)}
+
+
+def _quick(ins, xp, in_buffers):
+    """A shorter way to run ``ins`` on a level's values (``local``), where there is one: a
+    window read in place (a view; one kept in a buffer is copied there by its step), a fused
+    group straight into its kernel; else None."""
+    if not isinstance(ins, Compute) or ins.symbolic or xp is RECORD:
+        return None
+    node = getattr(ins.step, "node", None)
+    if node is not None and node.op.native == "window" and node.key not in in_buffers:
+        source, key = node.inputs[0].key, node.key
+        index = (slice(None),) * (node.attrs["axis"] % len(node.shape)) + (
+            slice(node.attrs["start"], node.attrs["stop"]),)
+
+        def window(local):
+            local[key] = local[source][index]
+        return window
+    group = getattr(ins.step, "group", None)
+    if group is None:
+        return None
+    step, inputs = ins.step, [x.key for x in group.inputs]
+    outputs = [o.key for o in group.outputs]
+
+    def fused(local):
+        try:
+            args = [local[k] for k in inputs]
+        except KeyError:  # (a constant not bound yet: the step binds it)
+            return step.run(xp, local, local)
+        kernel = step.kernel(xp, compute_dtype(group, args))
+        for key, value in zip(outputs, kernel(*args, outs=[local.get(k) for k in outputs])):
+            local[key] = value
+    return fused
 
 
 def _written(levels_run):
@@ -395,6 +436,9 @@ class _BoundWindows:
         self.windows, self.part, self.xp = windows, part, xp
         self.env, self.rows = part.env, part.rows
         self.idx = _SlotRows(part.rows)
+        from ..cuda import windows as kernels  # (CuPy's side: imported when it is used)
+
+        self.kernels = kernels
         self._gathers = {}  # plan -> (layout, homes, whether each is a block of the level)
 
     def start_level(self, plan, local, window):
@@ -405,8 +449,6 @@ class _BoundWindows:
         return done
 
     def _gather(self, plan, pieces, local, window):
-        from ..cuda import windows
-
         lo, hi = window["vertex"]
         spec = self._gathers.get(plan)
         if spec is None:
@@ -425,7 +467,8 @@ class _BoundWindows:
                 dsts.append(local[home])
             else:
                 dsts.append(self.env[home])
-        windows.gather_windows(self.part.states, self.idx, dsts, layout, hi - lo, lo)
+        self.kernels.gather_windows(self.part.states, self.idx, dsts, layout, hi - lo, lo,
+                                    "cupy")
 
     def _width(self, key):
         value = self.env.get(key)
@@ -435,8 +478,6 @@ class _BoundWindows:
 
     def end_level(self, plan, local, window):
         """Launch the level's scatter-adds."""
-        from ..cuda import windows
-
         _, _, pieces = self.windows.level(plan)
         if not pieces:
             return
@@ -453,8 +494,8 @@ class _BoundWindows:
             layout.append((slot, keys[key], start, values[keys[key]].shape[1], width, column))
         if layout:
             lo, hi = window["vertex"]
-            windows.scatter_add_windows(values, self.idx, self.part.d_states, tuple(layout),
-                                        hi - lo, lo)
+            self.kernels.scatter_add_windows(values, self.idx, self.part.d_states,
+                                             tuple(layout), hi - lo, lo, "cupy")
 
 
 class _SlotRows(dict):

@@ -75,7 +75,13 @@ class LevelPlans:
                 columns.append(~has)
         if not keys:
             return [self.plan(frozenset(), frozenset())], np.zeros(num_levels, dtype=np.int64)
-        patterns, which = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
+        if len(keys) < 63:  # a level's pattern as the bits of one integer: a 1-D unique
+            codes = sum(c.astype(np.int64) << j for j, c in enumerate(columns))
+            codes, which = np.unique(codes, return_inverse=True)
+            patterns = [[bool(code >> j & 1) for j in range(len(keys))]
+                        for code in codes.tolist()]
+        else:
+            patterns, which = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
         plans = []
         for pattern in patterns:
             zero = frozenset(k for (kind, k), on in zip(keys, pattern) if on and kind == "zero")
