@@ -26,8 +26,11 @@ import numpy as np
 
 from ..ops.index import scatter_add_into
 from ..ops.batching import instantiate, row_domain
+from ..autodiff.symbolic import Symbol
 from ..csource import compute_dtype
-from .executor import RECORD, OpStep
+from ..ops.shape import SLICE_AXIS
+from .analysis import FusedGroup
+from .executor import RECORD, GroupStep, OpStep
 from .plans import RUN, SKIP, ZERO, record_written, widen
 from .program import Compute, Gather, ScatterAdd
 from .zero_rows import FULL, hull, index_rows, intersect
@@ -102,16 +105,17 @@ class _LevelSteps:
     they touch (only those are cut to the level's rows) and the buffers they write."""
 
     def __init__(self, program, plan, env, windows, xp):
-        done = windows.windows.level(plan)[0] if windows else ()
+        done, *_, inlined = windows.windows.level(plan) if windows else ((), {})
         in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
         self.ran = sum(action == RUN for action in plan)
         self.steps = [(ins, action, tuple(o.key for o, add in zip(
                           ins.writes, getattr(ins, "accumulate", ())) if add),
-                       _quick(ins, xp, in_buffers))
+                       inlined[k].quick(xp) if k in inlined else _quick(ins, xp, in_buffers))
                       for k, (ins, action) in enumerate(zip(program.core, plan))
                       if action in (RUN, ZERO) and k not in done
                       and not (action == RUN and getattr(ins, "aliased", False))]
-        touched = {x.key for ins, *_ in self.steps for x in (*ins.reads, *ins.writes)}
+        touched = {x.key for ins, *_ in self.steps for x in (*ins.reads, *ins.writes)} | {
+            key for k in inlined for key in inlined[k].reads}
         if windows:
             touched |= windows.windows.reads(plan)
         self.row_keys = [(k, d) for k, d in program.row_keys if k in env and k in touched]
@@ -173,7 +177,7 @@ def _windows(part, xp):
     exe = part.exe
     if getattr(exe, "windows", None) is None:
         exe.windows = Windows(part.program)
-    if not exe.windows.gathers and not exe.windows.scatters:
+    if not (exe.windows.gathers or exe.windows.scatters or exe.windows.inlined):
         return None
     return _BoundWindows(exe.windows, part, xp)
 
@@ -238,6 +242,7 @@ class RowMoves:
 
     def __init__(self, xp, rows, states, d_states):
         self.xp, self.rows, self.states, self.d_states = xp, rows, states, d_states
+        self._zeros = {}
 
     def run(self, ins, local, t, window):
         if isinstance(ins, Compute):
@@ -294,7 +299,10 @@ class RowMoves:
         lo, hi = window["vertex"]
         e0, e1 = window["edge"]
         shape = instantiate(symbol.shape, hi - lo, e1 - e0)
-        local[symbol.key] = self.xp.broadcast_to(self.xp.zeros((), symbol.dtype), shape)
+        zero = self._zeros.get(symbol.dtype)
+        if zero is None:  # (one per dtype: on a GPU, making it is a launch)
+            zero = self._zeros[symbol.dtype] = self.xp.zeros((), symbol.dtype)
+        local[symbol.key] = self.xp.broadcast_to(zero, shape)
 
 
 
@@ -357,7 +365,9 @@ class Windows:
                                       self._parts(ins.slot, source.reads, core)))
             else:
                 self.scatters.append((k, None, self._parts(ins.slot, [ins.source], core)))
-        self.dtype = program.sinks[0].dtype if program.sinks else None
+        in_buffers = set(homes)
+        self.inlined = [found for k, ins in enumerate(core)
+                        if (found := _inline(k, core, readers, outside | in_buffers))]
         self._levels = {}
 
     def _parts(self, slot, parts, core):
@@ -403,8 +413,109 @@ class Windows:
                 if concat is not None:
                     done.add(concat)  # never made
                 scatters.extend(pieces)
-        found = self._levels[plan] = (frozenset(done), gathers, scatters)
+        quick = {}
+        for inline in self.inlined:
+            if all(plan[r] == RUN for r in inline.replaces + (inline.at,)):
+                done.update(inline.replaces)
+                quick[inline.at] = inline
+        found = self._levels[plan] = (frozenset(done), gathers, scatters, quick)
         return found
+
+
+class _Inlined:
+    """(CuPy) An elementwise group read only through column windows, by one other group,
+    computed inside it at the windows' columns: its inputs are read there (views), so neither
+    its output nor the windows are made, and the two groups are one launch (the Tree-LSTM's
+    bias add ``x W + b + h U`` inside the gates that read its five windows). ``at``: the
+    reading group's core index; ``replaces``: the indices of the group and the windows."""
+
+    def __init__(self, at, replaces, group, outputs, views):
+        self.at, self.replaces, self.outputs = at, tuple(replaces), outputs
+        self.step = GroupStep(group)
+        # per input of the merged group: (key of the value it is read from, index or None)
+        self.views = [views.get(x.key, (x.key, None)) for x in group.inputs]
+        self.reads = {key for key, _ in self.views}
+
+    def quick(self, xp):
+        step, views, outputs = self.step, self.views, self.outputs
+
+        def merged(local):
+            args = [local[key] if index is None else local[key][index] for key, index in views]
+            kernel = step.kernel(xp, compute_dtype(step.group, args))
+            for key, value in zip(outputs, kernel(*args, outs=[local.get(k) for k in outputs])):
+                local[key] = value
+        return merged
+
+
+def _inline(k, core, readers, kept):
+    """The :class:`_Inlined` of core group ``k``, or None where it does not qualify: a fused
+    group of 2-D outputs that live only during their level (``kept``: keys read later or
+    buffered), read only through column windows that only one other fused group reads."""
+    ins = core[k]
+    group = getattr(ins.step, "group", None) if isinstance(ins, Compute) else None
+    if group is None or ins.symbolic or any(ins.accumulate) or any(
+            o.key in kept or len(o.shape) != 2 or not readers.get(o.key) for o in group.outputs):
+        return None
+    windows = [r for o in group.outputs for r in readers[o.key]]
+    if not all(_is_column_window(core[r]) and core[r].writes[0].key not in kept
+               and readers.get(core[r].writes[0].key) for r in windows):
+        return None
+    users = {u for r in windows for u in readers[core[r].writes[0].key]}
+    if len(users) != 1:
+        return None
+    at = users.pop()
+    target = getattr(core[at].step, "group", None)
+    if target is None or core[at].symbolic or any(core[at].accumulate):
+        return None
+    made = {m.key for m in group.members}
+    merged, views, clones = [], {}, {}  # clones: (key, start) -> the member, or input, there
+    for r in windows:
+        node = core[r].step.node
+        start, stop = node.attrs["start"], node.attrs["stop"]
+        width, wanted = node.inputs[0].shape[1], {node.inputs[0].key}
+        for m in reversed(group.members):  # the members this window's value needs
+            if m.key in wanted:
+                wanted.update(x.key for x in m.inputs)
+        for m in group.members:
+            if m.key not in wanted:
+                continue
+            if m.shape[-1:] != (width,):
+                return None
+            inputs = []
+            for x in m.inputs:
+                if x.key in made:
+                    inputs.append(clones[(x.key, start)])
+                elif x.shape[-1:] == (width,):  # read at the window's columns
+                    view = clones.get((x.key, start))
+                    if view is None:
+                        view = clones[(x.key, start)] = Symbol(
+                            "op", x.shape[:-1] + (stop - start,), x.dtype, op=SLICE_AXIS,
+                            inputs=(x,), attrs=dict(start=start, stop=stop, axis=len(x.shape) - 1))
+                        views[view.key] = (x.key, (slice(None),) * (len(x.shape) - 1)
+                                           + (slice(start, stop),))
+                    inputs.append(view)
+                elif x.shape[-1:] in ((), (1,)):  # a scalar or a column: broadcast as it is
+                    inputs.append(x)
+                else:
+                    return None
+            clone = Symbol("op", m.shape[:-1] + (stop - start,), m.dtype, op=m.op,
+                           inputs=inputs, attrs=m.attrs)
+            clones[(m.key, start)] = clone
+            merged.append(clone)
+        clones[node.key] = clones[(node.inputs[0].key, start)]
+    for m in target.members:
+        clone = Symbol("op", m.shape, m.dtype, op=m.op, attrs=m.attrs,
+                       inputs=[clones.get(x.key, x) for x in m.inputs])
+        clones[m.key] = clone
+        merged.append(clone)
+    inputs, seen = [], {m.key for m in merged}
+    for m in merged:
+        for x in m.inputs:
+            if x.key not in seen:
+                seen.add(x.key)
+                inputs.append(x)
+    fused = FusedGroup(merged, inputs, [clones[o.key] for o in target.outputs])
+    return _Inlined(at, [k] + windows, fused, [o.key for o in target.outputs], views)
 
 
 def _is_column_window(ins):
@@ -443,7 +554,7 @@ class _BoundWindows:
 
     def start_level(self, plan, local, window):
         """Launch the level's gathers; the core indices the level's launches do."""
-        done, gathers, _ = self.windows.level(plan)
+        done, gathers, *_ = self.windows.level(plan)
         if gathers:
             self._gather(plan, gathers, local, window)
         return done
@@ -478,7 +589,7 @@ class _BoundWindows:
 
     def end_level(self, plan, local, window):
         """Launch the level's scatter-adds."""
-        _, _, pieces = self.windows.level(plan)
+        _, _, pieces, _ = self.windows.level(plan)
         if not pieces:
             return
         values, keys, layout = [], {}, []
