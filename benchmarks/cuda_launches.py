@@ -1,6 +1,7 @@
 """GPU launches per level of the benchmark models, on the emulated CUDA device (issue 41).
 
     MINICAVS_CUDA_EMULATE=1 python benchmarks/cuda_launches.py [--workloads tree_lstm,var_lstm]
+    MINICAVS_CUDA_EMULATE=1 python benchmarks/cuda_launches.py --hidden 8 --steps 30  # host time
 
 Each workload's model (``benchmarks/systems/minicavs_cpu.py``, device ``"cuda"``) trains for
 ``--steps`` mini-batches of 64 samples; the table gives, from ``F.explain()`` of the last step,

@@ -128,10 +128,21 @@ def _operands(layout, slot_at, array_at):
 
 
 def _launch(source, runner, total, args):
-    if total:
-        blocks = min(-(-total // kernels.BLOCK_SIZE), kernels.MAX_BLOCKS)
-        args = tuple(np.int64(a) if isinstance(a, int) else a for a in args)
-        _compiled(source, runner)((blocks,), (kernels.BLOCK_SIZE,), args)
+    Launcher(source, runner)(args[:-2], args[-2], args[-1])
+
+
+class Launcher:
+    """One layout's kernel, ready to launch on a level: ``launcher(arrays, n, lo)`` with the
+    arrays in parameter order (what a level loop calls, its layouts fixed per plan)."""
+
+    def __init__(self, source, runner="cupy"):
+        self.kernel, self.row_width = _compiled(source, runner), source.row_width
+
+    def __call__(self, arrays, n, lo):
+        total = n * self.row_width
+        if total:
+            blocks = min(-(-total // kernels.BLOCK_SIZE), kernels.MAX_BLOCKS)
+            self.kernel((blocks,), (kernels.BLOCK_SIZE,), (*arrays, np.int64(n), np.int64(lo)))
 
 
 # --- gathers ------------------------------------------------------------------------------------

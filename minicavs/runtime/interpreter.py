@@ -435,12 +435,25 @@ class _Inlined:
         # per input of the merged group: (key of the value it is read from, index or None)
         self.views = [views.get(x.key, (x.key, None)) for x in group.inputs]
         self.reads = {key for key, _ in self.views}
+        # the views of shared values (the bias's five) are the same on every level
+        self.shared = [index is not None and not row_domain(x.inputs[0].shape)
+                       for x, (_, index) in zip(group.inputs, self.views)]
 
     def quick(self, xp):
-        step, views, outputs = self.step, self.views, self.outputs
+        step, views, outputs, shared = self.step, self.views, self.outputs, self.shared
+        made = {}  # position -> (the shared value, its view), kept while the value is
+
+        def view(k, value, index):
+            if not shared[k]:
+                return value[index]
+            kept = made.get(k)
+            if kept is None or kept[0] is not value:
+                kept = made[k] = (value, value[index])
+            return kept[1]
 
         def merged(local):
-            args = [local[key] if index is None else local[key][index] for key, index in views]
+            args = [local[key] if index is None else view(k, local[key], index)
+                    for k, (key, index) in enumerate(views)]
             kernel = step.kernel(xp, compute_dtype(step.group, args))
             for key, value in zip(outputs, kernel(*args, outs=[local.get(k) for k in outputs])):
                 local[key] = value
@@ -550,7 +563,7 @@ class _BoundWindows:
         from ..cuda import windows as kernels  # (CuPy's side: imported when it is used)
 
         self.kernels = kernels
-        self._gathers = {}  # plan -> (layout, homes, whether each is a block of the level)
+        self._gathers, self._scatters = {}, {}  # plan / layout -> its launch (_gather_spec)
 
     def start_level(self, plan, local, window):
         """Launch the level's gathers; the core indices the level's launches do."""
@@ -563,23 +576,26 @@ class _BoundWindows:
         lo, hi = window["vertex"]
         spec = self._gathers.get(plan)
         if spec is None:
-            homes = list(dict.fromkeys(p[3] for p in pieces))
-            level = [h not in self.env for h in homes]  # a block of the level's own
-            layout = tuple((slot, start, width, homes.index(home), column,
-                            self._width(home), int(not level[homes.index(home)]))
-                           for slot, start, width, home, column in pieces)
-            spec = self._gathers[plan] = (layout, homes, level)
-        layout, homes, level = spec
+            spec = self._gathers[plan] = self._gather_spec(pieces)
+        launch, fixed, homes = spec
         dsts = []
-        for home, own in zip(homes, level):
-            if own:
-                local[home] = self.xp.empty((hi - lo, self._width(home)),
-                                            self.part.states.dtype)
-                dsts.append(local[home])
-            else:
-                dsts.append(self.env[home])
-        self.kernels.gather_windows(self.part.states, self.idx, dsts, layout, hi - lo, lo,
-                                    "cupy")
+        for home, width in homes:
+            if width:  # a block of the level's own
+                local[home] = self.xp.empty((hi - lo, width), self.part.states.dtype)
+            dsts.append(local[home] if width else self.env[home])
+        launch((*fixed, *dsts), hi - lo, lo)
+
+    def _gather_spec(self, pieces):
+        """A plan's gather launch: the launcher, its leading arrays (the state, the slots'
+        rows), and per destination its key and the width of a level block (0: a buffer)."""
+        homes = list(dict.fromkeys(p[3] for p in pieces))
+        layout = tuple((slot, start, width, homes.index(home), column, self._width(home),
+                        int(home in self.env)) for slot, start, width, home, column in pieces)
+        states = self.part.states
+        source = self.kernels.gather_source(layout, states.shape[1], states.dtype)
+        slots = sorted({p[0] for p in layout})
+        return (self.kernels.Launcher(source), (states, *[self.idx[s] for s in slots]),
+                [(h, 0 if h in self.env else self._width(h)) for h in homes])
 
     def _width(self, key):
         value = self.env.get(key)
@@ -604,9 +620,17 @@ class _BoundWindows:
                 values.append(value)
             layout.append((slot, keys[key], start, values[keys[key]].shape[1], width, column))
         if layout:
+            layout = tuple(layout)
+            spec = self._scatters.get(layout)
+            if spec is None:
+                out = self.part.d_states
+                source = self.kernels.scatter_source(layout, out.shape[1], out.dtype)
+                slots = sorted({p[0] for p in layout})
+                spec = self._scatters[layout] = (self.kernels.Launcher(source),
+                                                 (*[self.idx[s] for s in slots], out))
+            launch, fixed = spec
             lo, hi = window["vertex"]
-            self.kernels.scatter_add_windows(values, self.idx, self.part.d_states,
-                                             tuple(layout), hi - lo, lo, "cupy")
+            launch((*values, *fixed), hi - lo, lo)
 
 
 class _SlotRows(dict):
