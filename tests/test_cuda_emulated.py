@@ -164,12 +164,45 @@ WORKER = textwrap.dedent(r'''
                          "backward": stats["backward_launches_per_level"]}
         return out
 
+    def td_generate(device):
+        """benchmarks/generation.py's TD-TreeLSTM grown on device, then ∂F on what it grew."""
+        from benchmarks import common, generation
+
+        data = common.load_workload("td_generate", 8)
+        data["hidden"] = data["embed"] = 8
+        params = common.init_params(data)
+        mc.set_device(device)
+        P = {k: mc.Parameter(a.copy()) for k, a in params.items()}
+        table, W, U, b, W_out, b_out = (P[k] for k in ("emb", "W", "U", "b", "W_out", "b_out"))
+
+        def td_tree_lstm(v):
+            x = mc.embedding(table, v.pull())
+            h_parent, c_parent = mc.split(v.gather(0), 2)
+            h, c = mc.lstm_gates(x @ W + h_parent @ U + b, c_parent)
+            v.scatter(mc.concat([h, c]))
+            v.push(h @ W_out + b_out)
+
+        F = mc.VertexFunction(td_tree_lstm, pull_shape=(), pull_dtype="int64",
+                              scatter_shape=(2 * 8,), push_shape=(1 + generation.VOCAB,),
+                              arity=1, dtype="float32")
+
+        def decide(frontier):
+            expand = backend.to_numpy(frontier.push[:, 0] > 0) & (frontier.depth < 4)
+            return 2 * expand, np.tile([generation.LEFT, generation.RIGHT], int(expand.sum()))
+
+        growth = mc.grow(F, np.arange(6, dtype=np.int64), decide, max_vertices=64)
+        mc.sum(growth.output * growth.output).backward()
+        return {"vertices": int(growth.batch.num_vertices),
+                "push": backend.to_numpy(growth.output.data).tolist(),
+                "grads": [backend.to_numpy(p.grad.data).tolist() for p in P.values()
+                          if p.grad is not None]}
+
     trees, vocab = synthetic_treebank(6)
     out = {}
     for device in ("cpu", "cuda"):
         out[device] = {"readme": readme_tree_lstm(device, trees, vocab), "ops": ops(device),
                        "autobatch": autobatched(device), "lstm": lstm_steps(device),
-                       "models": benchmark_models(device)}
+                       "models": benchmark_models(device), "td_generate": td_generate(device)}
     from minicavs.cuda import emulated
     out["launches"] = emulated.launches()
     out["emulated"] = backend.cuda_emulated() and backend._import_cupy() is emulated.cupy
@@ -228,6 +261,14 @@ def test_the_benchmark_models_train_on_the_emulated_device_as_on_numpy(emulated_
         _close(cuda[name]["losses"], cpu[name]["losses"], f"{name} losses")
         for k, (g, r) in enumerate(zip(cuda[name]["grads"], cpu[name]["grads"])):
             _close(g, r, f"{name}: gradient of parameter {k}")
+
+
+def test_td_generate_grows_and_differentiates_on_the_emulated_device_as_on_numpy(emulated_run):
+    cpu, cuda = emulated_run["cpu"]["td_generate"], emulated_run["cuda"]["td_generate"]
+    assert cuda["vertices"] == cpu["vertices"] > 6  # (the same trees, grown past the roots)
+    _close(cuda["push"], cpu["push"], "pushed rows")
+    for k, (g, r) in enumerate(zip(cuda["grads"], cpu["grads"])):
+        _close(g, r, f"gradient of parameter {k}")
 
 
 def test_the_tree_lstm_takes_three_launches_per_level(emulated_run):
