@@ -52,6 +52,11 @@ class LaunchCounter:
         self.uploads = 0  # host->device copies among the "copy" launches (each a sync on a GPU)
         self.seconds = 0.0  # spent running kernels, products and ufuncs: the device's work
         self.log = None  # a list to append (category, what) to, while one looks closer
+        # Seconds spent inside the emulated library (the shim's kernels, NumPy's work, the
+        # stand-in's own bookkeeping): what is left of a loop's time is minicavs' own Python,
+        # the host time a GPU's launches wait on.
+        self.device_seconds = 0.0
+        self._depth = 0
 
     def add(self, category, n=1, what=None):
         self.counts[category] += n
@@ -90,6 +95,22 @@ class LaunchCounter:
 
 
 counter = LaunchCounter()
+
+
+def _library(func):
+    """Time ``func`` as the emulated library's work (outermost calls only: they nest)."""
+    @functools.wraps(func)
+    def timed(*args, **kwargs):
+        if counter._depth:
+            return func(*args, **kwargs)
+        counter._depth += 1
+        started = time.perf_counter()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            counter.device_seconds += time.perf_counter() - started
+            counter._depth -= 1
+    return timed
 
 
 def _caller():
@@ -149,6 +170,7 @@ def _wrap(result):
     return result
 
 
+@_library
 def _apply_ufunc(ufunc, method, inputs, kwargs):
     what = f"ufunc '{ufunc.__name__}'"
     args = [_unwrap(x, what) for x in inputs]
@@ -180,6 +202,7 @@ class ndarray(np.ndarray):
         return _call_function(func.__name__, func, args, kwargs)
 
     # CuPy's transfers
+    @_library
     def get(self, stream=None, out=None):  # noqa: ARG002
         counter.add("copy")
         if out is not None:
@@ -187,6 +210,7 @@ class ndarray(np.ndarray):
             return out
         return self.view(np.ndarray).copy()
 
+    @_library
     def set(self, array, stream=None):  # noqa: ARG002
         counter.add("copy")
         self.view(np.ndarray)[...] = array
@@ -217,16 +241,19 @@ class ndarray(np.ndarray):
         return self.view(np.ndarray).__index__()
 
     # copies and fills (not ufuncs: counted here)
+    @_library
     def copy(self, order="C"):
         counter.add("copy")
         return self.view(np.ndarray).copy(order).view(ndarray)
 
+    @_library
     def astype(self, dtype, order="K", casting="unsafe", subok=True, copy=True):  # noqa: ARG002
         if not copy and np.dtype(dtype) == self.dtype:
             return self
         counter.add("copy")
         return self.view(np.ndarray).astype(dtype, order=order, casting=casting).view(ndarray)
 
+    @_library
     def fill(self, value):
         counter.add("fill")
         self.view(np.ndarray).fill(value)
@@ -235,6 +262,7 @@ class ndarray(np.ndarray):
         counter.add("copy")
         return self.view(np.ndarray).flatten(order).view(ndarray)
 
+    @_library
     def ravel(self, order="C"):
         host = self.view(np.ndarray)
         result = host.ravel(order)
@@ -242,6 +270,7 @@ class ndarray(np.ndarray):
             counter.add("copy")
         return result.view(ndarray)
 
+    @_library
     def reshape(self, *shape, **kwargs):
         host = self.view(np.ndarray)
         result = host.reshape(*shape, **kwargs)
@@ -254,6 +283,7 @@ class ndarray(np.ndarray):
         return _wrap(counter.timed(np.dot, self.view(np.ndarray), _unwrap(other, "dot"),
                                    out=None if out is None else _unwrap(out, "dot")))
 
+    @_library
     def __getitem__(self, key):
         host = self.view(np.ndarray)
         _upload_host_indices(key)
@@ -262,6 +292,7 @@ class ndarray(np.ndarray):
             counter.add("copy")  # a gather kernel
         return _wrap(host[key])
 
+    @_library
     def __setitem__(self, key, value):
         host = self.view(np.ndarray)
         _upload_host_indices(key)
@@ -332,6 +363,7 @@ def _category(name):
     return "elementwise"
 
 
+@_library
 def _call_function(name, func, args, kwargs):
     if name in ("asarray", "array", "ascontiguousarray"):
         return _to_device(name, *args, **kwargs)
@@ -349,6 +381,7 @@ def _call_function(name, func, args, kwargs):
     return _wrap(counter.timed(func, *host_args, **host_kwargs))
 
 
+@_library
 def _to_device(name, a, dtype=None, *args, copy=None, **kwargs):
     """``asarray``/``array``/``ascontiguousarray``: a host value copied up (one copy), a device
     array kept (or copied, converted or made contiguous: one copy)."""
@@ -411,6 +444,7 @@ class RawKernel:
 
         return shim.shim_kernel(self.code, self.name)
 
+    @_library
     def __call__(self, grid, block, args, shared_mem=0, stream=None):  # noqa: ARG002
         counter.add("kernel")
         counter.timed(self._kernel, grid, block, tuple(
@@ -455,6 +489,7 @@ class ElementwiseKernel:
     def _dtype(self, type_name, t_dtype):
         return t_dtype if type_name == "T" else np.dtype(type_name)
 
+    @_library
     def __call__(self, *args, **kwargs):  # noqa: ARG002
         n_in = len(self.in_params)
         inputs, outs = list(args[:n_in]), list(args[n_in:])
@@ -639,11 +674,12 @@ class _EmulatedCupy(types.ModuleType):
             raise AttributeError(name)
         attr = getattr(np, name)  # AttributeError for what NumPy lacks too
         if isinstance(attr, np.ufunc):
-            return _Ufunc(attr)
-        if isinstance(attr, types.FunctionType) or type(attr).__name__ in (
+            attr = _Ufunc(attr)
+        elif isinstance(attr, types.FunctionType) or type(attr).__name__ in (
                 "_ArrayFunctionDispatcher", "builtin_function_or_method"):
-            return _forwarder(name)
-        return attr  # dtypes, scalar types, constants
+            attr = _forwarder(name)
+        setattr(self, name, attr)  # (found once: later lookups cost what CuPy's do)
+        return attr  # and dtypes, scalar types, constants as they are
 
 
 def _make_module():

@@ -116,7 +116,7 @@ class GeneratedFusedKernel:
         if len(inputs) != self.n_inputs:
             raise GraphError(f"fused kernel ({self.describe}) takes {self.n_inputs} inputs, got "
                              f"{len(inputs)}")
-        shapes = tuple(tuple(np.shape(a)) for a in inputs)
+        shapes = tuple([getattr(a, "shape", None) or np.shape(a) for a in inputs])
         plan = self._plans.get(shapes)
         if plan is None:
             plan = self._plans[shapes] = _ShapePlan(self, shapes)
@@ -152,15 +152,17 @@ class CupyFusedKernel(GeneratedFusedKernel):
     """A fused group as one ``cupy.ElementwiseKernel`` (built on first launch, shared by every
     group with the same signature and dtype). The executor's factory for ``"cupy"``."""
 
+    _kernel = None
+
     def _launch(self, plan, inputs, results):
-        from ..backend import _import_cupy  # CuPy's, or the emulated device's
+        if self._kernel is None:  # (once: a level loop launches it every level)
+            from ..backend import _import_cupy  # CuPy's, or the emulated device's
 
-        CompileException = _import_cupy().cuda.compiler.CompileException
-
-        kernel = _elementwise_kernel(self.source)
+            self._failure = _import_cupy().cuda.compiler.CompileException
+            self._kernel = _elementwise_kernel(self.source)
         try:
-            kernel(*inputs, *results)  # compiled by CuPy on the first launch
-        except CompileException as exc:
+            self._kernel(*inputs, *results)  # compiled by CuPy on the first launch
+        except self._failure as exc:
             raise _compile_error(self.source, exc, "CuPy/NVRTC") from None
 
 

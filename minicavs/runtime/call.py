@@ -45,6 +45,7 @@ class Part:
     backend: str = None
     store: dict = None  # pooled buffers held until release() (∂F: for the time of backward)
     level_launches: dict = None  # launches in the level loop by category (where counted)
+    level_host_seconds: float = None  # the loop's time less the emulated device's work
 
     @property
     def program(self):
@@ -220,7 +221,8 @@ def stats(batch, counts, seconds):
             "forward_ops_per_level": counts, "backward_ops_per_level": None,
             "scheduling_seconds": batch.build_seconds, "forward_seconds": seconds,
             "backward_seconds": None, "forward_backend": None, "backward_backend": None,
-            "forward_launches_per_level": None, "backward_launches_per_level": None}
+            "forward_launches_per_level": None, "backward_launches_per_level": None,
+            "forward_host_us_per_level": None, "backward_host_us_per_level": None}
 
 
 def launches_per_level(parts, num_levels):
@@ -237,3 +239,12 @@ def launches_per_level(parts, num_levels):
             by_category[what] = by_category.get(what, 0) + n
     return (sum(by_category.values()) / steps,
             {what: n / steps for what, n in sorted(by_category.items())})
+
+
+def host_us_per_level(parts, num_levels):
+    """Microseconds the host took to issue one level step of ``parts`` (the emulated device's
+    work left out); None where that is not measured (NumPy, a real GPU)."""
+    seconds = [p.level_host_seconds for p in parts]
+    if None in seconds or not seconds:
+        return None
+    return sum(seconds) / max(num_levels, 1) * 1e6

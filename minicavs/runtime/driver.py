@@ -15,6 +15,7 @@ debug mode each instruction's outputs are checked (finite_check.py), everything 
 """
 
 import contextlib
+import time
 
 import numpy as np
 
@@ -50,12 +51,17 @@ def run(parts, xp):
         counter = getattr(xp, "launch_counter", None)  # the emulated device counts launches
         for p in parts:
             p.level_launches = {} if counter is not None else None
+            p.level_host_seconds = 0.0 if counter is not None else None
         for k, first, stop in level_runs(parts):
-            before = counter.snapshot() if counter is not None else None
+            if counter is None:
+                loops[k].run(first, stop)
+                continue
+            before, device, started = counter.snapshot(), counter.device_seconds, time.perf_counter()
             loops[k].run(first, stop)
-            if counter is not None:
-                for what, n in counter.since(before).items():
-                    parts[k].level_launches[what] = parts[k].level_launches.get(what, 0) + n
+            parts[k].level_host_seconds += time.perf_counter() - started - (
+                counter.device_seconds - device)
+            for what, n in counter.since(before).items():
+                parts[k].level_launches[what] = parts[k].level_launches.get(what, 0) + n
         for p, loop in zip(parts, loops):
             p.counts, p.backend = (loop.finish(), loop.backend) if loop else ([], None)
         _whole_phase("lazy", parts, schedulers, checks, xp)

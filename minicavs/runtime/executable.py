@@ -12,14 +12,17 @@ from .plans import LevelPlans
 
 
 class Executable:
-    """``program`` with its caches: ``plans``, ``pool``, constants (:meth:`constants`) and
-    ``native`` (set by backends.py: the compiled loop, or the reason there is none)."""
+    """``program`` with its caches: ``plans``, ``pool``, constants (:meth:`constants`),
+    ``native`` (set by backends.py: the compiled loop, or the reason there is none) and the
+    interpreter's (``windows``, ``level_steps``)."""
 
     def __init__(self, program):
         self.program = program
         self.plans = LevelPlans(program)
         self.pool = BufferPool()
         self.native = None
+        self.windows = None  # (CuPy) the level's row moves in few launches: interpreter.Windows
+        self.level_steps = {}  # the interpreter's steps per level plan (interpreter._LevelSteps)
         self._constants = {}
 
     def constants(self, xp):

@@ -18,16 +18,28 @@ buffer, so scattering copies nothing. Rows move with the named kernels of
 ``np.take``/indexed adds on NumPy, their twins: an absent child reads the spare zero row.
 ``xp`` may be ``RECORD``: ops then run on Tensors, recorded for autodiff (static functions
 differentiated twice).
+
+On CuPy a launch is the cost (25-40 µs from Python on an H100), so a level takes few
+(:class:`Windows`): all its gathers in one launch at its start, written where their readers
+want them, all its scatter-adds in one at its end, read where their sources are, and an
+elementwise group read only through column windows computed inside its reader
+(:class:`_Inlined`). The README's Tree-LSTM: 3 launches a forward level (gather, product,
+gates), 3 a backward one (gates' gradient, product, scatter-add); it was 8.9 and 5.8.
 """
+
 
 import numpy as np
 
 from ..ops.index import scatter_add_into
 from ..ops.batching import instantiate, row_domain
-from .executor import OpStep
-from .plans import RUN, ZERO, record_written, widen
-from .program import Compute, Gather
-from .zero_rows import FULL, index_rows, intersect
+from ..autodiff.symbolic import Symbol
+from ..csource import compute_dtype
+from ..ops.shape import SLICE_AXIS
+from .analysis import FusedGroup
+from .executor import RECORD, GroupStep, OpStep
+from .plans import RUN, SKIP, ZERO, record_written, widen
+from .program import Compute, Gather, ScatterAdd
+from .zero_rows import FULL, hull, index_rows, intersect
 
 
 class InterpreterLoop:
@@ -55,37 +67,129 @@ def _level_steps(part, xp, check):
     """The level loop, one level per step: yields the instructions run on it."""
     program, env, ranges, rows = part.program, part.env, part.ranges, part.rows
     moves = RowMoves(xp, rows, part.states, part.d_states)
-    row_keys = [(k, d) for k, d in program.row_keys if k in env]
+    windows = None if check else _windows(part, xp)  # (debug mode: one instruction at a time)
     in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
-    written, summed = {}, {}
+    summed, levels_run = {}, []
+    steps, bound = part.exe.level_steps, (xp.__name__, windows is not None, frozenset(env))
     for t, window, plan in part.exe.plans.levels(ranges, rows):
+        level = steps.get((plan, bound))
+        if level is None:
+            level = steps[(plan, bound)] = _LevelSteps(program, plan, env, windows, xp)
         local = dict(env)  # shared values as they are, per-row ones cut to the level's rows
-        for key, domain in row_keys:
+        for key, domain in level.row_keys:
             lo, hi = window[domain]
             local[key] = env[key][lo:hi]
         if program.edge_parent is not None:  # per level, parent rows count from the first
             local[program.edge_parent.key] = rows.edge_parent_local[slice(*window["edge"])]
-        ran = 0
-        for ins, action in zip(program.core, plan):
+        if windows:
+            windows.start_level(plan, local, window)
+        for ins, action, sums, quick in level.steps:
             if action == RUN:
-                ran += 1
-                moves.run(ins, local, t, window)
+                if quick is not None:
+                    quick(local)
+                else:
+                    moves.run(ins, local, t, window)
                 if check:
                     check(ins, local, t, window)
-                for o, add in zip(ins.writes, getattr(ins, "accumulate", ())):
-                    if add:
-                        summed[o.key] = summed[o.key] + local[o.key] if o.key in summed \
-                            else local[o.key]
-                for o in ins.writes:
-                    if o.key in env and row_domain(o.shape):
-                        widen(written, o.key, window[row_domain(o.shape)])
-            elif action == ZERO:
+                for key in sums:  # a shared value computed per level and summed
+                    summed[key] = summed[key] + local[key] if key in summed else local[key]
+            else:
                 for o in ins.writes:
                     moves.zero(o, local, window, o.key in in_buffers)
-        yield ran
+        if windows:
+            windows.end_level(plan, local, window)
+        levels_run.append((level, window))
+        yield level.ran
     env.update(summed)
-    record_written(program, ranges, written)
+    record_written(program, ranges, _written(levels_run))
 
+
+class _LevelSteps:
+    """What the loop does on a level with one plan, worked out once (the Executable keeps it for
+    later calls): the instructions to run or zero (less those the row moves' launches do:
+    :class:`Windows`), the per-row values they touch (only those are cut to the level's rows)
+    and the buffers they write."""
+
+    def __init__(self, program, plan, env, windows, xp):
+        done, *_, inlined = windows.windows.level(plan) if windows else ((), {})
+        in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
+        self.ran = sum(action == RUN for action in plan)
+        self.steps = [(ins, action, tuple(o.key for o, add in zip(
+                          ins.writes, getattr(ins, "accumulate", ())) if add),
+                       inlined[k].quick(xp) if k in inlined else _quick(ins, xp, in_buffers))
+                      for k, (ins, action) in enumerate(zip(program.core, plan))
+                      if action in (RUN, ZERO) and k not in done
+                      and not (action == RUN and getattr(ins, "aliased", False))]
+        touched = {x.key for ins, *_ in self.steps for x in (*ins.reads, *ins.writes)} | {
+            key for k in inlined for key in inlined[k].reads}
+        if windows:
+            touched |= windows.windows.reads(plan)
+        self.row_keys = [(k, d) for k, d in program.row_keys if k in env and k in touched]
+        self.written = {o.key: row_domain(o.shape)
+                        for ins, action in zip(program.core, plan) if action == RUN
+                        for o in ins.writes if o.key in env and row_domain(o.shape)}
+
+
+def _quick(ins, xp, in_buffers):
+    """A shorter way to run ``ins`` on a level's values (``local``), where there is one: a
+    window read in place (a view; one kept in a buffer is copied there by its step), a fused
+    group straight into its kernel; else None."""
+    if not isinstance(ins, Compute) or ins.symbolic or xp is RECORD:
+        return None
+    node = getattr(ins.step, "node", None)
+    if node is not None and node.op.native == "window" and node.key not in in_buffers:
+        source, key = node.inputs[0].key, node.key
+        index = (slice(None),) * (node.attrs["axis"] % len(node.shape)) + (
+            slice(node.attrs["start"], node.attrs["stop"]),)
+
+        def window(local):
+            local[key] = local[source][index]
+        return window
+    group = getattr(ins.step, "group", None)
+    if group is None:
+        return None
+    step, inputs = ins.step, [x.key for x in group.inputs]
+    outputs = [o.key for o in group.outputs]
+
+    def fused(local):
+        try:
+            args = [local[k] for k in inputs]
+        except KeyError:  # (a constant not bound yet: the step binds it)
+            return step.run(xp, local, local)
+        kernel = step.kernel(xp, compute_dtype(group, args))
+        for key, value in zip(outputs, kernel(*args, outs=[local.get(k) for k in outputs])):
+            local[key] = value
+    return fused
+
+
+def _written(levels_run):
+    """Each buffer's rows written by the loop: the hull of the levels that ran its writer."""
+    hulls = {}  # _LevelSteps -> {domain: the hull of its levels' rows}
+    for level, window in levels_run:
+        hull_of = hulls.setdefault(level, {})
+        for domain, rows in window.items():
+            hull_of[domain] = hull(hull_of[domain], rows) if domain in hull_of else rows
+    written = {}
+    for level, hull_of in hulls.items():
+        for key, domain in level.written.items():
+            widen(written, key, hull_of[domain])
+    return written
+
+
+_ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # (the row kernels' types)
+
+
+def _windows(part, xp):
+    """The Program's :class:`Windows` on CuPy (made once, kept by the Executable), else None."""
+    moved = part.states if part.states is not None else part.d_states
+    if xp is np or xp is RECORD or moved is None or moved.dtype not in _ROW_DTYPES:
+        return None
+    exe = part.exe
+    if exe.windows is None:
+        exe.windows = Windows(part.program)
+    if not (exe.windows.gathers or exe.windows.scatters or exe.windows.inlined):
+        return None
+    return _BoundWindows(exe.windows, part, xp)
 
 
 def run_whole(ins, xp, env, ranges, rows):
@@ -148,6 +252,7 @@ class RowMoves:
 
     def __init__(self, xp, rows, states, d_states):
         self.xp, self.rows, self.states, self.d_states = xp, rows, states, d_states
+        self._zeros = {}
 
     def run(self, ins, local, t, window):
         if isinstance(ins, Compute):
@@ -204,6 +309,347 @@ class RowMoves:
         lo, hi = window["vertex"]
         e0, e1 = window["edge"]
         shape = instantiate(symbol.shape, hi - lo, e1 - e0)
-        local[symbol.key] = self.xp.broadcast_to(self.xp.zeros((), symbol.dtype), shape)
+        zero = self._zeros.get(symbol.dtype)
+        if zero is None:  # (one per dtype: on a GPU, making it is a launch)
+            zero = self._zeros[symbol.dtype] = self.xp.zeros((), symbol.dtype)
+        local[symbol.key] = self.xp.broadcast_to(zero, shape)
 
 
+
+
+class Windows:
+    """(CuPy) A level's row moves in one launch each (``cuda/windows.py``): at its start every
+    gather, at its end every scatter-add, whatever the slots.
+
+    A gather writes where its value is read: a direct gather (read only through column
+    windows) straight into the windows' homes (their buffers, or their columns of a concat's
+    buffer), gathers read only by a concat of columns into the concat's columns, any other
+    into its own rows (its buffer, or a block of the level). A scatter-add reads its source
+    where it is: the parts of a direct scatter-add's concat, a column window's value at the
+    window's columns. So no gathered block, window copy or concatenation is made for them.
+    Made once per Program; each level plan gets its launches once (:meth:`level`)."""
+
+    def __init__(self, program):
+        core = program.core
+        self.made_by = {o.key: k for k, ins in enumerate(core) for o in ins.writes}
+        readers = {}
+        for k, ins in enumerate(core):
+            for x in ins.reads:
+                readers.setdefault(x.key, []).append(k)
+        homes = {b.key: (b.key, 0) for b in program.buffers}  # key -> (buffer key, column)
+        homes.update({p.key: (c.key, start) for p, c, axis, start, _ in program.aliases
+                      if axis in (1, -1) and len(c.shape) == 2})
+        outside = program.read_outside_core
+        # per gather: (core index, what it writes: "windows", "concat" or "own" rows,
+        # [(slot, source column, width, home key, column, core indices it makes)])
+        self.gathers, self.scatters = [], []
+        gathered = {ins.target.key: k for k, ins in enumerate(core)
+                    if isinstance(ins, Gather) and ins.slot != "edges"
+                    and len(ins.target.shape) == 2}
+        for key, k in gathered.items():
+            ins, users = core[k], [core[r] for r in readers.get(key, ())]
+            width = ins.target.shape[1]
+            if ins.direct and users and key not in outside and all(
+                    _is_column_window(w) and w.writes[0].key in homes for w in users):
+                self.gathers.append((k, "windows", [(ins.slot, w.step.node.attrs["start"],
+                                          w.writes[0].shape[1], *homes[w.writes[0].key], (r,))
+                                         for r, w in zip(readers[key], users)]))
+                continue
+            concat = _column_concat(users, gathered, readers, outside)
+            if concat is not None:
+                keys = [x.key for x in concat.reads]
+                column = sum(x.shape[1] for x in concat.reads[:keys.index(key)])
+                home, start = homes.get(concat.writes[0].key, (concat.writes[0].key, 0))
+                self.gathers.append((k, "concat", [(ins.slot, 0, width, home, start + column,
+                                          (self.made_by[concat.writes[0].key],))]))
+                continue
+            self.gathers.append((k, "own", [(ins.slot, 0, width, *homes.get(key, (key, 0)), ())]))
+        for k, ins in enumerate(core):
+            if not isinstance(ins, ScatterAdd) or ins.slot == "edges" or \
+                    len(ins.source.shape) != 2:
+                continue
+            source = core[self.made_by[ins.source.key]] if ins.source.key in self.made_by \
+                else None
+            if ins.direct and source is not None:
+                self.scatters.append((k, self.made_by[ins.source.key],
+                                      self._parts(ins.slot, source.reads, core)))
+            else:
+                self.scatters.append((k, None, self._parts(ins.slot, [ins.source], core)))
+        in_buffers = set(homes)
+        self.inlined = [found for k, ins in enumerate(core)
+                        if (found := _inline(k, core, readers, outside | in_buffers))]
+        self._levels = {}
+
+    def _parts(self, slot, parts, core):
+        """Scatter pieces: (slot, value key, its column, width, column in the gradient); a
+        column window of a level value is read from that value at the window's columns."""
+        pieces, column = [], 0
+        for x in parts:
+            width = x.shape[1]
+            w = core[self.made_by[x.key]] if x.key in self.made_by else None
+            if w is not None and _is_column_window(w) and len(w.reads[0].shape) == 2:
+                pieces.append((slot, w.reads[0].key, w.step.node.attrs["start"], width, column))
+            else:
+                pieces.append((slot, x.key, 0, width, column))
+            column += width
+        return pieces
+
+    def reads(self, plan):
+        """Keys of the per-row values the level's scatter-adds read."""
+        return {key for _, key, *_ in self.level(plan)[2]}
+
+    def level(self, plan):
+        """For a level with ``plan``: (the core indices the launches do, the gather pieces,
+        the scatter pieces)."""
+        found = self._levels.get(plan)
+        if found is not None:
+            return found
+        done, gathers, scatters = set(), [], []
+        for k, kind, pieces in self.gathers:
+            made = {r for *_, makes in pieces for r in makes}
+            if kind == "own":
+                launch = plan[k] == RUN
+            elif kind == "concat":  # (a part with no children on the level: zeros)
+                launch = any(plan[r] == RUN for r in made)
+            else:  # where it runs, or where zeros would be written into its windows' buffers
+                launch = any(plan[r] == (RUN if plan[k] == RUN else ZERO) for r in made)
+            if launch:
+                done.add(k)
+                done.update(r for r in made if plan[r] != SKIP)
+                gathers.extend(p[:5] for p in pieces)
+        for k, concat, pieces in self.scatters:
+            if plan[k] == RUN:
+                done.add(k)
+                if concat is not None:
+                    done.add(concat)  # never made
+                scatters.extend(pieces)
+        quick = {}
+        for inline in self.inlined:
+            if all(plan[r] == RUN for r in inline.replaces + (inline.at,)):
+                done.update(inline.replaces)
+                quick[inline.at] = inline
+        found = self._levels[plan] = (frozenset(done), gathers, scatters, quick)
+        return found
+
+
+class _Inlined:
+    """(CuPy) An elementwise group read only through column windows, by one other group,
+    computed inside it at the windows' columns: its inputs are read there (views), so neither
+    its output nor the windows are made, and the two groups are one launch (the Tree-LSTM's
+    bias add ``x W + b + h U`` inside the gates that read its five windows). ``at``: the
+    reading group's core index; ``replaces``: the indices of the group and the windows."""
+
+    def __init__(self, at, replaces, group, outputs, views):
+        self.at, self.replaces, self.outputs = at, tuple(replaces), outputs
+        self.step = GroupStep(group)
+        # per input of the merged group: (key of the value it is read from, index or None)
+        self.views = [views.get(x.key, (x.key, None)) for x in group.inputs]
+        self.reads = {key for key, _ in self.views}
+        # the views of shared values (the bias's five) are the same on every level
+        self.shared = [index is not None and not row_domain(x.inputs[0].shape)
+                       for x, (_, index) in zip(group.inputs, self.views)]
+
+    def quick(self, xp):
+        step, views, outputs, shared = self.step, self.views, self.outputs, self.shared
+        made = {}  # position -> (the shared value, its view), kept while the value is
+
+        def view(k, value, index):
+            if not shared[k]:
+                return value[index]
+            kept = made.get(k)
+            if kept is None or kept[0] is not value:
+                kept = made[k] = (value, value[index])
+            return kept[1]
+
+        def merged(local):
+            args = [local[key] if index is None else view(k, local[key], index)
+                    for k, (key, index) in enumerate(views)]
+            kernel = step.kernel(xp, compute_dtype(step.group, args))
+            for key, value in zip(outputs, kernel(*args, outs=[local.get(k) for k in outputs])):
+                local[key] = value
+        return merged
+
+
+def _inline(k, core, readers, kept):
+    """The :class:`_Inlined` of core group ``k``, or None where it does not qualify: a fused
+    group of 2-D outputs that live only during their level (``kept``: keys read later or
+    buffered), read only through column windows that only one other fused group reads."""
+    ins = core[k]
+    group = getattr(ins.step, "group", None) if isinstance(ins, Compute) else None
+    if group is None or ins.symbolic or any(ins.accumulate) or any(
+            o.key in kept or len(o.shape) != 2 or not readers.get(o.key) for o in group.outputs):
+        return None
+    windows = [r for o in group.outputs for r in readers[o.key]]
+    if not all(_is_column_window(core[r]) and core[r].writes[0].key not in kept
+               and readers.get(core[r].writes[0].key) for r in windows):
+        return None
+    users = {u for r in windows for u in readers[core[r].writes[0].key]}
+    if len(users) != 1:
+        return None
+    at = users.pop()
+    target = getattr(core[at].step, "group", None)
+    if target is None or core[at].symbolic or any(core[at].accumulate):
+        return None
+    made = {m.key for m in group.members}
+    merged, views, clones = [], {}, {}  # clones: (key, start) -> the member, or input, there
+    for r in windows:
+        node = core[r].step.node
+        start, stop = node.attrs["start"], node.attrs["stop"]
+        width, wanted = node.inputs[0].shape[1], {node.inputs[0].key}
+        for m in reversed(group.members):  # the members this window's value needs
+            if m.key in wanted:
+                wanted.update(x.key for x in m.inputs)
+        for m in group.members:
+            if m.key not in wanted:
+                continue
+            if m.shape[-1:] != (width,):
+                return None
+            inputs = []
+            for x in m.inputs:
+                if x.key in made:
+                    inputs.append(clones[(x.key, start)])
+                elif x.shape[-1:] == (width,):  # read at the window's columns
+                    view = clones.get((x.key, start))
+                    if view is None:
+                        view = clones[(x.key, start)] = Symbol(
+                            "op", x.shape[:-1] + (stop - start,), x.dtype, op=SLICE_AXIS,
+                            inputs=(x,), attrs=dict(start=start, stop=stop, axis=len(x.shape) - 1))
+                        views[view.key] = (x.key, (slice(None),) * (len(x.shape) - 1)
+                                           + (slice(start, stop),))
+                    inputs.append(view)
+                elif x.shape[-1:] in ((), (1,)):  # a scalar or a column: broadcast as it is
+                    inputs.append(x)
+                else:
+                    return None
+            clone = Symbol("op", m.shape[:-1] + (stop - start,), m.dtype, op=m.op,
+                           inputs=inputs, attrs=m.attrs)
+            clones[(m.key, start)] = clone
+            merged.append(clone)
+        clones[node.key] = clones[(node.inputs[0].key, start)]
+    for m in target.members:
+        clone = Symbol("op", m.shape, m.dtype, op=m.op, attrs=m.attrs,
+                       inputs=[clones.get(x.key, x) for x in m.inputs])
+        clones[m.key] = clone
+        merged.append(clone)
+    inputs, seen = [], {m.key for m in merged}
+    for m in merged:
+        for x in m.inputs:
+            if x.key not in seen:
+                seen.add(x.key)
+                inputs.append(x)
+    fused = FusedGroup(merged, inputs, [clones[o.key] for o in target.outputs])
+    return _Inlined(at, [k] + windows, fused, [o.key for o in target.outputs], views)
+
+
+def _is_column_window(ins):
+    node = getattr(ins.step, "node", None) if isinstance(ins, Compute) else None
+    return (node is not None and node.op.native == "window" and len(node.shape) == 2
+            and node.attrs["axis"] in (1, -1))
+
+
+def _column_concat(users, gathered, readers, outside):
+    """The concat of columns that is a gather's only reader, if each of its parts is a
+    gather read by it alone, once (the TreeRNN's [h_l, h_r]), else None."""
+    if len(users) != 1:
+        return None
+    node = getattr(users[0].step, "node", None) if isinstance(users[0], Compute) else None
+    if node is None or not node.op.assembles_in_place or users[0].aliased or \
+            len(node.shape) != 2 or node.attrs.get("axis") not in (1, -1):
+        return None
+    keys = [x.key for x in node.inputs]
+    if len(set(keys)) != len(keys) or any(
+            k not in gathered or k in outside or len(readers[k]) != 1 for k in keys):
+        return None
+    return users[0]
+
+
+class _BoundWindows:
+    """:class:`Windows` for one call: the batch's index arrays, buffers and launches."""
+
+    def __init__(self, windows, part, xp):
+        self.windows, self.part, self.xp = windows, part, xp
+        self.env, self.rows = part.env, part.rows
+        self.idx = _SlotRows(part.rows)
+        from ..cuda import windows as kernels  # (CuPy's side: imported when it is used)
+
+        self.kernels = kernels
+        self._gathers, self._scatters = {}, {}  # plan / layout -> its launch (_gather_spec)
+
+    def start_level(self, plan, local, window):
+        """Launch the level's gathers; the core indices the level's launches do."""
+        done, gathers, *_ = self.windows.level(plan)
+        if gathers:
+            self._gather(plan, gathers, local, window)
+        return done
+
+    def _gather(self, plan, pieces, local, window):
+        lo, hi = window["vertex"]
+        spec = self._gathers.get(plan)
+        if spec is None:
+            spec = self._gathers[plan] = self._gather_spec(pieces)
+        launch, fixed, homes = spec
+        dsts = []
+        for home, width in homes:
+            if width:  # a block of the level's own
+                local[home] = self.xp.empty((hi - lo, width), self.part.states.dtype)
+            dsts.append(local[home] if width else self.env[home])
+        launch((*fixed, *dsts), hi - lo, lo)
+
+    def _gather_spec(self, pieces):
+        """A plan's gather launch: the launcher, its leading arrays (the state, the slots'
+        rows), and per destination its key and the width of a level block (0: a buffer)."""
+        homes = list(dict.fromkeys(p[3] for p in pieces))
+        layout = tuple((slot, start, width, homes.index(home), column, self._width(home),
+                        int(home in self.env)) for slot, start, width, home, column in pieces)
+        states = self.part.states
+        source = self.kernels.gather_source(layout, states.shape[1], states.dtype)
+        slots = sorted({p[0] for p in layout})
+        return (self.kernels.Launcher(source), (states, *[self.idx[s] for s in slots]),
+                [(h, 0 if h in self.env else self._width(h)) for h in homes])
+
+    def _width(self, key):
+        value = self.env.get(key)
+        if value is not None:
+            return value.shape[1]
+        return next(n.shape[1] for n in self.part.program.graph.nodes if n.key == key)
+
+    def end_level(self, plan, local, window):
+        """Launch the level's scatter-adds."""
+        _, _, pieces, _ = self.windows.level(plan)
+        if not pieces:
+            return
+        values, keys, layout = [], {}, []
+        for slot, key, start, width, column in pieces:
+            value = local[key]
+            if not any(value.strides):  # a zero stand-in (a zero level): adds nothing
+                continue
+            if key not in keys:
+                if not value.flags.c_contiguous:
+                    value = self.xp.ascontiguousarray(value)
+                keys[key] = len(values)
+                values.append(value)
+            layout.append((slot, keys[key], start, values[keys[key]].shape[1], width, column))
+        if layout:
+            layout = tuple(layout)
+            spec = self._scatters.get(layout)
+            if spec is None:
+                out = self.part.d_states
+                source = self.kernels.scatter_source(layout, out.shape[1], out.dtype)
+                slots = sorted({p[0] for p in layout})
+                spec = self._scatters[layout] = (self.kernels.Launcher(source),
+                                                 (*[self.idx[s] for s in slots], out))
+            launch, fixed = spec
+            lo, hi = window["vertex"]
+            launch((*values, *fixed), hi - lo, lo)
+
+
+class _SlotRows(dict):
+    """slot -> each row's child in that slot, the whole batch's (int32 on CuPy), on demand."""
+
+    def __init__(self, rows):
+        super().__init__()
+        self.rows = rows
+
+    def __missing__(self, slot):
+        rows = self[slot] = self.rows.slot_rows(slot)
+        return rows

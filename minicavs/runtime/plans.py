@@ -58,12 +58,14 @@ class LevelPlans:
         offsets = {"vertex": np.asarray(rows.level_offsets),
                    "edge": np.asarray(rows.edge_level_offsets)}
         keys, columns = [], []  # one row of the pattern per candidate / sink: per level, bool
-        for k, d in program.zero_candidates:
-            if k in ranges:
-                lo, hi = ranges[k]
+        for d in ("vertex", "edge"):  # zero on a level: its range misses the level's rows
+            found = [(k, ranges[k]) for k, domain in program.zero_candidates
+                     if domain == d and k in ranges]
+            if found:
+                lo, hi = np.array([r for _, r in found], dtype=np.int64).T[:, :, None]
                 start, end = offsets[d][:-1], offsets[d][1:]
-                keys.append(("zero", k))  # zero on the level: its range misses the level's rows
-                columns.append(np.maximum(start, lo) >= np.minimum(end, hi))
+                keys.extend(("zero", k) for k, _ in found)
+                columns.extend(np.maximum(start, lo) >= np.minimum(end, hi))
         if program.skips_unread_sinks:
             sinks = {s.key for s in program.sinks}
             needed = {}  # a sink no vertex of the level reads (one value may serve several slots)
@@ -75,7 +77,13 @@ class LevelPlans:
                 columns.append(~has)
         if not keys:
             return [self.plan(frozenset(), frozenset())], np.zeros(num_levels, dtype=np.int64)
-        patterns, which = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
+        if len(keys) < 63:  # a level's pattern as the bits of one integer: a 1-D unique
+            codes = (np.array(columns, dtype=np.int64) << np.arange(len(keys))[:, None]).sum(0)
+            codes, which = np.unique(codes, return_inverse=True)
+            patterns = [[bool(code >> j & 1) for j in range(len(keys))]
+                        for code in codes.tolist()]
+        else:
+            patterns, which = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
         plans = []
         for pattern in patterns:
             zero = frozenset(k for (kind, k), on in zip(keys, pattern) if on and kind == "zero")

@@ -343,6 +343,7 @@ class VertexFunction(BatchedFunction):
         record.stats["forward_backend"] = part.backend
         record.stats["forward_launches_per_level"], record.stats["forward_launches_by_category"] = (
             call.launches_per_level([part], batch.num_levels))
+        record.stats["forward_host_us_per_level"] = call.host_us_per_level([part], batch.num_levels)
         self._last_stats = record.stats
         return result
 
@@ -371,6 +372,7 @@ class VertexFunction(BatchedFunction):
                             backward_backend=part.backend)
         record.stats["backward_launches_per_level"], record.stats["backward_launches_by_category"] = (
             call.launches_per_level([part], batch.num_levels))
+        record.stats["backward_host_us_per_level"] = call.host_us_per_level([part], batch.num_levels)
         return grads
 
     def _gradients(self, xp, grad_of, rows):

@@ -379,6 +379,7 @@ class KindedFunction(BatchedFunction):
         stats["forward_backend"] = _one_backend(self._named(kinds, parts))
         stats["forward_launches_per_level"], stats["forward_launches_by_category"] = (
             call.launches_per_level(parts, batch.num_levels))
+        stats["forward_host_us_per_level"] = call.host_us_per_level(parts, batch.num_levels)
         return stats
 
     def _named(self, kinds, parts):
@@ -419,6 +420,8 @@ class KindedFunction(BatchedFunction):
         record.stats["backward_seconds"] = time.perf_counter() - started
         record.stats["backward_launches_per_level"], record.stats["backward_launches_by_category"] = (
             call.launches_per_level(parts, record.stats["levels"]))
+        record.stats["backward_host_us_per_level"] = call.host_us_per_level(
+            parts, record.stats["levels"])
         return grads
 
     def _gradients(self, xp, n, kinds, parts):

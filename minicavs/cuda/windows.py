@@ -1,0 +1,193 @@
+"""A level's row moves as one launch each: gathers into column windows, scatter-adds out of them.
+
+F's entrance on a level is the rows of every child slot copied out of the scattered state; its
+readers are mostly column windows (the Tree-LSTM's ``h_l, c_l = split(gather(0), 2)``) that
+live in batch buffers (``h_l`` in its columns of the product's input ``[h_l, h_r]``, ``c_l`` in
+the buffer ∂F reads). :func:`gather_windows` copies each window's columns of the children's rows
+straight into the rows it owns, every slot in one launch: no gathered block, no copy per window.
+∂F's exit is the mirror: :func:`scatter_add_windows` adds the parts of each slot's
+concatenated gradient (``[dh, dc]``) into their columns of the children's state gradient rows,
+every slot in one launch, so the concatenation is never made.
+
+A launch is described by a *layout* (a tuple of pieces, fixed for a Program) and the kernel
+source is generated per layout and dtype, its columns and row widths written in as constants,
+and cached (few layouts per model: one per set of slots a level has):
+
+* gather piece ``(slot, src_col, width, dst, dst_col, dst_width, batch)``:
+  ``dsts[dst][row, dst_col + j] = src[idx[slot][lo + i], src_col + j]`` (zeros for -1), the
+  row ``lo + i`` of a batch-wide destination (``batch`` 1) or ``i`` of the level's own (0);
+* scatter piece ``(slot, src, src_col, src_width, width, dst_col)``:
+  ``out[idx[slot][lo + i], dst_col + j] += srcs[src][i, src_col + j]`` (atomic; -1 dropped).
+
+``lo`` is the level's first row: the index arrays and destinations are the whole batch's, so a
+level passes pointers it already has. Index -1 reads zeros / adds nothing, as the row kernels
+of ``kernels.py`` do; the NumPy twins (``*_numpy``) are the reference semantics.
+"""
+
+import functools
+import hashlib
+from collections import namedtuple
+from string import Template
+
+import numpy as np
+
+from . import kernels
+
+_HEAD = """
+extern "C" __global__ void ${name}(${params}, const long long n, const long long lo)
+{
+    const long long total = n * ${width};
+    ${loop} {
+        const long long i = e / ${width};
+        long long j = e - i * ${width};
+${pieces}
+    }
+}
+"""
+
+_GATHER_PIECE = """        if (j < ${width}) {
+            const int r = idx${slot}[lo + i];
+            dst${dst}[(${row}) * ${dst_width} + ${dst_col} + j] =
+                r < 0 ? (${T})0 : src[(long long)r * ${src_width} + ${src_col} + j];
+            continue;
+        }
+        j -= ${width};"""
+
+_SCATTER_PIECE = """        if (j < ${width}) {
+            const int r = idx${slot}[lo + i];
+            if (r >= 0)
+                atomicAdd(&out[(long long)r * ${out_width} + ${dst_col} + j],
+                          src${src}[i * ${src_width} + ${src_col} + j]);
+            continue;
+        }
+        j -= ${width};"""
+
+
+LayoutSource = namedtuple("LayoutSource", "name code row_width")  # (elements moved per row)
+
+
+def _name(kind, layout, dtype):
+    digest = hashlib.sha1(repr(layout).encode()).hexdigest()[:10]
+    return f"minicavs_{kind}_{kernels.DTYPES[np.dtype(dtype)][1]}_{digest}"
+
+
+@functools.lru_cache(maxsize=None)
+def gather_source(layout, src_width, dtype):
+    """The CUDA source of a gather layout: ``LayoutSource(name, code, row_width)``."""
+    t = kernels.DTYPES[np.dtype(dtype)][0]
+    slots = sorted({p[0] for p in layout})
+    dsts = sorted({p[3] for p in layout})
+    params = [f"const {t}* __restrict__ src"] + [
+        f"const int* __restrict__ idx{s}" for s in slots] + [f"{t}* __restrict__ dst{d}"
+                                                             for d in dsts]
+    pieces = "\n".join(Template(_GATHER_PIECE).substitute(
+        slot=s, width=w, dst=d, dst_col=dc, dst_width=dw, src_col=sc, src_width=src_width, T=t,
+        row="lo + i" if batch else "i") for s, sc, w, d, dc, dw, batch in layout)
+    name = _name("gather_windows", (layout, src_width), dtype)
+    width = sum(p[2] for p in layout)
+    code = Template(_HEAD).substitute(name=name, params=", ".join(params), width=width,
+                                      loop=kernels._GRID_STRIDE, pieces=pieces)
+    return LayoutSource(name, code, width)
+
+
+@functools.lru_cache(maxsize=None)
+def scatter_source(layout, out_width, dtype):
+    """The CUDA source of a scatter-add layout: ``LayoutSource(name, code, row_width)``."""
+    t = kernels.DTYPES[np.dtype(dtype)][0]
+    slots = sorted({p[0] for p in layout})
+    srcs = sorted({p[1] for p in layout})
+    params = [f"const {t}* __restrict__ src{s}" for s in srcs] + [
+        f"const int* __restrict__ idx{s}" for s in slots] + [f"{t}* __restrict__ out"]
+    pieces = "\n".join(Template(_SCATTER_PIECE).substitute(
+        slot=s, src=src, src_col=sc, src_width=sw, width=w, dst_col=dc, out_width=out_width)
+        for s, src, sc, sw, w, dc in layout)
+    name = _name("scatter_add_windows", (layout, out_width), dtype)
+    width = sum(p[4] for p in layout)
+    code = kernels._DOUBLE_ATOMIC_ADD + Template(_HEAD).substitute(
+        name=name, params=", ".join(params), loop=kernels._GRID_STRIDE, width=width,
+        pieces=pieces)
+    return LayoutSource(name, code, width)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(source, runner):
+    if runner == "shim":
+        from . import shim
+
+        return shim.shim_kernel(source.code, source.name)
+    from ..backend import _import_cupy
+    from . import nvrtc
+
+    return _import_cupy().RawKernel(source.code, source.name, options=nvrtc.KERNEL_OPTIONS)
+
+
+@functools.lru_cache(maxsize=None)
+def _operands(layout, slot_at, array_at):
+    """The slots and the arrays a layout reads, in parameter order."""
+    return sorted({p[slot_at] for p in layout}), sorted({p[array_at] for p in layout})
+
+
+def _launch(source, runner, total, args):
+    Launcher(source, runner)(args[:-2], args[-2], args[-1])
+
+
+class Launcher:
+    """One layout's kernel, ready to launch on a level: ``launcher(arrays, n, lo)`` with the
+    arrays in parameter order (what a level loop calls, its layouts fixed per plan)."""
+
+    def __init__(self, source, runner="cupy"):
+        self.kernel, self.row_width = _compiled(source, runner), source.row_width
+
+    def __call__(self, arrays, n, lo):
+        total = n * self.row_width
+        if total:
+            blocks = min(-(-total // kernels.BLOCK_SIZE), kernels.MAX_BLOCKS)
+            self.kernel((blocks,), (kernels.BLOCK_SIZE,), (*arrays, np.int64(n), np.int64(lo)))
+
+
+# --- gathers ------------------------------------------------------------------------------------
+
+def gather_windows_numpy(src, idx, dsts, layout, n, lo):
+    """NumPy twin of :func:`gather_windows`."""
+    for slot, src_col, width, dst, dst_col, _, batch in layout:
+        rows = idx[slot][lo:lo + n]
+        block = np.where((rows >= 0)[:, None], src[rows, src_col:src_col + width], 0)
+        first = lo if batch else 0
+        dsts[dst][first:first + n, dst_col:dst_col + width] = block
+
+
+def gather_windows(src, idx, dsts, layout, n, lo, runner=None):
+    """Rows ``lo..lo+n`` of each destination window from the children's rows of ``src``, all
+    pieces of ``layout`` in one launch. ``src``: the (N, S) state; ``idx``: per slot, the whole
+    batch's (rows,) int32 child rows (a dict or list indexed by slot); ``dsts``: C-contiguous 2-D
+    arrays indexed by a piece's ``dst``. The caller checks the indices once per batch."""
+    runner = runner or ("cupy" if kernels._is_cupy(src) else "numpy")
+    if runner == "numpy":
+        return gather_windows_numpy(src, idx, dsts, layout, n, lo)
+    source = gather_source(layout, src.shape[1], src.dtype)
+    slots, targets = _operands(layout, 0, 3)
+    _launch(source, runner, n * source.row_width,
+            (src, *[idx[s] for s in slots], *[dsts[d] for d in targets], n, lo))
+
+
+# --- scatter-adds -------------------------------------------------------------------------------
+
+def scatter_add_windows_numpy(srcs, idx, out, layout, n, lo):
+    """NumPy twin of :func:`scatter_add_windows` (pieces in order, rows in index order)."""
+    for slot, src, src_col, _, width, dst_col in layout:
+        rows = idx[slot][lo:lo + n]
+        present = rows >= 0
+        np.add.at(out[:, dst_col:dst_col + width], rows[present],
+                  srcs[src][:n][present, src_col:src_col + width])
+
+
+def scatter_add_windows(srcs, idx, out, layout, n, lo, runner=None):
+    """Add each piece's columns of the level's rows ``srcs[src]`` (C-contiguous (n, width)
+    arrays) into its columns of the children's rows of ``out``, all pieces in one launch."""
+    runner = runner or ("cupy" if kernels._is_cupy(out) else "numpy")
+    if runner == "numpy":
+        return scatter_add_windows_numpy(srcs, idx, out, layout, n, lo)
+    source = scatter_source(layout, out.shape[1], out.dtype)
+    slots, parts = _operands(layout, 0, 1)
+    _launch(source, runner, n * source.row_width,
+            (*[srcs[s] for s in parts], *[idx[s] for s in slots], out, n, lo))

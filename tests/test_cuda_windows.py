@@ -1,0 +1,70 @@
+"""The level's row moves as one launch each (minicavs/cuda/windows.py): generated sources compile
+with NVRTC as CuPy compiles them, and the g++ shim runs them as their NumPy twins."""
+
+import numpy as np
+import pytest
+
+from minicavs.cuda import nvrtc, windows
+
+AS_CUPY = nvrtc.KERNEL_OPTIONS + nvrtc.CUPY_APPENDED_OPTIONS
+
+# The Tree-LSTM's: child 0's h into columns 0:3 of [h_l, h_r] and its c into a buffer of its
+# own; child 1's h into columns 3:6, its c into another buffer (state rows [h, c], width 6).
+# (child 1's c into a block of the level's own: rows 0..3)
+GATHER = ((0, 0, 3, 0, 0, 6, 1), (0, 3, 3, 1, 0, 3, 1), (1, 0, 3, 0, 3, 6, 1), (1, 3, 3, 2, 0, 3, 0))
+# ∂F's: per child, [dh, dc] from a column window of a product (dh: columns 0:3 or 3:6 of a
+# (n, 6) value) and a (n, 3) value of its own.
+SCATTER = ((0, 0, 0, 6, 3, 0), (0, 1, 0, 3, 3, 3), (1, 0, 3, 6, 3, 0), (1, 2, 0, 3, 3, 3))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_generated_sources_compile_with_nvrtc(dtype):
+    for source in (windows.gather_source(GATHER, 6, dtype),
+                   windows.scatter_source(SCATTER, 6, dtype)):
+        ptx = nvrtc.compile_to_ptx(source.code, source.name, arch="compute_90", options=AS_CUPY)
+        assert nvrtc.ptx_entries(ptx) == [source.name]
+
+
+def _level(rng, dtype):
+    """A level of 4 rows (rows 5..8 of a batch of 10) over a state of 12 rows (-1: no child)."""
+    idx = {0: np.full(10, -1, np.int32), 1: np.full(10, -1, np.int32)}
+    idx[0][5:9] = [0, 3, -1, 11]
+    idx[1][5:9] = [1, -1, 2, 10]
+    return idx, rng.normal(size=(12, 6)).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gather_windows_on_the_shim_equals_its_numpy_twin(dtype):
+    rng = np.random.default_rng(0)
+    idx, states = _level(rng, dtype)
+    got = [rng.normal(size=(10, w)).astype(dtype) for w in (6, 3, 3)]
+    want = [a.copy() for a in got]
+    windows.gather_windows(states, idx, got, GATHER, 4, 5, runner="shim")
+    windows.gather_windows_numpy(states, idx, want, GATHER, 4, 5)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(want[0][5], np.concatenate([states[0, :3], states[1, :3]]))
+    np.testing.assert_array_equal(want[2][2], states[2, 3:])  # level row 2: batch row 7
+    np.testing.assert_array_equal(want[1][7], 0)  # no child 0: zeros
+    np.testing.assert_array_equal(got[0][:5], want[0][:5])  # other levels' rows untouched
+    np.testing.assert_array_equal(got[2][4:], want[2][4:])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scatter_add_windows_on_the_shim_equals_its_numpy_twin(dtype):
+    rng = np.random.default_rng(1)
+    idx, _ = _level(rng, dtype)
+    idx[1][8] = 3  # a DAG: row 3 gets child 0's gradient from row 6 and child 1's from row 8
+    values = [rng.normal(size=(4, w)).astype(dtype) for w in (6, 3, 3)]
+    got = rng.normal(size=(12, 6)).astype(dtype)
+    want = got.copy()
+    windows.scatter_add_windows(values, idx, got, SCATTER, 4, 5, runner="shim")
+    windows.scatter_add_windows_numpy(values, idx, want, SCATTER, 4, 5)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    before = rng.normal(size=(12, 6)).astype(dtype)
+    after = before.copy()
+    windows.scatter_add_windows_numpy(values, idx, after, SCATTER, 4, 5)
+    np.testing.assert_allclose(after[0] - before[0],
+                               np.concatenate([values[0][0, :3], values[1][0]]), rtol=1e-6)
+    np.testing.assert_allclose(after[3] - before[3], np.concatenate(
+        [values[0][1, :3] + values[0][3, 3:], values[1][1] + values[2][3]]), rtol=1e-6)
