@@ -13,14 +13,15 @@ step doctor 30 python3 -m minicavs doctor
 step pytest_gpu ${PYTEST_LIMIT:-180} python3 -m pytest -q -p no:cacheprovider -m gpu --maxfail 25 \
      --timeout 120 -o addopts= tests
 step bench_cuda ${BENCH_LIMIT:-150} python3 benchmarks/run.py --cuda --epochs 1 --ablation none \
-     --timeout 140 $SST --out "$OUT"
+     --workloads "${WORKLOADS:-tree_lstm_256}" --timeout 140 $SST --out "$OUT"
 step autobatch_table ${TABLE_LIMIT:-150} python3 benchmarks/autobatch_table.py --cuda --batches 4 \
-     --rounds 1 --threads "$(nproc)"
+     --rounds 1 --threads "$(nproc)" ${TABLE_ARGS:-}
 step autobatch_cuda 50 python3 examples/autobatch.py --device cuda --train-size 1000 \
      --test-size 200 --epochs 1 --no-progress
 step autobatch_cpu 40 python3 examples/autobatch.py --device cpu --train-size 1000 \
      --test-size 200 --epochs 1 --no-progress
 # Where a Tree-LSTM-256 epoch's host time goes (the GPU idles while Python issues launches).
+[ "${PROFILE:-1}" = 0 ] && exit 0
 step profile_treelstm_cuda 90 python3 -m cProfile -o "$OUT/treelstm.prof" examples/tree_lstm.py \
      --device cuda --hidden 256 --embed-dim 256 --train-size 3000 --epochs 2 --no-progress \
      ${DATA:+--data $DATA/sst}
