@@ -193,7 +193,8 @@ class VertexFunction(BatchedFunction):
         self.options = passes.Options.of(options)
         self.cell = cell
         self._trace_with_dtype(cell, dtype, pull_dtype)
-        program, backward_program = passes.compile_programs(self, self.options)
+        program, backward_program = passes.compile_programs(passes.CellGraph(
+            self.name, self.graph, tuple(self.source_slots), self.edge_parent_input), self.options)
         # What runs the Programs, with their caches (buffers, level plans, native loops).
         self.executable = Executable(program)
         self.backward_executable = Executable(backward_program)
@@ -297,7 +298,7 @@ class VertexFunction(BatchedFunction):
     def memory_model(self):
         """What a call needs, as bytes per vertex, edge and level row (memory.py)."""
         if self._memory_model is None:
-            self._memory_model = memory.CallModel(self)
+            self._memory_model = memory.CallModel(self.program, self.backward_program)
         return self._memory_model
 
     def _infer(self, *avals, batch, call):  # noqa: ARG002 (call: the call's record)
