@@ -46,5 +46,5 @@ class VertexFunction(TracedCell, KindedFunction):
         keywords are this class's. Each kind runs its own cell on its own rows only."""
         return KindedFunction(cells, by, **keywords)
 
-    def __call__(self, batch, pull=None):
+    def __call__(self, batch, pull=None):  # (one kind: no tag=)
         return KindedFunction.__call__(self, batch, pull)

@@ -290,8 +290,13 @@ class KindedFunction(BatchedFunction):
         position = {id(p): i for i, p in enumerate(self.params)}
         self._param_positions = {key: [position[id(p)] for p in c.params]
                                  for key, c in self.cells.items()}
+        captured = {}  # each parameter's first capture: messages name it and its line
+        for c in self.cells.values():
+            for node, p in zip(c.graph.params, c.params):
+                captured.setdefault(id(p), node)
         self._op = Op(f"vertex:{self.name}", self._forward, self._infer, self._vjp,
-                      argument_names=self._argument_names(self.params))
+                      argument_names=self._argument_names(
+                          [captured[id(p)] for p in self.params]))
         self._last_stats = None
 
     @property
