@@ -169,17 +169,17 @@ def _level_values(program, counted=None):
 
 
 class CallModel:
-    """Bytes a call of vertex function ``f`` needs, as :class:`Linear` sizes: ``forward`` (F's
-    run, its index arrays, the pulled rows in level order and the result), ``kept`` (what a
-    call holds until its backward: F's buffers, the other values ∂F reads, the result) and
-    ``backward`` (∂F's run and the gradient rows)."""
+    """Bytes a call of the Programs ``fwd`` (F) and ``bwd`` (∂F) needs, as :class:`Linear`
+    sizes: ``forward`` (F's run, its index arrays, the pulled rows in level order and the
+    result), ``kept`` (what a call holds until its backward: F's buffers, the other values ∂F
+    reads, the result) and ``backward`` (∂F's run and the gradient rows)."""
 
-    def __init__(self, f):
-        fwd, bwd = f.program, f.backward_program
-        out = f.program.graph.outputs[-1]
+    def __init__(self, fwd, bwd):
+        out = fwd.graph.outputs[-1]
         slots = sum(1 for ins in fwd.core if isinstance(ins, Gather) and ins.slot != "edges")
         index_bytes = Linear(8 * slots, 0, 0, 0, 0)
-        pull = _whole(f.pull_input) if f.pull_input is not None else Linear()
+        pulled = [x for x in fwd.graph.inputs if x.role == "pull"]  # (bound by role: call.py)
+        pull = _whole(pulled[0]) if pulled else Linear()
         self.forward = _program_needs(fwd) + index_bytes + pull + _whole(out)
         in_buffers = fwd.buffered | {part.key for part, *_ in fwd.aliases}
         refs = {r.key: r for r in bwd.graph.forward_refs
@@ -190,7 +190,7 @@ class CallModel:
         refs_in_bw = bwd.graph.inputs[len(bwd.graph.cotangents):]
         # (+ F's level scratch: the native loop keeps it for the next call, minicavs/cpu)
         self.backward = (_program_needs(bwd, exclude=refs_in_bw) + _whole(out)
-                         + (pull if f.pull_dtype.kind == "f" else Linear())
+                         + (pull if pulled and pulled[0].dtype.kind == "f" else Linear())
                          + _level_values(fwd))
 
     def need(self, sizes, training):
@@ -223,7 +223,8 @@ def batch_sizes(batch, first=0, stop=None):
 def plan(f, batch, training):
     """None if a call of ``f`` on ``batch`` fits the budget; else the sub-batches to run
     instead, as ranges ``(first graph, stop)``. Raises :class:`OutOfMemoryError` when no cut
-    fits."""
+    fits. Of ``f`` (a front-end) only ``name`` and ``memory_model`` (a CallModel, or anything
+    with its ``need`` and ``kept``) are read, here and in :func:`out_of_memory`."""
     model = f.memory_model
     budget = memory_budget()
     whole = batch_sizes(batch)

@@ -1,9 +1,9 @@
 """The passes that build a vertex function's Programs, in one pipeline (Cavs §3.4).
 
-``compile_programs(f, options)`` takes the traced graph F and returns the Programs of F and ∂F.
-Each pass is a function Program -> Program with a name; the optional ones have a switch of the
-same name in :class:`Options`, so the ablation benchmark can turn each one off and the tests can
-check that every combination computes the same thing. In pipeline order:
+``compile_programs(cell, options)`` takes the traced graph F (a :class:`CellGraph`) and returns
+the Programs of F and ∂F. Each pass is a function Program -> Program with a name; the optional
+ones have a switch of the same name in :class:`Options`, so the ablation benchmark can turn each
+one off and the tests can check that every combination computes the same thing. In pipeline order:
 
 graph rewrites (on F; ∂F is derived from the rewritten F, then rewritten too)
   ``regroup_sums``   ((x W + h U) + b) -> ((x W + b) + h U): the addends that need no gathered
@@ -562,27 +562,42 @@ def run_passes(program, passes, options):
     return program
 
 
-def compile_programs(f, options):
-    """The Programs of F and ∂F of vertex function ``f`` (its traced graph and ends).
+@dataclass(frozen=True)
+class CellGraph:
+    """A traced vertex function as :func:`compile_programs` reads it, and all it reads of one.
+
+    ``graph``: F, its outputs the scattered state, then the pushed output if any. ``slots``:
+    each input of F that carries children's states, with its child slot — ``(k, gather(k))``,
+    and ``("edges", child state per edge)`` for ``gather_sum``; these are the sources of the
+    core path. ``edge_parent``: the input naming each edge's parent row (``gather_sum``), or
+    None. The other inputs are found by their role (``pull``) or kind (parameters)."""
+
+    name: str
+    graph: Graph
+    slots: tuple
+    edge_parent: Symbol = None
+
+
+def compile_programs(cell, options):
+    """The Programs of F and ∂F of a traced vertex function (a :class:`CellGraph`).
 
     F's graph is rewritten first, ∂F is derived from the result and rewritten too; the ends of
     each program are named after the rewrites (they may replace output nodes). F then keeps
     the values ∂F reads."""
-    sources, slots = tuple(f.sources), tuple(f.source_slots)
-    forward = run_passes(Program(f.name, f.graph, sources, (), slots,
-                                 edge_parent=f.edge_parent_input), GRAPH_PASSES, options)
+    slots, edge_parent = cell.slots, cell.edge_parent
+    forward = run_passes(Program(cell.name, cell.graph, tuple(s for _, s in slots), (), slots,
+                                 edge_parent=edge_parent), GRAPH_PASSES, options)
     graph = forward.graph
     forward = forward.with_(sinks=(graph.outputs[0],))  # the scattered state
     wrt = [s for s in graph.inputs if s.dtype.kind == "f"] + [
         p for p in graph.params if p.dtype.kind == "f"]
     bw = grad_graph(graph, wrt, unreached="drop")
-    backward = run_passes(Program(f"d({f.name})", bw, (bw.cotangents[0],), (), (), reverse=True),
+    backward = run_passes(Program(f"d({cell.name})", bw, (bw.cotangents[0],), (), (), reverse=True),
                           GRAPH_PASSES, options)
     bw = backward.graph
     grad_of = {x.key: g for x, g in zip(bw.grad_of, bw.outputs)}
     sinks = tuple((slot, grad_of[s.key]) for slot, s in slots if s.key in grad_of)
     refs = {fwd.key: ref for fwd, ref in zip(bw.forward_refs, bw.inputs[len(bw.cotangents):])}
-    edge_parent = f.edge_parent_input
     backward = backward.with_(sinks=tuple(g for _, g in sinks), slots=sinks,
                               edge_parent=None if edge_parent is None else
                               refs.get(edge_parent.key))

@@ -3,7 +3,8 @@ dynamic network whose Programs the execution layer (``minicavs/runtime/``) runs.
 order:
 
 ``graphs.py``       InputGraph/GraphBatch and the level schedule (which vertices run together)
-``function.py``     the VertexFunction API: the cell, traced once with gather/scatter/pull/push
+``cell.py``         the cell, traced once with gather/scatter/pull/push into F and ∂F's Programs
+``function.py``     the VertexFunction API: one cell, the one-kind case of kinds.py's call
 ``batching.py``     how each op of the cell runs on a whole level at once (rules in ``ops/``)
 ``frontend.py``     what the batched front-ends share: argument checks, ``explain()``
 ``kinds.py``        vertex kinds: one cell per kind (leaf, arity, tag), each on its own rows
@@ -14,7 +15,8 @@ order:
 """
 
 from .graphs import GraphBatch, InputGraph
-from .function import Vertex, VertexFunction
+from .cell import TracedCell, Vertex
+from .function import VertexFunction
 from .kinds import KindedFunction
 from ..runtime.passes import Options
 from .recursive import RecursiveFunction, recursive

@@ -1,8 +1,8 @@
-"""What every batched front-end shares: the checks of a call's arguments, and ``explain()``.
+"""What a call of a vertex function checks of its arguments, and how it reads its figures.
 
-A :class:`VertexFunction` (one cell) and a :class:`KindedFunction` (one cell per kind; also what
-``mc.recursive`` runs) are both one differentiable op over a GraphBatch; this base gives them
-the same messages for the same mistakes and the same way to read a call's figures.
+A :class:`KindedFunction` (one cell per kind; also what ``mc.recursive`` runs) and its one-kind
+case :class:`VertexFunction` are one differentiable op over a GraphBatch; this base holds the
+messages for the mistakes of a call and ``explain()``, the way to read a call's figures.
 """
 
 import numpy as np

@@ -1,10 +1,12 @@
 """Vertex kinds: one vertex function with several cells, the cell chosen per vertex by graph data.
 
 ``mc.VertexFunction.by_kind({"leaf": leaf_cell, "internal": internal_cell}, by="leaf", ...)``
-makes a :class:`KindedFunction`. Each cell is an ordinary :class:`VertexFunction`, traced into
-its own Programs of F and ∂F; the kind of a vertex comes from its graph (``by="leaf"``: leaf or
+makes a :class:`KindedFunction`. Each cell is traced once (a :class:`~.cell.TracedCell`, with its
+own Programs of F and ∂F); the kind of a vertex comes from its graph (``by="leaf"``: leaf or
 internal; ``by="arity"``: its number of children) or from an integer per vertex given with the
-call (``by="tag"``, ``F(batch, pull=X, tag=T)``).
+call (``by="tag"``, ``F(batch, pull=X, tag=T)``). A plain
+:class:`~minicavs.vertex.function.VertexFunction` is the case of one kind (``by=None``): every
+vertex runs its one cell, and this is its call too.
 
 How a call runs (no masked work: each kind's program sees its own rows only):
 
@@ -12,9 +14,11 @@ How a call runs (no masked work: each kind's program sees its own rows only):
   rows, and within it one contiguous block per level (:func:`kind_schedule`, once per batch and
   kind assignment). Each kind gets its own :class:`~minicavs.vertex.graphs.BatchIndices` over
   its block: its levels are the batch levels where it has vertices; its child rows point into
-  the batch's rows, whatever the child's kind;
+  the batch's rows, whatever the child's kind. With one kind present nothing is sorted: the
+  kind's rows are the batch's own, in its level order;
 * there is one state buffer for the whole batch: a kind's scattered state is its block of it, so
-  a parent of any kind gathers the state a child of any kind scattered;
+  a parent of any kind gathers the state a child of any kind scattered (one kind: its Program's
+  own pooled state buffer);
 * each kind's Program is bound as one part of the call (``runtime/call.py``) and the runtime's
   driver (``runtime/driver.py``) runs every kind's eager phase, then the levels of all kinds in
   step (bottom-up for F, top-down for ∂F), each kind's consecutive levels in one call of its
@@ -22,10 +26,10 @@ How a call runs (no masked work: each kind's program sees its own rows only):
   gradient;
 * a parameter several cells close over is one input of the op and gets the sum of their
   gradients.
-
-With one kind, use a plain VertexFunction: nothing here is on its path.
 """
 
+import functools
+import operator
 import time
 
 import numpy as np
@@ -36,6 +40,7 @@ from ..errors import DTypeError, GraphError, IndexRangeError, ShapeError
 from ..ops import registry, shape as shape_ops
 from ..ops.registry import Op, describe
 from ..runtime import call, driver, memory
+from .cell import TracedCell
 from .frontend import BatchedFunction
 from .graphs import BatchIndices, GraphBatch
 
@@ -44,16 +49,15 @@ SELECTORS = ("leaf", "arity", "tag")
 
 def kinds_of_vertices(batch, by, tag=None):
     """The kind key of every vertex of ``batch`` (its vertex order), as a list of distinct keys
-    and an int array of positions in it: ``"leaf"``/``"internal"``, the arity, or the tag."""
+    and an int array of positions in it: ``"leaf"``/``"internal"``, the arity, or the tag
+    (``by=None``: one kind, None)."""
+    if by is None:
+        return [None], np.zeros(batch.num_vertices, dtype=np.int64)
     arity = batch.num_children
     if by == "leaf":
         keys = np.where(arity == 0, 0, 1)
         return ["leaf", "internal"], keys
-    if by == "arity":
-        values = arity
-    else:
-        values = tag
-    distinct, keys = np.unique(values, return_inverse=True)
+    distinct, keys = np.unique(arity if by == "arity" else tag, return_inverse=True)
     return distinct.tolist(), keys.reshape(-1)
 
 
@@ -104,21 +108,30 @@ class _KindBatch:
             level_index[self.edge_parent_row]]
         self._child_rows = {}
 
-    def child_rows_of(self, k):
-        rows = self._child_rows.get(k)
-        if rows is None:
-            rows = np.full(self.num_vertices, -1, dtype=np.int64)
-            has_k = self.edge_slot == k
-            rows[self.edge_parent_row[has_k]] = self.edge_child_row[has_k]
-            self._child_rows[k] = rows
-        return rows
+    child_rows_of = GraphBatch.child_rows_of  # (the same edge arrays, counted in the block)
+
+
+class _WholeBatch:
+    """The block of a kind that owns every vertex: all the batch's rows and levels."""
+
+    def __init__(self, batch):
+        self.first, self.stop, self.num_vertices = 0, batch.num_vertices, batch.num_vertices
+        self.levels = list(range(batch.num_levels))
 
 
 class KindSchedule:
     """A batch's rows sorted by (kind, level): ``order`` (row -> vertex), ``row_of`` (its
-    inverse), and per kind present its block (``parts``: kind position -> _KindBatch)."""
+    inverse), and per kind present its block (``parts``: kind position -> _KindBatch). With one
+    kind present (``kind_of`` None or constant) the sort would give the batch's own level
+    order, so nothing is sorted: the kind's rows are the batch's (``one``)."""
 
-    def __init__(self, batch, kind_of):
+    def __init__(self, batch, kind_of=None):
+        self._indices = {}
+        self.one = kind_of is None or not (kind_of != kind_of[0]).any()
+        if self.one:
+            self.order, self.row_of = batch.order, batch.row_of
+            self.parts = {0 if kind_of is None else int(kind_of[0]): _WholeBatch(batch)}
+            return
         self.order = np.lexsort((batch.level, kind_of))
         self.row_of = np.empty_like(self.order)
         self.row_of[self.order] = np.arange(batch.num_vertices)
@@ -131,10 +144,11 @@ class KindSchedule:
         starts = np.concatenate([[0], np.cumsum(sizes)])
         self.parts = {k: _KindBatch(batch, self.order, int(starts[k]), int(starts[k + 1]), edges)
                       for k in np.flatnonzero(sizes).tolist()}
-        self._indices = {}
 
-    def indices(self, xp):
-        """Per kind present, its BatchIndices on ``xp`` (made once)."""
+    def indices(self, batch, xp):
+        """Per kind present, its BatchIndices on ``xp`` (made once; one kind: the batch's)."""
+        if self.one:
+            return {k: batch.indices(xp) for k in self.parts}
         found = self._indices.get(xp.__name__)
         if found is None:
             found = self._indices[xp.__name__] = {
@@ -142,11 +156,12 @@ class KindSchedule:
         return found
 
 
-def kind_schedule(batch, kind_of):
-    """The KindSchedule of ``batch`` for the kinds ``kind_of``, memoised on the batch (a batch
-    is usually called with one assignment of kinds: leaf, arity, or one tag array)."""
+def kind_schedule(batch, kind_of=None):
+    """The KindSchedule of ``batch`` for the kinds ``kind_of`` (None: one kind), memoised on
+    the batch (a batch is usually called with one assignment of kinds: leaf, arity, or one tag
+    array)."""
     memo = batch.__dict__.setdefault("_kind_schedules", {})
-    key = kind_of.tobytes()
+    key = None if kind_of is None else kind_of.tobytes()
     found = memo.get(key)
     if found is None:
         if len(memo) > 8:
@@ -203,15 +218,14 @@ class KindedFunction(BatchedFunction):
 
     ``cells``: {kind: cell(v)}; kinds are ``"leaf"``/``"internal"`` (``by="leaf"``), numbers of
     children (``by="arity"``) or integers (``by="tag"``). The other keywords are those of
-    :class:`VertexFunction`, shared by every cell; ``arity`` defaults to the key under
-    ``by="arity"``. Every cell scatters the same state shape; if one pushes, all do.
+    :class:`~minicavs.vertex.function.VertexFunction`, shared by every cell; ``arity``
+    defaults to the key under ``by="arity"``. Every cell scatters the same state shape; if one
+    pushes, all do.
     Calling: ``F(batch, pull=X)`` (``tag=T`` under ``by="tag"``), one row per vertex.
     """
 
     def __init__(self, cells, by, scatter_shape, pull_shape=None, push_shape=None, arity=None,
                  dtype=None, pull_dtype=None, name=None, options=None, _traced=None):
-        from .function import VertexFunction
-
         if by not in SELECTORS:
             raise GraphError(f"VertexFunction.by_kind: by must be one of {SELECTORS}, got "
                              f"{by!r}")
@@ -241,8 +255,8 @@ class KindedFunction(BatchedFunction):
                     made[key] = _traced[key]
                     continue
                 a = key if by == "arity" and arity is None else arity
-                made[key] = VertexFunction(cell, arity=a, dtype=dt, name=f"{self.name}[{key}]",
-                                           **common)
+                made[key] = TracedCell(cell, arity=a, dtype=dt, name=f"{self.name}[{key}]",
+                                       **common)
             return made
 
         self.cells = make(dtype)
@@ -263,19 +277,27 @@ class KindedFunction(BatchedFunction):
             raise ShapeError(f"vertex function {self.name!r}: the kinds push different shapes "
                              f"{sorted(shapes)}")
         self.push_shape = first.push_shape if first.push_output is not None else None
-        params, seen = [], set()
-        for c in self.cells.values():
-            for p in c.params:
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    params.append(p)
-        self.params = params  # one input of the op per parameter, however many cells use it
+        # one input of the op per parameter, however many cells use it (in order of first use)
+        self.params = list({id(p): p for c in self.cells.values() for p in c.params}.values())
         self.program = KindPrograms(self)
         self.backward_program = KindPrograms(self, backward=True)
-        self._op = Op(f"vertex:{self.name}", self._forward, self._infer, self._vjp,
-                      argument_names=self._argument_names(params))
-        self._last_stats = None
         self._memory_model = None
+        self._make_op()
+
+    def _make_op(self):
+        """The op a call applies (once ``cells``, ``by``, ``params`` and the shapes are set),
+        and where each cell's parameters are among the op's (``params``)."""
+        position = {id(p): i for i, p in enumerate(self.params)}
+        self._param_positions = {key: [position[id(p)] for p in c.params]
+                                 for key, c in self.cells.items()}
+        captured = {}  # each parameter's first capture: messages name it and its line
+        for c in self.cells.values():
+            for node, p in zip(c.graph.params, c.params):
+                captured.setdefault(id(p), node)
+        self._op = Op(f"vertex:{self.name}", self._forward, self._infer, self._vjp,
+                      argument_names=self._argument_names(
+                          [captured[id(p)] for p in self.params]))
+        self._last_stats = None
 
     @property
     def memory_model(self):
@@ -292,25 +314,33 @@ class KindedFunction(BatchedFunction):
             raise GraphError(f"vertex function {self.name!r}: tag= given, but kinds are chosen "
                              f"by={self.by!r}")
         sub_batches = memory.plan(self, batch, training=is_grad_enabled())
-        if sub_batches is not None:  # over the memory budget: whole graphs at a time
-            return self._call_in_parts(batch, pull, tag, sub_batches)
-        started = time.perf_counter()
-        keys, kind_of = kinds_of_vertices(batch, self.by, tag)
-        self._check_kinds(batch, keys, kind_of)
-        schedule = kind_schedule(batch, kind_of)
-        record = call.CallRecord(scheduling_seconds=time.perf_counter() - started)
-        args = ([pull] if pull is not None else []) + self.params
-        return registry.apply(self._op, *args, batch=batch, schedule=schedule,
-                              kinds=tuple((k, keys[k]) for k in schedule.parts), call=record)
-
-    def _call_in_parts(self, batch, pull, tag, sub_batches):
+        if sub_batches is None:
+            return self._apply(batch, pull, tag)
+        # Over the memory budget: whole graphs at a time; their rows, in order, are the
+        # batch's, and gradients flow back through each.
         outs = []
         for first, stop in sub_batches:
             v0, v1 = int(batch.offsets[first]), int(batch.offsets[stop])
-            outs.append(self(GraphBatch(batch.graphs[first:stop]),
-                             None if pull is None else shape_ops.slice_axis(pull, v0, v1, axis=0),
-                             None if tag is None else tag[v0:v1]))
+            outs.append(self._apply(
+                GraphBatch(batch.graphs[first:stop]),
+                None if pull is None else shape_ops.slice_axis(pull, v0, v1, axis=0),
+                None if tag is None else tag[v0:v1]))
         return shape_ops.concat(outs, axis=0)
+
+    def _apply(self, batch, pull, tag):
+        """The op on ``batch``, its rows scheduled by kind (one kind: no sorting at all)."""
+        started = time.perf_counter()
+        if self.by is None:
+            schedule, kinds = kind_schedule(batch), ((0, None),)
+        else:
+            keys, kind_of = kinds_of_vertices(batch, self.by, tag)
+            self._check_kinds(batch, keys, kind_of)
+            schedule = kind_schedule(batch, kind_of)
+            kinds = tuple((k, keys[k]) for k in schedule.parts)
+        record = call.CallRecord(scheduling_seconds=time.perf_counter() - started)
+        args = ([pull] if pull is not None else []) + self.params
+        return registry.apply(self._op, *args, batch=batch, schedule=schedule, kinds=kinds,
+                              call=record)
 
     def _check_kinds(self, batch, keys, kind_of):
         missing = [i for i, key in enumerate(keys) if key not in self.cells]
@@ -327,11 +357,7 @@ class KindedFunction(BatchedFunction):
     def _infer(self, *avals, batch, schedule, kinds, call):  # noqa: ARG002
         return self._infer_output(avals, batch)
 
-    def _arrays_of(self, arrays):
-        pull = arrays[0] if self.pull_shape is not None else None
-        params = arrays[1:] if self.pull_shape is not None else arrays
-        return pull, {id(p): a for p, a in zip(self.params, params)}
-
+    # --- F and ∂F as one op: bind each kind's Program to the call's values, run them --------
     def _forward(self, xp, *arrays, batch, schedule, kinds, call):
         try:
             return self._run_forward(xp, arrays, batch, schedule, kinds, call)
@@ -340,42 +366,40 @@ class KindedFunction(BatchedFunction):
 
     def _run_forward(self, xp, arrays, batch, schedule, kinds, record):
         started = time.perf_counter()
-        pull, param_arrays = self._arrays_of(arrays)
+        pull, params = (arrays[0], arrays[1:]) if self.pull_shape is not None else (None, arrays)
         n = batch.num_vertices
-        states = xp.empty((n + 1,) + self.scatter_shape, dtype=self.dtype)
-        states[n:] = 0  # the spare row an absent child reads
-        indices = schedule.indices(xp)
+        indices = schedule.indices(batch, xp)
+        states = None  # one kind: its own pooled buffer holds the states
+        if len(kinds) > 1:  # one state buffer for all kinds, each writing its block of rows
+            states = xp.empty((n + 1,) + self.scatter_shape, dtype=self.dtype)
+            states[n:] = 0  # the spare row an absent child reads
         parts = []
         for position, key in kinds:  # each kind on its block of rows, gathering from all
-            f, rows, block = self.cells[key], indices[position], schedule.parts[position]
-            params = [param_arrays[id(p)] for p in f.params]
-            parts.append(call.bind_forward(f.executable, xp, rows, params, pull, record=record,
-                                           states=states, block=states[block.first:block.stop],
-                                           levels=block.levels))
+            f, block = self.cells[key], schedule.parts[position]
+            shared = {} if states is None else dict(
+                states=states, block=states[block.first:block.stop], levels=block.levels)
+            parts.append(call.bind_forward(f.executable, xp, indices[position],
+                                           [params[i] for i in self._param_positions[key]],
+                                           pull, record=record, **shared))
         driver.run(parts, xp)
-        record.saved = [part.saved(self.cells[key].backward_graph)
+        record.saved = [part.saved(self.cells[key].backward_graph)  # only what ∂F reads
                         for part, (_, key) in zip(parts, kinds)]
-        if self.push_shape is not None:
-            result = xp.empty((n,) + self.push_shape, dtype=self.dtype)
-            for part in parts:
-                result[part.rows.order] = part.output
-        else:
-            row_of = schedule.row_of if xp is np else xp.asarray(schedule.row_of)
-            result = call.take_rows(xp, states[:n], row_of)
+        result = _in_caller_order(xp, parts, [part.output for part in parts], n)
         record.stats = self._stats(batch, schedule, kinds, parts, time.perf_counter() - started)
         record.stats["scheduling_seconds"] += record.scheduling_seconds
         self._last_stats = record.stats
         return result
 
     def _stats(self, batch, schedule, kinds, parts, seconds):
-        stats = call.stats(batch, None, seconds)
-        stats["kinds"] = {}
-        for (position, key), part in zip(kinds, parts):
-            block = schedule.parts[position]
-            stats["kinds"][self.kind_names.get(key, key)] = {
-                "vertices": block.num_vertices, "levels": block.levels,
-                "forward_ops_per_level": part.counts, "backward_ops_per_level": None,
-                "forward_backend": part.backend, "backward_backend": None}
+        stats = call.stats(batch, parts[0].counts if self.by is None else None, seconds)
+        if self.by is not None:
+            stats["kinds"] = {}
+            for (position, key), part in zip(kinds, parts):
+                block = schedule.parts[position]
+                stats["kinds"][self.kind_names.get(key, key)] = {
+                    "vertices": block.num_vertices, "levels": block.levels,
+                    "forward_ops_per_level": part.counts, "backward_ops_per_level": None,
+                    "forward_backend": part.backend, "backward_backend": None}
         stats["forward_backend"] = _one_backend(self._named(kinds, parts))
         stats["forward_launches_per_level"], stats["forward_launches_by_category"] = (
             call.launches_per_level(parts, batch.num_levels))
@@ -388,66 +412,86 @@ class KindedFunction(BatchedFunction):
     def _vjp(self, g, out, *inputs, batch, schedule, kinds, call):
         if is_grad_enabled():
             raise GraphError(f"vertex function {self.name!r}: backward(create_graph=True) "
-                             f"through a vertex function is not supported")
+                             f"through a vertex function is not supported (no second "
+                             f"derivatives through the batched runtime)")
         try:
-            return self._run_backward(g, schedule, kinds, call)
+            return self._run_backward(g, batch, schedule, kinds, call)
         except MemoryError as exc:
             raise memory.out_of_memory(self, batch, "backward", exc, True) from None
 
-    def _run_backward(self, g, schedule, kinds, record):
+    def _run_backward(self, g, batch, schedule, kinds, record):
         started = time.perf_counter()
         xp = backend.get_array_module(g._array)
-        n = len(schedule.order)
-        indices = schedule.indices(xp)
-        d_states = xp.zeros((n + 1,) + self.scatter_shape, dtype=self.dtype)
+        n = batch.num_vertices
+        indices = schedule.indices(batch, xp)
+        d_states = None  # one kind: ∂F's own buffer, cleared; several: one for all kinds
+        if len(kinds) > 1:
+            d_states = xp.zeros((n + 1,) + self.scatter_shape, dtype=self.dtype)
         parts = []
         try:
             for (position, key), saved in zip(kinds, record.saved):
-                f, rows, block = self.cells[key], indices[position], schedule.parts[position]
-                parts.append(call.bind_backward(
-                    f.backward_executable, xp, rows, saved, g._array, d_states=d_states,
-                    block=d_states[block.first:block.stop], levels=block.levels))
+                f, block = self.cells[key], schedule.parts[position]
+                shared = {} if d_states is None else dict(
+                    d_states=d_states, block=d_states[block.first:block.stop],
+                    levels=block.levels)
+                parts.append(call.bind_backward(f.backward_executable, xp, indices[position],
+                                                saved, g._array, **shared))
             driver.run(parts, xp)
             grads = self._gradients(xp, n, kinds, parts)
         finally:
             for part in parts:
                 part.release()
-        for (_, key), part in zip(kinds, parts):
-            kind = record.stats["kinds"][self.kind_names.get(key, key)]
-            kind["backward_ops_per_level"] = part.counts[::-1]
-            kind["backward_backend"] = part.backend
-        record.stats["backward_backend"] = _one_backend(self._named(kinds, parts))
-        record.stats["backward_seconds"] = time.perf_counter() - started
-        record.stats["backward_launches_per_level"], record.stats["backward_launches_by_category"] = (
-            call.launches_per_level(parts, record.stats["levels"]))
-        record.stats["backward_host_us_per_level"] = call.host_us_per_level(
-            parts, record.stats["levels"])
+        stats = record.stats
+        if self.by is None:
+            stats["backward_ops_per_level"] = parts[0].counts[::-1]
+        else:
+            for (_, key), part in zip(kinds, parts):
+                kind = stats["kinds"][self.kind_names.get(key, key)]
+                kind["backward_ops_per_level"] = part.counts[::-1]
+                kind["backward_backend"] = part.backend
+        stats["backward_backend"] = _one_backend(self._named(kinds, parts))
+        stats["backward_seconds"] = time.perf_counter() - started
+        stats["backward_launches_per_level"], stats["backward_launches_by_category"] = (
+            call.launches_per_level(parts, batch.num_levels))
+        stats["backward_host_us_per_level"] = call.host_us_per_level(parts, batch.num_levels)
         return grads
 
     def _gradients(self, xp, n, kinds, parts):
-        """Each kind's parameter gradients summed per parameter; the pulled rows' gradients
-        put back in the caller's vertex order."""
-        param_grads, pull_grad = {}, None
+        """The op's gradients, in its arguments' order: the pulled rows' (caller's vertex
+        order; None for ids), then each parameter's, summed over the kinds that use it
+        (shared shapes: never a pooled buffer, so one kind's is returned as it is)."""
+        param_grads, pull_grads = {}, []
         for (_, key), part in zip(kinds, parts):
             f, grad_of = self.cells[key], part.gradients()
-            for node, p in zip(f.graph.params, f.params):
-                value = grad_of.get(node.key)
-                if value is not None:
-                    param_grads[id(p)] = value + param_grads[id(p)] if id(p) in param_grads \
-                        else value.copy()
-            value = grad_of.get(f.pull_input.key) if f.pull_input is not None else None
-            if value is not None and self.pull_dtype.kind == "f":
-                if pull_grad is None:
-                    pull_grad = xp.zeros((n,) + self.pull_shape, dtype=self.pull_dtype)
-                pull_grad[part.rows.order] = value
-        grads = [] if self.pull_shape is None else [
-            None if pull_grad is None else Tensor(pull_grad)]
-        return grads + [Tensor(param_grads[id(p)]) if id(p) in param_grads else None
-                        for p in self.params]
+            for node, i in zip(f.graph.params, self._param_positions[key]):
+                if node.key in grad_of:
+                    param_grads.setdefault(i, []).append(grad_of[node.key])
+            pull_grads.append(grad_of.get(f.pull_input.key) if f.pull_input is not None else None)
+        grads = []
+        if self.pull_shape is not None:
+            pulled = self.pull_dtype.kind == "f" and any(g is not None for g in pull_grads)
+            grads.append(Tensor(_in_caller_order(xp, parts, pull_grads, n)) if pulled else None)
+        return grads + [Tensor(functools.reduce(operator.add, param_grads[i]))
+                        if i in param_grads else None for i in range(len(self.params))]
 
     def __repr__(self):
         return (f"KindedFunction({self.name!r}: kinds {list(self.cells)} chosen by "
                 f"{self.by}, {len(self.params)} params)")
+
+
+def _in_caller_order(xp, parts, values, n):
+    """Each part's rows of ``values`` (level order within its kind) in the caller's vertex
+    order: one part, one take; several, each put at its vertices (zeros where a part has no
+    value: a kind that pulls nothing)."""
+    if len(parts) == 1:
+        return call.take_rows(xp, values[0], parts[0].rows.row_of)
+    like = next(v for v in values if v is not None)
+    make = xp.empty if all(v is not None for v in values) else xp.zeros
+    result = make((n,) + like.shape[1:], dtype=like.dtype)
+    for part, value in zip(parts, values):
+        if value is not None:
+            result[part.rows.order] = value
+    return result
 
 
 def _one_backend(named_parts):

@@ -32,6 +32,7 @@ from ..autodiff.symbolic import Symbol
 from ..errors import GraphError, MinicavsError, ShapeError, TracedBranchError
 from .batching import VertexSymbol
 from .graphs import GraphBatch, InputGraph
+from .cell import TracedCell
 from .kinds import KindedFunction, check_tag
 from ..locations import format_location, user_location
 
@@ -116,7 +117,7 @@ class RecursiveFunction:
         self.keywords = dict(scatter_shape=scatter_shape, pull_shape=pull_shape,
                              push_shape=push_shape, dtype=dtype, pull_dtype=pull_dtype,
                              options=options)
-        self.kinds = {}  # (arity, tag) -> the VertexFunction traced for that kind
+        self.kinds = {}  # (arity, tag) -> the cell traced for that kind (a TracedCell)
         self._ids = {}  # (arity, tag) -> the integer that names the kind in a call
         self._functions = {}  # frozenset of kind ids -> KindedFunction
         self._tracing = None  # the Node being traced, while a trace runs
@@ -179,8 +180,6 @@ class RecursiveFunction:
         return key
 
     def _trace(self, key):
-        from .function import VertexFunction
-
         arity, tag = key
 
         def cell(v):
@@ -207,8 +206,8 @@ class RecursiveFunction:
             self._check_return(state, key)
             v.scatter(state)
 
-        self.kinds[key] = VertexFunction(cell, arity=arity, name=f"{self.name}[{_kind_name(key)}]",
-                                         **self.keywords)
+        self.kinds[key] = TracedCell(cell, arity=arity, name=f"{self.name}[{_kind_name(key)}]",
+                                     **self.keywords)
         self._ids[key] = len(self._ids)
 
     def _check_return(self, state, key):
@@ -250,13 +249,7 @@ class RecursiveFunction:
     @property
     def params(self):
         """The parameters the function closes over, in every kind traced so far."""
-        seen, params = set(), []
-        for f in self.kinds.values():
-            for p in f.params:
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    params.append(p)
-        return params
+        return list({id(p): p for f in self.kinds.values() for p in f.params}.values())
 
     @property
     def program(self):

@@ -11,6 +11,8 @@ from ..autodiff.tensor import Tensor
 from ..errors import GraphError
 from ..ops import reshape, concat
 from .graphs import GraphBatch
+from .kinds import check_tag, kinds_of_vertices
+from .recursive import Child, RecursiveFunction
 
 
 class _EagerVertex:
@@ -53,20 +55,14 @@ def evaluate_per_sample(f, batch, pull=None, tag=None):
     child returns that child's result), with ``tag=`` as given to it."""
     if not isinstance(batch, GraphBatch):
         raise GraphError("evaluate_per_sample expects a GraphBatch")
-    from .recursive import RecursiveFunction
-
-    from .kinds import KindedFunction, check_tag, kinds_of_vertices
-
     if isinstance(f, RecursiveFunction):
         return _evaluate_recursive(f, batch, pull, tag)
-    if isinstance(f, KindedFunction):  # each vertex runs the cell of its kind
-        if f.by == "tag":
-            tag = check_tag(tag, batch, f"evaluate_per_sample({f.name!r})")
-        keys, kind_of = kinds_of_vertices(batch, f.by, tag)
+    if f.by == "tag":  # (a VertexFunction is the kinded function of one kind: by None)
+        tag = check_tag(tag, batch, f"evaluate_per_sample({f.name!r})")
+    keys, kind_of = kinds_of_vertices(batch, f.by, tag)
+    if f.by is not None:
         f._check_kinds(batch, keys, kind_of)  # (a kind with no cell: the call's own error)
-        cell_of = [f.cells[keys[k]] for k in kind_of.tolist()]
-    else:
-        cell_of = [f] * batch.num_vertices
+    cell_of = [f.cells[keys[k]] for k in kind_of.tolist()]  # each vertex: its kind's cell
     states, outputs = {}, {}
     order = np.argsort(batch.level, kind="stable")  # children before parents
     for v in order.tolist():
@@ -85,8 +81,6 @@ class _EagerNode:
     """A node of a recursive definition, evaluated eagerly: its children's results are known."""
 
     def __init__(self, pulled, child_states, tag):
-        from .recursive import Child
-
         self.arity = len(child_states)
         self.is_leaf = self.arity == 0
         self.children = [Child(self, k) for k in range(self.arity)]
