@@ -103,25 +103,34 @@ def _result(loop, data, versions):
 
 # --- minicavs ------------------------------------------------------------------------------------
 
-def run_minicavs(data, params, epochs, warmup, device="cpu", vertex_options=None):
+def td_tree_lstm(params, hidden, vertex_options=None):
+    """The TD-TreeLSTM's vertex function over ``params`` (as Parameters, on the current
+    device): a vertex's [h, c] from its parent's, and its push the logits [expand, words]."""
     import minicavs as mc
-    from minicavs import backend
 
-    mc.set_device(device)
-    H = data["hidden"]
     P = {name: mc.Parameter(array.copy(), name=name) for name, array in params.items()}
     table, W, U, b, W_out, b_out = (P[k] for k in ("emb", "W", "U", "b", "W_out", "b_out"))
 
-    def td_tree_lstm(v):
+    def cell(v):
         x = mc.embedding(table, v.pull())
         h_parent, c_parent = mc.split(v.gather(0), 2)
         h, c = mc.lstm_gates(x @ W + h_parent @ U + b, c_parent)
         v.scatter(mc.concat([h, c]))
         v.push(h @ W_out + b_out)
 
-    F = mc.VertexFunction(td_tree_lstm, pull_shape=(), pull_dtype="int64",
-                          scatter_shape=(2 * H,), push_shape=(1 + VOCAB,), arity=1,
-                          dtype="float32", name="td_tree_lstm", options=vertex_options)
+    F = mc.VertexFunction(cell, pull_shape=(), pull_dtype="int64", scatter_shape=(2 * hidden,),
+                          push_shape=(1 + VOCAB,), arity=1, dtype="float32",
+                          name="td_tree_lstm", options=vertex_options)
+    return F, P
+
+
+def run_minicavs(data, params, epochs, warmup, device="cpu", vertex_options=None):
+    import minicavs as mc
+    from minicavs import backend
+
+    mc.set_device(device)
+    F, _ = td_tree_lstm(params, data["hidden"], vertex_options)
+
     def expand_or_stop(frontier):
         logits = frontier.push
         expand = backend.to_numpy(logits[:, 0] > 0) & (frontier.depth < MAX_DEPTH)

@@ -197,19 +197,7 @@ WORKER = textwrap.dedent(r'''
         data["hidden"] = data["embed"] = 8
         params = common.init_params(data)
         mc.set_device(device)
-        P = {k: mc.Parameter(a.copy()) for k, a in params.items()}
-        table, W, U, b, W_out, b_out = (P[k] for k in ("emb", "W", "U", "b", "W_out", "b_out"))
-
-        def td_tree_lstm(v):
-            x = mc.embedding(table, v.pull())
-            h_parent, c_parent = mc.split(v.gather(0), 2)
-            h, c = mc.lstm_gates(x @ W + h_parent @ U + b, c_parent)
-            v.scatter(mc.concat([h, c]))
-            v.push(h @ W_out + b_out)
-
-        F = mc.VertexFunction(td_tree_lstm, pull_shape=(), pull_dtype="int64",
-                              scatter_shape=(2 * 8,), push_shape=(1 + generation.VOCAB,),
-                              arity=1, dtype="float32")
+        F, P = generation.td_tree_lstm(params, 8)
 
         def decide(frontier):
             expand = backend.to_numpy(frontier.push[:, 0] > 0) & (frontier.depth < 4)
