@@ -66,10 +66,18 @@ WORKER = textwrap.dedent(r'''
                               if "launches" in k or "backend" in k})
             explained[-1].update(forward=explained[-1]["forward_launches_per_level"],
                                  backward=explained[-1]["backward_launches_per_level"])
-        return {"logits": backend.to_numpy(logits.data).tolist(),
-                "on_device": backend.is_cupy_array(logits.data),
-                "grads": [backend.to_numpy(p.grad.data).tolist() for p in params],
-                "explain": explained}
+        result = {"logits": backend.to_numpy(logits.data).tolist(),
+                  "on_device": backend.is_cupy_array(logits.data),
+                  "grads": [backend.to_numpy(p.grad.data).tolist() for p in params],
+                  "explain": explained}
+        counter = getattr(backend.get_array_module(logits.data), "launch_counter", None)
+        if counter is not None:  # batches of other shapes (levels, rows): nothing new compiled
+            result["compiles"] = [counter.compiles]
+            for part in (trees[:1], trees[2:], trees[::-1]):
+                F(mc.GraphBatch([mc.InputGraph(t.children) for t in part]),
+                  pull=mc.tensor(np.concatenate([t.words for t in part])[:, None])).sum().backward()
+                result["compiles"].append(counter.compiles)
+        return result
 
     def ops(device):
         mc.set_device(device); mc.seed(1)
@@ -265,6 +273,13 @@ def test_explain_reports_launches_per_level_and_they_repeat(emulated_run):
         assert by_category["kernel"] > 0 and by_category["library"] > 0  # shim and GEMMs ran
     cpu = emulated_run["cpu"]["readme"]["explain"][0]
     assert cpu["forward_launches_per_level"] is None  # NumPy: nothing is launched
+
+
+def test_kernels_are_compiled_once_not_per_batch_shape(emulated_run):
+    """A new batch shape (other levels, other row counts) compiles no kernel: sizes are the
+    kernels' arguments, so a GPU's first epoch compiles and the later ones do not."""
+    compiles = emulated_run["cuda"]["readme"]["compiles"]
+    assert compiles[0] > 0 and compiles == [compiles[0]] * len(compiles), compiles
 
 
 def test_the_benchmark_models_train_on_the_emulated_device_as_on_numpy(emulated_run):

@@ -57,6 +57,13 @@ class LaunchCounter:
         # the host time a GPU's launches wait on.
         self.device_seconds = 0.0
         self._depth = 0
+        # Each kernel source a GPU would compile (NVRTC, once per process and source): a
+        # source that names a batch's size would grow this with every new shape.
+        self.compiled = set()
+
+    @property
+    def compiles(self):
+        return len(self.compiled)
 
     def add(self, category, n=1, what=None):
         self.counts[category] += n
@@ -442,6 +449,7 @@ class RawKernel:
     def _kernel(self):
         from . import shim
 
+        counter.compiled.add((self.code, self.name))
         return shim.shim_kernel(self.code, self.name)
 
     @_library
@@ -535,6 +543,7 @@ class ElementwiseKernel:
                 self.name, [(c(a), n) for a, (_, n) in zip(host_in, self.in_params)],
                 [(c(a), n) for a, (_, n) in zip(host_out, self.out_params)],
                 self.operation, typedef + self.preamble)
+            counter.compiled.add((source, self.name))
             kernel = self._kernels[key] = shim.shim_kernel(source, self.name)
         return kernel
 
