@@ -161,12 +161,11 @@ def bind_backward(exe, xp, rows, saved, cotangent=None, *, d_states=None, block=
         d_states = views[state_grad]
         d_states[...] = 0
     bind_buffers(program, env, views, rows)
-    if cotangent is not None:
-        g_rows = take_rows(xp, cotangent, rows.order)  # caller order -> level order
+    if cotangent is not None:  # caller order -> level order
         if len(bw.cotangents) > 1:  # F pushes: the caller's gradient is the push's
-            env[bw.cotangents[1].key] = g_rows
-        else:  # F returns its scattered states
-            env[state_grad][...] = g_rows
+            env[bw.cotangents[1].key] = take_rows(xp, cotangent, rows.order)
+        else:  # F returns its scattered states: taken straight into their gradient
+            take_rows(xp, cotangent, rows.order, out=env[state_grad])
     ranges = {ref.key: saved.ranges.get(value.key, FULL)
               for ref, value in zip(forward_inputs, bw.forward_refs)}
     return Part(exe, env, rows, ranges, d_states=d_states, levels=levels, store=store)
@@ -201,13 +200,22 @@ def bind_buffers(program, env, views, rows):
 
 # --- rows in and out ----------------------------------------------------------------------------
 
-def take_rows(xp, array, index):
-    """``array[index]`` along rows: pulled inputs into level order, pushed rows back out."""
+def take_rows(xp, array, index, out=None):
+    """``array[index]`` along rows: pulled inputs into level order, pushed rows back out;
+    into ``out`` (C-contiguous, of the result's shape and dtype) when given."""
     if xp is not np and array.dtype in _KERNEL_DTYPES and array.ndim > 0:
         from ..cuda import kernels
 
-        return kernels.gather_rows(xp.ascontiguousarray(array), index, check_indices=False)
-    return xp.take(array, index, axis=0)
+        return kernels.gather_rows(xp.ascontiguousarray(array), index, out,
+                                   check_indices=False)
+    if out is not None and (out.dtype != array.dtype or not out.flags.c_contiguous):
+        out[...] = xp.take(array, index, axis=0)
+        return out
+    if out is None:
+        return xp.take(array, index, axis=0)
+    # (mode "clip": np.take buffers its out under the default "raise"; the index is a
+    # permutation of the rows, in range)
+    return xp.take(array, index, axis=0, out=out, mode="clip")
 
 
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
