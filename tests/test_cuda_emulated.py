@@ -371,14 +371,15 @@ def test_raw_and_elementwise_kernels_run_their_cuda_source_through_the_shim():
 
 
 def test_autobatched_lstm_steps_on_the_emulated_device(emulated_run):
-    """lstm_step chains under autobatch equal NumPy, and each step's batch takes few launches:
-    the operand gather, the two products, the fused sums and one cell kernel (its CuPy ufuncs
-    were ten launches, and a copy into the slab one more)."""
+    """lstm_step chains under autobatch equal NumPy (values and gradients), and each step's
+    batch takes few launches: an operand gather where its rows are not one run, the two
+    products and one kernel for the sums and the cell (``SummedCellStep``; the sums were a
+    launch of their own, the cell's CuPy ufuncs ten, and a copy into the slab one more)."""
     cpu, cuda = emulated_run["cpu"]["lstm"], emulated_run["cuda"]["lstm"]
     for k, (g, r) in enumerate(zip(cuda["values"], cpu["values"])):
         _close(g, r, f"value {k}")
     assert cpu["per_step_batch"] is None  # (counted on the emulated device only)
-    assert cuda["per_step_batch"] <= 5, cuda["explain"]
+    assert cuda["per_step_batch"] <= 3, cuda["explain"]  # (the sums apart: 4)
     _close(cuda["xent"], cpu["xent"], "softmax cross-entropy")
     assert cuda["xent_launches"] <= 4  # gather, flag, the kernel, the flag back (was 13)
     assert "forward launches per batch" in cuda["explain"]

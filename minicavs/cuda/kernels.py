@@ -41,6 +41,8 @@ GPU; the default is ``"cupy"`` for CuPy arrays and ``"numpy"`` otherwise.
 ``lstm_cell``            the LSTM cell of ``ops/cells.py`` on k previous cells, one launch
                          where CuPy's ufuncs take ten              (``minicavs_lstm_cell<k>``)
 ``lstm_cell_grad``       its gradient, one launch          (``minicavs_lstm_cell_grad<k>``)
+``lstm_cell_sum``        the cell on the sum of its pre-activations' terms (an LSTM step's
+                         products and bias), the sum kept   (``minicavs_lstm_cell_sum<k>``)
 ``softmax_xent``         ``ops/loss.py``'s softmax cross-entropy per row, one launch where CuPy
                          takes eight                         (``minicavs_softmax_xent``)
 ``softmax_xent_grad``    its gradient            (``minicavs_softmax_xent_grad``)
@@ -306,6 +308,29 @@ _SOURCES["lstm_cell_grad"] = _CELL_HEAD.replace(
     }
 }
 """
+# The cell on the sum of its pre-activations' terms (an LSTM step's two products and its bias):
+# each thread adds its unit's (3 + k) columns of the terms, in the order given, writes them to
+# pre (the cell's gradient reads them) and runs the cell on them: the sum's launch is saved.
+# A term with row stride 0 is one row for all (the bias); terms == 2 leaves t2 unread.
+_SOURCES["lstm_cell_sum"] = _CELL_HEAD.replace(
+    "const ${T}* __restrict__ pre, const long long pre_ld,",
+    "const ${T}* __restrict__ t0, const long long ld0, const ${T}* __restrict__ t1, "
+    "const long long ld1, const ${T}* __restrict__ t2, const long long ld2, "
+    "const long long terms, ${T}* __restrict__ pre, const long long pre_ld,").replace(
+    "        const ${T}* p = pre + r * pre_ld;\n", """        ${T}* p = pre + r * pre_ld;
+        for (int q = 0; q < 3 + K; ++q) {
+            const long long col = q * H + j;
+            ${T} v = t0[r * ld0 + col] + t1[r * ld1 + col];
+            if (terms > 2) v += t2[r * ld2 + col];
+            p[col] = v;
+        }
+""").replace("${ARGS}", "${T}* __restrict__ out, const long long out_ld") + """
+        const ${T} c = i * u + f1 * cp1 + f2 * cp2;
+        out[r * out_ld + H + j] = c;
+        out[r * out_ld + j] = o * tanh(c);
+    }
+}
+"""
 # Softmax cross-entropy, one thread per row (a row is one prediction's classes): its max, the
 # sum of exps past it, the label's term; a label out of range sets *bad and writes 0, and the
 # op then raises its error the NumPy way. The max keeps a NaN, as NumPy's does.
@@ -342,9 +367,9 @@ _SOURCES["softmax_xent_grad"] = _XENT_HEAD.replace(
 }
 """
 for _k in range(3):
-    for _cell in ("lstm_cell", "lstm_cell_grad"):
+    for _cell in ("lstm_cell", "lstm_cell_grad", "lstm_cell_sum"):
         _SOURCES[f"{_cell}{_k}"] = re.sub(r"\bK\b", str(_k), _SOURCES[_cell])
-del _SOURCES["lstm_cell"], _SOURCES["lstm_cell_grad"]
+del _SOURCES["lstm_cell"], _SOURCES["lstm_cell_grad"], _SOURCES["lstm_cell_sum"]
 
 KERNELS = tuple(_SOURCES)
 KernelSource = namedtuple("KernelSource", "name code")
@@ -888,6 +913,38 @@ def lstm_cell(pre, c_prev, out=None, *, runner=None):
     _launch(f"lstm_cell{k}", pre.dtype, runner, rows * H,
             (p, p_ld, *cells[0], *cells[1], o, o_ld, rows, H))
     return out
+
+
+def lstm_cell_sum(terms, c_prev, out=None, pre=None, *, runner=None):
+    """:func:`lstm_cell` on ``pre = terms[0] + terms[1] (+ terms[2])`` (added in that order;
+    each (rows, (3 + k)·H), or one row of that width for all rows: a bias), in one launch that
+    also writes the sum to ``pre`` (allocated if None). Returns ``(pre, out)``, or None where
+    the kernel does not apply."""
+    k = len(c_prev)
+    runner = _pick_runner("lstm_cell_sum", runner, (*terms, *c_prev, out, pre))
+    rows_of = [t for t in terms if t.ndim == 2]
+    if runner == "numpy" or k > 2 or len(terms) not in (2, 3) or not rows_of or \
+            any(t.dtype != terms[0].dtype for t in (*terms, *c_prev)):
+        return None
+    rows, width = rows_of[0].shape
+    if width % (3 + k) or any(t.shape[-1] != width or (t.ndim == 2 and t.shape[0] != rows)
+                              or t.ndim not in (1, 2) for t in terms):
+        return None
+    H, xp = width // (3 + k), _xp(runner)
+    pre = xp.empty((rows, width), terms[0].dtype) if pre is None else pre
+    out = xp.empty((rows, 2 * H), terms[0].dtype) if out is None else out
+    operands = [_rows_of(a) for a in (*[t for t in terms if t.ndim == 2], pre, *c_prev, out)]
+    if None in operands or len({out.dtype, pre.dtype, terms[0].dtype}) > 1:
+        return None
+    rowwise = iter(operands)
+    summed = [next(rowwise) if t.ndim == 2 else (xp.ascontiguousarray(t), 0) for t in terms]
+    summed += [summed[0]] * (3 - len(terms))  # (an absent third term: never read)
+    (p, p_ld), *cells, (o, o_ld) = list(rowwise)
+    cells += [(p, 0)] * (2 - k)
+    _launch(f"lstm_cell_sum{k}", pre.dtype, runner, rows * H,
+            (*summed[0], *summed[1], *summed[2], len(terms), p, p_ld, *cells[0], *cells[1],
+             o, o_ld, rows, H))
+    return pre, out
 
 
 def lstm_cell_grad(pre, c_prev, out, g, *, runner=None):

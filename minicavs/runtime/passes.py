@@ -19,6 +19,9 @@ scheduling
                      into the core's groups (over all rows it only costs a full-size write)
   ``fuse``           linked elementwise ops of one phase become one kernel
   ``lower``          (required) steps become instructions: gathers, computes, scatter-adds
+  ``sum_into_cells`` (required) an LSTM cell and the group adding its pre-activations (an
+                     autobatched LSTM step's products and bias) run as one step: one kernel
+                     on CuPy
   ``buffers``        (required) per-row values read after their level get batch-wide buffers
   ``alias_concats``  a concat of per-level parts is assembled in place: the parts write into
                      their columns of its buffer
@@ -52,7 +55,9 @@ from ..errors import GraphError
 from ..ops.batching import has_symbolic_size, row_domain
 from .analysis import (NodeClasses, clone, dependency_classes, eliminate_dead, fusion_groups,
                        merge_common_subexpressions)
-from .executor import OpStep, plan_steps
+from ..ops.cells import LSTM_CELL
+from ..ops.elementwise import ADD
+from .executor import GroupStep, OpStep, SummedCellStep, plan_steps
 from .program import Buffer, Compute, Gather, Program, ScatterAdd
 from .zero_rows import ZeroRowRule
 
@@ -254,6 +259,52 @@ def lower(program):
     scatters = [ScatterAdd(slot, s) for slot, s in program.slots if s.key not in sources]
     return program.with_(eager=tuple(phases[EAGER]), core=tuple(gathers + core + scatters),
                          lazy=tuple(phases[LAZY]))
+
+
+def sum_into_cells(program):
+    """An LSTM cell of a whole-batch phase whose gate pre-activations are a fused group of two
+    or three terms added in a chain (``(x·W + h·U) + b``: an autobatched LSTM step), read by
+    nothing else, runs with that group as one step (:class:`~.executor.SummedCellStep`: one
+    kernel on CuPy instead of the sum's and the cell's)."""
+    readers = {}
+    for node in program.graph.nodes:
+        for x in node.inputs:
+            readers[x.key] = readers.get(x.key, 0) + 1
+
+    def merged(phase):
+        sums = {ins.step.outputs[0].key: ins for ins in phase if _chain_of_adds(ins.step)}
+        out, taken = [], set()
+        for ins in phase:
+            node = getattr(ins.step, "node", None)
+            pre = node.inputs[0] if node is not None and node.op is LSTM_CELL else None
+            group = sums.get(pre.key) if pre is not None else None
+            if group is None or readers.get(pre.key) != 1 or ins.symbolic or group.symbolic:
+                out.append(ins)
+                continue
+            taken.add(id(group))
+            out.append(replace(ins, step=SummedCellStep(group.step, ins.step,
+                                                        _chain_of_adds(group.step))))
+        return tuple(i for i in out if id(i) not in taken)
+
+    return program.with_(eager=merged(program.eager), lazy=merged(program.lazy))
+
+
+def _chain_of_adds(step):
+    """The terms of a fused group ``((t0 + t1) + t2)`` with one output, in adding order; None
+    for any other step."""
+    if not isinstance(step, GroupStep) or len(step.outputs) != 1:
+        return None
+    members = step.group.members
+    if not 1 <= len(members) <= 2 or any(m.op is not ADD for m in members):
+        return None
+    terms = list(members[0].inputs)
+    if len(members) == 2:
+        if members[1].inputs[0].key != members[0].key:
+            return None
+        terms.append(members[1].inputs[1])
+    inner = {m.key for m in members}
+    return terms if not any(t.key in inner for t in terms) and \
+        members[-1].key == step.outputs[0].key else None
 
 
 def buffers(program):
@@ -547,7 +598,7 @@ def _replace(ins, **changes):
 
 GRAPH_PASSES = (regroup_sums, cse, dce)
 PIPELINE = (classify, hoist_eager, lazy_batching, elementwise_per_level,
-            keep_mixed_rows_per_level, fuse, lower, buffers, alias_concats, zero_rows,
+            keep_mixed_rows_per_level, fuse, lower, sum_into_cells, buffers, alias_concats, zero_rows,
             leaf_sinks, strided_gathers, unread_zeros, direct_gathers, inline_windows,
             direct_scatters, streams)
 _SWITCHES = {f.name for f in fields(Options)}

@@ -76,7 +76,8 @@ class Compute:
         return (ZERO if len(zeros) == len(self.writes) else RUN), zeros
 
     def dump(self, names):
-        members = getattr(self.step, "group", None)
+        members = getattr(self.step, "group", None)  # (a summed cell: its group and cell)
+        members = getattr(self.step, "members", members)
         nodes = members.members if members is not None else [self.step.node]
         body = textwrap.fill("; ".join(
             f"{label(m, names)} = {node_text(m)}({', '.join(label(x, names) for x in m.inputs)})"
