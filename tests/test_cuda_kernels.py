@@ -794,6 +794,29 @@ def test_shim_lstm_cell_kernels_equal_the_ops_numpy_form(k, dtype, monkeypatch):
                                atol=rtol)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_shim_lstm_cell_sum_adds_its_terms_in_order_keeps_the_sum_and_runs_the_cell(k, dtype):
+    """pre = (t0 + t1) + bias, as the fused group adds it (bit for bit), written to ``pre``
+    and the cell run on it; two terms; a term that is not a row per row or a bias declines."""
+    pre, c_prev, out, _ = _cell_case(k, dtype)
+    rng = np.random.default_rng(k)
+    t1 = rng.standard_normal(pre.shape).astype(dtype)
+    bias = rng.standard_normal(pre.shape[1]).astype(dtype)
+    t0 = (pre - t1 - bias).astype(dtype)
+    want_pre = (t0 + t1) + bias
+    got_pre, got = kernels.lstm_cell_sum([t0, t1, bias], c_prev, runner="shim")
+    assert np.array_equal(got_pre, want_pre)
+    rtol = 1e-6 if dtype == np.float32 else 1e-14
+    np.testing.assert_allclose(got, kernels.lstm_cell(want_pre, c_prev, runner="shim"),
+                               rtol=rtol, atol=rtol)
+    two_pre, _ = kernels.lstm_cell_sum([t0, t1], c_prev, runner="shim")
+    assert np.array_equal(two_pre, t0 + t1)
+    assert kernels.lstm_cell_sum([t0, t1[:1]], c_prev, runner="shim") is None  # one row of 2-D
+    assert kernels.lstm_cell_sum([t0, np.ones((), dtype)], c_prev, runner="shim") is None
+    assert kernels.lstm_cell_sum([t0, t1], c_prev) is None  # NumPy arrays: the two steps
+
+
 def test_the_lstm_cell_kernels_leave_what_they_do_not_fit_to_the_op():
     pre, c_prev, out, g = _cell_case(2, np.float32)
     assert kernels.lstm_cell(pre, c_prev * 2, runner="shim") is None  # k > 2
@@ -813,6 +836,21 @@ def test_gpu_lstm_cell_kernels_equal_the_ops_numpy_form(k, monkeypatch):
     np.testing.assert_allclose(kernels.lstm_cell_grad(d_pre, d_cells, d_out, d_g).get(),
                                _cell_grad_numpy(pre, c_prev, out, g, monkeypatch), rtol=1e-5,
                                atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_gpu_lstm_cell_sum_equals_the_sum_then_the_cell(k):
+    pre, c_prev, out, _ = _cell_case(k, np.float32)
+    t1 = np.random.default_rng(k).standard_normal(pre.shape).astype(np.float32)
+    bias = np.linspace(-1, 1, pre.shape[1], dtype=np.float32)
+    t0 = pre - t1 - bias
+    d_t0, d_t1, d_bias, *d_cells = _to_gpu(t0, t1, bias, *c_prev)
+    got_pre, got = kernels.lstm_cell_sum([d_t0, d_t1, d_bias], d_cells)
+    want_pre = (t0 + t1) + bias
+    np.testing.assert_allclose(got_pre.get(), want_pre, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got.get(), kernels.lstm_cell(_to_gpu(want_pre)[0], d_cells).get(),
+                               rtol=1e-5, atol=1e-6)
 
 
 # --- softmax cross-entropy kernels: against the op's NumPy form ------------------------------------

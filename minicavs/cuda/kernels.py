@@ -927,8 +927,8 @@ def lstm_cell_sum(terms, c_prev, out=None, pre=None, *, runner=None):
             any(t.dtype != terms[0].dtype for t in (*terms, *c_prev)):
         return None
     rows, width = rows_of[0].shape
-    if width % (3 + k) or any(t.shape[-1] != width or (t.ndim == 2 and t.shape[0] != rows)
-                              or t.ndim not in (1, 2) for t in terms):
+    if width % (3 + k) or any(t.ndim not in (1, 2) or t.shape[-1] != width
+                              or (t.ndim == 2 and t.shape[0] != rows) for t in terms):
         return None
     H, xp = width // (3 + k), _xp(runner)
     pre = xp.empty((rows, width), terms[0].dtype) if pre is None else pre
