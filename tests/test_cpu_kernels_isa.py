@@ -158,6 +158,8 @@ def test_a_kernel_whose_source_changed_is_measured_again(fresh_calibration):
     calibrate.own_is_faster("conv", make, source="kernel v2")  # an edited kernel
     assert len(made) == 2
     assert list(calibrate.measured()) == ["conv"]  # (named without the source's digest)
+    with open(calibrate.path()) as f:
+        assert len(json.load(f)) == 1  # the first source's measurement is gone
 
 
 def test_measurements_are_not_kept_while_other_work_holds_their_cores(fresh_calibration,
