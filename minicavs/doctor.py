@@ -89,13 +89,25 @@ def _probe_kernels(report):
             kernels.matmul(rng.standard_normal((m, 256)).astype(np.float32), W)
             kernels.matmul(rng.standard_normal((m, 1024)).astype(np.float32), W.T)
         kernels.matmul(rng.standard_normal((1024, 256)).astype(np.float32), W)
+    threads = kernels.team_size()
+    split = calibrate.split_elements(threads)
+    report.append(("cpu team", f"{threads} thread(s); a loop splits between them from "
+                   f"{split} elements of work" if split else
+                   f"{threads} thread(s); loops run on one thread (a team never paid here)",
+                   None, False))
     forced = calibrate.forced()
     report.append(("kernel choices", f"forced: MINICAVS_KERNELS={forced}" if forced else
                    calibrate.path(), None, False))
-    for name, (own, blas) in sorted(calibrate.measured().items()):
-        choice = "own" if calibrate.wins((own, blas)) else "BLAS"
-        report.append(("", f"{name}: {choice} (own {own * 1e6:.0f} "
-                       f"us, BLAS {blas * 1e6:.0f} us: {blas / own:.2f}x)", None, False))
+    for name, (first, second) in sorted(calibrate.measured().items()):
+        if name.startswith("team split:"):  # the costs that weigh a level's work
+            line = f"{first * 1e6:.0f} us, {second * 1e6:.0f} us"
+        else:
+            team = name.startswith("team split")
+            names = ("team", "one thread") if team else ("own", "BLAS")
+            choice = names[0] if calibrate.wins((first, second)) else names[1]
+            line = (f"{choice} ({names[0]} {first * 1e6:.0f} us, {names[1]} "
+                    f"{second * 1e6:.0f} us: {second / first:.2f}x)")
+        report.append(("", f"{name}: {line}", None, False))
 
 
 def _compare():

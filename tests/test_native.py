@@ -461,23 +461,44 @@ def _random_binary_tree(rng, leaves):
 
 @needs_native
 @pytest.mark.parametrize("dag", [False, True])
-def test_wide_levels_split_between_threads_equal_the_interpreter(dag):
-    """Levels of at least ``codegen.SPLIT_ROWS`` rows run on a team of threads (rows and a
-    product's columns split); in a DAG the adds into shared children stay on one thread."""
-    from minicavs.cpu import kernels
+def test_wide_levels_split_between_threads_equal_the_interpreter(dag, monkeypatch):
+    """Levels wide enough run on a team of threads (rows and a product's columns split); in a
+    DAG the adds into shared children stay on one thread. ``MINICAVS_KERNELS=own``: every level
+    of at least a row a thread splits, whatever this machine measured."""
+    from minicavs.cpu import calibrate, kernels
     from minicavs.runtime import native
 
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "own")
     rng = np.random.default_rng(3)
     if dag:  # two parents share both children on every level
         graphs = [mc.InputGraph([[], [], [0, 1], [0, 1], [2, 3]]) for _ in range(80)]
     else:
         graphs = [_random_binary_tree(rng, int(rng.integers(2, 9))) for _ in range(40)]
     batch = mc.GraphBatch(graphs)
-    assert max(np.diff(batch.level_offsets)) >= codegen.SPLIT_ROWS
     F, params = binary_tree_lstm(E, 40, rng)  # 200 gate columns: the product splits too
     assert _native_and_interpreter(F, params, graphs, 3) == ("native", "native")
-    if kernels.team_size() > 1:
-        assert native.team_size(batch) > 1
+    threads = kernels.team_size()
+    if threads > 1:
+        spec = SimpleNamespace(row_work=(80 * 200, 200))
+        assert native.split_rows(spec, threads) == threads
+        assert native.team_size(batch, spec) == (threads, threads)
+
+
+@needs_native
+def test_levels_split_from_the_work_measured_to_pay_for_a_team(monkeypatch):
+    """The rows from which a level splits come from this CPU's measured costs
+    (``calibrate.split_rate``): its work in elements at least the measured break-even; more
+    rows for a lighter row, never fewer than a row a thread, never without a team."""
+    from minicavs.cpu import calibrate
+    from minicavs.runtime import native
+
+    monkeypatch.setattr(calibrate, "split_rate", lambda threads: (1 << 16, 1e-9, 1e-11))
+    heavy, light = (SimpleNamespace(row_work=w) for w in ((100_000, 1000), (0, 100)))
+    assert native.split_rows(heavy, 4) == 33  # 65536 / (1000 + 100000 * 0.01) elements a row
+    assert native.split_rows(light, 4) == 656
+    assert native.split_rows(SimpleNamespace(row_work=(10**9, 1)), 4) == 4
+    monkeypatch.setattr(calibrate, "split_rate", lambda threads: None)  # the team never pays
+    assert native.split_rows(heavy, 4) > 10**12
 
 
 @needs_native

@@ -26,7 +26,7 @@ import time
 from ..errors import ArgumentError
 from . import blas, build, isa
 from .kernel_source import SOURCE
-from .team import team_size
+from .team import one_blas_thread, team_size
 
 ENVIRONMENT = "MINICAVS_KERNELS"
 CHOICES = ("measure", "own", "blas")
@@ -58,17 +58,111 @@ def own_is_faster(name, make, threads=1, source=None):
     force = forced()
     if force is not None:
         return force == "own"
+    return wins(times(name, make, threads, source))
+
+
+def times(name, make, threads=1, source=None):
+    """The best seconds ``[first, second]`` of the two calls ``make()`` gives, measured now
+    unless already on this CPU and BLAS (kept as :func:`own_is_faster` keeps them)."""
     if source is not None:
         name = f"{name} #{build.cache_key(source)[:8]}"
     table = _load()
-    times = table.get(name)
-    if times is None:
+    found = table.get(name)
+    if found is None:
         quiet = free_cores() >= threads
-        times = table[name] = measure(*make())
+        found = table[name] = measure(*make())
         _drop_older(table, name)
         if quiet and free_cores() >= threads:
-            _save(name, times)
-    return wins(times)
+            _save(name, found)
+    return found
+
+
+# --- from how much work a team of threads pays ------------------------------------------------
+# Waking a team (an OpenMP region: on every member, then a barrier) costs a time that depends on
+# the CPU, its cores and the wait policy (members sleep between regions here: cpu/build.py); below
+# some work one thread finishes first. So the work from which a loop splits is measured, not
+# fixed: the probe (a gate-like element-wise pass in 8 loops, each ending at a barrier, as a
+# level's instructions do: ``team_probe`` in kernel_source.py) on the team against one thread, at
+# 2^10, 2^11, ... elements until the team wins twice in a row.
+SPLIT_PROBE = range(10, 23)
+
+
+def split_elements(threads):
+    """Elements of element-wise work from which a team of ``threads`` runs it faster than one
+    thread here (the first power of two where it wins, and at the next), or None: never up to
+    2^22, one thread, or no native code. ``MINICAVS_KERNELS=own``: from the first (tests run the
+    teams); ``blas``: never."""
+    return _split(threads, forced())[0]
+
+
+def split_rate(threads):
+    """``(split, per element, per multiply-add)``: :func:`split_elements` and the seconds of one
+    thread's element of the probe and multiply-add of the BLAS (a (64, 256) x (256, 256) float32
+    product), which turn a level's mix of products and element-wise work into elements; None
+    where no team splits. Forced (``MINICAVS_KERNELS``), a multiply-add counts as an element."""
+    return _split(threads, forced())[1]
+
+
+def threads_for(elements):
+    """The threads of a loop over ``elements`` of element-wise work: the team
+    (``team.team_size``) from :func:`split_elements`, else one."""
+    threads = team_size()
+    split = split_elements(threads) if threads > 1 else None
+    return threads if split is not None and elements >= split else 1
+
+
+@functools.lru_cache(maxsize=None)
+def _split(threads, force):
+    split = _split_elements(threads)
+    if split is None or force is not None:
+        return split, None if split is None else (split, 1.0, 1.0)
+    import numpy as np
+
+    a, b = np.ones((64, 256), np.float32), np.ones((256, 256), np.float32)
+    probe = _probe()
+    gemm, element = times("team split: product 64x256x256, probe 65536 (1 thread)",
+                          lambda: (lambda: _one_thread_product(a, b), probe(1 << 16, 1)))
+    return split, (split, element / (1 << 16), gemm / (64 * 256 * 256))
+
+
+def _split_elements(threads):
+    probe = _probe()
+    if threads < 2 or probe is None:
+        return None
+    won = []
+    for e in SPLIT_PROBE:
+        n = 1 << e
+        won.append(own_is_faster(f"team split <={n} elements ({threads} threads)",
+                                 lambda: (probe(n, threads), probe(n, 1)), threads))
+        if won[-2:] == [True, True]:
+            return n // 2
+    return None
+
+
+def _one_thread_product(a, b):
+    with one_blas_thread():  # (as a level loop's team member calls it)
+        return a @ b
+
+
+@functools.lru_cache(maxsize=None)
+def _probe():
+    """``probe(n, threads)``: a call running the probe over ``n`` elements; None without native
+    code."""
+    import ctypes
+
+    import numpy as np
+
+    if build.unavailable() is not None:
+        return None
+    function = build.module_library(SOURCE, "kernels", "minicavs/cpu/kernels.py").team_probe
+    function.restype = None
+    function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
+    x = np.random.default_rng(0).standard_normal((3, 1 << SPLIT_PROBE[-1])).astype(np.float32)
+    a, b, out = (int(row.ctypes.data) for row in x)
+
+    def probe(n, threads, keep=x):  # (x: alive as long as the probe)
+        return lambda: function(a, b, out, n, threads)
+    return probe
 
 
 def _drop_older(table, name):

@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from . import build, kernels
+from . import build, calibrate, kernels
 from ..csource import elementwise_source
 from ..errors import KernelCompileError
 
@@ -29,8 +29,6 @@ WHOLE, ONE, ROW, COLUMN = "whole", "one", "row", "column"
 # Elements from which the native loop runs: below, the NumPy calls cost less than preparing
 # the native one (measured: the ctypes call and its arguments are ~10 us).
 MIN_ELEMENTS = 1 << 13
-# Elements from which its rows are split between the team (inside a call of native loops).
-SPLIT_ELEMENTS = 1 << 17
 
 _lock = threading.Lock()
 _loops = {}  # (source name, layouts) -> ctypes function, or None (does not compile)
@@ -83,7 +81,8 @@ def run(source, inputs, outs=None):
     pointers = (ctypes.c_void_p * (len(inputs) + len(results)))(
         *[kernels.data_address(a) for a in inputs],
         *[kernels.data_address(r) for r in results])
-    threads = kernels.team_size() if kernels.in_team_products() else 1
+    # (rows split between the team inside a call of native loops, from the work it pays)
+    threads = calibrate.threads_for(size) if kernels.in_team_products() else 1
     loop(ctypes.c_int64(rows), ctypes.c_int64(cols), pointers,
          np.asarray(strides, dtype=np.int64).ctypes.data_as(ctypes.c_void_p),
          ctypes.c_int64(threads))
@@ -157,7 +156,7 @@ using std::exp; using std::log; using std::tanh; using std::sqrt; using std::pow
 extern "C" void minicavs_fused(int64_t rows, int64_t cols, void *const *p, const int64_t *ld,
                                int64_t threads) {{
   {chr(10).join('  ' + line for line in pointers).lstrip()}
-  #pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1 && rows * cols >= {SPLIT_ELEMENTS})
+  #pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1)
   for (int64_t r = 0; r < rows; ++r) {{
     #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) {{

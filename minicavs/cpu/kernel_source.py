@@ -26,8 +26,9 @@ static inline T row_sum_exp(const T *x, int64_t n, T m) {
 
 // loss[i] = log(sum_j exp(x[i, j])) - x[i, label[i]], stably.
 template <typename T>
-static void xent(const T *x, const int64_t *label, int64_t rows, int64_t cols, T *loss) {
-  #pragma omp parallel for schedule(static) if (rows * cols >= (1 << 18))
+static void xent(const T *x, const int64_t *label, int64_t rows, int64_t cols, T *loss,
+                 int threads) {
+  #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t i = 0; i < rows; ++i) {
     const T *r = x + i * cols;
     const T m = row_max(r, cols);
@@ -38,8 +39,8 @@ static void xent(const T *x, const int64_t *label, int64_t rows, int64_t cols, T
 // out[i, j] = (softmax(x[i])[j] - (j == label[i])) * g[i]
 template <typename T>
 static void xent_grad(const T *x, const int64_t *label, const T *g, int64_t rows,
-                      int64_t cols, T *out) {
-  #pragma omp parallel for schedule(static) if (rows * cols >= (1 << 18))
+                      int64_t cols, T *out, int threads) {
+  #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t i = 0; i < rows; ++i) {
     const T *r = x + i * cols;
     T *o = out + i * cols;
@@ -150,15 +151,13 @@ static void fold2d(const T *cols, int64_t planes, int64_t H, int64_t W, int64_t 
 // Adam (decay: AdamW's p *= 1 - lr * wd first; 1 when none) over several parameters in one
 // pass each: m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= step * m / (sqrt(v / bc2) + eps), step = lr / bc1. Each parameter's elements are split
-// between the cores when there are enough of them in all.
+// between the team's threads (one where there are too few in all: cpu/calibrate.py).
 template <typename T>
 static void adam(int64_t count, T *const *p, const T *const *g, T *const *m, T *const *v,
-                 const int64_t *size, const double *hyper) {
+                 const int64_t *size, const double *hyper, int threads) {
   const T b1 = hyper[0], b2 = hyper[1], eps = hyper[2], bc2 = hyper[3], step = hyper[4],
           decay = hyper[5];
-  int64_t total = 0;
-  for (int64_t k = 0; k < count; ++k) total += size[k];
-  #pragma omp parallel if (total >= (1 << 18))
+  #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     for (int64_t k = 0; k < count; ++k) {
       T *__restrict__ pk = p[k];
@@ -346,9 +345,9 @@ void scatter_add_f32(float *o, const int64_t *i, const float *v, int64_t r, int6
 void scatter_add_f64(double *o, const int64_t *i, const double *v, int64_t r, int64_t c,
                      int64_t lo, int64_t lv) { scatter_add(o, i, v, r, c, lo, lv); }
 void adam_f32(int64_t n, float *const *p, const float *const *g, float *const *m,
-              float *const *v, const int64_t *s, const double *h) { adam(n, p, g, m, v, s, h); }
+              float *const *v, const int64_t *s, const double *h, int t) { adam(n, p, g, m, v, s, h, t); }
 void adam_f64(int64_t n, double *const *p, const double *const *g, double *const *m,
-              double *const *v, const int64_t *s, const double *h) { adam(n, p, g, m, v, s, h); }
+              double *const *v, const int64_t *s, const double *h, int t) { adam(n, p, g, m, v, s, h, t); }
 void unfold2d_f32(const float *x, const int64_t *g, double v, float *o) {
   unfold2d(x, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12],
            (float)v, o); }
@@ -359,12 +358,24 @@ void fold2d_f32(const float *c, const int64_t *g, float *o) {
   fold2d(c, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], o); }
 void fold2d_f64(const double *c, const int64_t *g, double *o) {
   fold2d(c, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], o); }
-void xent_f32(const float *x, const int64_t *l, int64_t r, int64_t c, float *o) { xent(x, l, r, c, o); }
-void xent_f64(const double *x, const int64_t *l, int64_t r, int64_t c, double *o) { xent(x, l, r, c, o); }
+void xent_f32(const float *x, const int64_t *l, int64_t r, int64_t c, float *o, int t) {
+  xent(x, l, r, c, o, t); }
+void xent_f64(const double *x, const int64_t *l, int64_t r, int64_t c, double *o, int t) {
+  xent(x, l, r, c, o, t); }
 void xent_grad_f32(const float *x, const int64_t *l, const float *g, int64_t r, int64_t c,
-                   float *o) { xent_grad(x, l, g, r, c, o); }
+                   float *o, int t) { xent_grad(x, l, g, r, c, o, t); }
 void xent_grad_f64(const double *x, const int64_t *l, const double *g, int64_t r, int64_t c,
-                   double *o) { xent_grad(x, l, g, r, c, o); }
+                   double *o, int t) { xent_grad(x, l, g, r, c, o, t); }
+// The probe that measures from how much work a team pays here (cpu/calibrate.py): a gate-like
+// element-wise pass, out = a / (1 + exp(-b)), on `threads` threads, in 8 loops each ending at
+// the team's barrier, as a level of a generated loop's instructions runs.
+void team_probe(const float *a, const float *b, float *out, int64_t n, int threads) {
+  #pragma omp parallel num_threads(threads) if (threads > 1)
+  for (int64_t part = 0; part < 8; ++part) {
+    #pragma omp for simd schedule(static)
+    for (int64_t i = part * n / 8; i < (part + 1) * n / 8; ++i) out[i] = a[i] / (1 + std::exp(-b[i]));
+  }
+}
 void lstm_cell_f32(const float *p, const float *a, const float *b, int64_t ldc, int64_t k,
                    int64_t r, int64_t h, float *o) { lstm_cell_k(p, a, b, ldc, k, r, h, o); }
 void lstm_cell_f64(const double *p, const double *a, const double *b, int64_t ldc, int64_t k,

@@ -24,7 +24,8 @@ import numpy as np
 
 from . import build, calibrate, isa
 from .kernel_source import SOURCE as _SOURCE
-from .team import in_team_products, state as _team, team_size  # noqa: F401 (the API)
+from .team import (in_team_products, one_blas_thread, set_blas_threads,  # noqa: F401
+                   state as _team, team_size)  # (the API)
 
 _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 
@@ -42,8 +43,8 @@ _SIGNATURES = {  # the hot calls' argument types: declared, plain ints pass with
     "lstm_cell": (_P, _P, _P, _I, _I, _I, _I, _P),
     "lstm_cell_grad": (_P, _P, _P, _I, _P, _P, _I, _I, _I, _P),
     "scatter_add": (_P, _P, _P, _I, _I, _I, _I),
-    "xent": (_P, _P, _I, _I, _P),
-    "xent_grad": (_P, _P, _P, _I, _I, _P),
+    "xent": (_P, _P, _I, _I, _P, ctypes.c_int),
+    "xent_grad": (_P, _P, _P, _I, _I, _P, ctypes.c_int),
 }
 _typed_functions = {}
 
@@ -74,7 +75,8 @@ def softmax_cross_entropy(logits, labels):
     cols = logits.shape[-1]
     rows = logits.size // cols
     loss = np.empty(logits.shape[:-1], dtype=logits.dtype)
-    xent(data_address(logits), data_address(labels), rows, cols, data_address(loss))
+    xent(data_address(logits), data_address(labels), rows, cols, data_address(loss),
+         calibrate.threads_for(logits.size))
     return loss
 
 
@@ -91,7 +93,7 @@ def softmax_cross_entropy_grad(logits, labels, g):
     cols = logits.shape[-1]
     out = np.empty_like(logits)
     xent_grad(data_address(logits), data_address(labels), data_address(g), logits.size // cols,
-              cols, data_address(out))
+              cols, data_address(out), calibrate.threads_for(logits.size))
     return out
 
 
@@ -291,39 +293,13 @@ def team_products(on=True):
     # thread: a product on OpenBLAS's pool leaves its threads spinning, and the team's next
     # product then shares the cores with them (measured: recursive Tree-LSTM 128, 2 threads,
     # the same team products 1.6-1.8x slower after the leaf kind's small NumPy products).
-    threads = _set_blas_threads(1) if on and not before[0] else None
+    threads = set_blas_threads(1) if on and not before[0] else None
     try:
         yield
     finally:
         _team.on, _team.threads = before
         if threads is not None:
-            _set_blas_threads(threads)
-
-
-@contextlib.contextmanager
-def one_blas_thread():
-    """NumPy's BLAS on one thread for the block, where the BLAS can be set so (as inside a
-    team's call: what a measurement against the BLAS there must compare with)."""
-    before = _set_blas_threads(1)
-    try:
-        yield
-    finally:
-        if before is not None:
-            _set_blas_threads(before)
-
-
-def _set_blas_threads(count):
-    """Set the BLAS's threads (process-wide in NumPy's OpenBLAS); the previous count, or None
-    where the BLAS has no such call."""
-    from . import blas
-
-    address = blas.threads_local()
-    if address is None:
-        return None
-    return _SET_THREADS(address)(count)
-
-
-_SET_THREADS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+            set_blas_threads(threads)
 
 
 def matmul(a, b, out=None):
@@ -588,7 +564,7 @@ def adam(params, grads, ms, vs, beta1, beta2, eps, bc2, step, decay):
     sizes = np.array([a.size for a in params], dtype=np.int64)
     hyper = np.array([beta1, beta2, eps, bc2, step, decay], dtype=np.float64)
     getattr(lib, f"adam_{suffix}")(ctypes.c_int64(n), *(_p(a) for a in pointers), _p(sizes),
-                                   _p(hyper))
+                                   _p(hyper), ctypes.c_int(calibrate.threads_for(sizes.sum())))
     return True
 
 

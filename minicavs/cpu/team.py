@@ -3,6 +3,8 @@
 inside ``kernels.team_products``. Below both the kernels and ``cpu/calibrate.py``, which
 sizes teams to the cores that other work leaves free."""
 
+import contextlib
+import ctypes
 import functools
 import os
 import threading
@@ -42,3 +44,27 @@ def _cores():
         cores = os.cpu_count() or 1
     cap = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     return max(1, min(cores, int(cap))) if cap.isdigit() and int(cap) > 0 else cores
+
+
+def set_blas_threads(count):
+    """Set the BLAS's threads (process-wide in NumPy's OpenBLAS); the previous count, or None
+    where the BLAS has no such call."""
+    address = blas.threads_local()
+    if address is None:
+        return None
+    return _SET_THREADS(address)(count)
+
+
+_SET_THREADS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+
+
+@contextlib.contextmanager
+def one_blas_thread():
+    """NumPy's BLAS on one thread for the block, where the BLAS can be set so (as inside a
+    team's call: what a measurement against the BLAS there must compare with)."""
+    before = set_blas_threads(1)
+    try:
+        yield
+    finally:
+        if before is not None:
+            set_blas_threads(before)

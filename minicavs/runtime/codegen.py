@@ -52,10 +52,6 @@ ENTRY = "minicavs_levels"
 # Multiply-adds of a level's product from which its columns are split between the team's
 # threads (each calls a one-thread gemm on its block); below, one thread runs it.
 GEMM_SPLIT_MIN = 1 << 16
-# Rows of a level from which the team may split it, and the work (multiply-adds and elements,
-# rows x the program's per-row work) from which it does: below, one thread runs the level.
-SPLIT_ROWS = 64
-SPLIT_WORK = 1 << 23
 # One loop per row: for a split by rows, a row-parallel loop the team shares.
 TEAM_FOR = "#pragma omp for schedule(static)"
 
@@ -177,6 +173,7 @@ class LevelLoop:
     actions: dict = None  # RUN/ZERO/SKIP -> the code the loop reads
     notes: tuple = ()  # each core instruction, as the program's dump writes it
     products: tuple = ()  # (shared slot, k, m) of each product x (n x k) . W (k x m)
+    row_work: tuple = (0, 1)  # (multiply-adds, elements) of a level's row, over the core
 
 
 def generate(program, blas="cblas64", profile=False):
@@ -271,7 +268,7 @@ class _Generator:
                     for k, code in enumerate(body)]
         notes = tuple(" ".join(ins.dump(self.names).split()) for ins in core)
         return LevelLoop(self.source(body), self.dtype, tuple(self.slots), len(core), ACTIONS,
-                         notes, tuple(sorted(self.products)))
+                         notes, tuple(sorted(self.products)), self.row_work())
 
     def place_level_values(self):
         """A value that lives only during its level and that one step reads is made where that
@@ -734,21 +731,21 @@ class _Generator:
         return "// added by its parts where it is read"
 
     def row_work(self):
-        """Multiply-adds and elements per row of a level, over the core's instructions."""
-        work = 0
+        """``(multiply-adds, elements)`` per row of a level, over the core's instructions."""
+        macs = elements = 0
         for ins in self.program.core:
             for o in ins.writes:
                 if row_domain(o.shape) != "vertex":
                     continue
                 node = getattr(getattr(ins, "step", None), "node", None)
                 if node is not None and node.op.native == "product":
-                    work += int(np.prod(node.inputs[1].shape, dtype=np.int64))
+                    macs += int(np.prod(node.inputs[1].shape, dtype=np.int64))
                 else:
                     try:
-                        work += _width(o)
+                        elements += _width(o)
                     except Unsupported:
                         pass
-        return max(1, work)
+        return macs, max(1, elements)
 
     def shared_slot(self, node):
         slot = self.shared.get(node.key)
@@ -838,7 +835,8 @@ extern "C" void minicavs_set_own_rows(const int8_t *t) {{ std::memcpy(own_rows, 
 extern "C" void {ENTRY}(int64_t num_levels, int64_t first, int64_t stop,
                         const int64_t *offsets, const signed char *plan, void *const *p,
                         const int64_t *a, int64_t spare, T *states, int64_t states_ld,
-                        T *d_states, int64_t d_states_ld, int64_t threads, int64_t forest) {{
+                        T *d_states, int64_t d_states_ld, int64_t threads, int64_t forest,
+                        int64_t split_rows) {{
 {_indent(chr(10).join(declare), 2)}
   // Each wide level runs on a team: every instruction's rows (or a product's columns) are
   // split between its threads, each calling a one-thread gemm; the implicit barrier of each
@@ -850,8 +848,9 @@ extern "C" void {ENTRY}(int64_t num_levels, int64_t first, int64_t stop,
     const int64_t t = {level};
     const int64_t lo = offsets[t], n = offsets[t + 1] - lo;
     const signed char *act = plan + t * {len(program.core)};
-    // A level of few rows runs on one thread: its work costs less than waking the team.
-    #pragma omp parallel num_threads((int)threads) if (split && n >= {SPLIT_ROWS} && n * {self.row_work()} >= {SPLIT_WORK})
+    // A level of fewer rows than split_rows runs on one thread: its work costs less than
+    // waking the team (measured here: runtime/native.py, cpu/calibrate.py).
+    #pragma omp parallel num_threads((int)threads) if (split && n >= split_rows)
     {{
 {_indent(chr(10).join(per_level), 4)}
 {chr(10).join(body)}
