@@ -480,25 +480,27 @@ def test_wide_levels_split_between_threads_equal_the_interpreter(dag, monkeypatc
     threads = kernels.team_size()
     if threads > 1:
         spec = SimpleNamespace(row_work=(80 * 200, 200))
-        assert native.split_rows(spec, threads) == threads
-        assert native.team_size(batch, spec) == (threads, threads)
+        assert native.split_at(spec, threads) == (threads, 1024)  # (forced: a MAC an element)
+        assert native.team_size(batch, spec) == (threads, threads, 1024)
 
 
 @needs_native
 def test_levels_split_from_the_work_measured_to_pay_for_a_team(monkeypatch):
-    """The rows from which a level splits come from this CPU's measured costs
-    (``calibrate.split_rate``): its work in elements at least the measured break-even; more
-    rows for a lighter row, never fewer than a row a thread, never without a team."""
+    """The rows from which a level splits, and the multiply-adds from which a product in it
+    does, come from this CPU's measured costs (``calibrate.split_rate``): their work in elements
+    at least the measured break-even; more rows for a lighter row, never fewer than a row a
+    thread, never without a team."""
     from minicavs.cpu import calibrate
     from minicavs.runtime import native
 
-    monkeypatch.setattr(calibrate, "split_rate", lambda threads: (1 << 16, 1e-9, 1e-11))
+    monkeypatch.setattr(calibrate, "split_rate", lambda threads: (1 << 16, 2.0**-30, 2.0**-37))
     heavy, light = (SimpleNamespace(row_work=w) for w in ((100_000, 1000), (0, 100)))
-    assert native.split_rows(heavy, 4) == 33  # 65536 / (1000 + 100000 * 0.01) elements a row
-    assert native.split_rows(light, 4) == 656
-    assert native.split_rows(SimpleNamespace(row_work=(10**9, 1)), 4) == 4
+    # 65536 / (1000 + 100000 / 128) elements a row; a multiply-add costs 1/128 of an element
+    assert native.split_at(heavy, 4) == (37, 65536 * 128)
+    assert native.split_at(light, 4)[0] == 656
+    assert native.split_at(SimpleNamespace(row_work=(10**9, 1)), 4)[0] == 4
     monkeypatch.setattr(calibrate, "split_rate", lambda threads: None)  # the team never pays
-    assert native.split_rows(heavy, 4) > 10**12
+    assert min(native.split_at(heavy, 4)) > 10**12
 
 
 @needs_native

@@ -49,9 +49,6 @@ from .program import Compute, Gather
 
 ACTIONS = {SKIP: 0, RUN: 1, ZERO: 2}  # plan codes, as the generated loop reads them
 ENTRY = "minicavs_levels"
-# Multiply-adds of a level's product from which its columns are split between the team's
-# threads (each calls a one-thread gemm on its block); below, one thread runs it.
-GEMM_SPLIT_MIN = 1 << 16
 # One loop per row: for a split by rows, a row-parallel loop the team shares.
 TEAM_FOR = "#pragma omp for schedule(static)"
 
@@ -569,7 +566,7 @@ class _Generator:
         s = self.shared[w.key].index
         self.products.add((s, k, m))
         return (f"gemm_team({s}, n, {m}, {k}, P{s}, a[{2 * s}], a[{2 * s + 1}], "
-                f"{a.row(0)}, {a.ld}, {out.row(0)}, {out.ld});")
+                f"{a.row(0)}, {a.ld}, {out.row(0)}, {out.ld}, split_macs);")
 
     def elementwise(self, group):
         source = csource.elementwise_source(group, self.dtype)
@@ -836,7 +833,7 @@ extern "C" void {ENTRY}(int64_t num_levels, int64_t first, int64_t stop,
                         const int64_t *offsets, const signed char *plan, void *const *p,
                         const int64_t *a, int64_t spare, T *states, int64_t states_ld,
                         T *d_states, int64_t d_states_ld, int64_t threads, int64_t forest,
-                        int64_t split_rows) {{
+                        int64_t split_rows, int64_t split_macs) {{
 {_indent(chr(10).join(declare), 2)}
   // Each wide level runs on a team: every instruction's rows (or a product's columns) are
   // split between its threads, each calling a one-thread gemm; the implicit barrier of each
@@ -981,11 +978,12 @@ static inline void gemm_rows(int64_t slot, int64_t n, int64_t m, int64_t k, cons
 _TEAM = """typedef int (*blas_threads_t)(int);  // sets the BLAS's threads, returns the old count
 static blas_threads_t blas_threads;
 extern "C" void minicavs_set_blas_threads(void *f) { blas_threads = (blas_threads_t)f; }
+// A product of fewer than split_macs multiply-adds runs on one thread (measured: native.py).
 static inline void gemm_team(int64_t slot, int64_t n, int64_t m, int64_t k, const T *w,
                              int64_t ldw, int64_t w_transposed, const T *x, int64_t ldx, T *out,
-                             int64_t ldo) {
+                             int64_t ldo, int64_t split_macs) {
   const int64_t team = omp_get_num_threads();
-  if (team == 1 || n * m * k < %d || m < 32 * team) {
+  if (team == 1 || n * m * k < split_macs || m < 32 * team) {
     #pragma omp single
     gemm_rows(slot, n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
     return;
@@ -996,7 +994,7 @@ static inline void gemm_team(int64_t slot, int64_t n, int64_t m, int64_t k, cons
     gemm_rows(slot, n, c1 - c0, k, w_transposed ? w + c0 * ldw : w + c0, ldw, w_transposed, x, ldx,
               out + c0, ldo);
   #pragma omp barrier
-}""" % GEMM_SPLIT_MIN
+}"""
 _PRELUDE = (f"const int64_t FEW_ROWS = {FEW_ROWS}, ROW_BUCKETS = {ROW_BUCKETS};\n"
             + FEW_ROWS_SOURCE + "\n")
 _GEMM = {"cblas64": _PRELUDE + "typedef int64_t I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}")

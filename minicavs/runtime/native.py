@@ -99,7 +99,7 @@ class NativeLoop:
         lib.minicavs_set_own_rows(ctypes.c_void_p(_own_rows(spec, lib).ctypes.data))
         self._run = lib.minicavs_levels
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._run.argtypes = [i64, i64, i64, p, p, p, p, i64, p, i64, p, i64, i64, i64, i64]
+        self._run.argtypes = [i64, i64, i64, p, p, p, p, i64, p, i64, p, i64, i64, i64, i64, i64]
         self._run.restype = None
         self._lib = lib
         self._codes = {}  # plan -> (action codes, keys and domains of the buffers it writes)
@@ -216,7 +216,7 @@ class _NativeRun:
                     widen(self.written, key, (int(start[filled].min()), int(end[filled].max())))
         self.pointers, self.strides = args
         self.offsets = np.ascontiguousarray(rows.level_offsets, dtype=np.int64)
-        self.threads, self.split_rows = team_size(rows, loop.spec)
+        self.threads, self.split_rows, self.split_macs = team_size(rows, loop.spec)
 
     def run(self, first, stop):
         """Levels ``first`` to ``stop`` of the loop's order (top-down for ∂F), in one C call."""
@@ -227,7 +227,7 @@ class _NativeRun:
                        self.strides.ctypes.data, _spare_row(states, d_states),
                        _address(states), _row_stride(states), _address(d_states),
                        _row_stride(d_states), self.threads, int(part.rows.is_forest),
-                       self.split_rows)
+                       self.split_rows, self.split_macs)
 
     def finish(self):
         record_written(self.part.program, self.part.ranges, self.written)
@@ -270,30 +270,32 @@ def _matrix_layout(array):
 
 
 def team_size(rows, spec):
-    """``(threads, split_rows)`` of a call's level loop: the library's team
-    (``cpu.kernels.team_size``: the usable cores, one where a team cannot run), and the rows from
-    which a level of ``spec``'s program splits between them (:func:`split_rows`); one thread
-    for a batch without a level that wide."""
+    """``(threads, split_rows, split_macs)`` of a call's level loop: the library's team
+    (``cpu.kernels.team_size``: the usable cores, one where a team cannot run) — one thread for
+    a batch without a level of ``split_rows`` — and where its levels and products split
+    (:func:`split_at`)."""
     threads = kernels.team_size()
-    least = split_rows(spec, threads)
+    least, macs = split_at(spec, threads)
     widest = int(np.diff(rows.level_offsets).max()) if rows.num_levels else 0
-    return (threads, least) if widest >= least else (1, least)
+    return (threads if widest >= least else 1), least, macs
 
 
 _NEVER = 1 << 62
 
 
-def split_rows(spec, threads):
-    """The rows from which a level of ``spec``'s loop runs on a team of ``threads``: where its
-    work — its rows' multiply-adds and elements, counted in elements at this CPU's measured
-    costs of each — reaches the work from which a team beats one thread here
-    (``calibrate.split_rate``), and at least a row a thread; never without a team."""
+def split_at(spec, threads):
+    """``(rows, multiply-adds)`` from which a level of ``spec``'s loop, and a product inside
+    it, run on a team of ``threads``: where the work — a row's multiply-adds and elements,
+    counted in elements at this CPU's measured cost of each — reaches the work from which a team
+    beats one thread here (``calibrate.split_rate``); at least a row a thread; never without a
+    team."""
     rate = calibrate.split_rate(threads) if threads > 1 else None
     if rate is None:
-        return _NEVER
+        return _NEVER, _NEVER
     split, element, mac = rate
     macs, elements = spec.row_work
-    return max(threads, math.ceil(split / (elements + macs * mac / element)))
+    return (max(threads, math.ceil(split / (elements + macs * mac / element))),
+            math.ceil(split * element / mac))
 
 
 def _spare_row(states, d_states):
