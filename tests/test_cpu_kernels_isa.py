@@ -285,6 +285,49 @@ def test_each_variants_panel_kernel_uses_its_own_vector_registers():
 
 
 @needs_native
+def test_a_team_splits_from_the_first_size_it_wins_twice_in_a_row(fresh_calibration,
+                                                                  monkeypatch):
+    """``split_elements``: the probe's sizes measured upward until the team wins at two in a
+    row (the first of them is the split); never winning, no split; kept like any choice."""
+    sizes = []
+
+    def measure(team, one):  # the team wins from 2^13 but at 2^12 by a fluke
+        n = 1 << (10 + len(sizes))
+        sizes.append(n)
+        return [1.0, 2.0] if n in (1 << 12, 1 << 14, 1 << 15) else [2.0, 1.0]
+    monkeypatch.setattr(calibrate, "measure", measure)
+    assert calibrate._split_elements(3) == 1 << 14
+    assert sizes == [1 << e for e in range(10, 16)]
+    assert calibrate.split_elements(1) is None  # (no team)
+    monkeypatch.setattr(calibrate, "measure", lambda team, one: [2.0, 1.0])
+    assert calibrate._split_elements(5) is None
+    names = [k for k in calibrate.measured() if k.startswith("team split <=")]
+    assert len(names) == 6 + len(calibrate.SPLIT_PROBE)
+
+
+@needs_native
+def test_team_loops_take_their_threads_from_the_measured_split(monkeypatch):
+    """Forced: ``own`` splits from the probe's first size (tests run the team's code), ``blas``
+    never; the kernels that split rows (cross-entropy, Adam) equal NumPy on a team."""
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "blas")
+    assert calibrate.threads_for(1 << 30) == 1
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "own")
+    team = kernels.team_size()
+    assert calibrate.threads_for(1 << 10) == team and calibrate.threads_for(1 << 9) == 1
+    rng = np.random.default_rng(5)
+    logits, labels = rng.standard_normal((64, 100)), rng.integers(0, 100, 64)
+    shifted = logits - logits.max(1, keepdims=True)
+    expected = np.log(np.exp(shifted).sum(1)) - shifted[np.arange(64), labels]
+    np.testing.assert_allclose(kernels.softmax_cross_entropy(logits, labels), expected,
+                               rtol=1e-12)
+    p, g = rng.standard_normal(5000), rng.standard_normal(5000)
+    m, v, want = np.zeros(5000), np.zeros(5000), p.copy()
+    assert kernels.adam([p], [g], [m], [v], 0.9, 0.999, 1e-8, 1e-3, 0.01, 1.0)
+    mm, vv = 0.1 * g, 0.001 * g * g
+    np.testing.assert_allclose(p, want - 0.01 * mm / (np.sqrt(vv / 1e-3) + 1e-8), rtol=1e-12)
+
+
+@needs_native
 def test_the_doctor_prints_the_target_and_every_choice_with_its_times(monkeypatch):
     import io
 
@@ -298,6 +341,7 @@ def test_the_doctor_prints_the_target_and_every_choice_with_its_times(monkeypatc
     assert any("kernel choices" in x and x.strip().endswith(".json") for x in lines)
     tagger = [x for x in lines if f"panels f32 <=4x256x1024 ({isa.target()}" in x]
     assert tagger and all(" us: " in x and ("own" in x or "BLAS" in x) for x in tagger)
+    assert any("cpu team" in x and "thread(s)" in x for x in lines)
 
 
 def test_an_avx2_build_is_asked_for_by_minicavs_march(monkeypatch, tmp_path):
