@@ -16,12 +16,15 @@ needed (:func:`free_cores`) decides for this process only.
 (tests force ``own`` to check the kernels whatever this machine prefers).
 """
 
+import ctypes
 import functools
 import json
 import os
 import tempfile
 import threading
 import time
+
+import numpy as np
 
 from ..errors import ArgumentError
 from . import blas, build, isa
@@ -113,11 +116,11 @@ def threads_for(elements):
 
 @functools.lru_cache(maxsize=None)
 def _split(threads, force):
+    """``(split_elements, split_rate)`` for a team of ``threads`` under ``MINICAVS_KERNELS``
+    ``force``: measured once a process (and kept on disk as every choice is)."""
     split = _split_elements(threads)
     if split is None or force is not None:
         return split, None if split is None else (split, 1.0, 1.0)
-    import numpy as np
-
     a, b = np.ones((64, 256), np.float32), np.ones((256, 256), np.float32)
     probe = _probe()
     gemm, element = times("team split: product 64x256x256, probe 65536 (1 thread)",
@@ -148,10 +151,6 @@ def _one_thread_product(a, b):
 def _probe():
     """``probe(n, threads)``: a call running the probe over ``n`` elements; None without native
     code."""
-    import ctypes
-
-    import numpy as np
-
     if build.unavailable() is not None:
         return None
     function = build.module_library(SOURCE, "kernels", "minicavs/cpu/kernels.py").team_probe
