@@ -21,8 +21,8 @@ from ..errors import ShapeError
 from ..autodiff import no_grad, spec, tensor
 from ..vertex import symbolic
 from ..nn import Embedding, Module, dropout
-from ..vertex import GraphBatch, InputGraph, VertexFunction
-from .common import as_ids, bias, cross_entropy_sum, lstm_bias, runner, weight
+from ..vertex import GraphBatch, VertexFunction
+from .common import Counts, as_ids, bias, chain, cross_entropy_sum, lstm_bias, runner, weight
 
 
 def _lstm_lm_parameters(model, V, E, H, dtype, tie_weights=False):
@@ -50,21 +50,13 @@ def _output_weights(model):
 
 
 @dataclass
-class SentenceBatch:
+class SentenceBatch(Counts):
     """Sentences as chain graphs: vertex t of a sentence reads ``inputs[t]`` (the previous
     token) and predicts ``targets[t]``."""
 
     graphs: GraphBatch
     inputs: object  # (n, 1) int64 Tensor
     targets: np.ndarray  # (n,) int64
-
-    @property
-    def num_samples(self):
-        return self.graphs.num_graphs
-
-    @property
-    def num_targets(self):
-        return len(self.targets)
 
 
 def _evaluate_language_model(model, batches):
@@ -110,7 +102,6 @@ class VarLSTMLanguageModel(Module):
         self.vocab_size, self.embed_dim, self.hidden, self.bos_id = V, E, H, int(bos_id)
         self.dropout = float(dropout)
         _lstm_lm_parameters(self, V, E, H, dtype, tie_weights)
-        self._chains = {}  # length -> InputGraph.chain(length): sentences share them
         table, W, U, b = self.embedding.weight, self.W, self.U, self.b
         pulls_vectors = self.dropout > 0
 
@@ -126,15 +117,10 @@ class VarLSTMLanguageModel(Module):
         self.F = VertexFunction(lstm_step, **pull, scatter_shape=(2 * H,), push_shape=(H,),
                                 arity=1, dtype=dtype)
 
-    def _chain(self, length):
-        if length not in self._chains:
-            self._chains[length] = InputGraph.chain(length)
-        return self._chains[length]
-
     def prepare(self, sentences):
         """A :class:`SentenceBatch` from id arrays; each sentence predicts all its tokens."""
         sentences = [np.asarray(s, dtype=np.int64) for s in sentences if len(s)]
-        graphs = GraphBatch([self._chain(len(s)) for s in sentences])
+        graphs = GraphBatch([chain(len(s)) for s in sentences])
         targets = np.concatenate(sentences)
         inputs = np.concatenate([np.concatenate([[self.bos_id], s[:-1]]) for s in sentences])
         return SentenceBatch(graphs, as_ids(inputs), targets)

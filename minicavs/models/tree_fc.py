@@ -12,7 +12,7 @@ from .. import ops
 from ..errors import ArgumentError
 from ..nn import Embedding
 from ..vertex import VertexFunction
-from .common import bias, indices, runner, weight
+from .common import bias, runner, weight
 from .tree_lstm import TreeClassifier
 
 _ACTIVATIONS = {"relu": ops.relu, "tanh": ops.tanh}

@@ -33,12 +33,12 @@ from .. import backend, ops, validate
 from ..autodiff import no_grad
 from ..nn import Embedding, Module, dropout
 from ..vertex import GraphBatch, VertexFunction
-from .common import (GraphCache, as_ids, bias, cross_entropy_sum, indices, lstm_bias, runner,
-                     weight)
+from .common import (Counts, GraphCache, as_ids, bias, cross_entropy_sum, indices, lstm_bias,
+                     runner, weight)
 
 
 @dataclass
-class TreeBatch:
+class TreeBatch(Counts):
     """A mini-batch of trees, ready for a tree classifier.
 
     ``graphs``: the GraphBatch (vertex ids of tree i start at ``graphs.offsets[i]``);
@@ -53,14 +53,6 @@ class TreeBatch:
     labels: np.ndarray
     targets: np.ndarray
     roots: np.ndarray
-
-    @property
-    def num_samples(self):  # what throughput counts
-        return self.graphs.num_graphs
-
-    @property
-    def num_targets(self):  # what the loss is summed over
-        return len(self.targets)
 
 
 class TreeClassifier(Module):
