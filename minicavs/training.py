@@ -261,11 +261,9 @@ def train_epoch(model, optimizer, batches, *, comm=None, clip=None, progress=Tru
 
 def format_metrics(metrics, prefix=""):
     """``{"loss": 0.5, "fine": 0.9}`` -> ``"loss 0.5000  fine 0.900"``."""
-    parts = []
-    for name, value in metrics.items():
-        digits = 4 if name == "loss" else 2 if name == "perplexity" else 3
-        parts.append(f"{prefix}{name} {value:.{digits}f}")
-    return "  ".join(parts)
+    digits = {"loss": 4, "perplexity": 2}
+    return "  ".join(f"{prefix}{name} {value:.{digits.get(name, 3)}f}"
+                     for name, value in metrics.items())
 
 
 def best_epoch(history, metric):
@@ -745,9 +743,7 @@ def sentiment_experiment(name, args, splits, make_model, log=print):
             log(f"{name} seed {seed}: best dev {metric} epoch {epoch} of {len(history)}: dev "
                 f"{format_metrics(dev)}; test {format_metrics(test)}  ({seconds:.0f} s, "
                 f"{throughput(history):.0f} trees/s)")
-    summary = {}
-    for key in runs[0]["test"]:
-        summary[key] = mean_and_std([run["test"][key] for run in runs])
+    summary = {key: mean_and_std([run["test"][key] for run in runs]) for key in runs[0]["test"]}
     scope = "accuracy over every phrase" if metric == "phrase" else "root accuracy"
     chance = chance_level(splits.test, metric, datasets.SST_TASKS.get(args.task, 5))
     log(f"{name}: {args.task} task, test {scope} {metric} "

@@ -12,18 +12,13 @@ from ..nn import init
 from ..vertex import InputGraph
 
 
-def call_vertex_function(F, batch, pull=None):
-    """Run a vertex function the normal way: batched by the Cavs runtime."""
-    return F(batch, pull=pull)
-
-
 def runner(run):
     """``run`` as given (e.g. ``minicavs.vertex.evaluate_per_sample``), else the batched call.
 
     Every model's ``loss``/``predict`` takes ``run=``, so a test can evaluate the very same
     model per sample and compare losses and gradients with the batched runtime.
     """
-    return call_vertex_function if run is None else run
+    return run or (lambda F, batch, pull=None: F(batch, pull=pull))
 
 
 class GraphCache:

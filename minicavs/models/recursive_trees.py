@@ -24,7 +24,6 @@ import numpy as np
 
 from .. import backend, ops
 from ..errors import ArgumentError
-from ..nn import Embedding
 from ..nn import init as initializers
 from ..autodiff import Parameter
 from ..vertex.recursive import recursive
@@ -69,16 +68,13 @@ class _SocherTree(TreeClassifier):
         _check_init(init, type(self).__name__)
         super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
         self.leaf_tanh = bool(leaf_tanh)
-        H, C = int(hidden), int(num_classes)
-        self.vocab_size, self.hidden = int(vocab_size), H
-        self.embedding = Embedding(vocab_size, H, dtype=dtype)
+        _, H = self._embedding(vocab_size, hidden, hidden, dtype)
         self._tensor(H, dtype)
         self.W = weight((2 * H, H), dtype, "W")
         self.b = bias(H, dtype, "b")
-        self.W_out = weight((H, C), dtype, "W_out")
-        self.b_out = bias(C, dtype, "b_out")
+        self._classifier(H, dtype)
         if init == "corenlp":  # (the RNTN's V is drawn the same way in both)
-            _corenlp_init(self, H, C, dtype)
+            _corenlp_init(self, H, self.num_classes, dtype)
         table, combine = self.embedding.weight, self.combine
 
         @recursive(scatter_shape=(H,), **self.pull_spec(H), push_shape=(H,), arity=2,
@@ -144,15 +140,12 @@ class RecursiveTreeLSTMClassifier(TreeClassifier):
     def __init__(self, vocab_size, embed_dim=64, hidden=64, num_classes=5, dtype="float32",
                  leaf_loss=False, dropout=0.0, embed_dropout=0.0, word_dropout=0.0):
         super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
-        E, H, C = int(embed_dim), int(hidden), int(num_classes)
-        self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
-        self.embedding = Embedding(vocab_size, E, dtype=dtype)
+        E, H = self._embedding(vocab_size, embed_dim, hidden, dtype)
         self.W = weight((E, 3 * H), dtype, "W")
         self.b_leaf = bias(3 * H, dtype, "b_leaf")
         self.U = weight((2 * H, 5 * H), dtype, "U")
         self.b = lstm_bias(H, ["i", "f_l", "f_r", "o", "u"], dtype, "b")
-        self.W_out = weight((H, C), dtype, "W_out")
-        self.b_out = bias(C, dtype, "b_out")
+        self._classifier(H, dtype)
         table, W, b_leaf, U, b = self.embedding.weight, self.W, self.b_leaf, self.U, self.b
 
         @recursive(scatter_shape=(2 * H,), **self.pull_spec(E), push_shape=(H,), arity=2,

@@ -78,6 +78,18 @@ class TreeClassifier(Module):
         self.word_dropout = float(word_dropout)
         self._graphs = GraphCache()
 
+    def _embedding(self, vocab_size, embed_dim, hidden, dtype):
+        """The sizes, and the word embedding: a subclass's first parameter."""
+        E, H = int(embed_dim), int(hidden)
+        self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
+        self.embedding = Embedding(vocab_size, E, dtype=dtype)
+        return E, H
+
+    def _classifier(self, H, dtype):
+        """``W_out`` and ``b_out``, the classifier of the states: a subclass's last parameters."""
+        self.W_out = weight((H, self.num_classes), dtype, "W_out")
+        self.b_out = bias(self.num_classes, dtype, "b_out")
+
     @property
     def pulls_vectors(self):
         """True if F pulls word vectors looked up before it (embedding dropout), else ids."""
@@ -222,14 +234,11 @@ class TreeLSTMClassifier(TreeClassifier):
     def __init__(self, vocab_size, embed_dim=64, hidden=64, num_classes=5, dtype="float32",
                  leaf_loss=False, dropout=0.0, embed_dropout=0.0, word_dropout=0.0):
         super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
-        E, H, C = int(embed_dim), int(hidden), int(num_classes)
-        self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
-        self.embedding = Embedding(vocab_size, E, dtype=dtype)
+        E, H = self._embedding(vocab_size, embed_dim, hidden, dtype)
         self.W = weight((E, 5 * H), dtype, "W")
         self.U = weight((2 * H, 5 * H), dtype, "U")
         self.b = lstm_bias(H, ["i", "f_l", "f_r", "o", "u"], dtype, "b")
-        self.W_out = weight((H, C), dtype, "W_out")
-        self.b_out = bias(C, dtype, "b_out")
+        self._classifier(H, dtype)
         table, W, U, b = self.embedding.weight, self.W, self.U, self.b
 
         def tree_lstm(v):
@@ -260,17 +269,14 @@ class ChildSumTreeLSTMClassifier(TreeClassifier):
     def __init__(self, vocab_size, embed_dim=64, hidden=64, num_classes=5, dtype="float32",
                  leaf_loss=False, dropout=0.0, embed_dropout=0.0, word_dropout=0.0):
         super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
-        E, H, C = int(embed_dim), int(hidden), int(num_classes)
-        self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
-        self.embedding = Embedding(vocab_size, E, dtype=dtype)
+        E, H = self._embedding(vocab_size, embed_dim, hidden, dtype)
         self.W = weight((E, 3 * H), dtype, "W")
         self.U = weight((H, 3 * H), dtype, "U")
         self.b = bias(3 * H, dtype, "b")
         self.W_f = weight((E, H), dtype, "W_f")
         self.U_f = weight((H, H), dtype, "U_f")
         self.b_f = bias(H, dtype, "b_f", value=1.0)  # start by keeping the children's memory
-        self.W_out = weight((H, C), dtype, "W_out")
-        self.b_out = bias(C, dtype, "b_out")
+        self._classifier(H, dtype)
         table, W, U, b, W_f, U_f, b_f = (self.embedding.weight, self.W, self.U, self.b,
                                          self.W_f, self.U_f, self.b_f)
 

@@ -328,9 +328,6 @@ class GraphBatch(_ChildLists):
     def rows_of_level(self, t):
         return int(self.level_offsets[t]), int(self.level_offsets[t + 1])
 
-    def edges_of_level(self, t):
-        return int(self.edge_level_offsets[t]), int(self.edge_level_offsets[t + 1])
-
     def check_arity(self, arity, function_name="the vertex function"):
         """Every vertex has at most ``arity`` children, else an error naming sample and vertex."""
         too_many = np.flatnonzero(self.num_children > arity)
