@@ -71,27 +71,21 @@ def gpu_available():
         return False
 
 
-def _check_device_name(name):
+def _device_name(name, where=""):
+    name = name.strip().lower()
     if name not in _DEVICES:
-        raise DeviceError(f"unknown device {name!r}; expected one of {_DEVICES}")
+        raise DeviceError(f"unknown device {name!r}{where}; expected one of {_DEVICES}")
     return name
 
 
-def _device_from_environment():
-    name = os.environ.get("MINICAVS_DEVICE", "").strip().lower() or "cpu"
-    if name not in _DEVICES:
-        raise DeviceError(f"unknown device {name!r} in environment variable MINICAVS_DEVICE; "
-                          f"expected one of {_DEVICES}")
-    return name
-
-
-_device = _device_from_environment()
+_device = _device_name(os.environ.get("MINICAVS_DEVICE", "").strip() or "cpu",
+                       " in environment variable MINICAVS_DEVICE")
 
 
 def set_device(name):
     """Select where new tensors live: ``"cpu"`` (NumPy) or ``"cuda"`` (CuPy)."""
     global _device
-    name = _check_device_name(str(name).strip().lower())
+    name = _device_name(str(name))
     if name == "cuda":
         cupy_or_error()
     _device = name
@@ -158,10 +152,9 @@ def scalars_to(xp, arrays):
 
 def to_device(array, device=None):
     """Copy ``array`` to ``device`` (default: the current one) if it is not already there."""
-    device = device or _device
-    if device == "cuda":
+    if (device or _device) == "cuda":
         return cupy_or_error().asarray(array)
-    return array.get() if is_cupy_array(array) else np.asarray(array)
+    return to_numpy(array)
 
 
 def to_numpy(array):

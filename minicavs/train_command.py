@@ -19,7 +19,7 @@ from . import data as datasets, validate
 from .errors import CheckpointError, MinicavsError
 from .models import ChildSumTreeLSTMClassifier, TreeLSTMClassifier
 from .nn import Adam, load_checkpoint, save_checkpoint
-from .training import (add_common_arguments, chance_level, check_something_to_train,
+from .training import (add_common_arguments, add_model_arguments, chance_level, check_something_to_train,
                        command_line_hint, fit, format_metrics, prepare_all, setup, throughput)
 
 DEFAULT_LR = 0.005
@@ -61,10 +61,7 @@ def configure(parser):
     add_common_arguments(parser, epochs=4, batch_size=32, lr=DEFAULT_LR,
                          data_help="SST directory with train.txt, dev.txt and test.txt "
                                    "(default: the embedded synthetic treebank)")
-    parser.add_argument("--embed-dim", type=validate.count(minimum=1), default=64,
-                        help="word embedding size (default 64)")
-    parser.add_argument("--hidden", type=validate.count(minimum=1), default=64,
-                        help="LSTM state size (default 64)")
+    add_model_arguments(parser)
     parser.add_argument("--leaf-loss", action="store_true",
                         help="also train on the leaves' labels (default: internal vertices)")
     parser.add_argument("--sizes", type=_sizes, default=(8544, 1101, 2210),

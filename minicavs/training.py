@@ -105,6 +105,12 @@ def plot_file(text):
     return text
 
 
+def add_plot_argument(parser, curves):
+    parser.add_argument("--plot", metavar="PNG", type=plot_file, default=None,
+                        help=f"write the training curves ({curves}) to this PNG (needs "
+                             f"matplotlib: pip install 'minicavs[plot]')")
+
+
 def add_language_model_arguments(parser):
     """The options the two language-model examples share: regularisation and curves."""
     parser.add_argument("--dropout", type=_PROBABILITY, default=0.0,
@@ -114,10 +120,7 @@ def add_language_model_arguments(parser):
     parser.add_argument("--tie-weights", action="store_true",
                         help="the softmax layer's weights are the embedding table, transposed "
                              "(Press & Wolf 2017; needs --embed-dim equal to --hidden)")
-    parser.add_argument("--plot", metavar="PNG", type=plot_file, default=None,
-                        help="write the training curves (train and held-out loss, held-out "
-                             "perplexity per epoch) to this PNG (needs matplotlib: pip "
-                             "install 'minicavs[plot]')")
+    add_plot_argument(parser, "train and held-out loss, held-out perplexity per epoch")
 
 
 def check_language_model_arguments(parser, args):
@@ -258,11 +261,9 @@ def train_epoch(model, optimizer, batches, *, comm=None, clip=None, progress=Tru
 
 def format_metrics(metrics, prefix=""):
     """``{"loss": 0.5, "fine": 0.9}`` -> ``"loss 0.5000  fine 0.900"``."""
-    parts = []
-    for name, value in metrics.items():
-        digits = 4 if name == "loss" else 2 if name == "perplexity" else 3
-        parts.append(f"{prefix}{name} {value:.{digits}f}")
-    return "  ".join(parts)
+    digits = {"loss": 4, "perplexity": 2}
+    return "  ".join(f"{prefix}{name} {value:.{digits.get(name, 3)}f}"
+                     for name, value in metrics.items())
 
 
 def best_epoch(history, metric):
@@ -366,13 +367,16 @@ def language_model_corpus(path=None, *, seed=0, num_sentences=3000):
     """
     from . import data as datasets
 
-    if path is None:
-        trees, _ = datasets.synthetic_treebank(num_sentences, seed=seed)
-        sentences = [t.tokens + [datasets.EOS] for t in trees]
+    def last_tenth_held_out(sentences, description):
         vocab = datasets.Vocabulary.build(sentences, specials=[datasets.EOS])
         encoded = [vocab.encode(s) for s in sentences]
         cut = len(encoded) * 9 // 10
-        return encoded[:cut], encoded[cut:], vocab, "synthetic treebank sentences"
+        return encoded[:cut], encoded[cut:], vocab, description
+
+    if path is None:
+        trees, _ = datasets.synthetic_treebank(num_sentences, seed=seed)
+        return last_tenth_held_out([t.tokens + [datasets.EOS] for t in trees],
+                                   "synthetic treebank sentences")
     if os.path.isdir(path):
         corpus = datasets.load_ptb(path)
         if corpus.train is not None:
@@ -383,11 +387,7 @@ def language_model_corpus(path=None, *, seed=0, num_sentences=3000):
                                      f"and ptb.test.txt")
         return corpus.valid, corpus.test, corpus.vocab, \
             f"PTB from {path} (no training file: trained on valid, evaluated on test)"
-    sentences = datasets.read_ptb(path)
-    vocab = datasets.Vocabulary.build(sentences, specials=[datasets.EOS])
-    encoded = [vocab.encode(s) for s in sentences]
-    cut = len(encoded) * 9 // 10
-    return encoded[:cut], encoded[cut:], vocab, f"{path} (last tenth held out)"
+    return last_tenth_held_out(datasets.read_ptb(path), f"{path} (last tenth held out)")
 
 
 def unigram_perplexity(train, held_out, vocab_size):
@@ -497,10 +497,7 @@ def add_sst_arguments(parser):
                        help="pretrained vectors in GloVe's text format for the embedding "
                             "(its dimension must be the embedding size; words the file "
                             "lacks keep their random vectors)")
-    group.add_argument("--plot", metavar="PNG", type=plot_file, default=None,
-                       help="write the training curves (train and dev loss, dev accuracy "
-                            "per epoch, one line per seed) to this PNG (needs matplotlib: "
-                            "pip install 'minicavs[plot]')")
+    add_plot_argument(group, "train and dev loss, dev accuracy per epoch, one line per seed")
 
 
 def make_optimizer(args, model):
@@ -746,9 +743,7 @@ def sentiment_experiment(name, args, splits, make_model, log=print):
             log(f"{name} seed {seed}: best dev {metric} epoch {epoch} of {len(history)}: dev "
                 f"{format_metrics(dev)}; test {format_metrics(test)}  ({seconds:.0f} s, "
                 f"{throughput(history):.0f} trees/s)")
-    summary = {}
-    for key in runs[0]["test"]:
-        summary[key] = mean_and_std([run["test"][key] for run in runs])
+    summary = {key: mean_and_std([run["test"][key] for run in runs]) for key in runs[0]["test"]}
     scope = "accuracy over every phrase" if metric == "phrase" else "root accuracy"
     chance = chance_level(splits.test, metric, datasets.SST_TASKS.get(args.task, 5))
     log(f"{name}: {args.task} task, test {scope} {metric} "

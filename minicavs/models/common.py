@@ -1,17 +1,15 @@
 """Pieces the example models share: a cache of input graphs, the way a model runs its vertex
-functions (batched, or per sample for the reference checks), and small weight helpers."""
+functions (batched, or per sample for the reference checks), what a prepared batch counts, and
+small weight helpers."""
+
+import functools
 
 import numpy as np
 
 from .. import ops
-from ..autodiff import Parameter, Tensor, tensor
+from ..autodiff import Parameter, Tensor, no_grad, tensor
 from ..nn import init
 from ..vertex import InputGraph
-
-
-def call_vertex_function(F, batch, pull=None):
-    """Run a vertex function the normal way: batched by the Cavs runtime."""
-    return F(batch, pull=pull)
 
 
 def runner(run):
@@ -20,7 +18,7 @@ def runner(run):
     Every model's ``loss``/``predict`` takes ``run=``, so a test can evaluate the very same
     model per sample and compare losses and gradients with the batched runtime.
     """
-    return call_vertex_function if run is None else run
+    return run or (lambda F, batch, pull=None: F(batch, pull=pull))
 
 
 class GraphCache:
@@ -43,6 +41,35 @@ class GraphCache:
 
     def __len__(self):
         return len(self._graphs)
+
+
+# Chains of each length, built once and shared: an InputGraph is read-only.
+chain = functools.lru_cache(maxsize=None)(InputGraph.chain)
+
+
+class Counts:
+    """What a prepared batch of chains or trees in ``graphs`` counts: ``num_samples`` (what
+    throughput counts) and ``num_targets`` (what the loss is summed over)."""
+
+    @property
+    def num_samples(self):
+        return self.graphs.num_graphs
+
+    @property
+    def num_targets(self):
+        return len(self.targets)
+
+
+def teacher_forced(model, batches):
+    """``(loss per target, accuracy)`` of ``model.logits`` over prepared batches."""
+    total, correct, count = 0.0, 0, 0
+    with no_grad():
+        for batch in batches:
+            logits = model.logits(batch)
+            total += cross_entropy_sum(logits, batch.targets).item()
+            correct += int((logits.numpy().argmax(-1) == batch.targets).sum())
+            count += batch.num_targets
+    return total / max(count, 1), correct / max(count, 1)
 
 
 def weight(shape, dtype, name=None):

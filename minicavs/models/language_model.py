@@ -21,36 +21,12 @@ from ..errors import ShapeError
 from ..autodiff import no_grad, spec, tensor
 from ..vertex import symbolic
 from ..nn import Embedding, Module, dropout
-from ..vertex import GraphBatch, InputGraph, VertexFunction
-from .common import as_ids, bias, cross_entropy_sum, lstm_bias, runner, weight
-
-
-def _lstm_lm_parameters(model, V, E, H, dtype, tie_weights=False):
-    """The parameters both language models share: embedding, LSTM gates, softmax layer.
-
-    With ``tie_weights`` the softmax layer's weights are the embedding table, transposed
-    (Press & Wolf 2017; Inan et al. 2017): a word's output vector is its input vector, which
-    needs E = H and halves the parameters that grow with the vocabulary."""
-    if tie_weights and E != H:
-        raise ValueError(f"{type(model).__name__}: tie_weights needs embed_dim == hidden (the "
-                         f"softmax weights are the embedding table), got {E} and {H}")
-    model.tie_weights = bool(tie_weights)
-    model.embedding = Embedding(V, E, dtype=dtype)
-    model.W = weight((E, 4 * H), dtype, "W")
-    model.U = weight((H, 4 * H), dtype, "U")
-    model.b = lstm_bias(H, ["i", "f", "o", "u"], dtype, "b")
-    if not tie_weights:
-        model.W_out = weight((H, V), dtype, "W_out")
-    model.b_out = bias(V, dtype, "b_out")
-
-
-def _output_weights(model):
-    """The (H, V) weights of the softmax layer: ``W_out``, or the tied embedding table."""
-    return model.embedding.weight.T if model.tie_weights else model.W_out
+from ..vertex import GraphBatch, VertexFunction
+from .common import Counts, as_ids, bias, chain, cross_entropy_sum, lstm_bias, runner, weight
 
 
 @dataclass
-class SentenceBatch:
+class SentenceBatch(Counts):
     """Sentences as chain graphs: vertex t of a sentence reads ``inputs[t]`` (the previous
     token) and predicts ``targets[t]``."""
 
@@ -58,33 +34,52 @@ class SentenceBatch:
     inputs: object  # (n, 1) int64 Tensor
     targets: np.ndarray  # (n,) int64
 
-    @property
-    def num_samples(self):
-        return self.graphs.num_graphs
 
-    @property
-    def num_targets(self):
-        return len(self.targets)
+class _LanguageModel(Module):
+    """What both language models share: the range of ``dropout``, the parameters (embedding,
+    LSTM gates, softmax layer) and evaluation.
+
+    With ``tie_weights`` the softmax layer's weights are the embedding table, transposed
+    (Press & Wolf 2017; Inan et al. 2017): a word's output vector is its input vector, which
+    needs E = H and halves the parameters that grow with the vocabulary."""
+
+    def _parameters(self, V, E, H, dtype, dropout, tie_weights):
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"{type(self).__name__}: dropout must be in [0, 1), got {dropout}")
+        if tie_weights and E != H:
+            raise ValueError(f"{type(self).__name__}: tie_weights needs embed_dim == hidden "
+                             f"(the softmax weights are the embedding table), got {E} and {H}")
+        self.dropout, self.tie_weights = float(dropout), bool(tie_weights)
+        self.embedding = Embedding(V, E, dtype=dtype)
+        self.W = weight((E, 4 * H), dtype, "W")
+        self.U = weight((H, 4 * H), dtype, "U")
+        self.b = lstm_bias(H, ["i", "f", "o", "u"], dtype, "b")
+        if not tie_weights:
+            self.W_out = weight((H, V), dtype, "W_out")
+        self.b_out = bias(V, dtype, "b_out")
+
+    def _output_weights(self):
+        """The (H, V) weights of the softmax layer: ``W_out``, or the tied embedding table."""
+        return self.embedding.weight.T if self.tie_weights else self.W_out
+
+    def evaluate(self, batches):
+        """``{"loss": per token, "perplexity"}`` over prepared batches, in eval mode (no
+        dropout); the mode it found is restored."""
+        total, count = 0.0, 0
+        was_training = self.training
+        self.eval()
+        try:
+            with no_grad():
+                for batch in batches:
+                    total += self.loss(batch).item()
+                    count += batch.num_targets
+        finally:
+            self.train(was_training)
+        loss = total / max(count, 1)
+        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 
 
-def _evaluate_language_model(model, batches):
-    """Per-token loss and perplexity of ``model`` over prepared batches, in eval mode (no
-    dropout); the mode it found is restored."""
-    total, count = 0.0, 0
-    was_training = model.training
-    model.eval()
-    try:
-        with no_grad():
-            for batch in batches:
-                total += model.loss(batch).item()
-                count += batch.num_targets
-    finally:
-        model.train(was_training)
-    loss = total / max(count, 1)
-    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
-
-
-class VarLSTMLanguageModel(Module):
+class VarLSTMLanguageModel(_LanguageModel):
     """An LSTM over variable-length sentences, one chain graph per sentence.
 
     The vertex function pulls the embedding of its input token, gathers the previous step's
@@ -99,18 +94,14 @@ class VarLSTMLanguageModel(Module):
     the word vectors entering the LSTM and the states entering the softmax layer, in training
     only. A traced F cannot draw masks, so with dropout the vectors are looked up and dropped
     before F, which pulls them instead of word ids; the recurrent [h, c] is never dropped.
-    ``tie_weights`` makes the softmax weights the embedding table (:func:`_lstm_lm_parameters`).
+    ``tie_weights`` makes the softmax weights the embedding table (:class:`_LanguageModel`).
     """
 
     def __init__(self, vocab_size, embed_dim=64, hidden=64, dtype="float32", bos_id=1,
                  dropout=0.0, tie_weights=False):
         E, H, V = int(embed_dim), int(hidden), int(vocab_size)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"VarLSTMLanguageModel: dropout must be in [0, 1), got {dropout}")
         self.vocab_size, self.embed_dim, self.hidden, self.bos_id = V, E, H, int(bos_id)
-        self.dropout = float(dropout)
-        _lstm_lm_parameters(self, V, E, H, dtype, tie_weights)
-        self._chains = {}  # length -> InputGraph.chain(length): sentences share them
+        self._parameters(V, E, H, dtype, dropout, tie_weights)
         table, W, U, b = self.embedding.weight, self.W, self.U, self.b
         pulls_vectors = self.dropout > 0
 
@@ -126,15 +117,10 @@ class VarLSTMLanguageModel(Module):
         self.F = VertexFunction(lstm_step, **pull, scatter_shape=(2 * H,), push_shape=(H,),
                                 arity=1, dtype=dtype)
 
-    def _chain(self, length):
-        if length not in self._chains:
-            self._chains[length] = InputGraph.chain(length)
-        return self._chains[length]
-
     def prepare(self, sentences):
         """A :class:`SentenceBatch` from id arrays; each sentence predicts all its tokens."""
         sentences = [np.asarray(s, dtype=np.int64) for s in sentences if len(s)]
-        graphs = GraphBatch([self._chain(len(s)) for s in sentences])
+        graphs = GraphBatch([chain(len(s)) for s in sentences])
         targets = np.concatenate(sentences)
         inputs = np.concatenate([np.concatenate([[self.bos_id], s[:-1]]) for s in sentences])
         return SentenceBatch(graphs, as_ids(inputs), targets)
@@ -146,15 +132,11 @@ class VarLSTMLanguageModel(Module):
             inputs = dropout(ops.reshape(vectors, (len(batch.targets), self.embed_dim)),
                              self.dropout, self.training)
         h = runner(run)(self.F, batch.graphs, inputs)
-        return dropout(h, self.dropout, self.training) @ _output_weights(self) + self.b_out
+        return dropout(h, self.dropout, self.training) @ self._output_weights() + self.b_out
 
     def loss(self, batch, run=None):
         """Next-token cross-entropy summed over every word of the batch."""
         return cross_entropy_sum(self.logits(batch, run), batch.targets)
-
-    def evaluate(self, batches):
-        """``{"loss": per token, "perplexity"}`` over prepared batches, in eval mode."""
-        return _evaluate_language_model(self, batches)
 
 
 @dataclass
@@ -174,7 +156,7 @@ class StreamBatch:
         return int(np.prod(self.inputs.shape))
 
 
-class FixedLSTMLanguageModel(Module):
+class FixedLSTMLanguageModel(_LanguageModel):
     """A ``steps``-step LSTM language model declared statically: the whole unrolled network —
     embedding, ``steps`` LSTM cells, softmax layer and loss — is traced once per batch size
     into one Graph, whose backward graph is derived once. Each row starts from a zero state.
@@ -189,12 +171,9 @@ class FixedLSTMLanguageModel(Module):
     def __init__(self, vocab_size, embed_dim=64, hidden=64, steps=64, dtype="float32",
                  dropout=0.0, tie_weights=False):
         E, H, V = int(embed_dim), int(hidden), int(vocab_size)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"FixedLSTMLanguageModel: dropout must be in [0, 1), got "
-                             f"{dropout}")
         self.vocab_size, self.embed_dim, self.hidden, self.steps = V, E, H, int(steps)
-        self.dtype, self.dropout = np.dtype(dtype), float(dropout)
-        _lstm_lm_parameters(self, V, E, H, dtype, tie_weights)
+        self.dtype = np.dtype(dtype)
+        self._parameters(V, E, H, dtype, dropout, tie_weights)
         self._traced = {}  # (batch size, with masks) -> StaticFunction
 
     def unrolled_loss(self, ids, targets, keep_x=None, keep_h=None):
@@ -218,7 +197,7 @@ class FixedLSTMLanguageModel(Module):
         hs = ops.reshape(ops.concat(states, axis=1), (B * T, H))
         if keep_h is not None:
             hs = hs * keep_h
-        logits = hs @ _output_weights(self) + self.b_out
+        logits = hs @ self._output_weights() + self.b_out
         return ops.softmax_cross_entropy(logits, ops.reshape(targets, (B * T,)),
                                          reduction="sum")
 
@@ -266,10 +245,6 @@ class FixedLSTMLanguageModel(Module):
             function = self.static_function(batch.num_samples, masks=bool(masks))
             return function(batch.inputs, batch.targets, *masks)
         return self.unrolled_loss(batch.inputs, batch.targets, *masks)
-
-    def evaluate(self, batches):
-        """``{"loss": per token, "perplexity"}`` over prepared batches, in eval mode."""
-        return _evaluate_language_model(self, batches)
 
 
 def stream_rows(sentences, steps):

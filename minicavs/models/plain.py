@@ -11,8 +11,7 @@ DyNet benchmark suite writes them. Run eagerly they compute one small op at a ti
 * :class:`PlainTreeLSTM`: a binary Tree-LSTM over one tree, written recursively (E = H = 256;
   ``treenn.py``); the root's label is classified.
 
-Every parameter is an ``mc.Parameter`` attribute; ``parameters()`` lists them, ``.arrays()``
-gives them as NumPy arrays (the benchmark loads the same values into its peers).
+Every parameter is an ``mc.Parameter`` attribute; ``parameters()`` lists them.
 """
 
 from collections import Counter
@@ -33,9 +32,6 @@ def _uniform(rng, shape, dtype, scale=None):
 class _Plain:
     def parameters(self):
         return [v for v in vars(self).values() if isinstance(v, Parameter)]
-
-    def named_arrays(self):
-        return {k: v.numpy() for k, v in vars(self).items() if isinstance(v, Parameter)}
 
 
 class _LSTM(_Plain):

@@ -24,7 +24,6 @@ import numpy as np
 
 from .. import backend, ops
 from ..errors import ArgumentError
-from ..nn import Embedding
 from ..nn import init as initializers
 from ..autodiff import Parameter
 from ..vertex.recursive import recursive
@@ -56,90 +55,81 @@ def _corenlp_init(model, H, C, dtype):
     table.data = backend.to_device(rng.normal(0.0, 0.1, table.shape).astype(dtype))
 
 
-class _LeafTanh:
-    """The leaf state of the TreeRNN and the RNTN: the word vector, or with ``leaf_tanh`` its
-    tanh, as Stanford CoreNLP's ``SentimentCostAndGradient`` computes a preterminal's vector
-    (``elementwiseApplyTanh(wordVector)``), so leaves lie in (-1, 1) like every parent."""
+class _SocherTree(TreeClassifier):
+    """What the TreeRNN and the RNTN share: parameters (``_tensor`` adds the RNTN's V between
+    the embedding and W, so each draws what it always drew), ``init``, and F — a leaf's state is
+    its word vector, or with ``leaf_tanh`` its tanh, as Stanford CoreNLP's
+    ``SentimentCostAndGradient`` computes a preterminal's vector
+    (``elementwiseApplyTanh(wordVector)``), so leaves lie in (-1, 1) like every parent; an
+    internal vertex's is ``combine([h_l; h_r])``."""
 
-    def leaf_state(self, node, table, size):
-        h = self.word_vector(node, table, size)
-        return ops.tanh(h) if self.leaf_tanh else h
+    def __init__(self, vocab_size, hidden, num_classes, dtype, leaf_loss, dropout,
+                 embed_dropout, word_dropout, init, leaf_tanh, name):
+        _check_init(init, type(self).__name__)
+        super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
+        self.leaf_tanh = bool(leaf_tanh)
+        _, H = self._embedding(vocab_size, hidden, hidden, dtype)
+        self._tensor(H, dtype)
+        self.W = weight((2 * H, H), dtype, "W")
+        self.b = bias(H, dtype, "b")
+        self._classifier(H, dtype)
+        if init == "corenlp":  # (the RNTN's V is drawn the same way in both)
+            _corenlp_init(self, H, self.num_classes, dtype)
+        table, combine = self.embedding.weight, self.combine
+
+        @recursive(scatter_shape=(H,), **self.pull_spec(H), push_shape=(H,), arity=2,
+                   dtype=dtype, name=name)
+        def cell(node):
+            if node.is_leaf:
+                h = self.word_vector(node, table, H)
+                h = ops.tanh(h) if self.leaf_tanh else h
+            else:
+                h = combine(ops.concat([cell(child) for child in node.children]))
+            node.push(h)
+            return h
+
+        self.F = cell
+
+    def _tensor(self, H, dtype):
+        pass
 
 
-class TreeRNNClassifier(_LeafTanh, TreeClassifier):
+class TreeRNNClassifier(_SocherTree):
     """The plain recursive network over binary parse trees (word vectors of size ``hidden``).
     With ``leaf_tanh`` a leaf's state is tanh of its word vector (CoreNLP's), else the vector."""
 
     def __init__(self, vocab_size, hidden=64, num_classes=5, dtype="float32", leaf_loss=False,
                  dropout=0.0, embed_dropout=0.0, word_dropout=0.0, init="xavier",
                  leaf_tanh=False):
-        _check_init(init, type(self).__name__)
-        super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
-        self.leaf_tanh = bool(leaf_tanh)
-        H, C = int(hidden), int(num_classes)
-        self.vocab_size, self.hidden = int(vocab_size), H
-        self.embedding = Embedding(vocab_size, H, dtype=dtype)
-        self.W = weight((2 * H, H), dtype, "W")
-        self.b = bias(H, dtype, "b")
-        self.W_out = weight((H, C), dtype, "W_out")
-        self.b_out = bias(C, dtype, "b_out")
-        if init == "corenlp":
-            _corenlp_init(self, H, C, dtype)
-        table, W, b = self.embedding.weight, self.W, self.b
+        super().__init__(vocab_size, hidden, num_classes, dtype, leaf_loss, dropout,
+                         embed_dropout, word_dropout, init, leaf_tanh, "tree_rnn")
 
-        @recursive(scatter_shape=(H,), **self.pull_spec(H), push_shape=(H,), arity=2,
-                   dtype=dtype)
-        def tree_rnn(node):
-            if node.is_leaf:
-                h = self.leaf_state(node, table, H)
-            else:
-                h = ops.tanh(ops.concat([tree_rnn(child) for child in node.children]) @ W + b)
-            node.push(h)
-            return h
-
-        self.F = tree_rnn
+    def combine(self, x):  # x = [h_l; h_r]
+        return ops.tanh(x @ self.W + self.b)
 
 
-class RNTNClassifier(_LeafTanh, TreeClassifier):
+class RNTNClassifier(_SocherTree):
     """The recursive neural tensor network (Socher et al., 2013) over binary parse trees.
     ``leaf_tanh`` as in :class:`TreeRNNClassifier`."""
 
     def __init__(self, vocab_size, hidden=32, num_classes=5, dtype="float32", leaf_loss=False,
                  dropout=0.0, embed_dropout=0.0, word_dropout=0.0, init="xavier",
                  leaf_tanh=False):
-        _check_init(init, type(self).__name__)
-        super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
-        self.leaf_tanh = bool(leaf_tanh)
-        H, C = int(hidden), int(num_classes)
-        self.vocab_size, self.hidden = int(vocab_size), H
-        self.embedding = Embedding(vocab_size, H, dtype=dtype)
+        super().__init__(vocab_size, hidden, num_classes, dtype, leaf_loss, dropout,
+                         embed_dropout, word_dropout, init, leaf_tanh, "rntn")
+
+    def _tensor(self, H, dtype):
         # slice i of V is the 2H × 2H form of output unit i; small, as Socher et al. start it
         scale = 1.0 / (4 * H)
         self.V = Parameter(initializers.uniform((H, 2 * H, 2 * H), -scale, scale, dtype=dtype),
                            name="V")
-        self.W = weight((2 * H, H), dtype, "W")
-        self.b = bias(H, dtype, "b")
-        self.W_out = weight((H, C), dtype, "W_out")
-        self.b_out = bias(C, dtype, "b_out")
-        if init == "corenlp":  # V is drawn the same way in both
-            _corenlp_init(self, H, C, dtype)
-        table, V, W, b = self.embedding.weight, self.V, self.W, self.b
 
-        @recursive(scatter_shape=(H,), **self.pull_spec(H), push_shape=(H,), arity=2,
-                   dtype=dtype)
-        def rntn(node):
-            if node.is_leaf:
-                h = self.leaf_state(node, table, H)
-            else:
-                x = ops.concat([rntn(child) for child in node.children])  # [h_l; h_r]
-                # xᵀ V_i x for every slice i: (x V as (H, 2H)) · x, one GEMM for all vertices
-                v_flat = ops.reshape(ops.transpose(V, (1, 0, 2)), (2 * H, H * 2 * H))
-                xv = ops.reshape(x @ v_flat, (H, 2 * H))
-                h = ops.tanh(ops.sum(xv * x, axis=-1) + x @ W + b)
-            node.push(h)
-            return h
-
-        self.F = rntn
+    def combine(self, x):  # x = [h_l; h_r]
+        H = self.hidden
+        # xᵀ V_i x for every slice i: (x V as (H, 2H)) · x, one GEMM for all vertices
+        v_flat = ops.reshape(ops.transpose(self.V, (1, 0, 2)), (2 * H, H * 2 * H))
+        xv = ops.reshape(x @ v_flat, (H, 2 * H))
+        return ops.tanh(ops.sum(xv * x, axis=-1) + x @ self.W + self.b)
 
 
 class RecursiveTreeLSTMClassifier(TreeClassifier):
@@ -150,15 +140,12 @@ class RecursiveTreeLSTMClassifier(TreeClassifier):
     def __init__(self, vocab_size, embed_dim=64, hidden=64, num_classes=5, dtype="float32",
                  leaf_loss=False, dropout=0.0, embed_dropout=0.0, word_dropout=0.0):
         super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
-        E, H, C = int(embed_dim), int(hidden), int(num_classes)
-        self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
-        self.embedding = Embedding(vocab_size, E, dtype=dtype)
+        E, H = self._embedding(vocab_size, embed_dim, hidden, dtype)
         self.W = weight((E, 3 * H), dtype, "W")
         self.b_leaf = bias(3 * H, dtype, "b_leaf")
         self.U = weight((2 * H, 5 * H), dtype, "U")
         self.b = lstm_bias(H, ["i", "f_l", "f_r", "o", "u"], dtype, "b")
-        self.W_out = weight((H, C), dtype, "W_out")
-        self.b_out = bias(C, dtype, "b_out")
+        self._classifier(H, dtype)
         table, W, b_leaf, U, b = self.embedding.weight, self.W, self.b_leaf, self.U, self.b
 
         @recursive(scatter_shape=(2 * H,), **self.pull_spec(E), push_shape=(H,), arity=2,

@@ -17,14 +17,15 @@ import numpy as np
 from .. import backend, ops, validate
 from ..autodiff import no_grad
 from ..nn import Embedding, Module
-from ..vertex import GraphBatch, InputGraph, VertexFunction, grow
-from .common import as_ids, bias, cross_entropy_sum, indices, lstm_bias, runner, weight
+from ..vertex import GraphBatch, VertexFunction, grow
+from .common import (Counts, as_ids, bias, chain, cross_entropy_sum, indices, lstm_bias, runner,
+                     teacher_forced, weight)
 
 PAD, BOS, EOS = 0, 1, 2  # special token ids; ordinary tokens are 3..vocab_size-1
 
 
 @dataclass
-class PairBatch:
+class PairBatch(Counts):
     """Source and target chains. Decoder step t of pair i reads ``previous[t]`` and the
     summary of source ``pair_of_step[t]`` and predicts ``targets[t]``."""
 
@@ -39,10 +40,6 @@ class PairBatch:
     @property
     def num_samples(self):
         return self.sources.num_graphs
-
-    @property
-    def num_targets(self):
-        return len(self.targets)
 
 
 class Seq2Seq(Module):
@@ -61,7 +58,6 @@ class Seq2Seq(Module):
         self.b_dec = lstm_bias(H, ["i", "f", "o", "u"], dtype, "b_dec")
         self.W_out = weight((H, V), dtype, "W_out")
         self.b_out = bias(V, dtype, "b_out")
-        self._chains = {}
         table, W_enc, U_enc, b_enc = self.embedding.weight, self.W_enc, self.U_enc, self.b_enc
         W_dec, U_dec, b_dec = self.W_dec, self.U_dec, self.b_dec
 
@@ -86,17 +82,12 @@ class Seq2Seq(Module):
         self.decoder = VertexFunction(decoder, pull_shape=(E + 2 * H,), scatter_shape=(2 * H,),
                                       push_shape=(H,), arity=1, dtype=dtype)
 
-    def _chain(self, length):
-        if length not in self._chains:
-            self._chains[length] = InputGraph.chain(length)
-        return self._chains[length]
-
     def prepare(self, pairs):
         """A :class:`PairBatch` from (source ids, target ids) pairs; targets end in EOS."""
         sources = [np.asarray(s, np.int64) for s, _ in pairs]
         targets = [np.asarray(t, np.int64) for _, t in pairs]
-        src = GraphBatch([self._chain(len(s)) for s in sources])
-        tgt = GraphBatch([self._chain(len(t)) for t in targets])
+        src = GraphBatch([chain(len(s)) for s in sources])
+        tgt = GraphBatch([chain(len(t)) for t in targets])
         previous = np.concatenate([np.concatenate([[BOS], t[:-1]]) for t in targets])
         pair_of_step = np.repeat(np.arange(len(pairs)), [len(t) for t in targets])
         return PairBatch(src, as_ids(np.concatenate(sources)), src.offsets[1:] - 1, tgt,
@@ -228,17 +219,10 @@ class Seq2Seq(Module):
     def evaluate(self, batches, pairs=None):
         """Teacher-forced ``loss`` and ``token_accuracy``; with the raw ``pairs`` (the list
         the batches were made from, in order) also greedy ``sequence_accuracy``."""
-        total, count, correct = 0.0, 0, 0
-        exact = []
-        with no_grad():
-            for batch in batches:
-                logits = self.logits(batch)
-                total += cross_entropy_sum(logits, batch.targets).item()
-                correct += int((logits.numpy().argmax(-1) == batch.targets).sum())
-                count += batch.num_targets
-        result = {"loss": total / max(count, 1), "token_accuracy": correct / max(count, 1)}
+        loss, accuracy = teacher_forced(self, batches)
+        result = {"loss": loss, "token_accuracy": accuracy}
         if pairs is not None:
-            start = 0
+            start, exact = 0, []
             for batch in batches:
                 chunk = pairs[start:start + batch.num_samples]
                 start += batch.num_samples

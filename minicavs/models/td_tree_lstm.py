@@ -29,11 +29,12 @@ from ..data.tree import DataError, Tree
 from ..errors import IndexRangeError
 from ..nn import Embedding, Module
 from ..vertex import InputGraph, VertexFunction, grow, top_down
-from .common import as_ids, bias, cross_entropy_sum, lstm_bias, runner, weight
+from .common import (Counts, as_ids, bias, cross_entropy_sum, lstm_bias, runner, teacher_forced,
+                     weight)
 
 
 @dataclass
-class TopDownBatch:
+class TopDownBatch(Counts):
     """Trees read top-down: ``structure`` (``mc.top_down``'s GraphBatch and per-vertex
     indices), the condition id each vertex pulls and the class each vertex must predict."""
 
@@ -44,10 +45,6 @@ class TopDownBatch:
     @property
     def num_samples(self):
         return self.structure.batch.num_graphs
-
-    @property
-    def num_targets(self):
-        return len(self.targets)
 
 
 class TDTreeLSTM(Module):
@@ -128,14 +125,8 @@ class TDTreeLSTM(Module):
     def evaluate(self, batches):
         """Teacher-forced ``loss`` and ``accuracy`` of the vertex classes (the children's
         labels, or which word)."""
-        total, correct, count = 0.0, 0, 0
-        with no_grad():
-            for batch in batches:
-                logits = self.logits(batch)
-                total += cross_entropy_sum(logits, batch.targets).item()
-                correct += int((logits.numpy().argmax(-1) == batch.targets).sum())
-                count += batch.num_targets
-        return {"loss": total / max(count, 1), "accuracy": correct / max(count, 1)}
+        loss, accuracy = teacher_forced(self, batches)
+        return {"loss": loss, "accuracy": accuracy}
 
     def decide(self, greedy=False, record=None):
         """The decision rule of generation: each frontier vertex's class, drawn from its

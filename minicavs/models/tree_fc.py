@@ -10,9 +10,8 @@ import numpy as np
 from .. import data as datasets
 from .. import ops
 from ..errors import ArgumentError
-from ..nn import Embedding
 from ..vertex import VertexFunction
-from .common import bias, indices, runner, weight
+from .common import bias, runner, weight
 from .tree_lstm import TreeClassifier
 
 _ACTIVATIONS = {"relu": ops.relu, "tanh": ops.tanh}
@@ -32,14 +31,11 @@ class TreeFC(TreeClassifier):
         if activation not in _ACTIVATIONS:
             raise ArgumentError(f"TreeFC: activation must be one of {sorted(_ACTIVATIONS)}, "
                                 f"got {activation!r}")
-        E, H = int(embed_dim), int(hidden)
-        self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
-        self.embedding = Embedding(vocab_size, E, dtype=dtype)
+        E, H = self._embedding(vocab_size, embed_dim, hidden, dtype)
         self.W_x = weight((E, H), dtype, "W_x")
         self.W = weight((2 * H, H), dtype, "W")
         self.b = bias(H, dtype, "b")
-        self.W_out = weight((H, num_classes), dtype, "W_out")
-        self.b_out = bias(num_classes, dtype, "b_out")
+        self._classifier(H, dtype)
         table, W_x, W, b, act = self.embedding.weight, self.W_x, self.W, self.b, \
             _ACTIVATIONS[activation]
 

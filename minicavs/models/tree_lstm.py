@@ -33,12 +33,12 @@ from .. import backend, ops, validate
 from ..autodiff import no_grad
 from ..nn import Embedding, Module, dropout
 from ..vertex import GraphBatch, VertexFunction
-from .common import (GraphCache, as_ids, bias, cross_entropy_sum, indices, lstm_bias, runner,
-                     weight)
+from .common import (Counts, GraphCache, as_ids, bias, cross_entropy_sum, indices, lstm_bias,
+                     runner, weight)
 
 
 @dataclass
-class TreeBatch:
+class TreeBatch(Counts):
     """A mini-batch of trees, ready for a tree classifier.
 
     ``graphs``: the GraphBatch (vertex ids of tree i start at ``graphs.offsets[i]``);
@@ -53,14 +53,6 @@ class TreeBatch:
     labels: np.ndarray
     targets: np.ndarray
     roots: np.ndarray
-
-    @property
-    def num_samples(self):  # what throughput counts
-        return self.graphs.num_graphs
-
-    @property
-    def num_targets(self):  # what the loss is summed over
-        return len(self.targets)
 
 
 class TreeClassifier(Module):
@@ -85,6 +77,18 @@ class TreeClassifier(Module):
         self.dropout, self.embed_dropout = float(dropout), float(embed_dropout)
         self.word_dropout = float(word_dropout)
         self._graphs = GraphCache()
+
+    def _embedding(self, vocab_size, embed_dim, hidden, dtype):
+        """The sizes, and the word embedding: a subclass's first parameter."""
+        E, H = int(embed_dim), int(hidden)
+        self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
+        self.embedding = Embedding(vocab_size, E, dtype=dtype)
+        return E, H
+
+    def _classifier(self, H, dtype):
+        """``W_out`` and ``b_out``, the classifier of the states: a subclass's last parameters."""
+        self.W_out = weight((H, self.num_classes), dtype, "W_out")
+        self.b_out = bias(self.num_classes, dtype, "b_out")
 
     @property
     def pulls_vectors(self):
@@ -230,14 +234,11 @@ class TreeLSTMClassifier(TreeClassifier):
     def __init__(self, vocab_size, embed_dim=64, hidden=64, num_classes=5, dtype="float32",
                  leaf_loss=False, dropout=0.0, embed_dropout=0.0, word_dropout=0.0):
         super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
-        E, H, C = int(embed_dim), int(hidden), int(num_classes)
-        self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
-        self.embedding = Embedding(vocab_size, E, dtype=dtype)
+        E, H = self._embedding(vocab_size, embed_dim, hidden, dtype)
         self.W = weight((E, 5 * H), dtype, "W")
         self.U = weight((2 * H, 5 * H), dtype, "U")
         self.b = lstm_bias(H, ["i", "f_l", "f_r", "o", "u"], dtype, "b")
-        self.W_out = weight((H, C), dtype, "W_out")
-        self.b_out = bias(C, dtype, "b_out")
+        self._classifier(H, dtype)
         table, W, U, b = self.embedding.weight, self.W, self.U, self.b
 
         def tree_lstm(v):
@@ -268,17 +269,14 @@ class ChildSumTreeLSTMClassifier(TreeClassifier):
     def __init__(self, vocab_size, embed_dim=64, hidden=64, num_classes=5, dtype="float32",
                  leaf_loss=False, dropout=0.0, embed_dropout=0.0, word_dropout=0.0):
         super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
-        E, H, C = int(embed_dim), int(hidden), int(num_classes)
-        self.vocab_size, self.embed_dim, self.hidden = int(vocab_size), E, H
-        self.embedding = Embedding(vocab_size, E, dtype=dtype)
+        E, H = self._embedding(vocab_size, embed_dim, hidden, dtype)
         self.W = weight((E, 3 * H), dtype, "W")
         self.U = weight((H, 3 * H), dtype, "U")
         self.b = bias(3 * H, dtype, "b")
         self.W_f = weight((E, H), dtype, "W_f")
         self.U_f = weight((H, H), dtype, "U_f")
         self.b_f = bias(H, dtype, "b_f", value=1.0)  # start by keeping the children's memory
-        self.W_out = weight((H, C), dtype, "W_out")
-        self.b_out = bias(C, dtype, "b_out")
+        self._classifier(H, dtype)
         table, W, U, b, W_f, U_f, b_f = (self.embedding.weight, self.W, self.U, self.b,
                                          self.W_f, self.U_f, self.b_f)
 

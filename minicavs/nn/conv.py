@@ -63,58 +63,51 @@ class _ConvNd(Module):
                 f"padding={self.padding!r})")
 
 
-class Conv1d(_ConvNd):
+class _Conv(_ConvNd):
+    op = None  # ops.conv1d or ops.conv2d
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, dtype=None):
+        super().__init__(self.nd, in_channels, out_channels, kernel_size, stride, padding,
+                         dilation, groups, bias, dtype)
+
+    def forward(self, x):
+        return type(self).op(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
+                             self.groups)
+
+
+class _ConvTranspose(_ConvNd):
+    _transposed = True
+    op = None  # ops.conv_transpose1d or ops.conv_transpose2d
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                 output_padding=0, groups=1, bias=True, dilation=1, dtype=None):
+        super().__init__(self.nd, in_channels, out_channels, kernel_size, stride, padding,
+                         dilation, groups, bias, dtype, output_padding)
+
+    def forward(self, x):
+        return type(self).op(x, self.weight, self.bias, self.stride, self.padding,
+                             self.output_padding, self.groups, self.dilation)
+
+
+class Conv1d(_Conv):
     """``conv1d`` with a learned weight (out, in / groups, k) and bias (out,)."""
-
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 groups=1, bias=True, dtype=None):
-        super().__init__(1, in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, dtype)
-
-    def forward(self, x):
-        return ops.conv1d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
-                          self.groups)
+    nd, op = 1, staticmethod(ops.conv1d)
 
 
-class Conv2d(_ConvNd):
+class Conv2d(_Conv):
     """``conv2d`` with a learned weight (out, in / groups, kH, kW) and bias (out,)."""
-
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 groups=1, bias=True, dtype=None):
-        super().__init__(2, in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, dtype)
-
-    def forward(self, x):
-        return ops.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
-                          self.groups)
+    nd, op = 2, staticmethod(ops.conv2d)
 
 
-class ConvTranspose1d(_ConvNd):
+class ConvTranspose1d(_ConvTranspose):
     """``conv_transpose1d`` with a learned weight (in, out / groups, k) and bias (out,)."""
-    _transposed = True
-
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
-                 output_padding=0, groups=1, bias=True, dilation=1, dtype=None):
-        super().__init__(1, in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, dtype, output_padding)
-
-    def forward(self, x):
-        return ops.conv_transpose1d(x, self.weight, self.bias, self.stride, self.padding,
-                                    self.output_padding, self.groups, self.dilation)
+    nd, op = 1, staticmethod(ops.conv_transpose1d)
 
 
-class ConvTranspose2d(_ConvNd):
+class ConvTranspose2d(_ConvTranspose):
     """``conv_transpose2d`` with a learned weight (in, out / groups, kH, kW) and bias (out,)."""
-    _transposed = True
-
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
-                 output_padding=0, groups=1, bias=True, dilation=1, dtype=None):
-        super().__init__(2, in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, dtype, output_padding)
-
-    def forward(self, x):
-        return ops.conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding,
-                                    self.output_padding, self.groups, self.dilation)
+    nd, op = 2, staticmethod(ops.conv_transpose2d)
 
 
 class _Apply(Module):

@@ -66,10 +66,9 @@ class Optimizer:
             self.params += members
         if not self.params:
             raise ArgumentError(f"{kind}: got an empty list of parameters")
-        for group in self.param_groups:
-            for name in ("betas",):
-                if isinstance(group.get(name), (tuple, list)):
-                    group[name] = tuple(group[name])
+        for group in self.param_groups:  # (a list of betas, from JSON or the caller)
+            if isinstance(group.get("betas"), list):
+                group["betas"] = tuple(group["betas"])
         self.state = [{} for _ in self.params]
         self.check_hyperparameters()
 
@@ -290,7 +289,6 @@ class Adam(Optimizer):
     counters = ("step",)
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        betas = tuple(betas) if isinstance(betas, (tuple, list)) else betas  # checked below
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
     def step(self):

@@ -22,6 +22,13 @@ from ..autodiff.symbolic import Symbol
 from ..locations import format_location, user_location
 
 
+def _to_symbol(name):
+    def method(self):
+        return getattr(self.symbol, name)()
+    method.__name__ = name
+    return method
+
+
 class VertexSymbol(OperatorMixin):
     """A per-vertex (or per-edge) view of a batched Symbol, as the cell's code sees it."""
 
@@ -45,29 +52,13 @@ class VertexSymbol(OperatorMixin):
         where = f"per {self.domain}" if self.domain else "shared"
         return f"VertexSymbol({self.symbol.label()}, shape={self.shape}, {where})"
 
-    def __bool__(self):
-        return self.symbol.__bool__()
-
     def __array__(self, *args, **kwargs):
         return self.symbol.__array__()
 
-    def __float__(self):
-        return self.symbol.__float__()
-
-    def __int__(self):
-        return self.symbol.__int__()
-
-    def __index__(self):
-        return self.symbol.__index__()
-
-    def __complex__(self):
-        return self.symbol.__complex__()
-
-    def item(self):
-        return self.symbol.item()
-
-    def tolist(self):
-        return self.symbol.tolist()
+    # A value while F is traced: the Symbol's own answer (an error naming the user's line).
+    __bool__, __float__, __int__, __index__, __complex__, item, tolist = (
+        _to_symbol(name) for name in ("__bool__", "__float__", "__int__", "__index__",
+                                      "__complex__", "item", "tolist"))
 
     @classmethod
     def __minicavs_apply__(cls, op, args, attrs):

@@ -289,13 +289,7 @@ class GraphBatch(_ChildLists):
         np.cumsum(np.bincount(self.level, minlength=self.num_levels), out=self.level_offsets[1:])
 
         # Edges in row order of their parents: each task's edges are one contiguous block.
-        counts = self.num_children
-        parent = np.repeat(np.arange(n), counts)
-        slot = np.arange(len(self.child_ids)) - np.repeat(self.child_ptr[:-1], counts)
-        by_row = np.argsort(self.row_of[parent], kind="stable")
-        self.edge_parent_row = self.row_of[parent][by_row]
-        self.edge_child_row = self.row_of[self.child_ids][by_row]
-        self.edge_slot = slot[by_row]
+        self.edge_parent_row, self.edge_child_row, self.edge_slot = self.edges_by_row(self.row_of)
         self.edge_level_offsets = np.searchsorted(self.edge_parent_row, self.level_offsets)
         # Parent row relative to its task's first row (what a per-level edge sum needs).
         self.edge_parent_local = self.edge_parent_row - self.level_offsets[
@@ -305,6 +299,15 @@ class GraphBatch(_ChildLists):
         # write the same child's gradient row and a plain indexed add is safe.
         self.is_forest = bool(np.bincount(self.child_ids, minlength=n).max(initial=0) <= 1)
         self._child_rows = {}
+
+    def edges_by_row(self, row_of):
+        """``(parent row, child row, slot)`` of every edge, sorted by parent row (stably), for
+        the rows ``row_of`` gives the vertices."""
+        counts = self.num_children
+        parent = row_of[np.repeat(np.arange(len(counts)), counts)]
+        slot = np.arange(len(self.child_ids)) - np.repeat(self.child_ptr[:-1], counts)
+        by_row = np.argsort(parent, kind="stable")
+        return parent[by_row], row_of[self.child_ids][by_row], slot[by_row]
 
     def child_rows_of(self, k):
         """For each row, the row of its child ``k``, or -1 where it has none (made once)."""
@@ -327,9 +330,6 @@ class GraphBatch(_ChildLists):
 
     def rows_of_level(self, t):
         return int(self.level_offsets[t]), int(self.level_offsets[t + 1])
-
-    def edges_of_level(self, t):
-        return int(self.edge_level_offsets[t]), int(self.edge_level_offsets[t + 1])
 
     def check_arity(self, arity, function_name="the vertex function"):
         """Every vertex has at most ``arity`` children, else an error naming sample and vertex."""

@@ -135,11 +135,7 @@ class KindSchedule:
         self.order = np.lexsort((batch.level, kind_of))
         self.row_of = np.empty_like(self.order)
         self.row_of[self.order] = np.arange(batch.num_vertices)
-        counts = batch.num_children
-        parent = self.row_of[np.repeat(np.arange(batch.num_vertices), counts)]
-        slot = np.arange(len(batch.child_ids)) - np.repeat(batch.child_ptr[:-1], counts)
-        by_parent = np.argsort(parent, kind="stable")
-        edges = parent[by_parent], self.row_of[batch.child_ids][by_parent], slot[by_parent]
+        edges = batch.edges_by_row(self.row_of)
         sizes = np.bincount(kind_of)
         starts = np.concatenate([[0], np.cumsum(sizes)])
         self.parts = {k: _KindBatch(batch, self.order, int(starts[k]), int(starts[k + 1]), edges)
