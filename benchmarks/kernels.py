@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from minicavs.cpu import blas, calibrate, isa, kernels  # noqa: E402
+from minicavs.cpu import blas, calibrate, isa, kernels, products, team  # noqa: E402
 
 WEIGHTS = [("tagger LSTM", 256, 1024), ("tagger LSTM ∂ (Wᵀ)", 1024, 256),
            ("char LSTM", 64, 256), ("Tree-LSTM 128 U", 256, 640),
@@ -74,7 +74,7 @@ def header():
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     runs = [n for n in isa.TARGETS if isa.runs_here(n)]
     return "\n".join([
-        f"machine: {cpu_model()}, {os.cpu_count()} cores (team {kernels.team_size()}), "
+        f"machine: {cpu_model()}, {os.cpu_count()} cores (team {team.team_size()}), "
         f"load {load:.2f}",
         f"ISA: {isa.describe()}; variants that run here: {', '.join(runs)}",
         f"BLAS: {blas.identity()}",
@@ -117,27 +117,27 @@ def measure_shape(x, W, variants, rounds):
     """Best µs of each variant's panels, the team, NumPy on one thread and on its threads, and
     the library's choice; and the name of that choice."""
     out = np.empty((len(x), W.shape[1]), np.float32)
-    with kernels.team_products(), kernels.invariant_operands([W]):
+    with products.team_products(), products.invariant_operands([W]):
         calls = []
         for v in variants:  # each variant's own panels, packed now
             os.environ[isa.ENVIRONMENT] = v
             try:
-                calls.append(_panels(kernels._Panels.of(W), x, W, out))
+                calls.append(_panels(products._Panels.of(W), x, W, out))
             finally:
                 os.environ.pop(isa.ENVIRONMENT, None)
-        team = kernels.team_matmul(x, W, out, measured=False) is not None
-        calls.append((lambda: kernels.team_matmul(x, W, out, measured=False)) if team else None)
+        team = products.team_matmul(x, W, out, measured=False) is not None
+        calls.append((lambda: products.team_matmul(x, W, out, measured=False)) if team else None)
         calls.append(lambda: np.matmul(x, W, out=out))
-        kernels.matmul(x, W, out)  # calibrates this bucket if it is new
-        if kernels.packed_matmul(x, W, out) is not None:
+        products.matmul(x, W, out)  # calibrates this bucket if it is new
+        if products.packed_matmul(x, W, out) is not None:
             choice = f"panels {isa.target()}"
-        elif kernels.team_matmul(x, W, out) is not None:
+        elif products.team_matmul(x, W, out) is not None:
             choice = "team"
         else:
             choice = "BLAS"
 
         def chosen():
-            if kernels.matmul(x, W, out) is None:
+            if products.matmul(x, W, out) is None:
                 np.matmul(x, W, out=out)
         calls.append(chosen)
         inside = best([c for c in calls if c is not None], rounds)
@@ -218,7 +218,7 @@ def loop_table(rounds):
             out = np.empty((m, n), np.float32)
             args = (i64(m), i64(n), i64(k), p(w.ctypes.data), i64(k if transposed else n),
                     i64(transposed), p(x.ctypes.data), i64(k), p(out.ctypes.data), i64(n))
-            with kernels.one_blas_thread():
+            with team.one_blas_thread():
                 times = best([lambda: own(*args),
                               lambda: np.matmul(x, w.T if transposed else w, out=out)], rounds)
             wins = native._own_wins(loop._lib, np.float32, m, k, n, int(transposed),

@@ -77,19 +77,19 @@ def _probe_native(report):
 def _probe_kernels(report):
     """The kernels' instruction set, and each own-kernel-or-BLAS choice with the times behind
     it (``cpu/calibrate.py``): the tagger's products measured now unless already."""
-    from .cpu import calibrate, isa, kernels
+    from .cpu import calibrate, isa, products, team
 
     runs = [t for t in isa.TARGETS if isa.runs_here(t)]
     report.append(("cpu kernels", f"{isa.describe()}; variants compiled: "
                    f"{', '.join(isa.TARGETS)}; run here: {', '.join(runs)}", None, False))
     rng = np.random.default_rng(0)
     W = rng.standard_normal((256, 1024)).astype(np.float32)
-    with kernels.team_products(), kernels.invariant_operands([W]):
+    with products.team_products(), products.invariant_operands([W]):
         for m in (1, 4, 16, 64):
-            kernels.matmul(rng.standard_normal((m, 256)).astype(np.float32), W)
-            kernels.matmul(rng.standard_normal((m, 1024)).astype(np.float32), W.T)
-        kernels.matmul(rng.standard_normal((1024, 256)).astype(np.float32), W)
-    threads = kernels.team_size()
+            products.matmul(rng.standard_normal((m, 256)).astype(np.float32), W)
+            products.matmul(rng.standard_normal((m, 1024)).astype(np.float32), W.T)
+        products.matmul(rng.standard_normal((1024, 256)).astype(np.float32), W)
+    threads = team.team_size()
     split = calibrate.split_elements(threads)
     report.append(("cpu team", f"{threads} thread(s); a loop splits between them from "
                    f"{split} elements of work" if split else

@@ -292,43 +292,43 @@ def test_batched_products_run_on_one_pool_of_threads(monkeypatch):
     """The batches' products run as in a call of native loops: large ones on the native team,
     the rest on one BLAS thread — never on OpenBLAS's own pool, which on a busy machine waits
     at its barriers for a thread that is not running (3.6 s a step against 0.125 s measured)."""
-    from minicavs.cpu import kernels
+    from minicavs.cpu import products, team
 
     seen = []
-    real = kernels.matmul
+    real = products.matmul
 
     def matmul(a, b, out=None):
-        seen.append(kernels.in_team_products())
+        seen.append(team.in_team_products())
         return real(a, b, out)
 
-    monkeypatch.setattr(kernels, "matmul", matmul)
+    monkeypatch.setattr(products, "matmul", matmul)
     rng = np.random.default_rng(3)
     W = mc.Parameter(rng.normal(size=(96, 96)))
     with mc.autobatch("agenda+"):
         loss = mc.sum(mc.stack([mc.sum(mc.tanh(mc.tensor(rng.normal(size=96)) @ W))
                                 for _ in range(80)]))
         loss.backward()
-    assert seen and all(on == kernels.team_ready() for on in seen)
+    assert seen and all(on == products.team_ready() for on in seen)
 
 
 def test_recurrent_products_on_packed_weights_match_eager(monkeypatch):
     """An LSTM as wide as the benchmark's (256 per direction): its steps' products have few
     rows and read the recurrent weight (and, backward, its transpose) from panels packed once
-    per forward and backward pass (``kernels.invariant_operands``); values and gradients
+    per forward and backward pass (``products.invariant_operands``); values and gradients
     equal eager execution's."""
-    from minicavs.cpu import calibrate, kernels
+    from minicavs.cpu import calibrate, products
     from minicavs.models.plain import BiLSTMTagger
 
     monkeypatch.setenv(calibrate.ENVIRONMENT, "own")  # the panels wherever they apply
     packed = []
-    real = kernels.packed_matmul
+    real = products.packed_matmul
 
     def packed_matmul(a, b, out=None):
         done = real(a, b, out)
         packed.append(done is not None)
         return done
 
-    monkeypatch.setattr(kernels, "packed_matmul", packed_matmul)
+    monkeypatch.setattr(products, "packed_matmul", packed_matmul)
     rng = np.random.default_rng(11)
     words = [f"w{i}" for i in range(12)]
     sentences = [[(words[j], "N" if j % 2 else "V") for j in rng.integers(0, 12, size=n)]
@@ -346,7 +346,7 @@ def test_recurrent_products_on_packed_weights_match_eager(monkeypatch):
     assert float(loss) == pytest.approx(float(eager), rel=RTOL)
     for p, expect in zip(model.parameters(), reference):
         np.testing.assert_allclose(p.grad.numpy(), expect, rtol=RTOL, atol=1e-12)
-    assert any(packed) == kernels.team_ready()  # (one core: NumPy's products throughout)
+    assert any(packed) == products.team_ready()  # (one core: NumPy's products throughout)
 
 
 def test_the_recorders_caches_stop_growing_after_the_first_steps():

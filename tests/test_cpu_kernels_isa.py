@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from minicavs.cpu import build, calibrate, isa, kernels
+from minicavs.cpu import build, calibrate, isa, kernels, products, team
 from minicavs.errors import ArgumentError
 
 needs_native = pytest.mark.skipif(build.unavailable() is not None,
@@ -33,7 +33,7 @@ def _skip_unless_runs(target):
 def test_every_variant_is_compiled_into_the_kernels_library():
     """The library holds each target's panel kernels (on x86 the AVX-512 one too, compiled
     with ``#pragma GCC target("avx512f")`` whatever this CPU has)."""
-    lib = kernels._library()
+    lib = kernels.library()
     for target in isa.TARGETS:
         if isa.TARGETS[target].pragma and not isa.x86():
             continue
@@ -58,15 +58,15 @@ def test_each_variants_panels_equal_numpy(monkeypatch, target, dtype):
     W = rng.standard_normal((200, 333)).astype(dtype)  # 333: no panel width divides it
     wide = rng.standard_normal((40, 500)).astype(dtype)
     tol = 1e-12 if dtype == "float64" else 3e-5
-    with kernels.team_products(), kernels.invariant_operands([W]):
+    with products.team_products(), products.invariant_operands([W]):
         for m in range(1, 15):
             for x, w in ((wide[:m, :200], W), (wide[:m, :333], W.T)):
-                got = kernels.packed_matmul(x, w)
+                got = products.packed_matmul(x, w)
                 assert got is not None, (m, w.shape)
                 expect = x.astype(np.float64) @ w.astype(np.float64)
                 np.testing.assert_allclose(got, expect, rtol=tol, atol=tol * 30)
         out = np.full((9, 333), np.nan, dtype)
-        assert kernels.matmul(wide[:9, :200], W, out) is out
+        assert products.matmul(wide[:9, :200], W, out) is out
         np.testing.assert_allclose(out, wide[:9, :200].astype(np.float64) @ W, rtol=tol,
                                    atol=tol * 30)
 
@@ -104,14 +104,14 @@ def test_forced_choices_pick_the_blas_or_the_own_kernels(monkeypatch):
     W = rng.standard_normal((64, 96))
     x = rng.standard_normal((5, 64))
     monkeypatch.setenv(calibrate.ENVIRONMENT, "blas")
-    with kernels.team_products(), kernels.invariant_operands([W]):
-        assert kernels.matmul(x, W) is None
-        assert kernels.team_matmul(x, W) is None
+    with products.team_products(), products.invariant_operands([W]):
+        assert products.matmul(x, W) is None
+        assert products.team_matmul(x, W) is None
     monkeypatch.setenv(calibrate.ENVIRONMENT, "own")
-    with kernels.team_products(), kernels.invariant_operands([W]):
-        np.testing.assert_allclose(kernels.packed_matmul(x, W), x @ W, rtol=1e-12)
-        if kernels.team_ready():
-            np.testing.assert_allclose(kernels.team_matmul(x, W.T.copy().T), x @ W, rtol=1e-12)
+    with products.team_products(), products.invariant_operands([W]):
+        np.testing.assert_allclose(products.packed_matmul(x, W), x @ W, rtol=1e-12)
+        if products.team_ready():
+            np.testing.assert_allclose(products.team_matmul(x, W.T.copy().T), x @ W, rtol=1e-12)
     monkeypatch.setenv(calibrate.ENVIRONMENT, "fastest")
     with pytest.raises(ArgumentError, match="MINICAVS_KERNELS"):
         calibrate.forced()
@@ -175,7 +175,7 @@ def test_measurements_are_not_kept_while_other_work_holds_their_cores(fresh_cali
 
 
 def test_free_cores_lie_between_one_and_the_team():
-    assert 1 <= calibrate.free_cores() <= kernels.team_size()
+    assert 1 <= calibrate.free_cores() <= team.team_size()
 
 
 def test_another_cpu_or_blas_measures_again(fresh_calibration, monkeypatch):
@@ -202,11 +202,11 @@ def test_products_follow_the_measured_choice(fresh_calibration, monkeypatch):
         monkeypatch.setattr(calibrate, "measure",
                             lambda *calls: [1.0, 2.0] if own_wins else [2.0, 1.0])
         monkeypatch.setattr(calibrate, "_table", None)
-        monkeypatch.setattr(kernels, "_wins", {})
+        monkeypatch.setattr(products, "_wins", {})
         with open(calibrate.path(), "w") as f:
             f.write("{}")
-        with kernels.team_products(), kernels.invariant_operands([W]):
-            got = kernels.matmul(x, W)
+        with products.team_products(), products.invariant_operands([W]):
+            got = products.matmul(x, W)
         assert (got is not None) == own_wins
         if own_wins:
             np.testing.assert_allclose(got, x @ W, rtol=3e-5, atol=1e-4)
@@ -251,15 +251,15 @@ def test_each_variants_convolution_loops_equal_numpy(monkeypatch, target, choice
 def test_a_team_block_takes_only_the_free_cores(monkeypatch):
     """Inside a call of native loops the team (level loops, panels, team products) is sized
     to the cores no other work held when the call began; outside, every core."""
-    cores = kernels.team_size()
+    cores = team.team_size()
     monkeypatch.setattr(calibrate, "free_cores", lambda: 1)
-    with kernels.team_products():
-        assert kernels.team_size() == 1
-        with kernels.team_products():  # nested: the outer call's team
-            assert kernels.team_size() == 1
+    with products.team_products():
+        assert team.team_size() == 1
+        with products.team_products():  # nested: the outer call's team
+            assert team.team_size() == 1
         x = np.ones((300, 200))
-        assert kernels.team_matmul(x, x.T, measured=False) is None  # no team of one
-    assert kernels.team_size() == cores
+        assert products.team_matmul(x, x.T, measured=False) is None  # no team of one
+    assert team.team_size() == cores
 
 
 @needs_native
@@ -268,7 +268,7 @@ def test_a_team_block_takes_only_the_free_cores(monkeypatch):
 def test_each_variants_panel_kernel_uses_its_own_vector_registers():
     """The compiled panel loop of each variant runs on its target's registers — zmm for
     AVX-512, ymm and no zmm for AVX2, neither for the portable build — whatever this CPU is."""
-    kernels._library()
+    kernels.library()
     path = build.library_path(kernels._SOURCE, "kernels")
     listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", path], capture_output=True,
                              text=True, check=True).stdout
@@ -312,8 +312,8 @@ def test_team_loops_take_their_threads_from_the_measured_split(monkeypatch):
     monkeypatch.setenv(calibrate.ENVIRONMENT, "blas")
     assert calibrate.threads_for(1 << 30) == 1
     monkeypatch.setenv(calibrate.ENVIRONMENT, "own")
-    team = kernels.team_size()
-    assert calibrate.threads_for(1 << 10) == team and calibrate.threads_for(1 << 9) == 1
+    threads = team.team_size()
+    assert calibrate.threads_for(1 << 10) == threads and calibrate.threads_for(1 << 9) == 1
     rng = np.random.default_rng(5)
     logits, labels = rng.standard_normal((64, 100)), rng.integers(0, 100, 64)
     shifted = logits - logits.max(1, keepdims=True)

@@ -465,7 +465,7 @@ def test_wide_levels_split_between_threads_equal_the_interpreter(dag, monkeypatc
     """Levels wide enough run on a team of threads (rows and a product's columns split); in a
     DAG the adds into shared children stay on one thread. ``MINICAVS_KERNELS=own``: every level
     of at least a row a thread splits, whatever this machine measured."""
-    from minicavs.cpu import calibrate, kernels
+    from minicavs.cpu import calibrate, team
     from minicavs.runtime import native
 
     monkeypatch.setenv(calibrate.ENVIRONMENT, "own")
@@ -477,7 +477,7 @@ def test_wide_levels_split_between_threads_equal_the_interpreter(dag, monkeypatc
     batch = mc.GraphBatch(graphs)
     F, params = binary_tree_lstm(E, 40, rng)  # 200 gate columns: the product splits too
     assert _native_and_interpreter(F, params, graphs, 3) == ("native", "native")
-    threads = kernels.team_size()
+    threads = team.team_size()
     if threads > 1:
         spec = SimpleNamespace(row_work=(80 * 200, 200))
         assert native.split_at(spec, threads) == (threads, 1024)  # (forced: a MAC an element)
@@ -505,25 +505,25 @@ def test_levels_split_from_the_work_measured_to_pay_for_a_team(monkeypatch):
 
 @needs_native
 def test_large_products_on_the_native_team_equal_numpy(monkeypatch):
-    from minicavs.cpu import calibrate, kernels
+    from minicavs.cpu import calibrate, products, team
 
     monkeypatch.setenv(calibrate.ENVIRONMENT, "own")  # the team wherever it applies
     rng = np.random.default_rng(4)
     a, b = rng.standard_normal((300, 200)), rng.standard_normal((200, 700))
-    assert kernels.matmul(a, b) is None  # outside a call of native loops: NumPy's BLAS
+    assert products.matmul(a, b) is None  # outside a call of native loops: NumPy's BLAS
     for x, y in ((a, b), (np.asfortranarray(a), b), (a, np.asfortranarray(b)),
                  (a, b[:, :124]), (a.T.copy().T[:, :], b[:, 5:129])):
-        with kernels.team_products():
-            got = kernels.matmul(x, y)
-        if kernels.team_size() > 1:
+        with products.team_products():
+            got = products.matmul(x, y)
+        if team.team_size() > 1:
             np.testing.assert_allclose(got, x @ y, rtol=1e-12, atol=1e-12)
         else:
             assert got is None  # one core, or a BLAS that cannot be told one thread
-    with kernels.team_products():
-        assert kernels.matmul(a.astype("float32"), b) is None  # mixed dtypes: NumPy
+    with products.team_products():
+        assert products.matmul(a.astype("float32"), b) is None  # mixed dtypes: NumPy
     monkeypatch.setenv(calibrate.ENVIRONMENT, "blas")  # (as where the BLAS measured faster)
-    with kernels.team_products():
-        assert kernels.matmul(a, b) is None
+    with products.team_products():
+        assert products.matmul(a, b) is None
 
 
 def test_data_addresses_read_from_the_array_struct_equal_numpys():
@@ -546,30 +546,30 @@ def test_products_with_an_invariant_weight_run_on_its_packed_panels_and_equal_nu
     unchanging (a step's weight) runs on panels packed once; values equal NumPy's for every
     row tail (1-5 rows past the 6-row blocks), a last panel cut short, strided rows and a
     given ``out``; anything else is left to NumPy or the team."""
-    from minicavs.cpu import calibrate, kernels
+    from minicavs.cpu import calibrate, products
 
     monkeypatch.setenv(calibrate.ENVIRONMENT, "own")  # the panels wherever they apply
     rng = np.random.default_rng(5)  # (on one core the panels run on one thread: still tested)
     W = rng.standard_normal((300, 1000)).astype(dtype)  # a last panel cut short
     wide = rng.standard_normal((70, 700)).astype(dtype)
     tol = 1e-12 if dtype == "float64" else 2e-5
-    with kernels.team_products(), kernels.invariant_operands([W]):
+    with products.team_products(), products.invariant_operands([W]):
         for m in (2, 3, 5, 6, 7, 13, 64):
             strided = wide[:m, :300]  # rows 700 apart
             transposed = rng.standard_normal((m, 1000)).astype(dtype)  # backward: G · Wᵀ
             for x, w in ((strided, W), (transposed, W.T)):
-                got = kernels.matmul(x, w)
+                got = products.matmul(x, w)
                 assert got is not None, (m, w.shape)
                 expect = x.astype(np.float64) @ w.astype(np.float64)
                 np.testing.assert_allclose(got, expect, rtol=tol, atol=tol * 30)
         out = np.full((5, 1000), np.nan, dtype)
-        assert kernels.matmul(wide[:5, :300], W, out) is out
+        assert products.matmul(wide[:5, :300], W, out) is out
         np.testing.assert_allclose(out, wide[:5, :300].astype(np.float64) @ W, rtol=tol,
                                    atol=tol * 30)
-        assert kernels.packed_matmul(wide[:5, :300], W.copy()) is None  # not declared
-        assert kernels.packed_matmul(wide[:5, :300], W[:, :100]) is None  # a part of it
-    with kernels.team_products():
-        assert kernels.packed_matmul(wide[:5, :300], W) is None  # the block has ended
+        assert products.packed_matmul(wide[:5, :300], W.copy()) is None  # not declared
+        assert products.packed_matmul(wide[:5, :300], W[:, :100]) is None  # a part of it
+    with products.team_products():
+        assert products.packed_matmul(wide[:5, :300], W) is None  # the block has ended
 
 
 @needs_native
@@ -580,7 +580,7 @@ def test_numpy_products_in_a_native_call_run_on_one_blas_thread():
     threadpoolctl = pytest.importorskip(
         "threadpoolctl", reason="threadpoolctl (which reads the BLAS thread count) is not "
                                 "installed; the team-products test above checks the products")
-    from minicavs.cpu import blas, kernels
+    from minicavs.cpu import blas, products
 
     if blas.threads_local() is None:
         pytest.skip("this BLAS has no openblas_set_num_threads_local")
@@ -592,9 +592,9 @@ def test_numpy_products_in_a_native_call_run_on_one_blas_thread():
                 if p["user_api"] == "blas" and os.path.realpath(p["filepath"]) == numpy_blas][0]
 
     with threadpoolctl.threadpool_limits(2, user_api="blas"):
-        with kernels.team_products():
+        with products.team_products():
             assert blas_threads() == 1
-            with kernels.team_products(False):  # nested: the outer call still owns the count
+            with products.team_products(False):  # nested: the outer call still owns the count
                 assert blas_threads() == 1
         assert blas_threads() == 2
 

@@ -40,7 +40,7 @@ import numpy as np
 from .. import backend
 from ..autodiff import versions
 from ..autodiff.tensor import Tensor
-from ..cpu import kernels
+from ..cpu import kernels, products
 from ..cuda import kernels as cuda_kernels
 from ..runtime.memory import SLABS
 from . import schedule, views
@@ -405,14 +405,14 @@ class Segment:
     @contextlib.contextmanager
     def _one_pool(self):
         """The batches' large products on the native team, the small ones on one BLAS thread
-        (``cpu/kernels.team_products``), as in a call of native loops: OpenBLAS's own pool
+        (``cpu/products.team_products``), as in a call of native loops: OpenBLAS's own pool
         on a busy machine waits at its barriers for a thread that is not running (measured,
         tagger, 2 threads, both cores busy with other work: 3.6 s a step against 0.125 s).
         The shared operands do not change while the batches run: a recurrent step's product
-        with few rows reads its weight packed once (``kernels.invariant_operands``)."""
-        native = self.xp is np and kernels.team_ready()
-        with kernels.team_products(native), \
-                kernels.invariant_operands(self.invariants if native else ()):
+        with few rows reads its weight packed once (``products.invariant_operands``)."""
+        native = self.xp is np and products.team_ready()
+        with products.team_products(native), \
+                products.invariant_operands(self.invariants if native else ()):
             yield
 
     def _scatter(self, gslabs, target, g, n):

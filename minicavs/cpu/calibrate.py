@@ -1,7 +1,7 @@
 """Own kernel or NumPy's BLAS: decided by measuring both here, once per CPU and BLAS.
 
 Where the library has a kernel of its own for a product (panels packed once, a team of
-one-thread gemms: ``cpu/kernels.py``), which is faster depends on the CPU, its vector width,
+one-thread gemms: ``cpu/products.py``), which is faster depends on the CPU, its vector width,
 the BLAS and the shape; a crossover constant measured on one machine was wrong on the next (on
 an AVX2 EPYC the panels ran 4-20x slower than the BLAS where an AVX-512 machine had them
 faster). So the first product of each kind of shape (a *bucket*: the sizes rounded up to

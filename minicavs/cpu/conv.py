@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from . import build, calibrate, isa
-from .kernels import _SUFFIX, _p
+from .kernels import SUFFIX, pointer
 
 _SOURCE = r"""// minicavs native convolution products (minicavs/cpu/conv.py)
 #include <cstdint>
@@ -222,7 +222,7 @@ def _entry(name, *arrays):
     """The C function for ``name`` and the arrays' dtype, with the gemm to pass it; None where
     it does not apply."""
     dtype = arrays[0].dtype
-    suffix = _SUFFIX.get(dtype)
+    suffix = SUFFIX.get(dtype)
     if suffix is None or not all(isinstance(a, np.ndarray) and a.dtype == dtype
                                  and a.flags.c_contiguous and a.size for a in arrays):
         return None
@@ -264,16 +264,16 @@ def _run(kind, function, gemm, arrays, sizes):
     key = (kind, arrays[0].dtype.char, *((s - 1).bit_length() for s in sizes[1:]), isa.target(),
            force)
     own = _wins.get(key)
-    pointers = [None if a is None else _p(a) for a in arrays]
+    pointers = [None if a is None else pointer(a) for a in arrays]
     if own is None:
         def call(own):
             shape = _sizes(samples, out_channels, window, length, own)
-            return lambda: function(gemm, *pointers[:-1], _p(shape), pointers[-1])
+            return lambda: function(gemm, *pointers[:-1], pointer(shape), pointers[-1])
         name = (f"conv {kind} {arrays[0].dtype.name} O<={1 << key[2]} CK<={1 << key[3]} "
                 f"L<={1 << key[4]} ({isa.target()})")
         own = _wins[key] = calibrate.own_is_faster(name, lambda: (call(True), call(False)),
                                                    source=_SOURCE)
-    function(gemm, *pointers[:-1], _p(_sizes(samples, out_channels, window, length, own)),
+    function(gemm, *pointers[:-1], pointer(_sizes(samples, out_channels, window, length, own)),
              pointers[-1])
 
 

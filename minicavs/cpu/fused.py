@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from . import build, calibrate, kernels
+from . import build, calibrate, kernels, team
 from ..csource import elementwise_source
 from ..errors import KernelCompileError
 
@@ -82,7 +82,7 @@ def run(source, inputs, outs=None):
         *[kernels.data_address(a) for a in inputs],
         *[kernels.data_address(r) for r in results])
     # (rows split between the team inside a call of native loops, from the work it pays)
-    threads = calibrate.threads_for(size) if kernels.in_team_products() else 1
+    threads = calibrate.threads_for(size) if team.in_team_products() else 1
     loop(ctypes.c_int64(rows), ctypes.c_int64(cols), pointers,
          np.asarray(strides, dtype=np.int64).ctypes.data_as(ctypes.c_void_p),
          ctypes.c_int64(threads))

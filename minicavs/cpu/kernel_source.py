@@ -1,4 +1,4 @@
-"""The C++ of the native kernels (``cpu/kernels.py`` calls them): a module of its own, below
+"""The C++ of the native kernels (``cpu/kernels.py`` and ``cpu/products.py`` call them): a module of its own, below
 both the kernels and ``cpu/calibrate.py``, whose measurements are keyed on it so that a new
 kernel measures again."""
 

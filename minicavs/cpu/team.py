@@ -1,6 +1,6 @@
 """The native team of this process: how many threads run a large product or a level loop
-(``cpu/kernels.py``'s team products, ``runtime/native.py``'s loops), and this thread's state
-inside ``kernels.team_products``. Below both the kernels and ``cpu/calibrate.py``, which
+(``cpu/products.py``'s team products, ``runtime/native.py``'s loops), and this thread's state
+inside ``products.team_products``. Below both the kernels and ``cpu/calibrate.py``, which
 sizes teams to the cores that other work leaves free."""
 
 import contextlib
@@ -11,11 +11,11 @@ import threading
 
 from . import blas, build
 
-state = threading.local()  # inside kernels.team_products: .on, and .threads (its team)
+state = threading.local()  # inside products.team_products: .on, and .threads (its team)
 
 
 def in_team_products():
-    """Whether this thread is inside ``kernels.team_products`` (a call of native loops)."""
+    """Whether this thread is inside ``products.team_products`` (a call of native loops)."""
     return getattr(state, "on", False)
 
 
@@ -25,7 +25,7 @@ def team_size():
     as it caps OpenBLAS); 1 where the BLAS cannot be set to one thread per call (two pools of
     threads would contend), and 1 in a child forked after OpenMP started (its parent's pool
     threads are gone: a team there would wait for them forever; ``build.forked_child``).
-    Inside ``kernels.team_products``, only the cores no other work ran on when the block began
+    Inside ``products.team_products``, only the cores no other work ran on when the block began
     (``calibrate.free_cores``): a team waits at every barrier for a member that another
     process holds off its core."""
     threads = getattr(state, "threads", None)

@@ -5,7 +5,7 @@ import numpy as np
 
 from . import batching, elementwise, shape
 from .. import backend
-from ..cpu import kernels as native_kernels
+from ..cpu import products as native_products
 from .registry import (Aval, Op, apply, broadcast_shapes, common_dtype, describe, needs_grad,
                        register)
 from .rows import FULL, intersect, is_empty
@@ -124,10 +124,10 @@ def _matmul_on_nonzero_rows(xp, node, args, range_of, within):
 
 
 def _product(xp, a, b, out=None):
-    """``a @ b``: a large product of NumPy matrices on the native team (cpu/kernels.py: the
+    """``a @ b``: a large product of NumPy matrices on the native team (cpu/products.py: the
     process's cores, one-thread gemms), else ``xp.matmul``."""
     if xp is np:
-        done = native_kernels.matmul(a, b, out)
+        done = native_products.matmul(a, b, out)
         if done is not None:
             return done
     return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
@@ -135,7 +135,7 @@ def _product(xp, a, b, out=None):
 
 def _matmul_into(a, b, out):
     xp = backend.get_array_module(out)
-    if xp is np and native_kernels.matmul(a, b, out) is not None:
+    if xp is np and native_products.matmul(a, b, out) is not None:
         return
     try:
         xp.matmul(a, b, out=out)

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from ..autodiff import debug
-from ..cpu import kernels
+from ..cpu import products
 from ..cuda import streams
 from . import backends
 from .executor import RECORD
@@ -35,8 +35,8 @@ def run(parts, xp):
               else None for p in parts]
     with contextlib.ExitStack() as stack:
         # Where every level loop is native, the call's large products run on the same team of
-        # threads as the loops (one pool: cpu/kernels.py).
-        stack.enter_context(kernels.team_products(
+        # threads as the loops (one pool: cpu/products.py).
+        stack.enter_context(products.team_products(
             xp is np and not any(checks) and all(backends.native_ready(p) for p in parts)))
         # (with the debug check on, everything runs on one stream, in order: the first bad
         # value is the first one made)

@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-from ..cpu import blas, build, calibrate, kernels
+from ..cpu import blas, build, calibrate, products, team
 from ..ops.batching import row_domain
 from .plans import RUN, record_written, widen
 
@@ -63,7 +63,7 @@ _few_rows_wins = {}  # (dtype, rows, k, m buckets, transposed) -> bool, for this
 def _own_wins(lib, dtype, rows, k, m, transposed, source):
     if calibrate.forced() is not None:  # (MINICAVS_KERNELS=own or blas: not remembered)
         return calibrate.forced() == "own"
-    bucket = (np.dtype(dtype).name, rows, kernels.bucket(k), kernels.bucket(m), transposed)
+    bucket = (np.dtype(dtype).name, rows, products.bucket(k), products.bucket(m), transposed)
     wins = _few_rows_wins.get(bucket)
     if wins is None:
         name = (f"loop rows {'f32' if bucket[0] == 'float32' else 'f64'} <={rows}x"
@@ -81,7 +81,7 @@ def _own_wins(lib, dtype, rows, k, m, transposed, source):
                     i64(k), ctypes.c_void_p(out.ctypes.data), i64(m))
             return (lambda: own(*args),
                     lambda: np.matmul(x, w.T if transposed else w, out=out))
-        with kernels.one_blas_thread():  # (as the loop calls it: one thread inside a team)
+        with team.one_blas_thread():  # (as the loop calls it: one thread inside a team)
             wins = _few_rows_wins[bucket] = calibrate.own_is_faster(name, make, source=source)
     return wins
 
@@ -274,7 +274,7 @@ def team_size(rows, spec):
     (``cpu.kernels.team_size``: the usable cores, one where a team cannot run) — one thread for
     a batch without a level of ``split_rows`` — and where its levels and products split
     (:func:`split_at`)."""
-    threads = kernels.team_size()
+    threads = team.team_size()
     least, macs = split_at(spec, threads)
     widest = int(np.diff(rows.level_offsets).max()) if rows.num_levels else 0
     return (threads if widest >= least else 1), least, macs
