@@ -91,10 +91,14 @@ def _probe_kernels(report):
         products.matmul(rng.standard_normal((1024, 256)).astype(np.float32), W)
     threads = team.team_size()
     split = calibrate.split_elements(threads)
-    report.append(("cpu team", f"{threads} thread(s); a loop splits between them from "
-                   f"{split} elements of work" if split else
-                   f"{threads} thread(s); loops run on one thread (a team never paid here)",
-                   None, False))
+    if split:
+        team_line = f"{threads} thread(s); a loop splits between them from {split} elements"
+    elif threads > 1 and calibrate.free_cores() < threads:
+        team_line = (f"{threads} thread(s); not measured: other work holds the cores now (loops "
+                     f"run on one thread until a quiet moment measures it)")
+    else:
+        team_line = f"{threads} thread(s); loops run on one thread (a team did not pay here)"
+    report.append(("cpu team", team_line, None, False))
     forced = calibrate.forced()
     report.append(("kernel choices", f"forced: MINICAVS_KERNELS={forced}" if forced else
                    calibrate.path(), None, False))

@@ -287,22 +287,47 @@ def test_each_variants_panel_kernel_uses_its_own_vector_registers():
 @needs_native
 def test_a_team_splits_from_the_first_size_it_wins_twice_in_a_row(fresh_calibration,
                                                                   monkeypatch):
-    """``split_elements``: the probe's sizes measured upward until the team wins at two in a
-    row (the first of them is the split); never winning, no split; kept like any choice."""
-    sizes = []
+    """The probe's sizes are measured upward until the team wins at two in a row (the first of
+    them is the split), then the costs of an element and a multiply-add; never winning, no
+    split; kept like any choice."""
+    calls = []
 
-    def measure(team, one):  # the team wins from 2^13 but at 2^12 by a fluke
-        n = 1 << (10 + len(sizes))
-        sizes.append(n)
-        return [1.0, 2.0] if n in (1 << 12, 1 << 14, 1 << 15) else [2.0, 1.0]
+    def measure(team, one):  # the team wins from 2^14, and at 2^12 by a fluke
+        calls.append(1)
+        return [1.0, 2.0] if len(calls) in (3, 5, 6) else [2.0, 1.0]
     monkeypatch.setattr(calibrate, "measure", measure)
-    assert calibrate._split_elements(3) == 1 << 14
-    assert sizes == [1 << e for e in range(10, 16)]
-    assert calibrate.split_elements(1) is None  # (no team)
+    split, rate = calibrate._measure_split(3)
+    assert split == 1 << 14 and rate == (1 << 14, 1.0 / (1 << 16), 2.0 / (64 * 256 * 256))
+    assert len(calls) == 7  # 2^10 .. 2^15, then the costs
     monkeypatch.setattr(calibrate, "measure", lambda team, one: [2.0, 1.0])
-    assert calibrate._split_elements(5) is None
+    assert calibrate._measure_split(5) == (None, None)
     names = [k for k in calibrate.measured() if k.startswith("team split <=")]
     assert len(names) == 6 + len(calibrate.SPLIT_PROBE)
+
+
+@needs_native
+def test_a_team_measured_while_its_cores_are_busy_is_tried_again_later(fresh_calibration,
+                                                                        monkeypatch):
+    """Other work on the cores: no split now, nothing kept (not even for this process), and
+    the next try only after ``RETRY_SECONDS``; then a quiet measurement holds for the process."""
+    monkeypatch.setattr(calibrate, "_splits", {})
+    monkeypatch.setattr(calibrate, "_retry", {})
+    monkeypatch.setattr(calibrate, "measure", lambda team, one: [1.0, 2.0])
+    free = [1]
+    monkeypatch.setattr(calibrate, "free_cores", lambda: free[0])
+    assert calibrate.split_elements(2) is None  # busy before: not measured
+    assert calibrate.measured() == {}
+    free[:] = [2, 1]  # quiet when it starts, busy when it ends
+    monkeypatch.setattr(calibrate, "free_cores", lambda: free.pop(0) if len(free) > 1 else free[0])
+    assert calibrate.split_elements(2) is None
+    assert calibrate.measured() == {}  # a disturbed measurement is not kept
+    free[:] = [2]
+    assert calibrate.split_elements(2) is None  # (before RETRY_SECONDS)
+    monkeypatch.setattr(calibrate, "RETRY_SECONDS", 0.0)
+    calibrate._retry.clear()
+    assert calibrate.split_elements(2) == 1 << 10  # the team wins everywhere here
+    free[:] = [1]
+    assert calibrate.split_elements(2) == 1 << 10  # (measured once a process)
 
 
 @needs_native

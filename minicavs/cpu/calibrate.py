@@ -64,20 +64,32 @@ def own_is_faster(name, make, threads=1, source=None):
     return wins(times(name, make, threads, source))
 
 
-def times(name, make, threads=1, source=None):
+def times(name, make, threads=1, source=None, busy_decides=True):
     """The best seconds ``[first, second]`` of the two calls ``make()`` gives, measured now
-    unless already on this CPU and BLAS (kept as :func:`own_is_faster` keeps them)."""
+    unless already on this CPU and BLAS (kept as :func:`own_is_faster` keeps them). One taken
+    while other work held its cores decides for this process only, or with ``busy_decides=False``
+    not even that: :class:`Busy` is raised."""
     if source is not None:
         name = f"{name} #{build.cache_key(source)[:8]}"
     table = _load()
     found = table.get(name)
     if found is None:
         quiet = free_cores() >= threads
-        found = table[name] = measure(*make())
+        if not quiet and not busy_decides:
+            raise Busy(name)  # (not measured: it would not count)
+        found = measure(*make())
+        quiet = free_cores() >= threads
+        if not quiet and not busy_decides:
+            raise Busy(name)
+        table[name] = found
         _drop_older(table, name)
-        if quiet and free_cores() >= threads:
+        if quiet:
             _save(name, found)
     return found
+
+
+class Busy(Exception):
+    """A measurement was taken while other work held the cores it needed."""
 
 
 # --- from how much work a team of threads pays ------------------------------------------------
@@ -88,6 +100,7 @@ def times(name, make, threads=1, source=None):
 # level's instructions do: ``team_probe`` in kernel_source.py) on the team against one thread, at
 # 2^10, 2^11, ... elements until the team wins twice in a row.
 SPLIT_PROBE = range(10, 23)
+SPLIT_FIRST = 1 << SPLIT_PROBE[0]
 
 
 def split_elements(threads):
@@ -114,32 +127,56 @@ def threads_for(elements):
     return threads if split is not None and elements >= split else 1
 
 
-@functools.lru_cache(maxsize=None)
+_splits = {}  # (threads, MINICAVS_KERNELS) -> (split_elements, split_rate)
+_retry = {}  # (threads, MINICAVS_KERNELS) -> when a measurement is tried again (time.monotonic)
+RETRY_SECONDS = 10.0
+
+
 def _split(threads, force):
     """``(split_elements, split_rate)`` for a team of ``threads`` under ``MINICAVS_KERNELS``
-    ``force``: measured once a process (and kept on disk as every choice is)."""
-    split = _split_elements(threads)
-    if split is None or force is not None:
-        return split, None if split is None else (split, 1.0, 1.0)
-    a, b = np.ones((64, 256), np.float32), np.ones((256, 256), np.float32)
-    probe = _probe()
-    gemm, element = times("team split: product 64x256x256, probe 65536 (1 thread)",
-                          lambda: (lambda: _one_thread_product(a, b), probe(1 << 16, 1)))
-    return split, (split, element / (1 << 16), gemm / (64 * 256 * 256))
+    ``force``: read from the file of measurements, or measured (and kept there) at a moment
+    when no other work holds the team's cores. Until then no loop splits — inside a call of native
+    loops, the team is the free cores anyway (``team.team_size``) — and a measurement that other
+    work disturbed is tried again :data:`RETRY_SECONDS` later, not kept: a process that started
+    on a busy machine still finds its team when the machine is quiet."""
+    key = (threads, force)
+    found = _splits.get(key)
+    if found is not None:
+        return found
+    if threads < 2 or _probe() is None:
+        found = None, None
+    elif force is not None:  # (nothing measured: own splits from the first size, blas never)
+        found = (SPLIT_FIRST, (SPLIT_FIRST, 1.0, 1.0)) if force == "own" else (None, None)
+    elif time.monotonic() < _retry.get(key, 0.0):
+        return None, None
+    else:
+        try:
+            found = _measure_split(threads)
+        except Busy:
+            _retry[key] = time.monotonic() + RETRY_SECONDS
+            return None, None
+    _splits[key] = found
+    return found
 
 
-def _split_elements(threads):
+def _measure_split(threads):
     probe = _probe()
-    if threads < 2 or probe is None:
-        return None
     won = []
     for e in SPLIT_PROBE:
         n = 1 << e
-        won.append(own_is_faster(f"team split <={n} elements ({threads} threads)",
-                                 lambda: (probe(n, threads), probe(n, 1)), threads))
+        won.append(wins(times(f"team split <={n} elements ({threads} threads)",
+                              lambda: (probe(n, threads), probe(n, 1)), threads,
+                              busy_decides=False)))
         if won[-2:] == [True, True]:
-            return n // 2
-    return None
+            break
+    else:
+        return None, None
+    split = n // 2
+    a, b = np.ones((64, 256), np.float32), np.ones((256, 256), np.float32)
+    gemm, element = times("team split: product 64x256x256, probe 65536 (1 thread)",
+                          lambda: (lambda: _one_thread_product(a, b), probe(1 << 16, 1)),
+                          busy_decides=False)
+    return split, (split, element / (1 << 16), gemm / (64 * 256 * 256))
 
 
 def _one_thread_product(a, b):
