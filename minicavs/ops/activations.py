@@ -31,19 +31,14 @@ def _infer_along(name):
     return infer
 
 
-def _batch_along(op, items, attrs, out):
-    (x, _), = items
-    return apply(op, x, axis=attrs["axis"] + 1)
-
-
 SOFTMAX = register(Op(
     "softmax", _softmax_forward, _infer_along("softmax"),
     lambda g, out, x, axis: (out * (g - reduce.sum(g * out, axis, keepdims=True)),),
-    batch=_batch_along, promotes=(0,), promotes_to_float=True))
+    batch=batching.along_axis_rule, promotes=(0,), promotes_to_float=True))
 LOG_SOFTMAX = register(Op(
     "log_softmax", _log_softmax_forward, _infer_along("log_softmax"),
     lambda g, out, x, axis: (g - ew.exp(out) * reduce.sum(g, axis, keepdims=True),),
-    batch=_batch_along, promotes=(0,), promotes_to_float=True))
+    batch=batching.along_axis_rule, promotes=(0,), promotes_to_float=True))
 
 
 def softmax(x, axis=-1):

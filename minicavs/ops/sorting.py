@@ -33,8 +33,7 @@ def _argsort_forward(xp, x, axis, descending):
 
 ARGSORT = register(Op("argsort", _argsort_forward,
                       lambda x, axis, descending: Aval(tuple(x.shape), np.dtype(np.int64)),
-                      batch=lambda op, items, attrs, out: apply(
-                          op, items[0][0], **dict(attrs, axis=attrs["axis"] + 1))))
+                      batch=batching.along_axis_rule))
 
 
 def argsort(x, axis=-1, descending=False, stable=True):
@@ -102,19 +101,15 @@ def _infer_put_along_add(g, idx, axis, size):
     return Aval(tuple(out), np.dtype(g.dtype))
 
 
-def _batch_along_axis(op, items, attrs, out):
-    return apply(op, *batching.broadcast_shared(items), **dict(attrs, axis=attrs["axis"] + 1))
-
-
 # The pair are each other's adjoint: a pick along an axis, and its scatter-add back.
 TAKE_ALONG_AXIS = register(Op(
     "take_along_axis", _take_along_forward, _infer_take_along,
     lambda g, out, x, idx, axis: (put_along_axis_add(g, idx, axis, x.shape[axis]), None),
-    nondiff_args=(1,), batch=_batch_along_axis))
+    nondiff_args=(1,), batch=batching.along_axis_rule))
 PUT_ALONG_AXIS_ADD = register(Op(
     "put_along_axis_add", _put_along_add_forward, _infer_put_along_add,
     lambda g, out, x, idx, axis, size: (take_along_axis(g, idx, axis), None),
-    nondiff_args=(1,), batch=_batch_along_axis))
+    nondiff_args=(1,), batch=batching.along_axis_rule))
 
 
 def take_along_axis(x, indices, axis):
