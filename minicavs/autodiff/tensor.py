@@ -39,22 +39,21 @@ grad_lock = threading.Lock()
 
 
 @contextlib.contextmanager
+def _grad_mode_set(enabled):
+    previous, grad_mode.enabled = grad_mode.enabled, enabled
+    try:
+        yield
+    finally:
+        grad_mode.enabled = previous
+
+
 def no_grad():
     """Within this block ops are not recorded: nothing can be differentiated, nothing is kept."""
-    previous, grad_mode.enabled = grad_mode.enabled, False
-    try:
-        yield
-    finally:
-        grad_mode.enabled = previous
+    return _grad_mode_set(False)
 
 
-@contextlib.contextmanager
 def enable_grad():
-    previous, grad_mode.enabled = grad_mode.enabled, True
-    try:
-        yield
-    finally:
-        grad_mode.enabled = previous
+    return _grad_mode_set(True)
 
 
 def is_grad_enabled():
