@@ -407,12 +407,9 @@ def _composed_product(cols, weight, bias, groups):
     lead = tuple(cols.shape[:_lead_rank(len(cols.shape), nd)])
     out = tuple(cols.shape[len(cols.shape) - nd:])
     k, length = math.prod(weight.shape[2:]), math.prod(out)
-    if groups == 1:
-        y = linalg.matmul(shape.reshape(weight, (out_channels, group_channels * k)),
-                          shape.reshape(cols, lead + (group_channels * k, length)))
-    else:  # one product per group, batched: (G, O/G, C/G·K) @ (*lead, G, C/G·K, L)
-        w = shape.reshape(weight, (groups, out_channels // groups, group_channels * k))
-        y = linalg.matmul(w, shape.reshape(cols, lead + (groups, group_channels * k, length)))
+    # one product per group, batched: (G, O/G, C/G·K) @ (*lead, G, C/G·K, L)
+    w = shape.reshape(weight, (groups, out_channels // groups, group_channels * k))
+    y = linalg.matmul(w, shape.reshape(cols, lead + (groups, group_channels * k, length)))
     return _add_bias(shape.reshape(y, lead + (out_channels,) + out), bias, nd)
 
 
