@@ -13,7 +13,7 @@ from collections import namedtuple
 import numpy as np
 
 from .. import backend
-from . import batching, shape
+from . import batching, index, shape
 from .registry import Aval, Op, apply, describe, normalize_axis, register, require_int
 from ..errors import GraphError, IndexRangeError, ShapeError, UnsupportedError
 
@@ -48,13 +48,10 @@ def argsort(x, axis=-1, descending=False, stable=True):
 
 
 def _check_along(xp, idx, size, axis, opname):
-    if xp is np and idx.size:
-        low, high = int(idx.min()), int(idx.max())
-        if low < 0 or high >= size:
-            bad = low if low < 0 else high
-            position = tuple(int(i[0]) for i in (idx == bad).nonzero())
-            raise IndexRangeError(f"op '{opname}': index {bad} at position {position} is out "
-                                  f"of range for axis {axis} with size {size}")
+    found = index.out_of_range(idx, 0, size - 1) if xp is np else None
+    if found is not None:
+        raise IndexRangeError(f"op '{opname}': index {found[0]} at position {found[1]} is out "
+                              f"of range for axis {axis} with size {size}")
 
 
 def _take_along_forward(xp, x, idx, axis):
