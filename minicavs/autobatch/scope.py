@@ -27,7 +27,7 @@ from ..ops import registry
 from ..ops.registry import Aval, tracing
 from ..ops.shape import RESHAPE, SLICE_AXIS
 from . import native, schedule
-from .segment import Segment
+from .segment import Segment, add_param
 from .signature import Signature
 from .views import view_key
 
@@ -477,8 +477,7 @@ class AutoBatch:
                 outside.append((value, g))
         elif isinstance(value, Tensor) and value.requires_grad:
             if value._creator is None:
-                entry = params.get(id(value))
-                params[id(value)] = (value, g if entry is None else entry[1] + g)
+                add_param(params, value, g)
             else:
                 outside.append((value, g))
 

@@ -359,7 +359,7 @@ class Segment:
         for b in reversed(self.plan):
             if b.env is None:
                 continue
-            rows_kernel, shared_kernel = b.sig.backward(self.plus)
+            rows_kernel, shared_kernel = b.sig.forward.backward(self.plus)
             n = b.n
             cotangent = gslabs[b.out_slab][b.out_row:b.out_row + n]
             if rows_kernel is not None:
@@ -371,7 +371,7 @@ class Segment:
                     if isinstance(target, tuple):
                         self._scatter(gslabs, target, g, n)
                     else:
-                        _add_param(params, target, g)
+                        add_param(params, target, g)
             if shared_kernel is not None:
                 deferred[b.sig].append(b)
 
@@ -444,7 +444,7 @@ class Segment:
     def _shared_gradients(self, sig, terms, params):
         """The backward-batching strategy: one product for the shared operands' gradients of
         every forward batch of ``sig``, over their rows copied into one block."""
-        _, kernel = sig.backward(True)
+        _, kernel = sig.forward.backward(True)
         terms = terms[::-1]  # forward order: their rows ascend
         total = sum(b.n for b in terms)
         if kernel.same_as is None:  # the batches' own cotangents: often one run of rows
@@ -477,7 +477,7 @@ class Segment:
         self.stats["plus_products"] += 1
         self.stats["plus_products_saved"] += len(terms) - 1
         for position, g in zip(sig.shared_grads(), grads):
-            _add_param(params, sig.shared[position], g)
+            add_param(params, sig.shared[position], g)
 
     def _joined(self, slabs, spans, arrays, view=None):
         """The rows of several batches as one array: a view where their ``spans`` ((slab,
@@ -508,7 +508,7 @@ class Segment:
         self.gslabs = None
 
 
-def _add_param(params, t, g):
+def add_param(params, t, g):
     entry = params.get(id(t))
     params[id(t)] = (t, g if entry is None else entry[1] + g)
 

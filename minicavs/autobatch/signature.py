@@ -136,13 +136,6 @@ class Signature:
                 self._detached._forward = kernel
         return self._forward
 
-    def backward(self, split_shared):
-        """The backward kernels: ``(rows, shared)`` — ∂ for the per-row operands, run per
-        batch, and ∂ for the shared operands, run per batch (``split_shared`` False: both
-        in one graph, ``shared`` is None) or once over all batches of the signature (True:
-        the backward-batching paper's strategy)."""
-        return self.forward.backward(split_shared)
-
     def structure(self):
         """What the batched kernel depends on: the op, its attributes, per operand the per-row
         aval, a shared Tensor's aval and whether it needs a gradient (its value is read at
@@ -237,6 +230,10 @@ class BatchedKernel:
         return self._exe
 
     def backward(self, split_shared):
+        """The backward kernels: ``(rows, shared)`` — ∂ for the per-row operands, run per
+        batch, and ∂ for the shared operands, run per batch (``split_shared`` False: both
+        in one graph, ``shared`` is None) or once over all batches of the signature (True:
+        the backward-batching paper's strategy)."""
         if split_shared not in self._backward:
             self._backward[split_shared] = self.derive(split_shared)
         return self._backward[split_shared]

@@ -60,8 +60,10 @@ class Symbol(OperatorMixin):
     def __minicavs_apply__(cls, op, args, attrs):
         if op.expand is not None:  # a fused op: its primitives go into the graph
             return op.expand(*args, **attrs)
-        tracer = _current_tracer(op)
-        return tracer.record(op, args, attrs)
+        if not _tracers:
+            raise GraphError(f"op '{op.name}' was applied to a Symbol outside of tracing: "
+                             f"symbols exist only while their function is traced")
+        return _tracers[-1].record(op, args, attrs)
 
     def label(self):
         if self.kind == "op":
@@ -103,13 +105,6 @@ class Symbol(OperatorMixin):
 # --- tracing --------------------------------------------------------------------------------------
 
 _tracers = registry.tracing  # the stack of active tracers; the innermost records
-
-
-def _current_tracer(op):
-    if not _tracers:
-        raise GraphError(f"op '{op.name}' was applied to a Symbol outside of tracing: symbols "
-                         f"exist only while their function is traced")
-    return _tracers[-1]
 
 
 class Tracer:

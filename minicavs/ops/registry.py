@@ -248,7 +248,7 @@ def promote(op, args):
             if getattr(type(a), "__minicavs_priority__", None) is None:  # a NumPy/CuPy array
                 out[i] = a.astype(dtype)  # plain data stays plain data
             else:
-                out[i] = apply(_astype_op(), a, dtype=dtype)
+                out[i] = apply(OPS["astype"], a, dtype=dtype)
     return tuple(out)
 
 
@@ -256,10 +256,6 @@ def _as_array(values):
     """A list operand as ``mc.tensor`` reads it: floats in the default dtype."""
     array = np.asarray(values)
     return array.astype(_default_of(2)) if array.dtype.kind == "f" else array
-
-
-def _astype_op():
-    return OPS["astype"]
 
 
 class _Recording(threading.local):
