@@ -20,8 +20,8 @@ import time
 import numpy as np
 
 from .. import backend
-from ..autodiff.tensor import Tensor, grad_lock, grad_mode, is_grad_enabled
-from ..errors import ArgumentError, MinicavsError, ShapeError, UnsupportedError
+from ..autodiff.tensor import Tensor, backward_seed, grad_lock, grad_mode, is_grad_enabled
+from ..errors import ArgumentError, MinicavsError, UnsupportedError
 from ..locations import format_location, user_location
 from ..ops import registry
 from ..ops.registry import Aval, tracing
@@ -95,21 +95,8 @@ class LazyTensor(Tensor):
         if create_graph:
             raise UnsupportedError("backward(create_graph=True) is not supported under "
                                    "autobatch; differentiate twice with eager tensors")
-        if not self.requires_grad:
-            raise MinicavsError("backward() on a tensor that does not require grad: no input "
-                                "of the computation had requires_grad=True")
-        xp_grad = None
-        if grad is None:
-            if int(np.prod(self.shape)) != 1:
-                raise ShapeError(f"backward() without a gradient needs a tensor with one "
-                                 f"element, got shape {self.shape}; pass grad= explicitly")
-        else:  # (as eager backward() checks it)
-            xp_grad = grad._array if isinstance(grad, Tensor) else np.asarray(grad)
-            if tuple(xp_grad.shape) != tuple(self.shape) or xp_grad.dtype != self.dtype:
-                raise ShapeError(f"backward(): grad has shape {tuple(xp_grad.shape)} and dtype "
-                                 f"{xp_grad.dtype}, the tensor has shape {self.shape} and dtype "
-                                 f"{self.dtype}")
-        self._scope.backward([(self, xp_grad)], retain_graph)
+        grad = backward_seed(self, grad)  # (as eager backward() checks it)
+        self._scope.backward([(self, None if grad is None else grad._array)], retain_graph)
 
     def __repr__(self):
         return "lazy " + super().__repr__()
