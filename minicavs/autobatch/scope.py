@@ -1,17 +1,13 @@
-"""The autobatch scope: recording eager ops as a lazy graph, and forcing it.
+"""The autobatch scope: recording eager ops as a lazy graph, and forcing it (docs/autobatch.md,
+"How it works" 1–2).
 
 Inside ``with mc.autobatch(strategy):`` every op on Tensors is handed to
 :meth:`AutoBatch.record` (the hook in ``autodiff/tensor.py``), which returns a
-:class:`LazyTensor` — a Tensor whose value is computed when something needs it. Recording is
-the only per-node Python work: classify the operands (per-row or shared), look the signature up
-in a dict, append the node's signature id, depth and per-row sources to flat lists. Everything
-after that — partitioning into batches, laying out rows, gathering — works on whole arrays
-(``schedule.py``, ``segment.py``).
-
-A value is needed by ``numpy()``, ``item()``, ``float()``, ``bool()`` (a data-dependent branch),
-printing, ``backward()`` and leaving the block. Then every pending node is executed as one
-*segment*; nodes recorded afterwards form the next segment, and read the earlier values as
-data. ``backward()`` runs the segments in reverse, each batched as its forward was.
+:class:`LazyTensor`. Recording is the only per-node Python work: classify the operands (per-row
+or shared), look the signature up in a dict, append the node's signature id, depth and per-row
+sources to flat lists; the rest works on whole arrays (``schedule.py``, ``segment.py``). A
+value that is needed runs every pending node as one *segment*; ``backward()`` runs the
+segments in reverse, each batched as its forward was.
 """
 
 import bisect
