@@ -7,14 +7,11 @@ the rules the passes ask, each declared beside the forward in the op's own modul
 the op, never its name; a rule an op does not declare has the safe meaning given beside its
 default in :class:`Op`.
 
-Type promotion (docs/tensors.md gives the user's view). :func:`apply` is the single entry
-point, and the one place promotion happens: it finds the common dtype of the ``promotes``
-arguments (:func:`result_dtype`), turns Python and NumPy scalars into constants of it, and casts
-an operand of another dtype with an explicit ``astype`` op (recorded like any op, so its gradient
-goes back in the operand's own dtype, and fusion sees it). Primitives therefore always see
-operands of one dtype, and their ``infer`` still checks that. Then the call goes to the handler
-of the "highest" operand kind present: a Symbol turns the call into a graph node, a Tensor runs
-it eagerly and records it for backward.
+:func:`apply` is the single entry point, and the one place type promotion happens (the rules:
+docs/tensors.md): the ``promotes`` arguments are brought to one dtype, scalars as constants of
+it and other operands by an explicit ``astype`` op, so primitives always see operands of one
+dtype. Then the call goes to the handler of the "highest" operand kind present: a Symbol turns
+the call into a graph node, a Tensor runs it eagerly and records it for backward.
 """
 
 import threading
@@ -189,16 +186,9 @@ def _default_of(kind):
 
 def result_dtype(dtypes, scalars=(), to_float=False):
     """The dtype that operands of ``dtypes`` (arrays, tensors: "strong") and ``scalars``
-    (Python and NumPy scalars: "weak") are computed in.
-
-    Between strong dtypes, NumPy's rules (``np.result_type``), except that integers and bools
-    meeting floats take the float dtype (as PyTorch and JAX do: an int mask times float32 data
-    stays float32). A weak scalar never widens a strong dtype of its own kind (``float32 tensor *
-    0.5`` is float32, ``int8 tensor + 1`` is int8); it only lifts the kind: an int tensor plus
-    ``0.5`` is the default float dtype, a bool tensor plus ``1`` is int64. Scalars alone give
-    bool, int64 or the default float dtype. ``to_float``: integers and bools become the default
-    float dtype.
-    """
+    (Python and NumPy scalars: "weak") are computed in, by docs/tensors.md's rules 1-3:
+    NumPy's between strong dtypes, but a float beats any integer or bool; a weak scalar only
+    lifts the kind. ``to_float``: integers and bools become the default float dtype."""
     strong = [np.dtype(d) for d in dtypes]
     floats = [d for d in strong if d.kind == "f"]
     dtype = np.result_type(*(floats or strong)) if strong else None
