@@ -9,7 +9,7 @@ through them, with the gradient PyTorch gives at each kink.
 import numpy as np
 
 from . import batching, elementwise as ew, reduce
-from .registry import Aval, Op, apply, normalize_axis, register, require_float
+from .registry import Aval, Op, register, require_float
 
 
 def _softmax_forward(xp, x, axis):
@@ -43,18 +43,12 @@ LOG_SOFTMAX = register(Op(
 
 def softmax(x, axis=-1):
     """``exp(x) / sum(exp(x))`` along ``axis``, computed shifted by the maximum."""
-    axis = normalize_axis("softmax", axis, len(x.shape), zero_d=True)
-    if not len(x.shape):
-        return reduce.on_one_element(softmax, x)
-    return apply(SOFTMAX, x, axis=axis)
+    return reduce.along_axis(SOFTMAX, x, axis)
 
 
 def log_softmax(x, axis=-1):
     """``x - logsumexp(x)`` along ``axis``."""
-    axis = normalize_axis("log_softmax", axis, len(x.shape), zero_d=True)
-    if not len(x.shape):
-        return reduce.on_one_element(log_softmax, x)
-    return apply(LOG_SOFTMAX, x, axis=axis)
+    return reduce.along_axis(LOG_SOFTMAX, x, axis)
 
 
 def leaky_relu(x, negative_slope=0.01):

@@ -191,17 +191,18 @@ def argmin(x, axis=None, keepdims=False):
     return _arg(ARGMIN, x, axis, keepdims)
 
 
-def on_one_element(fn, x):
-    """``fn`` (an op along axis 0) applied to a 0-d ``x`` as to a vector of one element."""
-    return shape.reshape(fn(shape.reshape(x, (1,)), 0), ())
+def along_axis(op, x, axis):
+    """``op`` along ``axis`` of ``x``; a 0-d ``x`` takes axis 0 or -1, as a vector of one
+    element (as in PyTorch)."""
+    axis = normalize_axis(op.name, int(axis), len(x.shape), zero_d=True)
+    if len(x.shape):
+        return apply(op, x, axis=axis)
+    return shape.reshape(apply(op, shape.reshape(x, (1,)), axis=0), ())
 
 
 def cumsum(x, axis=-1):
-    """The running sum along ``axis`` (a 0-d x takes axis 0 or -1, as in PyTorch)."""
-    axis = normalize_axis("cumsum", int(axis), len(x.shape), zero_d=True)
-    if not len(x.shape):
-        return on_one_element(cumsum, x)
-    return apply(CUMSUM, _wide_int(x), axis=axis)
+    """The running sum along ``axis`` (bools and small integers as int64)."""
+    return along_axis(CUMSUM, _wide_int(x), axis)
 
 
 def mean(x, axis=None, keepdims=False):

@@ -73,10 +73,7 @@ CUMARGMIN = register(Op("cumargmin", _cumarg_forward(False), _infer_cumarg, batc
 
 def cumprod(x, axis=-1):
     """The running product along ``axis`` (bools and small integers as int64, as ``cumsum``)."""
-    axis = normalize_axis("cumprod", int(axis), len(x.shape), zero_d=True)
-    if not len(x.shape):
-        return reduce.on_one_element(cumprod, x)
-    return apply(CUMPROD, reduce._wide_int(x), axis=axis)
+    return reduce.along_axis(CUMPROD, reduce._wide_int(x), axis)
 
 
 def _cumulative_extremum(op, name, x, axis):
