@@ -191,13 +191,13 @@ def argmin(x, axis=None, keepdims=False):
     return _arg(ARGMIN, x, axis, keepdims)
 
 
-def along_axis(op, x, axis):
+def along_axis(op, x, axis, **attrs):
     """``op`` along ``axis`` of ``x``; a 0-d ``x`` takes axis 0 or -1, as a vector of one
     element (as in PyTorch)."""
     axis = normalize_axis(op.name, int(axis), len(x.shape), zero_d=True)
     if len(x.shape):
-        return apply(op, x, axis=axis)
-    return shape.reshape(apply(op, shape.reshape(x, (1,)), axis=0), ())
+        return apply(op, x, axis=axis, **attrs)
+    return shape.reshape(apply(op, shape.reshape(x, (1,)), axis=0, **attrs), ())
 
 
 def cumsum(x, axis=-1):

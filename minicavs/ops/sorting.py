@@ -13,7 +13,7 @@ from collections import namedtuple
 import numpy as np
 
 from .. import backend
-from . import batching, index, shape
+from . import batching, index, reduce, shape
 from .registry import Aval, Op, apply, describe, normalize_axis, register, require_int
 from ..errors import GraphError, IndexRangeError, ShapeError, UnsupportedError
 
@@ -40,11 +40,7 @@ def argsort(x, axis=-1, descending=False, stable=True):
     """The int64 indices that sort ``x`` along ``axis``. Always stable (equal values keep
     their order, descending too: ``stable=False`` promises less, so it gets the same); NaN
     sorts as the largest value. Not differentiable: an index has no gradient."""
-    axis = normalize_axis("argsort", int(axis), len(x.shape), zero_d=True)
-    if len(x.shape) == 0:
-        x = shape.reshape(x, (1,))
-        return shape.reshape(argsort(x, 0, descending), ())
-    return apply(ARGSORT, x, axis=axis, descending=bool(descending))
+    return reduce.along_axis(ARGSORT, x, axis, descending=bool(descending))
 
 
 def _check_along(xp, idx, size, axis, opname):
