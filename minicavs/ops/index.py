@@ -134,10 +134,11 @@ def _infer_scatter_add_rows(g, idx, num_rows):
 
 
 def _batch_take_rows(op, items, attrs, out):
+    """take_rows, and take_row (one id per row: the batch's ids are a take of rows)."""
     (x, dx), (idx, di) = items
     if dx:
-        raise GraphError("op 'take_rows': inside a vertex function the table must be shared "
-                         "(a parameter), not a per-vertex value")
+        raise GraphError(f"op '{op.name}': inside a vertex function the table must be shared "
+                         f"(a parameter), not a per-vertex value")
     flat = shape.reshape(idx, (-1,)) if len(idx.shape) > 1 else idx
     rows = take_rows(x, flat)
     return shape.reshape(rows, (batching.row_count(di),) + tuple(out.shape))
@@ -164,14 +165,6 @@ def _infer_take_row(x, idx):
     return Aval(tuple(x.shape[1:]), np.dtype(x.dtype))
 
 
-def _batch_take_row(op, items, attrs, out):
-    (x, dx), (idx, di) = items
-    if dx:
-        raise GraphError("op 'take_row': inside a vertex function the table must be shared "
-                         "(a parameter), not a per-vertex value")
-    return take_rows(x, idx)  # the batch's ids, one per row: (rows,) + the row's shape
-
-
 def _expand_take_row(x, idx):
     return shape.reshape(take_rows(x, shape.reshape(idx, (1,))), tuple(x.shape[1:]))
 
@@ -186,7 +179,7 @@ def _take_row_vjp(g, out, x, idx):
 
 
 TAKE_ROW = register(Op("take_row", _take_row_forward, _infer_take_row, _take_row_vjp,
-                       nondiff_args=(1,), batch=_batch_take_row, expand=_expand_take_row))
+                       nondiff_args=(1,), batch=_batch_take_rows, expand=_expand_take_row))
 
 # No batching rule: it only appears in ∂F, which is derived from the batched F.
 SCATTER_ADD_ROWS = register(Op("scatter_add_rows", _scatter_add_rows_forward,
