@@ -28,15 +28,10 @@ from ..cuda import kernels as cuda_kernels
 from ..errors import ArgumentError, ShapeError
 
 
-def _sigmoid(xp, x):
-    with np.errstate(over="ignore"):  # e^-x is inf for very negative x: the limit 0 is right
-        return 1 / (1 + xp.exp(-x))
-
-
 def _gates(xp, pre, k):
     """σ(i), [σ(f_j)], σ(o), tanh(u) from the stacked pre-activations."""
     H = pre.shape[-1] // (3 + k)
-    s = _sigmoid(xp, pre[..., :(2 + k) * H])
+    s = elementwise.SIGMOID.forward(xp, pre[..., :(2 + k) * H])  # (quiet where e^-x overflows)
     forget = [s[..., (1 + j) * H:(2 + j) * H] for j in range(k)]
     return s[..., :H], forget, s[..., (1 + k) * H:(2 + k) * H], xp.tanh(pre[..., (2 + k) * H:])
 
