@@ -1,23 +1,14 @@
-"""Partitioning a recorded graph into batches: the depth and agenda strategies.
+"""Partitioning a recorded graph into batches: the depth and agenda strategies (the table in
+docs/autobatch.md, "The strategies").
 
-Input: per node its signature id and depth (1 + the deepest pending input; recorded as the
-graph is built) and the edges between pending nodes. Output: a list of batches, each an array
-of node indices of one signature whose inputs are all in earlier batches. The set-up is NumPy
-over whole arrays; the agenda loop does a fixed handful of array operations per *batch*, never
-per node — and where native code runs, the same loop runs in C in one call
-(``cpu/kernels.agenda_schedule``; the NumPy loop below is its reference).
-
-* ``depth`` (TensorFlow Fold's dynamic batching, Looks et al. 2017): one batch per
-  (depth, signature), in order of depth. Nodes of equal depth never depend on each other.
-* ``agenda`` (DyNet's on-the-fly batching, Neubig, Goldberg and Dyer 2017): keep the set of
-  ready nodes (all inputs computed); repeatedly run, as one batch, every ready node of the
-  signature whose nodes have the lowest *average* depth over the whole graph. Cheap
-  signatures that many nodes wait on (a sentence's embeddings, an LSTM's input products)
-  thereby run early and in one piece, and nodes that are ready early but belong to a deep
-  signature wait for their siblings instead of forming small batches.
-* ``none``: every node its own batch, in recording order (DyNet without autobatching).
-
-Within each batch of ``depth`` and ``agenda`` the nodes are then ordered as their first reader
+Input: per node its signature id and depth (1 + the deepest pending input) and the edges
+between pending nodes. Output: batches, each an array of node indices of one signature whose
+inputs are all in earlier batches. The set-up is NumPy over whole arrays; the agenda loop does
+a fixed handful of array operations per *batch*, never per node — and where native code runs,
+the same loop runs in C in one call (``cpu/kernels.agenda_schedule``; the NumPy loop below is
+its reference). ``depth``: one batch per (depth, signature), by depth (TensorFlow Fold);
+``agenda``: repeatedly every ready node of the signature of lowest *average* depth (DyNet);
+``none``: every node alone. Within each batch the nodes are then ordered as their first reader
 reads them (``in_reader_order``), so that later batches read rows in place.
 """
 

@@ -1,17 +1,13 @@
-"""The autobatch scope: recording eager ops as a lazy graph, and forcing it.
+"""The autobatch scope: recording eager ops as a lazy graph, and forcing it (docs/autobatch.md,
+"How it works" 1–2).
 
 Inside ``with mc.autobatch(strategy):`` every op on Tensors is handed to
 :meth:`AutoBatch.record` (the hook in ``autodiff/tensor.py``), which returns a
-:class:`LazyTensor` — a Tensor whose value is computed when something needs it. Recording is
-the only per-node Python work: classify the operands (per-row or shared), look the signature up
-in a dict, append the node's signature id, depth and per-row sources to flat lists. Everything
-after that — partitioning into batches, laying out rows, gathering — works on whole arrays
-(``schedule.py``, ``segment.py``).
-
-A value is needed by ``numpy()``, ``item()``, ``float()``, ``bool()`` (a data-dependent branch),
-printing, ``backward()`` and leaving the block. Then every pending node is executed as one
-*segment*; nodes recorded afterwards form the next segment, and read the earlier values as
-data. ``backward()`` runs the segments in reverse, each batched as its forward was.
+:class:`LazyTensor`. Recording is the only per-node Python work: classify the operands (per-row
+or shared), look the signature up in a dict, append the node's signature id, depth and per-row
+sources to flat lists; the rest works on whole arrays (``schedule.py``, ``segment.py``). A
+value that is needed runs every pending node as one *segment*; ``backward()`` runs the
+segments in reverse, each batched as its forward was.
 """
 
 import bisect
@@ -20,14 +16,14 @@ import time
 import numpy as np
 
 from .. import backend
-from ..autodiff.tensor import Tensor, grad_lock, grad_mode, is_grad_enabled
-from ..errors import ArgumentError, MinicavsError, ShapeError, UnsupportedError
+from ..autodiff.tensor import Tensor, backward_seed, grad_lock, grad_mode, is_grad_enabled
+from ..errors import ArgumentError, MinicavsError, UnsupportedError
 from ..locations import format_location, user_location
 from ..ops import registry
 from ..ops.registry import Aval, tracing
 from ..ops.shape import RESHAPE, SLICE_AXIS
 from . import native, schedule
-from .segment import Segment
+from .segment import Segment, add_param
 from .signature import Signature
 from .views import view_key
 
@@ -70,10 +66,6 @@ class LazyTensor(Tensor):
         return self._aval.dtype
 
     @property
-    def device(self):
-        return "cuda" if backend.is_cupy_array(self._array) else "cpu"
-
-    @property
     def is_leaf(self):
         return False
 
@@ -95,21 +87,8 @@ class LazyTensor(Tensor):
         if create_graph:
             raise UnsupportedError("backward(create_graph=True) is not supported under "
                                    "autobatch; differentiate twice with eager tensors")
-        if not self.requires_grad:
-            raise MinicavsError("backward() on a tensor that does not require grad: no input "
-                                "of the computation had requires_grad=True")
-        xp_grad = None
-        if grad is None:
-            if int(np.prod(self.shape)) != 1:
-                raise ShapeError(f"backward() without a gradient needs a tensor with one "
-                                 f"element, got shape {self.shape}; pass grad= explicitly")
-        else:  # (as eager backward() checks it)
-            xp_grad = grad._array if isinstance(grad, Tensor) else np.asarray(grad)
-            if tuple(xp_grad.shape) != tuple(self.shape) or xp_grad.dtype != self.dtype:
-                raise ShapeError(f"backward(): grad has shape {tuple(xp_grad.shape)} and dtype "
-                                 f"{xp_grad.dtype}, the tensor has shape {self.shape} and dtype "
-                                 f"{self.dtype}")
-        self._scope.backward([(self, xp_grad)], retain_graph)
+        grad = backward_seed(self, grad)  # (as eager backward() checks it)
+        self._scope.backward([(self, None if grad is None else grad._array)], retain_graph)
 
     def __repr__(self):
         return "lazy " + super().__repr__()
@@ -477,8 +456,7 @@ class AutoBatch:
                 outside.append((value, g))
         elif isinstance(value, Tensor) and value.requires_grad:
             if value._creator is None:
-                entry = params.get(id(value))
-                params[id(value)] = (value, g if entry is None else entry[1] + g)
+                add_param(params, value, g)
             else:
                 outside.append((value, g))
 

@@ -1,30 +1,15 @@
-"""One forced execution of a scope's pending nodes: layout, batched forward, batched backward.
+"""One forced execution of a scope's pending nodes: layout, batched forward, batched backward
+(docs/autobatch.md, "How it works" 4–7, explains each, and the ``+`` strategies).
 
-**Layout (DyNet's memory, the paper's contiguity).** Every value of one per-row shape and dtype
-lives in one *slab*, an array with a row per value: first the segment's leaves of that shape
-(its data, and values of earlier segments), then the nodes in execution order. The nodes of a
-batch are consecutive in execution order and share their output shape, so a batch writes one
-contiguous block. A later batch whose operand rows are one contiguous run of a slab (an LSTM
-step reading the previous step's ``h`` of every sentence) reads a view — no copy; otherwise the
-rows are gathered with one ``take``. ``explain()`` counts both.
+Every value of one per-row shape and dtype lives in one *slab*, a row per value: the segment's
+leaves, then the nodes, a batch one contiguous block. A batch whose operand rows are one run of
+a slab reads a view, otherwise one ``take`` gathers them (``explain()`` counts both); backward,
+its operands' gradients are added into their rows of gradient slabs (``+=`` on a view, else a
+scatter-add). Under ``+`` the cotangents and saved operands of every batch of a signature are
+joined into one block each, and a shared operand's gradient is one product.
 
-**Forward.** Each batch binds its operands (views or gathers), runs its signature's batched
-kernel (the op's batching rule, ``signature.py``) and writes its block.
-
-**Backward.** Gradients live in slabs shaped like the values, zero at first. The batches run in
-reverse: the cotangent of a batch is its block of the gradient slab; its kernel's ∂ gives the
-operands' gradients, added into their rows (``+=`` on a view when they were contiguous, a
-scatter-add otherwise) and into the shared parameters' gradients.
-
-**The ``+`` strategies** (the backward-batching paper, ``docs/autobatch.md``): the gradient of a
-shared operand is a sum over rows (``Xᵀ·G`` for ``x @ W``), so instead of one product per
-forward batch, the cotangents and saved operands of *every* batch of the signature are copied
-into one contiguous block each and the parameter gradient is computed once. An LSTM's
-recurrent ``W_h`` — one forward batch per time step, since step t needs step t-1 — thus gets
-one large product instead of one per step.
-
-**Host cost.** Row indices are planned for the whole segment and moved to the device in one
-copy (``_Indices``); a batch is laid out in the order its first reader reads it
+Host cost: row indices are planned for the whole segment and moved to the device in one copy
+(``_Indices``); a batch is laid out in the order its first reader reads it
 (``schedule.in_reader_order``), so many reads are views. ``stats["host_us_per_node"]`` is the
 time per node not spent in kernels — recording, scheduling, launch preparation — which on a
 GPU decides whether the device waits for Python.
@@ -359,7 +344,7 @@ class Segment:
         for b in reversed(self.plan):
             if b.env is None:
                 continue
-            rows_kernel, shared_kernel = b.sig.backward(self.plus)
+            rows_kernel, shared_kernel = b.sig.forward.backward(self.plus)
             n = b.n
             cotangent = gslabs[b.out_slab][b.out_row:b.out_row + n]
             if rows_kernel is not None:
@@ -371,7 +356,7 @@ class Segment:
                     if isinstance(target, tuple):
                         self._scatter(gslabs, target, g, n)
                     else:
-                        _add_param(params, target, g)
+                        add_param(params, target, g)
             if shared_kernel is not None:
                 deferred[b.sig].append(b)
 
@@ -444,7 +429,7 @@ class Segment:
     def _shared_gradients(self, sig, terms, params):
         """The backward-batching strategy: one product for the shared operands' gradients of
         every forward batch of ``sig``, over their rows copied into one block."""
-        _, kernel = sig.backward(True)
+        _, kernel = sig.forward.backward(True)
         terms = terms[::-1]  # forward order: their rows ascend
         total = sum(b.n for b in terms)
         if kernel.same_as is None:  # the batches' own cotangents: often one run of rows
@@ -477,7 +462,7 @@ class Segment:
         self.stats["plus_products"] += 1
         self.stats["plus_products_saved"] += len(terms) - 1
         for position, g in zip(sig.shared_grads(), grads):
-            _add_param(params, sig.shared[position], g)
+            add_param(params, sig.shared[position], g)
 
     def _joined(self, slabs, spans, arrays, view=None):
         """The rows of several batches as one array: a view where their ``spans`` ((slab,
@@ -508,7 +493,7 @@ class Segment:
         self.gslabs = None
 
 
-def _add_param(params, t, g):
+def add_param(params, t, g):
     entry = params.get(id(t))
     params[id(t)] = (t, g if entry is None else entry[1] + g)
 

@@ -1,16 +1,11 @@
 """Signatures: which recorded nodes may run as one batch, and the batched kernel they run.
 
 Two nodes have the same signature when they apply the same op with the same attributes to
-operands of the same per-node shapes and dtypes, and share the same *shared* operands: the
-parameters (one object for every node, e.g. the ``W`` of ``x @ W``) and scalar constants (by
-value). Their other operands ("per-row": values computed in the scope, data) are stacked along a
-new leading axis, one row per node.
-
-The batched kernel of a signature is what the vertex runtime runs for a batching task: the op's
-batching rule (``op.batch``, declared with the op in ``minicavs/ops/``) is traced once on
-symbols whose per-row operands have a leading axis of the symbolic size ``VERTICES``; the
-result is a small static graph whose attributes are instantiated with a batch's real row count
-when it runs. Its backward graphs are derived symbolically from it (``grad_graph``), so the
+operands of the same per-node shapes and dtypes, and share the same *shared* operands (the
+parameters, by identity, and scalar constants, by value); their other operands are stacked
+along a new leading axis, one row per node. The batched kernel is the op's batching rule
+(``op.batch``) traced once on symbols with a leading axis of the symbolic size ``VERTICES``, as
+for a vertex function's batching task; its ∂ is derived symbolically (``grad_graph``), so the
 parameter gradient of ``x @ W`` over a batch is one product Xᵀ·G, as in ∂F.
 """
 
@@ -136,13 +131,6 @@ class Signature:
                 self._detached._forward = kernel
         return self._forward
 
-    def backward(self, split_shared):
-        """The backward kernels: ``(rows, shared)`` — ∂ for the per-row operands, run per
-        batch, and ∂ for the shared operands, run per batch (``split_shared`` False: both
-        in one graph, ``shared`` is None) or once over all batches of the signature (True:
-        the backward-batching paper's strategy)."""
-        return self.forward.backward(split_shared)
-
     def structure(self):
         """What the batched kernel depends on: the op, its attributes, per operand the per-row
         aval, a shared Tensor's aval and whether it needs a gradient (its value is read at
@@ -237,6 +225,10 @@ class BatchedKernel:
         return self._exe
 
     def backward(self, split_shared):
+        """The backward kernels: ``(rows, shared)`` — ∂ for the per-row operands, run per
+        batch, and ∂ for the shared operands, run per batch (``split_shared`` False: both
+        in one graph, ``shared`` is None) or once over all batches of the signature (True:
+        the backward-batching paper's strategy)."""
         if split_shared not in self._backward:
             self._backward[split_shared] = self.derive(split_shared)
         return self._backward[split_shared]

@@ -1,17 +1,12 @@
-"""Views: values the recorder makes without a node, as NumPy makes views without a copy.
+"""Views: values the recorder makes without a node, as NumPy makes views without a copy
+(docs/autobatch.md, "How it works" 5).
 
-A slice of the last axis of a pending value (``h, c = split(state, 2)`` per LSTM step and
-sample) and a reshape of one (``embedding`` dropping its id axis, ``stack`` adding one) are
-recorded as a *view* of the pending node (``scope.LazyView``): no node, no batch, no copy. An op
-that reads a view binds the base node's rows through it — ``ViewKey.of`` on a block of slab
-rows is a NumPy view — and its gradient is added back through the same view of the gradient
-slab.
-
-A view is not part of its reader's signature: a word vector that is an embedding's row (a
-reshape view) for one word and a character LSTM's output (a node) for another still batches
-as one step. The recorder tags the operand's source instead (the node's index plus
-``ViewKey.tag``, a code in the high bits), and a batch whose operand rows come in several
-forms gathers each form's rows (``segment.py``).
+A slice of the last axis of a pending value, or a reshape of one, is recorded as a *view* of
+the pending node (``scope.LazyView``): no node, no batch, no copy. A reader binds the base
+node's rows through it (``ViewKey.of``), and its gradient is added back through the same view.
+A view is not part of its reader's signature: the recorder tags the operand's source instead
+(the node's index plus ``ViewKey.tag``, a code in the high bits), and a batch whose operand rows
+come in several forms gathers each form's rows (``segment.py``).
 """
 
 from ..ops.registry import Aval

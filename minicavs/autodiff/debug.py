@@ -61,10 +61,7 @@ def first_non_finite(array):
     return index, f"{nans} NaN, {infs} inf of {array.size}"
 
 
-def location_text(where):
-    if where is None:
-        return ""
-    return format_location(where)
+location_text = format_location  # (runtime/finite_check.py's name for it)
 
 
 def check_eager(op, inputs, outputs):
@@ -87,4 +84,4 @@ def check_eager(op, inputs, outputs):
                          else ""))
         raise NonFiniteError(f"debug mode: op '{op.name}'{which}{during} produced a non-finite "
                              f"value ({summary}; first at index {index}); {cause}"
-                             + location_text(user_location()))
+                             + format_location(user_location()))

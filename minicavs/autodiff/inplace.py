@@ -1,4 +1,5 @@
-"""In-place updates of a Tensor's values, for optimiser-style code::
+"""In-place updates of a Tensor's values, for optimiser-style code (docs/tensors.md gives the
+rules)::
 
     with mc.no_grad():
         for p in params:
@@ -6,18 +7,10 @@
 
 A write goes into the tensor's own array (shared with the tensors of the same array, e.g. its
 ``detach()``) and bumps its version counter (``versions.py``), so a backward that saved the
-old values refuses to run instead of using the new ones.
-
-Recorded gradients read tensors, so an update is refused where it would change the meaning
-of a graph: with gradients enabled, ``add_``/``mul_``/... of a tensor that requires grad (or
-with an operand that does) are an error that says to use ``mc.no_grad()``; the operators
-``+=``, ``-=``, ``*=``, ``/=`` on a parameter are that error too (PyTorch's rule for leaves),
-and on a computed result that requires grad they compute a new tensor, as Python does for
-immutable values (``loss += term`` keeps working).
-
-The result keeps the tensor's shape and dtype: the other operand broadcasts to it, and a
-result of another kind is refused (an int tensor ``+= 0.5``), as in PyTorch; ``copy_``
-converts like ``astype``.
+old values refuses to run. Where gradients are recorded an update is refused (it would change
+the meaning of a graph), except that ``+=``, ``-=``, ... on a computed result build a new
+tensor, as Python does for immutable values (``loss += term`` keeps working). The result keeps
+the tensor's shape and dtype, as in PyTorch; ``copy_`` converts like ``astype``.
 """
 
 import numpy as np
@@ -54,7 +47,6 @@ def write(tensor, result, what, cast="same_kind"):
     if not hasattr(array, "shape"):
         array = np.asarray(array)
     try:
-        np.broadcast_shapes(tuple(array.shape), tuple(target.shape))
         fits = np.broadcast_shapes(tuple(array.shape), tuple(target.shape)) == tuple(target.shape)
     except ValueError:
         fits = False

@@ -28,8 +28,6 @@ from ..ops.operators import OperatorMixin
 from ..ops.registry import Aval
 from .tensor import Tensor
 
-
-
 _KEYS = itertools.count()
 
 
@@ -62,8 +60,10 @@ class Symbol(OperatorMixin):
     def __minicavs_apply__(cls, op, args, attrs):
         if op.expand is not None:  # a fused op: its primitives go into the graph
             return op.expand(*args, **attrs)
-        tracer = _current_tracer(op)
-        return tracer.record(op, args, attrs)
+        if not _tracers:
+            raise GraphError(f"op '{op.name}' was applied to a Symbol outside of tracing: "
+                             f"symbols exist only while their function is traced")
+        return _tracers[-1].record(op, args, attrs)
 
     def label(self):
         if self.kind == "op":
@@ -93,38 +93,18 @@ class Symbol(OperatorMixin):
                          f"functions (mc.astype for a dtype change) inside traced functions."
                          + format_location(user_location()))
 
-    def __float__(self):
-        self._no_number("float()")
-
-    def __int__(self):
-        self._no_number("int()")
-
-    def __index__(self):
-        self._no_number("use as an index")
-
-    def __complex__(self):
-        self._no_number("complex()")
-
-    def item(self):
-        self._no_number(".item()")
-
-    def tolist(self):
-        self._no_number(".tolist()")
-
-    def numpy(self):
-        return self.__array__()
+    def __float__(self): self._no_number("float()")
+    def __int__(self): self._no_number("int()")
+    def __index__(self): self._no_number("use as an index")
+    def __complex__(self): self._no_number("complex()")
+    def item(self): self._no_number(".item()")
+    def tolist(self): self._no_number(".tolist()")
+    def numpy(self): return self.__array__()
 
 
 # --- tracing --------------------------------------------------------------------------------------
 
 _tracers = registry.tracing  # the stack of active tracers; the innermost records
-
-
-def _current_tracer(op):
-    if not _tracers:
-        raise GraphError(f"op '{op.name}' was applied to a Symbol outside of tracing: symbols "
-                         f"exist only while their function is traced")
-    return _tracers[-1]
 
 
 class Tracer:
@@ -401,22 +381,13 @@ def grad_graph(graph, wrt=None, unreached="zeros", also=()):
                     gx = tracer.constant(gx.value)
                 grads.setdefault(x.key, []).append(gx)
         outputs, grad_of = [], []
-        for s in wrt:
-            g = _sum_gradients(grads[s.key]) if s.key in grads else None
-            if g is None and unreached == "drop":
-                continue
+        reached = [(s, _sum_gradients(grads[s.key]) if s.key in grads else None) for s in wrt
+                   if s.key in grads or unreached != "drop"]
+        for s, g in reached + [(s, kept[s.key]) for s in also]:
             if g is None:  # not reached: the gradient is zero
                 g = tracer.constant(np.zeros(s.shape, s.dtype))
             elif not isinstance(g, Symbol) or g.tracer is not tracer or g.kind == "input":
                 g = g + 0  # an output must be a node of its own (a cotangent passed through)
-            outputs.append(g)
-            grad_of.append(s)
-        for s in also:
-            g = kept[s.key]
-            if g is None:
-                g = tracer.constant(np.zeros(s.shape, s.dtype))
-            elif not isinstance(g, Symbol) or g.tracer is not tracer or g.kind == "input":
-                g = g + 0
             outputs.append(g)
             grad_of.append(s)
     return BackwardGraph(tracer.nodes, cotangents, list(refs.values()), outputs, grad_of, graph)

@@ -39,22 +39,21 @@ grad_lock = threading.Lock()
 
 
 @contextlib.contextmanager
+def _grad_mode_set(enabled):
+    previous, grad_mode.enabled = grad_mode.enabled, enabled
+    try:
+        yield
+    finally:
+        grad_mode.enabled = previous
+
+
 def no_grad():
     """Within this block ops are not recorded: nothing can be differentiated, nothing is kept."""
-    previous, grad_mode.enabled = grad_mode.enabled, False
-    try:
-        yield
-    finally:
-        grad_mode.enabled = previous
+    return _grad_mode_set(False)
 
 
-@contextlib.contextmanager
 def enable_grad():
-    previous, grad_mode.enabled = grad_mode.enabled, True
-    try:
-        yield
-    finally:
-        grad_mode.enabled = previous
+    return _grad_mode_set(True)
 
 
 def is_grad_enabled():
@@ -278,21 +277,28 @@ class Tensor(OperatorMixin):
         one element. ``retain_graph`` keeps the recorded graph for another backward;
         ``create_graph`` records the backward computation so gradients can be differentiated.
         """
-        if not self.requires_grad:
-            raise MinicavsError("backward() on a tensor that does not require grad: no input "
-                                "of the computation had requires_grad=True")
+        grad = backward_seed(self, grad)
         if grad is None:
-            if self._array.size != 1:
-                raise ShapeError(f"backward() without a gradient needs a tensor with one "
-                                 f"element, got shape {self.shape}; pass grad= explicitly")
             grad = Tensor(backend.get_array_module(self._array).ones_like(self._array))
-        else:
-            grad = grad if isinstance(grad, Tensor) else Tensor(grad)
-            if tuple(grad.shape) != tuple(self.shape) or grad.dtype != self.dtype:
-                raise ShapeError(f"backward(): grad has shape {grad.shape} and dtype {grad.dtype}"
-                                 f", the tensor has shape {self.shape} and dtype {self.dtype}")
         with (enable_grad() if create_graph else no_grad()):
             _backpropagate(self, grad, retain_graph or create_graph, create_graph)
+
+
+def backward_seed(t, grad):
+    """``grad`` of ``t.backward(grad)`` as a Tensor, checked (None: the default, 1)."""
+    if not t.requires_grad:
+        raise MinicavsError("backward() on a tensor that does not require grad: no input of "
+                            "the computation had requires_grad=True")
+    if grad is None:
+        if int(np.prod(t.shape)) != 1:
+            raise ShapeError(f"backward() without a gradient needs a tensor with one element, "
+                             f"got shape {t.shape}; pass grad= explicitly")
+        return None
+    grad = grad if isinstance(grad, Tensor) else Tensor(grad)
+    if tuple(grad.shape) != tuple(t.shape) or grad.dtype != t.dtype:
+        raise ShapeError(f"backward(): grad has shape {grad.shape} and dtype {grad.dtype}, the "
+                         f"tensor has shape {t.shape} and dtype {t.dtype}")
+    return grad
 
 
 class _Record:

@@ -9,7 +9,7 @@ through them, with the gradient PyTorch gives at each kink.
 import numpy as np
 
 from . import batching, elementwise as ew, reduce
-from .registry import Aval, Op, apply, normalize_axis, register, require_float
+from .registry import Aval, Op, register, require_float
 
 
 def _softmax_forward(xp, x, axis):
@@ -31,35 +31,24 @@ def _infer_along(name):
     return infer
 
 
-def _batch_along(op, items, attrs, out):
-    (x, _), = items
-    return apply(op, x, axis=attrs["axis"] + 1)
-
-
 SOFTMAX = register(Op(
     "softmax", _softmax_forward, _infer_along("softmax"),
     lambda g, out, x, axis: (out * (g - reduce.sum(g * out, axis, keepdims=True)),),
-    batch=_batch_along, promotes=(0,), promotes_to_float=True))
+    batch=batching.along_axis_rule, promotes=(0,), promotes_to_float=True))
 LOG_SOFTMAX = register(Op(
     "log_softmax", _log_softmax_forward, _infer_along("log_softmax"),
     lambda g, out, x, axis: (g - ew.exp(out) * reduce.sum(g, axis, keepdims=True),),
-    batch=_batch_along, promotes=(0,), promotes_to_float=True))
+    batch=batching.along_axis_rule, promotes=(0,), promotes_to_float=True))
 
 
 def softmax(x, axis=-1):
     """``exp(x) / sum(exp(x))`` along ``axis``, computed shifted by the maximum."""
-    axis = normalize_axis("softmax", axis, len(x.shape), zero_d=True)
-    if not len(x.shape):
-        return reduce.on_one_element(softmax, x)
-    return apply(SOFTMAX, x, axis=axis)
+    return reduce.along_axis(SOFTMAX, x, axis)
 
 
 def log_softmax(x, axis=-1):
     """``x - logsumexp(x)`` along ``axis``."""
-    axis = normalize_axis("log_softmax", axis, len(x.shape), zero_d=True)
-    if not len(x.shape):
-        return reduce.on_one_element(log_softmax, x)
-    return apply(LOG_SOFTMAX, x, axis=axis)
+    return reduce.along_axis(LOG_SOFTMAX, x, axis)
 
 
 def leaky_relu(x, negative_slope=0.01):

@@ -23,7 +23,7 @@ reads a shape they print as ``V`` and ``E`` (``2V``: twice a task's vertices), s
 
 import numpy as np
 
-from . import registry, shape  # (both used only when a rule runs: shape's ops use this module)
+from . import registry
 
 VERTICES = 1_000_003  # symbolic number of vertices in a task (a prime)
 EDGES = 1_000_033  # symbolic number of edges in a task (another prime)
@@ -102,6 +102,14 @@ def elementwise_rule(op, items, attrs, out):
     return registry.apply(op, *[lift(s, d, rank) if d else s for s, d in items], **attrs)
 
 
+def along_axis_rule(op, items, attrs, out):
+    """For ops along ``attrs["axis"]`` (concat, softmax, cumsum, ...): it moves by one."""
+    return registry.apply(op, *broadcast_shared(items), **dict(attrs, axis=attrs["axis"] + 1))
+
+
 def leading_axes_rule(op, items, attrs, out):
     """For ops that already work over any leading axes (softmax_cross_entropy, one_hot)."""
     return registry.apply(op, *broadcast_shared(items), **attrs)
+
+
+from . import shape  # noqa: E402 (last: shape's ops, registered on import, use the rules above)

@@ -1,30 +1,21 @@
-"""The LSTM cell as one primitive, for code that records every op: ``lstm_cell``.
+"""The LSTM cell and a chain LSTM's step as primitives, for code that records every op
+(automatic batching; docs/autobatch.md, "Writing the model: fewer nodes").
 
-Composed from primitives (``composite.lstm_gates``) an LSTM update is 13 ops — four slices,
-three sigmoids, two tanhs, three products, a sum — which the vertex runtime fuses into one
-kernel anyway. Automatic batching (``minicavs/autobatch``) records and schedules each op of
-every sample, so there it is 13 nodes per step and sample, and 13 batches per step. As one
-primitive it is one node and one batch; its gradient is one primitive too (as
-``softmax_cross_entropy_grad``), with no batching rule: it appears only in ∂ graphs, which
-are derived from batched ones. Measured on the BiLSTM tagger (64 sentences): see
-``docs/autobatch.md``.
+``lstm_cell(pre, *c_prev)``: composed from primitives (``composite.lstm_gates``) an LSTM update
+is 13 ops — which the vertex runtime fuses into one kernel anyway, but which autobatch records
+and schedules one by one: 13 nodes and batches per step. As one primitive it is one node, and
+its gradient one primitive (no batching rule: it appears only in ∂ graphs of batched ones).
+``pre`` holds the gate pre-activations [i, f_1 … f_k, o, u] on its last axis ((3 + k)·H), one
+forget gate per previous cell ``c_prev[j]`` (k = 0: a Tree-LSTM leaf; 1: a chain LSTM; 2: a
+binary Tree-LSTM vertex). The result is [h, c] (2H): c = σ(i)⊙tanh(u) + Σ_j σ(f_j)⊙c_prev[j],
+h = σ(o)⊙tanh(c).
 
-``lstm_cell(pre, *c_prev)``: ``pre`` holds the gate pre-activations [i, f_1 … f_k, o, u] on its
-last axis ((3 + k)·H), one forget gate per previous cell ``c_prev[j]`` (k = 0: a leaf of a
-Tree-LSTM; 1: a chain LSTM; 2: a binary Tree-LSTM vertex). The result is [h, c] (2H):
-c = σ(i)⊙tanh(u) + Σ_j σ(f_j)⊙c_prev[j], h = σ(o)⊙tanh(c).
-
-``lstm_step(x, state, W, U, b)``: a whole step of a chain LSTM as one primitive, as DyNet's
-``VanillaLSTMBuilder`` runs it (its ``vanilla_lstm_gates``) and ``torch.nn.LSTMCell`` is called:
-``state`` is [h, c] (2H), the result the next [h, c] = ``lstm_cell(x·W + h·U + b, c)``. Per
-step and sample that is one recorded node instead of six (two products, two sums, the cell, the
-split of its state), and under autobatch one batch instead of five per step. Its batching rule
-writes the step back as those primitives on the batch's rows, so a batched kernel, its ∂ and
-the parameter gradients of the ``+`` strategies are the primitives' own (``W``'s gradient is
-one product over every step's rows); only an eager call's VJP recomputes the two products
-(its ``out`` holds [h, c], not the gate pre-activations). ``lstm_step(gates, state, U)``
-takes the input's part, ``x·W + b``, computed beforehand (for all steps at once). Traced, the
-step is its primitives (``Op.expand``).
+``lstm_step``: a whole step, [h, c] = ``lstm_cell(x·W + h·U + b, c)``, as DyNet's
+``VanillaLSTMBuilder`` and ``torch.nn.LSTMCell`` run it: one recorded node instead of six. Its
+batching rule writes the step back as those primitives on the batch's rows, so a batched
+kernel, its ∂ and the ``+`` strategies' parameter gradients are the primitives' own; only an
+eager call's VJP recomputes the two products (its ``out`` holds [h, c], not the gates).
+Traced, the step is its primitives (``Op.expand``).
 """
 
 import numpy as np
@@ -37,15 +28,10 @@ from ..cuda import kernels as cuda_kernels
 from ..errors import ArgumentError, ShapeError
 
 
-def _sigmoid(xp, x):
-    with np.errstate(over="ignore"):  # e^-x is inf for very negative x: the limit 0 is right
-        return 1 / (1 + xp.exp(-x))
-
-
 def _gates(xp, pre, k):
     """σ(i), [σ(f_j)], σ(o), tanh(u) from the stacked pre-activations."""
     H = pre.shape[-1] // (3 + k)
-    s = _sigmoid(xp, pre[..., :(2 + k) * H])
+    s = elementwise.SIGMOID.forward(xp, pre[..., :(2 + k) * H])  # (quiet where e^-x overflows)
     forget = [s[..., (1 + j) * H:(2 + j) * H] for j in range(k)]
     return s[..., :H], forget, s[..., (1 + k) * H:(2 + k) * H], xp.tanh(pre[..., (2 + k) * H:])
 

@@ -1,34 +1,16 @@
 """Convolution, pooling and resampling, built the way the anchors build them: im2col and one
-product.
+product (docs/conv.md, "How they are built", explains each part and its measurements).
 
-Two primitives: ``unfold`` (im2col: the sliding windows of the last axes, laid side by side)
-and its adjoint ``fold`` (col2im: windows added back into place, overlaps summing). Each is
-the other's VJP, as ``slice_axis`` and ``pad_axis`` are. Everything else is composed, so its
-gradient, batching rule and CUDA form come from the primitives' — except the convolution's
-product, one primitive with two gradient primitives (``conv_windows``, below), for speed:
-
-* ``conv1d/2d/3d``: ``conv_windows(unfold(x), W, b)`` — weight (O, C, *K) as a matrix
-  (O, C·K) times the windows (N, C·K, L), plus the bias, giving (N, O, L): already channels
-  first, no transpose. With groups, ``matmul`` of (G, O/G, C/G·K) and (N, G, C/G·K, L);
-* ``conv_transpose1d/2d``: ``fold(matmul(Wᵀ, x))`` — the adjoint of the convolution;
-* ``max_pool``/``avg_pool``: ``max``/``sum`` of ``unfold(x)`` over the window axes;
-* ``adaptive_avg_pool`` and (bi)linear ``interpolate``: products with small constant
-  (out, in) matrices along each spatial axis; nearest ``interpolate``: ``take``.
-
+Two primitives, each the other's VJP: ``unfold`` (im2col: the sliding windows of the last axes,
+(..., *S) -> (..., *K, *out), each window offset one contiguous plane) and ``fold`` (col2im,
+overlaps summing). Everything else is composed from them, ``matmul``, ``max``/``sum`` and
+``take``, so its gradient, batching rule and CUDA form come from theirs — except the
+convolution's product, ``conv_windows``, one primitive with two gradient primitives, for speed.
 Layout (PyTorch's): channels first, ``x`` is (N, C, *spatial) or, unbatched, (C, *spatial) —
-which is what a vertex cell sees, the vertex axis playing N. ``unfold(x)`` of ``x`` (..., *S)
-is (..., *K, *out): for each window offset k, one contiguous plane over the output
-positions, so the product's operand (N, C·K, L) is a reshape, not a copy, and the gradient's
-``fold`` adds whole planes. Measured on a LeNet batch (64×6×12×12, 16 5×5 filters) against
-the other order, (N, L, C·K) with one large GEMM: im2col 0.26 vs 0.42 ms, col2im 0.76 vs
-1.05 ms, and no (N, L, O) → (N, O, L) transpose of the output and of its gradient.
-
-On NumPy arrays of float32/float64 both primitives run as native loops (``cpu/kernels.py``)
-where the native toolchain is available; elsewhere, and on CuPy, as strided views and
-whole-plane adds (``_unfold_arrays``, ``_fold_arrays``). The ``conv_windows`` ops run as
-native loops and BLAS gemms (``cpu/conv.py``) on the same arrays, else as ``matmul`` and
-``tensordot``. LeNet's two layers, forward and backward: 3.0 ms composed, 1.8 ms so
-(docs/conv.md).
+which is what a vertex cell sees, the vertex axis playing N. On NumPy float32/float64 the
+primitives run as native loops (``cpu/kernels.py``, ``cpu/conv.py``) where the toolchain is
+available; elsewhere, and on CuPy, as strided views and whole-plane adds (``_unfold_arrays``,
+``_fold_arrays``) and ``matmul``/``tensordot``.
 """
 
 import builtins
@@ -156,13 +138,9 @@ def _fold(cols, size, kernel, stride, dilation, padding):
 # --- the filters applied to the windows: one primitive and its two gradients -------------------
 
 # ``conv_windows(cols, w, b)``: y[..., o, *out] = Σ_{c, k} w[o, c, k] · cols[..., c, k, *out]
-# + b[o], for ``cols`` as ``unfold`` lays the windows out, (..., C, *K, *out), and filters
-# (O, C, *K) — the product and the bias of a convolution as one op, written straight into
-# (..., O, *out). Its gradients are primitives too, each the others' adjoint (PyTorch's
-# convolution and its two backward convolutions are three such ops), so a gradient is
-# differentiated again with the same three. They have no batching rule: they appear only in
-# ∂ graphs, derived from batched ones. On NumPy float32/float64 each is one native call
-# (``cpu/conv.py``); elsewhere the products are matmul and tensordot of the same matrices.
+# + b[o], for windows as ``unfold`` lays them out and filters (O, C, *K). Its two gradients are
+# primitives too, each the others' adjoint (as PyTorch's convolution and its two backward
+# convolutions); they have no batching rule: they appear only in ∂ graphs of batched ones.
 
 def _lead_rank(cols_rank, nd):
     return cols_rank - 2 * nd - 1
@@ -407,12 +385,9 @@ def _composed_product(cols, weight, bias, groups):
     lead = tuple(cols.shape[:_lead_rank(len(cols.shape), nd)])
     out = tuple(cols.shape[len(cols.shape) - nd:])
     k, length = math.prod(weight.shape[2:]), math.prod(out)
-    if groups == 1:
-        y = linalg.matmul(shape.reshape(weight, (out_channels, group_channels * k)),
-                          shape.reshape(cols, lead + (group_channels * k, length)))
-    else:  # one product per group, batched: (G, O/G, C/G·K) @ (*lead, G, C/G·K, L)
-        w = shape.reshape(weight, (groups, out_channels // groups, group_channels * k))
-        y = linalg.matmul(w, shape.reshape(cols, lead + (groups, group_channels * k, length)))
+    # one product per group, batched: (G, O/G, C/G·K) @ (*lead, G, C/G·K, L)
+    w = shape.reshape(weight, (groups, out_channels // groups, group_channels * k))
+    y = linalg.matmul(w, shape.reshape(cols, lead + (groups, group_channels * k, length)))
     return _add_bias(shape.reshape(y, lead + (out_channels,) + out), bias, nd)
 
 

@@ -81,22 +81,6 @@ def _sigmoid(xp, x):
     return 1 / (1 + xp.exp(-x))
 
 
-def _pow_into(x, out, exponent):
-    np.power(x, out.dtype.type(exponent), out=out)
-
-
-def _relu_into(x, out):
-    np.maximum(x, out.dtype.type(0), out=out)
-
-
-def _maximum_into(a, b, out):
-    np.maximum(a, b, out=out)  # (NumPy deprecates a positional out for maximum and minimum)
-
-
-def _minimum_into(a, b, out):
-    np.minimum(a, b, out=out)
-
-
 def _pow_grad(g, x, exponent):
     if exponent == 0:  # x ** 0 is 1 everywhere, also at 0, where x ** -1 is inf
         return zeros_like(g)
@@ -140,10 +124,6 @@ def _where_into(cond, a, b, out):
     np.copyto(out, a, where=cond)
 
 
-def _astype_into(x, out, dtype):
-    np.copyto(out, x, casting="unsafe")
-
-
 # add and mul are exactly commutative in IEEE arithmetic, and associative up to rounding.
 ADD = elementwise("add", forward=lambda xp, a, b: xp.add(a, b),
                   vjp=lambda g, out, a, b: (unbroadcast(g, a.shape), unbroadcast(g, b.shape)),
@@ -169,7 +149,7 @@ NEG = elementwise("neg", forward=lambda xp, x: xp.negative(x), vjp=lambda g, out
 POW = elementwise("pow", forward=lambda xp, x, exponent: xp.power(x, exponent),
                   vjp=lambda g, out, x, exponent: (_pow_grad(g, x, exponent),),
                   c="({exponent!r} == 0.5 ? sqrt({0}) : pow({0}, ({T}){exponent!r}))",
-                  into=_pow_into)
+                  into=lambda x, out, exponent: np.power(x, out.dtype.type(exponent), out=out))
 POWER = elementwise("power", forward=lambda xp, x, y: _power(xp, x, y), vjp=_power_vjp,
                     c="pow({0}, {1})", into=np.power)
 EXP = elementwise("exp", forward=lambda xp, x: xp.exp(x), vjp=lambda g, out, x: (g * out,),
@@ -213,16 +193,19 @@ RINT = elementwise("rint", forward=lambda xp, x: xp.rint(x),
 # (maximum(-0.0, 0.0) is 0.0, maximum(0.0, -0.0) is -0.0; x != x tests for NaN without
 # <math.h>, for any C type). The zero signs make them not exactly commutative. A tie splits
 # the gradient evenly between the two sides, as PyTorch does and as the reduction max does.
+# (NumPy deprecates a positional out for maximum and minimum: their writers name it.)
 RELU = elementwise("relu", forward=lambda xp, x: xp.maximum(x, 0),
                    vjp=lambda g, out, x: (where(greater(out, 0), g, 0),),
-                   c="(({0} > 0 || {0} != {0}) ? {0} : ({T})0)", into=_relu_into,
-                   zero_rows=KEEPS)
+                   c="(({0} > 0 || {0} != {0}) ? {0} : ({T})0)",
+                   into=lambda x, out: np.maximum(x, out.dtype.type(0), out=out), zero_rows=KEEPS)
 MAXIMUM = elementwise("maximum", forward=lambda xp, a, b: xp.maximum(a, b),
                       vjp=lambda g, out, a, b: _extremum_vjp(g, greater, a, b),
-                      c="(({0} > {1} || {0} != {0}) ? {0} : {1})", into=_maximum_into)
+                      c="(({0} > {1} || {0} != {0}) ? {0} : {1})",
+                      into=lambda a, b, out: np.maximum(a, b, out=out))
 MINIMUM = elementwise("minimum", forward=lambda xp, a, b: xp.minimum(a, b),
                       vjp=lambda g, out, a, b: _extremum_vjp(g, less, a, b),
-                      c="(({0} < {1} || {0} != {0}) ? {0} : {1})", into=_minimum_into)
+                      c="(({0} < {1} || {0} != {0}) ? {0} : {1})",
+                      into=lambda a, b, out: np.minimum(a, b, out=out))
 WHERE = elementwise(
     "where", forward=lambda xp, cond, a, b: xp.where(cond, a, b),
     vjp=lambda g, out, cond, a, b: (None, unbroadcast(where(cond, g, 0), a.shape),
@@ -232,7 +215,8 @@ WHERE = elementwise(
 # dependent in NumPy (which warns): fused code does not promise NumPy's bits there.
 ASTYPE = elementwise("astype", forward=lambda xp, x, dtype: x.astype(dtype, copy=False),
                      vjp=lambda g, out, x, dtype: (astype(g, x.dtype),), c="(({T}){0})",
-                     into=_astype_into, zero_rows=KEEPS,
+                     into=lambda x, out, dtype: np.copyto(out, x, casting="unsafe"),
+                     zero_rows=KEEPS,
                      infer=lambda x, dtype: Aval(tuple(x.shape), np.dtype(dtype)),
                      promotes=())  # it is what promotion uses
 

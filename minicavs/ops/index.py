@@ -24,15 +24,22 @@ def _index_bounds(idx):
     return int(low), int(high)
 
 
+def out_of_range(idx, low, high):
+    """None if every entry of ``idx`` lies in [low, high]; else an entry outside (the smallest
+    or the largest) and its position (a tuple)."""
+    least, most = _index_bounds(idx) if idx.size else (low, high)
+    if low <= least and most <= high:
+        return None
+    bad = least if least < low else most
+    return bad, tuple(int(i[0]) for i in (idx == bad).nonzero())
+
+
 def _check_index_range(opname, idx, num_rows):
-    if not idx.size:
-        return
-    low, high = _index_bounds(idx)
-    if low < -1 or high >= num_rows:
-        bad = low if low < -1 else high
-        position = int((idx == bad).nonzero()[0][0])
-        raise IndexRangeError(f"op '{opname}': index {bad} at position {position} is out of range "
-                         f"for {num_rows} rows (valid: -1 for a zero row, 0..{num_rows - 1})")
+    found = out_of_range(idx, -1, num_rows - 1)
+    if found is not None:
+        raise IndexRangeError(f"op '{opname}': index {found[0]} at position {found[1][0]} is out "
+                              f"of range for {num_rows} rows (valid: -1 for a zero row, "
+                              f"0..{num_rows - 1})")
 
 
 def _row_kernels(xp, rows, idx, num_rows):
@@ -127,10 +134,11 @@ def _infer_scatter_add_rows(g, idx, num_rows):
 
 
 def _batch_take_rows(op, items, attrs, out):
+    """take_rows, and take_row (one id per row: the batch's ids are a take of rows)."""
     (x, dx), (idx, di) = items
     if dx:
-        raise GraphError("op 'take_rows': inside a vertex function the table must be shared "
-                         "(a parameter), not a per-vertex value")
+        raise GraphError(f"op '{op.name}': inside a vertex function the table must be shared "
+                         f"(a parameter), not a per-vertex value")
     flat = shape.reshape(idx, (-1,)) if len(idx.shape) > 1 else idx
     rows = take_rows(x, flat)
     return shape.reshape(rows, (batching.row_count(di),) + tuple(out.shape))
@@ -157,14 +165,6 @@ def _infer_take_row(x, idx):
     return Aval(tuple(x.shape[1:]), np.dtype(x.dtype))
 
 
-def _batch_take_row(op, items, attrs, out):
-    (x, dx), (idx, di) = items
-    if dx:
-        raise GraphError("op 'take_row': inside a vertex function the table must be shared "
-                         "(a parameter), not a per-vertex value")
-    return take_rows(x, idx)  # the batch's ids, one per row: (rows,) + the row's shape
-
-
 def _expand_take_row(x, idx):
     return shape.reshape(take_rows(x, shape.reshape(idx, (1,))), tuple(x.shape[1:]))
 
@@ -179,7 +179,7 @@ def _take_row_vjp(g, out, x, idx):
 
 
 TAKE_ROW = register(Op("take_row", _take_row_forward, _infer_take_row, _take_row_vjp,
-                       nondiff_args=(1,), batch=_batch_take_row, expand=_expand_take_row))
+                       nondiff_args=(1,), batch=_batch_take_rows, expand=_expand_take_row))
 
 # No batching rule: it only appears in ∂F, which is derived from the batched F.
 SCATTER_ADD_ROWS = register(Op("scatter_add_rows", _scatter_add_rows_forward,
@@ -189,12 +189,10 @@ SCATTER_ADD_ROWS = register(Op("scatter_add_rows", _scatter_add_rows_forward,
 
 
 def _one_hot_forward(xp, labels, num_classes, dtype):
-    low, high = _index_bounds(labels) if labels.size else (0, -1)
-    if low < 0 or high >= num_classes:
-        bad = low if low < 0 else high
-        where = tuple(int(i[0]) for i in (labels == bad).nonzero())
-        raise IndexRangeError(f"op 'one_hot': label {bad} at position {where} is out of range "
-                              f"for {num_classes} classes")
+    found = out_of_range(labels, 0, num_classes - 1)
+    if found is not None:
+        raise IndexRangeError(f"op 'one_hot': label {found[0]} at position {found[1]} is out of "
+                              f"range for {num_classes} classes")
     if xp is np:
         out = np.zeros(labels.shape + (num_classes,), dtype=dtype)
         np.put_along_axis(out, labels[..., None], 1, axis=-1)

@@ -135,10 +135,8 @@ def _product(xp, a, b, out=None):
 
 def _matmul_into(a, b, out):
     xp = backend.get_array_module(out)
-    if xp is np and native_products.matmul(a, b, out) is not None:
-        return
     try:
-        xp.matmul(a, b, out=out)
+        _product(xp, a, b, out=out)
     except (ValueError, TypeError):  # e.g. 1-D operands, whose result NumPy won't write
         out[...] = xp.matmul(a, b)
 

@@ -20,12 +20,10 @@ def _xent_forward(xp, logits, labels):
         if done is not None:
             return done
     num_classes = logits.shape[-1]
-    low, high = index._index_bounds(labels) if labels.size else (0, -1)  # one sync on CuPy
-    if low < 0 or high >= num_classes:
-        bad = low if low < 0 else high
-        where = tuple(int(i[0]) for i in (labels == bad).nonzero())
-        raise IndexRangeError(f"op 'softmax_cross_entropy': label {bad} at position {where} is "
-                              f"out of range for {num_classes} classes")
+    found = index.out_of_range(labels, 0, num_classes - 1)  # (one sync on CuPy)
+    if found is not None:
+        raise IndexRangeError(f"op 'softmax_cross_entropy': label {found[0]} at position "
+                              f"{found[1]} is out of range for {num_classes} classes")
     if xp is np:  # the native kernel: two passes per row, rows split between cores
         losses = native_kernels.softmax_cross_entropy(logits, labels)
         if losses is not None:

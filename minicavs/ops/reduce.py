@@ -48,21 +48,21 @@ def _zero_rows_reduce(ranges, axes, keepdims):
     return FULL if 0 in axes else KEEPS(ranges)  # reducing over the rows mixes them
 
 
+def product_of_others(x, nonzero, product, zeros):
+    """Per element of ``x``, the product of the *other* elements of its group, from the group's
+    ``product`` of its nonzero elements and its count of ``zeros``: exact at zeros (with one
+    zero only that element gets the product of the rest; with two, none does)."""
+    ew = elementwise
+    return ew.where(nonzero, ew.where(ew.equal(zeros, 0), product / ew.where(nonzero, x, 1), 0),
+                    ew.where(ew.equal(zeros, 1), product, 0))
+
+
 def _prod_vjp(g, out, x, axes, keepdims):
-    """The product of the *other* elements, also where some are zero: with one zero in a
-    slice, only that element gets a gradient (the product of the rest); with two, none does."""
-    kept = _reduced_shape(tuple(x.shape), axes, True)
-    g = shape.reshape(g, kept)
     nonzero = elementwise.not_equal(x, 0)
-    x_safe = elementwise.where(nonzero, x, 1)
-    product_of_nonzero = prod(x_safe, axis=axes, keepdims=True)
+    product = prod(elementwise.where(nonzero, x, 1), axis=axes, keepdims=True)
     zeros = sum(elementwise.astype(elementwise.logical_not(nonzero), x.dtype), axes, True)
-    others = elementwise.where(nonzero,
-                               elementwise.where(elementwise.equal(zeros, 0),
-                                                 product_of_nonzero / x_safe, 0),
-                               elementwise.where(elementwise.equal(zeros, 1),
-                                                 product_of_nonzero, 0))
-    return (g * others,)
+    g = shape.reshape(g, _reduced_shape(tuple(x.shape), axes, True))
+    return (g * product_of_others(x, nonzero, product, zeros),)
 
 
 def _infer_arg(name):
@@ -120,8 +120,7 @@ ARGMAX = register(Op("argmax", _arg_forward("argmax"), _infer_arg("argmax"), bat
 ARGMIN = register(Op("argmin", _arg_forward("argmin"), _infer_arg("argmin"), batch=_batch_arg))
 CUMSUM = register(Op("cumsum", lambda xp, x, axis: xp.cumsum(x, axis=axis, dtype=x.dtype),
                      lambda x, axis: Aval(tuple(x.shape), np.dtype(x.dtype)), _cumsum_vjp,
-                     batch=lambda op, items, attrs, out: apply(op, items[0][0],
-                                                               axis=attrs["axis"] + 1),
+                     batch=batching.along_axis_rule,
                      zero_rows=lambda ranges, axis: FULL if axis == 0 else KEEPS(ranges)))
 
 
@@ -192,17 +191,18 @@ def argmin(x, axis=None, keepdims=False):
     return _arg(ARGMIN, x, axis, keepdims)
 
 
-def on_one_element(fn, x):
-    """``fn`` (an op along axis 0) applied to a 0-d ``x`` as to a vector of one element."""
-    return shape.reshape(fn(shape.reshape(x, (1,)), 0), ())
+def along_axis(op, x, axis, **attrs):
+    """``op`` along ``axis`` of ``x``; a 0-d ``x`` takes axis 0 or -1, as a vector of one
+    element (as in PyTorch)."""
+    axis = normalize_axis(op.name, int(axis), len(x.shape), zero_d=True)
+    if len(x.shape):
+        return apply(op, x, axis=axis, **attrs)
+    return shape.reshape(apply(op, shape.reshape(x, (1,)), axis=0, **attrs), ())
 
 
 def cumsum(x, axis=-1):
-    """The running sum along ``axis`` (a 0-d x takes axis 0 or -1, as in PyTorch)."""
-    axis = normalize_axis("cumsum", int(axis), len(x.shape), zero_d=True)
-    if not len(x.shape):
-        return on_one_element(cumsum, x)
-    return apply(CUMSUM, _wide_int(x), axis=axis)
+    """The running sum along ``axis`` (bools and small integers as int64)."""
+    return along_axis(CUMSUM, _wide_int(x), axis)
 
 
 def mean(x, axis=None, keepdims=False):

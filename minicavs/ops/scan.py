@@ -9,14 +9,10 @@ a NaN is the extremum from where it occurs (a later NaN takes over).
 
 import numpy as np
 
-from . import elementwise as ew, reduce, shape, sorting
+from . import batching, elementwise as ew, reduce, shape, sorting
 from .registry import Aval, Op, apply, normalize_axis, register
 from .rows import FULL, KEEPS
 from .sorting import SortResult
-
-
-def _along(op, items, attrs, out):
-    return apply(op, items[0][0], **dict(attrs, axis=attrs["axis"] + 1))
 
 
 def _cumprod_vjp(g, out, x, axis):
@@ -35,7 +31,7 @@ def _cumprod_vjp(g, out, x, axis):
 
 CUMPROD = register(Op("cumprod", lambda xp, x, axis: xp.cumprod(x, axis=axis, dtype=x.dtype),
                       lambda x, axis: Aval(tuple(x.shape), np.dtype(x.dtype)), _cumprod_vjp,
-                      batch=_along,
+                      batch=batching.along_axis_rule,
                       zero_rows=lambda ranges, axis: FULL if axis == 0 else KEEPS(ranges)))
 
 
@@ -71,16 +67,13 @@ def _infer_cumarg(x, axis):
     return Aval(tuple(x.shape), np.dtype(np.int64))
 
 
-CUMARGMAX = register(Op("cumargmax", _cumarg_forward(True), _infer_cumarg, batch=_along))
-CUMARGMIN = register(Op("cumargmin", _cumarg_forward(False), _infer_cumarg, batch=_along))
+CUMARGMAX = register(Op("cumargmax", _cumarg_forward(True), _infer_cumarg, batch=batching.along_axis_rule))
+CUMARGMIN = register(Op("cumargmin", _cumarg_forward(False), _infer_cumarg, batch=batching.along_axis_rule))
 
 
 def cumprod(x, axis=-1):
     """The running product along ``axis`` (bools and small integers as int64, as ``cumsum``)."""
-    axis = normalize_axis("cumprod", int(axis), len(x.shape), zero_d=True)
-    if not len(x.shape):
-        return reduce.on_one_element(cumprod, x)
-    return apply(CUMPROD, reduce._wide_int(x), axis=axis)
+    return reduce.along_axis(CUMPROD, reduce._wide_int(x), axis)
 
 
 def _cumulative_extremum(op, name, x, axis):

@@ -16,7 +16,7 @@ PyTorch leaves it undefined), and only that one gets a gradient.
 
 import numpy as np
 
-from . import elementwise as ew, index as rows, indexing, shape
+from . import elementwise as ew, index as rows, indexing, reduce as reductions, shape
 from .. import backend
 from .arithmetic import floor_divide
 from .registry import Aval, Op, apply, common_dtype, describe, normalize_axis, register
@@ -60,11 +60,7 @@ def _scatter_reduce_rows_vjp(g, out, base, values, targets, reduce):
                                       ew.where(values_nonzero, values, 1), targets, "prod")
         zeros = ew.astype(ew.logical_not(base_nonzero), g.dtype) + rows.scatter_add_rows(
             ew.astype(ew.logical_not(values_nonzero), g.dtype), targets, num_rows)
-
-        def others(x, nonzero, product, zeros):
-            return ew.where(nonzero, ew.where(ew.equal(zeros, 0),
-                                              product / ew.where(nonzero, x, 1), 0),
-                            ew.where(ew.equal(zeros, 1), product, 0))
+        others = reductions.product_of_others
         return (g * others(base, base_nonzero, product, zeros),
                 rows.take_rows(g, targets) * others(values, values_nonzero,
                                                     rows.take_rows(product, targets),

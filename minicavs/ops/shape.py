@@ -100,11 +100,6 @@ def _batch_broadcast_to(op, items, attrs, out):
     return apply(op, batching.lift(x, d, len(target)), shape=(batching.row_count(d),) + target)
 
 
-def _batch_along_axis(op, items, attrs, out):
-    """concat, slice_axis, pad_axis: the axis moves by one; shared operands are broadcast."""
-    return apply(op, *batching.broadcast_shared(items), **dict(attrs, axis=attrs["axis"] + 1))
-
-
 def _join_padded_slices(pads):
     """The gradients of slices (``split``) arrive zero-padded to the full width; adding those
     pads would cost one pass per slice over the full array. Slices that tile a range are
@@ -142,16 +137,16 @@ BROADCAST_TO = register(Op("broadcast_to", lambda xp, x, shape: xp.broadcast_to(
                            lambda g, out, x, shape: (elementwise.unbroadcast(g, x.shape),),
                            batch=_batch_broadcast_to, zero_rows=KEEPS, native="view"))
 CONCAT = register(Op("concat", lambda xp, *xs, axis: xp.concatenate(xs, axis=axis),
-                     _infer_concat, _concat_vjp, batch=_batch_along_axis, zero_rows=HULL,
+                     _infer_concat, _concat_vjp, batch=batching.along_axis_rule, zero_rows=HULL,
                      assembles_in_place=True, promotes="all"))
 SLICE_AXIS = register(Op("slice_axis", _slice_forward, _infer_slice,
                          lambda g, out, x, start, stop, axis:
                          (pad_axis(g, start, x.shape[axis] - stop, axis),),
-                         batch=_batch_along_axis, zero_rows=KEEPS, native="window"))
+                         batch=batching.along_axis_rule, zero_rows=KEEPS, native="window"))
 PAD_AXIS = register(Op("pad_axis", _pad_forward, _infer_pad,
                        lambda g, out, x, before, after, axis:
                        (slice_axis(g, before, before + x.shape[axis], axis),),
-                       batch=_batch_along_axis, zero_rows=KEEPS, join=_join_padded_slices,
+                       batch=batching.along_axis_rule, zero_rows=KEEPS, join=_join_padded_slices,
                        native="pad"))
 
 

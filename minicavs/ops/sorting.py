@@ -13,7 +13,7 @@ from collections import namedtuple
 import numpy as np
 
 from .. import backend
-from . import batching, shape
+from . import batching, index, reduce, shape
 from .registry import Aval, Op, apply, describe, normalize_axis, register, require_int
 from ..errors import GraphError, IndexRangeError, ShapeError, UnsupportedError
 
@@ -33,29 +33,21 @@ def _argsort_forward(xp, x, axis, descending):
 
 ARGSORT = register(Op("argsort", _argsort_forward,
                       lambda x, axis, descending: Aval(tuple(x.shape), np.dtype(np.int64)),
-                      batch=lambda op, items, attrs, out: apply(
-                          op, items[0][0], **dict(attrs, axis=attrs["axis"] + 1))))
+                      batch=batching.along_axis_rule))
 
 
 def argsort(x, axis=-1, descending=False, stable=True):
     """The int64 indices that sort ``x`` along ``axis``. Always stable (equal values keep
     their order, descending too: ``stable=False`` promises less, so it gets the same); NaN
     sorts as the largest value. Not differentiable: an index has no gradient."""
-    axis = normalize_axis("argsort", int(axis), len(x.shape), zero_d=True)
-    if len(x.shape) == 0:
-        x = shape.reshape(x, (1,))
-        return shape.reshape(argsort(x, 0, descending), ())
-    return apply(ARGSORT, x, axis=axis, descending=bool(descending))
+    return reduce.along_axis(ARGSORT, x, axis, descending=bool(descending))
 
 
 def _check_along(xp, idx, size, axis, opname):
-    if xp is np and idx.size:
-        low, high = int(idx.min()), int(idx.max())
-        if low < 0 or high >= size:
-            bad = low if low < 0 else high
-            position = tuple(int(i[0]) for i in (idx == bad).nonzero())
-            raise IndexRangeError(f"op '{opname}': index {bad} at position {position} is out "
-                                  f"of range for axis {axis} with size {size}")
+    found = index.out_of_range(idx, 0, size - 1) if xp is np else None
+    if found is not None:
+        raise IndexRangeError(f"op '{opname}': index {found[0]} at position {found[1]} is out "
+                              f"of range for axis {axis} with size {size}")
 
 
 def _take_along_forward(xp, x, idx, axis):
@@ -102,19 +94,15 @@ def _infer_put_along_add(g, idx, axis, size):
     return Aval(tuple(out), np.dtype(g.dtype))
 
 
-def _batch_along_axis(op, items, attrs, out):
-    return apply(op, *batching.broadcast_shared(items), **dict(attrs, axis=attrs["axis"] + 1))
-
-
 # The pair are each other's adjoint: a pick along an axis, and its scatter-add back.
 TAKE_ALONG_AXIS = register(Op(
     "take_along_axis", _take_along_forward, _infer_take_along,
     lambda g, out, x, idx, axis: (put_along_axis_add(g, idx, axis, x.shape[axis]), None),
-    nondiff_args=(1,), batch=_batch_along_axis))
+    nondiff_args=(1,), batch=batching.along_axis_rule))
 PUT_ALONG_AXIS_ADD = register(Op(
     "put_along_axis_add", _put_along_add_forward, _infer_put_along_add,
     lambda g, out, x, idx, axis, size: (take_along_axis(g, idx, axis), None),
-    nondiff_args=(1,), batch=_batch_along_axis))
+    nondiff_args=(1,), batch=batching.along_axis_rule))
 
 
 def take_along_axis(x, indices, axis):
