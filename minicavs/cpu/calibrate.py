@@ -217,8 +217,9 @@ def wins(times):
 
 
 def free_cores():
-    """The cores of this process (``team.team_size``) that no other thread is running on
-    now (``/proc/loadavg``'s runnable count, less this thread). A team larger than that
+    """The cores of this process (``team.team_size``) that no other work is running on now
+    (``/proc/loadavg``'s runnable count, less this process's own running threads: a team's
+    members still spinning after its last loop are not other work). A team larger than that
     waits at each product for a member the other work holds off its core (two cores, one
     busy: 0.35-0.8 ms for any team product against 17-220 us idle), so teams are sized to
     it, and a measurement taken with fewer free cores than its threads decides for this
@@ -231,7 +232,24 @@ def free_cores():
             running = int(f.read().split()[3].split("/")[0])
     except (OSError, ValueError, IndexError):
         return team_size()
-    return max(1, team_size() - max(0, running - 1))
+    others = running - (_own_running() if running > 1 else 1)
+    return max(1, team_size() - max(0, others))
+
+
+def _own_running():
+    """This process's threads that are running or runnable now (this one among them)."""
+    count = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 1
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/stat") as f:
+                count += f.read().rpartition(")")[2].split()[0] == "R"
+        except (OSError, IndexError):
+            pass
+    return max(1, count)
 
 
 def measure(*calls):
