@@ -388,3 +388,18 @@ def test_an_avx2_build_is_asked_for_by_minicavs_march(monkeypatch, tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "native C++ level loops (ok" in done.stdout
+
+
+def test_loops_outside_a_native_call_take_only_the_cores_free_now(monkeypatch):
+    """A loop large enough to split takes the team inside a call of native loops (its cores
+    were free when the call began), and outside one only the cores free now."""
+    monkeypatch.setattr(calibrate, "split_elements", lambda threads: 1024)
+    monkeypatch.setattr(calibrate, "team_size", lambda: 4)
+    monkeypatch.setattr(calibrate, "in_team_products", lambda: False)
+    monkeypatch.setattr(calibrate, "free_cores", lambda: 1)
+    assert calibrate.threads_for(1 << 20) == 1
+    monkeypatch.setattr(calibrate, "free_cores", lambda: 3)
+    assert calibrate.threads_for(1 << 20) == 3
+    assert calibrate.threads_for(1000) == 1
+    monkeypatch.setattr(calibrate, "in_team_products", lambda: True)
+    assert calibrate.threads_for(1 << 20) == 4
