@@ -51,7 +51,8 @@ class InterpreterLoop:
     def __init__(self, part, xp, check=None, backend="interpreter"):
         self.backend = backend
         self.counts = []
-        self._steps = _level_steps(part, xp, check)
+        self._steps = _level_steps(part, xp, check, RowMoves(xp, part))  # (moves: before the
+        # loop, so the zeros made once for a Program are not counted as a level's work)
 
     def run(self, first, stop):
         for _ in range(stop - first):
@@ -63,10 +64,9 @@ class InterpreterLoop:
         return self.counts
 
 
-def _level_steps(part, xp, check):
+def _level_steps(part, xp, check, moves):
     """The level loop, one level per step: yields the instructions run on it."""
     program, env, ranges, rows = part.program, part.env, part.ranges, part.rows
-    moves = RowMoves(xp, rows, part.states, part.d_states)
     windows = None if check else _windows(part, xp)  # (debug mode: one instruction at a time)
     in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
     summed, levels_run = {}, []
@@ -250,9 +250,13 @@ class RowMoves:
     scattered state, with its spare zero row), scatter-adds write ``d_states`` (∂F's state
     gradient, with a spare row that absorbs the adds of absent children)."""
 
-    def __init__(self, xp, rows, states, d_states):
-        self.xp, self.rows, self.states, self.d_states = xp, rows, states, d_states
-        self._zeros = {}
+    def __init__(self, xp, part):
+        self.xp, self.rows, self.states, self.d_states = xp, part.rows, part.states, part.d_states
+        self._zeros = part.exe.zeros.get(xp.__name__)
+        if self._zeros is None:  # a 0-d zero per dtype the core writes, made once per Program
+            dtypes = {o.dtype for ins in part.program.core for o in ins.writes}  # (on a GPU,
+            self._zeros = part.exe.zeros[xp.__name__] = {  # making one is a launch)
+                d: xp.zeros((), d) for d in dtypes} if xp is not RECORD else {}
 
     def run(self, ins, local, t, window):
         if isinstance(ins, Compute):
@@ -309,10 +313,7 @@ class RowMoves:
         lo, hi = window["vertex"]
         e0, e1 = window["edge"]
         shape = instantiate(symbol.shape, hi - lo, e1 - e0)
-        zero = self._zeros.get(symbol.dtype)
-        if zero is None:  # (one per dtype: on a GPU, making it is a launch)
-            zero = self._zeros[symbol.dtype] = self.xp.zeros((), symbol.dtype)
-        local[symbol.key] = self.xp.broadcast_to(zero, shape)
+        local[symbol.key] = self.xp.broadcast_to(self._zeros[symbol.dtype], shape)
 
 
 
@@ -375,6 +376,10 @@ class Windows:
                                       self._parts(ins.slot, source.reads, core)))
             else:
                 self.scatters.append((k, None, self._parts(ins.slot, [ins.source], core)))
+        # in-place concats: on a level whose launches write all their parts, zeros included,
+        # their own zeros are written already (the Tree-LSTM leaves' [h_l, h_r])
+        self.concats = [(k, {self.made_by.get(x.key) for x in ins.reads})
+                        for k, ins in enumerate(core) if getattr(ins, "aliased", False)]
         in_buffers = set(homes)
         self.inlined = [found for k, ins in enumerate(core)
                         if (found := _inline(k, core, readers, outside | in_buffers))]
@@ -417,6 +422,7 @@ class Windows:
                 done.add(k)
                 done.update(r for r in made if plan[r] != SKIP)
                 gathers.extend(p[:5] for p in pieces)
+        done.update(k for k, parts in self.concats if plan[k] == ZERO and parts <= done)
         for k, concat, pieces in self.scatters:
             if plan[k] == RUN:
                 done.add(k)

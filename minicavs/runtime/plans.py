@@ -77,11 +77,12 @@ class LevelPlans:
                 columns.append(~has)
         if not keys:
             return [self.plan(frozenset(), frozenset())], np.zeros(num_levels, dtype=np.int64)
-        if len(keys) < 63:  # a level's pattern as the bits of one integer: a 1-D unique
+        if len(keys) < 63:  # a level's pattern as the bits of one integer, told apart by a
+            # dict (np.unique costs more than the rest here, on a batch's few levels)
             codes = (np.array(columns, dtype=np.int64) << np.arange(len(keys))[:, None]).sum(0)
-            codes, which = np.unique(codes, return_inverse=True)
-            patterns = [[bool(code >> j & 1) for j in range(len(keys))]
-                        for code in codes.tolist()]
+            first = {}  # code -> its index among the distinct ones
+            which = np.array([first.setdefault(code, len(first)) for code in codes.tolist()])
+            patterns = [[bool(code >> j & 1) for j in range(len(keys))] for code in first]
         else:
             patterns, which = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
         plans = []
