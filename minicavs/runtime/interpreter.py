@@ -33,7 +33,8 @@ import numpy as np
 from ..ops.index import scatter_add_into
 from ..ops.batching import instantiate, row_domain
 from ..autodiff.symbolic import Symbol
-from ..csource import compute_dtype
+from ..csource import compute_dtype, elementwise_source
+from ..errors import GraphError, KernelCompileError
 from ..ops.shape import SLICE_AXIS
 from .analysis import FusedGroup
 from .executor import RECORD, GroupStep, OpStep
@@ -69,12 +70,12 @@ def _level_steps(part, xp, check, moves):
     program, env, ranges, rows = part.program, part.env, part.ranges, part.rows
     windows = None if check else _windows(part, xp)  # (debug mode: one instruction at a time)
     in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
-    summed, levels_run = {}, []
-    steps, bound = part.exe.level_steps, (xp.__name__, windows is not None, frozenset(env))
+    summed, levels_run, bound = {}, [], {}  # bound: each level kernel's arrays of the call
+    steps, key = part.exe.level_steps, (xp.__name__, windows is not None, frozenset(env))
     for t, window, plan in part.exe.plans.levels(ranges, rows):
-        level = steps.get((plan, bound))
+        level = steps.get((plan, key))
         if level is None:
-            level = steps[(plan, bound)] = _LevelSteps(program, plan, env, windows, xp)
+            level = steps[(plan, key)] = _LevelSteps(program, plan, env, windows, xp)
         local = dict(env)  # shared values as they are, per-row ones cut to the level's rows
         for key, domain in level.row_keys:
             lo, hi = window[domain]
@@ -83,9 +84,11 @@ def _level_steps(part, xp, check, moves):
             local[program.edge_parent.key] = rows.edge_parent_local[slice(*window["edge"])]
         if windows:
             windows.start_level(plan, local, window)
-        for ins, action, sums, quick in level.steps:
+        for ins, action, sums, quick, kernel in level.steps:
             if action == RUN:
-                if quick is not None:
+                if kernel is not None:
+                    kernel(local, env, window["vertex"], bound)
+                elif quick is not None:
                     quick(local)
                 else:
                     moves.run(ins, local, t, window)
@@ -114,20 +117,147 @@ class _LevelSteps:
         done, *_, inlined = windows.windows.level(plan) if windows else ((), {})
         in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
         self.ran = sum(action == RUN for action in plan)
-        self.steps = [(ins, action, tuple(o.key for o, add in zip(
-                          ins.writes, getattr(ins, "accumulate", ())) if add),
-                       inlined[k].quick(xp) if k in inlined else _quick(ins, xp, in_buffers))
-                      for k, (ins, action) in enumerate(zip(program.core, plan))
-                      if action in (RUN, ZERO) and k not in done
-                      and not (action == RUN and getattr(ins, "aliased", False))]
-        touched = {x.key for ins, *_ in self.steps for x in (*ins.reads, *ins.writes)} | {
-            key for k in inlined for key in inlined[k].reads}
-        if windows:
-            touched |= windows.windows.reads(plan)
+        kernels = _level_kernels(program, plan, env, done, inlined, in_buffers, xp) \
+            if windows else {}
+        steps = [(k, ins, action, tuple(o.key for o, add in zip(
+                     ins.writes, getattr(ins, "accumulate", ())) if add))
+                 for k, (ins, action) in enumerate(zip(program.core, plan))
+                 if action in (RUN, ZERO) and k not in done
+                 and not (action == RUN and getattr(ins, "aliased", False))]
+        # What the level's steps read where it is made; a column window or a zero stand-in
+        # that only level kernels read (they read its source or write 0) is not made at all.
+        read = set(windows.windows.reads(plan)) if windows else set()
+        self.steps = []
+        for k, ins, action, sums in reversed(steps):
+            kernel = kernels.get(k)
+            if windows and kernel is None and k not in inlined and isinstance(ins, Compute) \
+                    and (action == ZERO or _is_column_window(ins)) \
+                    and not any(o.key in read or o.key in in_buffers for o in ins.writes):
+                continue
+            read.update(kernel.level_reads if kernel else inlined[k].reads if k in inlined
+                        else (x.key for x in ins.reads))
+            self.steps.append((ins, action, sums, None if kernel else inlined[k].quick(xp)
+                               if k in inlined else _quick(ins, xp, in_buffers), kernel))
+        self.steps.reverse()
+        touched = read | {o.key for ins, *_, kernel in self.steps if kernel is None
+                          for o in ins.writes}
         self.row_keys = [(k, d) for k, d in program.row_keys if k in env and k in touched]
         self.written = {o.key: row_domain(o.shape)
                         for ins, action in zip(program.core, plan) if action == RUN
                         for o in ins.writes if o.key in env and row_domain(o.shape)}
+
+
+def _level_kernels(program, plan, env, done, inlined, in_buffers, xp):
+    """(CuPy) The fused groups of a level plan that run as :class:`_LevelKernel`, by core
+    index: those whose every operand is a vertex-row value (a batch buffer, a value made on the
+    level, a column window of either, a zero), a shared row or a scalar, of their width or 1."""
+    core = program.core
+    homes = {p.key: (c, start) for p, c, axis, start, _ in program.aliases
+             if axis in (1, -1) and len(c.shape) == 2}  # part -> (its concat, column)
+    windows, zeros = {}, set()  # the level's column windows (key -> (source, column)), zeros
+    for k, (ins, action) in enumerate(zip(core, plan)):
+        if k not in done and action == RUN and _is_column_window(ins) and \
+                ins.writes[0].key not in in_buffers:
+            windows[ins.writes[0].key] = (ins.reads[0], ins.step.node.attrs["start"])
+        elif k not in done and action == ZERO:
+            zeros.update(o.key for o in ins.writes if o.key not in in_buffers)
+
+    def operand(x, per_column, column=0):  # (kind, key, row width, column, per column)
+        while x.key in windows:
+            x, start = windows[x.key]
+            column += start
+        if row_domain(x.shape) is None:
+            return ("shared", x.key, 0, column, per_column) if x.key in env else None
+        if row_domain(x.shape) != "vertex" or len(x.shape) != 2:
+            return None
+        if x.key in homes:
+            x, start = homes[x.key]
+            column += start
+        kind = "batch" if x.key in env else "zero" if x.key in zeros else "level"
+        return kind, x.key, x.shape[1], column, per_column
+
+    written = {o.key: o for ins in core for o in ins.writes}
+    found = {}
+    for k, (ins, action) in enumerate(zip(core, plan)):
+        group = getattr(ins.step, "group", None) if isinstance(ins, Compute) else None
+        if action != RUN or k in done or group is None or ins.symbolic or any(ins.accumulate):
+            continue
+        outputs, views = [o.key for o in group.outputs], [None] * len(group.inputs)
+        if k in inlined:  # (read through column views; its outputs written as the target's)
+            group, outputs = inlined[k].step.group, inlined[k].outputs
+            views = [index for _, index in inlined[k].views]
+        width = group.outputs[0].shape[-1]
+        operands = []
+        for x, index in zip(group.inputs, views):
+            w = x.shape[-1] if x.shape else 1
+            source, column = (x, 0) if index is None else (x.inputs[0], index[-1].start)
+            operands.append(operand(source, w > 1, column) if w in (1, width) else None)
+        for key in outputs:
+            o = written[key]
+            operands.append(operand(o, width > 1) if o.shape[1:] == (width,) else None)
+        if None in operands or any(o[0] not in ("batch", "level")
+                                   for o in operands[len(group.inputs):]):
+            continue
+        try:
+            found[k] = _LevelKernel(group, operands, width, xp, in_buffers)
+        except KernelCompileError:  # (a body without a C kernel: the plain step)
+            continue
+    return found
+
+
+class _LevelKernel:
+    """(CuPy) A fused group run on a level as one generated kernel over the whole call's
+    arrays (``cuda/windows.level_source``), the level's first row and row count its arguments:
+    no row view, column window or zero stand-in is made for it, and it launches as a RawKernel,
+    which does no shape and stride work per call as CuPy's ElementwiseKernel does. Operands
+    (:func:`_level_kernels`): ``batch`` (the call's array, at the level's rows), ``level`` (a
+    value made on the level), ``shared``, ``zero`` (not passed)."""
+
+    def __init__(self, group, operands, width, xp, in_buffers):
+        from ..cuda import windows as kernels  # (CuPy's side: imported when it is used)
+
+        self.xp, self.width = xp, width
+        source = elementwise_source(group, compute_dtype(group))
+        self.launch = kernels.Launcher(kernels.level_source(
+            source, tuple((kind, ld, col, per) for kind, _, ld, col, per in operands), width))
+        dtypes = [np.dtype(d) for d, _, _ in source.inputs + source.outputs]
+        passed = [(o, d) for o, d in zip(operands, dtypes) if o[0] != "zero"]
+        n_in = len(source.inputs) - sum(o[0] == "zero" for o in operands[:len(source.inputs)])
+        self.fixed = [(p, key, d, key in in_buffers) for p, ((kind, key, *_), d)
+                      in enumerate(passed) if kind in ("batch", "shared")]
+        self.reads = [(p, key, d) for p, ((kind, key, *_), d) in enumerate(passed[:n_in])
+                      if kind == "level"]
+        self.writes = [(p + n_in, key, d) for p, ((kind, key, *_), d)
+                       in enumerate(passed[n_in:]) if kind == "level"]
+        self.size = len(passed)
+        self.level_reads = {key for _, key, _ in self.reads}
+
+    def bind(self, env):
+        """The call's arrays, in parameter order (None where a level's value goes)."""
+        args = [None] * self.size
+        for p, key, dtype, buffer in self.fixed:
+            value = env[key]
+            if value.dtype != dtype or not value.flags.c_contiguous:
+                if buffer:  # (the pool's buffers are whole rows of one allocation)
+                    raise GraphError(f"internal: buffer {key} is not a contiguous {dtype} array")
+                value = self.xp.ascontiguousarray(value, dtype=dtype)  # (read only: once a call)
+            args[p] = value
+        return args
+
+    def __call__(self, local, env, rows, bound):
+        args = bound.get(self)
+        if args is None:
+            args = bound[self] = self.bind(env)
+        args = list(args)
+        lo, hi = rows
+        for p, key, dtype in self.reads:
+            value = local[key]
+            if value.dtype != dtype or not value.flags.c_contiguous:
+                value = self.xp.ascontiguousarray(value, dtype=dtype)
+            args[p] = value
+        for p, key, dtype in self.writes:
+            args[p] = local[key] = self.xp.empty((hi - lo, self.width), dtype)
+        self.launch(args, hi - lo, lo)
 
 
 def _quick(ins, xp, in_buffers):
