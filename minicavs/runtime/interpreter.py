@@ -514,6 +514,10 @@ class Windows:
         self.inlined = [found for k, ins in enumerate(core)
                         if (found := _inline(k, core, readers, outside | in_buffers))]
         self._levels = {}
+        self.launches = {}  # (plan or layout, dtype) -> a launch's launcher and index slots
+        from ..cuda import windows as kernels  # (CuPy's side: imported when it is used)
+
+        self.kernels = kernels
 
     def _parts(self, slot, parts, core):
         """Scatter pieces: (slot, value key, its column, width, column in the gradient); a
@@ -706,9 +710,7 @@ class _BoundWindows:
         self.windows, self.part, self.xp = windows, part, xp
         self.env, self.rows = part.env, part.rows
         self.idx = _SlotRows(part.rows)
-        from ..cuda import windows as kernels  # (CuPy's side: imported when it is used)
-
-        self.kernels = kernels
+        self.kernels = windows.kernels
         self._gathers, self._scatters = {}, {}  # plan / layout -> its launch (_gather_spec)
 
     def start_level(self, plan, local, window):
@@ -722,7 +724,7 @@ class _BoundWindows:
         lo, hi = window["vertex"]
         spec = self._gathers.get(plan)
         if spec is None:
-            spec = self._gathers[plan] = self._gather_spec(pieces)
+            spec = self._gathers[plan] = self._gather_spec(plan, pieces)
         launch, fixed, homes = spec
         dsts = []
         for home, width in homes:
@@ -731,17 +733,22 @@ class _BoundWindows:
             dsts.append(local[home] if width else self.env[home])
         launch((*fixed, *dsts), hi - lo, lo)
 
-    def _gather_spec(self, pieces):
+    def _gather_spec(self, plan, pieces):
         """A plan's gather launch: the launcher, its leading arrays (the state, the slots'
-        rows), and per destination its key and the width of a level block (0: a buffer)."""
-        homes = list(dict.fromkeys(p[3] for p in pieces))
-        layout = tuple((slot, start, width, homes.index(home), column, self._width(home),
-                        int(home in self.env)) for slot, start, width, home, column in pieces)
+        rows), and per destination its key and the width of a level block (0: a buffer).
+        (All but the arrays are the Program's, made once: :attr:`Windows.launches`.)"""
         states = self.part.states
-        source = self.kernels.gather_source(layout, states.shape[1], states.dtype)
-        slots = sorted({p[0] for p in layout})
-        return (self.kernels.Launcher(source), (states, *[self.idx[s] for s in slots]),
+        made = self.windows.launches.get((plan, states.dtype))
+        if made is None:
+            homes = list(dict.fromkeys(p[3] for p in pieces))
+            layout = tuple((slot, start, width, homes.index(home), column, self._width(home),
+                            int(home in self.env)) for slot, start, width, home, column in pieces)
+            source = self.kernels.gather_source(layout, states.shape[1], states.dtype)
+            made = self.windows.launches[(plan, states.dtype)] = (
+                self.kernels.Launcher(source), sorted({p[0] for p in layout}),
                 [(h, 0 if h in self.env else self._width(h)) for h in homes])
+        launch, slots, homes = made
+        return launch, (states, *[self.idx[s] for s in slots]), homes
 
     def _width(self, key):
         value = self.env.get(key)
@@ -770,10 +777,13 @@ class _BoundWindows:
             spec = self._scatters.get(layout)
             if spec is None:
                 out = self.part.d_states
-                source = self.kernels.scatter_source(layout, out.shape[1], out.dtype)
-                slots = sorted({p[0] for p in layout})
-                spec = self._scatters[layout] = (self.kernels.Launcher(source),
-                                                 (*[self.idx[s] for s in slots], out))
+                made = self.windows.launches.get((layout, out.dtype))
+                if made is None:
+                    source = self.kernels.scatter_source(layout, out.shape[1], out.dtype)
+                    made = self.windows.launches[(layout, out.dtype)] = (
+                        self.kernels.Launcher(source), sorted({p[0] for p in layout}))
+                spec = self._scatters[layout] = (made[0],
+                                                 (*[self.idx[s] for s in made[1]], out))
             launch, fixed = spec
             lo, hi = window["vertex"]
             launch((*values, *fixed), hi - lo, lo)
