@@ -66,7 +66,10 @@ WORKER = textwrap.dedent(r'''
                               if "launches" in k or "backend" in k})
             explained[-1].update(forward=explained[-1]["forward_launches_per_level"],
                                  backward=explained[-1]["backward_launches_per_level"])
-        result = {"logits": backend.to_numpy(logits.data).tolist(),
+        exes = (F.executable, F.backward_executable)  # level steps: one per plan and call kind
+        result = {"level_steps": [[len(e.level_steps), len(set(e.plans._plans.values()))]
+                                  for e in exes],
+                  "logits": backend.to_numpy(logits.data).tolist(),
                   "on_device": backend.is_cupy_array(logits.data),
                   "grads": [backend.to_numpy(p.grad.data).tolist() for p in params],
                   "explain": explained}
@@ -273,6 +276,11 @@ def test_explain_reports_launches_per_level_and_they_repeat(emulated_run):
         assert by_category["kernel"] > 0 and by_category["library"] > 0  # shim and GEMMs ran
     cpu = emulated_run["cpu"]["readme"]["explain"][0]
     assert cpu["forward_launches_per_level"] is None  # NumPy: nothing is launched
+
+
+def test_a_level_plans_steps_are_worked_out_once(emulated_run):
+    for made, plans in emulated_run["cuda"]["readme"]["level_steps"]:
+        assert made == plans, (made, plans)
 
 
 def test_kernels_are_compiled_once_not_per_batch_shape(emulated_run):

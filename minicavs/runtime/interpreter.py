@@ -71,11 +71,11 @@ def _level_steps(part, xp, check, moves):
     windows = None if check else _windows(part, xp)  # (debug mode: one instruction at a time)
     in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
     summed, levels_run, bound = {}, [], {}  # bound: each level kernel's arrays of the call
-    steps, key = part.exe.level_steps, (xp.__name__, windows is not None, frozenset(env))
+    steps, call = part.exe.level_steps, (xp.__name__, windows is not None, frozenset(env))
     for t, window, plan in part.exe.plans.levels(ranges, rows):
-        level = steps.get((plan, key))
+        level = steps.get((plan, call))
         if level is None:
-            level = steps[(plan, key)] = _LevelSteps(program, plan, env, windows, xp)
+            level = steps[(plan, call)] = _LevelSteps(program, plan, env, windows, xp)
         local = dict(env)  # shared values as they are, per-row ones cut to the level's rows
         for key, domain in level.row_keys:
             lo, hi = window[domain]
