@@ -220,16 +220,17 @@ class _LevelKernel:
         source = elementwise_source(group, compute_dtype(group))
         self.launch = kernels.Launcher(kernels.level_source(
             source, tuple((kind, ld, col, per) for kind, _, ld, col, per in operands), width))
-        dtypes = [np.dtype(d) for d, _, _ in source.inputs + source.outputs]
-        passed = [(o, d) for o, d in zip(operands, dtypes) if o[0] != "zero"]
-        n_in = len(source.inputs) - sum(o[0] == "zero" for o in operands[:len(source.inputs)])
-        self.fixed = [(p, key, d, key in in_buffers) for p, ((kind, key, *_), d)
-                      in enumerate(passed) if kind in ("batch", "shared")]
-        self.reads = [(p, key, d) for p, ((kind, key, *_), d) in enumerate(passed[:n_in])
-                      if kind == "level"]
-        self.writes = [(p + n_in, key, d) for p, ((kind, key, *_), d)
-                       in enumerate(passed[n_in:]) if kind == "level"]
-        self.size = len(passed)
+        # per parameter p: the call's arrays (fixed), the level's values read and made
+        self.fixed, self.reads, self.writes, p = [], [], [], 0
+        for k, ((kind, key, *_), (dtype, _, _)) in enumerate(zip(
+                operands, source.inputs + source.outputs)):
+            if kind in ("batch", "shared"):
+                self.fixed.append((p, key, np.dtype(dtype), key in in_buffers))
+            elif kind == "level":
+                (self.reads if k < len(source.inputs) else self.writes).append(
+                    (p, key, np.dtype(dtype)))
+            p += kind != "zero"  # (a zero is no parameter)
+        self.size = p
         self.level_reads = {key for _, key, _ in self.reads}
 
     def bind(self, env):
@@ -238,8 +239,9 @@ class _LevelKernel:
         for p, key, dtype, buffer in self.fixed:
             value = env[key]
             if value.dtype != dtype or not value.flags.c_contiguous:
-                if buffer:  # (the pool's buffers are whole rows of one allocation)
-                    raise GraphError(f"internal: buffer {key} is not a contiguous {dtype} array")
+                if buffer:  # (never: the pool's buffers are whole rows of one allocation)
+                    raise GraphError(f"level kernel: buffer {key} is not a C-contiguous {dtype} "
+                                     "array")
                 value = self.xp.ascontiguousarray(value, dtype=dtype)  # (read only: once a call)
             args[p] = value
         return args
@@ -262,8 +264,8 @@ class _LevelKernel:
 
 def _quick(ins, xp, in_buffers):
     """A shorter way to run ``ins`` on a level's values (``local``), where there is one: a
-    window read in place (a view; one kept in a buffer is copied there by its step), a fused
-    group straight into its kernel; else None."""
+    window read in place (a view; one kept in a buffer is copied there by its step), a product
+    of matrices on CuPy, a fused group straight into its kernel; else None."""
     if not isinstance(ins, Compute) or ins.symbolic or xp is RECORD:
         return None
     node = getattr(ins.step, "node", None)
@@ -275,6 +277,14 @@ def _quick(ins, xp, in_buffers):
         def window(local):
             local[key] = local[source][index]
         return window
+    if node is not None and node.op.native == "product" and xp is not np and all(
+            len(x.shape) == 2 for x in (node, *node.inputs)):
+        (a, b), key = [x.key for x in node.inputs], node.key
+
+        def product(local):  # (CuPy: one cuBLAS call, into the value's buffer if it has one)
+            out = local.get(key)
+            local[key] = xp.matmul(local[a], local[b], out=out)
+        return product
     group = getattr(ins.step, "group", None)
     if group is None:
         return None
