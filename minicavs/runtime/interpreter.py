@@ -265,7 +265,7 @@ class _LevelKernel:
 def _quick(ins, xp, in_buffers):
     """A shorter way to run ``ins`` on a level's values (``local``), where there is one: a
     window read in place (a view; one kept in a buffer is copied there by its step), a product
-    of matrices on CuPy, a fused group straight into its kernel; else None."""
+    of matrices on CuPy, a fused group straight into its kernel, any other op its step."""
     if not isinstance(ins, Compute) or ins.symbolic or xp is RECORD:
         return None
     node = getattr(ins.step, "node", None)
@@ -286,8 +286,9 @@ def _quick(ins, xp, in_buffers):
             local[key] = xp.matmul(local[a], local[b], out=out)
         return product
     group = getattr(ins.step, "group", None)
-    if group is None:
-        return None
+    if group is None:  # any other op: its step, without the loop's dispatch
+        run = ins.step.run
+        return lambda local: run(xp, local, local)
     step, inputs = ins.step, [x.key for x in group.inputs]
     outputs = [o.key for o in group.outputs]
 
