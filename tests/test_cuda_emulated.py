@@ -69,6 +69,8 @@ WORKER = textwrap.dedent(r'''
         exes = (F.executable, F.backward_executable)  # level steps: one per plan and call kind
         result = {"level_steps": [[len(e.level_steps), len(set(e.plans._plans.values()))]
                                   for e in exes],
+                  "level_kernels": [[sum(k is not None for *_, k in s.steps)
+                                     for s in e.level_steps.values()] for e in exes],
                   "logits": backend.to_numpy(logits.data).tolist(),
                   "on_device": backend.is_cupy_array(logits.data),
                   "grads": [backend.to_numpy(p.grad.data).tolist() for p in params],
@@ -281,6 +283,10 @@ def test_explain_reports_launches_per_level_and_they_repeat(emulated_run):
 def test_a_level_plans_steps_are_worked_out_once(emulated_run):
     for made, plans in emulated_run["cuda"]["readme"]["level_steps"]:
         assert made == plans, (made, plans)
+    # on every level of F and of dF the Tree-LSTM's fused group runs over whole arrays
+    # (interpreter._LevelKernel): no row view or window is made for it
+    forward, backward = emulated_run["cuda"]["readme"]["level_kernels"]
+    assert forward and backward and set(forward) == set(backward) == {1}, (forward, backward)
 
 
 def test_kernels_are_compiled_once_not_per_batch_shape(emulated_run):
