@@ -112,8 +112,9 @@ def scatter_source(layout, out_width, dtype):
 @functools.lru_cache(maxsize=None)
 def level_source(source, operands, width):
     """A fused group's body (``source``: a ``csource.ElementwiseSource``) over a level's rows of
-    whole arrays, ``width`` elements a row, launched like the layouts' kernels (arrays, then ``n`` and ``lo``): no row
-    view or column window is made for it. ``operands``, per input then output of the group:
+    whole arrays, ``width`` elements a row, launched like the layouts' kernels (arrays, then
+    ``n`` and ``lo``): no row view or column window is made for it. ``operands``, per input
+    then output of the group:
     ``(kind, row_width, column, per_column)``; its element (i, j) of the level is
     ``[(lo + i) * row_width + column + j]`` of a batch-wide array (``"batch"``),
     ``[i * row_width + column + j]`` of the level's own rows (``"level"``), ``[column + j]``
