@@ -223,13 +223,42 @@ WORKER = textwrap.dedent(r'''
                 "grads": [backend.to_numpy(p.grad.data).tolist() for p in P.values()
                           if p.grad is not None]}
 
+    def test_cells(device):
+        """The runtime tests' cells on DAGs, chains and trees (tests/vertex_cells.py): edges
+        (child-sum), three slots, a gather read by two children's adds (the DAG), float32 and
+        float64; pushed rows and the gradients of parameters and pulled rows."""
+        import sys
+        sys.path.insert(0, "tests")
+        import vertex_cells as vc
+
+        graphs = [mc.InputGraph([[], [], [0, 1], [], [2, 3]]), mc.InputGraph.chain(4),
+                  mc.InputGraph([[], [0], [0, 1], [1, 2]]), mc.InputGraph([[], [], [], [0, 1, 2]])]
+        out = {}
+        for name, make, dtype, arity in (
+                ("binary", vc.binary_tree_lstm, "float64", 2),
+                ("child_sum", vc.child_sum_tree_lstm, "float32", 3),
+                ("k_ary", lambda E, H, rng, d: vc.k_ary_cell(E, H, 3, rng, d), "float64", 3)):
+            mc.set_device("cpu")
+            F, params = make(5, 4, np.random.default_rng(0), dtype)
+            batch = mc.GraphBatch(graphs if arity == 3 else graphs[:3])
+            x = np.random.default_rng(1).standard_normal((batch.num_vertices, 5)).astype(dtype)
+            mc.set_device(device)
+            for p in params:
+                p.data = backend.to_device(p.data)
+            X = mc.tensor(backend.to_device(x), requires_grad=True)
+            pushed = F(batch, pull=X)
+            mc.sum(pushed * pushed).backward()
+            out[name] = [backend.to_numpy(a.data).tolist() for a in [pushed, X.grad] + [
+                p.grad for p in params]]
+        return out
+
     trees, vocab = synthetic_treebank(6)
     out = {}
     for device in ("cpu", "cuda"):
         out[device] = {"readme": readme_tree_lstm(device, trees, vocab), "ops": ops(device),
                        "autobatch": autobatched(device), "lstm": lstm_steps(device),
                        "repeated": repeated_rows(device), "models": benchmark_models(device),
-                       "td_generate": td_generate(device)}
+                       "td_generate": td_generate(device), "cells": test_cells(device)}
     from minicavs.cuda import emulated
     out["launches"] = emulated.launches()
     out["emulated"] = backend.cuda_emulated() and backend._import_cupy() is emulated.cupy
@@ -304,6 +333,16 @@ def test_the_benchmark_models_train_on_the_emulated_device_as_on_numpy(emulated_
         _close(cuda[name]["losses"], cpu[name]["losses"], f"{name} losses")
         for k, (g, r) in enumerate(zip(cuda[name]["grads"], cpu[name]["grads"])):
             _close(g, r, f"{name}: gradient of parameter {k}")
+
+
+def test_the_runtime_tests_cells_on_the_emulated_device_equal_numpy(emulated_run):
+    """Level kernels over whole arrays (interpreter._LevelKernel) on edges, three slots, a DAG
+    and float64 compute what the NumPy backend does."""
+    cpu, cuda = emulated_run["cpu"]["cells"], emulated_run["cuda"]["cells"]
+    assert set(cuda) == {"binary", "child_sum", "k_ary"}
+    for name in cpu:
+        for k, (a, b) in enumerate(zip(cuda[name], cpu[name])):
+            _close(a, b, f"{name}: value {k}")
 
 
 def test_td_generate_grows_and_differentiates_on_the_emulated_device_as_on_numpy(emulated_run):
