@@ -68,3 +68,52 @@ def test_scatter_add_windows_on_the_shim_equals_its_numpy_twin(dtype):
                                np.concatenate([values[0][0, :3], values[1][0]]), rtol=1e-6)
     np.testing.assert_allclose(after[3] - before[3], np.concatenate(
         [values[0][1, :3] + values[0][3, 3:], values[1][1] + values[2][3]]), rtol=1e-6)
+
+
+def _level_group(dtype):
+    """s = a * b + c; y0 = tanh(s) - d * z + e, y1 = s * e: a fused group whose operands are
+    read in every way a level kernel reads them."""
+    import minicavs as mc
+    from minicavs.runtime.analysis import fusion_groups
+
+    def f(a, b, c, d, z, e):
+        s = a * b + c
+        return mc.tanh(s) - d * z + e, s * e
+
+    graph = mc.trace(f,
+                     ((4,), dtype), ((4,), dtype), ((4,), dtype), ((), dtype), ((4,), dtype),
+                     ((1,), dtype))
+    (group,) = fusion_groups(graph, min_size=1)
+    role = {x.key: k for k, x in enumerate(graph.inputs)}
+    return group, [role[x.key] for x in group.inputs]
+
+
+# per input of _level_group (a..e, by role) and per output: (kind, row width, column, per column)
+LEVEL_OPERANDS = {0: ("batch", 7, 2, True), 1: ("level", 5, 1, True), 2: ("shared", 0, 3, True),
+                  3: ("shared", 0, 0, False), 4: ("zero", 4, 0, True), 5: ("batch", 1, 0, False)}
+LEVEL_OUTPUTS = (("batch", 8, 4, True), ("level", 4, 0, True))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_fused_group_on_a_level_of_whole_arrays_compiles_and_equals_numpy_on_the_views(dtype):
+    from minicavs import csource
+
+    group, roles = _level_group(dtype)
+    operands = tuple(LEVEL_OPERANDS[r] for r in roles) + LEVEL_OUTPUTS
+    source = windows.level_source(csource.elementwise_source(group, dtype), operands, 4)
+    ptx = nvrtc.compile_to_ptx(source.code, source.name, arch="compute_90", options=AS_CUPY)
+    assert nvrtc.ptx_entries(ptx) == [source.name]
+    rng = np.random.default_rng(2)
+    n, lo = 3, 5  # the level: rows 5..7 of a batch of 10
+    a, b, c = (rng.normal(size=s).astype(dtype) for s in ((10, 7), (n, 5), (9,)))
+    d, e = np.asarray(rng.normal(), dtype), rng.normal(size=(10, 1)).astype(dtype)
+    y0, y1 = rng.normal(size=(10, 8)).astype(dtype), np.empty((n, 4), dtype)
+    want0 = y0.copy()
+    by_role = {0: a, 1: b, 2: c, 3: d, 5: e}
+    windows.Launcher(source, runner="shim")(
+        [by_role[r] for r in roles if r != 4] + [y0, y1], n, lo)
+    av, ev = a[lo:lo + n, 2:6], e[lo:lo + n]
+    want0[lo:lo + n, 4:] = np.tanh(av * b[:, 1:] + c[3:7]) - d * 0 + ev
+    tol = dict(rtol=1e-6 if dtype == np.float32 else 1e-13)
+    np.testing.assert_allclose(y0, want0, **tol)  # (other rows and columns untouched)
+    np.testing.assert_allclose(y1, (av * b[:, 1:] + c[3:7]) * ev, **tol)

@@ -110,6 +110,41 @@ def scatter_source(layout, out_width, dtype):
 
 
 @functools.lru_cache(maxsize=None)
+def level_source(source, operands, width):
+    """A fused group's body (``source``: a ``csource.ElementwiseSource``) over a level's rows of
+    whole arrays, ``width`` elements a row, launched like the layouts' kernels (arrays, then
+    ``n`` and ``lo``): no row view or column window is made for it. ``operands``, per input
+    then output of the group:
+    ``(kind, row_width, column, per_column)``; its element (i, j) of the level is
+    ``[(lo + i) * row_width + column + j]`` of a batch-wide array (``"batch"``),
+    ``[i * row_width + column + j]`` of the level's own rows (``"level"``), ``[column + j]``
+    of a shared array (``"shared"``), or 0 (``"zero"``: no parameter); without ``per_column``
+    the ``+ j`` is dropped (a column or a scalar, broadcast along the row)."""
+    named, params, loads = source.inputs + source.outputs, [], []
+    for k, ((_, t, name), (kind, row_width, column, per_column)) in enumerate(
+            zip(named, operands)):
+        if kind == "zero":
+            loads.append(f"        const {t} {name} = ({t})0;")
+            continue
+        row = {"batch": "(lo + i)", "level": "i", "shared": "0"}[kind]
+        at = f"{row} * {row_width} + {column}" + (" + j" if per_column else "")
+        if k < len(source.inputs):
+            params.append(f"const {t}* __restrict__ {name}__raw")
+            loads.append(f"        const {t} {name} = {name}__raw[{at}];")
+        else:
+            params.append(f"{t}* __restrict__ {name}__raw")
+            loads.append(f"        {t}& {name} = {name}__raw[{at}];")
+    digest = hashlib.sha1(repr((operands, width)).encode()).hexdigest()[:10]
+    name = f"{source.name}_level_{digest}"
+    body = "\n".join("        " + line for line in source.operation.splitlines())
+    code = Template(_HEAD).substitute(
+        name=name, params=", ".join(params), width=width, loop=kernels._GRID_STRIDE,
+        pieces="\n".join(loads) + "\n" + body)
+    return LayoutSource(name, f"typedef {kernels.DTYPES[np.dtype(source.dtype)][0]} T;\n"
+                        + code, width)
+
+
+@functools.lru_cache(maxsize=None)
 def _compiled(source, runner):
     if runner == "shim":
         from . import shim

@@ -23,6 +23,8 @@ class Executable:
         self.native = None
         self.windows = None  # (CuPy) the level's row moves in few launches: interpreter.Windows
         self.level_steps = {}  # the interpreter's steps per level plan (interpreter._LevelSteps)
+        self.zeros = {}  # the interpreter's 0-d zeros, per array module and dtype: a zero
+        # level's stand-ins (made once: on a GPU, making one is a launch)
         self._constants = {}
 
     def constants(self, xp):

@@ -24,7 +24,10 @@ On CuPy a launch is the cost (25-40 µs from Python on an H100), so a level take
 want them, all its scatter-adds in one at its end, read where their sources are, and an
 elementwise group read only through column windows computed inside its reader
 (:class:`_Inlined`). The README's Tree-LSTM: 3 launches a forward level (gather, product,
-gates), 3 a backward one (gates' gradient, product, scatter-add); it was 8.9 and 5.8.
+gates; 2 on the leaves'), 3 a backward one (gates' gradient, product, scatter-add); it was 8.9
+and 5.8. And few Python objects a level, as the host issues them: each fused group is one
+kernel over the call's whole arrays (:class:`_LevelKernel`), so no row view, column window or
+zero stand-in is made for it (the Tree-LSTM's host time a level step: 58 -> 22 µs emulated).
 """
 
 
@@ -33,7 +36,8 @@ import numpy as np
 from ..ops.index import scatter_add_into
 from ..ops.batching import instantiate, row_domain
 from ..autodiff.symbolic import Symbol
-from ..csource import compute_dtype
+from ..csource import compute_dtype, elementwise_source
+from ..errors import GraphError, KernelCompileError
 from ..ops.shape import SLICE_AXIS
 from .analysis import FusedGroup
 from .executor import RECORD, GroupStep, OpStep
@@ -51,7 +55,8 @@ class InterpreterLoop:
     def __init__(self, part, xp, check=None, backend="interpreter"):
         self.backend = backend
         self.counts = []
-        self._steps = _level_steps(part, xp, check)
+        self._steps = _level_steps(part, xp, check, RowMoves(xp, part))  # (moves: before the
+        # loop, so the zeros made once for a Program are not counted as a level's work)
 
     def run(self, first, stop):
         for _ in range(stop - first):
@@ -63,18 +68,17 @@ class InterpreterLoop:
         return self.counts
 
 
-def _level_steps(part, xp, check):
+def _level_steps(part, xp, check, moves):
     """The level loop, one level per step: yields the instructions run on it."""
     program, env, ranges, rows = part.program, part.env, part.ranges, part.rows
-    moves = RowMoves(xp, rows, part.states, part.d_states)
     windows = None if check else _windows(part, xp)  # (debug mode: one instruction at a time)
     in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
-    summed, levels_run = {}, []
-    steps, bound = part.exe.level_steps, (xp.__name__, windows is not None, frozenset(env))
+    summed, levels_run, bound = {}, [], {}  # bound: each level kernel's arrays of the call
+    steps, call = part.exe.level_steps, (xp.__name__, windows is not None, frozenset(env))
     for t, window, plan in part.exe.plans.levels(ranges, rows):
-        level = steps.get((plan, bound))
+        level = steps.get((plan, call))
         if level is None:
-            level = steps[(plan, bound)] = _LevelSteps(program, plan, env, windows, xp)
+            level = steps[(plan, call)] = _LevelSteps(program, plan, env, windows, xp)
         local = dict(env)  # shared values as they are, per-row ones cut to the level's rows
         for key, domain in level.row_keys:
             lo, hi = window[domain]
@@ -83,9 +87,11 @@ def _level_steps(part, xp, check):
             local[program.edge_parent.key] = rows.edge_parent_local[slice(*window["edge"])]
         if windows:
             windows.start_level(plan, local, window)
-        for ins, action, sums, quick in level.steps:
+        for ins, action, sums, quick, kernel in level.steps:
             if action == RUN:
-                if quick is not None:
+                if kernel is not None:
+                    kernel(local, env, window["vertex"], bound)
+                elif quick is not None:
                     quick(local)
                 else:
                     moves.run(ins, local, t, window)
@@ -114,26 +120,155 @@ class _LevelSteps:
         done, *_, inlined = windows.windows.level(plan) if windows else ((), {})
         in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
         self.ran = sum(action == RUN for action in plan)
-        self.steps = [(ins, action, tuple(o.key for o, add in zip(
-                          ins.writes, getattr(ins, "accumulate", ())) if add),
-                       inlined[k].quick(xp) if k in inlined else _quick(ins, xp, in_buffers))
-                      for k, (ins, action) in enumerate(zip(program.core, plan))
-                      if action in (RUN, ZERO) and k not in done
-                      and not (action == RUN and getattr(ins, "aliased", False))]
-        touched = {x.key for ins, *_ in self.steps for x in (*ins.reads, *ins.writes)} | {
-            key for k in inlined for key in inlined[k].reads}
-        if windows:
-            touched |= windows.windows.reads(plan)
+        kernels = _level_kernels(program, plan, env, done, inlined, in_buffers, xp) \
+            if windows else {}
+        steps = [(k, ins, action, tuple(o.key for o, add in zip(
+                     ins.writes, getattr(ins, "accumulate", ())) if add))
+                 for k, (ins, action) in enumerate(zip(program.core, plan))
+                 if action in (RUN, ZERO) and k not in done
+                 and not (action == RUN and getattr(ins, "aliased", False))]
+        # What the level's steps read where it is made; a column window or a zero stand-in
+        # that only level kernels read (they read its source or write 0) is not made at all.
+        read = set(windows.windows.reads(plan)) if windows else set()
+        self.steps = []
+        for k, ins, action, sums in reversed(steps):
+            kernel = kernels.get(k)
+            if windows and kernel is None and k not in inlined and isinstance(ins, Compute) \
+                    and (action == ZERO or _is_column_window(ins)) \
+                    and not any(o.key in read or o.key in in_buffers for o in ins.writes):
+                continue
+            read.update(kernel.level_reads if kernel else inlined[k].reads if k in inlined
+                        else (x.key for x in ins.reads))
+            self.steps.append((ins, action, sums, None if kernel else inlined[k].quick(xp)
+                               if k in inlined else _quick(ins, xp, in_buffers), kernel))
+        self.steps.reverse()
+        touched = read | {o.key for ins, *_, kernel in self.steps if kernel is None
+                          for o in ins.writes}
         self.row_keys = [(k, d) for k, d in program.row_keys if k in env and k in touched]
         self.written = {o.key: row_domain(o.shape)
                         for ins, action in zip(program.core, plan) if action == RUN
                         for o in ins.writes if o.key in env and row_domain(o.shape)}
 
 
+def _level_kernels(program, plan, env, done, inlined, in_buffers, xp):
+    """(CuPy) The fused groups of a level plan that run as :class:`_LevelKernel`, by core
+    index: those whose every operand is a vertex-row value (a batch buffer, a value made on the
+    level, a column window of either, a zero), a shared row or a scalar, of their width or 1."""
+    core = program.core
+    homes = {p.key: (c, start) for p, c, axis, start, _ in program.aliases
+             if axis in (1, -1) and len(c.shape) == 2}  # part -> (its concat, column)
+    windows, zeros = {}, set()  # the level's column windows (key -> (source, column)), zeros
+    for k, (ins, action) in enumerate(zip(core, plan)):
+        if k not in done and action == RUN and _is_column_window(ins) and \
+                ins.writes[0].key not in in_buffers:
+            windows[ins.writes[0].key] = (ins.reads[0], ins.step.node.attrs["start"])
+        elif k not in done and action == ZERO:
+            zeros.update(o.key for o in ins.writes if o.key not in in_buffers)
+
+    def operand(x, per_column, column=0):  # (kind, key, row width, column, per column)
+        while x.key in windows:
+            x, start = windows[x.key]
+            column += start
+        if row_domain(x.shape) is None:
+            return ("shared", x.key, 0, column, per_column) if x.key in env else None
+        if row_domain(x.shape) != "vertex" or len(x.shape) != 2:
+            return None
+        if x.key in homes:
+            x, start = homes[x.key]
+            column += start
+        kind = "batch" if x.key in env else "zero" if x.key in zeros else "level"
+        return kind, x.key, x.shape[1], column, per_column
+
+    written = {o.key: o for ins in core for o in ins.writes}
+    found = {}
+    for k, (ins, action) in enumerate(zip(core, plan)):
+        group = getattr(ins.step, "group", None) if isinstance(ins, Compute) else None
+        if action != RUN or k in done or group is None or ins.symbolic or any(ins.accumulate):
+            continue
+        outputs, views = [o.key for o in group.outputs], [None] * len(group.inputs)
+        if k in inlined:  # (read through column views; its outputs written as the target's)
+            group, outputs = inlined[k].step.group, inlined[k].outputs
+            views = [index for _, index in inlined[k].views]
+        width = group.outputs[0].shape[-1]
+        operands = []
+        for x, index in zip(group.inputs, views):
+            w = x.shape[-1] if x.shape else 1
+            source, column = (x, 0) if index is None else (x.inputs[0], index[-1].start)
+            operands.append(operand(source, w > 1, column) if w in (1, width) else None)
+        for key in outputs:
+            o = written[key]
+            operands.append(operand(o, width > 1) if o.shape[1:] == (width,) else None)
+        if None in operands or any(o[0] not in ("batch", "level")
+                                   for o in operands[len(group.inputs):]):
+            continue
+        try:
+            found[k] = _LevelKernel(group, operands, width, xp, in_buffers)
+        except KernelCompileError:  # (a body without a C kernel: the plain step)
+            continue
+    return found
+
+
+class _LevelKernel:
+    """(CuPy) A fused group run on a level as one generated kernel over the whole call's
+    arrays (``cuda/windows.level_source``), the level's first row and row count its arguments:
+    no row view, column window or zero stand-in is made for it, and it launches as a RawKernel,
+    which does no shape and stride work per call as CuPy's ElementwiseKernel does. Operands
+    (:func:`_level_kernels`): ``batch`` (the call's array, at the level's rows), ``level`` (a
+    value made on the level), ``shared``, ``zero`` (not passed)."""
+
+    def __init__(self, group, operands, width, xp, in_buffers):
+        from ..cuda import windows as kernels  # (CuPy's side: imported when it is used)
+
+        self.xp, self.width = xp, width
+        source = elementwise_source(group, compute_dtype(group))
+        self.launch = kernels.Launcher(kernels.level_source(
+            source, tuple((kind, ld, col, per) for kind, _, ld, col, per in operands), width))
+        # per parameter p: the call's arrays (fixed), the level's values read and made
+        self.fixed, self.reads, self.writes, p = [], [], [], 0
+        for k, ((kind, key, *_), (dtype, _, _)) in enumerate(zip(
+                operands, source.inputs + source.outputs)):
+            if kind in ("batch", "shared"):
+                self.fixed.append((p, key, np.dtype(dtype), key in in_buffers))
+            elif kind == "level":
+                (self.reads if k < len(source.inputs) else self.writes).append(
+                    (p, key, np.dtype(dtype)))
+            p += kind != "zero"  # (a zero is no parameter)
+        self.size = p
+        self.level_reads = {key for _, key, _ in self.reads}
+
+    def bind(self, env):
+        """The call's arrays, in parameter order (None where a level's value goes)."""
+        args = [None] * self.size
+        for p, key, dtype, buffer in self.fixed:
+            value = env[key]
+            if value.dtype != dtype or not value.flags.c_contiguous:
+                if buffer:  # (never: the pool's buffers are whole rows of one allocation)
+                    raise GraphError(f"level kernel: buffer {key} is not a C-contiguous {dtype} "
+                                     "array")
+                value = self.xp.ascontiguousarray(value, dtype=dtype)  # (read only: once a call)
+            args[p] = value
+        return args
+
+    def __call__(self, local, env, rows, bound):
+        args = bound.get(self)
+        if args is None:
+            args = bound[self] = self.bind(env)
+        args = list(args)
+        lo, hi = rows
+        for p, key, dtype in self.reads:
+            value = local[key]
+            if value.dtype != dtype or not value.flags.c_contiguous:
+                value = self.xp.ascontiguousarray(value, dtype=dtype)
+            args[p] = value
+        for p, key, dtype in self.writes:
+            args[p] = local[key] = self.xp.empty((hi - lo, self.width), dtype)
+        self.launch(args, hi - lo, lo)
+
+
 def _quick(ins, xp, in_buffers):
     """A shorter way to run ``ins`` on a level's values (``local``), where there is one: a
-    window read in place (a view; one kept in a buffer is copied there by its step), a fused
-    group straight into its kernel; else None."""
+    window read in place (a view; one kept in a buffer is copied there by its step), a product
+    of matrices on CuPy, a fused group straight into its kernel, any other op its step."""
     if not isinstance(ins, Compute) or ins.symbolic or xp is RECORD:
         return None
     node = getattr(ins.step, "node", None)
@@ -145,9 +280,18 @@ def _quick(ins, xp, in_buffers):
         def window(local):
             local[key] = local[source][index]
         return window
+    if node is not None and node.op.native == "product" and xp is not np and all(
+            len(x.shape) == 2 for x in (node, *node.inputs)):
+        (a, b), key = [x.key for x in node.inputs], node.key
+
+        def product(local):  # (CuPy: one cuBLAS call, into the value's buffer if it has one)
+            out = local.get(key)
+            local[key] = xp.matmul(local[a], local[b], out=out)
+        return product
     group = getattr(ins.step, "group", None)
-    if group is None:
-        return None
+    if group is None:  # any other op: its step, without the loop's dispatch
+        run = ins.step.run
+        return lambda local: run(xp, local, local)
     step, inputs = ins.step, [x.key for x in group.inputs]
     outputs = [o.key for o in group.outputs]
 
@@ -250,9 +394,13 @@ class RowMoves:
     scattered state, with its spare zero row), scatter-adds write ``d_states`` (∂F's state
     gradient, with a spare row that absorbs the adds of absent children)."""
 
-    def __init__(self, xp, rows, states, d_states):
-        self.xp, self.rows, self.states, self.d_states = xp, rows, states, d_states
-        self._zeros = {}
+    def __init__(self, xp, part):
+        self.xp, self.rows, self.states, self.d_states = xp, part.rows, part.states, part.d_states
+        self._zeros = part.exe.zeros.get(xp.__name__)
+        if self._zeros is None:  # a 0-d zero per dtype the core writes, made once per Program
+            dtypes = {o.dtype for ins in part.program.core for o in ins.writes}  # (on a GPU,
+            self._zeros = part.exe.zeros[xp.__name__] = {  # making one is a launch)
+                d: xp.zeros((), d) for d in dtypes} if xp is not RECORD else {}
 
     def run(self, ins, local, t, window):
         if isinstance(ins, Compute):
@@ -309,10 +457,7 @@ class RowMoves:
         lo, hi = window["vertex"]
         e0, e1 = window["edge"]
         shape = instantiate(symbol.shape, hi - lo, e1 - e0)
-        zero = self._zeros.get(symbol.dtype)
-        if zero is None:  # (one per dtype: on a GPU, making it is a launch)
-            zero = self._zeros[symbol.dtype] = self.xp.zeros((), symbol.dtype)
-        local[symbol.key] = self.xp.broadcast_to(zero, shape)
+        local[symbol.key] = self.xp.broadcast_to(self._zeros[symbol.dtype], shape)
 
 
 
@@ -375,10 +520,18 @@ class Windows:
                                       self._parts(ins.slot, source.reads, core)))
             else:
                 self.scatters.append((k, None, self._parts(ins.slot, [ins.source], core)))
+        # in-place concats: on a level whose launches write all their parts, zeros included,
+        # their own zeros are written already (the Tree-LSTM leaves' [h_l, h_r])
+        self.concats = [(k, {self.made_by.get(x.key) for x in ins.reads})
+                        for k, ins in enumerate(core) if getattr(ins, "aliased", False)]
         in_buffers = set(homes)
         self.inlined = [found for k, ins in enumerate(core)
                         if (found := _inline(k, core, readers, outside | in_buffers))]
         self._levels = {}
+        self.launches = {}  # (plan or layout, dtype) -> a launch's launcher and index slots
+        from ..cuda import windows as kernels  # (CuPy's side: imported when it is used)
+
+        self.kernels = kernels
 
     def _parts(self, slot, parts, core):
         """Scatter pieces: (slot, value key, its column, width, column in the gradient); a
@@ -417,6 +570,7 @@ class Windows:
                 done.add(k)
                 done.update(r for r in made if plan[r] != SKIP)
                 gathers.extend(p[:5] for p in pieces)
+        done.update(k for k, parts in self.concats if plan[k] == ZERO and parts <= done)
         for k, concat, pieces in self.scatters:
             if plan[k] == RUN:
                 done.add(k)
@@ -570,9 +724,7 @@ class _BoundWindows:
         self.windows, self.part, self.xp = windows, part, xp
         self.env, self.rows = part.env, part.rows
         self.idx = _SlotRows(part.rows)
-        from ..cuda import windows as kernels  # (CuPy's side: imported when it is used)
-
-        self.kernels = kernels
+        self.kernels = windows.kernels
         self._gathers, self._scatters = {}, {}  # plan / layout -> its launch (_gather_spec)
 
     def start_level(self, plan, local, window):
@@ -586,7 +738,7 @@ class _BoundWindows:
         lo, hi = window["vertex"]
         spec = self._gathers.get(plan)
         if spec is None:
-            spec = self._gathers[plan] = self._gather_spec(pieces)
+            spec = self._gathers[plan] = self._gather_spec(plan, pieces)
         launch, fixed, homes = spec
         dsts = []
         for home, width in homes:
@@ -595,17 +747,22 @@ class _BoundWindows:
             dsts.append(local[home] if width else self.env[home])
         launch((*fixed, *dsts), hi - lo, lo)
 
-    def _gather_spec(self, pieces):
+    def _gather_spec(self, plan, pieces):
         """A plan's gather launch: the launcher, its leading arrays (the state, the slots'
-        rows), and per destination its key and the width of a level block (0: a buffer)."""
-        homes = list(dict.fromkeys(p[3] for p in pieces))
-        layout = tuple((slot, start, width, homes.index(home), column, self._width(home),
-                        int(home in self.env)) for slot, start, width, home, column in pieces)
+        rows), and per destination its key and the width of a level block (0: a buffer).
+        (All but the arrays are the Program's, made once: :attr:`Windows.launches`.)"""
         states = self.part.states
-        source = self.kernels.gather_source(layout, states.shape[1], states.dtype)
-        slots = sorted({p[0] for p in layout})
-        return (self.kernels.Launcher(source), (states, *[self.idx[s] for s in slots]),
+        made = self.windows.launches.get((plan, states.dtype))
+        if made is None:
+            homes = list(dict.fromkeys(p[3] for p in pieces))
+            layout = tuple((slot, start, width, homes.index(home), column, self._width(home),
+                            int(home in self.env)) for slot, start, width, home, column in pieces)
+            source = self.kernels.gather_source(layout, states.shape[1], states.dtype)
+            made = self.windows.launches[(plan, states.dtype)] = (
+                self.kernels.Launcher(source), sorted({p[0] for p in layout}),
                 [(h, 0 if h in self.env else self._width(h)) for h in homes])
+        launch, slots, homes = made
+        return launch, (states, *[self.idx[s] for s in slots]), homes
 
     def _width(self, key):
         value = self.env.get(key)
@@ -634,10 +791,13 @@ class _BoundWindows:
             spec = self._scatters.get(layout)
             if spec is None:
                 out = self.part.d_states
-                source = self.kernels.scatter_source(layout, out.shape[1], out.dtype)
-                slots = sorted({p[0] for p in layout})
-                spec = self._scatters[layout] = (self.kernels.Launcher(source),
-                                                 (*[self.idx[s] for s in slots], out))
+                made = self.windows.launches.get((layout, out.dtype))
+                if made is None:
+                    source = self.kernels.scatter_source(layout, out.shape[1], out.dtype)
+                    made = self.windows.launches[(layout, out.dtype)] = (
+                        self.kernels.Launcher(source), sorted({p[0] for p in layout}))
+                spec = self._scatters[layout] = (made[0],
+                                                 (*[self.idx[s] for s in made[1]], out))
             launch, fixed = spec
             lo, hi = window["vertex"]
             launch((*values, *fixed), hi - lo, lo)

@@ -65,7 +65,7 @@ class LevelPlans:
                 lo, hi = np.array([r for _, r in found], dtype=np.int64).T[:, :, None]
                 start, end = offsets[d][:-1], offsets[d][1:]
                 keys.extend(("zero", k) for k, _ in found)
-                columns.extend(np.maximum(start, lo) >= np.minimum(end, hi))
+                columns.extend((np.maximum(start, lo) >= np.minimum(end, hi)).tolist())
         if program.skips_unread_sinks:
             sinks = {s.key for s in program.sinks}
             needed = {}  # a sink no vertex of the level reads (one value may serve several slots)
@@ -74,23 +74,18 @@ class LevelPlans:
                     needed[s.key] = needed.get(s.key, False) | rows.has_child_levels(slot)
             for key, has in needed.items():
                 keys.append(("unneeded", key))
-                columns.append(~has)
+                columns.append((~has).tolist())
         if not keys:
             return [self.plan(frozenset(), frozenset())], np.zeros(num_levels, dtype=np.int64)
-        if len(keys) < 63:  # a level's pattern as the bits of one integer: a 1-D unique
-            codes = (np.array(columns, dtype=np.int64) << np.arange(len(keys))[:, None]).sum(0)
-            codes, which = np.unique(codes, return_inverse=True)
-            patterns = [[bool(code >> j & 1) for j in range(len(keys))]
-                        for code in codes.tolist()]
-        else:
-            patterns, which = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
+        first = {}  # each level's pattern (a tuple of bools) -> its index among the distinct
+        which = np.array([first.setdefault(p, len(first)) for p in zip(*columns)], np.int64)
         plans = []
-        for pattern in patterns:
+        for pattern in first:
             zero = frozenset(k for (kind, k), on in zip(keys, pattern) if on and kind == "zero")
             unneeded = frozenset(k for (kind, k), on in zip(keys, pattern)
                                  if on and kind == "unneeded")
             plans.append(self.plan(zero, unneeded))
-        return plans, which.reshape(-1)
+        return plans, which
 
 
 def record_written(program, ranges, written):
