@@ -155,11 +155,13 @@ def bind_backward(exe, xp, rows, saved, cotangent=None, *, d_states=None, block=
     for ref, value in zip(forward_inputs, bw.forward_refs):
         env[ref.key] = saved.values[value.key]
     state_grad = program.sources[0].key
+    taken = cotangent is not None and len(bw.cotangents) == 1  # (the caller's, written below)
     if block is not None:
         views[state_grad] = block
     else:
         d_states = views[state_grad]
-        d_states[...] = 0
+        # cleared but for the rows the caller's gradient fills (one pass fewer over (V, H))
+        (d_states[len(rows.order):] if taken else d_states)[...] = 0
     bind_buffers(program, env, views, rows)
     if cotangent is not None:  # caller order -> level order
         if len(bw.cotangents) > 1:  # F pushes: the caller's gradient is the push's
