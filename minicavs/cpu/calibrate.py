@@ -198,13 +198,11 @@ def _probe():
     function = build.module_library(SOURCE, "kernels", "minicavs/cpu/kernels.py").team_probe
     function.restype = None
     function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
-    arrays = []  # a, b, out: made at the first measurement (most processes read the file)
 
-    def probe(n, threads):
-        if not arrays:
-            arrays.extend(np.full(1 << SPLIT_PROBE[-1], v, np.float32) for v in (1, 0.5, 0))
+    def probe(n, threads):  # (its arrays live as long as the call: a measurement's time)
+        arrays = [np.full(n, v, np.float32) for v in (1, 0.5, 0)]
         a, b, out = (x.ctypes.data for x in arrays)
-        return lambda: function(a, b, out, n, threads)
+        return lambda keep=arrays: function(a, b, out, n, threads)
     return probe
 
 
