@@ -442,3 +442,45 @@ def test_an_arity_the_function_was_not_written_for_names_the_kind():
     with pytest.raises(mc.ShapeError, match=r"recursive function 'binary', tracing a vertex of "
                                             r"kind 'arity 3' \(3 children.*op 'matmul'"):
         binary(batch, pull=mc.tensor(np.ones((4, H))))
+
+
+def test_a_leaf_reading_some_gates_multiplies_by_their_columns_only():
+    """``unused_columns``: a leaf that reads three of five gates of ``x W + b`` multiplies by
+    those columns of W (and b) alone — its Program's product is 3H wide, the internal kind's
+    4H (it leaves one gate unread) — and computes the same gradients (W's unread columns:
+    zero) as with the pass off."""
+
+    def run(options):
+        rng = np.random.default_rng(4)
+        W = mc.Parameter(rng.normal(size=(E, 5 * H)), name="W")
+        U = mc.Parameter(rng.normal(size=(2 * H, 5 * H)), name="U")
+        b = mc.Parameter(rng.normal(size=(5 * H,)), name="b")
+
+        @mc.recursive(scatter_shape=(H,), pull_shape=(E,), arity=2, dtype="float64",
+                      options=options)
+        def model(node):
+            if node.is_leaf:
+                i, _, _, o, u = mc.split(node.pull() @ W + b, 5)
+                return mc.sigmoid(o) * mc.tanh(mc.sigmoid(i) * mc.tanh(u))
+            i, f_l, f_r, o, u = mc.split(
+                mc.concat([model(c) for c in node.children]) @ U + b, 5)
+            return mc.sigmoid(o) * mc.tanh(mc.sigmoid(i) * mc.tanh(u) + mc.sigmoid(f_l))
+
+        batch = mc.GraphBatch([mc.InputGraph([[], [], [0, 1], [], [2, 3]]),
+                               mc.InputGraph([[], [], [0, 1]])])
+        x = mc.tensor(rng.normal(size=(batch.num_vertices, E)))
+        (model(batch, pull=x) ** 2).sum().backward()
+        widths = {key: [n.shape[1] for n in cell.program.graph.nodes
+                        if n.kind == "op" and n.op.name == "matmul"]
+                  for key, cell in model.kinds.items()}
+        return [W.grad.numpy(), U.grad.numpy(), b.grad.numpy()], widths
+
+    on, widths = run(None)
+    off, widths_off = run({"unused_columns": False})
+    for a, b in zip(on, off):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    assert np.all(on[0][:, H:3 * H] == 0)  # the forget gates' columns of W: never read
+    leaf = next(key for key in widths if key[0] == 0)
+    assert widths[leaf] == [3 * H] and widths_off[leaf] == [5 * H]
+    inner = next(key for key in widths if key != leaf)  # (reads four: f_r unread)
+    assert widths[inner] == [4 * H] and widths_off[inner] == [5 * H]

@@ -8,6 +8,9 @@ one off and the tests can check that every combination computes the same thing. 
 graph rewrites (on F; ∂F is derived from the rewritten F, then rewritten too)
   ``regroup_sums``   ((x W + h U) + b) -> ((x W + b) + h U): the addends that need no gathered
                      state are added once for all vertices, one addition is left per level
+  ``unused_columns`` ``x W (+ b)`` read only through column slices that leave columns unread
+                     (a leaf kind taking three of an LSTM's five gates) multiplies by the read
+                     columns of ``W`` (and ``b``) alone: a narrower product and gradient
   ``cse``            equal computations become one node (∂F repeats itself)
   ``dce``            nodes no output needs are dropped
 scheduling
@@ -57,6 +60,8 @@ from .analysis import (NodeClasses, clone, dependency_classes, eliminate_dead, f
                        merge_common_subexpressions)
 from ..ops.cells import LSTM_CELL
 from ..ops.elementwise import ADD
+from ..ops.linalg import MATMUL
+from ..ops.shape import CONCAT, SLICE_AXIS
 from .executor import GroupStep, OpStep, SummedCellStep, plan_steps
 from .program import Buffer, Compute, Gather, Program, ScatterAdd
 from .zero_rows import ZeroRowRule
@@ -69,6 +74,7 @@ class Options:
     """One switch per optional pass (see the module docstring); all on by default."""
 
     regroup_sums: bool = True
+    unused_columns: bool = True
     cse: bool = True
     dce: bool = True
     hoist_eager: bool = True
@@ -142,6 +148,91 @@ def regroup_sums(program):
             n = new_of[n.key]
         nodes.append(n)
     return _with_graph(program, nodes, [new(o) for o in graph.outputs])
+
+
+def unused_columns(program):
+    """``x W`` — ``W`` a parameter or input, then perhaps ``+ b`` of one value a column — read
+    only through column slices that leave some of its columns unread, becomes ``x W'`` (+
+    ``b'``), ``W'`` the read columns of ``W`` (one slice, or a concat of the runs of them; made
+    once a call, as any value without rows), each slice re-aimed at its columns of the narrower
+    result. Exact: the read columns are the same sums."""
+    graph = program.graph
+    users = graph.consumers()
+    protected = {o.key for o in graph.outputs}
+    rewrites = {}  # product key -> (bias add or None, runs [(start, stop)])
+    for n in graph.nodes:
+        if n.kind != "op" or n.op is not MATMUL or len(n.shape) != 2 or n.key in protected:
+            continue
+        w = n.inputs[1]
+        if w.kind == "op" or len(w.shape) != 2 or row_domain(w.shape) or \
+                has_symbolic_size(w.shape):
+            continue
+        head, add = n, None
+        if len(users[n.key]) == 1 and users[n.key][0].op is ADD:
+            add = users[n.key][0]
+            b = add.inputs[1] if add.inputs[0] is n else add.inputs[0]
+            if b.kind == "op" or b.shape != n.shape[1:] or add.shape != n.shape:
+                add = None
+            else:
+                head = add
+        readers = users[head.key]
+        if head.key in protected or not readers or any(
+                r.op is not SLICE_AXIS or r.attrs["axis"] != 1 for r in readers):
+            continue
+        runs = []
+        for start, stop in sorted((r.attrs["start"], r.attrs["stop"]) for r in readers):
+            if runs and start <= runs[-1][1]:
+                runs[-1][1] = max(runs[-1][1], stop)
+            else:
+                runs.append([start, stop])
+        if sum(stop - start for start, stop in runs) < n.shape[1]:
+            rewrites[n.key] = (add, runs)
+    if not rewrites:
+        return program
+
+    def op(kind, inputs, shape, like, **attrs):
+        return Symbol("op", shape, like.dtype, op=kind, inputs=inputs, attrs=attrs,
+                      where=like.where, tracer=like.tracer)
+
+    def read_columns(x, runs, axis):
+        parts = [op(SLICE_AXIS, (x,), x.shape[:axis] + (stop - start,), x, start=start,
+                    stop=stop, axis=axis) for start, stop in runs]
+        nodes.extend(parts)
+        if len(parts) > 1:
+            parts = [op(CONCAT, tuple(parts), x.shape[:axis] + (sum(
+                stop - start for start, stop in runs),), x, axis=axis)]
+            nodes.append(parts[0])
+        return parts[0]
+
+    adds = {add.key: runs for add, runs in rewrites.values() if add is not None}
+    heads = {}  # the old head's key (the product, or its bias add) -> the runs it keeps
+    new_of, nodes = {}, []
+    for n in graph.nodes:  # (each new node where its old one was: its inputs come before it)
+        if n.key in rewrites:
+            add, runs = rewrites[n.key]
+            x, w = n.inputs
+            width = sum(stop - start for start, stop in runs)
+            new_of[n.key] = op(MATMUL, (new_of.get(x.key, x), read_columns(w, runs, 1)),
+                               n.shape[:1] + (width,), n)
+            heads[(n if add is None else add).key] = runs
+        elif n.key in adds:
+            product, b = n.inputs if n.inputs[0].key in new_of else n.inputs[::-1]
+            b_read = read_columns(b, adds[n.key], 0)
+            new_of[n.key] = op(ADD, (new_of[product.key], b_read) if n.inputs[0] is product
+                               else (b_read, new_of[product.key]), new_of[product.key].shape, n)
+        elif n.kind == "op" and n.op is SLICE_AXIS and n.inputs[0].key in heads:
+            start, at = n.attrs["start"], 0  # its columns in the narrower head
+            for run_start, run_stop in heads[n.inputs[0].key]:
+                if run_start <= start < run_stop:
+                    at += start - run_start
+                    break
+                at += run_stop - run_start
+            new_of[n.key] = op(SLICE_AXIS, (new_of[n.inputs[0].key],), n.shape, n, start=at,
+                               stop=at + n.attrs["stop"] - start, axis=1)
+        elif n.kind == "op" and any(x.key in new_of for x in n.inputs):
+            new_of[n.key] = clone(n, tuple(new_of.get(x.key, x) for x in n.inputs))
+        nodes.append(new_of.get(n.key, n))
+    return _with_graph(program, nodes, [new_of.get(o.key, o) for o in graph.outputs])
 
 
 def cse(program):
@@ -596,7 +687,7 @@ def _replace(ins, **changes):
 
 # --- the pipeline --------------------------------------------------------------------------------
 
-GRAPH_PASSES = (regroup_sums, cse, dce)
+GRAPH_PASSES = (regroup_sums, unused_columns, cse, dce)
 PIPELINE = (classify, hoist_eager, lazy_batching, elementwise_per_level,
             keep_mixed_rows_per_level, fuse, lower, sum_into_cells, buffers, alias_concats, zero_rows,
             leaf_sinks, strided_gathers, unread_zeros, direct_gathers, inline_windows,
