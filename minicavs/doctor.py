@@ -106,8 +106,7 @@ def _probe_kernels(report):
         if name.startswith("team split:"):  # the costs that weigh a level's work
             line = f"{first * 1e6:.0f} us, {second * 1e6:.0f} us"
         else:
-            team = name.startswith("team split")
-            names = ("team", "one thread") if team else ("own", "BLAS")
+            names = ("team", "one thread") if name.startswith("team split") else ("own", "BLAS")
             choice = names[0] if calibrate.wins((first, second)) else names[1]
             line = (f"{choice} ({names[0]} {first * 1e6:.0f} us, {names[1]} "
                     f"{second * 1e6:.0f} us: {second / first:.2f}x)")
