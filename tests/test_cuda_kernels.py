@@ -902,3 +902,49 @@ def test_gpu_softmax_xent_kernels_equal_the_ops_numpy_form():
                                rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(kernels.softmax_xent_grad(d_logits, d_labels, d_g).get(), grads,
                                rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------- adam
+
+def _adam_case(dtype, optimizer, weight_decay, steps=3):
+    """Parameters and moments after ``steps`` of the optimiser's NumPy form, the gradients, and
+    the last step's hyperparameters as the kernel takes them."""
+    rng = np.random.default_rng(7)
+    shape = (37, 11)  # (not a multiple of a block)
+    param = mc.Parameter(rng.standard_normal(shape).astype(dtype))
+    opt = optimizer([param], lr=0.05, weight_decay=weight_decay)
+    grads = [rng.standard_normal(shape).astype(dtype) for _ in range(steps)]
+    for g in grads[:-1]:
+        param.grad = mc.tensor(g)
+        opt.step()
+    before = [param.data.copy(), opt.state[0]["m"].copy(), opt.state[0]["v"].copy()]
+    param.grad = mc.tensor(grads[-1])
+    opt._step_one(0, param, opt.state[0], opt.param_groups[0])  # (the NumPy form)
+    group, t = opt.param_groups[0], steps
+    decay = 1 - group["lr"] * group["weight_decay"] if opt.decoupled_weight_decay else 1.0
+    hyper = (*group["betas"], group["eps"], 1 - group["betas"][1] ** t,
+             group["lr"] / (1 - group["betas"][0] ** t), decay)
+    after = [param.data, opt.state[0]["m"], opt.state[0]["v"]]
+    return before, grads[-1], hyper, after
+
+
+# (Adam's L2 penalty is added to the gradient before the update: the kernel sees that gradient)
+@pytest.mark.parametrize("optimizer, weight_decay", [(mc.nn.Adam, 0.0), (mc.nn.AdamW, 0.1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_shim_adam_kernel_equals_the_optimisers_numpy_form(dtype, optimizer, weight_decay):
+    (p, m, v), g, hyper, (p_ref, m_ref, v_ref) = _adam_case(dtype, optimizer, weight_decay)
+    assert kernels.adam(p, g, m, v, *hyper, runner="shim") is True
+    tol = 1e-6 if dtype == np.float32 else 1e-14
+    for got, want in ((m, m_ref), (v, v_ref), (p, p_ref)):
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    assert kernels.adam(p, g, m, v, *hyper) is False  # NumPy arrays: the optimiser's own form
+    assert kernels.adam(p, g[:, :5], m, v, *hyper, runner="shim") is False  # (another shape)
+
+
+@pytest.mark.gpu
+def test_gpu_adam_kernel_equals_the_optimisers_numpy_form():
+    (p, m, v), g, hyper, (p_ref, m_ref, v_ref) = _adam_case(np.float32, mc.nn.AdamW, 0.1)
+    d_p, d_g, d_m, d_v = _to_gpu(p, g, m, v)
+    assert kernels.adam(d_p, d_g, d_m, d_v, *hyper) is True
+    for got, want in ((d_m, m_ref), (d_v, v_ref), (d_p, p_ref)):
+        np.testing.assert_allclose(got.get(), want, rtol=1e-6, atol=1e-6)

@@ -366,6 +366,25 @@ _SOURCES["softmax_xent_grad"] = _XENT_HEAD.replace(
     }
 }
 """
+# Adam over one parameter in one pass (the optimiser's NumPy form is eleven element-wise
+# launches): the moments and the weights read and written once; hyperparameters in the
+# parameter's type, as cpu/kernel_source.py's adam computes them.
+_SOURCES["adam"] = """
+extern "C" __global__ void ${name}(${T}* __restrict__ p, const ${T}* __restrict__ g,
+                                   ${T}* __restrict__ m, ${T}* __restrict__ v, const ${T} b1,
+                                   const ${T} b2, const ${T} eps, const ${T} bc2,
+                                   const ${T} step, const ${T} decay, const long long total)
+{
+    ${loop} {
+        const ${T} gi = g[e];
+        const ${T} mi = b1 * m[e] + (1 - b1) * gi;
+        const ${T} vi = b2 * v[e] + (1 - b2) * (gi * gi);
+        m[e] = mi;
+        v[e] = vi;
+        p[e] = p[e] * decay - step * (mi / (sqrt(vi / bc2) + eps));
+    }
+}
+"""
 for _k in range(3):
     for _cell in ("lstm_cell", "lstm_cell_grad", "lstm_cell_sum"):
         _SOURCES[f"{_cell}{_k}"] = re.sub(r"\bK\b", str(_k), _SOURCES[_cell])
@@ -1015,3 +1034,22 @@ def softmax_xent_grad(logits, labels, g, *, runner=None):
     _launch("softmax_xent_grad", logits.dtype, runner, rows,
             (z, ld, y, g.reshape(-1), grads, bad, rows, C))
     return grads
+
+
+# ---------------------------------------------------------------------------------------------
+# adam
+
+def adam(param, grad, m, v, beta1, beta2, eps, bc2, step, decay, *, runner=None):
+    """One Adam step on a CuPy parameter in one launch (in place: ``param``, ``m``, ``v``), as
+    ``cpu/kernels.adam`` on NumPy ones; False where the kernel does not apply (NumPy arrays,
+    another dtype, a layout that is not one contiguous run): the optimiser's own form runs."""
+    arrays = (param, grad, m, v)
+    runner = _pick_runner("adam", runner, arrays)
+    dtype = param.dtype
+    if runner == "numpy" or dtype not in DTYPES or any(
+            a.dtype != dtype or a.shape != param.shape or not a.flags.c_contiguous
+            for a in arrays):
+        return False
+    hyper = (dtype.type(h) for h in (beta1, beta2, eps, bc2, step, decay))
+    _launch("adam", dtype, runner, param.size, (*arrays, *hyper, param.size))
+    return True

@@ -345,11 +345,18 @@ class Adam(Optimizer):
     def _update(self, xp, param, grad, state, group):
         if not state:
             state.update(step=0, m=xp.zeros_like(param), v=xp.zeros_like(param))
-        if self.decoupled_weight_decay and group["weight_decay"]:
-            param *= 1 - group["lr"] * group["weight_decay"]  # AdamW: decay apart from Adam
+        decay = 1 - group["lr"] * group["weight_decay"] if self.decoupled_weight_decay else 1.0
         beta1, beta2 = group["betas"]
         state["step"] += 1
         t, m, v = state["step"], state["m"], state["v"]
+        if xp is not np:  # on the GPU: one launch (cuda/kernels.py) instead of eleven
+            from ..cuda import kernels
+
+            if kernels.adam(param, grad, m, v, beta1, beta2, group["eps"], 1 - beta2 ** t,
+                            group["lr"] / (1 - beta1 ** t), decay):
+                return
+        if decay != 1.0:
+            param *= decay  # AdamW: decay apart from Adam
         # In place, with one scratch array: an embedding table or a softmax layer is large,
         # and each temporary is a full pass over it.
         scratch = grad * (1 - beta1)
