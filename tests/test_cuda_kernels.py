@@ -855,12 +855,14 @@ def test_gpu_lstm_cell_sum_equals_the_sum_then_the_cell(k):
 
 # --- softmax cross-entropy kernels: against the op's NumPy form ------------------------------------
 
-def _xent_case(dtype, rows=7, classes=9, seed=0):
+def _xent_case(dtype, rows=7, classes=9, seed=0, g_value=None):
     rng = np.random.default_rng(seed)
     logits = (3 * rng.standard_normal((rows, classes))).astype(dtype)
     logits[2, 4] = 60.0  # (a large logit: the row's max is subtracted first)
     labels = rng.integers(0, classes, rows)
     g = rng.standard_normal(rows).astype(dtype)
+    if g_value is not None:
+        g[:] = g_value
     shifted = logits - logits.max(-1, keepdims=True)
     losses = np.log(np.exp(shifted).sum(-1)) - shifted[np.arange(rows), labels]
     probs = np.exp(shifted) / np.exp(shifted).sum(-1, keepdims=True)
@@ -880,6 +882,12 @@ def test_shim_softmax_xent_kernels_equal_the_ops_numpy_form(dtype):
     np.testing.assert_allclose(out, losses, rtol=tol, atol=tol)
     np.testing.assert_allclose(kernels.softmax_xent_grad(logits, labels, g, runner="shim"),
                                grads, rtol=tol, atol=tol)
+    mean = np.broadcast_to(dtype(0.25), g.shape)  # (a mean's gradient: one value, stride 0)
+    np.testing.assert_allclose(
+        kernels.softmax_xent_grad(logits, labels, mean, runner="shim"),
+        _xent_case(dtype, g_value=0.25)[4], rtol=tol, atol=tol)
+    strided = np.repeat(g, 2)[::2]  # (any other layout: the op's own form)
+    assert kernels.softmax_xent_grad(logits, labels, strided, runner="shim") is None
     wide = np.zeros((len(labels), 12), dtype)  # rows at a stride: the first 9 columns
     wide[:, :9] = logits
     np.testing.assert_allclose(kernels.softmax_xent(wide[:, :9], labels, runner="shim"),
@@ -902,6 +910,11 @@ def test_gpu_softmax_xent_kernels_equal_the_ops_numpy_form():
                                rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(kernels.softmax_xent_grad(d_logits, d_labels, d_g).get(), grads,
                                rtol=1e-5, atol=1e-5)
+    mean = d_g[:1].reshape(()) * 0 + 0.25  # (a mean's gradient: one value broadcast)
+    import cupy
+    np.testing.assert_allclose(
+        kernels.softmax_xent_grad(d_logits, d_labels, cupy.broadcast_to(mean, d_g.shape)).get(),
+        _xent_case(np.float32, g_value=0.25)[4], rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------- adam

@@ -357,12 +357,13 @@ _SOURCES["softmax_xent"] = _XENT_HEAD.replace("${ARGS}", "${T}* __restrict__ los
 }
 """
 _SOURCES["softmax_xent_grad"] = _XENT_HEAD.replace(
-    "${ARGS}", "const ${T}* __restrict__ g, ${T}* __restrict__ grads") + \
+    "${ARGS}", "const ${T}* __restrict__ g, const long long g_step, ${T}* __restrict__ grads") + \
     _XENT_ROW.replace("${on_bad}", "") + """
         ${T}* d = grads + e * C;
-        const ${T} scale = g[e] / s;
+        const ${T} ge = g[e * g_step];
+        const ${T} scale = ge / s;
         for (long long c = 0; c < C; ++c) d[c] = exp(z[c] - m) * scale;
-        d[y] -= g[e];
+        d[y] -= ge;
     }
 }
 """
@@ -1024,15 +1025,23 @@ def softmax_xent(logits, labels, out=None, *, runner=None):
 
 
 def softmax_xent_grad(logits, labels, g, *, runner=None):
-    """``(softmax(logits) - onehot(labels)) · g`` per row in one launch, shaped as ``logits``;
-    None where the kernel does not apply."""
+    """``(softmax(logits) - onehot(labels)) · g`` per row in one launch, shaped as ``logits``
+    (``g``: contiguous, or one value broadcast, as a mean's gradient is); None where the
+    kernel does not apply."""
     operands = _xent_operands("softmax_xent_grad", runner, logits, labels, g)
-    if operands is None or not g.flags.c_contiguous:
+    if operands is None:
         return None
     runner, (z, ld), y, rows, C = operands
+    if g.flags.c_contiguous:
+        g, g_step = g.reshape(-1), 1
+    elif g.size and not any(g.strides):  # one value for every row: read in place
+        tricks = np.lib.stride_tricks if runner != "cupy" else _xp(runner).lib.stride_tricks
+        g, g_step = tricks.as_strided(g, shape=(1,), strides=(g.itemsize,)), 0
+    else:
+        return None
     grads, bad = _xp(runner).empty(logits.shape, logits.dtype), _bad_flag(runner)
     _launch("softmax_xent_grad", logits.dtype, runner, rows,
-            (z, ld, y, g.reshape(-1), grads, bad, rows, C))
+            (z, ld, y, g, g_step, grads, bad, rows, C))
     return grads
 
 
