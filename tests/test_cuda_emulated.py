@@ -252,8 +252,31 @@ WORKER = textwrap.dedent(r'''
                 p.grad for p in params]]
         return out
 
+    def step_overheads():
+        """Launches a training step needs besides F's levels: a batch's index arrays, reading
+        the loss, the mean loss's gradient through the cross-entropy kernel."""
+        from minicavs.cuda import emulated
+        from minicavs.ops import loss as losses
+
+        mc.set_device("cuda"); mc.seed(5)
+        rng = np.random.default_rng(5)
+        batch = mc.GraphBatch([mc.InputGraph(t.children) for t in trees])
+        with emulated.counter.measure() as indices:
+            rows = batch.indices(backend._import_cupy())
+            rows._slot(0), rows._slot(1)
+        cp = backend._import_cupy()
+        z = backend.to_device(rng.standard_normal((9, 5)).astype(np.float32))
+        y = backend.to_device(rng.integers(0, 5, 9))
+        mean = cp.broadcast_to(backend.to_device(np.float32(1 / 9)), (9,))  # (a mean's gradient)
+        with emulated.counter.measure() as grad:
+            losses.SOFTMAX_CROSS_ENTROPY_GRAD.forward(cp, z, y, mean)
+        loss = losses.softmax_cross_entropy(mc.tensor(z, requires_grad=True), mc.tensor(y))
+        with emulated.counter.measure() as read:
+            loss.item()
+        return {"indices": indices, "xent_grad": grad, "item": read}
+
     trees, vocab = synthetic_treebank(6)
-    out = {}
+    out = {"overheads": step_overheads()}
     for device in ("cpu", "cuda"):
         out[device] = {"readme": readme_tree_lstm(device, trees, vocab), "ops": ops(device),
                        "autobatch": autobatched(device), "lstm": lstm_steps(device),
@@ -456,3 +479,13 @@ def test_an_lstm_segment_moves_its_indices_to_the_device_once(emulated_run):
     # the indices, the data leaves' slab, a kernel's constant on its first run (was 2 more
     # per batch of steps: a gather's and a scatter's host indices)
     assert emulated_run["cuda"]["lstm"]["uploads"] <= 3
+
+
+def test_a_training_steps_launches_beside_f_are_what_they_must_be(emulated_run):
+    """A batch's index arrays go to the device in one copy (its child slots with them); the
+    cross-entropy gradient of a mean (one value for every row) is its kernel alone; reading the
+    loss is one copy back (no fingerprint of the array: the copy cannot write into it)."""
+    found = emulated_run["overheads"]
+    assert found["indices"] == {"copy": 1}, found
+    assert found["xent_grad"] == {"kernel": 1}, found
+    assert found["item"] == {"copy": 1}, found

@@ -123,6 +123,9 @@ class Tensor(OperatorMixin):
 
     def numpy(self):
         """The values as a NumPy array (copied from the GPU if needed)."""
+        array = self._array
+        if backend.is_cupy_array(array):  # a copy: writing into it cannot reach the tensor, so
+            return backend.to_numpy(array)  # nothing is exposed (no fingerprint: two syncs)
         return backend.to_numpy(self.data)
 
     def item(self):

@@ -347,7 +347,9 @@ def run_whole(ins, xp, env, ranges, rows):
 
     buffers = [env.get(o.key) for o in ins.writes]  # outputs with a batch buffer: keep it
     done = None
-    if ins.restrict:
+    # (On a GPU the launches, not the rows, are the cost: a product over all rows is one, over
+    # its nonzero rows it is one more for the zeros and a wait for the index's range.)
+    if ins.restrict and xp is np:
         within = index_rows(env[ins.demand.key]) if ins.demand is not None else None
         done = node.op.on_nonzero_rows(xp, node, [env[x.key] for x in node.inputs], range_of,
                                        within)
@@ -367,7 +369,7 @@ def run_whole(ins, xp, env, ranges, rows):
         return
     out_ranges = ins.zero_rule(range_of)
     index = node.op.row_index_arg if node is not None else None
-    if index is not None and out_ranges[0] is not None and \
+    if index is not None and out_ranges[0] is not None and xp is np and \
             node.inputs[index].shape[:1] == node.shape[:1]:  # row i is zero where idx[i] is -1
         out_ranges[0] = intersect(out_ranges[0], index_rows(env[node.inputs[index].key]))
     for o, r in zip(ins.writes, out_ranges):

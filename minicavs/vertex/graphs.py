@@ -399,7 +399,8 @@ class BatchIndices:
     level an evenly spaced run of child rows as a slice (``strided``; complete trees, chains).
     Device side (int64 on NumPy, int32 on CuPy): ``order`` (level order -> the caller's vertex
     order), ``row_of`` (its inverse), each slot's child rows (-1: absent; a take reads the spare
-    zero row; made when a program first reads the slot), the edge lists. ``vertex_name`` and
+    zero row; on NumPy made when a program first reads the slot), the edge lists; on CuPy all
+    of them in one copy. ``vertex_name`` and
     ``edge_name`` say which sample and vertex a row is, for messages."""
 
     def __init__(self, batch, xp):
@@ -409,6 +410,11 @@ class BatchIndices:
                              f"of the GPU row kernels (2**31 - 1); split it into smaller batches")
         put = self._put = (lambda a: a) if xp is np else (
             lambda a: xp.asarray(a.astype(np.int32)))
+        children = []
+        if xp is not np:  # one host->device copy for the batch's index arrays, not one each
+            children = [batch.child_rows_of(k) for k in range(batch.max_arity)]
+            put = _Uploaded(xp, [batch.order, batch.row_of, batch.edge_child_row,
+                                 batch.edge_parent_row, batch.edge_parent_local, *children])
         self._batch = batch
         self.num_levels = batch.num_levels
         self.num_vertices = batch.num_vertices
@@ -425,6 +431,8 @@ class BatchIndices:
         self.edge_parent_row = put(batch.edge_parent_row)
         self.edge_parent_local = put(batch.edge_parent_local)
         self._slots = {}  # child slot k -> _Slot, made when a program first reads slot k
+        for k, rows in enumerate(children):
+            self._slots[k] = _Slot(rows, self._vertices, put)
 
     def _slot(self, k):
         slot = self._slots.get(k)
@@ -488,6 +496,20 @@ class BatchIndices:
         if slot == "edges":
             return self.edge_child_row[window["edge"][0]:window["edge"][1]]
         return self._slot(slot).rows[window["vertex"][0]:window["vertex"][1]]
+
+
+class _Uploaded:
+    """Host index arrays sent to the device in one copy (int32, side by side); called with one
+    of them, its view there (None for None)."""
+
+    def __init__(self, xp, arrays):
+        present = [a for a in arrays if a is not None]
+        sizes = np.cumsum([0] + [a.size for a in present])
+        block = xp.asarray(np.concatenate(present).astype(np.int32)) if present else None
+        self._views = {id(a): block[lo:hi] for a, lo, hi in zip(present, sizes[:-1], sizes[1:])}
+
+    def __call__(self, array):
+        return None if array is None else self._views[id(array)]
 
 
 class _Slot:
