@@ -352,7 +352,7 @@ class Adam(Optimizer):
         if xp is not np:  # on the GPU: one launch (cuda/kernels.py) instead of eleven
             from ..cuda import kernels
 
-            if kernels.adam(param, grad, m, v, beta1, beta2, group["eps"], 1 - beta2 ** t,
+            if kernels.adam(param, xp.ascontiguousarray(grad), m, v, beta1, beta2, group["eps"], 1 - beta2 ** t,
                             group["lr"] / (1 - beta1 ** t), decay):
                 return
         if decay != 1.0:
