@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from minicavs.cuda import emulated
 
@@ -489,3 +491,67 @@ def test_a_training_steps_launches_beside_f_are_what_they_must_be(emulated_run):
     assert found["indices"] == {"copy": 1}, found
     assert found["xent_grad"] == {"kernel": 1}, found
     assert found["item"] == {"copy": 1}, found
+
+
+_LAYOUTS = ("rows", "window", "transposed", "transposed window")
+
+
+def _laid_out(x, layout, rng):
+    """``x`` (values) as a device array of ``layout``: its own rows, some columns of a wider
+    array, the transpose of a row-major array, or of some of its columns."""
+    wide = lambda a: np.concatenate(  # noqa: E731
+        [rng.standard_normal((a.shape[0], 2)).astype(a.dtype), a,
+         rng.standard_normal((a.shape[0], 3)).astype(a.dtype)], axis=1)
+    if layout == "rows":
+        return cp.asarray(x)
+    if layout == "window":
+        return cp.asarray(wide(x))[:, 2:2 + x.shape[1]]
+    if layout == "transposed":
+        return cp.asarray(np.ascontiguousarray(x.T)).T
+    return cp.asarray(wide(np.ascontiguousarray(x.T)))[:, 2:2 + x.shape[0]].T
+
+
+@given(st.integers(1, 5), st.integers(1, 5), st.integers(1, 5),
+       st.sampled_from(_LAYOUTS), st.sampled_from(_LAYOUTS), st.sampled_from(("rows", "window")),
+       st.sampled_from([np.float32, np.float64]), st.integers(0, 2**16))
+def test_products_through_cublas_equal_numpy_for_every_layout(m, n, k, layout_a, layout_b,
+                                                              layout_out, dtype, seed):
+    """cuda/blas.py's one cuBLAS call (emulated: column-major, as cuBLAS reads it) for windows
+    and transposed views of the operands, into an output that may be a window itself."""
+    from minicavs.cuda import blas
+
+    rng = np.random.default_rng(seed)
+    x, y = (rng.standard_normal(s).astype(dtype) for s in ((m, k), (k, n)))
+    a, b = _laid_out(x, layout_a, rng), _laid_out(y, layout_b, rng)
+    out = _laid_out(np.full((m, n), np.nan, dtype), layout_out, rng)
+    assert blas._plan(a, b, out)  # (the layouts it is for: no fallback)
+    assert blas.matmul(cp, a, b, out) is out
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(out.get(), x @ y, rtol=tol, atol=tol)
+    np.testing.assert_allclose(blas.matmul(cp, a, b).get(), x @ y, rtol=tol, atol=tol)
+
+
+def test_products_cublas_cannot_take_go_to_matmul(monkeypatch):
+    from minicavs.cuda import blas
+
+    calls = []
+    gemm = cp.cuda.cublas.sgemm
+    monkeypatch.setattr(cp.cuda.cublas, "sgemm", lambda *args: calls.append(1) or gemm(*args))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    a, w = cp.asarray(x), cp.asarray(rng.standard_normal((3, 5)).astype(np.float32))
+    strided = a[:, ::2]  # (columns two apart: no leading dimension describes it)
+    assert blas.operand(strided) is None
+    np.testing.assert_allclose(blas.matmul(cp, strided, w).get(), x[:, ::2] @ w.get(),
+                               rtol=1e-5)
+    assert calls == []
+    square = cp.asarray(rng.standard_normal((4, 4)).astype(np.float32))
+    expected = square.get() @ square.get()
+    np.testing.assert_allclose(blas.matmul(cp, square, square).get(), expected, rtol=1e-5)
+    assert calls == [1]  # (the cuBLAS call where the layouts allow)
+    np.testing.assert_allclose(blas.matmul(cp, square, square, out=square).get(), expected,
+                               rtol=1e-5)
+    assert calls == [1]  # (not where the output is an operand)
+    ints = cp.asarray(np.arange(6).reshape(2, 3))
+    assert (blas.matmul(cp, ints, ints.T).get() == np.arange(6).reshape(2, 3) @
+            np.arange(6).reshape(2, 3).T).all()

@@ -961,3 +961,30 @@ def test_gpu_adam_kernel_equals_the_optimisers_numpy_form():
     assert kernels.adam(d_p, d_g, d_m, d_v, *hyper) is True
     for got, want in ((d_m, m_ref), (d_v, v_ref), (d_p, p_ref)):
         np.testing.assert_allclose(got.get(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_products_through_cublas_equal_numpy_for_every_layout(dtype):
+    """cuda/blas.py's direct cuBLAS call on a GPU (the emulated device checks the same call
+    column-major on the host: tests/test_cuda_emulated.py)."""
+    import cupy
+
+    from minicavs.cuda import blas
+
+    rng = np.random.default_rng(3)
+    m, n, k = 37, 19, 23
+    x, y = (rng.standard_normal(s).astype(dtype) for s in ((m, k), (k, n)))
+    wide = lambda a: cupy.asarray(np.pad(a, ((0, 0), (2, 3))))[:, 2:2 + a.shape[1]]  # noqa: E731
+    layouts = {"rows": lambda a: cupy.asarray(a), "window": wide,
+               "transposed": lambda a: cupy.asarray(np.ascontiguousarray(a.T)).T,
+               "transposed window": lambda a: wide(np.ascontiguousarray(a.T)).T}
+    tol = 1e-4 if dtype == np.float32 else 1e-12
+    for name_a, lay_a in layouts.items():
+        for name_b, lay_b in layouts.items():
+            a, b = lay_a(x), lay_b(y)
+            assert blas._plan(a, b, None), (name_a, name_b)
+            out = wide(np.full((m, n), np.nan, dtype))
+            assert blas.matmul(cupy, a, b, out) is out
+            np.testing.assert_allclose(out.get(), x @ y, rtol=tol, atol=tol,
+                                       err_msg=f"{name_a} @ {name_b}")

@@ -31,6 +31,7 @@ cannot). See ``README.md`` in this folder.
 """
 
 import contextlib
+import ctypes
 import functools
 import re
 import time
@@ -647,6 +648,37 @@ _cuda = types.SimpleNamespace(
     compiler=types.SimpleNamespace(CompileException=CompileException),
     is_available=lambda: True)
 Stream.null = _NULL_STREAM
+
+
+# --- cuBLAS (the products cuda/blas.py calls): column-major, on the arrays' host memory -------
+
+def _column_major(address, ld, shape, dtype):
+    """The column-major ``shape`` matrix at ``address`` whose columns are ``ld`` apart."""
+    rows, cols = shape
+    if ld < max(1, rows):
+        raise ValueError(f"emulated cuBLAS: leading dimension {ld} below the {rows} rows of a "
+                         f"column-major operand (CUBLAS_STATUS_INVALID_VALUE on a GPU)")
+    item = np.dtype(dtype).itemsize
+    count = (cols - 1) * ld + rows
+    flat = np.frombuffer((ctypes.c_char * (count * item)).from_address(address), dtype, count)
+    return np.lib.stride_tricks.as_strided(flat, (rows, cols), (item, ld * item))
+
+
+def _gemm(dtype):
+    @_library
+    def gemm(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):  # noqa: ARG001
+        counter.add("library")
+        a = _column_major(A, lda, (k, m) if transa else (m, k), dtype)
+        b = _column_major(B, ldb, (n, k) if transb else (k, n), dtype)
+        c = _column_major(C, ldc, (m, n), dtype)
+        alpha, beta = (_column_major(p, 1, (1, 1), dtype)[0, 0] for p in (alpha, beta))
+        product = alpha * ((a.T if transa else a) @ (b.T if transb else b))
+        c[...] = product if beta == 0 else product + beta * c  # (beta 0: C is not read)
+    return gemm
+
+
+_cuda.cublas = types.SimpleNamespace(sgemm=_gemm(np.float32), dgemm=_gemm(np.float64))
+_cuda.get_cublas_handle = lambda: 0
 
 
 class _Random:

@@ -6,6 +6,7 @@ import numpy as np
 from . import batching, elementwise, shape
 from .. import backend
 from ..cpu import products as native_products
+from ..cuda import blas
 from .registry import (Aval, Op, apply, broadcast_shapes, common_dtype, describe, needs_grad,
                        register)
 from .rows import FULL, intersect, is_empty
@@ -125,11 +126,14 @@ def _matmul_on_nonzero_rows(xp, node, args, range_of, within):
 
 def _product(xp, a, b, out=None):
     """``a @ b``: a large product of NumPy matrices on the native team (cpu/products.py: the
-    process's cores, one-thread gemms), else ``xp.matmul``."""
+    process's cores, one-thread gemms), of CuPy matrices one cuBLAS call (cuda/blas.py), else
+    ``xp.matmul``."""
     if xp is np:
         done = native_products.matmul(a, b, out)
         if done is not None:
             return done
+    elif a.ndim == b.ndim == 2:
+        return blas.matmul(xp, a, b, out)
     return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
 
 

@@ -40,6 +40,7 @@ from ..csource import compute_dtype, elementwise_source
 from ..errors import GraphError, KernelCompileError
 from ..ops.shape import SLICE_AXIS
 from .analysis import FusedGroup
+from ..cuda import blas
 from .executor import RECORD, GroupStep, OpStep
 from .plans import RUN, SKIP, ZERO, record_written, widen
 from .program import Compute, Gather, ScatterAdd
@@ -285,8 +286,7 @@ def _quick(ins, xp, in_buffers):
         (a, b), key = [x.key for x in node.inputs], node.key
 
         def product(local):  # (CuPy: one cuBLAS call, into the value's buffer if it has one)
-            out = local.get(key)
-            local[key] = xp.matmul(local[a], local[b], out=out)
+            local[key] = blas.matmul(xp, local[a], local[b], local.get(key))
         return product
     group = getattr(ins.step, "group", None)
     if group is None:  # any other op: its step, without the loop's dispatch
