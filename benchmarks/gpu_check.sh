@@ -12,6 +12,7 @@ python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy._
 step doctor 30 python3 -m minicavs doctor
 step pytest_gpu ${PYTEST_LIMIT:-180} python3 -m pytest -q -p no:cacheprovider -m gpu --maxfail 25 \
      --timeout 120 -o addopts= tests
+step host_costs 40 python3 benchmarks/cuda_host_costs.py
 step bench_cuda ${BENCH_LIMIT:-150} python3 benchmarks/run.py --cuda --epochs 1 --ablation none \
      --workloads "${WORKLOADS:-tree_lstm_256}" --timeout 140 $SST --out "$OUT"
 step autobatch_table ${TABLE_LIMIT:-150} python3 benchmarks/autobatch_table.py --cuda --batches 4 \
