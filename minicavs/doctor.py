@@ -93,9 +93,9 @@ def _probe_kernels(report):
     split = calibrate.split_elements(threads)
     if split:
         team_line = f"{threads} thread(s); a loop splits between them from {split} elements"
-    elif threads > 1 and calibrate.free_cores() < threads:
-        team_line = (f"{threads} thread(s); not measured: other work holds the cores now (loops "
-                     f"run on one thread until a quiet moment measures it)")
+    elif threads > 1 and not calibrate.split_measured(threads):
+        team_line = (f"{threads} thread(s); not measured: other work held the cores (loops run "
+                     f"on one thread until a quiet moment measures it)")
     else:
         team_line = f"{threads} thread(s); loops run on one thread (a team did not pay here)"
     report.append(("cpu team", team_line, None, False))
