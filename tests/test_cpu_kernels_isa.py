@@ -146,6 +146,22 @@ def test_a_choice_is_measured_once_kept_on_disk_and_read_back(fresh_calibration,
     assert calibrate.measured() == stored
 
 
+def test_a_close_call_is_measured_a_second_time_once(fresh_calibration, monkeypatch):
+    """Own ÷ BLAS within ``CLOSE``: measured again, the best of both decides and is kept, and
+    a later process does not measure it a third time; a clear verdict is measured once."""
+    results = iter([[52.6, 53.8], [30.0, 54.0]])  # (the team was slow the first time)
+    monkeypatch.setattr(calibrate, "measure", lambda *calls: next(results))
+    assert calibrate.own_is_faster("team Xᵀ·G", lambda: (None, None)) is True
+    assert calibrate.measured()["team Xᵀ·G"] == [30.0, 53.8]
+    monkeypatch.setattr(calibrate, "_table", None)  # as a new process
+    monkeypatch.setattr(calibrate, "measure", lambda *calls: pytest.fail("measured again"))
+    assert calibrate.own_is_faster("team Xᵀ·G", lambda: (None, None)) is True
+    monkeypatch.setattr(calibrate, "measure", lambda *calls: [10.0, 30.0])
+    assert calibrate.own_is_faster("clear", lambda: (None, None)) is True
+    monkeypatch.setattr(calibrate, "measure", lambda *calls: pytest.fail("measured again"))
+    assert calibrate.own_is_faster("clear", lambda: (None, None)) is True
+
+
 def test_a_kernel_whose_source_changed_is_measured_again(fresh_calibration):
     made = []
 
