@@ -39,8 +39,8 @@ from ..autodiff.symbolic import Symbol
 from ..csource import compute_dtype, elementwise_source
 from ..errors import GraphError, KernelCompileError
 from ..ops.shape import SLICE_AXIS
-from .analysis import FusedGroup
 from ..cuda import blas
+from .analysis import FusedGroup
 from .executor import RECORD, GroupStep, OpStep
 from .plans import RUN, SKIP, ZERO, record_written, widen
 from .program import Compute, Gather, ScatterAdd

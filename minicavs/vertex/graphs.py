@@ -400,8 +400,8 @@ class BatchIndices:
     Device side (int64 on NumPy, int32 on CuPy): ``order`` (level order -> the caller's vertex
     order), ``row_of`` (its inverse), each slot's child rows (-1: absent; a take reads the spare
     zero row; on NumPy made when a program first reads the slot), the edge lists; on CuPy all
-    of them in one copy. ``vertex_name`` and
-    ``edge_name`` say which sample and vertex a row is, for messages."""
+    of them in one copy. ``vertex_name`` and ``edge_name`` say which sample and vertex a row
+    is, for messages."""
 
     def __init__(self, batch, xp):
         if xp is not np and max(batch.num_vertices + 1, len(batch.edge_child_row)) >= 2**31:
