@@ -2,6 +2,8 @@
 # The checks a lent GPU runs, in one call (developers' guide: "A GPU, when one is lent").
 # Each step has its own time limit, so a hang in one leaves time for the others; logs go to
 # $OUT (or ./gpu-check). Data: DATA=<folder with sst/train.txt and tags/> (else synthetic).
+# The whole script takes about 8 minutes on an H100 (session 17: a serial pytest -m gpu alone
+# took over 140 s, 25 s on 8 workers), inside one call of the device tool's 10.
 OUT=${OUT:-gpu-check}; mkdir -p "$OUT"; export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 DATA=${DATA:-}; SST=${DATA:+--sst $DATA/sst/train.txt}
 step() { local name=$1 limit=$2; shift 2; echo "=== $name (limit ${limit}s)"; local t0=$SECONDS
@@ -9,21 +11,25 @@ step() { local name=$1 limit=$2; shift 2; echo "=== $name (limit ${limit}s)"; lo
          echo "=== $name: rc=$rc in $((SECONDS - t0))s"; tail -n "${TAIL:-25}" "$OUT/$name.log"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__)"
+WORKERS=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 step doctor 30 python3 -m minicavs doctor
-step pytest_gpu ${PYTEST_LIMIT:-180} python3 -m pytest -q -p no:cacheprovider -m gpu --maxfail 25 \
-     --timeout 120 -o addopts= tests
+step pytest_gpu ${PYTEST_LIMIT:-120} python3 -m pytest -q -p no:cacheprovider -m gpu $WORKERS \
+     --maxfail 25 --timeout 100 -o addopts= tests
 step host_costs 40 python3 benchmarks/cuda_host_costs.py
-step bench_cuda ${BENCH_LIMIT:-150} python3 benchmarks/run.py --cuda --epochs 1 --ablation none \
-     --workloads "${WORKLOADS:-tree_lstm_256}" --timeout 140 $SST --out "$OUT"
-step autobatch_table ${TABLE_LIMIT:-150} python3 benchmarks/autobatch_table.py --cuda --batches 4 \
-     --rounds 1 --threads "$(nproc)" ${TABLE_ARGS:-}
-step autobatch_cuda 50 python3 examples/autobatch.py --device cuda --train-size 1000 \
-     --test-size 200 --epochs 1 --no-progress
-step autobatch_cpu 40 python3 examples/autobatch.py --device cpu --train-size 1000 \
-     --test-size 200 --epochs 1 --no-progress
+# The goal's workload on the whole SST training set, the others on its first 2,048 trees.
+step bench_cuda ${BENCH_LIMIT:-80} python3 benchmarks/run.py --cuda --epochs 1 --ablation none \
+     --workloads tree_lstm_256 --timeout 75 $SST --out "$OUT/tree_lstm_256"
+step bench_cuda_rest ${REST_LIMIT:-150} python3 benchmarks/run.py --cuda --epochs 1 \
+     --ablation none --workloads "${WORKLOADS:-tree_lstm,tree_fc,var_lstm,tree_rnn,rntn}" \
+     --size 2048 --timeout 60 $SST --out "$OUT/rest"
+step main_cuda 45 python3 -m minicavs train tree-lstm --device cuda --no-progress
+step main_cpu 30 python3 -m minicavs train tree-lstm --device cpu --no-progress
+step autobatch_table ${TABLE_LIMIT:-150} python3 benchmarks/autobatch_table.py --cuda --batches 3 \
+     --rounds 1 --threads "$(nproc)" ${DATA:+--data $DATA} ${TABLE_ARGS:---systems \
+     minicavs-agenda:cuda,minicavs-agenda+:cuda,minicavs-agenda+,minicavs-vertex:cuda}
 # Where a Tree-LSTM-256 epoch's host time goes (the GPU idles while Python issues launches).
 [ "${PROFILE:-1}" = 0 ] && exit 0
-step profile_treelstm_cuda 90 python3 -m cProfile -o "$OUT/treelstm.prof" examples/tree_lstm.py \
+step profile_treelstm_cuda 60 python3 -m cProfile -o "$OUT/treelstm.prof" examples/tree_lstm.py \
      --device cuda --hidden 256 --embed-dim 256 --train-size 3000 --epochs 2 --no-progress \
      ${DATA:+--data $DATA/sst}
 python3 -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('tottime').print_stats(30)" \
