@@ -275,7 +275,15 @@ WORKER = textwrap.dedent(r'''
         loss = losses.softmax_cross_entropy(mc.tensor(z, requires_grad=True), mc.tensor(y))
         with emulated.counter.measure() as read:
             loss.item()
-        return {"indices": indices, "xent_grad": grad, "item": read}
+        params = [mc.Parameter(backend.to_device(rng.standard_normal(s).astype(np.float32)))
+                  for s in ((4, 3), (3,), (1,))]
+        optimizer = mc.nn.Adam(params, lr=1e-2)
+        for _ in range(2):  # (the first step makes the moments)
+            for p in params:
+                p.grad = mc.tensor(backend.to_device(np.ones(p.shape, np.float32)))
+            with emulated.counter.measure() as adam:
+                optimizer.step()
+        return {"indices": indices, "xent_grad": grad, "item": read, "adam": adam}
 
     trees, vocab = synthetic_treebank(6)
     out = {"overheads": step_overheads()}
@@ -486,11 +494,13 @@ def test_an_lstm_segment_moves_its_indices_to_the_device_once(emulated_run):
 def test_a_training_steps_launches_beside_f_are_what_they_must_be(emulated_run):
     """A batch's index arrays go to the device in one copy (its child slots with them); the
     cross-entropy gradient of a mean (one value for every row) is its kernel alone; reading the
-    loss is one copy back (no fingerprint of the array: the copy cannot write into it)."""
+    loss is one copy back (no fingerprint of the array: the copy cannot write into it); Adam
+    steps every parameter in one launch (and one copy of their addresses)."""
     found = emulated_run["overheads"]
     assert found["indices"] == {"copy": 1}, found
     assert found["xent_grad"] == {"kernel": 1}, found
     assert found["item"] == {"copy": 1}, found
+    assert found["adam"] == {"copy": 1, "kernel": 1}, found  # (three parameters, one launch)
 
 
 _LAYOUTS = ("rows", "window", "transposed", "transposed window")

@@ -919,11 +919,11 @@ def test_gpu_softmax_xent_kernels_equal_the_ops_numpy_form():
 
 # ----------------------------------------------------------------------------------------- adam
 
-def _adam_case(dtype, optimizer, weight_decay, steps=3):
+def _adam_case(dtype, optimizer, weight_decay, steps=3, shape=(37, 11), seed=7):
     """Parameters and moments after ``steps`` of the optimiser's NumPy form, the gradients, and
-    the last step's hyperparameters as the kernel takes them."""
-    rng = np.random.default_rng(7)
-    shape = (37, 11)  # (not a multiple of a block)
+    the last step's hyperparameters as the kernel takes them. (37 x 11: not a multiple of a
+    block.)"""
+    rng = np.random.default_rng(seed)
     param = mc.Parameter(rng.standard_normal(shape).astype(dtype))
     opt = optimizer([param], lr=0.05, weight_decay=weight_decay)
     grads = [rng.standard_normal(shape).astype(dtype) for _ in range(steps)]
@@ -952,6 +952,41 @@ def test_shim_adam_kernel_equals_the_optimisers_numpy_form(dtype, optimizer, wei
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     assert kernels.adam(p, g, m, v, *hyper) is False  # NumPy arrays: the optimiser's own form
     assert kernels.adam(p, g[:, :5], m, v, *hyper, runner="shim") is False  # (another shape)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_shim_adam_many_steps_every_parameter_in_one_launch_as_the_numpy_form(dtype):
+    """The multi-tensor kernel: parameters of four shapes (one of a single element) stepped in
+    one launch from a table of their addresses, each as the optimiser's NumPy form steps it."""
+    cases = [_adam_case(dtype, mc.nn.AdamW, 0.1, shape=shape, seed=k)
+             for k, shape in enumerate([(37, 11), (5,), (2, 3, 4), (1,)])]
+    hyper = cases[0][2]
+    assert all(case[2] == hyper for case in cases)
+    params, ms, vs = ([case[0][j] for case in cases] for j in range(3))
+    grads = [case[1] for case in cases]
+    assert kernels.adam_many(params, grads, ms, vs, *hyper, runner="shim") is True
+    tol = 1e-6 if dtype == np.float32 else 1e-14
+    for case, *got in zip(cases, params, ms, vs):
+        for g, want in zip(got, case[3]):
+            np.testing.assert_allclose(g, want, rtol=tol, atol=tol)
+    assert kernels.adam_many(params, grads, ms, vs, *hyper) is False  # (NumPy: the CPU's own)
+    assert kernels.adam_many(params, grads[:1] + [grads[0]] * 3, ms, vs, *hyper,
+                             runner="shim") is False  # (a gradient of another shape)
+
+
+@pytest.mark.gpu
+def test_gpu_adam_many_equals_the_optimisers_numpy_form():
+    import cupy
+
+    cases = [_adam_case(np.float32, mc.nn.AdamW, 0.1, shape=shape, seed=k)
+             for k, shape in enumerate([(37, 11), (5,), (1,)])]
+    on_gpu = [[cupy.asarray(a) for a in case[0]] for case in cases]
+    params, ms, vs = ([arrays[j] for arrays in on_gpu] for j in range(3))
+    assert kernels.adam_many(params, [cupy.asarray(c[1]) for c in cases], ms, vs,
+                             *cases[0][2]) is True
+    for case, *got in zip(cases, params, ms, vs):
+        for g, want in zip(got, case[3]):
+            np.testing.assert_allclose(g.get(), want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.gpu

@@ -14,6 +14,8 @@ as cuBLAS reads it, so the operand order and leading dimensions are checked with
 
 import numpy as np
 
+from .kernels import device_address
+
 _GEMM = {np.dtype(np.float32): "sgemm", np.dtype(np.float64): "dgemm"}
 # alpha = 1 and beta = 0 per dtype, as host pointers (cuBLAS's host pointer mode, CuPy's)
 _SCALARS = {d: (np.ones(1, d), np.zeros(1, d)) for d in _GEMM}
@@ -54,7 +56,7 @@ def matmul(xp, a, b, out=None):
             (alpha, beta) = plan
         if out is None:
             out = xp.empty((m, n), a.dtype)
-        address = _address(xp)
+        address = device_address(xp)
         pa, pb, pc = address(a), address(b), address(out)
         if not (pa < pc + span_c and pc < pa + span_a or
                 pb < pc + span_c and pc < pb + span_b):  # (cuBLAS must not read what it writes)
@@ -94,17 +96,3 @@ def _plan(a, b, out):
 def _span(x):
     """The bytes from ``x``'s first element to past its last (its strides are not negative)."""
     return sum((n - 1) * s for n, s in zip(x.shape, x.strides)) + x.itemsize
-
-
-def _address(xp):
-    """The device address of an array's first element (the emulated device's: host memory,
-    read as the native kernels read a NumPy array's)."""
-    if getattr(xp, "emulated", False):
-        from ..cpu.kernels import data_address
-
-        return data_address
-    return _device_address
-
-
-def _device_address(x):
-    return x.data.ptr

@@ -386,6 +386,36 @@ extern "C" __global__ void ${name}(${T}* __restrict__ p, const ${T}* __restrict_
     }
 }
 """
+# The same over every parameter of an optimiser's group in one launch (multi-tensor): ``table``
+# holds the parameters' addresses (count each of p, g, m, v, in that order) and the offsets of
+# their elements (count + 1); element e belongs to the parameter whose offsets bracket it.
+_SOURCES["adam_many"] = """
+extern "C" __global__ void ${name}(const long long* __restrict__ table, const long long count,
+                                   const ${T} b1, const ${T} b2, const ${T} eps,
+                                   const ${T} bc2, const ${T} step, const ${T} decay,
+                                   const long long total)
+{
+    const long long* offsets = table + 4 * count;
+    ${loop} {
+        long long k = 0, hi = count - 1;
+        while (k < hi) {
+            const long long mid = (k + hi + 1) / 2;
+            if (offsets[mid] <= e) k = mid; else hi = mid - 1;
+        }
+        const long long i = e - offsets[k];
+        ${T}* p = (${T}*)table[k];
+        const ${T}* g = (const ${T}*)table[count + k];
+        ${T}* m = (${T}*)table[2 * count + k];
+        ${T}* v = (${T}*)table[3 * count + k];
+        const ${T} gi = g[i];
+        const ${T} mi = b1 * m[i] + (1 - b1) * gi;
+        const ${T} vi = b2 * v[i] + (1 - b2) * (gi * gi);
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * decay - step * (mi / (sqrt(vi / bc2) + eps));
+    }
+}
+"""
 for _k in range(3):
     for _cell in ("lstm_cell", "lstm_cell_grad", "lstm_cell_sum"):
         _SOURCES[f"{_cell}{_k}"] = re.sub(r"\bK\b", str(_k), _SOURCES[_cell])
@@ -1048,6 +1078,46 @@ def softmax_xent_grad(logits, labels, g, *, runner=None):
 
 # ---------------------------------------------------------------------------------------------
 # adam
+
+def adam_many(params, grads, ms, vs, beta1, beta2, eps, bc2, step, decay, *, runner=None):
+    """One Adam step for same-dtype, contiguous CuPy parameters (lists, in place with their
+    moments) in one launch and one copy of their addresses to the device; False where the
+    kernel does not apply (NumPy arrays, another dtype or layout): the optimiser's own form
+    runs."""
+    arrays = [*params, *grads, *ms, *vs]
+    if not params:
+        return False
+    runner = _pick_runner("adam_many", runner, arrays)
+    dtype = params[0].dtype
+    if runner == "numpy" or dtype not in DTYPES or any(
+            a.dtype != dtype or not a.flags.c_contiguous for a in arrays) or any(
+            a.shape != p.shape for group in (grads, ms, vs) for a, p in zip(group, params)):
+        return False
+    address = device_address(_xp(runner) if runner == "cupy" else np)
+    offsets = np.cumsum([0] + [p.size for p in params])
+    table = np.array([address(a) for a in arrays] + offsets.tolist(), np.int64)
+    if runner == "cupy":
+        table = _xp(runner).asarray(table)
+    hyper = (dtype.type(h) for h in (beta1, beta2, eps, bc2, step, decay))
+    _launch("adam_many", dtype, runner, int(offsets[-1]),
+            (table, len(params), *hyper, int(offsets[-1])))
+    return True
+
+
+def device_address(xp):
+    """How to read an array's address for a kernel: a CuPy array's device pointer; on the
+    emulated device or for the shim (NumPy arrays) its host memory's, as the native kernels
+    read it."""
+    if xp is np or getattr(xp, "emulated", False):
+        from ..cpu.kernels import data_address
+
+        return data_address
+    return _cupy_address
+
+
+def _cupy_address(x):
+    return x.data.ptr
+
 
 def adam(param, grad, m, v, beta1, beta2, eps, bc2, step, decay, *, runner=None):
     """One Adam step on a CuPy parameter in one launch (in place: ``param``, ``m``, ``v``), as

@@ -292,37 +292,44 @@ class Adam(Optimizer):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
     def step(self):
-        """Each group's NumPy parameters in one native pass (``cpu/kernels.py``: m, v and p
-        read and written once each), where native code is on; the others one by one."""
+        """Each group's parameters in one pass per device — NumPy ones in one native call
+        (``cpu/kernels.py``), CuPy ones in one launch (``cuda/kernels.py``): m, v and p read
+        and written once each — where that applies; the others one by one."""
         self.check_hyperparameters()
         i = 0
         for group in self.param_groups:
-            batch = []
+            batches = {np: [], "device": []}
             for p in group["params"]:
-                if not self._native_one(i, p, self.state[i], group, batch):
+                if not self._queue(i, p, self.state[i], group, batches):
                     self._step_one(i, p, self.state[i], group)
                 i += 1
-            if batch:
-                self._native_step(group, batch)
+            for xp, batch in batches.items():
+                if batch:
+                    self._batched_step(group, batch, xp is np)
 
-    def _native_one(self, i, p, state, group, batch):
-        """Queue parameter ``i`` for the group's native step; False if NumPy must update it
-        (another array module, an L2 penalty, a gradient of another shape or dtype)."""
+    def _queue(self, i, p, state, group, batches):
+        """Queue parameter ``i`` for its device's one pass; False if it must be updated alone
+        (another array type, an L2 penalty, a gradient of another shape or dtype)."""
         grad = p.grad.data if p.grad is not None else None
-        if grad is None or type(p._array) is not np.ndarray or type(grad) is not np.ndarray \
+        on_host = type(p._array) is np.ndarray
+        if grad is None or (on_host and type(grad) is not np.ndarray) \
+                or not (on_host or backend.is_cupy_array(p._array)) \
                 or grad.shape != p.shape or grad.dtype != p.dtype \
                 or p.dtype not in (np.float32, np.float64) \
                 or (group["weight_decay"] and not self.decoupled_weight_decay) \
                 or not p._array.flags.c_contiguous:
             return False
+        xp = np if on_host else backend.get_array_module(p._array, grad, op="Adam.step")
         if not state:
-            state.update(step=0, m=np.zeros_like(p._array), v=np.zeros_like(p._array))
-        batch.append((p, np.ascontiguousarray(grad), state))
+            state.update(step=0, m=xp.zeros_like(p._array), v=xp.zeros_like(p._array))
+        batches[np if on_host else "device"].append((p, xp.ascontiguousarray(grad), state))
         return True
 
-    def _native_step(self, group, batch):
-        from ..cpu import kernels
+    def _batched_step(self, group, batch, on_host):
+        from ..cpu import kernels as host_kernels
+        from ..cuda import kernels as device_kernels
 
+        step_all = host_kernels.adam if on_host else device_kernels.adam_many
         beta1, beta2 = group["betas"]
         by_step = {}
         for p, grad, state in batch:  # (parameters added later have fewer steps)
@@ -334,11 +341,12 @@ class Adam(Optimizer):
                 versions.writing(p)
             arrays = [[p._array for p, _, _ in members], [g for _, g, _ in members],
                       [s["m"] for _, _, s in members], [s["v"] for _, _, s in members]]
-            if not kernels.adam(*arrays, beta1, beta2, group["eps"], 1 - beta2 ** t,
-                                group["lr"] / (1 - beta1 ** t), decay):
+            if not step_all(*arrays, beta1, beta2, group["eps"], 1 - beta2 ** t,
+                            group["lr"] / (1 - beta1 ** t), decay):
                 for p, grad, state in members:
                     state["step"] -= 1
-                    self._update(np, p._array, grad, state, group)
+                    self._update(backend.get_array_module(p._array), p._array, grad, state,
+                                 group)
             for p, _, _ in members:
                 versions.changed(p)
 
