@@ -946,12 +946,13 @@ def _adam_case(dtype, optimizer, weight_decay, steps=3, shape=(37, 11), seed=7):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_shim_adam_kernel_equals_the_optimisers_numpy_form(dtype, optimizer, weight_decay):
     (p, m, v), g, hyper, (p_ref, m_ref, v_ref) = _adam_case(dtype, optimizer, weight_decay)
-    assert kernels.adam(p, g, m, v, *hyper, runner="shim") is True
+    assert kernels.adam_many([p], [g], [m], [v], *hyper, runner="shim") is True
     tol = 1e-6 if dtype == np.float32 else 1e-14
     for got, want in ((m, m_ref), (v, v_ref), (p, p_ref)):
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
-    assert kernels.adam(p, g, m, v, *hyper) is False  # NumPy arrays: the optimiser's own form
-    assert kernels.adam(p, g[:, :5], m, v, *hyper, runner="shim") is False  # (another shape)
+    assert kernels.adam_many([p], [g], [m], [v], *hyper) is False  # NumPy: the optimiser's own
+    assert kernels.adam_many([p], [g[:, :5]], [m], [v], *hyper,
+                             runner="shim") is False  # (another shape)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -993,7 +994,7 @@ def test_gpu_adam_many_equals_the_optimisers_numpy_form():
 def test_gpu_adam_kernel_equals_the_optimisers_numpy_form():
     (p, m, v), g, hyper, (p_ref, m_ref, v_ref) = _adam_case(np.float32, mc.nn.AdamW, 0.1)
     d_p, d_g, d_m, d_v = _to_gpu(p, g, m, v)
-    assert kernels.adam(d_p, d_g, d_m, d_v, *hyper) is True
+    assert kernels.adam_many([d_p], [d_g], [d_m], [d_v], *hyper) is True
     for got, want in ((d_m, m_ref), (d_v, v_ref), (d_p, p_ref)):
         np.testing.assert_allclose(got.get(), want, rtol=1e-6, atol=1e-6)
 

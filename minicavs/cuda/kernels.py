@@ -367,28 +367,12 @@ _SOURCES["softmax_xent_grad"] = _XENT_HEAD.replace(
     }
 }
 """
-# Adam over one parameter in one pass (the optimiser's NumPy form is eleven element-wise
-# launches): the moments and the weights read and written once; hyperparameters in the
-# parameter's type, as cpu/kernel_source.py's adam computes them.
-_SOURCES["adam"] = """
-extern "C" __global__ void ${name}(${T}* __restrict__ p, const ${T}* __restrict__ g,
-                                   ${T}* __restrict__ m, ${T}* __restrict__ v, const ${T} b1,
-                                   const ${T} b2, const ${T} eps, const ${T} bc2,
-                                   const ${T} step, const ${T} decay, const long long total)
-{
-    ${loop} {
-        const ${T} gi = g[e];
-        const ${T} mi = b1 * m[e] + (1 - b1) * gi;
-        const ${T} vi = b2 * v[e] + (1 - b2) * (gi * gi);
-        m[e] = mi;
-        v[e] = vi;
-        p[e] = p[e] * decay - step * (mi / (sqrt(vi / bc2) + eps));
-    }
-}
-"""
-# The same over every parameter of an optimiser's group in one launch (multi-tensor): ``table``
-# holds the parameters' addresses (count each of p, g, m, v, in that order) and the offsets of
-# their elements (count + 1); element e belongs to the parameter whose offsets bracket it.
+# Adam over every parameter of an optimiser's group in one launch (multi-tensor; the NumPy form
+# is thirteen element-wise launches a parameter): m, v and p read and written once each, the
+# hyperparameters in the parameters' type as cpu/kernel_source.py's adam computes them.
+# ``table`` holds the parameters' addresses (count each of p, g, m, v, in that order) and the
+# offsets of their elements (count + 1); element e belongs to the parameter whose offsets
+# bracket it.
 _SOURCES["adam_many"] = """
 extern "C" __global__ void ${name}(const long long* __restrict__ table, const long long count,
                                    const ${T} b1, const ${T} b2, const ${T} eps,
@@ -1117,19 +1101,3 @@ def device_address(xp):
 
 def _cupy_address(x):
     return x.data.ptr
-
-
-def adam(param, grad, m, v, beta1, beta2, eps, bc2, step, decay, *, runner=None):
-    """One Adam step on a CuPy parameter in one launch (in place: ``param``, ``m``, ``v``), as
-    ``cpu/kernels.adam`` on NumPy ones; False where the kernel does not apply (NumPy arrays,
-    another dtype, a layout that is not one contiguous run): the optimiser's own form runs."""
-    arrays = (param, grad, m, v)
-    runner = _pick_runner("adam", runner, arrays)
-    dtype = param.dtype
-    if runner == "numpy" or dtype not in DTYPES or any(
-            a.dtype != dtype or a.shape != param.shape or not a.flags.c_contiguous
-            for a in arrays):
-        return False
-    hyper = (dtype.type(h) for h in (beta1, beta2, eps, bc2, step, decay))
-    _launch("adam", dtype, runner, param.size, (*arrays, *hyper, param.size))
-    return True

@@ -360,8 +360,9 @@ class Adam(Optimizer):
         if xp is not np:  # on the GPU: one launch (cuda/kernels.py) instead of thirteen
             from ..cuda import kernels
 
-            if kernels.adam(param, xp.ascontiguousarray(grad), m, v, beta1, beta2, group["eps"],
-                            1 - beta2 ** t, group["lr"] / (1 - beta1 ** t), decay):
+            if kernels.adam_many([param], [xp.ascontiguousarray(grad)], [m], [v], beta1, beta2,
+                                 group["eps"], 1 - beta2 ** t, group["lr"] / (1 - beta1 ** t),
+                                 decay):
                 return
         if decay != 1.0:
             param *= decay  # AdamW: decay apart from Adam
