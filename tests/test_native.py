@@ -332,6 +332,40 @@ def test_lstm_cell_kernels_equal_the_formulas(forget):
     if cs:  # mixed dtypes: NumPy runs
         assert kernels.lstm_cell(pre, [cs[0].astype("float64")] + cs[1:]) is None
 
+@needs_native
+@pytest.mark.parametrize("forget", [0, 1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lstm_cell_sum_adds_in_order_keeps_the_sum_and_runs_the_cell(forget, dtype, monkeypatch):
+    """An LSTM step's ``(x·W + h·U) + b`` added in the cell's pass (cpu/kernels.lstm_cell_sum,
+    runtime/executor.SummedCellStep): the sum bit for bit as the fused group adds it, the cell
+    as the one-pass cell on that sum, on the team's threads too (``own``: every loop splits);
+    a term read as a column window of a wider array; what it cannot read declines."""
+    from minicavs.cpu import kernels, products
+
+    monkeypatch.setenv("MINICAVS_KERNELS", "own")
+    rng = np.random.default_rng(forget)
+    H, rows = 13, 301
+    width = (3 + forget) * H
+    xw = rng.standard_normal((rows, width + 5)).astype(dtype)[:, 5:]  # a column window
+    hu = rng.standard_normal((rows, width)).astype(dtype)
+    b = rng.standard_normal(width).astype(dtype)
+    states = [rng.standard_normal((rows, 2 * H)).astype(dtype) for _ in range(forget)]
+    cs = [st[:, H:] for st in states]  # the c halves of [h, c] rows
+    want_pre = (xw + hu) + b
+    with products.team_products():
+        pre, out = kernels.lstm_cell_sum([xw, hu, b], cs)
+    assert np.array_equal(pre, want_pre)
+    assert np.array_equal(out, kernels.lstm_cell(want_pre, cs))
+    into_pre, into_out = np.empty_like(pre), np.empty_like(out)
+    got = kernels.lstm_cell_sum([b, hu], cs, into_out, into_pre)
+    assert got[0] is into_pre and got[1] is into_out and np.array_equal(into_pre, b + hu)
+    assert kernels.lstm_cell_sum([xw, hu[:1]], cs) is None  # one row of a 2-D term
+    assert kernels.lstm_cell_sum([xw, np.ones((), dtype)], cs) is None  # a scalar term
+    assert kernels.lstm_cell_sum([xw, hu.astype(np.float16)], cs) is None  # another dtype
+    assert kernels.lstm_cell_sum([xw, hu[:, ::-1]], cs) is None  # reversed columns
+    assert kernels.lstm_cell_sum([xw], cs) is None  # one term: no sum to fuse
+
+
 # --- layouts: every array the generated code reads is in a layout it supports ---------------------
 
 def _view(values, layout, rng):

@@ -251,16 +251,31 @@ static int64_t agenda(int64_t n, int64_t num_sigs, const int64_t *sig, int64_t *
 // The LSTM cell (ops/cells.py) on rows of gate pre-activations [i, f_1..f_K, o, u] (each H):
 // c = s(i) t(u) + sum_j s(f_j) c_j, h = s(o) t(c), written as [h, c]; one pass, no temporaries.
 // K (0, 1, 2) is a template argument so the loop over a row has no branch. The previous
-// cells may be strided rows (ldc: the c half of [h, c] states). One core: a row of a
-// recurrent step is short and a step has few rows.
+// cells may be strided rows (ldc: the c half of [h, c] states). With `terms` (2 or 3) the
+// pre-activations are first summed into `pre`, t[0] + t[1] (+ t[2]) in that order, each rows at
+// its stride lt[k] (0: one row for all, a bias): an LSTM step's two products and its bias in
+// the cell's pass (runtime/executor.SummedCellStep), the sum kept for the gradient. Rows are
+// split between `threads`.
 template <typename T>
 static inline T sigm(T x) { return T(1) / (T(1) + std::exp(-x)); }
 
 template <typename T, int K>
-static void lstm_cell(const T *pre, const T *c0, const T *c1, int64_t ldc, int64_t rows,
-                      int64_t H, T *out) {
+static void lstm_cell(T *pre, const T *const *t, const int64_t *lt, int terms, const T *c0,
+                      const T *c1, int64_t ldc, int64_t rows, int64_t H, T *out, int threads) {
+  const int64_t width = (3 + K) * H;
+  #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t r = 0; r < rows; ++r) {
-    const T *p = pre + r * (3 + K) * H;
+    T *p = pre + r * width;
+    if (terms > 1) {
+      const T *x = t[0] + r * lt[0], *y = t[1] + r * lt[1];
+      #pragma omp simd
+      for (int64_t j = 0; j < width; ++j) p[j] = x[j] + y[j];
+      if (terms > 2) {
+        const T *z = t[2] + r * lt[2];
+        #pragma omp simd
+        for (int64_t j = 0; j < width; ++j) p[j] += z[j];
+      }
+    }
     const T *a = K > 0 ? c0 + r * ldc : nullptr, *b = K > 1 ? c1 + r * ldc : nullptr;
     T *h = out + r * 2 * H, *c = h + H;
     #pragma omp simd
@@ -278,7 +293,8 @@ static void lstm_cell(const T *pre, const T *c0, const T *c1, int64_t ldc, int64
 // cotangent g = [g_h, g_c].
 template <typename T, int K>
 static void lstm_cell_grad(const T *pre, const T *c0, const T *c1, int64_t ldc, const T *out,
-                           const T *g, int64_t rows, int64_t H, T *grads) {
+                           const T *g, int64_t rows, int64_t H, T *grads, int threads) {
+  #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t r = 0; r < rows; ++r) {
     const T *p = pre + r * (3 + K) * H, *o = out + r * 2 * H, *gr = g + r * 2 * H;
     const T *a = K > 0 ? c0 + r * ldc : nullptr, *b = K > 1 ? c1 + r * ldc : nullptr;
@@ -306,20 +322,21 @@ static void lstm_cell_grad(const T *pre, const T *c0, const T *c1, int64_t ldc, 
 }
 
 template <typename T>
-static void lstm_cell_k(const T *pre, const T *c0, const T *c1, int64_t ldc, int64_t k,
-                        int64_t rows, int64_t H, T *out) {
-  if (k == 0) lstm_cell<T, 0>(pre, c0, c1, ldc, rows, H, out);
-  else if (k == 1) lstm_cell<T, 1>(pre, c0, c1, ldc, rows, H, out);
-  else lstm_cell<T, 2>(pre, c0, c1, ldc, rows, H, out);
+static void lstm_cell_k(T *pre, const T *const *t, const int64_t *lt, int terms, const T *c0,
+                        const T *c1, int64_t ldc, int64_t k, int64_t rows, int64_t H, T *out,
+                        int threads) {
+  if (k == 0) lstm_cell<T, 0>(pre, t, lt, terms, c0, c1, ldc, rows, H, out, threads);
+  else if (k == 1) lstm_cell<T, 1>(pre, t, lt, terms, c0, c1, ldc, rows, H, out, threads);
+  else lstm_cell<T, 2>(pre, t, lt, terms, c0, c1, ldc, rows, H, out, threads);
 }
 
 template <typename T>
 static void lstm_cell_grad_k(const T *pre, const T *c0, const T *c1, int64_t ldc,
                              const T *out, const T *g, int64_t k, int64_t rows, int64_t H,
-                             T *grads) {
-  if (k == 0) lstm_cell_grad<T, 0>(pre, c0, c1, ldc, out, g, rows, H, grads);
-  else if (k == 1) lstm_cell_grad<T, 1>(pre, c0, c1, ldc, out, g, rows, H, grads);
-  else lstm_cell_grad<T, 2>(pre, c0, c1, ldc, out, g, rows, H, grads);
+                             T *grads, int threads) {
+  if (k == 0) lstm_cell_grad<T, 0>(pre, c0, c1, ldc, out, g, rows, H, grads, threads);
+  else if (k == 1) lstm_cell_grad<T, 1>(pre, c0, c1, ldc, out, g, rows, H, grads, threads);
+  else lstm_cell_grad<T, 2>(pre, c0, c1, ldc, out, g, rows, H, grads, threads);
 }
 
 extern "C" {
@@ -376,16 +393,19 @@ void team_probe(const float *a, const float *b, float *out, int64_t n, int threa
     for (int64_t i = part * n / 8; i < (part + 1) * n / 8; ++i) out[i] = a[i] / (1 + std::exp(-b[i]));
   }
 }
-void lstm_cell_f32(const float *p, const float *a, const float *b, int64_t ldc, int64_t k,
-                   int64_t r, int64_t h, float *o) { lstm_cell_k(p, a, b, ldc, k, r, h, o); }
-void lstm_cell_f64(const double *p, const double *a, const double *b, int64_t ldc, int64_t k,
-                   int64_t r, int64_t h, double *o) { lstm_cell_k(p, a, b, ldc, k, r, h, o); }
-void lstm_cell_grad_f32(const float *p, const float *a, const float *b, int64_t ldc,
-                        const float *o, const float *g, int64_t k, int64_t r, int64_t h,
-                        float *d) { lstm_cell_grad_k(p, a, b, ldc, o, g, k, r, h, d); }
-void lstm_cell_grad_f64(const double *p, const double *a, const double *b, int64_t ldc,
-                        const double *o, const double *g, int64_t k, int64_t r, int64_t h,
-                        double *d) { lstm_cell_grad_k(p, a, b, ldc, o, g, k, r, h, d); }
+#define LSTM_CELL(suffix, T)                                                                   \
+  void lstm_cell_##suffix(T *p, const T *const *t, const int64_t *lt, int terms, const T *a,  \
+                          const T *b, int64_t ldc, int64_t k, int64_t r, int64_t h, T *o,     \
+                          int threads) {                                                      \
+    lstm_cell_k(p, t, lt, terms, a, b, ldc, k, r, h, o, threads);                             \
+  }                                                                                           \
+  void lstm_cell_grad_##suffix(const T *p, const T *a, const T *b, int64_t ldc, const T *o,   \
+                               const T *g, int64_t k, int64_t r, int64_t h, T *d,             \
+                               int threads) {                                                 \
+    lstm_cell_grad_k(p, a, b, ldc, o, g, k, r, h, d, threads);                                \
+  }
+LSTM_CELL(f32, float)
+LSTM_CELL(f64, double)
 }
 """ + isa.variants(r"""// A product with few rows, X (M x K) times a matrix B (K x N) that stays the same over many
 // products (a recurrent weight, one product per time step): B is copied once into panels of

@@ -38,8 +38,8 @@ def _usable(*arrays):
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64  # a pointer (passed as an int), a size
 _SIGNATURES = {  # the hot calls' argument types: declared, plain ints pass without wrappers
-    "lstm_cell": (_P, _P, _P, _I, _I, _I, _I, _P),
-    "lstm_cell_grad": (_P, _P, _P, _I, _P, _P, _I, _I, _I, _P),
+    "lstm_cell": (_P, _P, _P, ctypes.c_int, _P, _P, _I, _I, _I, _I, _P, ctypes.c_int),
+    "lstm_cell_grad": (_P, _P, _P, _I, _P, _P, _I, _I, _I, _P, ctypes.c_int),
     "scatter_add": (_P, _P, _P, _I, _I, _I, _I),
     "xent": (_P, _P, _I, _I, _P, ctypes.c_int),
     "xent_grad": (_P, _P, _P, _I, _I, _P, ctypes.c_int),
@@ -142,9 +142,44 @@ def lstm_cell(pre, c_prev):
         return None
     _, ldc, rows, H = found
     out = np.empty(pre.shape[:-1] + (2 * H,), pre.dtype)
-    c0, c1 = _cell_addresses(c_prev)
-    cell(data_address(pre), c0, c1, ldc, len(c_prev), rows, H, data_address(out))
+    cell(data_address(pre), None, None, 0, *_cell_addresses(c_prev), ldc, len(c_prev), rows, H,
+         data_address(out), calibrate.threads_for(pre.size))
     return out
+
+
+def lstm_cell_sum(terms, c_prev, out=None, pre=None):
+    """:func:`lstm_cell` on ``pre = terms[0] + terms[1] (+ terms[2])``, added in that order in
+    the cell's pass (each term (rows, (3 + k)·H) with contiguous rows, or one row of that width
+    for all rows: a bias), the sum written to ``pre``: ``(pre, out)``, each allocated where
+    None, or None where the kernel does not apply (the caller adds, then runs the cell)."""
+    rows_of = [t for t in terms if getattr(t, "ndim", 0) == 2]
+    if not rows_of or len(terms) not in (2, 3) or len(c_prev) > 2 \
+            or any(type(t) is not np.ndarray for t in terms):
+        return None
+    (rows, width), dtype = rows_of[0].shape, rows_of[0].dtype
+    strides = []
+    for t in terms:
+        ld = _rows_of(t, width) if t.ndim == 2 and t.shape[0] == rows else \
+            0 if t.shape == (width,) else None
+        if ld is None or t.dtype != dtype or t.shape[-1] != width:
+            return None
+        strides.append(ld)
+    if pre is None:
+        pre = np.empty((rows, width), dtype)
+    found = _lstm_operands(pre, c_prev, *([] if out is None else [out]))
+    cell = found and _function("lstm_cell", found[0])
+    if not cell or pre.shape != (rows, width) or pre.dtype != dtype:
+        return None
+    _, ldc, _, H = found
+    if out is None:
+        out = np.empty((rows, 2 * H), dtype)
+    elif out.shape != (rows, 2 * H):
+        return None
+    addresses = (ctypes.c_void_p * 3)(*[data_address(t) for t in terms], *[None] * (3 - len(terms)))
+    lds = (ctypes.c_int64 * 3)(*strides, *[0] * (3 - len(strides)))
+    cell(data_address(pre), addresses, lds, len(terms), *_cell_addresses(c_prev), ldc,
+         len(c_prev), rows, H, data_address(out), calibrate.threads_for(pre.size))
+    return pre, out
 
 
 def _cell_addresses(c_prev):
@@ -164,7 +199,7 @@ def lstm_cell_grad(pre, c_prev, out, g):
     grads = np.empty(pre.shape[:-1] + ((3 + 2 * k) * H,), pre.dtype)
     c0, c1 = _cell_addresses(c_prev)
     cell_grad(data_address(pre), c0, c1, ldc, data_address(out), data_address(g), k, rows, H,
-              data_address(grads))
+              data_address(grads), calibrate.threads_for(pre.size))
     return grads
 
 

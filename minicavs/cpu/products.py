@@ -199,7 +199,8 @@ class _Panels:
 
     def __init__(self, lib, b, transposed, prefix, suffix):
         self.lib, self.b, self.transposed, self.suffix = lib, b, transposed, suffix
-        self.prefix, self.threads = prefix, calibrate.free_cores()
+        self.prefix = prefix  # (in a team's block its size, sampled once; else cores free now)
+        self.threads = team_size() if getattr(_team, "on", False) else calibrate.free_cores()
         self.gemm = kernels.typed(lib, f"{prefix}_packed_gemm_{suffix}", _PACKED_GEMM_ARGS)
         self.key = ("panels", prefix, suffix, transposed, b.shape, self.threads)
         self._packed = None

@@ -34,7 +34,7 @@ import threading
 import numpy as np
 
 from .. import backend
-from ..cpu import fused as native_fused
+from ..cpu import fused as native_fused, kernels as native_kernels
 from ..csource import compute_dtype
 from ..errors import GraphError
 from ..ops import registry
@@ -158,9 +158,11 @@ class GroupStep:
 
 class SummedCellStep:
     """An LSTM cell (``ops/cells.py``) whose gate pre-activations are a fused group of adds —
-    an LSTM step's two products and its bias, as automatic batching writes a step: on CuPy one
-    kernel adds the terms, keeps the sum (the cell's gradient reads it) and runs the cell
-    (``cuda/kernels.lstm_cell_sum``), a launch fewer; elsewhere the group, then the cell."""
+    an LSTM step's two products and its bias, as automatic batching writes a step: one kernel
+    adds the terms, keeps the sum (the cell's gradient reads it) and runs the cell, in the
+    cell's pass over the rows (``lstm_cell_sum`` of ``cpu/kernels.py``, of
+    ``cuda/kernels.py``: on a GPU a launch fewer); where it does not apply, the group, then the
+    cell."""
 
     __slots__ = ("sum", "cell", "terms", "inputs", "outputs")
 
@@ -171,11 +173,13 @@ class SummedCellStep:
         self.outputs = [pre, cell_step.node]
 
     def run(self, xp, env, outs=None):
-        if xp is not np and xp is not RECORD:
-            from ..cuda import kernels
-
+        if xp is not RECORD:
             pre, cell = self.outputs
             outs = outs or {}
+            if xp is np:
+                kernels = native_kernels
+            else:
+                from ..cuda import kernels
             done = kernels.lstm_cell_sum(
                 [_value(env, t, xp) for t in self.terms],
                 [_value(env, c, xp) for c in cell.inputs[1:]], outs.get(cell.key),
