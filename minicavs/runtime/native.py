@@ -45,7 +45,7 @@ def _own_rows(spec, lib):
     """The loop's ``own_rows`` table: for each of its products, each layout of the weight and
     each power of two of rows up to ``codegen.FEW_ROWS``, whether the loop's own kernel for a
     few rows beats the BLAS on this machine (cpu/calibrate.py: measured once per CPU, BLAS and
-    bucket of shapes, then read from its file)."""
+    shape, then read from its file)."""
     from . import codegen
 
     table = np.zeros((max(1, len(spec.slots)), 2, codegen.ROW_BUCKETS), dtype=np.int8)
@@ -57,17 +57,20 @@ def _own_rows(spec, lib):
     return table
 
 
-_few_rows_wins = {}  # (dtype, rows, k, m buckets, transposed) -> bool, for this process
+# (dtype, rows, k, m, transposed) -> bool, for this process. The weight's own k and m, not
+# powers of two: a bucket had a 256 x 640 weight's verdict run a 256 x 1024 one's 8 rows at
+# 0.78x the BLAS (benchmarks/kernels.py); a program has few weights, each measured once.
+_few_rows_wins = {}
 
 
 def _own_wins(lib, dtype, rows, k, m, transposed, source):
     if calibrate.forced() is not None:  # (MINICAVS_KERNELS=own or blas: not remembered)
         return calibrate.forced() == "own"
-    bucket = (np.dtype(dtype).name, rows, products.bucket(k), products.bucket(m), transposed)
-    wins = _few_rows_wins.get(bucket)
+    key = (np.dtype(dtype).name, rows, k, m, transposed)
+    wins = _few_rows_wins.get(key)
     if wins is None:
-        name = (f"loop rows {'f32' if bucket[0] == 'float32' else 'f64'} <={rows}x"
-                f"<={1 << bucket[2]}x<={1 << bucket[3]}{' Bᵀ' if transposed else ''}")
+        name = (f"loop rows {'f32' if key[0] == 'float32' else 'f64'} <={rows}x{k}x{m}"
+                f"{' Bᵀ' if transposed else ''}")
 
         def make():
             rng = np.random.default_rng(0)
@@ -82,7 +85,7 @@ def _own_wins(lib, dtype, rows, k, m, transposed, source):
             return (lambda: own(*args),
                     lambda: np.matmul(x, w.T if transposed else w, out=out))
         with team.one_blas_thread():  # (as the loop calls it: one thread inside a team)
-            wins = _few_rows_wins[bucket] = calibrate.own_is_faster(name, make, source=source)
+            wins = _few_rows_wins[key] = calibrate.own_is_faster(name, make, source=source)
     return wins
 
 
