@@ -225,6 +225,30 @@ def test_free_cores_lie_between_one_and_the_team():
     assert 1 <= calibrate.free_cores() <= team.team_size()
 
 
+def test_free_cores_count_this_processes_threads_around_the_systems_count(monkeypatch):
+    """Other work is the system's runnable threads less this process's, counted before and
+    after (a team member that falls asleep between the reads is not other work); alone on
+    the machine, this process's threads are not read at all."""
+    monkeypatch.delenv(calibrate.ENVIRONMENT, raising=False)
+    monkeypatch.setattr(calibrate, "team_size", lambda: 4)
+
+    def reads(running, own):
+        running, own = iter(running), iter(own)
+        monkeypatch.setattr(calibrate, "_running", lambda: next(running))
+        monkeypatch.setattr(calibrate, "_own_running", lambda: next(own))
+
+    reads([1], [])  # (an own read would raise StopIteration)
+    assert calibrate.free_cores() == 4
+    reads([3, 3], [2, 2])  # this thread, one member, one other process
+    assert calibrate.free_cores() == 3
+    reads([3, 3], [3, 2])  # a member fell asleep after the system's count: not other work
+    assert calibrate.free_cores() == 4
+    reads([6, 6], [1, 1])  # five others: never below one
+    assert calibrate.free_cores() == 1
+    reads([None], [])  # unreadable: the whole team
+    assert calibrate.free_cores() == 4
+
+
 def test_another_cpu_or_blas_measures_again(fresh_calibration, monkeypatch):
     from minicavs.cpu import blas
 

@@ -279,18 +279,28 @@ def free_cores():
     path, whatever else runs)."""
     if forced() is not None:
         return team_size()
-    own = _own_running()
+    running = _running()
+    if running is None:
+        return team_size()
+    if running > 1:  # (alone, the one runnable thread is this one: no /proc/self reads)
+        # This process's threads read before and after a second count: a team member that
+        # falls asleep or wakes between the reads is this process's, not other work (read
+        # once after, such a member sized an autobatched block to one thread on a quiet
+        # machine: one block of twenty in 3 of 4 ten-step runs).
+        before = _own_running()
+        running = _running() or running
+        others = running - max(before, _own_running())
+        return max(1, team_size() - max(0, others))
+    return team_size()
+
+
+def _running():
+    """The system's runnable threads now (``/proc/loadavg``), or None where it cannot be read."""
     try:
         with open("/proc/loadavg") as f:
-            running = int(f.read().split()[3].split("/")[0])
+            return int(f.read().split()[3].split("/")[0])
     except (OSError, ValueError, IndexError):
-        return team_size()
-    # (this process's threads read before and after: a team member that falls asleep or
-    # wakes between the reads is this process's, not other work; read once after, such a
-    # member sized an autobatched block to one thread on a quiet machine: one block of twenty
-    # in 3 of 4 ten-step runs)
-    others = running - max(own, _own_running()) if running > 1 else 0
-    return max(1, team_size() - max(0, others))
+        return None
 
 
 def _own_running():
