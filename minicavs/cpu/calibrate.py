@@ -109,11 +109,7 @@ def _quiet(threads, tries=5):
     """Whether ``threads`` cores are free (:func:`free_cores`), asked again a millisecond later
     up to ``tries`` times: right after a team's call its members may still be running, or
     fall asleep between the two reads of ``/proc`` (seen here: one free core of two for about
-    a millisecond after the probe, then two), which is not other work. Never while another
-    Python thread lives: its work is this process's too, so ``free_cores`` cannot tell it
-    from the team's own, and a team measured beside it would be kept at its slowed speed."""
-    if threading.active_count() > 1:
-        return False
+    a millisecond after the probe, then two), which is not other work."""
     for attempt in range(tries):
         if free_cores() >= threads:
             return True
