@@ -52,8 +52,7 @@ class Optimizer:
             if "params" not in group:
                 raise ArgumentError(f"{kind}: parameter group {k} has no 'params' entry")
             members = []
-            for i, p in enumerate(group["params"] if isinstance(group["params"], (list, tuple))
-                                  else list(group["params"])):
+            for i, p in enumerate(group["params"]):
                 if not isinstance(p, Tensor) or not p.requires_grad:
                     where = f"parameter {i}" + (f" of group {k}" if len(groups) > 1 else "")
                     raise ArgumentError(f"{kind}: {where} is not a Tensor that requires grad "
