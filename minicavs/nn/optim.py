@@ -185,17 +185,16 @@ class Optimizer:
         if state_dict.get("type") != kind:
             return [f"the state is for optimiser {state_dict.get('type')!r}, this one is {kind!r}"]
         problems = []
-        if sorted(state_dict.get("hyperparameters", {})) != sorted(self.hyperparameter_names):
-            problems.append(f"hyperparameters {sorted(state_dict.get('hyperparameters', {}))}; "
-                            f"{kind} has {sorted(self.hyperparameter_names)}")
-        saved = list(state_dict.get("param_groups") or []) + [
-            state_dict.get("hyperparameters", {})]
-        for name, value in [(n, v) for group in saved for n, v in group.items()]:
-            problem = name in self.hyperparameter_names and self._hyperparameter_problem(name,
-                                                                                          value)
-            if problem:
-                problems.append(f"hyperparameter {problem}")
+        hyperparameters = state_dict.get("hyperparameters", {})
         saved_groups = state_dict.get("param_groups")
+        if sorted(hyperparameters) != sorted(self.hyperparameter_names):
+            problems.append(f"hyperparameters {sorted(hyperparameters)}; "
+                            f"{kind} has {sorted(self.hyperparameter_names)}")
+        for group in list(saved_groups or []) + [hyperparameters]:
+            for name in (n for n in group if n in self.hyperparameter_names):
+                problem = self._hyperparameter_problem(name, group[name])
+                if problem:
+                    problems.append(f"hyperparameter {problem}")
         if saved_groups is not None:
             sizes = [len(g["params"]) for g in saved_groups]
             mine = [len(g["params"]) for g in self.param_groups]
