@@ -19,8 +19,9 @@ from . import data as datasets, validate
 from .errors import CheckpointError, MinicavsError
 from .models import ChildSumTreeLSTMClassifier, TreeLSTMClassifier
 from .nn import Adam, load_checkpoint, save_checkpoint
-from .training import (add_common_arguments, add_model_arguments, chance_level, check_something_to_train,
-                       command_line_hint, fit, format_metrics, prepare_all, setup, throughput)
+from .training import (add_common_arguments, add_model_arguments, chance_level,
+                       check_something_to_train, command_line_hint, fit, format_metrics,
+                       prepare_all, setup, throughput)
 
 DEFAULT_LR = 0.005
 MODELS = {"tree-lstm": TreeLSTMClassifier, "child-sum-tree-lstm": ChildSumTreeLSTMClassifier}
@@ -137,10 +138,8 @@ def interrupted_note(save, epoch):
 def load_treebank(args):
     """TreebankSplits from ``--data`` (SST) or the synthetic treebank, and a description."""
     if args.data:
-        splits = datasets.load_sst(args.data)
-        return splits, f"SST from {args.data}"
-    splits = datasets.make_splits(seed=args.seed, sizes=args.sizes)
-    return splits, "the synthetic treebank"
+        return datasets.load_sst(args.data), f"SST from {args.data}"
+    return datasets.make_splits(seed=args.seed, sizes=args.sizes), "the synthetic treebank"
 
 
 def run(args):
@@ -221,6 +220,5 @@ def run(args):
         against = (f" (chance {chance[0]:.3f}, {chance[1]:.3f})" if None not in chance else "")
         comm.log(f"{args.model}: test root accuracy fine {test['fine']:.3f} binary "
                  f"{test['binary']:.3f}{against} after {max(args.epochs, start_epoch)} epochs, "
-                 f"{rate}"
-                 f"{ranks}, {time.perf_counter() - started:.1f} s{saved_to}")
+                 f"{rate}{ranks}, {time.perf_counter() - started:.1f} s{saved_to}")
     return 0

@@ -189,8 +189,6 @@ class EpochStats:
 
 
 LOSS_DISPLAY_SECONDS = 1.0  # how often the progress bar reads the running loss
-
-
 LOSS_SCALES = ("target", "sample")  # what a step's summed loss is divided by
 
 
@@ -614,8 +612,7 @@ def plot_history(histories, path, metric, title="", log=print, held_out="dev"):
     from matplotlib.ticker import MaxNLocator
     for axes in (losses, scores):  # epochs are whole numbers: no 1.5 on the axis
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-    losses.legend(fontsize="small")
-    scores.legend(fontsize="small")
+        axes.legend(fontsize="small")
     if title:
         figure.suptitle(title)
     figure.tight_layout()

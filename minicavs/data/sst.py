@@ -145,12 +145,9 @@ def read_sst(path, vocab=None, *, collapse_unary=True, num_labels=5):
     """Parse every non-blank line of an SST file into a Tree; errors name the file and line.
     Labels must lie in ``0..num_labels - 1`` (SST's five sentiment classes)."""
     path = Path(path)
-    trees = []
-    for number, text in text_lines(path):
-        if text.strip():
-            trees.append(parse_tree(text, vocab, collapse_unary=collapse_unary,
-                                    source=str(path), line=number, num_labels=num_labels))
-    return trees
+    return [parse_tree(text, vocab, collapse_unary=collapse_unary, source=str(path), line=number,
+                       num_labels=num_labels)
+            for number, text in text_lines(path) if text.strip()]
 
 
 def load_sst(directory, *, lowercase=False, min_count=1, collapse_unary=True, num_labels=5):

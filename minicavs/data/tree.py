@@ -74,11 +74,9 @@ class Tree:
         if orphans:
             raise DataError(f"vertex {orphans[0]} has no parent but is not the root (the root "
                             f"is the last vertex, {n - 1}); {len(orphans)} such vertices")
-        if self.tokens is not None:
-            num_leaves = sum(1 for kids in self.children if not kids)
-            if len(self.tokens) != num_leaves:
-                raise DataError(f"tree has {num_leaves} leaves but {len(self.tokens)} tokens; "
-                                f"tokens must list one token per leaf, in sentence order")
+        if self.tokens is not None and len(self.tokens) != self.num_leaves:
+            raise DataError(f"tree has {self.num_leaves} leaves but {len(self.tokens)} tokens; "
+                            f"tokens must list one token per leaf, in sentence order")
 
     # -- shape of the tree -------------------------------------------------------------------
 

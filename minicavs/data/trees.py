@@ -24,10 +24,8 @@ def _fill(children, rng, vocab_size, num_classes, internal_words):
     words = rng.integers(0, vocab_size, size=n, dtype=np.int64)
     if not internal_words:
         words[[v for v, kids in enumerate(children) if kids]] = -1
-    if num_classes is None:
-        labels = np.full(n, -1, dtype=np.int64)
-    else:
-        labels = rng.integers(0, num_classes, size=n, dtype=np.int64)
+    labels = (np.full(n, -1, dtype=np.int64) if num_classes is None
+              else rng.integers(0, num_classes, size=n, dtype=np.int64))
     return Tree._unchecked(children, words, labels, None)
 
 

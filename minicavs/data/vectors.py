@@ -28,8 +28,7 @@ def load_word_vectors(path, vocab, table):
         raise DataError(f"load_word_vectors: the table must have shape (len(vocab), dim) = "
                         f"({len(vocab)}, dim), got {table.shape}")
     dim = table.shape[1]
-    rows, vectors = [], []
-    seen = set()
+    found = {}  # vocabulary row -> its vector: the file's first for that word
     vector_lines = 0
     for number, line in text_lines(path):
         fields = line.rstrip("\n\r").split(" ")
@@ -43,9 +42,9 @@ def load_word_vectors(path, vocab, table):
             raise DataError(f"{path}:{number}: the vector of {word!r} has {len(values)} values; "
                             f"the embedding has dimension {dim} (set the embedding size to the "
                             f"file's, e.g. --embed-dim {len(values)})")
-        if word not in vocab or vocab.lookup(word) in seen:
-            continue
         row = vocab.lookup(word)
+        if word not in vocab or row in found:
+            continue
         try:
             vector = np.array(values, dtype=np.float64)
         except ValueError:
@@ -55,12 +54,10 @@ def load_word_vectors(path, vocab, table):
             bad = values[int(np.flatnonzero(~np.isfinite(vector))[0])]
             raise DataError(f"{path}:{number}: the vector of {word!r} holds {bad!r}; word "
                             f"vectors must be finite numbers")
-        vectors.append(vector)
-        rows.append(row)
-        seen.add(row)
+        found[row] = vector
     if not vector_lines:
         raise DataError(f"{path}: holds no word vectors (an empty file); expected lines "
                         f"'word value value ...'")
-    if rows:
-        table[np.array(rows)] = np.stack(vectors).astype(table.dtype)
-    return len(rows)
+    if found:
+        table[list(found)] = np.stack(list(found.values())).astype(table.dtype)
+    return len(found)

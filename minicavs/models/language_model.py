@@ -161,11 +161,9 @@ class FixedLSTMLanguageModel(_LanguageModel):
     embedding, ``steps`` LSTM cells, softmax layer and loss — is traced once per batch size
     into one Graph, whose backward graph is derived once. Each row starts from a zero state.
 
-    ``dropout`` drops the word vectors entering the LSTM and the states entering the softmax
-    layer in training (Zaremba et al. 2014), as :class:`VarLSTMLanguageModel` does. A traced
-    graph draws no random numbers — a mask drawn while tracing would be the same every step —
-    so the masks are two more *inputs* of the graph, drawn anew for every batch.
-    ``tie_weights`` as in :class:`VarLSTMLanguageModel`.
+    ``dropout`` and ``tie_weights`` as in :class:`VarLSTMLanguageModel`. A traced graph draws
+    no random numbers — a mask drawn while tracing would be the same every step — so the
+    dropout masks are two more *inputs* of the graph, drawn anew for every batch.
     """
 
     def __init__(self, vocab_size, embed_dim=64, hidden=64, steps=64, dtype="float32",

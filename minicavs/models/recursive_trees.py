@@ -16,8 +16,8 @@ classifier U(±1/√H) with its bias U(0, 1). The default, ``"xavier"``, is Xavi
 weights, zero biases and U(±0.05) word vectors.
 
 Every vertex pushes its state h; the classifier ``h W_out + b_out``, dropout, batching, loss
-and evaluation are TreeClassifier's. ``loss(batch, run=evaluate_per_sample)`` runs the same definition eagerly,
-tree by tree (the reference the tests compare with).
+and evaluation are TreeClassifier's. ``loss(batch, run=evaluate_per_sample)`` runs the same
+definition eagerly, tree by tree (the reference the tests compare with).
 """
 
 import numpy as np
@@ -32,11 +32,6 @@ from .tree_lstm import TreeClassifier
 
 
 INITS = ("xavier", "corenlp")
-
-
-def _check_init(value, kind):
-    if value not in INITS:
-        raise ArgumentError(f"{kind}: init must be one of {list(INITS)}, got {value!r}")
 
 
 def _corenlp_init(model, H, C, dtype):
@@ -65,7 +60,9 @@ class _SocherTree(TreeClassifier):
 
     def __init__(self, vocab_size, hidden, num_classes, dtype, leaf_loss, dropout,
                  embed_dropout, word_dropout, init, leaf_tanh, name):
-        _check_init(init, type(self).__name__)
+        if init not in INITS:
+            raise ArgumentError(f"{type(self).__name__}: init must be one of {list(INITS)}, got "
+                                f"{init!r}")
         super().__init__(num_classes, leaf_loss, dropout, embed_dropout, word_dropout)
         self.leaf_tanh = bool(leaf_tanh)
         _, H = self._embedding(vocab_size, hidden, hidden, dtype)

@@ -145,12 +145,11 @@ class TDTreeLSTM(Module):
     def generate(self, labels, vocab=None, greedy=False, max_vertices=127, seed=0):
         """Trees for the requested sentence ``labels``, grown top-down in one batch (each step
         samples every frontier vertex's class — or takes its argmax, ``greedy`` — with a
-        generator seeded per tree). Returns ``(trees, growth)``: each a
-        ``minicavs.data.Tree`` numbered children first, root last, with the
-        ``labels`` its vertices were generated with (the data's rule may disagree), its
-        leaves' ``words`` (and
-        ``tokens``, with ``vocab``) in sentence order — a leaf the ``max_vertices`` budget cut
-        off has word -1 and token "…" — and the :class:`~minicavs.vertex.growth.Growth`."""
+        generator seeded per tree). Returns ``(trees, growth)``: each a ``minicavs.data.Tree``
+        numbered children first, root last, with the ``labels`` its vertices were generated
+        with (the data's rule may disagree), its leaves' ``words`` (and ``tokens``, with
+        ``vocab``) in sentence order — a leaf the ``max_vertices`` budget cut off has word -1
+        and token "…" — and the :class:`~minicavs.vertex.growth.Growth`."""
         labels = np.asarray(labels, np.int64).reshape(-1, 1)
         if ((labels < 0) | (labels >= self.num_labels)).any():
             raise IndexRangeError(f"TDTreeLSTM.generate: labels must lie in 0.."

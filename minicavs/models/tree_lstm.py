@@ -154,11 +154,8 @@ class TreeClassifier(Module):
         return dropout(h, self.dropout, self.training) @ self.W_out + self.b_out
 
     def loss(self, batch, run=None):
-        """Softmax cross-entropy summed over ``batch.targets`` (a scalar Tensor).
-
-        ``run`` replaces the batched call of the vertex function (tests pass
-        ``minicavs.vertex.evaluate_per_sample``).
-        """
+        """Softmax cross-entropy summed over ``batch.targets`` (a scalar Tensor); ``run`` as in
+        :func:`~minicavs.models.common.runner`."""
         logits = self.logits_at(batch, batch.targets, run)
         return cross_entropy_sum(logits, batch.labels[batch.targets])
 

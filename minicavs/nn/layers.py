@@ -90,10 +90,9 @@ class LayerNorm(Module):
             tuple(normalized_shape)
         self.normalized_shape, self.eps = tuple(int(d) for d in shape), float(eps)
         dtype = np.dtype(dtype) if dtype is not None else backend.default_dtype()
-        self.weight = Parameter(np.ones(self.normalized_shape, dtype)) if elementwise_affine \
-            else None
-        self.bias = Parameter(np.zeros(self.normalized_shape, dtype)) if elementwise_affine \
-            else None
+        ones, zeros = np.ones(self.normalized_shape, dtype), np.zeros(self.normalized_shape, dtype)
+        self.weight = Parameter(ones) if elementwise_affine else None
+        self.bias = Parameter(zeros) if elementwise_affine else None
 
     def forward(self, x):
         k = len(self.normalized_shape)

@@ -135,8 +135,8 @@ class Module:
 
     def named_parameters(self):
         """``(dotted name, Parameter)`` pairs in assignment order (depth first), then those only
-        a function held in an attribute uses (see the module docstring); a Parameter shared by two submodules comes once,
-        under its first name, so an optimiser never updates it twice."""
+        a function held in an attribute uses (see the module docstring); a Parameter shared by
+        two submodules comes once, under its first name, so an optimiser never updates it twice."""
         seen, found = set(), []
 
         def walk(module, prefix, visited):

@@ -52,8 +52,7 @@ class Optimizer:
             if "params" not in group:
                 raise ArgumentError(f"{kind}: parameter group {k} has no 'params' entry")
             members = []
-            for i, p in enumerate(group["params"] if isinstance(group["params"], (list, tuple))
-                                  else list(group["params"])):
+            for i, p in enumerate(group["params"]):
                 if not isinstance(p, Tensor) or not p.requires_grad:
                     where = f"parameter {i}" + (f" of group {k}" if len(groups) > 1 else "")
                     raise ArgumentError(f"{kind}: {where} is not a Tensor that requires grad "
@@ -186,17 +185,16 @@ class Optimizer:
         if state_dict.get("type") != kind:
             return [f"the state is for optimiser {state_dict.get('type')!r}, this one is {kind!r}"]
         problems = []
-        if sorted(state_dict.get("hyperparameters", {})) != sorted(self.hyperparameter_names):
-            problems.append(f"hyperparameters {sorted(state_dict.get('hyperparameters', {}))}; "
-                            f"{kind} has {sorted(self.hyperparameter_names)}")
-        saved = list(state_dict.get("param_groups") or []) + [
-            state_dict.get("hyperparameters", {})]
-        for name, value in [(n, v) for group in saved for n, v in group.items()]:
-            problem = name in self.hyperparameter_names and self._hyperparameter_problem(name,
-                                                                                          value)
-            if problem:
-                problems.append(f"hyperparameter {problem}")
+        hyperparameters = state_dict.get("hyperparameters", {})
         saved_groups = state_dict.get("param_groups")
+        if sorted(hyperparameters) != sorted(self.hyperparameter_names):
+            problems.append(f"hyperparameters {sorted(hyperparameters)}; "
+                            f"{kind} has {sorted(self.hyperparameter_names)}")
+        for group in list(saved_groups or []) + [hyperparameters]:
+            for name in (n for n in group if n in self.hyperparameter_names):
+                problem = self._hyperparameter_problem(name, group[name])
+                if problem:
+                    problems.append(f"hyperparameter {problem}")
         if saved_groups is not None:
             sizes = [len(g["params"]) for g in saved_groups]
             mine = [len(g["params"]) for g in self.param_groups]

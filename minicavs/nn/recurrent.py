@@ -70,10 +70,7 @@ class GRUCell(Module):
         gates_x = projected if projected is not None else self.project(x)
         r_x, z_x, n_x = ops.split(gates_x, 3)
         if state is None:  # h = 0: the recurrent term is the bias alone
-            if self.bias_hh is None:
-                r_h = z_h = n_h = 0.0
-            else:
-                r_h, z_h, n_h = ops.split(self.bias_hh, 3)
+            r_h, z_h, n_h = (0.0,) * 3 if self.bias_hh is None else ops.split(self.bias_hh, 3)
         else:
             r_h, z_h, n_h = ops.split(ops.linear(state, self.weight_hh, self.bias_hh), 3)
         r = ops.sigmoid(r_x + r_h)
