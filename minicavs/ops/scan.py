@@ -56,9 +56,8 @@ def _cumarg_forward(largest):
         hit = x == running
         if x.dtype.kind == "f":
             hit |= xp.isnan(x)
-        where_shape = [1] * x.ndim
-        where_shape[axis] = x.shape[axis]
-        positions = xp.arange(x.shape[axis], dtype=np.int64).reshape(where_shape)
+        positions = xp.arange(x.shape[axis], dtype=np.int64).reshape(
+            shape.resized((1,) * x.ndim, axis, x.shape[axis]))
         return _accumulate(xp, "maximum", xp.where(hit, positions, 0), axis)
     return forward
 
