@@ -297,8 +297,7 @@ def roll(x, shift, axis=None):
         if not isinstance(shift, _INTEGERS):
             raise ShapeError(f"roll: without an axis the shift must be one int, got {shift!r}")
         return shape.reshape(roll(shape.reshape(x, (-1,)), shift, 0), tuple(x.shape))
-    shifts, axes = (_ints_of("roll", name, value) for name, value in (("shift", shift),
-                                                                      ("axis", axis)))
+    shifts, axes = _ints_of("roll", "shift", shift), _ints_of("roll", "axis", axis)
     if len(shifts) != len(axes):
         if len(shifts) != 1:
             raise ShapeError(f"roll: {len(shifts)} shifts for {len(axes)} axes")
