@@ -56,18 +56,19 @@ def _refuse_zero_divisor(name, b):
                             f"PyTorch raises here too, NumPy gives 0")
 
 
-def _division(name, ufunc):
-    """The forward and the NumPy writer of a division op: both refuse an integer division by
-    zero first; float ones give inf and NaN quietly, as NumPy's do."""
+def _division(name):
+    """The forward and the NumPy writer of the division op ``name`` (NumPy's function of that
+    name): both refuse an integer division by zero first; float ones give inf and NaN quietly,
+    as NumPy's do."""
     def forward(xp, a, b):
         _refuse_zero_divisor(name, b)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return getattr(xp, ufunc)(a, b)
+            return getattr(xp, name)(a, b)
 
     def write(a, b, out):
         _refuse_zero_divisor(name, b)
         with np.errstate(divide="ignore", invalid="ignore"):
-            getattr(np, ufunc)(a, b, out)
+            getattr(np, name)(a, b, out)
     return dict(forward=forward, into=write, infer=ew.infer_of_kinds(
         name, "iuf", "integer or float arrays",
         "as in PyTorch; convert bools first, e.g. x.astype('int64')"))
@@ -90,19 +91,14 @@ def _copysign_vjp(g, out, a, b):
     return unbroadcast(g * ratio, a.shape), unbroadcast(zeros_like(g), b.shape)
 
 
-def _zero_grads(g, out, a, b):
-    return unbroadcast(zeros_like(g), a.shape), unbroadcast(zeros_like(g), b.shape)
-
-
 TRUNC = ew.math_function("trunc", ew.zero_vjp, zero_rows=KEEPS)
 COPYSIGN = elementwise("copysign", forward=lambda xp, a, b: xp.copysign(a, b),
                        vjp=_copysign_vjp, c="copysign({0}, {1})", into=np.copysign,
                        float_only=True)
-FMOD = elementwise("fmod", vjp=_fmod_vjp, c=_FMOD_C, **_division("fmod", "fmod"))
-REMAINDER = elementwise("remainder", vjp=_remainder_vjp, c=_REMAINDER_C,
-                        **_division("remainder", "remainder"))
-FLOOR_DIVIDE = elementwise("floor_divide", vjp=_zero_grads, c=_FLOOR_DIVIDE_C,
-                           **_division("floor_divide", "floor_divide"))
+FMOD = elementwise("fmod", vjp=_fmod_vjp, c=_FMOD_C, **_division("fmod"))
+REMAINDER = elementwise("remainder", vjp=_remainder_vjp, c=_REMAINDER_C, **_division("remainder"))
+FLOOR_DIVIDE = elementwise("floor_divide", vjp=ew.zero_vjp, c=_FLOOR_DIVIDE_C,
+                           **_division("floor_divide"))
 
 
 def trunc(x):

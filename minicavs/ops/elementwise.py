@@ -85,9 +85,9 @@ def math_function(name, vjp, **rules):
                        c=f"{name}({{0}})", into=getattr(np, name), float_only=True, **rules)
 
 
-def zero_vjp(g, out, x):
+def zero_vjp(g, out, *inputs):
     """The VJP of a piecewise constant op: zero, not missing (as in PyTorch)."""
-    return (zeros_like(g),)
+    return tuple(unbroadcast(zeros_like(g), x.shape) for x in inputs)
 
 
 def _quietly(forward):

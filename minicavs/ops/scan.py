@@ -10,7 +10,7 @@ a NaN is the extremum from where it occurs (a later NaN takes over).
 import numpy as np
 
 from . import batching, elementwise as ew, reduce, shape, sorting
-from .registry import Aval, Op, apply, normalize_axis, register
+from .registry import Aval, Op, normalize_axis, register
 from .rows import FULL, KEEPS
 from .sorting import SortResult
 
@@ -77,12 +77,8 @@ def cumprod(x, axis=-1):
 
 def _cumulative_extremum(op, name, x, axis):
     axis = normalize_axis(name, int(axis), len(x.shape), zero_d=True)
-    if len(x.shape) == 0:
-        x0 = shape.reshape(x, (1,))
-        values, indices = _cumulative_extremum(op, name, x0, 0)
-        return SortResult(shape.reshape(values, ()), shape.reshape(indices, ()))
-    indices = apply(op, x, axis=axis)
-    return SortResult(sorting.take_along_axis(x, indices, axis), indices)
+    indices = reduce.along_axis(op, x, axis)  # (a 0-d x is its own running extremum)
+    return SortResult(sorting.take_along_axis(x, indices, axis) if len(x.shape) else x, indices)
 
 
 def cummax(x, axis=-1):
