@@ -25,8 +25,8 @@ def _shape(args):
     return shape
 
 
-def _make(array, dtype, device, requires_grad):
-    return Tensor(as_array(array, dtype, device), requires_grad=requires_grad)
+def _make(array, device, requires_grad):
+    return Tensor(as_array(array, device=device), requires_grad=requires_grad)
 
 
 def _float(dtype):
@@ -34,11 +34,11 @@ def _float(dtype):
 
 
 def zeros(*shape, dtype=None, device=None, requires_grad=False):
-    return _make(np.zeros(_shape(shape), _float(dtype)), None, device, requires_grad)
+    return _make(np.zeros(_shape(shape), _float(dtype)), device, requires_grad)
 
 
 def ones(*shape, dtype=None, device=None, requires_grad=False):
-    return _make(np.ones(_shape(shape), _float(dtype)), None, device, requires_grad)
+    return _make(np.ones(_shape(shape), _float(dtype)), device, requires_grad)
 
 
 def _fill_dtype(value, dtype):
@@ -52,9 +52,8 @@ def _fill_dtype(value, dtype):
 
 
 def full(shape, fill_value, dtype=None, device=None, requires_grad=False):
-    shape = _shape((shape,))
-    return _make(np.full(shape, fill_value, _fill_dtype(fill_value, dtype)), None, device,
-                 requires_grad)
+    values = np.full(_shape((shape,)), fill_value, _fill_dtype(fill_value, dtype))
+    return _make(values, device, requires_grad)
 
 
 def arange(start, stop=None, step=1, dtype=None, device=None, requires_grad=False):
@@ -66,24 +65,23 @@ def arange(start, stop=None, step=1, dtype=None, device=None, requires_grad=Fals
                                                        backend.default_dtype())
     if step == 0:
         raise ShapeError("arange: step must not be 0")
-    return _make(np.arange(start, stop, step).astype(dtype), None, device, requires_grad)
+    return _make(np.arange(start, stop, step).astype(dtype), device, requires_grad)
 
 
 def eye(n, m=None, k=0, dtype=None, device=None, requires_grad=False):
     """An n x m matrix with ones on diagonal ``k``."""
-    return _make(np.eye(n, m, k, dtype=_float(dtype)), None, device, requires_grad)
+    return _make(np.eye(n, m, k, dtype=_float(dtype)), device, requires_grad)
 
 
 def rand(*shape, dtype=None, device=None, requires_grad=False):
     """Draws from U[0, 1)."""
-    values = backend.rng().random(_shape(shape)).astype(_float(dtype))
-    return _make(values, None, device, requires_grad)
+    return _make(backend.rng().random(_shape(shape)).astype(_float(dtype)), device, requires_grad)
 
 
 def randn(*shape, dtype=None, device=None, requires_grad=False):
     """Draws from the standard normal distribution."""
     values = backend.rng().standard_normal(_shape(shape)).astype(_float(dtype))
-    return _make(values, None, device, requires_grad)
+    return _make(values, device, requires_grad)
 
 
 def _like(creator):

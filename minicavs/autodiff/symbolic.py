@@ -48,9 +48,7 @@ class Symbol(OperatorMixin):
         self.dtype = np.dtype(dtype)
         self.op, self.inputs, self.attrs = op, tuple(inputs), dict(attrs or {})
         self.value = value  # the constant's array, or the captured Tensor of a "param"
-        self.name = name
-        self.where = where
-        self.tracer = tracer
+        self.name, self.where, self.tracer = name, where, tracer
         self.role = role  # free-form tag for the vertex runtime ("gather", "pull", ...)
         # What tables of symbols are keyed by (environments, plans, passes): unique for the
         # life of the process, unlike id(), which a collected symbol's successor may reuse.
@@ -318,9 +316,7 @@ class BackwardGraph(Graph):
     Outputs: the gradients of ``wrt`` (``grad_of[i]`` is the forward Symbol of output i)."""
 
     def __init__(self, nodes, cotangents, refs, outputs, grad_of, forward):
-        self.cotangents = cotangents
-        self.forward = forward
-        self.grad_of = grad_of
+        self.cotangents, self.forward, self.grad_of = cotangents, forward, grad_of
         used = {x.key for n in _reachable_in_order(nodes, outputs) for x in (n,) + n.inputs}
         self.forward_refs = [fwd for fwd, sym in refs if sym.key in used]
         ref_inputs = [sym for fwd, sym in refs if sym.key in used]

@@ -350,12 +350,6 @@ def _topological_order(root):
     return order
 
 
-def _accumulate(grads, t, g):
-    previous = grads.get(id(t))
-    grads[id(t)] = g if previous is None else previous[0] + g, t
-    return grads
-
-
 def _backpropagate(root, grad, retain_graph, create_graph):
     grads = {id(root): (grad, root)}  # id(tensor) -> (gradient, tensor)
     leaves = {}
@@ -379,7 +373,8 @@ def _backpropagate(root, grad, retain_graph, create_graph):
         for i, (x, gx) in enumerate(zip(record.inputs, input_grads)):
             if gx is None or not x.requires_grad or i in op.nondiff_args:
                 continue
-            _accumulate(grads, x, gx)
+            previous = grads.get(id(x))
+            grads[id(x)] = gx if previous is None else previous[0] + gx, x
             if x._creator is None:
                 leaves[id(x)] = x
         if not retain_graph:

@@ -19,9 +19,9 @@ import numpy as np
 
 from . import elementwise as ew, reduce
 from .elementwise import elementwise, unbroadcast, where, zeros_like
-from .registry import Aval, apply, broadcast_shapes, common_dtype, describe, is_scalar
+from .registry import apply, describe, is_scalar
 from .rows import KEEPS
-from ..errors import ArgumentError, DTypeError
+from ..errors import ArgumentError
 
 _IS_INT = "(({T})0.5 == ({T})0)"
 _SIGNED = "(({T})-1 < ({T})0)"
@@ -48,18 +48,6 @@ _FLOOR_DIVIDE_C = (
     "return ({T})copysign(0.0, (double)(a / b)); }}({0}, {1})")
 
 
-def _infer_division(name):
-    def infer(a, b):
-        shape = broadcast_shapes(name, (a, b))
-        dtype = common_dtype(name, (a, b))
-        if dtype.kind not in "iuf":
-            raise DTypeError(f"op '{name}': arguments must be integer or float arrays, got "
-                             f"dtype {dtype} (as in PyTorch; convert bools first, e.g. "
-                             f"x.astype('int64'))")
-        return Aval(shape, dtype)
-    return infer
-
-
 def _refuse_zero_divisor(name, b):
     if b.dtype.kind in "iu" and b.size and not bool((b != 0).all()):
         position = tuple(int(i[0]) for i in (b == 0).nonzero()) if b.ndim else ()
@@ -68,19 +56,22 @@ def _refuse_zero_divisor(name, b):
                             f"PyTorch raises here too, NumPy gives 0")
 
 
-def _division(name, ufunc):
-    """The forward and the NumPy writer of a division op: both refuse an integer division by
-    zero first; float ones give inf and NaN quietly, as NumPy's do."""
+def _division(name):
+    """The forward and the NumPy writer of the division op ``name`` (NumPy's function of that
+    name): both refuse an integer division by zero first; float ones give inf and NaN quietly,
+    as NumPy's do."""
     def forward(xp, a, b):
         _refuse_zero_divisor(name, b)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return getattr(xp, ufunc)(a, b)
+            return getattr(xp, name)(a, b)
 
     def write(a, b, out):
         _refuse_zero_divisor(name, b)
         with np.errstate(divide="ignore", invalid="ignore"):
-            getattr(np, ufunc)(a, b, out)
-    return dict(forward=forward, into=write, infer=_infer_division(name))
+            getattr(np, name)(a, b, out)
+    return dict(forward=forward, into=write, infer=ew.infer_of_kinds(
+        name, "iuf", "integer or float arrays",
+        "as in PyTorch; convert bools first, e.g. x.astype('int64')"))
 
 
 def _fmod_vjp(g, out, a, b):
@@ -100,22 +91,14 @@ def _copysign_vjp(g, out, a, b):
     return unbroadcast(g * ratio, a.shape), unbroadcast(zeros_like(g), b.shape)
 
 
-def _zero_grads(g, out, a, b):
-    return unbroadcast(zeros_like(g), a.shape), unbroadcast(zeros_like(g), b.shape)
-
-
-# Piecewise constant: the gradient is zero (as floor's), not missing.
-TRUNC = elementwise("trunc", forward=lambda xp, x: xp.trunc(x),
-                    vjp=lambda g, out, x: (zeros_like(g),), c="trunc({0})", into=np.trunc,
-                    float_only=True, zero_rows=KEEPS)
+TRUNC = ew.math_function("trunc", ew.zero_vjp, zero_rows=KEEPS)
 COPYSIGN = elementwise("copysign", forward=lambda xp, a, b: xp.copysign(a, b),
                        vjp=_copysign_vjp, c="copysign({0}, {1})", into=np.copysign,
                        float_only=True)
-FMOD = elementwise("fmod", vjp=_fmod_vjp, c=_FMOD_C, **_division("fmod", "fmod"))
-REMAINDER = elementwise("remainder", vjp=_remainder_vjp, c=_REMAINDER_C,
-                        **_division("remainder", "remainder"))
-FLOOR_DIVIDE = elementwise("floor_divide", vjp=_zero_grads, c=_FLOOR_DIVIDE_C,
-                           **_division("floor_divide", "floor_divide"))
+FMOD = elementwise("fmod", vjp=_fmod_vjp, c=_FMOD_C, **_division("fmod"))
+REMAINDER = elementwise("remainder", vjp=_remainder_vjp, c=_REMAINDER_C, **_division("remainder"))
+FLOOR_DIVIDE = elementwise("floor_divide", vjp=ew.zero_vjp, c=_FLOOR_DIVIDE_C,
+                           **_division("floor_divide"))
 
 
 def trunc(x):

@@ -12,29 +12,17 @@ import numpy as np
 
 from . import elementwise as ew
 from .elementwise import elementwise
-from .registry import Aval, apply, broadcast_shapes, common_dtype
+from .registry import apply
 from .rows import INTERSECT, HULL
-from ..errors import DTypeError
 
 _WIDE_ENOUGH = "((unsigned long long){1} < 8 * sizeof({T}))"
 
 
-def _infer_bits(name, kinds, what):
-    def infer(*avals):
-        shape = broadcast_shapes(name, avals)
-        dtype = common_dtype(name, avals)
-        if dtype.kind not in kinds:
-            raise DTypeError(f"op '{name}': arguments must be {what}, got dtype {dtype} (as in "
-                             f"NumPy and PyTorch)")
-        return Aval(shape, dtype)
-    return infer
-
-
 def _bits(name, ufunc, c, kinds="biu", what="integer or bool tensors", **rules):
-    def write(*args):
-        getattr(np, ufunc)(*args)
     return elementwise(name, forward=lambda xp, *args: getattr(xp, ufunc)(*args), vjp=None,
-                       c=c, into=write, infer=_infer_bits(name, kinds, what), **rules)
+                       c=c, into=getattr(np, ufunc),
+                       infer=ew.infer_of_kinds(name, kinds, what, "as in NumPy and PyTorch"),
+                       **rules)
 
 
 BITWISE_AND = _bits("bitwise_and", "bitwise_and", "({0} & {1})", commutative=True,

@@ -73,19 +73,17 @@ def _fold_arrays(xp, cols, size, kernel, stride, dilation, padding):
 
 
 def _unfold_forward(xp, x, kernel, stride, dilation, padding, value):
-    if xp is np:
-        done = native_kernels.unfold(x, kernel, stride, dilation, padding, value)
-        if done is not None:
-            return done
-    return _unfold_arrays(xp, x, kernel, stride, dilation, padding, value)
+    window = (kernel, stride, dilation, padding, value)
+    if xp is np and (done := native_kernels.unfold(x, *window)) is not None:
+        return done  # (the native loop returns None where it does not apply)
+    return _unfold_arrays(xp, x, *window)
 
 
 def _fold_forward(xp, cols, size, kernel, stride, dilation, padding):
-    if xp is np:
-        done = native_kernels.fold(cols, size, kernel, stride, dilation, padding)
-        if done is not None:
-            return done
-    return _fold_arrays(xp, cols, size, kernel, stride, dilation, padding)
+    window = (size, kernel, stride, dilation, padding)
+    if xp is np and (done := native_kernels.fold(cols, *window)) is not None:
+        return done
+    return _fold_arrays(xp, cols, *window)
 
 
 def _infer_unfold(x, kernel, stride, dilation, padding, value):
@@ -171,16 +169,14 @@ def _infer_conv_windows(cols, w, *bias):
 
 
 def _conv_windows_forward(xp, cols, w, *bias):
-    nd = w.ndim - 2
-    if xp is np:
-        done = native_conv.product(cols, w, bias[0] if bias else None, nd)
-        if done is not None:
-            return done
+    nd, b = w.ndim - 2, bias[0] if bias else None
+    if xp is np and (done := native_conv.product(cols, w, b, nd)) is not None:
+        return done
     samples, window, length = _matrices(cols.shape, nd)
     lead, out = cols.shape[:_lead_rank(cols.ndim, nd)], cols.shape[cols.ndim - nd:]
     y = xp.matmul(w.reshape(w.shape[0], window), cols.reshape(lead + (window, length)))
     y = y.reshape(lead + (w.shape[0],) + out)
-    return y + bias[0].reshape((-1,) + (1,) * nd) if bias else y
+    return y if b is None else y + b.reshape((-1,) + (1,) * nd)
 
 
 def _conv_windows_vjp(g, out, cols, w, *bias):
@@ -234,10 +230,8 @@ def _infer_input_grad(g, w):
 def _input_grad_forward(xp, g, w):
     """∂cols = wᵀ · g, per sample."""
     nd = w.ndim - 2
-    if xp is np:
-        done = native_conv.input_grad(g, w, nd)
-        if done is not None:
-            return done
+    if xp is np and (done := native_conv.input_grad(g, w, nd)) is not None:
+        return done
     lead, out = g.shape[:g.ndim - nd - 1], g.shape[g.ndim - nd:]
     matrix = w.reshape(w.shape[0], -1)
     d = xp.matmul(matrix.T, g.reshape(lead + (w.shape[0], math.prod(out))))
@@ -269,10 +263,8 @@ def _infer_weight_grad(cols, g):
 def _weight_grad_forward(xp, cols, g):
     """∂w = Σ over samples of g · colsᵀ."""
     nd = cols.ndim - g.ndim
-    if xp is np:
-        done = native_conv.weight_grad(cols, g, nd)
-        if done is not None:
-            return done
+    if xp is np and (done := native_conv.weight_grad(cols, g, nd)) is not None:
+        return done
     samples, window, length = _matrices(cols.shape, nd)
     out_channels = g.shape[_lead_rank(cols.ndim, nd)]
     d = xp.tensordot(g.reshape(samples, out_channels, length),

@@ -42,6 +42,17 @@ def _infer(name, float_only=False, out_dtype=None, skip=()):
     return infer
 
 
+def infer_of_kinds(name, kinds, what, note):
+    """The shape/dtype rule of an op on the dtype ``kinds`` only; another dtype is refused:
+    "arguments must be {what}, got dtype d ({note})"."""
+    def infer(*avals):
+        out_shape, dtype = broadcast_shapes(name, avals), common_dtype(name, avals)
+        if dtype.kind not in kinds:
+            raise DTypeError(f"op '{name}': arguments must be {what}, got dtype {dtype} ({note})")
+        return Aval(out_shape, dtype)
+    return infer
+
+
 def elementwise(name, *, vjp, forward=None, c=None, into=None, in_place=True, formula=None,
                 quiet_overflow=False, float_only=False, out_dtype=None, skip=(), infer=None,
                 promotes=None, **rules):
@@ -66,6 +77,17 @@ def elementwise(name, *, vjp, forward=None, c=None, into=None, in_place=True, fo
                        c, batch=batching.elementwise_rule, into=into, in_place=in_place,
                        quiet_overflow=quiet_overflow, promotes=promotes,
                        promotes_to_float=float_only, **rules))
+
+
+def math_function(name, vjp, **rules):
+    """A float op that NumPy, CuPy and C's <math.h> all call ``name`` (exp, log, floor, ...)."""
+    return elementwise(name, forward=lambda xp, x: getattr(xp, name)(x), vjp=vjp,
+                       c=f"{name}({{0}})", into=getattr(np, name), float_only=True, **rules)
+
+
+def zero_vjp(g, out, *inputs):
+    """The VJP of a piecewise constant op: zero, not missing (as in PyTorch)."""
+    return tuple(unbroadcast(zeros_like(g), x.shape) for x in inputs)
 
 
 def _quietly(forward):
@@ -152,42 +174,24 @@ POW = elementwise("pow", forward=lambda xp, x, exponent: xp.power(x, exponent),
                   into=lambda x, out, exponent: np.power(x, out.dtype.type(exponent), out=out))
 POWER = elementwise("power", forward=lambda xp, x, y: _power(xp, x, y), vjp=_power_vjp,
                     c="pow({0}, {1})", into=np.power)
-EXP = elementwise("exp", forward=lambda xp, x: xp.exp(x), vjp=lambda g, out, x: (g * out,),
-                  c="exp({0})", into=np.exp, float_only=True)
-EXPM1 = elementwise("expm1", forward=lambda xp, x: xp.expm1(x),
-                    vjp=lambda g, out, x: (g * (out + 1),), c="expm1({0})",
-                    into=np.expm1, float_only=True, zero_rows=KEEPS)
-LOG = elementwise("log", forward=lambda xp, x: xp.log(x), vjp=lambda g, out, x: (g / x,),
-                  c="log({0})", into=np.log, float_only=True)
-LOG1P = elementwise("log1p", forward=lambda xp, x: xp.log1p(x),
-                    vjp=lambda g, out, x: (g / (x + 1),), c="log1p({0})",
-                    into=np.log1p, float_only=True, zero_rows=KEEPS)
-TANH = elementwise("tanh", forward=lambda xp, x: xp.tanh(x),
-                   vjp=lambda g, out, x: (g * (1 - out * out),), c="tanh({0})", into=np.tanh,
-                   zero_rows=KEEPS, float_only=True)
+EXP = math_function("exp", lambda g, out, x: (g * out,))
+EXPM1 = math_function("expm1", lambda g, out, x: (g * (out + 1),), zero_rows=KEEPS)
+LOG = math_function("log", lambda g, out, x: (g / x,))
+LOG1P = math_function("log1p", lambda g, out, x: (g / (x + 1),), zero_rows=KEEPS)
+TANH = math_function("tanh", lambda g, out, x: (g * (1 - out * out),), zero_rows=KEEPS)
 SIGMOID = elementwise("sigmoid", formula=_sigmoid, vjp=lambda g, out, x: (g * out * (1 - out),),
                       quiet_overflow=True, float_only=True)
-SIN = elementwise("sin", forward=lambda xp, x: xp.sin(x),
-                  vjp=lambda g, out, x: (g * cos(x),), c="sin({0})",
-                  into=np.sin, float_only=True, zero_rows=KEEPS)
-COS = elementwise("cos", forward=lambda xp, x: xp.cos(x),
-                  vjp=lambda g, out, x: (neg(g * sin(x)),), c="cos({0})",
-                  into=np.cos, float_only=True)
+SIN = math_function("sin", lambda g, out, x: (g * cos(x),), zero_rows=KEEPS)
+COS = math_function("cos", lambda g, out, x: (neg(g * sin(x)),))
 ERF = elementwise("erf", forward=lambda xp, x: _special(xp).erf(x),
                   vjp=lambda g, out, x: (g * (2 / np.sqrt(np.pi)) * exp(neg(x * x)),),
                   c="erf({0})", into=lambda x, out: scipy.special.erf(x, out=out),
                   float_only=True, zero_rows=KEEPS)
 # Rounding: piecewise constant, so the gradient is zero (as in PyTorch), not missing. C's rint
 # rounds half to even in the default rounding mode, as NumPy's rint and round do.
-FLOOR = elementwise("floor", forward=lambda xp, x: xp.floor(x),
-                    vjp=lambda g, out, x: (zeros_like(g),), c="floor({0})",
-                    into=np.floor, float_only=True, zero_rows=KEEPS)
-CEIL = elementwise("ceil", forward=lambda xp, x: xp.ceil(x),
-                   vjp=lambda g, out, x: (zeros_like(g),), c="ceil({0})",
-                   into=np.ceil, float_only=True, zero_rows=KEEPS)
-RINT = elementwise("rint", forward=lambda xp, x: xp.rint(x),
-                   vjp=lambda g, out, x: (zeros_like(g),), c="rint({0})",
-                   into=np.rint, float_only=True, zero_rows=KEEPS)
+FLOOR = math_function("floor", zero_vjp, zero_rows=KEEPS)
+CEIL = math_function("ceil", zero_vjp, zero_rows=KEEPS)
+RINT = math_function("rint", zero_vjp, zero_rows=KEEPS)
 # maximum and minimum as NumPy computes them: a NaN operand is the result (the first of two
 # NaNs), and otherwise a > b ? a : b, so of two equal zeros the second is returned
 # (maximum(-0.0, 0.0) is 0.0, maximum(0.0, -0.0) is -0.0; x != x tests for NaN without

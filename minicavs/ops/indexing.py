@@ -131,12 +131,10 @@ def gather(x, indices, axis):
         raise ShapeError(f"gather: indices with shape {describe(idx.shape)} do not broadcast "
                          f"against x with shape {describe(x.shape)} on the axes other than "
                          f"{axis}") from None
-    out_shape = list(rest)
-    out_shape.insert(axis, idx.shape[axis])
-    full = list(rest)
-    full.insert(axis, x.shape[axis])
-    x = shape.broadcast_to(x, tuple(full))
-    idx = np.broadcast_to(idx, tuple(out_shape))
+    out_shape = rest[:axis] + (idx.shape[axis],) + rest[axis:]
+    full = rest[:axis] + (x.shape[axis],) + rest[axis:]
+    x = shape.broadcast_to(x, full)
+    idx = np.broadcast_to(idx, out_shape)
     coords = list(np.indices(out_shape, sparse=True))
     coords[axis] = idx
     flat = np.ravel_multi_index(tuple(np.broadcast_arrays(*coords)), tuple(full))
@@ -222,11 +220,9 @@ def _stepped(x, axis, start, stop, step):
         return x
     # every step-th element: pad to count * step, fold the axis into (count, step), keep column 0
     x = shape.pad_axis(x, 0, count * step - x.shape[axis], axis)
-    folded = list(x.shape)
-    folded[axis:axis + 1] = [count, step]
-    x = shape.slice_axis(shape.reshape(x, folded), 0, 1, axis + 1)
-    del folded[axis + 1]
-    return shape.reshape(x, folded)
+    folded = shape.reshape(x, tuple(x.shape[:axis]) + (count, step) + tuple(x.shape[axis + 1:]))
+    return shape.reshape(shape.slice_axis(folded, 0, 1, axis + 1),
+                         shape.resized(x.shape, axis, count))
 
 
 def getitem(x, key):
@@ -297,8 +293,7 @@ def roll(x, shift, axis=None):
         if not isinstance(shift, _INTEGERS):
             raise ShapeError(f"roll: without an axis the shift must be one int, got {shift!r}")
         return shape.reshape(roll(shape.reshape(x, (-1,)), shift, 0), tuple(x.shape))
-    shifts, axes = (_ints_of("roll", name, value) for name, value in (("shift", shift),
-                                                                      ("axis", axis)))
+    shifts, axes = _ints_of("roll", "shift", shift), _ints_of("roll", "axis", axis)
     if len(shifts) != len(axes):
         if len(shifts) != 1:
             raise ShapeError(f"roll: {len(shifts)} shifts for {len(axes)} axes")

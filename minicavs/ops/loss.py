@@ -15,19 +15,17 @@ from ..errors import ArgumentError, IndexRangeError, ShapeError
 
 
 def _xent_forward(xp, logits, labels):
-    if xp is not np:  # one CUDA kernel (cuda/kernels.py), where CuPy's ufuncs take eight
-        done = cuda_kernels.softmax_xent(logits, labels)
-        if done is not None:
-            return done
+    # one CUDA kernel (cuda/kernels.py), where CuPy's ufuncs take eight
+    if xp is not np and (done := cuda_kernels.softmax_xent(logits, labels)) is not None:
+        return done
     num_classes = logits.shape[-1]
     found = index.out_of_range(labels, 0, num_classes - 1)  # (one sync on CuPy)
     if found is not None:
         raise IndexRangeError(f"op 'softmax_cross_entropy': label {found[0]} at position "
                               f"{found[1]} is out of range for {num_classes} classes")
-    if xp is np:  # the native kernel: two passes per row, rows split between cores
-        losses = native_kernels.softmax_cross_entropy(logits, labels)
-        if losses is not None:
-            return losses
+    # the native kernel: two passes per row, rows split between cores
+    if xp is np and (done := native_kernels.softmax_cross_entropy(logits, labels)) is not None:
+        return done
     shifted = logits - xp.max(logits, axis=-1, keepdims=True)
     picked = xp.take_along_axis(shifted, labels[..., None], axis=-1)[..., 0]
     xp.exp(shifted, out=shifted)  # in place: over a vocabulary, every pass counts

@@ -17,13 +17,18 @@ def _reduced_shape(x_shape, axes, keepdims):
     return tuple(d for i, d in enumerate(x_shape) if i not in axes)
 
 
-def _infer_reduce(name, allow_empty):
+def _reduction(name, allow_empty, vjp, **rules):
+    """Register the reduction NumPy calls ``name`` over attrs["axes"]; ``allow_empty``: an
+    empty axis has a value (a sum's 0), else it is an error."""
     def infer(x, axes, keepdims):
         if not allow_empty and builtins.any(x.shape[a] == 0 for a in axes):
             raise ShapeError(f"op '{name}': cannot reduce an empty axis of argument 0 with "
                              f"shape {tuple(x.shape)} over axes {axes}")
         return Aval(_reduced_shape(tuple(x.shape), axes, keepdims), np.dtype(x.dtype))
-    return infer
+
+    def forward(xp, x, axes, keepdims):
+        return getattr(xp, name)(x, axis=axes, keepdims=keepdims)
+    return register(Op(name, forward, infer, vjp, batch=_batch_reduce, **rules))
 
 
 def _sum_vjp(g, out, x, axes, keepdims):
@@ -105,17 +110,10 @@ def _cumsum_vjp(g, out, x, axis):
     return (reverse_cumsum(g, axis),)
 
 
-SUM = register(Op("sum", lambda xp, x, axes, keepdims: xp.sum(x, axis=axes, keepdims=keepdims),
-                  _infer_reduce("sum", True), _sum_vjp, batch=_batch_reduce,
-                  zero_rows=_zero_rows_reduce, native="sum"))
-MAX = register(Op("max", lambda xp, x, axes, keepdims: xp.max(x, axis=axes, keepdims=keepdims),
-                  _infer_reduce("max", False), _max_vjp, batch=_batch_reduce,
-                  zero_rows=_zero_rows_reduce))
-MIN = register(Op("min", lambda xp, x, axes, keepdims: xp.min(x, axis=axes, keepdims=keepdims),
-                  _infer_reduce("min", False), _max_vjp, batch=_batch_reduce,
-                  zero_rows=_zero_rows_reduce))
-PROD = register(Op("prod", lambda xp, x, axes, keepdims: xp.prod(x, axis=axes, keepdims=keepdims),
-                   _infer_reduce("prod", True), _prod_vjp, batch=_batch_reduce))
+SUM = _reduction("sum", True, _sum_vjp, zero_rows=_zero_rows_reduce, native="sum")
+MAX = _reduction("max", False, _max_vjp, zero_rows=_zero_rows_reduce)
+MIN = _reduction("min", False, _max_vjp, zero_rows=_zero_rows_reduce)
+PROD = _reduction("prod", True, _prod_vjp)
 ARGMAX = register(Op("argmax", _arg_forward("argmax"), _infer_arg("argmax"), batch=_batch_arg))
 ARGMIN = register(Op("argmin", _arg_forward("argmin"), _infer_arg("argmin"), batch=_batch_arg))
 CUMSUM = register(Op("cumsum", lambda xp, x, axis: xp.cumsum(x, axis=axis, dtype=x.dtype),

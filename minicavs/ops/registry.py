@@ -340,8 +340,7 @@ def _clashes(s1, s2):
 def common_dtype(opname, avals, positions=None):
     """All operands must share one dtype; float32 and float64 are never mixed silently."""
     positions = range(len(avals)) if positions is None else positions
-    dtype = None
-    first = None
+    dtype = first = None
     for i in positions:
         d = np.dtype(avals[i].dtype)
         if dtype is None:

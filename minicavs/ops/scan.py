@@ -10,7 +10,7 @@ a NaN is the extremum from where it occurs (a later NaN takes over).
 import numpy as np
 
 from . import batching, elementwise as ew, reduce, shape, sorting
-from .registry import Aval, Op, apply, normalize_axis, register
+from .registry import Aval, Op, normalize_axis, register
 from .rows import FULL, KEEPS
 from .sorting import SortResult
 
@@ -56,9 +56,8 @@ def _cumarg_forward(largest):
         hit = x == running
         if x.dtype.kind == "f":
             hit |= xp.isnan(x)
-        where_shape = [1] * x.ndim
-        where_shape[axis] = x.shape[axis]
-        positions = xp.arange(x.shape[axis], dtype=np.int64).reshape(where_shape)
+        positions = xp.arange(x.shape[axis], dtype=np.int64).reshape(
+            shape.resized((1,) * x.ndim, axis, x.shape[axis]))
         return _accumulate(xp, "maximum", xp.where(hit, positions, 0), axis)
     return forward
 
@@ -78,12 +77,8 @@ def cumprod(x, axis=-1):
 
 def _cumulative_extremum(op, name, x, axis):
     axis = normalize_axis(name, int(axis), len(x.shape), zero_d=True)
-    if len(x.shape) == 0:
-        x0 = shape.reshape(x, (1,))
-        values, indices = _cumulative_extremum(op, name, x0, 0)
-        return SortResult(shape.reshape(values, ()), shape.reshape(indices, ()))
-    indices = apply(op, x, axis=axis)
-    return SortResult(sorting.take_along_axis(x, indices, axis), indices)
+    indices = reduce.along_axis(op, x, axis)  # (a 0-d x is its own running extremum)
+    return SortResult(sorting.take_along_axis(x, indices, axis) if len(x.shape) else x, indices)
 
 
 def cummax(x, axis=-1):

@@ -89,6 +89,9 @@ def scatter_reduce_rows(base, values, targets, reduce):
 
 # --- the positions ----------------------------------------------------------------------------
 
+_on_device = indexing._on_device_of  # index data where x lives
+
+
 def _strides(shape_):
     return np.cumprod((tuple(shape_[1:]) + (1,))[::-1])[::-1].astype(np.int64)
 
@@ -126,10 +129,6 @@ def _positions(name, x, axis, index, src):
         sources = sum(c * s for c, s in zip(coords, _strides(src.shape)))
         sources = np.broadcast_to(sources, idx.shape).reshape(-1)
     return np.broadcast_to(targets, idx.shape).reshape(-1), sources
-
-
-def _on_device(x, idx):
-    return indexing._on_device_of(x, idx)
 
 
 def _picked(src, sources):

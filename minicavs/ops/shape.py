@@ -9,6 +9,11 @@ from .rows import FULL, HULL, KEEPS
 from ..errors import ShapeError
 
 
+def resized(shape, axis, size):
+    """``shape`` with axis ``axis`` of length ``size``, as a tuple."""
+    return tuple(shape[:axis]) + (size,) + tuple(shape[axis + 1:])
+
+
 def _infer_reshape(x, shape):
     if int(np.prod(x.shape)) != int(np.prod(shape)):
         raise ShapeError(f"op 'reshape': argument 0 has shape {describe(x.shape)} "
@@ -40,21 +45,15 @@ def _infer_concat(*xs, axis):
                              f"argument {i} has shape {describe(x.shape)}; all dimensions but "
                              f"axis {axis} must match")
     dtype = common_dtype("concat", xs)
-    out = list(first.shape)
-    out[axis] = int(sum(x.shape[axis] for x in xs))
-    return Aval(tuple(out), dtype)
+    return Aval(resized(first.shape, axis, int(sum(x.shape[axis] for x in xs))), dtype)
 
 
 def _infer_slice(x, start, stop, axis):
-    out = list(x.shape)
-    out[axis] = stop - start
-    return Aval(tuple(out), np.dtype(x.dtype))
+    return Aval(resized(x.shape, axis, stop - start), np.dtype(x.dtype))
 
 
 def _infer_pad(x, before, after, axis):
-    out = list(x.shape)
-    out[axis] += before + after
-    return Aval(tuple(out), np.dtype(x.dtype))
+    return Aval(resized(x.shape, axis, x.shape[axis] + before + after), np.dtype(x.dtype))
 
 
 def _inverse_permutation(axes):
@@ -67,18 +66,12 @@ def _concat_vjp(g, out, *xs, axis):
 
 
 def _slice_forward(xp, x, start, stop, axis):
-    index = [slice(None)] * x.ndim
-    index[axis] = slice(start, stop)
-    return x[tuple(index)]
+    return x[(slice(None),) * axis + (slice(start, stop),)]
 
 
 def _pad_forward(xp, x, before, after, axis):
-    out_shape = list(x.shape)
-    out_shape[axis] += before + after
-    out = xp.zeros(out_shape, dtype=x.dtype)
-    index = [slice(None)] * x.ndim
-    index[axis] = slice(before, before + x.shape[axis])
-    out[tuple(index)] = x
+    out = xp.zeros(resized(x.shape, axis, x.shape[axis] + before + after), dtype=x.dtype)
+    out[(slice(None),) * axis + (slice(before, before + x.shape[axis]),)] = x
     return out
 
 
@@ -313,11 +306,9 @@ def repeat(x, repeats, axis=None):
     axis = normalize_axis("repeat", axis, len(x.shape))
     if not isinstance(repeats, (int, np.integer)) or repeats < 0:
         raise ShapeError(f"op 'repeat': repeats must be a non-negative int, got {repeats!r}")
-    spread = list(x.shape)
-    spread.insert(axis + 1, int(repeats))
-    out = list(x.shape)
-    out[axis] *= int(repeats)
-    return reshape(broadcast_to(expand_dims(x, axis + 1), spread), out)
+    spread = tuple(x.shape[:axis + 1]) + (int(repeats),) + tuple(x.shape[axis + 1:])
+    return reshape(broadcast_to(expand_dims(x, axis + 1), spread),
+                   resized(x.shape, axis, x.shape[axis] * int(repeats)))
 
 
 def tile(x, reps):

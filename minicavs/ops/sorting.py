@@ -57,9 +57,7 @@ def _take_along_forward(xp, x, idx, axis):
 
 def _put_along_add_forward(xp, g, idx, axis, size):
     _check_along(xp, idx, size, axis, "put_along_axis_add")
-    out_shape = list(g.shape)
-    out_shape[axis] = size
-    out = xp.zeros(tuple(out_shape), dtype=g.dtype)
+    out = xp.zeros(shape.resized(g.shape, axis, size), dtype=g.dtype)
     coords = list(np.ogrid[tuple(slice(n) for n in g.shape)]) if g.ndim else []
     coords[axis] = idx
     if xp is np:
@@ -71,16 +69,13 @@ def _put_along_add_forward(xp, g, idx, axis, size):
     return out
 
 
-def _infer_along(opname, x, idx, axis):
-    require_int(opname, idx, 1)
+def _infer_take_along(x, idx, axis):
+    require_int("take_along_axis", idx, 1)
     if len(idx.shape) != len(x.shape) or any(
             a != b for d, (a, b) in enumerate(zip(idx.shape, x.shape)) if d != axis):
-        raise ShapeError(f"op '{opname}': indices of shape {describe(idx.shape)} must have the "
-                         f"shape of argument 0 {describe(x.shape)} on every axis but {axis}")
-
-
-def _infer_take_along(x, idx, axis):
-    _infer_along("take_along_axis", x, idx, axis)
+        raise ShapeError(f"op 'take_along_axis': indices of shape {describe(idx.shape)} must "
+                         f"have the shape of argument 0 {describe(x.shape)} on every axis but "
+                         f"{axis}")
     return Aval(tuple(idx.shape), np.dtype(x.dtype))
 
 
@@ -89,9 +84,7 @@ def _infer_put_along_add(g, idx, axis, size):
         raise ShapeError(f"op 'put_along_axis_add': indices of shape {describe(idx.shape)} must "
                          f"have the shape of argument 0 {describe(g.shape)}")
     require_int("put_along_axis_add", idx, 1)
-    out = list(g.shape)
-    out[axis] = size
-    return Aval(tuple(out), np.dtype(g.dtype))
+    return Aval(shape.resized(g.shape, axis, size), np.dtype(g.dtype))
 
 
 # The pair are each other's adjoint: a pick along an axis, and its scatter-add back.
