@@ -409,7 +409,7 @@ def kernel_source(kernel, dtype):
 def raw_kernel(kernel, dtype):
     """The ``cupy.RawKernel`` for ``kernel`` and ``dtype`` (compiled by CuPy on first launch,
     with :data:`minicavs.cuda.nvrtc.KERNEL_OPTIONS`)."""
-    return _raw_kernel(kernel, _float_dtype(kernel, dtype).name)
+    return _compiled(kernel, _float_dtype(kernel, dtype).name, "cupy")
 
 
 # The memoised factories, keyed on (kernel, dtype name): np.float32 and np.dtype("float32")
@@ -431,28 +431,20 @@ def all_kernel_sources():
 
 
 @functools.lru_cache(maxsize=None)
-def _raw_kernel(kernel, dtype):
-    from ..backend import _import_cupy  # lazily (and the emulated device when asked for)
-    from . import nvrtc
-
-    cupy = _import_cupy()
-    from ..errors import ToolchainError
-
-    try:  # let CuPy < 14 find the NVRTC wheel too (see nvrtc.py)
-        nvrtc.load_nvrtc()
-    except ToolchainError:
-        pass  # CuPy may still find a system NVRTC; if not, its own error says so
-
+def _compiled(kernel, dtype, runner):
     source = kernel_source(kernel, dtype)
-    return cupy.RawKernel(source.code, source.name, options=nvrtc.KERNEL_OPTIONS)
+    return make_kernel(source.code, source.name, runner)
 
 
-@functools.lru_cache(maxsize=None)
-def _shim_kernel(kernel, dtype):  # the CPU twin of _raw_kernel
-    from . import shim
+def make_kernel(code, name, runner):
+    """Kernel ``name`` of the CUDA source ``code``, ready to launch: for ``runner`` "cupy" a
+    ``cupy.RawKernel`` (compiled by CuPy on first launch, with ``nvrtc.KERNEL_OPTIONS``), for
+    "shim" its CPU twin."""
+    from . import nvrtc, shim
 
-    source = kernel_source(kernel, dtype)
-    return shim.shim_kernel(source.code, source.name)
+    if runner == "shim":
+        return shim.shim_kernel(code, name)
+    return nvrtc.cupy_for_kernels().RawKernel(code, name, options=nvrtc.KERNEL_OPTIONS)
 
 
 def _launch(kernel, dtype, runner, total, args):
@@ -462,9 +454,7 @@ def _launch(kernel, dtype, runner, total, args):
     blocks = min(-(-total // BLOCK_SIZE), MAX_BLOCKS)
     if runner == "cupy":
         args = tuple(np.int64(a) if isinstance(a, int) else a for a in args)
-        _raw_kernel(kernel, dtype.name)((blocks,), (BLOCK_SIZE,), args)
-    else:
-        _shim_kernel(kernel, dtype.name)((blocks,), (BLOCK_SIZE,), args)
+    _compiled(kernel, dtype.name, runner)((blocks,), (BLOCK_SIZE,), args)
 
 
 # ---------------------------------------------------------------------------------------------

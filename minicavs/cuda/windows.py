@@ -72,11 +72,16 @@ def _name(kind, layout, dtype):
 
 
 @functools.lru_cache(maxsize=None)
+def _operands(layout, slot_at, array_at):
+    """The slots and the arrays a layout reads, in parameter order."""
+    return sorted({p[slot_at] for p in layout}), sorted({p[array_at] for p in layout})
+
+
+@functools.lru_cache(maxsize=None)
 def gather_source(layout, src_width, dtype):
     """The CUDA source of a gather layout: ``LayoutSource(name, code, row_width)``."""
     t = kernels.DTYPES[np.dtype(dtype)][0]
-    slots = sorted({p[0] for p in layout})
-    dsts = sorted({p[3] for p in layout})
+    slots, dsts = _operands(layout, 0, 3)
     params = [f"const {t}* __restrict__ src"] + [
         f"const int* __restrict__ idx{s}" for s in slots] + [f"{t}* __restrict__ dst{d}"
                                                              for d in dsts]
@@ -94,8 +99,7 @@ def gather_source(layout, src_width, dtype):
 def scatter_source(layout, out_width, dtype):
     """The CUDA source of a scatter-add layout: ``LayoutSource(name, code, row_width)``."""
     t = kernels.DTYPES[np.dtype(dtype)][0]
-    slots = sorted({p[0] for p in layout})
-    srcs = sorted({p[1] for p in layout})
+    slots, srcs = _operands(layout, 0, 1)
     params = [f"const {t}* __restrict__ src{s}" for s in srcs] + [
         f"const int* __restrict__ idx{s}" for s in slots] + [f"{t}* __restrict__ out"]
     pieces = "\n".join(Template(_SCATTER_PIECE).substitute(
@@ -146,24 +150,7 @@ def level_source(source, operands, width):
 
 @functools.lru_cache(maxsize=None)
 def _compiled(source, runner):
-    if runner == "shim":
-        from . import shim
-
-        return shim.shim_kernel(source.code, source.name)
-    from ..backend import _import_cupy
-    from . import nvrtc
-
-    return _import_cupy().RawKernel(source.code, source.name, options=nvrtc.KERNEL_OPTIONS)
-
-
-@functools.lru_cache(maxsize=None)
-def _operands(layout, slot_at, array_at):
-    """The slots and the arrays a layout reads, in parameter order."""
-    return sorted({p[slot_at] for p in layout}), sorted({p[array_at] for p in layout})
-
-
-def _launch(source, runner, total, args):
-    Launcher(source, runner)(args[:-2], args[-2], args[-1])
+    return kernels.make_kernel(source.code, source.name, runner)
 
 
 class Launcher:
@@ -201,8 +188,7 @@ def gather_windows(src, idx, dsts, layout, n, lo, runner=None):
         return gather_windows_numpy(src, idx, dsts, layout, n, lo)
     source = gather_source(layout, src.shape[1], src.dtype)
     slots, targets = _operands(layout, 0, 3)
-    _launch(source, runner, n * source.row_width,
-            (src, *[idx[s] for s in slots], *[dsts[d] for d in targets], n, lo))
+    Launcher(source, runner)((src, *[idx[s] for s in slots], *[dsts[d] for d in targets]), n, lo)
 
 
 # --- scatter-adds -------------------------------------------------------------------------------
@@ -224,5 +210,4 @@ def scatter_add_windows(srcs, idx, out, layout, n, lo, runner=None):
         return scatter_add_windows_numpy(srcs, idx, out, layout, n, lo)
     source = scatter_source(layout, out.shape[1], out.dtype)
     slots, parts = _operands(layout, 0, 1)
-    _launch(source, runner, n * source.row_width,
-            (*[srcs[s] for s in parts], *[idx[s] for s in slots], out, n, lo))
+    Launcher(source, runner)((*[srcs[s] for s in parts], *[idx[s] for s in slots], out), n, lo)
