@@ -264,18 +264,12 @@ class ndarray(np.ndarray):
     @_library
     def ravel(self, order="C"):
         host = self.view(np.ndarray)
-        result = host.ravel(order)
-        if not np.shares_memory(result, host):
-            counter.add("copy")
-        return result.view(ndarray)
+        return _view_or_copy(host.ravel(order), host)
 
     @_library
     def reshape(self, *shape, **kwargs):
         host = self.view(np.ndarray)
-        result = host.reshape(*shape, **kwargs)
-        if result.size and not np.shares_memory(result, host):
-            counter.add("copy")
-        return result.view(ndarray)
+        return _view_or_copy(host.reshape(*shape, **kwargs), host)
 
     def dot(self, other, out=None):
         counter.add("library")
@@ -308,6 +302,13 @@ class ndarray(np.ndarray):
     @property
     def device(self):
         return Device(0)
+
+
+def _view_or_copy(result, host):
+    """A reshape or ravel of ``host`` on the device: a copy where it is not a view."""
+    if isinstance(result, np.ndarray) and result.size and not np.shares_memory(result, host):
+        counter.add("copy")
+    return _wrap(result)
 
 
 def _upload_host_indices(key):
@@ -362,11 +363,7 @@ def _call_function(name, func, args, kwargs):
     host_kwargs = {k: _unwrap_all(v) for k, v in kwargs.items()}
     category = _category(name)
     if name in ("ravel", "reshape") and args:
-        result = func(*host_args, **host_kwargs)
-        if isinstance(result, np.ndarray) and result.size and not np.shares_memory(
-                result, np.asarray(host_args[0])):
-            counter.add("copy")
-        return _wrap(result)
+        return _view_or_copy(func(*host_args, **host_kwargs), np.asarray(host_args[0]))
     if category is not None:
         counter.add(category)
     return _wrap(counter.timed(func, *host_args, **host_kwargs))
