@@ -854,8 +854,7 @@ def copy_rows(src, src_idx, out, dst_idx, *, runner=None, check_indices=True):
     _check_no_overlap(kernel, out, src=src, src_idx=src_idx, dst_idx=dst_idx)
     if runner == "numpy":
         return copy_rows_numpy(src, src_idx, out, dst_idx)
-    n = int(src_idx.shape[0])
-    row_size = _row_size(src)
+    n, row_size = int(src_idx.shape[0]), _row_size(src)
     _launch(kernel, src.dtype, runner, n * row_size, (src, src_idx, dst_idx, out, n, row_size))
     return out
 
@@ -985,10 +984,6 @@ def _xent_operands(kernel, runner, logits, labels, *rest):
     return runner, rows_view, labels.reshape(-1), int(labels.size), C
 
 
-def _bad_flag(runner):
-    return _xp(runner).zeros(1, np.int32)
-
-
 def softmax_xent(logits, labels, out=None, *, runner=None):
     """Per row ``log Σ exp(logits) - logits[label]`` in one launch (``ops/loss.py``'s
     softmax_cross_entropy; its NumPy form is the twin): the losses, shaped as ``labels``
@@ -999,7 +994,7 @@ def softmax_xent(logits, labels, out=None, *, runner=None):
         return None
     runner, (z, ld), y, rows, C = operands
     losses = _xp(runner).empty(labels.shape, logits.dtype) if out is None else out
-    bad = _bad_flag(runner)
+    bad = _xp(runner).zeros(1, np.int32)
     _launch("softmax_xent", logits.dtype, runner, rows, (z, ld, y, losses, bad, rows, C))
     return None if int(bad[0]) else losses  # (one copy back: the check the op makes anyway)
 
@@ -1015,8 +1010,7 @@ def softmax_xent_grad(logits, labels, g, *, runner=None):
     if g.flags.c_contiguous:
         g, g_step = g.reshape(-1), 1
     elif g.size and not any(g.strides):  # one value for every row: read in place
-        tricks = np.lib.stride_tricks if runner != "cupy" else _xp(runner).lib.stride_tricks
-        g, g_step = tricks.as_strided(g, shape=(1,), strides=(g.itemsize,)), 0
+        g, g_step = _xp(runner).lib.stride_tricks.as_strided(g, (1,), (g.itemsize,)), 0
     else:
         return None
     xp = _xp(runner)  # (the labels were checked by the forward: the flag is not read)
@@ -1043,7 +1037,7 @@ def adam_many(params, grads, ms, vs, beta1, beta2, eps, bc2, step, decay, *, run
             a.dtype != dtype or not a.flags.c_contiguous for a in arrays) or any(
             a.shape != p.shape for group in (grads, ms, vs) for a, p in zip(group, params)):
         return False
-    address = device_address(_xp(runner) if runner == "cupy" else np)
+    address = device_address(_xp(runner))
     offsets = np.cumsum([0] + [p.size for p in params])
     table = np.array([address(a) for a in arrays] + offsets.tolist(), np.int64)
     if runner == "cupy":
