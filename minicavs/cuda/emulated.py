@@ -198,6 +198,14 @@ def _apply_ufunc(ufunc, method, inputs, kwargs):
     return _wrap(result)
 
 
+def _read_back(convert):
+    """A method that reads a device array's value on the host: one copy."""
+    def read(self, *args):
+        counter.add("copy")
+        return convert(self.view(np.ndarray), *args)
+    return read
+
+
 class ndarray(np.ndarray):
     """A device array of the emulated GPU: host memory, CuPy's interface (``get``, ``set``)."""
 
@@ -224,29 +232,12 @@ class ndarray(np.ndarray):
         self.view(np.ndarray)[...] = array
 
     # a device-to-host copy and a sync on a GPU
-    def item(self, *args):
-        counter.add("copy")
-        return self.view(np.ndarray).item(*args)
-
-    def tolist(self):
-        counter.add("copy")
-        return self.view(np.ndarray).tolist()
-
-    def __float__(self):
-        counter.add("copy")
-        return float(self.view(np.ndarray))
-
-    def __int__(self):
-        counter.add("copy")
-        return int(self.view(np.ndarray))
-
-    def __bool__(self):
-        counter.add("copy")
-        return bool(self.view(np.ndarray))
-
-    def __index__(self):
-        counter.add("copy")
-        return self.view(np.ndarray).__index__()
+    item = _read_back(np.ndarray.item)
+    tolist = _read_back(np.ndarray.tolist)
+    __float__ = _read_back(float)
+    __int__ = _read_back(int)
+    __bool__ = _read_back(bool)
+    __index__ = _read_back(np.ndarray.__index__)
 
     # copies and fills (not ufuncs: counted here)
     @_library
@@ -273,18 +264,12 @@ class ndarray(np.ndarray):
     @_library
     def ravel(self, order="C"):
         host = self.view(np.ndarray)
-        result = host.ravel(order)
-        if not np.shares_memory(result, host):
-            counter.add("copy")
-        return result.view(ndarray)
+        return _view_or_copy(host.ravel(order), host)
 
     @_library
     def reshape(self, *shape, **kwargs):
         host = self.view(np.ndarray)
-        result = host.reshape(*shape, **kwargs)
-        if result.size and not np.shares_memory(result, host):
-            counter.add("copy")
-        return result.view(ndarray)
+        return _view_or_copy(host.reshape(*shape, **kwargs), host)
 
     def dot(self, other, out=None):
         counter.add("library")
@@ -295,7 +280,7 @@ class ndarray(np.ndarray):
     def __getitem__(self, key):
         host = self.view(np.ndarray)
         _upload_host_indices(key)
-        key = _index_key(key)
+        key = _unwrap_all(key)
         if _advanced(key):
             counter.add("copy")  # a gather kernel
         return _wrap(host[key])
@@ -304,7 +289,7 @@ class ndarray(np.ndarray):
     def __setitem__(self, key, value):
         host = self.view(np.ndarray)
         _upload_host_indices(key)
-        key = _index_key(key)
+        key = _unwrap_all(key)
         if isinstance(value, np.ndarray) and not isinstance(value, ndarray):
             counter.add("copy")  # CuPy copies a host value up first
             counter.uploads += 1
@@ -319,12 +304,11 @@ class ndarray(np.ndarray):
         return Device(0)
 
 
-def _index_key(key):
-    if isinstance(key, ndarray):
-        return key.view(np.ndarray)
-    if isinstance(key, tuple):
-        return tuple(k.view(np.ndarray) if isinstance(k, ndarray) else k for k in key)
-    return key
+def _view_or_copy(result, host):
+    """A reshape or ravel of ``host`` on the device: a copy where it is not a view."""
+    if isinstance(result, np.ndarray) and result.size and not np.shares_memory(result, host):
+        counter.add("copy")
+    return _wrap(result)
 
 
 def _upload_host_indices(key):
@@ -379,11 +363,7 @@ def _call_function(name, func, args, kwargs):
     host_kwargs = {k: _unwrap_all(v) for k, v in kwargs.items()}
     category = _category(name)
     if name in ("ravel", "reshape") and args:
-        result = func(*host_args, **host_kwargs)
-        if isinstance(result, np.ndarray) and result.size and not np.shares_memory(
-                result, np.asarray(host_args[0])):
-            counter.add("copy")
-        return _wrap(result)
+        return _view_or_copy(func(*host_args, **host_kwargs), np.asarray(host_args[0]))
     if category is not None:
         counter.add(category)
     return _wrap(counter.timed(func, *host_args, **host_kwargs))
@@ -615,25 +595,9 @@ class Device:
         return False
 
 
-class _MemoryPool:
-    def used_bytes(self):
-        return 0
-
-    def free_bytes(self):
-        return 0
-
-    def total_bytes(self):
-        return 0
-
-    def free_all_blocks(self):
-        pass
-
-    def set_limit(self, size=None, fraction=None):  # noqa: ARG002
-        pass
-
-
-_POOL = _MemoryPool()
-
+_POOL = types.SimpleNamespace(  # the memory pools: host memory, nothing kept to report or free
+    used_bytes=lambda: 0, free_bytes=lambda: 0, total_bytes=lambda: 0,
+    free_all_blocks=lambda: None, set_limit=lambda size=None, fraction=None: None)
 
 _runtime = types.SimpleNamespace(
     getDeviceCount=lambda: 1, getDevice=lambda: 0, deviceSynchronize=lambda: None,
@@ -751,8 +715,7 @@ cupy = _make_module()
 def scatter_add(target, index, values):
     """``cupyx.scatter_add`` (one kernel with atomics on a GPU)."""
     counter.add("kernel")
-    np.add.at(target.view(np.ndarray), _index_key(index) if not isinstance(index, tuple)
-              else tuple(_unwrap_all(i) for i in index), _unwrap_all(values))
+    np.add.at(target.view(np.ndarray), _unwrap_all(index), _unwrap_all(values))
 
 
 class _Special:

@@ -168,19 +168,11 @@ class CupyFusedKernel(GeneratedFusedKernel):
 
 @functools.lru_cache(maxsize=None)
 def _elementwise_kernel(source):
-    from ..backend import _import_cupy  # lazily: only CuPy (or emulated) arrays reach here
-    from . import nvrtc
+    from . import nvrtc  # lazily: only CuPy (or emulated) arrays reach here
 
-    cupy = _import_cupy()
-    from ..errors import ToolchainError
-
-    try:  # let CuPy < 14 find the NVRTC wheel too (see nvrtc.py)
-        nvrtc.load_nvrtc()
-    except ToolchainError:
-        pass
-    return cupy.ElementwiseKernel(source.in_params, source.out_params, source.operation,
-                                  source.name, preamble=source.preamble,
-                                  options=nvrtc.KERNEL_OPTIONS)
+    return nvrtc.cupy_for_kernels().ElementwiseKernel(
+        source.in_params, source.out_params, source.operation, source.name,
+        preamble=source.preamble, options=nvrtc.KERNEL_OPTIONS)
 
 
 class ShimFusedKernel(GeneratedFusedKernel):

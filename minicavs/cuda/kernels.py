@@ -133,10 +133,11 @@ extern "C" __global__ void ${name}(const ${T}* __restrict__ values,
 }
 """
 
-_SOURCES = {
-    "gather_rows": """
-// out[i, :] = src[idx[i], :], or zeros where idx[i] == -1.
-extern "C" __global__ void ${name}(const ${T}* __restrict__ src, const int* __restrict__ idx,
+# gather_rows, scatter_add_rows and scatter_rows: row i of the n rows moved (of src for a
+# gather, of values for a scatter) pairs with row idx[i] of the other side, its element e with
+# element ``at`` there; ${move} is all they do differently.
+_ONE_INDEX = """
+extern "C" __global__ void ${name}(const ${T}* __restrict__ ${rows}, const int* __restrict__ idx,
                                    ${T}* __restrict__ out, const long long n,
                                    const long long row_size)
 {
@@ -144,10 +145,20 @@ extern "C" __global__ void ${name}(const ${T}* __restrict__ src, const int* __re
     ${loop} {
         const long long i = e / row_size;
         const int r = idx[i];
-        out[e] = r < 0 ? (${T})0 : src[(long long)r * row_size + (e - i * row_size)];
+        const long long at = (long long)r * row_size + (e - i * row_size);
+        ${move}
     }
 }
-""",
+"""
+
+
+def _one_index(rows, move):
+    return Template(_ONE_INDEX).safe_substitute(rows=rows, move=move)
+
+
+_SOURCES = {
+    # out[i, :] = src[idx[i], :], or zeros where idx[i] == -1.
+    "gather_rows": _one_index("src", "out[e] = r < 0 ? (${T})0 : src[at];"),
     "gather_children": """
 // out[c, i, :] = src[child_idx[i, c], :] (zeros for -1): child c of every vertex of a batching
 // task lands in its own contiguous (n, row_size) block, the buffer of gather(c).
@@ -166,36 +177,14 @@ extern "C" __global__ void ${name}(const ${T}* __restrict__ src,
     }
 }
 """,
-    "scatter_add_rows": _DOUBLE_ATOMIC_ADD + """
-// out[idx[i], :] += values[i, :] for idx[i] != -1. Repeated indices add up in whatever order
-// the threads reach them, so float sums may differ in the last bits from run to run (and a
-// float32 atomic add flushes subnormals: see the module docstring).
-extern "C" __global__ void ${name}(const ${T}* __restrict__ values, const int* __restrict__ idx,
-                                   ${T}* __restrict__ out, const long long n,
-                                   const long long row_size)
-{
-    const long long total = n * row_size;
-    ${loop} {
-        const long long i = e / row_size;
-        const int r = idx[i];
-        if (r >= 0) atomicAdd(&out[(long long)r * row_size + (e - i * row_size)], values[e]);
-    }
-}
-""",
-    "scatter_rows": """
-// out[idx[i], :] = values[i, :] for idx[i] != -1 (the launcher checks that indices do not repeat).
-extern "C" __global__ void ${name}(const ${T}* __restrict__ values, const int* __restrict__ idx,
-                                   ${T}* __restrict__ out, const long long n,
-                                   const long long row_size)
-{
-    const long long total = n * row_size;
-    ${loop} {
-        const long long i = e / row_size;
-        const int r = idx[i];
-        if (r >= 0) out[(long long)r * row_size + (e - i * row_size)] = values[e];
-    }
-}
-""",
+    # out[idx[i], :] += values[i, :] for idx[i] != -1. Repeated indices add up in whatever
+    # order the threads reach them, so float sums may differ in the last bits from run to run
+    # (and a float32 atomic add flushes subnormals: see the module docstring).
+    "scatter_add_rows": _DOUBLE_ATOMIC_ADD + _one_index(
+        "values", "if (r >= 0) atomicAdd(&out[at], values[e]);"),
+    # out[idx[i], :] = values[i, :] for idx[i] != -1 (the launcher checks that indices do not
+    # repeat).
+    "scatter_rows": _one_index("values", "if (r >= 0) out[at] = values[e];"),
     "copy_rows": """
 // out[dst_idx[i], :] = src[src_idx[i], :]: many slices from many places to many places in one
 // launch. src_idx[i] == -1 writes a zero row, dst_idx[i] == -1 drops the row (the launcher
@@ -217,11 +206,11 @@ extern "C" __global__ void ${name}(const ${T}* __restrict__ src, const int* __re
 """,
 }
 
-# The folds besides the sum (PTX add.rn.f32: CuPy's -ftz=true would make "+" flush float32
-# subnormals, which NumPy keeps): a product, or NumPy's maximum and minimum, which keep the first operand when it is NaN or strictly wins, else take the second
-# (NaN propagates; a tie, 0 against -0, takes the second, as NumPy 2 does). CuPy's -ftz=true
-# would flush them in a "*" or a comparison too: the product is PTX mul.rn.f32 (no .ftz, as
-# the sum's add), and float32 NaN and order are decided on the bits.
+# The folds besides the sum: a product, or NumPy's maximum and minimum, which keep the first
+# operand when it is NaN or strictly wins, else take the second (NaN propagates; a tie, 0
+# against -0, takes the second, as NumPy 2 does). As with the sum, CuPy's -ftz=true would flush
+# float32 subnormals in a "*" or a comparison: the product is PTX mul.rn.f32 (no .ftz), and
+# float32 NaN and order are decided on the bits.
 # No atomics: CuPy's atomic scatter_max/min computed float64 in float32 (seen on an H100, CuPy
 # 14.2: the maxima came back rounded to float32).
 _MUL_NOFTZ = """
@@ -312,7 +301,7 @@ _SOURCES["lstm_cell_grad"] = _CELL_HEAD.replace(
 # each thread adds its unit's (3 + k) columns of the terms, in the order given, writes them to
 # pre (the cell's gradient reads them) and runs the cell on them: the sum's launch is saved.
 # A term with row stride 0 is one row for all (the bias); terms == 2 leaves t2 unread.
-_SOURCES["lstm_cell_sum"] = _CELL_HEAD.replace(
+_SOURCES["lstm_cell_sum"] = _SOURCES["lstm_cell"].replace(
     "const ${T}* __restrict__ pre, const long long pre_ld,",
     "const ${T}* __restrict__ t0, const long long ld0, const ${T}* __restrict__ t1, "
     "const long long ld1, const ${T}* __restrict__ t2, const long long ld2, "
@@ -324,13 +313,7 @@ _SOURCES["lstm_cell_sum"] = _CELL_HEAD.replace(
             if (terms > 2) v += t2[r * ld2 + col];
             p[col] = v;
         }
-""").replace("${ARGS}", "${T}* __restrict__ out, const long long out_ld") + """
-        const ${T} c = i * u + f1 * cp1 + f2 * cp2;
-        out[r * out_ld + H + j] = c;
-        out[r * out_ld + j] = o * tanh(c);
-    }
-}
-"""
+""")
 # Softmax cross-entropy, one thread per row (a row is one prediction's classes): its max, the
 # sum of exps past it, the label's term; a label out of range sets *bad and writes 0, and the
 # op then raises its error the NumPy way. The max keeps a NaN, as NumPy's does.
@@ -426,7 +409,7 @@ def kernel_source(kernel, dtype):
 def raw_kernel(kernel, dtype):
     """The ``cupy.RawKernel`` for ``kernel`` and ``dtype`` (compiled by CuPy on first launch,
     with :data:`minicavs.cuda.nvrtc.KERNEL_OPTIONS`)."""
-    return _raw_kernel(kernel, _float_dtype(kernel, dtype).name)
+    return _compiled(kernel, _float_dtype(kernel, dtype).name, "cupy")
 
 
 # The memoised factories, keyed on (kernel, dtype name): np.float32 and np.dtype("float32")
@@ -448,28 +431,20 @@ def all_kernel_sources():
 
 
 @functools.lru_cache(maxsize=None)
-def _raw_kernel(kernel, dtype):
-    from ..backend import _import_cupy  # lazily (and the emulated device when asked for)
-    from . import nvrtc
-
-    cupy = _import_cupy()
-    from ..errors import ToolchainError
-
-    try:  # let CuPy < 14 find the NVRTC wheel too (see nvrtc.py)
-        nvrtc.load_nvrtc()
-    except ToolchainError:
-        pass  # CuPy may still find a system NVRTC; if not, its own error says so
-
+def _compiled(kernel, dtype, runner):
     source = kernel_source(kernel, dtype)
-    return cupy.RawKernel(source.code, source.name, options=nvrtc.KERNEL_OPTIONS)
+    return make_kernel(source.code, source.name, runner)
 
 
-@functools.lru_cache(maxsize=None)
-def _shim_kernel(kernel, dtype):  # the CPU twin of _raw_kernel
-    from . import shim
+def make_kernel(code, name, runner):
+    """Kernel ``name`` of the CUDA source ``code``, ready to launch: for ``runner`` "cupy" a
+    ``cupy.RawKernel`` (compiled by CuPy on first launch, with ``nvrtc.KERNEL_OPTIONS``), for
+    "shim" its CPU twin."""
+    from . import nvrtc, shim
 
-    source = kernel_source(kernel, dtype)
-    return shim.shim_kernel(source.code, source.name)
+    if runner == "shim":
+        return shim.shim_kernel(code, name)
+    return nvrtc.cupy_for_kernels().RawKernel(code, name, options=nvrtc.KERNEL_OPTIONS)
 
 
 def _launch(kernel, dtype, runner, total, args):
@@ -479,9 +454,7 @@ def _launch(kernel, dtype, runner, total, args):
     blocks = min(-(-total // BLOCK_SIZE), MAX_BLOCKS)
     if runner == "cupy":
         args = tuple(np.int64(a) if isinstance(a, int) else a for a in args)
-        _raw_kernel(kernel, dtype.name)((blocks,), (BLOCK_SIZE,), args)
-    else:
-        _shim_kernel(kernel, dtype.name)((blocks,), (BLOCK_SIZE,), args)
+    _compiled(kernel, dtype.name, runner)((blocks,), (BLOCK_SIZE,), args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -537,18 +510,34 @@ def _check_rows(kernel, argname, a):
     _check_contiguous(kernel, argname, a)
 
 
+def _check_same_rows(kernel, argname, a, out):
+    """``a`` and ``out`` hold rows (:func:`_check_rows`) of one shape and dtype."""
+    _check_rows(kernel, argname, a)
+    _check_rows(kernel, "out", out)
+    _check_same_dtype(kernel, "out", out, a.dtype)
+    if tuple(out.shape[1:]) != tuple(a.shape[1:]):
+        raise ShapeError(f"kernel '{kernel}': rows of '{argname}' {tuple(a.shape[1:])} and of "
+                         f"'out' {tuple(out.shape[1:])} must have the same shape")
+
+
 def _check_same_dtype(kernel, argname, a, dtype):
     if a.dtype != dtype:
         raise DTypeError(f"kernel '{kernel}': argument '{argname}' must have dtype {dtype} "
                          f"like the rows it is copied from or to, got {a.dtype}")
 
 
-def _check_out(kernel, out, shape, dtype):
+def _out(kernel, runner, out, shape, dtype, **inputs):
+    """``out`` checked (shape, dtype, C-contiguity, no overlap with ``inputs``), or a new array
+    when None."""
+    if out is None:
+        return _xp(runner).empty(shape, dtype=dtype)
     if tuple(out.shape) != tuple(shape):
         raise ShapeError(f"kernel '{kernel}': argument 'out' must have shape {tuple(shape)}, "
                          f"got {tuple(out.shape)}")
     _check_same_dtype(kernel, "out", out, dtype)
     _check_contiguous(kernel, "out", out)
+    _check_no_overlap(kernel, out, **inputs)
+    return out
 
 
 def _check_no_overlap(kernel, out, **inputs):
@@ -617,11 +606,7 @@ def gather_rows(src, idx, out=None, *, runner=None, check_indices=True):
     _check_rows(kernel, "src", src)
     _check_index(kernel, "idx", idx, 1, src.shape[0], check_indices)
     shape = (idx.shape[0],) + tuple(src.shape[1:])
-    if out is None:
-        out = _xp(runner).empty(shape, dtype=src.dtype)
-    else:
-        _check_out(kernel, out, shape, src.dtype)
-        _check_no_overlap(kernel, out, src=src, idx=idx)
+    out = _out(kernel, runner, out, shape, src.dtype, src=src, idx=idx)
     if runner == "numpy":
         return gather_rows_numpy(src, idx, out)
     n = int(idx.shape[0])
@@ -656,11 +641,7 @@ def gather_children(src, child_idx, out=None, *, runner=None, check_indices=True
     _check_index(kernel, "child_idx", child_idx, 2, src.shape[0], check_indices)
     n, k = (int(s) for s in child_idx.shape)
     shape = (k, n) + tuple(src.shape[1:])
-    if out is None:
-        out = _xp(runner).empty(shape, dtype=src.dtype)
-    else:
-        _check_out(kernel, out, shape, src.dtype)
-        _check_no_overlap(kernel, out, src=src, child_idx=child_idx)
+    out = _out(kernel, runner, out, shape, src.dtype, src=src, child_idx=child_idx)
     if runner == "numpy":
         return gather_children_numpy(src, child_idx, out)
     row_size = _row_size(src)
@@ -716,20 +697,35 @@ def _check_plan(kernel, plan, out, idx):
         _check_contiguous(kernel, f"plan.{field}", array)
 
 
-def _check_scatter(kernel, values, idx, out, check_indices):
-    """The checks every scatter kernel makes before launch: rows of one shape and dtype, one
-    index per row of ``values``, indices in range."""
-    _check_rows(kernel, "values", values)
-    _check_rows(kernel, "out", out)
-    _check_same_dtype(kernel, "out", out, values.dtype)
-    if tuple(out.shape[1:]) != tuple(values.shape[1:]):
-        raise ShapeError(f"kernel '{kernel}': rows of 'values' {tuple(values.shape[1:])} and of "
-                         f"'out' {tuple(out.shape[1:])} must have the same shape")
+def _check_scatter(kernel, runner, values, idx, out, check_indices, plan=None, unique=False):
+    """The runner of a scatter, after the checks every scatter kernel makes before launch: rows
+    of one shape and dtype, one index per row of ``values``, indices in range (and, with
+    ``unique``, none repeated), ``out`` apart from the inputs."""
+    plan_arrays = tuple(plan[:3]) if plan is not None else ()
+    runner = _pick_runner(kernel, runner, (values, idx, out) + plan_arrays)
+    _check_same_rows(kernel, "values", values, out)
     if idx.ndim != 1 or idx.shape[0] != values.shape[0]:
         raise ShapeError(f"kernel '{kernel}': argument 'idx' must have shape "
                          f"({values.shape[0]},), one index per row of 'values', got "
                          f"{tuple(idx.shape)}")
     _check_index(kernel, "idx", idx, 1, out.shape[0], check_indices)
+    if unique and check_indices:
+        _check_unique(kernel, idx)
+    _check_no_overlap(kernel, out, values=values, idx=idx)
+    return runner
+
+
+def _fold_sorted(kernel, reduce, values, idx, out, plan, runner):
+    """The deterministic scatter kernel of ``reduce``: each output element folded by one
+    thread over its rows in index order, by ``plan`` (made here when None)."""
+    if plan is None:
+        plan = scatter_plan(idx, out.shape[0], check_indices=False)
+    else:
+        _check_plan(kernel, plan, out, idx)
+    num_groups, row_size = int(plan.targets.shape[0]), _row_size(values)
+    _launch(f"scatter_{reduce}_sorted", values.dtype, runner, num_groups * row_size,
+            (values, plan.order, plan.targets, plan.starts, out, num_groups, row_size))
+    return out
 
 
 def scatter_add_rows_numpy(values, idx, out):
@@ -766,24 +762,13 @@ def scatter_add_rows(values, idx, out, *, deterministic=False, plan=None, runner
     run, equal to :func:`scatter_add_rows_numpy`, subnormals included.
     """
     kernel = "scatter_add_rows"
-    plan_arrays = tuple(plan[:3]) if plan is not None else ()
-    runner = _pick_runner(kernel, runner, (values, idx, out) + plan_arrays)
-    _check_scatter(kernel, values, idx, out, check_indices)
-    _check_no_overlap(kernel, out, values=values, idx=idx)
+    runner = _check_scatter(kernel, runner, values, idx, out, check_indices, plan)
     if runner == "numpy":
         return scatter_add_rows_numpy(values, idx, out)
-    row_size = _row_size(values)
-    if not deterministic:
-        n = int(idx.shape[0])
-        _launch(kernel, values.dtype, runner, n * row_size, (values, idx, out, n, row_size))
-        return out
-    if plan is None:
-        plan = scatter_plan(idx, out.shape[0], check_indices=False)
-    else:
-        _check_plan(kernel, plan, out, idx)
-    num_groups = int(plan.targets.shape[0])
-    _launch("scatter_add_sorted", values.dtype, runner, num_groups * row_size,
-            (values, plan.order, plan.targets, plan.starts, out, num_groups, row_size))
+    if deterministic:
+        return _fold_sorted(kernel, "add", values, idx, out, plan, runner)
+    n, row_size = int(idx.shape[0]), _row_size(values)
+    _launch(kernel, values.dtype, runner, n * row_size, (values, idx, out, n, row_size))
     return out
 
 
@@ -797,27 +782,18 @@ def scatter_reduce_rows_numpy(values, idx, out, reduce):
 def scatter_reduce_rows(values, idx, out, reduce, *, plan=None, runner=None, check_indices=True):
     """``out[idx[i]] = reduce(out[idx[i]], values[i])`` for every i with ``idx[i] != -1``, in
     index order, ``reduce`` one of "add", "multiply", "maximum", "minimum" (NumPy's ufuncs, NaN
-    propagating; "add" is :func:`scatter_add_rows`'s deterministic kernel). Each output element is folded by one thread over its rows in a fixed order
-    (a ``plan`` from :func:`scatter_plan`, made here if not given): the same bits on every run,
-    equal to :func:`scatter_reduce_rows_numpy`. Shapes and checks as :func:`scatter_add_rows`."""
+    propagating; "add" is :func:`scatter_add_rows`'s deterministic kernel). Each output element
+    is folded by one thread over its rows in a fixed order (a ``plan`` from
+    :func:`scatter_plan`, made here if not given): the same bits on every run, equal to
+    :func:`scatter_reduce_rows_numpy`. Shapes and checks as :func:`scatter_add_rows`."""
     kernel = "scatter_reduce_rows"
     if reduce not in SCATTER_FOLDS:
         raise ValueError(f"kernel '{kernel}': reduce must be one of {tuple(SCATTER_FOLDS)}, "
                          f"got {reduce!r}")
-    plan_arrays = tuple(plan[:3]) if plan is not None else ()
-    runner = _pick_runner(kernel, runner, (values, idx, out) + plan_arrays)
-    _check_scatter(kernel, values, idx, out, check_indices)
-    _check_no_overlap(kernel, out, values=values, idx=idx)
+    runner = _check_scatter(kernel, runner, values, idx, out, check_indices, plan)
     if runner == "numpy":
         return scatter_reduce_rows_numpy(values, idx, out, reduce)
-    if plan is None:
-        plan = scatter_plan(idx, out.shape[0], check_indices=False)
-    else:
-        _check_plan(kernel, plan, out, idx)
-    num_groups, row_size = int(plan.targets.shape[0]), _row_size(values)
-    _launch(f"scatter_{reduce}_sorted", values.dtype, runner, num_groups * row_size,
-            (values, plan.order, plan.targets, plan.starts, out, num_groups, row_size))
-    return out
+    return _fold_sorted(kernel, reduce, values, idx, out, plan, runner)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -846,15 +822,10 @@ def scatter_rows(values, idx, out, *, runner=None, check_indices=True):
     """``out[idx[i]] = values[i]`` for every i with ``idx[i] != -1``; indices must not repeat
     (checked with ``check_indices``). ``out`` is updated in place and returned."""
     kernel = "scatter_rows"
-    runner = _pick_runner(kernel, runner, (values, idx, out))
-    _check_scatter(kernel, values, idx, out, check_indices)
-    if check_indices:
-        _check_unique(kernel, idx)
-    _check_no_overlap(kernel, out, values=values, idx=idx)
+    runner = _check_scatter(kernel, runner, values, idx, out, check_indices, unique=True)
     if runner == "numpy":
         return scatter_rows_numpy(values, idx, out)
-    n = int(idx.shape[0])
-    row_size = _row_size(values)
+    n, row_size = int(idx.shape[0]), _row_size(values)
     _launch(kernel, values.dtype, runner, n * row_size, (values, idx, out, n, row_size))
     return out
 
@@ -872,12 +843,7 @@ def copy_rows(src, src_idx, out, dst_idx, *, runner=None, check_indices=True):
     -1 writes a zero row; ``dst_idx`` -1 drops the row; destinations must not repeat."""
     kernel = "copy_rows"
     runner = _pick_runner(kernel, runner, (src, src_idx, out, dst_idx))
-    _check_rows(kernel, "src", src)
-    _check_rows(kernel, "out", out)
-    _check_same_dtype(kernel, "out", out, src.dtype)
-    if tuple(out.shape[1:]) != tuple(src.shape[1:]):
-        raise ShapeError(f"kernel '{kernel}': rows of 'src' {tuple(src.shape[1:])} and of "
-                         f"'out' {tuple(out.shape[1:])} must have the same shape")
+    _check_same_rows(kernel, "src", src, out)
     _check_index(kernel, "src_idx", src_idx, 1, src.shape[0], check_indices)
     _check_index(kernel, "dst_idx", dst_idx, 1, out.shape[0], check_indices)
     if src_idx.shape != dst_idx.shape:
@@ -888,8 +854,7 @@ def copy_rows(src, src_idx, out, dst_idx, *, runner=None, check_indices=True):
     _check_no_overlap(kernel, out, src=src, src_idx=src_idx, dst_idx=dst_idx)
     if runner == "numpy":
         return copy_rows_numpy(src, src_idx, out, dst_idx)
-    n = int(src_idx.shape[0])
-    row_size = _row_size(src)
+    n, row_size = int(src_idx.shape[0]), _row_size(src)
     _launch(kernel, src.dtype, runner, n * row_size, (src, src_idx, dst_idx, out, n, row_size))
     return out
 
@@ -1019,10 +984,6 @@ def _xent_operands(kernel, runner, logits, labels, *rest):
     return runner, rows_view, labels.reshape(-1), int(labels.size), C
 
 
-def _bad_flag(runner):
-    return _xp(runner).zeros(1, np.int32)
-
-
 def softmax_xent(logits, labels, out=None, *, runner=None):
     """Per row ``log Σ exp(logits) - logits[label]`` in one launch (``ops/loss.py``'s
     softmax_cross_entropy; its NumPy form is the twin): the losses, shaped as ``labels``
@@ -1033,7 +994,7 @@ def softmax_xent(logits, labels, out=None, *, runner=None):
         return None
     runner, (z, ld), y, rows, C = operands
     losses = _xp(runner).empty(labels.shape, logits.dtype) if out is None else out
-    bad = _bad_flag(runner)
+    bad = _xp(runner).zeros(1, np.int32)
     _launch("softmax_xent", logits.dtype, runner, rows, (z, ld, y, losses, bad, rows, C))
     return None if int(bad[0]) else losses  # (one copy back: the check the op makes anyway)
 
@@ -1049,8 +1010,7 @@ def softmax_xent_grad(logits, labels, g, *, runner=None):
     if g.flags.c_contiguous:
         g, g_step = g.reshape(-1), 1
     elif g.size and not any(g.strides):  # one value for every row: read in place
-        tricks = np.lib.stride_tricks if runner != "cupy" else _xp(runner).lib.stride_tricks
-        g, g_step = tricks.as_strided(g, shape=(1,), strides=(g.itemsize,)), 0
+        g, g_step = _xp(runner).lib.stride_tricks.as_strided(g, (1,), (g.itemsize,)), 0
     else:
         return None
     xp = _xp(runner)  # (the labels were checked by the forward: the flag is not read)
@@ -1077,7 +1037,7 @@ def adam_many(params, grads, ms, vs, beta1, beta2, eps, bc2, step, decay, *, run
             a.dtype != dtype or not a.flags.c_contiguous for a in arrays) or any(
             a.shape != p.shape for group in (grads, ms, vs) for a, p in zip(group, params)):
         return False
-    address = device_address(_xp(runner) if runner == "cupy" else np)
+    address = device_address(_xp(runner))
     offsets = np.cumsum([0] + [p.size for p in params])
     table = np.array([address(a) for a in arrays] + offsets.tolist(), np.int64)
     if runner == "cupy":

@@ -31,9 +31,8 @@ def nccl_library():
 
 
 def _nccl_dtype(nccl, dtype):
-    codes = {np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.float32): nccl.NCCL_FLOAT32,
-             np.dtype(np.float64): nccl.NCCL_FLOAT64, np.dtype(np.int32): nccl.NCCL_INT32,
-             np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint8): nccl.NCCL_UINT8}
+    codes = {np.dtype(name): getattr(nccl, f"NCCL_{name.upper()}")
+             for name in ("float16", "float32", "float64", "int32", "int64", "uint8")}
     try:
         return codes[np.dtype(dtype)]
     except KeyError:

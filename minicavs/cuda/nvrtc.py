@@ -106,6 +106,19 @@ def load_nvrtc():
     return nvrtc
 
 
+def cupy_for_kernels():
+    """CuPy (or the emulated device) for building kernels, NVRTC preloaded first so that CuPy
+    < 14 finds the wheel's too."""
+    from ..backend import _import_cupy
+
+    cupy = _import_cupy()
+    try:
+        load_nvrtc()
+    except ToolchainError:
+        pass  # CuPy may still find a system NVRTC; if not, its own error says so
+    return cupy
+
+
 def cupy_compile_options():
     """The NVRTC options of a minicavs kernel as CuPy assembles them (less ``-arch``): CuPy's
     header folders and the CUDA toolkit's (found by cuda-pathfinder), :data:`KERNEL_OPTIONS`,

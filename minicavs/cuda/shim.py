@@ -152,17 +152,11 @@ _C_TYPES = {
     "unsigned": (ctypes.c_uint, np.uint32),
     "long long": (ctypes.c_longlong, np.int64),
     "unsigned long long": (ctypes.c_ulonglong, np.uint64),
-    "int8_t": (ctypes.c_int8, np.int8),
-    "uint8_t": (ctypes.c_uint8, np.uint8),
-    "int16_t": (ctypes.c_int16, np.int16),
-    "uint16_t": (ctypes.c_uint16, np.uint16),
-    "int32_t": (ctypes.c_int32, np.int32),
-    "uint32_t": (ctypes.c_uint32, np.uint32),
-    "int64_t": (ctypes.c_int64, np.int64),
-    "uint64_t": (ctypes.c_uint64, np.uint64),
     "size_t": (ctypes.c_size_t, np.uint64),
     "ptrdiff_t": (ctypes.c_ssize_t, np.int64),
 }
+for _t in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"):
+    _C_TYPES[f"{_t}_t"] = (getattr(ctypes, f"c_{_t}"), getattr(np, _t))  # <stdint.h>'s types
 _QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict"}
 _SIGNATURE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
 

@@ -66,47 +66,51 @@ _SCATTER_PIECE = """        if (j < ${width}) {
 LayoutSource = namedtuple("LayoutSource", "name code row_width")  # (elements moved per row)
 
 
-def _name(kind, layout, dtype):
-    digest = hashlib.sha1(repr(layout).encode()).hexdigest()[:10]
-    return f"minicavs_{kind}_{kernels.DTYPES[np.dtype(dtype)][1]}_{digest}"
+def _digest(key):
+    return hashlib.sha1(repr(key).encode()).hexdigest()[:10]
+
+
+def _layout_source(name, params, pieces, width, prelude=""):
+    """``LayoutSource`` of kernel ``name``: :data:`_HEAD` over rows of ``width`` elements."""
+    code = Template(_HEAD).substitute(name=name, params=", ".join(params), width=width,
+                                      loop=kernels._GRID_STRIDE, pieces=pieces)
+    return LayoutSource(name, prelude + code, width)
+
+
+@functools.lru_cache(maxsize=None)
+def _operands(layout, slot_at, array_at):
+    """The slots and the arrays a layout reads, in parameter order."""
+    return sorted({p[slot_at] for p in layout}), sorted({p[array_at] for p in layout})
 
 
 @functools.lru_cache(maxsize=None)
 def gather_source(layout, src_width, dtype):
     """The CUDA source of a gather layout: ``LayoutSource(name, code, row_width)``."""
-    t = kernels.DTYPES[np.dtype(dtype)][0]
-    slots = sorted({p[0] for p in layout})
-    dsts = sorted({p[3] for p in layout})
+    t, suffix = kernels.DTYPES[np.dtype(dtype)]
+    slots, dsts = _operands(layout, 0, 3)
     params = [f"const {t}* __restrict__ src"] + [
         f"const int* __restrict__ idx{s}" for s in slots] + [f"{t}* __restrict__ dst{d}"
                                                              for d in dsts]
     pieces = "\n".join(Template(_GATHER_PIECE).substitute(
         slot=s, width=w, dst=d, dst_col=dc, dst_width=dw, src_col=sc, src_width=src_width, T=t,
         row="lo + i" if batch else "i") for s, sc, w, d, dc, dw, batch in layout)
-    name = _name("gather_windows", (layout, src_width), dtype)
-    width = sum(p[2] for p in layout)
-    code = Template(_HEAD).substitute(name=name, params=", ".join(params), width=width,
-                                      loop=kernels._GRID_STRIDE, pieces=pieces)
-    return LayoutSource(name, code, width)
+    name = f"minicavs_gather_windows_{suffix}_{_digest((layout, src_width))}"
+    return _layout_source(name, params, pieces, sum(p[2] for p in layout))
 
 
 @functools.lru_cache(maxsize=None)
 def scatter_source(layout, out_width, dtype):
     """The CUDA source of a scatter-add layout: ``LayoutSource(name, code, row_width)``."""
-    t = kernels.DTYPES[np.dtype(dtype)][0]
-    slots = sorted({p[0] for p in layout})
-    srcs = sorted({p[1] for p in layout})
+    t, suffix = kernels.DTYPES[np.dtype(dtype)]
+    slots, srcs = _operands(layout, 0, 1)
     params = [f"const {t}* __restrict__ src{s}" for s in srcs] + [
         f"const int* __restrict__ idx{s}" for s in slots] + [f"{t}* __restrict__ out"]
     pieces = "\n".join(Template(_SCATTER_PIECE).substitute(
         slot=s, src=src, src_col=sc, src_width=sw, width=w, dst_col=dc, out_width=out_width)
         for s, src, sc, sw, w, dc in layout)
-    name = _name("scatter_add_windows", (layout, out_width), dtype)
-    width = sum(p[4] for p in layout)
-    code = kernels._DOUBLE_ATOMIC_ADD + Template(_HEAD).substitute(
-        name=name, params=", ".join(params), loop=kernels._GRID_STRIDE, width=width,
-        pieces=pieces)
-    return LayoutSource(name, code, width)
+    name = f"minicavs_scatter_add_windows_{suffix}_{_digest((layout, out_width))}"
+    return _layout_source(name, params, pieces, sum(p[4] for p in layout),
+                          kernels._DOUBLE_ATOMIC_ADD)
 
 
 @functools.lru_cache(maxsize=None)
@@ -134,36 +138,15 @@ def level_source(source, operands, width):
         else:
             params.append(f"{t}* __restrict__ {name}__raw")
             loads.append(f"        {t}& {name} = {name}__raw[{at}];")
-    digest = hashlib.sha1(repr((operands, width)).encode()).hexdigest()[:10]
-    name = f"{source.name}_level_{digest}"
     body = "\n".join("        " + line for line in source.operation.splitlines())
-    code = Template(_HEAD).substitute(
-        name=name, params=", ".join(params), width=width, loop=kernels._GRID_STRIDE,
-        pieces="\n".join(loads) + "\n" + body)
-    return LayoutSource(name, f"typedef {kernels.DTYPES[np.dtype(source.dtype)][0]} T;\n"
-                        + code, width)
+    return _layout_source(f"{source.name}_level_{_digest((operands, width))}", params,
+                          "\n".join(loads) + "\n" + body, width,
+                          f"typedef {kernels.DTYPES[np.dtype(source.dtype)][0]} T;\n")
 
 
 @functools.lru_cache(maxsize=None)
 def _compiled(source, runner):
-    if runner == "shim":
-        from . import shim
-
-        return shim.shim_kernel(source.code, source.name)
-    from ..backend import _import_cupy
-    from . import nvrtc
-
-    return _import_cupy().RawKernel(source.code, source.name, options=nvrtc.KERNEL_OPTIONS)
-
-
-@functools.lru_cache(maxsize=None)
-def _operands(layout, slot_at, array_at):
-    """The slots and the arrays a layout reads, in parameter order."""
-    return sorted({p[slot_at] for p in layout}), sorted({p[array_at] for p in layout})
-
-
-def _launch(source, runner, total, args):
-    Launcher(source, runner)(args[:-2], args[-2], args[-1])
+    return kernels.make_kernel(source.code, source.name, runner)
 
 
 class Launcher:
@@ -201,8 +184,7 @@ def gather_windows(src, idx, dsts, layout, n, lo, runner=None):
         return gather_windows_numpy(src, idx, dsts, layout, n, lo)
     source = gather_source(layout, src.shape[1], src.dtype)
     slots, targets = _operands(layout, 0, 3)
-    _launch(source, runner, n * source.row_width,
-            (src, *[idx[s] for s in slots], *[dsts[d] for d in targets], n, lo))
+    Launcher(source, runner)((src, *[idx[s] for s in slots], *[dsts[d] for d in targets]), n, lo)
 
 
 # --- scatter-adds -------------------------------------------------------------------------------
@@ -224,5 +206,4 @@ def scatter_add_windows(srcs, idx, out, layout, n, lo, runner=None):
         return scatter_add_windows_numpy(srcs, idx, out, layout, n, lo)
     source = scatter_source(layout, out.shape[1], out.dtype)
     slots, parts = _operands(layout, 0, 1)
-    _launch(source, runner, n * source.row_width,
-            (*[srcs[s] for s in parts], *[idx[s] for s in slots], out, n, lo))
+    Launcher(source, runner)((*[srcs[s] for s in parts], *[idx[s] for s in slots], out), n, lo)
