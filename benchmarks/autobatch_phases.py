@@ -2,6 +2,7 @@
 
     python benchmarks/autobatch_phases.py tagger              # tagger-char, treelstm
     python benchmarks/autobatch_phases.py treelstm --strategy depth+ --threads 1
+    python benchmarks/autobatch_phases.py tagger --device cuda --strategy agenda   # on a GPU
 
 minicavs (``minicavs.models.plain``, ``mc.autobatch``): recording (the model's Python and the
 nodes, from the block's start to the forcing), scheduling and memory layout, forward and
@@ -27,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import autobatch_table  # noqa: E402  (the models and data of the table)
 
-PHASES = ["record", "schedule", "forward", "backward", "step"]
+PHASES = ["record", "schedule", "forward", "backward", "step", "wait"]
 
 
 def chunks(task, batches):
@@ -35,12 +36,15 @@ def chunks(task, batches):
     return [samples[i * 64:(i + 1) * 64] for i in range(batches)], samples, vocab
 
 
-def minicavs_phases(task, strategy, batches, threads, hoist=False):
+def minicavs_phases(task, strategy, batches, threads, hoist=False, device="cpu"):
+    """The phases' medians; on a GPU the step ends when the device has finished its work, and
+    ``wait`` is how long the host then waited for it (about 0: the host sets the pace)."""
     import minicavs as mc
     from minicavs.models.plain import BiLSTMTagger, PlainTreeLSTM
     from minicavs.training import set_blas_threads
 
     set_blas_threads(threads)
+    wait = autobatch_table._device_wait("minicavs", device)
     parts, samples, vocab = chunks(task, batches)
     if task == "treelstm":
         model = PlainTreeLSTM(len(vocab))
@@ -57,10 +61,12 @@ def minicavs_phases(task, strategy, batches, threads, hoist=False):
             loss = mc.add_n([model.loss(s) for s in chunk])
             loss.backward()
         optimizer.step()
+        issued = time.perf_counter()
+        wait()
         step = time.perf_counter() - began
         st = ab.segments[0].stats
         rows.append([st["record_s"], st["schedule_s"], st["forward_s"], st["backward_s"], step,
-                     st["nodes"], st["batches"]])
+                     step - (issued - began), st["nodes"], st["batches"]])
     return np.median(np.array(rows[1:]), axis=0)
 
 
@@ -87,7 +93,7 @@ def dynet_phases(task, batches):
         t3 = time.perf_counter()
         trainer.update()
         t4 = time.perf_counter()
-        rows.append([t1 - t0, 0.0, t2 - t1, t3 - t2, t4 - t0])
+        rows.append([t1 - t0, 0.0, t2 - t1, t3 - t2, t4 - t0, 0.0])
     return np.median(np.array(rows[1:]), axis=0)
 
 
@@ -101,6 +107,8 @@ def main(argv=None):
                         help="the taggers' LSTMs with their input projections hoisted "
                              "(BiLSTMTagger(hoist=True))")
     parser.add_argument("--no-dynet", action="store_true", help="minicavs's phases only")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: minicavs on the GPU (DyNet, CPU-only here, is left out)")
     parser.add_argument("--data", default=None, metavar="DIR",
                         help="a data folder with tags/dev.txt and sst/train.txt (docs/data.md; "
                              "default: embedded synthetic sentences and trees)")
@@ -114,9 +122,10 @@ def main(argv=None):
     if args.dynet_child:
         print(json.dumps(dynet_phases(args.task, args.batches).tolist()))
         return
-    ours = minicavs_phases(args.task, args.strategy, args.batches, args.threads, args.hoist)
+    ours = minicavs_phases(args.task, args.strategy, args.batches, args.threads, args.hoist,
+                           args.device)
     theirs = None
-    if not args.no_dynet:
+    if not args.no_dynet and args.device == "cpu":
         run = subprocess.run([sys.executable, __file__, args.task, "--batches",
                               str(args.batches), "--dynet-child"], capture_output=True,
                              text=True, env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
@@ -125,11 +134,12 @@ def main(argv=None):
         except (IndexError, ValueError):
             print(f"(DyNet did not run: {run.stderr.strip().splitlines()[-1:] or 'no output'})")
     print(f"{args.task}, 64 samples a mini-batch, median of {args.batches - 1}; minicavs "
-          f"{args.strategy} ({int(ours[5])} nodes, {int(ours[6])} batches), {args.threads} "
-          f"thread(s)")
+          f"{args.strategy} on {args.device} ({int(ours[6])} nodes, {int(ours[7])} batches), "
+          f"{args.threads} thread(s)")
     print(f"{'phase (ms)':<12} {'minicavs':>9} {'DyNet':>9}")
     for i, phase in enumerate(PHASES):
-        other = "-" if theirs is None else (f"{theirs[i] * 1e3:9.1f}" if theirs[i] else "(fwd)")
+        other = "-" if theirs is None or phase == "wait" else (
+            f"{theirs[i] * 1e3:9.1f}" if theirs[i] else "(fwd)")
         print(f"{phase:<12} {ours[i] * 1e3:9.1f} {other:>9}")
 
 

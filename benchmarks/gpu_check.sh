@@ -2,7 +2,7 @@
 # The checks a lent GPU runs, in one call (developers' guide: "A GPU, when one is lent").
 # Each step has its own time limit, so a hang in one leaves time for the others; logs go to
 # $OUT (or ./gpu-check). Data: DATA=<folder with sst/train.txt and tags/> (else synthetic).
-# The whole script takes about 8 minutes on an H100 (session 17: a serial pytest -m gpu alone
+# The whole script takes about 8-9 minutes on an H100 (session 17: a serial pytest -m gpu alone
 # took over 140 s, 25 s on 8 workers), inside one call of the device tool's 10.
 OUT=${OUT:-gpu-check}; mkdir -p "$OUT"; export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 DATA=${DATA:-}; SST=${DATA:+--sst $DATA/sst/train.txt}
@@ -27,6 +27,11 @@ step main_cpu 30 python3 -m minicavs train tree-lstm --device cpu --no-progress
 step autobatch_table ${TABLE_LIMIT:-150} python3 benchmarks/autobatch_table.py --cuda --batches 3 \
      --rounds 1 --threads "$(nproc)" ${DATA:+--data $DATA} ${TABLE_ARGS:---systems \
      minicavs-agenda:cuda,minicavs-agenda+:cuda,minicavs-agenda+,minicavs-vertex:cuda}
+# Why agenda+ lost to agenda on the H100 (session 17) though it issues fewer launches, the
+# same syncs and less host work on the emulated device: each one's phases, and how long the
+# host waits for the device at a step's end (session 18).
+step phases_cuda 90 bash -c "for s in agenda agenda+; do python3 benchmarks/autobatch_phases.py \
+     tagger --device cuda --strategy \$s --batches 6 ${DATA:+--data $DATA}; done"
 # Where a Tree-LSTM-256 epoch's host time goes (the GPU idles while Python issues launches).
 [ "${PROFILE:-1}" = 0 ] && exit 0
 step profile_treelstm_cuda 60 python3 -m cProfile -o "$OUT/treelstm.prof" examples/tree_lstm.py \
