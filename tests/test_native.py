@@ -359,6 +359,8 @@ def test_lstm_cell_sum_adds_in_order_keeps_the_sum_and_runs_the_cell(forget, dty
     into_pre, into_out = np.empty_like(pre), np.empty_like(out)
     got = kernels.lstm_cell_sum([b, hu], cs, into_out, into_pre)
     assert got[0] is into_pre and got[1] is into_out and np.array_equal(into_pre, b + hu)
+    strided = np.repeat(b, 2)[::2]  # a bias read through a stride: its values, not its memory
+    assert np.array_equal(kernels.lstm_cell_sum([xw, hu, strided], cs)[0], want_pre)
     assert kernels.lstm_cell_sum([xw, hu[:1]], cs) is None  # one row of a 2-D term
     assert kernels.lstm_cell_sum([xw, np.ones((), dtype)], cs) is None  # a scalar term
     assert kernels.lstm_cell_sum([xw, hu.astype(np.float16)], cs) is None  # another dtype

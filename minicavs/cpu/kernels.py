@@ -157,6 +157,8 @@ def lstm_cell_sum(terms, c_prev, out=None, pre=None):
             or any(type(t) is not np.ndarray for t in terms):
         return None
     (rows, width), dtype = rows_of[0].shape, rows_of[0].dtype
+    # (a bias is read as one contiguous row: a strided one is copied first)
+    terms = [np.ascontiguousarray(t) if t.ndim == 1 else t for t in terms]
     strides = []
     for t in terms:
         ld = _rows_of(t, width) if t.ndim == 2 and t.shape[0] == rows else \
