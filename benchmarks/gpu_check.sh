@@ -2,8 +2,8 @@
 # The checks a lent GPU runs, in one call (developers' guide: "A GPU, when one is lent").
 # Each step has its own time limit, so a hang in one leaves time for the others; logs go to
 # $OUT (or ./gpu-check). Data: DATA=<folder with sst/train.txt and tags/> (else synthetic).
-# The whole script takes about 8-9 minutes on an H100 (session 17: a serial pytest -m gpu alone
-# took over 140 s, 25 s on 8 workers), inside one call of the device tool's 10.
+# The whole script took 4.5 minutes on an H200 (session 19; a serial pytest -m gpu alone takes
+# over 140 s, 30 s on 8 workers), inside one call of the device tool's 10.
 OUT=${OUT:-gpu-check}; mkdir -p "$OUT"; export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 DATA=${DATA:-}; SST=${DATA:+--sst $DATA/sst/train.txt}
 step() { local name=$1 limit=$2; shift 2; echo "=== $name (limit ${limit}s)"; local t0=$SECONDS
@@ -32,10 +32,9 @@ step autobatch_table ${TABLE_LIMIT:-150} python3 benchmarks/autobatch_table.py -
 # host waits for the device at a step's end (session 18).
 step phases_cuda 90 bash -c "for s in agenda agenda+; do python3 benchmarks/autobatch_phases.py \
      tagger --device cuda --strategy \$s --batches 6 ${DATA:+--data $DATA}; done"
-# Where a Tree-LSTM-256 epoch's host time goes (the GPU idles while Python issues launches).
-[ "${PROFILE:-1}" = 0 ] && exit 0
-step profile_treelstm_cuda 60 python3 -m cProfile -o "$OUT/treelstm.prof" examples/tree_lstm.py \
-     --device cuda --hidden 256 --embed-dim 256 --train-size 3000 --epochs 2 --no-progress \
-     ${DATA:+--data $DATA/sst}
-python3 -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('tottime').print_stats(30)" \
-     "$OUT/treelstm.prof" | tail -n 40; rm -f "$OUT/treelstm.prof"
+# Host- or device-bound, and which kernels: the device's busy time per step (PyTorch's profiler
+# sees every kernel of the process) against the step's time (session 19 on an H200: 6-8 % busy
+# for every workload, so the host sets the pace).
+step cuda_profile 100 python3 benchmarks/cuda_profile.py --workloads "${PROFILE_WORKLOADS:-tree_fc,\
+var_lstm,tree_lstm_256,autobatch:tagger:agenda,autobatch:tagger:agenda+,autobatch:treelstm:agenda,\
+autobatch:treelstm:agenda+}" $SST ${DATA:+--data $DATA}

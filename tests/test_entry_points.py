@@ -4,6 +4,7 @@ benchmark run that measured nothing writes nothing."""
 
 import importlib.util
 import pathlib
+import re
 from collections import Counter
 
 import pytest
@@ -138,6 +139,32 @@ def test_autobatch_table_on_the_gpu_measures_the_device_and_compares_with_the_pa
     assert text.splitlines()[-1] == "| tagger | 1602.0 | 801.0 | - | - | 2.00× | 2.00× |"
     with pytest.raises(SystemExit, match="DyNet build runs on the CPU only"):
         autobatch_table.worker("dynet-agenda:cuda", "tagger", 1, 1)
+
+
+def test_cuda_profile_says_whether_host_or_device_sets_a_steps_pace():
+    import os
+    import subprocess
+    import sys
+
+    from benchmarks import autobatch_table
+
+    # On the emulated device (a subprocess: chosen when CuPy is first asked for) the host's
+    # times are real; the kernel table needs a GPU and says why it is left out.
+    env = dict(os.environ, MINICAVS_CUDA_EMULATE="1", PYTHONPATH=str(autobatch_table.ROOT))
+    run = subprocess.run([sys.executable, str(autobatch_table.ROOT / "benchmarks" /
+                                              "cuda_profile.py"),
+                          "--workloads", "tree_rnn,autobatch:tagger:agenda", "--size", "64",
+                          "--steps", "1", "--warmup", "1"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    for name in ("tree_rnn", "autobatch:tagger:agenda"):
+        head = next(line for line in lines if line.startswith(name + ":"))
+        issued, finished = (float(x) for x in
+                            re.findall(r"in ([0-9.]+) ms, the device finishes it at ([0-9.]+)",
+                                       head)[0])
+        assert 0 < issued <= finished
+    assert run.stdout.count("no kernel table") == 2
 
 
 def test_the_machine_is_named_in_benchmark_reports():
