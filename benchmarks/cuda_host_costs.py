@@ -9,8 +9,12 @@ the device synchronised after each round: with a full launch queue the host woul
 device, which is not what is measured here), for a level's shapes (64 rows, H = 256): CuPy's
 matmul against cuda/blas.py's direct cuBLAS call, for whole arrays and column windows; a
 generated kernel's launch through ``RawKernel``; an element-wise ufunc; ``empty``; a small
-host-to-device copy; a device-to-host read (a synchronisation). Before timing, the direct
-products are checked against CuPy's. On the emulated device (``MINICAVS_CUDA_EMULATE=1``) it
+host-to-device copy; a device-to-host read (a synchronisation). Then the floors a native
+launcher would stand on: the same kernel launched by CuPy with nothing of ours around it, and
+by the driver's ``cuLaunchKernel`` through ctypes; the bare cuBLAS binding; and the direct
+product when every call has a different number of rows, as a level loop's do (cuBLAS picks its
+kernel per shape). Before timing, the direct products and the driver's launch are checked
+against CuPy's. On the emulated device (``MINICAVS_CUDA_EMULATE=1``) it
 runs, but its times are the CPU's arithmetic, not a GPU's host cost.
 """
 
@@ -40,6 +44,31 @@ def host_us(call, sync):
     return statistics.median(rounds)
 
 
+def driver_launch(cp, kernel, args):
+    """``launch()``: ``kernel`` (a compiled ``cupy.RawKernel``) run by ``cuLaunchKernel`` from
+    ctypes with ``args`` (device arrays and ints) packed once; None where the driver library
+    cannot be loaded."""
+    import ctypes
+
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    values = [ctypes.c_void_p(a.data.ptr) if hasattr(a, "data") else ctypes.c_longlong(a)
+              for a in args]
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    function = ctypes.c_void_p(kernel.kernel.ptr)
+    stream = ctypes.c_void_p(cp.cuda.get_current_stream().ptr)
+    launch_kernel = libcuda.cuLaunchKernel
+    blocks = min(-(-args[-2] * args[-1] // 256), 65535)
+
+    def launch():
+        status = launch_kernel(function, blocks, 1, 1, 256, 1, 1, 0, stream, params, None)
+        if status:
+            raise SystemExit(f"cuLaunchKernel failed: CUresult {status}")
+    return launch
+
+
 def main():
     from minicavs import backend
     from minicavs.cuda import blas, kernels
@@ -63,6 +92,26 @@ def main():
     ids = cp.asarray(rng.integers(0, rows, rows).astype(np.int32))
     gathered = cp.empty((rows, 2 * H), np.float32)
     small = np.arange(rows, dtype=np.int32)
+    raw = kernels.raw_kernel("gather_rows", np.float32)
+    raw_args = (x, ids, gathered, rows, 2 * H)
+    blocks = (min(-(-rows * 2 * H // kernels.BLOCK_SIZE), kernels.MAX_BLOCKS),)
+    cupy_args = tuple(np.int64(a) if isinstance(a, int) else a for a in raw_args)
+    raw(blocks, (kernels.BLOCK_SIZE,), cupy_args)
+    by_driver = None if backend.cuda_emulated() else driver_launch(cp, raw, raw_args)
+    if by_driver is not None:
+        expected = gathered.get()
+        gathered.fill(0)
+        by_driver()
+        if not np.array_equal(gathered.get(), expected):
+            raise SystemExit("cuLaunchKernel's gather differs from CuPy's launch of it")
+    many = cp.asarray(rng.standard_normal((1024, 2 * H)).astype(np.float32))
+    many_out = cp.empty((512, 5 * H), np.float32)
+    sizes = iter(np.tile(rng.permutation(np.arange(1, 513)), 64).tolist())
+    for m in range(1, 513):  # (each shape's call planned once: then only cuBLAS sees new ones)
+        blas.matmul(cp, many[:m], U, many_out[:m])
+    handle, address = cp.cuda.get_cublas_handle(), kernels.device_address(cp)
+    alpha, beta = blas._ALPHA_BETA[np.dtype(np.float32)]
+    pu, px, po = address(U), address(x), address(out)
     cases = [
         ("cupy.matmul, whole arrays", lambda: cp.matmul(x, U, out=out)),
         ("blas.matmul, whole arrays", lambda: blas.matmul(cp, x, U, out)),
@@ -74,12 +123,21 @@ def main():
         ("cupy.empty", lambda: cp.empty((rows, 5 * H), np.float32)),
         ("host -> device, 64 int32", lambda: cp.asarray(small)),
         ("device -> host, one value (a sync)", lambda: float(out[0, 0])),
+        ("the same kernel, CuPy's launch alone", lambda: raw(blocks, (kernels.BLOCK_SIZE,),
+                                                             cupy_args)),
+        ("the same kernel, cuLaunchKernel (ctypes)", by_driver),
+        ("cuBLAS sgemm binding alone", lambda: cp.cuda.cublas.sgemm(
+            handle, blas.OP_N, blas.OP_N, 5 * H, rows, 2 * H, alpha, pu, 5 * H, px, 2 * H, beta,
+            po, 5 * H)),
+        ("blas.matmul, 1-512 rows, each call new",
+         lambda: (lambda m: blas.matmul(cp, many[:m], U, many_out[:m]))(next(sizes))),
     ]
     print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
           f"CuPy {getattr(cp, '__version__', '(emulated)')}: "
           f"host µs per call ({rows} rows, H = {H}; median of {ROUNDS} rounds of {CALLS})")
     for name, call in cases:
-        print(f"  {name:<38} {host_us(call, sync):8.1f}")
+        print(f"  {name:<42} " + ("     n/a (needs a GPU)" if call is None else
+                                  f"{host_us(call, sync):8.1f}"))
 
 
 if __name__ == "__main__":
