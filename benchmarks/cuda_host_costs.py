@@ -62,7 +62,7 @@ def driver_launch(cp, kernel, args):
     launch_kernel = libcuda.cuLaunchKernel
     blocks = min(-(-args[-2] * args[-1] // 256), 65535)
 
-    def launch():
+    def launch(values=values):  # (values: the argument cells params points to, kept alive)
         status = launch_kernel(function, blocks, 1, 1, 256, 1, 1, 0, stream, params, None)
         if status:
             raise SystemExit(f"cuLaunchKernel failed: CUresult {status}")
