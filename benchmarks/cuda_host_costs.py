@@ -69,6 +69,29 @@ def driver_launch(cp, kernel, args):
     return launch
 
 
+def cublas_direct(handle):
+    """``sgemm(*args)``: ``cublasSgemm_v2`` of the libcublas CuPy loaded, called from ctypes on
+    CuPy's handle (no ``cublasSetStream`` before each call, as CuPy's binding makes); None
+    where it is not loaded."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        path = next((line.split()[-1] for line in maps
+                     if "/libcublas.so" in line and "libcublasLt" not in line), None)
+    if path is None:
+        return None
+    function = ctypes.CDLL(path).cublasSgemm_v2
+    pointer, integer = ctypes.c_void_p, ctypes.c_int
+    function.argtypes = [pointer] + [integer] * 5 + [pointer, pointer, integer, pointer, integer,
+                                                        pointer, pointer, integer]
+
+    def sgemm(*args):
+        status = function(handle, *args)
+        if status:
+            raise SystemExit(f"cublasSgemm_v2 failed: status {status}")
+    return sgemm
+
+
 def main():
     from minicavs import backend
     from minicavs.cuda import blas, kernels
@@ -112,6 +135,16 @@ def main():
     handle, address = cp.cuda.get_cublas_handle(), kernels.device_address(cp)
     alpha, beta = blas._ALPHA_BETA[np.dtype(np.float32)]
     pu, px, po = address(U), address(x), address(out)
+    direct = None if backend.cuda_emulated() else cublas_direct(handle)
+    if direct is not None:
+        expected = out.get()
+        out.fill(0)
+        direct(blas.OP_N, blas.OP_N, 5 * H, rows, 2 * H, alpha, pu, 5 * H, px, 2 * H, beta, po,
+               5 * H)
+        if not np.allclose(out.get(), expected, rtol=1e-4, atol=1e-3):
+            raise SystemExit("cublasSgemm_v2 from ctypes differs from blas.matmul")
+    pm, pmo = address(many), address(many_out)
+    sizes_direct = iter(np.tile(rng.permutation(np.arange(1, 513)), 64).tolist())
     cases = [
         ("cupy.matmul, whole arrays", lambda: cp.matmul(x, U, out=out)),
         ("blas.matmul, whole arrays", lambda: blas.matmul(cp, x, U, out)),
@@ -131,6 +164,12 @@ def main():
             po, 5 * H)),
         ("blas.matmul, 1-512 rows, each call new",
          lambda: (lambda m: blas.matmul(cp, many[:m], U, many_out[:m]))(next(sizes))),
+        ("cublasSgemm_v2 (ctypes)", direct and (lambda: direct(
+            blas.OP_N, blas.OP_N, 5 * H, rows, 2 * H, alpha, pu, 5 * H, px, 2 * H, beta, po,
+            5 * H))),
+        ("cublasSgemm_v2 (ctypes), rows vary", direct and (lambda: direct(
+            blas.OP_N, blas.OP_N, 5 * H, next(sizes_direct), 2 * H, alpha, pu, 5 * H, pm, 2 * H,
+            beta, pmo, 5 * H))),
     ]
     print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
           f"CuPy {getattr(cp, '__version__', '(emulated)')}: "
