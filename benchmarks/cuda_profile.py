@@ -5,13 +5,14 @@
 
 Each workload's model (``benchmarks/systems/minicavs_cpu.py``, device ``"cuda"``; or
 ``autobatch:TASK:STRATEGY``, the plain per-sample model of ``autobatch_table.py`` under
-``mc.autobatch``) trains on mini-batches of 64 samples. After warm-up steps, for ``--steps`` steps: the host's time to issue
-a step (until the last launch returns), the step's time until the device has finished, and the
-device's busy time (the sum of its kernels' and copies' durations, from PyTorch's profiler,
-which records every kernel of the process through CUPTI, CuPy's and cuBLAS's too). Busy time
-near the step's time: the device sets the pace, and the kernel table says where it goes; far
-below it: the host does. Without PyTorch's CUDA build the kernel table is left out; on the
-emulated device (``MINICAVS_CUDA_EMULATE=1``) only the host times are real.
+``mc.autobatch``) trains on mini-batches of 64 samples. After warm-up steps, for ``--steps``
+steps: the host's time to issue a step (until the last launch returns) and the step's time
+until the device has finished; then, over as many steps again, the device's busy time (the sum
+of its kernels' and copies' durations, from PyTorch's profiler, which records every kernel of
+the process through CUPTI, CuPy's and cuBLAS's too) against their time. Busy time near the
+step's time: the device sets the pace, and the kernel table says where it goes; far below it:
+the host does. Without PyTorch's CUDA build the kernel table is left out; on the emulated
+device (``MINICAVS_CUDA_EMULATE=1``) only the host times are real.
 """
 
 import argparse
@@ -56,6 +57,8 @@ def _vertex_step(name, size, sst):
     F, parameters, prepare, loss_of = minicavs_cpu.build(data, common.init_params(data))
     optimizer = mc.nn.Adam(parameters, lr=1e-3)
     batches = data["batches"]
+    for batch in batches:  # (each sample's InputGraph built once, as in a later epoch)
+        prepare(batch)
 
     def step(i):
         optimizer.zero_grad()
