@@ -33,7 +33,7 @@ step autobatch_table ${TABLE_LIMIT:-150} python3 benchmarks/autobatch_table.py -
 step phases_cuda 90 bash -c "for s in agenda agenda+; do python3 benchmarks/autobatch_phases.py \
      tagger --device cuda --strategy \$s --batches 6 ${DATA:+--data $DATA}; done"
 # Host- or device-bound, and which kernels: the device's busy time per step (PyTorch's profiler
-# sees every kernel of the process) against the step's time (session 19 on an H200: 6-8 % busy
+# sees every kernel of the process) against the step's time (session 19 on an H200: 6-13 % busy
 # for every workload, so the host sets the pace).
 step cuda_profile 100 python3 benchmarks/cuda_profile.py --workloads "${PROFILE_WORKLOADS:-tree_fc,\
 var_lstm,tree_lstm_256,autobatch:tagger:agenda,autobatch:tagger:agenda+,autobatch:treelstm:agenda,\
