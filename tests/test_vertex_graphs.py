@@ -34,6 +34,37 @@ def test_bad_children(children, message):
         mc.InputGraph(children, sample=2)
 
 
+@pytest.mark.parametrize("children, message", [
+    ([[], [0, True]], r"vertex 1: child True is not an integer vertex index"),  # (NumPy: 1)
+    ([[], [np.array(0)]], r"vertex 1: child array\(0\) is not an integer vertex index"),
+    ([[], [np.uint64(2**64 - 1)]], r"vertex 1: child index 18446744073709551615 is out of"),
+    ([[], [2**70]], r"vertex 1: child index 1180591620717411303424 is out of range"),
+    ([[], {0: 1}], r"vertex 1: its children must be a list of vertex indices"),
+])
+def test_children_numpy_would_convert_are_refused_as_given(children, message):
+    # The common input is checked in bulk (one array of all children); what that array
+    # would turn into something else is refused with the value the caller wrote.
+    with pytest.raises(mc.GraphError, match=message):
+        mc.InputGraph(children)
+
+
+class _Kids(list):
+    """A list subclass: InputGraph checks its children one by one, not in bulk."""
+
+
+@given(input_graph(max_arity=3))
+def test_children_checked_in_bulk_give_the_graph_checked_one_by_one(graph):
+    children = [graph.children(v) for v in range(graph.num_vertices)]
+    reference = mc.InputGraph([_Kids(k) for k in children])
+    for form in (children, [tuple(k) for k in children],
+                 [np.asarray(k, np.int32) for k in children],
+                 [[np.int64(c) for c in k] for k in children]):
+        got = mc.InputGraph(form)
+        for name in ("child_ptr", "child_ids", "roots"):
+            assert np.array_equal(getattr(got, name), getattr(reference, name)), name
+        assert got.child_ids.dtype == np.int64 and not got.child_ids.flags.writeable
+
+
 def test_from_parents_errors():
     with pytest.raises(mc.GraphError, match=r"vertex 1: parent 7 is out of range"):
         mc.InputGraph.from_parents([-1, 7])

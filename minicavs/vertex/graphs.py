@@ -12,12 +12,20 @@ the contiguous rows ``[level_offsets[t], level_offsets[t+1])``.
 """
 
 import functools
+import itertools
 import time
 
 import numpy as np
 
 from ..errors import GraphError
 from ..validate import is_integer, shown
+
+
+# What InputGraph checks in bulk: lists of children, each child an integer that int64 holds
+# (anything else goes through the per-vertex checks, which name what is wrong where).
+_CHILD_LISTS = {list, tuple, range, np.ndarray}
+_INDEX_TYPES = {int} | {np.dtype(c).type for c in np.typecodes["AllInteger"]
+                        if np.dtype(c).kind == "i" or np.dtype(c).itemsize < 8}
 
 
 def _sample_prefix(sample):
@@ -48,6 +56,17 @@ class InputGraph(_ChildLists):
         if len(children) == 0:
             raise GraphError(f"{prefix}an input graph needs at least one vertex, got none")
         num_vertices = len(children)
+        if set(map(type, children)) <= _CHILD_LISTS:  # the common input, checked in bulk
+            flat = list(itertools.chain.from_iterable(children))
+            if set(map(type, flat)) <= _INDEX_TYPES:
+                try:
+                    child_ids = np.array(flat, dtype=np.int64)
+                except OverflowError:  # (2**70: the loop below says which vertex)
+                    pass
+                else:
+                    counts = np.fromiter(map(len, children), np.int64, num_vertices)
+                    self._init_csr(counts, child_ids, prefix)  # (checks the ranges)
+                    return
         flat = []
         for v, kids in enumerate(children):
             if not isinstance(kids, (list, tuple, np.ndarray, range)):
