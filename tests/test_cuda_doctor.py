@@ -24,11 +24,30 @@ def test_python_m_minicavs_doctor_runs_and_reports_ok():
         line = next(x for x in result.stdout.splitlines() if x.strip().startswith(label))
         assert "minicavs_scatter_add_sorted_f32: ok" in line, line
     assert "status: ok" in result.stdout
+    # What device="cuda" would do here: this machine has no GPU, so the emulated device.
+    from minicavs.backend import gpu_available
+    path = next(x for x in result.stdout.splitlines() if x.strip().startswith("gpu path"))
+    assert ("cuBLAS" in path) if gpu_available() else ("MINICAVS_CUDA_EMULATE=1" in path), path
     from minicavs.autobatch import native
     from minicavs.cpu import build
     if build.unavailable() is None:  # (native code off: the doctor stops at the backend row)
         recorder = next(x for x in result.stdout.splitlines() if "autobatch recorder" in x)
         assert ("C fast path" in recorder) == (native.unavailable() is None), recorder
+
+
+def test_doctor_on_the_emulated_device_says_so_and_passes():
+    import os
+
+    # The stand-in for CuPy has no version, driver or GPU to ask; the doctor said FAILED on it.
+    result = subprocess.run([sys.executable, "-m", "minicavs", "doctor"], capture_output=True,
+                            text=True, timeout=300,
+                            env=dict(os.environ, MINICAVS_CUDA_EMULATE="1"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {line.split("  ")[1].strip(): line for line in result.stdout.splitlines()
+            if line.startswith("  ") and len(line.split("  ")) > 2}
+    assert "emulated" in rows["cupy"] and "emulated" in rows["gpu"]
+    assert "every launch counted" in rows["gpu path"]
+    assert "FAILED" not in result.stdout
 
 
 def test_doctor_says_what_to_install_for_each_missing_piece():

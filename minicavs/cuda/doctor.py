@@ -7,7 +7,9 @@ float32 deterministic scatter-add, whose sum must keep subnormals although CuPy 
 ``-ftz=true`` — is compiled with NVRTC, compiled again with the options and headers CuPy
 assembles for it, run through the CPU shim, and, where a GPU is visible, launched through
 CuPy's own compile path (``cupy.RawKernel``); every run is compared bit for bit with its NumPy
-twin. A missing piece is a line saying what to install, not a failure: the exit status is 1
+twin. Its last line, ``gpu path``, says what ``device="cuda"`` does on this machine: a GPU's
+launches issued from Python, the emulated device, or nothing. A missing piece is a line saying
+what to install, not a failure: the exit status is 1
 only when something present does not work (a kernel that fails to compile or gives a wrong
 answer; on a machine with a GPU, CuPy without CUDA headers is such a failure).
 """
@@ -27,14 +29,19 @@ def _cuda_version(v):
 
 def _probe(report):
     """Fill ``report`` with (label, value, hint-or-None, failed) rows."""
-    from ..backend import _import_cupy
+    from ..backend import _import_cupy, cuda_emulated
 
     report.append(("python", f"{platform.python_version()} ({sys.executable})", None, False))
     report.append(("numpy", np.__version__, None, False))
 
     cupy = _import_cupy()
     gpu_count = 0
-    if cupy is None:
+    if cuda_emulated():  # (CuPy's stand-in: no versions, driver or GPU to ask)
+        report.append(("cupy", "the emulated device's stand-in (MINICAVS_CUDA_EMULATE=1)", None,
+                       False))
+        report.append(("gpu", "emulated on the CPU", None, False))
+        cupy = None
+    elif cupy is None:
         report.append(("cupy", "not installed",
                        "pip install 'cupy-cuda12x[ctk]'   (or: pip install 'minicavs[cuda]')",
                        False))
@@ -97,6 +104,31 @@ def _probe(report):
     if gpu_count:
         _run_row(report, "gpu run", source, "cupy", "cupy.RawKernel",
                  hint=nvrtc.HEADERS_HINT if cupy_options is None else None)
+    report.append(("gpu path", _gpu_path(cupy, gpu_count, have_cxx), None, False))
+
+
+def _gpu_path(cupy, gpu_count, have_cxx):
+    """What ``device="cuda"`` does on this machine, in a line."""
+    from ..backend import cuda_emulated
+
+    if cuda_emulated():
+        return ("emulated (MINICAVS_CUDA_EMULATE=1): the CUDA path's host code on the CPU, "
+                "every kernel through the shim, every launch counted (F.explain()); its times "
+                "are the CPU's")
+    if gpu_count:
+        try:
+            cache = cupy.cuda.compiler.get_cache_dir()
+        except Exception:  # noqa: BLE001  (a CuPy without the function: say less)
+            cache = "CuPy's kernel cache"
+        return ("a level step or an autobatched batch is a few launches issued from Python "
+                "(gathers and fused element-wise work as generated kernels, products through "
+                f"cuBLAS); kernels compile once per source, kept in {cache}. At the "
+                "benchmark's sizes the host, not the GPU, sets the pace: "
+                "benchmarks/cuda_profile.py measures which")
+    if cupy is not None and have_cxx:
+        return ("none here (no GPU); MINICAVS_CUDA_EMULATE=1 runs its host code on the CPU "
+                "with every launch counted")
+    return "none here (no GPU)"
 
 
 def _probe_headers(report, nvrtc, nvrtc_version):
