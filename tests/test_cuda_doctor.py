@@ -50,6 +50,22 @@ def test_doctor_on_the_emulated_device_says_so_and_passes():
     assert "FAILED" not in result.stdout
 
 
+def test_doctor_gpu_path_line_on_a_machine_with_a_gpu(monkeypatch):
+    from types import SimpleNamespace
+
+    from minicavs.cuda import doctor
+
+    # (No GPU here: the line a GPU machine prints, from a CuPy that names its kernel cache.)
+    monkeypatch.delenv("MINICAVS_CUDA_EMULATE", raising=False)
+    cupy = SimpleNamespace(cuda=SimpleNamespace(
+        compiler=SimpleNamespace(get_cache_dir=lambda: "/cache/kernels")))
+    line = doctor._gpu_path(cupy, gpu_count=1, have_cxx=True)
+    assert "cuBLAS" in line and "/cache/kernels" in line and "cuda_profile.py" in line
+    line = doctor._gpu_path(SimpleNamespace(cuda=None), gpu_count=1, have_cxx=True)
+    assert "CuPy's kernel cache" in line  # (a CuPy without get_cache_dir)
+    assert doctor._gpu_path(None, gpu_count=0, have_cxx=False) == "none here (no GPU)"
+
+
 def test_doctor_says_what_to_install_for_each_missing_piece():
     stream = io.StringIO()
     assert run_doctor(stream) == 0
