@@ -44,10 +44,10 @@ def host_us(call, sync):
     return statistics.median(rounds)
 
 
-def driver_launch(cp, kernel, args):
-    """``launch()``: ``kernel`` (a compiled ``cupy.RawKernel``) run by ``cuLaunchKernel`` from
-    ctypes with ``args`` (device arrays and ints) packed once; None where the driver library
-    cannot be loaded."""
+def driver_launch(cp, kernel, blocks, threads, args):
+    """``launch()``: ``kernel`` (a compiled ``cupy.RawKernel``) on ``blocks`` x ``threads`` run by
+    ``cuLaunchKernel`` from ctypes with ``args`` (device arrays and ints) packed once; None where
+    the driver library cannot be loaded."""
     import ctypes
 
     try:
@@ -60,10 +60,9 @@ def driver_launch(cp, kernel, args):
     function = ctypes.c_void_p(kernel.kernel.ptr)
     stream = ctypes.c_void_p(cp.cuda.get_current_stream().ptr)
     launch_kernel = libcuda.cuLaunchKernel
-    blocks = min(-(-args[-2] * args[-1] // 256), 65535)
 
     def launch(values=values):  # (values: the argument cells params points to, kept alive)
-        status = launch_kernel(function, blocks, 1, 1, 256, 1, 1, 0, stream, params, None)
+        status = launch_kernel(function, blocks, 1, 1, threads, 1, 1, 0, stream, params, None)
         if status:
             raise SystemExit(f"cuLaunchKernel failed: CUresult {status}")
     return launch
@@ -117,10 +116,11 @@ def main():
     small = np.arange(rows, dtype=np.int32)
     raw = kernels.raw_kernel("gather_rows", np.float32)
     raw_args = (x, ids, gathered, rows, 2 * H)
-    blocks = (min(-(-rows * 2 * H // kernels.BLOCK_SIZE), kernels.MAX_BLOCKS),)
+    blocks = min(-(-rows * 2 * H // kernels.BLOCK_SIZE), kernels.MAX_BLOCKS)
     cupy_args = tuple(np.int64(a) if isinstance(a, int) else a for a in raw_args)
-    raw(blocks, (kernels.BLOCK_SIZE,), cupy_args)
-    by_driver = None if backend.cuda_emulated() else driver_launch(cp, raw, raw_args)
+    raw((blocks,), (kernels.BLOCK_SIZE,), cupy_args)
+    by_driver = None if backend.cuda_emulated() else \
+        driver_launch(cp, raw, blocks, kernels.BLOCK_SIZE, raw_args)
     if by_driver is not None:
         expected = gathered.get()
         gathered.fill(0)
@@ -156,7 +156,7 @@ def main():
         ("cupy.empty", lambda: cp.empty((rows, 5 * H), np.float32)),
         ("host -> device, 64 int32", lambda: cp.asarray(small)),
         ("device -> host, one value (a sync)", lambda: float(out[0, 0])),
-        ("the same kernel, CuPy's launch alone", lambda: raw(blocks, (kernels.BLOCK_SIZE,),
+        ("the same kernel, CuPy's launch alone", lambda: raw((blocks,), (kernels.BLOCK_SIZE,),
                                                              cupy_args)),
         ("the same kernel, cuLaunchKernel (ctypes)", by_driver),
         ("cuBLAS sgemm binding alone", lambda: cp.cuda.cublas.sgemm(

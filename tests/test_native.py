@@ -332,6 +332,7 @@ def test_lstm_cell_kernels_equal_the_formulas(forget):
     if cs:  # mixed dtypes: NumPy runs
         assert kernels.lstm_cell(pre, [cs[0].astype("float64")] + cs[1:]) is None
 
+
 @needs_native
 @pytest.mark.parametrize("forget", [0, 1, 2])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -21,9 +21,10 @@ from ..errors import GraphError
 from ..validate import is_integer, shown
 
 
-# What InputGraph checks in bulk: lists of children, each child an integer that int64 holds
-# (anything else goes through the per-vertex checks, which name what is wrong where).
-_CHILD_LISTS = {list, tuple, range, np.ndarray}
+# What InputGraph takes as a vertex's list of children; it checks them in bulk where every
+# list is one of these exact types and every child an integer that int64 holds (anything else
+# goes through the per-vertex checks, which name what is wrong where).
+_CHILD_LISTS = (list, tuple, range, np.ndarray)
 _INDEX_TYPES = {int} | {np.dtype(c).type for c in np.typecodes["AllInteger"]
                         if np.dtype(c).kind == "i" or np.dtype(c).itemsize < 8}
 
@@ -50,13 +51,13 @@ class InputGraph(_ChildLists):
 
     def __init__(self, children, sample=None):
         prefix = _sample_prefix(sample)
-        if not isinstance(children, (list, tuple, np.ndarray, range)):
+        if not isinstance(children, _CHILD_LISTS):
             raise GraphError(f"{prefix}children must be a list with one list of child indices "
                              f"per vertex, got {type(children).__name__} {shown(children)}")
         if len(children) == 0:
             raise GraphError(f"{prefix}an input graph needs at least one vertex, got none")
         num_vertices = len(children)
-        if set(map(type, children)) <= _CHILD_LISTS:  # the common input, checked in bulk
+        if set(map(type, children)) <= set(_CHILD_LISTS):  # the common input, checked in bulk
             flat = list(itertools.chain.from_iterable(children))
             if set(map(type, flat)) <= _INDEX_TYPES:
                 try:
@@ -69,7 +70,7 @@ class InputGraph(_ChildLists):
                     return
         flat = []
         for v, kids in enumerate(children):
-            if not isinstance(kids, (list, tuple, np.ndarray, range)):
+            if not isinstance(kids, _CHILD_LISTS):
                 raise GraphError(f"{prefix}vertex {v}: its children must be a list of vertex "
                                  f"indices ([] for a leaf), got {type(kids).__name__} "
                                  f"{shown(kids)}")
