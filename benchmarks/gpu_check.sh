@@ -20,6 +20,11 @@ step host_costs 40 python3 benchmarks/cuda_host_costs.py
 # The goal's workload on the whole SST training set, the others on its first 2,048 trees.
 step bench_cuda ${BENCH_LIMIT:-80} python3 benchmarks/run.py --cuda --epochs 1 --ablation none \
      --workloads tree_lstm_256 --timeout 75 $SST --out "$OUT/tree_lstm_256"
+# The level loops issued from Python as before the C issuer (session 20, cuda/issuer.py): the
+# same epoch, so the two issuers' ratio comes from one machine.
+step bench_cuda_python_issuer ${BENCH_LIMIT:-80} env MINICAVS_CUDA_ISSUER=python python3 \
+     benchmarks/run.py --cuda --epochs 1 --ablation none --workloads tree_lstm_256 \
+     --systems minicavs-cuda --timeout 75 $SST --out "$OUT/tree_lstm_256_python_issuer"
 # The same again in a new process: CuPy's compile cache on disk is warm now, so what is left of
 # the first epoch's excess is not compiling (session 19: 1.69x a later epoch, against 3.10x cold).
 step bench_cuda_warm ${BENCH_LIMIT:-80} python3 benchmarks/run.py --cuda --epochs 1 --ablation none \

@@ -539,7 +539,7 @@ def test_gpu_upload_never_overwrites_a_block_the_main_stream_still_reads():
         del doubled, uploaded, slow
 
 
-def _vertex_run(cell, dtype, device, batch, seed=3, streams_on=True):
+def _vertex_run(cell, dtype, device, batch, seed=3, streams_on=True, explained=False):
     F, params = {"binary_tree_lstm": binary_tree_lstm,
                  "child_sum_tree_lstm": child_sum_tree_lstm}[cell](
                      E, H, np.random.default_rng(seed), dtype=np.dtype(dtype).name,
@@ -555,7 +555,8 @@ def _vertex_run(cell, dtype, device, batch, seed=3, streams_on=True):
                         .astype(dtype), device=device)
     out = F(batch, pull=X)
     ((out * weights).sum() + (out * out).sum()).backward()
-    return [out.numpy(), X.grad.numpy()] + [p.grad.numpy() for p in params]
+    return [out.numpy(), X.grad.numpy()] + [p.grad.numpy() for p in params] + [
+        F.explain()] * explained
 
 
 @pytest.mark.gpu
@@ -573,3 +574,21 @@ def test_gpu_vertex_function_equals_numpy_runtime(cell, dtype, streams_on):
     names = ["pushed outputs", "grad X"] + [f"grad param {k}" for k in range(len(got) - 2)]
     for name, g, w in zip(names, got, want):
         _close(g, w, dtype, f"{cell}: {name}", loose=5.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("issuer", ["c", "python"])
+def test_gpu_levels_issued_from_c_equal_numpy(issuer, monkeypatch):
+    """The level loop's launches issued from C (cuda/issuer.py: cuLaunchKernel and cuBLAS
+    called through the driver's function pointers) and from Python give NumPy's results, and
+    explain() names the issuer that ran (the emulated device checks the tables on the CPU)."""
+    monkeypatch.setenv("MINICAVS_CUDA_ISSUER", issuer)
+    batch = mc.GraphBatch([mc.InputGraph.complete_binary(16), mc.InputGraph.chain(9),
+                           mc.InputGraph([[], [0], [0, 1]])])
+    want = _vertex_run("binary_tree_lstm", np.float32, "cpu", batch, explained=True)
+    got = _vertex_run("binary_tree_lstm", np.float32, "cuda", batch, explained=True)
+    for k, (g, w) in enumerate(zip(got[:-1], want[:-1])):
+        _close(g, w, np.float32, f"issued from {issuer}: result {k}", loose=5.0)
+    stats = got[-1]
+    expected = "cupy (levels issued from C)" if issuer == "c" else "cupy"
+    assert (stats["forward_backend"], stats["backward_backend"]) == (expected, expected), stats

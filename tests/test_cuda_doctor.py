@@ -59,8 +59,13 @@ def test_doctor_gpu_path_line_on_a_machine_with_a_gpu(monkeypatch):
     monkeypatch.delenv("MINICAVS_CUDA_EMULATE", raising=False)
     cupy = SimpleNamespace(cuda=SimpleNamespace(
         compiler=SimpleNamespace(get_cache_dir=lambda: "/cache/kernels")))
+    monkeypatch.delenv("MINICAVS_CUDA_ISSUER", raising=False)
     line = doctor._gpu_path(cupy, gpu_count=1, have_cxx=True)
     assert "cuBLAS" in line and "/cache/kernels" in line and "cuda_profile.py" in line
+    assert "issued from C" in line
+    monkeypatch.setenv("MINICAVS_CUDA_ISSUER", "python")
+    assert "issued from Python (MINICAVS_CUDA_ISSUER=python)" in doctor._gpu_path(
+        cupy, gpu_count=1, have_cxx=True)
     line = doctor._gpu_path(SimpleNamespace(cuda=None), gpu_count=1, have_cxx=True)
     assert "CuPy's kernel cache" in line  # (a CuPy without get_cache_dir)
     assert doctor._gpu_path(None, gpu_count=0, have_cxx=False) == "none here (no GPU)"

@@ -204,6 +204,42 @@ WORKER = textwrap.dedent(r'''
                          "backward": stats["backward_launches_per_level"]}
         return out
 
+    def issuers():
+        """The benchmark models with each level's launches issued from C and from Python
+        (cuda/issuer.py, MINICAVS_CUDA_ISSUER): per issuer the losses, the gradients, F's
+        launches per level and the backends explain() names."""
+        import os
+        from benchmarks import common
+        from benchmarks.systems import minicavs_cpu
+
+        out = {}
+        for name in ("tree_lstm", "tree_fc", "tree_rnn", "rntn", "var_lstm"):
+            data = common.load_workload(name, 24)
+            data["hidden"] = data["embed"] = 8 if name != "rntn" else 4
+            params = common.init_params(data)
+            for issuer in ("python", "c"):
+                os.environ["MINICAVS_CUDA_ISSUER"] = issuer
+                mc.set_device("cuda")
+                F, parameters, prepare, loss_of = minicavs_cpu.build(data, params)
+                optimizer = mc.nn.Adam(parameters, lr=1e-2)
+                losses = []
+                for step in range(3):  # (batches of other sizes: the tables are per layout)
+                    optimizer.zero_grad()
+                    loss = loss_of(*prepare(data["batches"][0][:8 + 4 * step]))
+                    loss.backward()
+                    losses.append(float(loss.item()))
+                    optimizer.step()
+                stats = F.explain()
+                out.setdefault(name, {})[issuer] = {
+                    "losses": losses,
+                    "grads": [backend.to_numpy(p.grad.data).tolist() for p in parameters
+                              if p.grad is not None],
+                    "launches": [stats["forward_launches_per_level"],
+                                 stats["backward_launches_per_level"]],
+                    "backends": [stats["forward_backend"], stats["backward_backend"]]}
+        del os.environ["MINICAVS_CUDA_ISSUER"]
+        return out
+
     def td_generate(device):
         """benchmarks/generation.py's TD-TreeLSTM grown on device, then ∂F on what it grew."""
         from benchmarks import common, generation
@@ -286,7 +322,7 @@ WORKER = textwrap.dedent(r'''
         return {"indices": indices, "xent_grad": grad, "item": read, "adam": adam}
 
     trees, vocab = synthetic_treebank(6)
-    out = {"overheads": step_overheads()}
+    out = {"overheads": step_overheads(), "issuers": issuers()}
     for device in ("cpu", "cuda"):
         out[device] = {"readme": readme_tree_lstm(device, trees, vocab), "ops": ops(device),
                        "autobatch": autobatched(device), "lstm": lstm_steps(device),
@@ -322,10 +358,25 @@ def test_the_readme_tree_lstm_on_the_emulated_device_equals_numpy(emulated_run):
     assert emulated_run["emulated"]
     cpu, cuda = emulated_run["cpu"]["readme"], emulated_run["cuda"]["readme"]
     assert cuda["on_device"] and not cpu["on_device"]
-    assert cuda["explain"][0]["forward_backend"] == "cupy"
+    assert cuda["explain"][0]["forward_backend"] == "cupy (levels issued from C)"
+    assert cuda["explain"][0]["backward_backend"] == "cupy (levels issued from C)"
     _close(cuda["logits"], cpu["logits"], "logits")
     for k, (g, r) in enumerate(zip(cuda["grads"], cpu["grads"])):
         _close(g, r, f"gradient of parameter {k}")
+
+
+def test_levels_issued_from_c_equal_levels_issued_from_python(emulated_run):
+    """The same kernels and products in the same order, so the same bits; every level of the
+    models whose plans the tables cover goes through C (RNTN's reshapes keep it on Python)."""
+    for name, runs in emulated_run["issuers"].items():
+        c, python = runs["c"], runs["python"]
+        assert c["losses"] == python["losses"], name
+        assert c["grads"] == python["grads"], name
+        assert c["launches"] == python["launches"], name
+        assert python["backends"] == ["cupy", "cupy"], name
+        expected = "cupy (levels issued from Python" if name == "rntn" else \
+            "cupy (levels issued from C)"
+        assert all(b.startswith(expected) for b in c["backends"]), (name, c["backends"])
 
 
 def test_explain_reports_launches_per_level_and_they_repeat(emulated_run):
@@ -565,3 +616,78 @@ def test_products_cublas_cannot_take_go_to_matmul(monkeypatch):
     ints = cp.asarray(np.arange(6).reshape(2, 3))
     assert (blas.matmul(cp, ints, ints.T).get() == np.arange(6).reshape(2, 3) @
             np.arange(6).reshape(2, 3).T).all()
+
+
+# --- the C issuer (cuda/issuer.py) on the emulated device's driver ------------------------------
+
+def _issuer_or_skip():
+    from minicavs.cpu import build
+    from minicavs.cuda import issuer
+
+    reason = build.unavailable()
+    if reason is not None:
+        pytest.skip(f"the C issuer needs native code: {reason}")
+    return issuer, issuer.Driver(cp)
+
+
+def _run_table(issuer, driver, ops, names, arrays, lo, n):
+    from minicavs.cpu.kernels import data_address
+
+    table = np.array([data_address(a) for a in arrays], np.int64)
+    context = driver.context(table)
+    driver.issue(issuer.Table(np.array([len(names)] + ops, np.int64), names.__getitem__),
+                 lo, n, context)
+
+
+def test_the_issuer_finds_each_operand_at_the_levels_first_row():
+    """A table's pointers are ``table[slot] + offset + lo * row_bytes``; its product has the
+    level's rows; its launch runs over n rows of its width (here: zeros into columns 2..5 of
+    rows lo..lo+n of a (10, 7) buffer, then C[lo:lo+n] = A[lo:lo+n] @ B through cuBLAS's
+    stand-in, column-major as a GPU's)."""
+    from minicavs.cuda import blas, windows
+
+    issuer, driver = _issuer_or_skip()
+    rng = np.random.default_rng(0)
+    buffer = cp.asarray(rng.standard_normal((10, 7)).astype(np.float32))
+    a = cp.asarray(rng.standard_normal((10, 3)).astype(np.float32))
+    b = cp.asarray(rng.standard_normal((3, 4)).astype(np.float32))
+    c = cp.asarray(np.full((10, 4), np.nan, np.float32))
+    before, a_host, b_host = buffer.get(), a.get(), b.get()
+    zeros = emulated.RawKernel(windows.zero_source(4, 7, np.float32).code,
+                               windows.zero_source(4, 7, np.float32).name)
+    ops = [issuer.LAUNCH, emulated.c_function(zeros), 4, 3,
+           issuer.POINTER, 0, 7 * 4, 2 * 4, issuer.ROWS, 0, 0, 0, issuer.FIRST, 0, 0, 0,
+           issuer.GEMM, 0, blas.OP_N, blas.OP_N, 4, 3, 2, 0, 0, 4, 1, 3 * 4, 0, 3, 3, 4 * 4, 0, 4]
+    with emulated.counter.measure() as launched:
+        _run_table(issuer, driver, ops, ["zeros", "product"], [buffer, a, b, c], lo=3, n=5)
+    assert launched == {"kernel": 1, "library": 1}
+    expected = before.copy()
+    expected[3:8, 2:6] = 0
+    np.testing.assert_array_equal(buffer.get(), expected)
+    np.testing.assert_allclose(c.get()[3:8], a_host[3:8] @ b_host, rtol=1e-6)
+    assert np.isnan(c.get()[:3]).all() and np.isnan(c.get()[8:]).all()
+    with emulated.counter.measure() as launched:  # (no rows: nothing to launch)
+        _run_table(issuer, driver, ops, ["zeros", "product"], [buffer, a, b, c], lo=3, n=0)
+    assert launched == {}
+
+
+def test_a_failed_launch_from_the_issuer_says_which_operation_and_rows():
+    """A stand-in's own error (here cuBLAS's: a leading dimension below the rows) reaches the
+    caller as it was raised; a status from the driver (700, an illegal address) becomes a
+    DeviceError naming the operation and the level's rows."""
+    import ctypes
+
+    from minicavs.errors import DeviceError
+
+    issuer, driver = _issuer_or_skip()
+    a, b, c = (cp.zeros((4, 4), np.float32) for _ in range(3))
+    bad_ld = [issuer.GEMM, 0, 0, 0, 4, 4, 1, 0, 0, 1, 0, 16, 0, 4, 2, 16, 0, 4]
+    with pytest.raises(ValueError, match="leading dimension 1 below the 4 rows"):
+        _run_table(issuer, driver, bad_ld, ["product h @ U"], [a, b, c], lo=0, n=2)
+    failing = emulated._LAUNCH_T(lambda *args: 700)
+    driver.launch = ctypes.cast(failing, ctypes.c_void_p).value
+    ops = [issuer.LAUNCH, 1, 4, 2, issuer.ROWS, 0, 0, 0, issuer.FIRST, 0, 0, 0]
+    with pytest.raises(DeviceError, match=r"level loop: the level's gathers failed on rows "
+                                          r"5\.\.6 \(status 700 "):
+        _run_table(issuer, driver, ops, ["the level's gathers"], [a], lo=5, n=2)
+    assert not emulated.c_failure

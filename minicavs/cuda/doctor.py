@@ -120,10 +120,15 @@ def _gpu_path(cupy, gpu_count, have_cxx):
             cache = cupy.cuda.compiler.get_cache_dir()
         except Exception:  # noqa: BLE001  (a CuPy without the function: say less)
             cache = "CuPy's kernel cache"
-        return ("a level step or an autobatched batch is a few launches issued from Python "
-                "(gathers and fused element-wise work as generated kernels, products through "
-                f"cuBLAS); kernels compile once per source, kept in {cache}. At the "
-                "benchmark's sizes the host, not the GPU, sets the pace: "
+        from . import issuer
+
+        levels = ("issued from C (cuda/issuer.py: cuLaunchKernel and cuBLAS called from a "
+                  "table per level plan)" if issuer.enabled() else
+                  "issued from Python (MINICAVS_CUDA_ISSUER=python)")
+        return (f"a level step is a few launches {levels}, an autobatched batch a few "
+                "launches issued from Python (gathers and fused element-wise work as generated "
+                f"kernels, products through cuBLAS); kernels compile once per source, kept in "
+                f"{cache}. At the benchmark's sizes the host, not the GPU, sets the pace: "
                 "benchmarks/cuda_profile.py measures which")
     if cupy is not None and have_cxx:
         return ("none here (no GPU); MINICAVS_CUDA_EMULATE=1 runs its host code on the CPU "

@@ -642,6 +642,55 @@ def _gemm(dtype):
 
 
 _cuda.cublas = types.SimpleNamespace(sgemm=_gemm(np.float32), dgemm=_gemm(np.float64))
+
+
+# --- the C issuer's driver (issuer.py): cuLaunchKernel and the gemms as C function pointers ----
+
+_LAUNCH_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
+                             ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
+_GEMM_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_int] * 5, ctypes.c_void_p,
+                           ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+_functions, _numbers = [None], {}  # the RawKernels named to the issuer (a CUfunction is not 0)
+c_failure = []  # what a stand-in raised (its C caller sees a status): the issuer raises it
+
+
+def c_function(kernel):
+    """The number the issuer passes as this RawKernel's ``CUfunction``."""
+    number = _numbers.get(kernel)
+    if number is None:
+        number = _numbers[kernel] = len(_functions)
+        _functions.append(kernel)
+    return number
+
+
+@_library
+def _run_from_c(kernel, grid, block, params):
+    shim = kernel._kernel
+    counter.add("kernel")
+    values = [ctypes.c_void_p.from_address(params[i]).value if p.pointer
+              else p.ctype.from_address(params[i]).value for i, p in enumerate(shim.params)]
+    counter.timed(shim._launch, int(shim.float32_only), *grid, *block, *values)
+
+
+def _from_c(run):
+    @_library  # (from its first line: the callback's own Python is the device's, not the host's)
+    def call(*args):
+        try:
+            run(*args)
+        except BaseException as error:  # noqa: BLE001 (handed to the issuer's caller)
+            c_failure.append(error)
+            return 1
+        return 0
+    return call
+
+
+c_launch_function = _LAUNCH_T(_from_c(lambda f, gx, gy, gz, bx, by, bz, shared, stream, params,
+                                       extra: _run_from_c(_functions[f], (gx, gy, gz),
+                                                          (bx, by, bz), params)))
+c_gemm_functions = [_GEMM_T(_from_c(_cuda.cublas.sgemm)), _GEMM_T(_from_c(_cuda.cublas.dgemm))]
+c_launch = ctypes.cast(c_launch_function, ctypes.c_void_p).value
+c_gemms = [ctypes.cast(g, ctypes.c_void_p).value for g in c_gemm_functions]
 _cuda.get_cublas_handle = lambda: 0
 
 

@@ -114,6 +114,16 @@ def scatter_source(layout, out_width, dtype):
 
 
 @functools.lru_cache(maxsize=None)
+def zero_source(width, ld, dtype):
+    """The CUDA source that writes zeros into a level's rows of a buffer, given at the level's
+    first row (``width`` elements of each row, rows ``ld`` apart)."""
+    t, suffix = kernels.DTYPES[np.dtype(dtype)]
+    return _layout_source(f"minicavs_zero_rows_{suffix}_{width}_{ld}",
+                          [f"{t}* __restrict__ out"], f"        out[i * {ld} + j] = ({t})0;",
+                          width)
+
+
+@functools.lru_cache(maxsize=None)
 def level_source(source, operands, width):
     """A fused group's body (``source``: a ``csource.ElementwiseSource``) over a level's rows of
     whole arrays, ``width`` elements a row, launched like the layouts' kernels (arrays, then

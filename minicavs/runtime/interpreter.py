@@ -28,8 +28,12 @@ gates; 2 on the leaves'), 3 a backward one (gates' gradient, product, scatter-ad
 and 5.8. And few Python objects a level, as the host issues them: each fused group is one
 kernel over the call's whole arrays (:class:`_LevelKernel`), so no row view, column window or
 zero stand-in is made for it (the Tree-LSTM's host time a level step: 58 -> 22 µs emulated).
+Where a level plan is only such launches, its steps are translated once into a table that C
+issues, a level per call (``level_launches.py``, ``cuda/issuer.py``): no Python per launch.
 """
 
+
+import itertools
 
 import numpy as np
 
@@ -56,8 +60,9 @@ class InterpreterLoop:
     def __init__(self, part, xp, check=None, backend="interpreter"):
         self.backend = backend
         self.counts = []
-        self._steps = _level_steps(part, xp, check, RowMoves(xp, part))  # (moves: before the
-        # loop, so the zeros made once for a Program are not counted as a level's work)
+        self.from_c = []  # per level, whether C issued it (else why not, or None: no issuer)
+        self._steps = _level_steps(part, xp, check, RowMoves(xp, part), self.from_c)  # (moves:
+        # made before the loop, so the zeros made once for a Program are not a level's work)
 
     def run(self, first, stop):
         for _ in range(stop - first):
@@ -66,20 +71,40 @@ class InterpreterLoop:
     def finish(self):
         for ran in self._steps:  # (none left: the generator's bookkeeping after the last)
             self.counts.append(ran)
+        issued = sum(how is True for how in self.from_c)
+        why = next((how for how in self.from_c if how not in (True, None)), None)
+        if issued == len(self.from_c) and issued:
+            self.backend += " (levels issued from C)"
+        elif issued:
+            self.backend += (f" ({issued} of {len(self.from_c)} levels issued from C; the "
+                             f"others from Python: {why})")
+        elif why:
+            self.backend += f" (levels issued from Python: {why})"
         return self.counts
 
 
-def _level_steps(part, xp, check, moves):
-    """The level loop, one level per step: yields the instructions run on it."""
+def _level_steps(part, xp, check, moves, from_c):
+    """The level loop, one level per step: yields the instructions run on it (and appends to
+    ``from_c`` whether C issued it, or why not)."""
     program, env, ranges, rows = part.program, part.env, part.ranges, part.rows
     windows = None if check else _windows(part, xp)  # (debug mode: one instruction at a time)
     in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
-    summed, levels_run, bound = {}, [], {}  # bound: each level kernel's arrays of the call
+    summed, levels_run = {}, []
+    bound = windows.kernel_args if windows else {}  # each level kernel's arrays of the call
+    tables = windows.tables() if windows else None  # levels issued from C, where they can be
     steps, call = part.exe.level_steps, (xp.__name__, windows is not None, frozenset(env))
     for t, window, plan in part.exe.plans.levels(ranges, rows):
         level = steps.get((plan, call))
         if level is None:
             level = steps[(plan, call)] = _LevelSteps(program, plan, env, windows, xp)
+        lo, hi = window["vertex"]
+        if tables is not None:
+            if tables.issue(level, plan, lo, hi - lo):
+                from_c.append(True)
+                levels_run.append((level, window))
+                yield level.ran
+                continue
+            from_c.append(level.issuer_why)
         local = dict(env)  # shared values as they are, per-row ones cut to the level's rows
         for key, domain in level.row_keys:
             lo, hi = window[domain]
@@ -121,6 +146,9 @@ class _LevelSteps:
         done, *_, inlined = windows.windows.level(plan) if windows else ((), {})
         in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
         self.ran = sum(action == RUN for action in plan)
+        # (level_launches.py) its tables for the C issuer by layout, the batch values whose
+        # layout they assume, and why the plan stays on this loop where it does
+        self.issuer_tables, self.issuer_env_keys, self.issuer_why = {}, None, None
         kernels = _level_kernels(program, plan, env, done, inlined, in_buffers, xp) \
             if windows else {}
         steps = [(k, ins, action, tuple(o.key for o, add in zip(
@@ -531,6 +559,8 @@ class Windows:
                         if (found := _inline(k, core, readers, outside | in_buffers))]
         self._levels = {}
         self.launches = {}  # (plan or layout, dtype) -> a launch's launcher and index slots
+        self.issuer_slots = {}  # what the C issuer's tables point at -> its slot in the table
+        self.issuer_numbers = itertools.count()  # (the next slot)
         from ..cuda import windows as kernels  # (CuPy's side: imported when it is used)
 
         self.kernels = kernels
@@ -728,6 +758,19 @@ class _BoundWindows:
         self.idx = _SlotRows(part.rows)
         self.kernels = windows.kernels
         self._gathers, self._scatters = {}, {}  # plan / layout -> its launch (_gather_spec)
+        self.kernel_args = {}  # level kernel -> its arrays of the call (_LevelKernel.bind)
+
+    def tables(self):
+        """The call's :class:`~.level_launches.LevelTables`, or None where levels are not issued
+        from C (``MINICAVS_CUDA_ISSUER=python``, or no native code here)."""
+        from ..cuda import issuer
+
+        driver = issuer.driver(self.xp) if issuer.enabled() else None
+        if driver is None:
+            return None
+        from .level_launches import LevelTables
+
+        return LevelTables(self, driver)
 
     def start_level(self, plan, local, window):
         """Launch the level's gathers; the core indices the level's launches do."""

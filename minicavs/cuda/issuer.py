@@ -1,0 +1,212 @@
+"""A level's launches issued from C: the GPU level loop without Python per launch (issue 41).
+
+On a GPU the level loop is bound by the host: a Tree-LSTM level step is about 100 µs of host
+time against a few µs of device work (an H200, ``benchmarks/cuda_profile.py``), of which
+``cuLaunchKernel`` itself takes 4–6 µs a launch and cuBLAS 11–35 µs a product; the rest is
+Python around them. So a level plan whose launches are all known kernels and products is
+written once as a table of integers (``runtime/level_launches.py``) and issued by the small
+C function below, which computes each argument from the level's first row and row count::
+
+    for each operation of the level's table:
+        LAUNCH: f, row width, arguments -> cuLaunchKernel(f, blocks, 256, params)
+        GEMM:   dtype, operations, sizes, operands -> cublas{S,D}gemm_v2(handle, ...)
+
+An argument is ``table[slot] + offset + lo * row_bytes`` (a pointer: the call's arrays are in
+``table``, filled once a call), the level's row count ``n`` or its first row ``lo``. The C code
+calls the driver through function pointers, so the same code runs on the emulated device,
+whose stand-ins for ``cuLaunchKernel`` and the gemms (``emulated.py``) run each kernel through
+the g++ shim and each product on the host, counting them as a GPU would.
+"""
+
+import ctypes
+import functools
+import os
+
+import numpy as np
+
+from .kernels import BLOCK_SIZE, MAX_BLOCKS
+from .blas import _ALPHA_BETA, _GEMM
+from ..errors import ArgumentError, DeviceError
+
+LAUNCH, GEMM = 0, 1  # operations
+POINTER, ROWS, FIRST = 0, 1, 2  # argument kinds: a pointer, the level's n, its lo
+MAX_ARGS = 64
+
+_SOURCE = r"""// minicavs: a level's launches issued from C (minicavs/cuda/issuer.py)
+#include <cstdint>
+typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, void *, void **, void **);
+typedef int (*gemm_t)(void *, int, int, int, int, int, const void *, const void *, int,
+                      const void *, int, const void *, void *, int);
+
+struct Context {  // (issuer.Context)
+    launch_t launch;
+    gemm_t gemm[2];  // float32, float64
+    void *handle, *stream;
+    const void *alpha[2], *beta[2];
+    const int64_t *table;
+    int64_t block, max_blocks;
+};
+
+static inline int64_t address(const int64_t *at, const int64_t *table, int64_t lo) {
+    return table[at[0]] + at[2] + lo * at[1];  // (slot, row bytes, offset)
+}
+
+// 0, or (the failed operation + 1) << 32 | the driver's or cuBLAS's status
+extern "C" int64_t minicavs_issue_level(const int64_t *code, int64_t lo, int64_t n,
+                                        const Context *c) {
+    const int64_t ops = code[0];
+    int64_t at = 1;
+    for (int64_t op = 0; op < ops; ++op) {
+        int status = 0;
+        if (code[at++] == 0) {  // LAUNCH: f, row width, count, then (kind, slot, bytes, offset)
+            void *f = (void *)code[at];
+            const int64_t width = code[at + 1], count = code[at + 2];
+            at += 3;
+            int64_t cells[64];
+            void *params[64];
+            for (int64_t i = 0; i < count; ++i, at += 4) {
+                const int64_t kind = code[at];
+                cells[i] = kind == 0 ? address(code + at + 1, c->table, lo) : kind == 1 ? n : lo;
+                params[i] = &cells[i];
+            }
+            const int64_t total = n * width;
+            if (total == 0) continue;
+            int64_t blocks = (total + c->block - 1) / c->block;
+            if (blocks > c->max_blocks) blocks = c->max_blocks;
+            status = c->launch(f, (unsigned)blocks, 1, 1, (unsigned)c->block, 1, 1, 0, c->stream,
+                               params, nullptr);
+        } else {  // GEMM: dtype, op_b, op_a, N, K, B (3), ldb, A (3), lda, C (3), ldc
+            const int64_t *g = code + at;
+            at += 17;
+            if (n == 0) continue;
+            const int dt = (int)g[0];
+            status = c->gemm[dt](c->handle, (int)g[1], (int)g[2], (int)g[3], (int)n, (int)g[4],
+                                 c->alpha[dt], (const void *)address(g + 5, c->table, lo),
+                                 (int)g[8], (const void *)address(g + 9, c->table, lo),
+                                 (int)g[12], c->beta[dt],
+                                 (void *)address(g + 13, c->table, lo), (int)g[16]);
+        }
+        if (status) return ((op + 1) << 32) | (uint32_t)status;
+    }
+    return 0;
+}
+"""
+
+
+class Context(ctypes.Structure):
+    _fields_ = [("launch", ctypes.c_void_p), ("gemm", ctypes.c_void_p * 2),
+                ("handle", ctypes.c_void_p), ("stream", ctypes.c_void_p),
+                ("alpha", ctypes.c_void_p * 2), ("beta", ctypes.c_void_p * 2),
+                ("table", ctypes.c_void_p), ("block", ctypes.c_int64),
+                ("max_blocks", ctypes.c_int64)]
+
+
+def enabled():
+    """Whether level loops are issued from C (``MINICAVS_CUDA_ISSUER``: ``c``, the default, or
+    ``python``: every launch from the interpreter, as before)."""
+    choice = os.environ.get("MINICAVS_CUDA_ISSUER", "c").strip().lower() or "c"
+    if choice not in ("c", "python"):
+        raise ArgumentError(f"MINICAVS_CUDA_ISSUER={choice!r}: expected 'c' (a level's launches "
+                          f"issued from C) or 'python' (from the interpreter)")
+    return choice == "c"
+
+
+@functools.lru_cache(maxsize=None)
+def _library():
+    """The compiled issuer (None where native code is off: the level loop stays in Python)."""
+    from ..cpu import build
+
+    if build.unavailable() is not None:
+        return None
+    lib, _ = build.build(_SOURCE, "cuda_issuer", origin="minicavs/cuda/issuer.py")
+    issue = lib.minicavs_issue_level
+    issue.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    issue.restype = ctypes.c_int64
+    return issue
+
+
+class Driver:
+    """What the C issuer calls on this device: ``cuLaunchKernel`` and the cuBLAS gemms (on the
+    emulated device their stand-ins), and how to name a compiled kernel to it."""
+
+    def __init__(self, xp):
+        self.xp, self.issue_level = xp, _library()
+        if getattr(xp, "emulated", False):
+            from . import emulated
+
+            self.launch, self.gemms = emulated.c_launch, emulated.c_gemms
+            self.function = emulated.c_function
+        else:
+            self.launch, self.gemms = _cuda_entry_points()
+            self.function = _cupy_function
+
+    def issue(self, table, lo, n, context):
+        """Issue one level's :class:`Table`; a failed launch or product raises, naming it."""
+        status = self.issue_level(table.code_address, lo, n, context.address)
+        if status:
+            op, error = (status >> 32) - 1, status & 0xFFFFFFFF
+            from . import emulated
+
+            if emulated.c_failure:  # (a stand-in's own error, e.g. the shim's: raised as is)
+                raise emulated.c_failure.pop()
+            raise DeviceError(f"level loop: {table.describe(op)} failed on rows {lo}.."
+                              f"{lo + n - 1} (status {error} from the CUDA driver or cuBLAS)")
+
+    def context(self, table):
+        """The issuer's :class:`Context` for a call whose pointer table is ``table``."""
+        xp = self.xp
+        handle = xp.cuda.get_cublas_handle()
+        stream = xp.cuda.get_current_stream().ptr
+        if not getattr(xp, "emulated", False):  # (CuPy's binding sets it before each call)
+            xp.cuda.cublas.setStream(handle, stream)
+        scalars = [_ALPHA_BETA[np.dtype(d)] for d in (np.float32, np.float64)]
+        context = Context(self.launch, (ctypes.c_void_p * 2)(*self.gemms), handle, stream,
+                          (ctypes.c_void_p * 2)(*[a for a, _ in scalars]),
+                          (ctypes.c_void_p * 2)(*[b for _, b in scalars]),
+                          table.ctypes.data, BLOCK_SIZE, MAX_BLOCKS)
+        context.address = ctypes.addressof(context)
+        return context
+
+
+class Table:
+    """A level plan's operations (``runtime/level_launches.py`` writes them), and
+    ``describe(op)``: what operation ``op`` is, for an error."""
+
+    def __init__(self, code, describe):
+        self.code, self.describe = code, describe
+        self.code_address = code.ctypes.data
+
+
+@functools.lru_cache(maxsize=None)
+def driver(xp):
+    """The :class:`Driver` of array module ``xp``, or None where levels cannot be issued from C
+    here (native code off, or the driver and cuBLAS libraries not found)."""
+    if _library() is None:
+        return None
+    try:
+        return Driver(xp)
+    except (OSError, AttributeError, StopIteration):
+        return None
+
+
+def _cuda_entry_points():
+    """``cuLaunchKernel`` and ``cublas{S,D}gemm_v2`` of the libraries CuPy loaded."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    with open("/proc/self/maps") as maps:
+        path = next(line.split()[-1] for line in maps
+                    if "/libcublas.so" in line and "libcublasLt" not in line)
+    cublas = ctypes.CDLL(path)
+    address = (lambda f: ctypes.cast(f, ctypes.c_void_p).value)  # noqa: E731
+    return (address(cuda.cuLaunchKernel),
+            [address(getattr(cublas, f"cublas{c}gemm_v2")) for c in "SD"])
+
+
+def _cupy_function(kernel):
+    """A compiled ``cupy.RawKernel``'s ``CUfunction`` (compiling it now if it was not)."""
+    return int(kernel.kernel.ptr)
+
+
+def gemm_dtype(dtype):
+    """The issuer's index of a product's dtype (float32 0, float64 1), or None."""
+    return {"sgemm": 0, "dgemm": 1}.get(_GEMM.get(np.dtype(dtype)))

@@ -1,0 +1,362 @@
+"""(CuPy) A level plan's launches as a table of integers, issued by C (``cuda/issuer.py``).
+
+The interpreter's CuPy level loop already runs a level in few launches (:class:`Windows`: its
+gathers in one at the start, its scatter-adds in one at the end; each fused group one generated
+kernel over the call's arrays; each product one cuBLAS call). What is left is Python: a level
+step binds its values, makes views and blocks and calls each launcher. Here a plan whose every
+step is one of those launches — or a column window (a view: an offset) or a zero (no launch) —
+is translated once into a table, and each of its levels becomes one C call that computes every
+pointer from the level's first row::
+
+    gather      f(state, child rows, destinations, n, lo)       (the Windows' launch)
+    fused group f(call arrays, level blocks, n, lo)             (_LevelKernel)
+    product     gemm(n x K · K x N), operands at their rows     (one cuBLAS call)
+    scatter-add f(sources, child rows, state gradient, n, lo)
+
+A value is found as ``table[slot] + offset + lo * row_bytes``: a batch value (the call's array,
+at the level's rows), a block of the level (scratch the size of the call's largest level, made
+once a call), a shared array, or a column window of one of them. A plan with anything else (a
+step run by NumPy-style code, a per-level sum, a buffer cleared, an operand that must be
+copied to be contiguous) stays on the Python loop, with the reason (:attr:`LevelTables.why`).
+"""
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..cuda import blas, issuer
+from ..cuda.kernels import device_address
+from ..ops.batching import row_domain
+from .plans import RUN
+from .program import Compute
+
+
+class Unsupported(Exception):
+    """Why a level plan stays on the Python loop."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Where a value's rows are: ``table[slot] + offset + lo * row_bytes`` is the level's first
+    row, rows ``ld`` elements apart, ``width`` columns (``row_bytes`` 0: a block of the level
+    or a shared array)."""
+
+    thing: tuple
+    row_bytes: int
+    offset: int
+    ld: int
+    width: int
+    dtype: np.dtype
+
+    def contiguous(self):
+        return self.offset == 0 and self.ld == self.width
+
+    def at(self):
+        return (self.thing, self.row_bytes, self.offset)
+
+
+ZERO = "zero"  # a value that is zero on the level (nothing made, a scatter of it adds nothing)
+
+
+class LevelTables:
+    """The issuer's tables of one call (per :class:`~.interpreter._BoundWindows`): each level
+    plan's table (translated once per Program and layout, kept by its ``_LevelSteps``) and the
+    call's pointer table, filled as plans need its entries."""
+
+    def __init__(self, bound, driver):
+        self.bound, self.driver = bound, driver
+        self.windows, self.part, self.xp = bound.windows, bound.part, bound.xp
+        self.slots = self.windows.issuer_slots  # thing -> slot, the Program's
+        self.arrays = {}  # thing -> this call's array (kept alive while the call runs)
+        self.address = device_address(self.xp)
+        self.table = np.zeros(max(16, len(self.slots) + 1), np.int64)
+        self.context = driver.context(self.table)
+        offsets = np.asarray(self.part.rows.level_offsets)
+        self.max_rows = int(np.diff(offsets).max()) if len(offsets) > 1 else 0
+        self.ready = {}  # level steps -> its table, this call's entries filled (None: Python)
+
+    def issue(self, level, plan, lo, n):
+        """Issue a level of ``plan`` from C; False where the plan stays on the Python loop."""
+        found = self.ready.get(level, False)
+        if found is False:
+            found = self.ready[level] = self._prepare(level, plan)
+        if found is None:
+            return False
+        self.driver.issue(found, lo, n, self.context)
+        return True
+
+    def _prepare(self, level, plan):
+        """``level``'s table for this call with its pointers in place, or None."""
+        tables = level.issuer_tables  # layout of the call's arrays -> (table, things, keys)
+        if level.issuer_env_keys is None and level.issuer_why is not None:
+            return None  # (translated once, and it stays on the Python loop)
+        layout = self._layout(level.issuer_env_keys) if level.issuer_env_keys is not None \
+            else None
+        made = tables.get(layout) if layout is not None else None
+        if made is None:
+            try:
+                made = Translation(self, level, plan).table()
+            except Unsupported as why:
+                level.issuer_why = str(why)
+                return None
+            level.issuer_env_keys = made[2]
+            tables[self._layout(made[2])] = made
+        table, things, _ = made
+        arrays = self.arrays
+        for thing in things:
+            if thing not in arrays:
+                self._fill(thing)
+        return table
+
+    def _layout(self, keys):
+        """What a table assumes of the call's arrays: the layout of each of ``keys`` and the
+        state's dtype."""
+        env, states = self.part.env, self.part.states
+        return tuple((env[k].shape[1:], env[k].strides, env[k].dtype) if k in env else None
+                     for k in keys) + (None if states is None else states.dtype,)
+
+    def slot(self, thing):
+        slot = self.slots.get(thing)
+        if slot is None:  # (two threads' calls: one number each, whichever stays is the slot)
+            slot = self.slots.setdefault(thing, next(self.windows.issuer_numbers))
+        return slot
+
+    def _fill(self, thing):
+        slot = self.slot(thing)
+        if slot >= len(self.table):  # (a larger table: the context points at it)
+            grown = np.zeros(max(2 * len(self.table), slot + 1), np.int64)
+            grown[:len(self.table)] = self.table
+            self.table, self.context = grown, self.driver.context(grown)
+        array = self.array(thing)
+        self.arrays[thing] = array
+        self.table[slot] = self.address(array)
+
+    def array(self, thing):
+        """This call's array of ``thing``."""
+        kind = thing[0]
+        part, bound = self.part, self.bound
+        if kind == "env":
+            return part.env[thing[1]]
+        if kind == "idx":
+            return bound.idx[thing[1]]
+        if kind == "states":
+            return part.states
+        if kind == "d_states":
+            return part.d_states
+        if kind == "bound":  # a level kernel's call arrays, as its Python launch binds them
+            kernel, p = thing[1], thing[2]
+            args = self.bound.kernel_args.get(kernel)
+            if args is None:
+                args = self.bound.kernel_args[kernel] = kernel.bind(part.env)
+            return args[p]
+        _, _, width, dtype = thing  # scratch: a block of the level, the largest level's size
+        return self.xp.empty((max(self.max_rows, 1), width), dtype)
+
+
+class Translation:
+    """One level plan's launches as a table (see the module docstring)."""
+
+    def __init__(self, tables, level, plan):
+        self.tables, self.level, self.plan = tables, level, plan
+        self.part = tables.part
+        self.program, self.env = self.part.program, self.part.env
+        self.symbols = {x.key: x for x in self.program.graph.nodes}
+        self.in_buffers = self.program.buffered | {p.key for p, *_ in self.program.aliases}
+        self.refs, self.code, self.things, self.names, self.env_keys = {}, [], [], [], []
+
+    def table(self):
+        """``(table, things, env keys)``: the :class:`~minicavs.cuda.issuer.Table`, the
+        pointer-table entries it reads, and the call's values whose layout it assumes."""
+        windows = self.tables.windows
+        done, gathers, scatters, _ = windows.level(self.plan)
+        if self.program.edge_parent is not None:
+            raise Unsupported("the vertex function reads its edges' parents")
+        if gathers:
+            self.gather(gathers)
+        for ins, action, sums, quick, kernel in self.level.steps:
+            if sums:
+                raise Unsupported(f"{_name(ins)} is a shared value summed over the levels")
+            if action != RUN:
+                for o in ins.writes:
+                    if o.key in self.in_buffers:
+                        self.clear(o.key)
+                    else:
+                        self.refs[o.key] = ZERO
+            elif kernel is not None:
+                self.level_kernel(kernel)
+            elif quick is not None:
+                self.quick(ins)
+            else:
+                raise Unsupported(f"{_name(ins)} runs as its own step")
+        if scatters:
+            self.scatter(scatters)
+        code = np.array([len(self.names)] + self.code, np.int64)
+        names = list(self.names)
+        return (issuer.Table(code, lambda op: names[op]), list(dict.fromkeys(self.things)),
+                tuple(dict.fromkeys(self.env_keys)))
+
+    # --- values -------------------------------------------------------------------------------
+
+    def value(self, key):
+        ref = self.refs.get(key)
+        if ref is not None:
+            return ref
+        value, symbol = self.env.get(key), self.symbols.get(key)
+        if value is None or symbol is None:
+            raise Unsupported(f"{self.label(key)} is not made before it is read")
+        domain = row_domain(symbol.shape)
+        if domain not in ("vertex", None):
+            raise Unsupported(f"{self.label(key)} has a row per {domain}")
+        self.env_keys.append(key)
+        if value.ndim == 2 and domain is None:  # a shared matrix: a product's operand, as it is
+            return Ref(("env", key), 0, 0, None, value.shape[1], value.dtype)
+        if value.ndim != 2 or value.strides[1] != value.itemsize or \
+                value.strides[0] % value.itemsize:
+            raise Unsupported(f"{self.label(key)} is not a matrix of contiguous rows")
+        return Ref(("env", key), value.strides[0], 0, value.strides[0] // value.itemsize,
+                   value.shape[1], value.dtype)
+
+    def label(self, key):
+        symbol = self.symbols.get(key)
+        return symbol.label() if symbol is not None else f"value {key}"
+
+    def scratch(self, key, width, dtype):
+        ref = self.refs[key] = Ref(("scratch", key, width, np.dtype(dtype)), 0, 0, width, width,
+                                   np.dtype(dtype))
+        return ref
+
+    def pointer(self, ref):
+        self.things.append(ref.thing)
+        slot = self.tables.slot(ref.thing)
+        return [issuer.POINTER, slot, ref.row_bytes, ref.offset]
+
+    def fixed(self, thing):
+        self.things.append(thing)
+        return [issuer.POINTER, self.tables.slot(thing), 0, 0]
+
+    def launch(self, launcher, args, name):
+        if len(args) + 2 > issuer.MAX_ARGS:
+            raise Unsupported(f"{name} takes {len(args)} arrays")
+        function = self.tables.driver.function(launcher.kernel)
+        self.code += [issuer.LAUNCH, function, launcher.row_width, len(args) + 2]
+        for arg in args:
+            self.code += arg
+        self.code += [issuer.ROWS, 0, 0, 0, issuer.FIRST, 0, 0, 0]
+        self.names.append(name)
+
+    # --- the level's launches -----------------------------------------------------------------
+
+    def gather(self, pieces):
+        bound = self.tables.bound
+        launcher, fixed, homes = bound._gather_spec(self.plan, pieces)
+        states = self.part.states
+        slots = self.tables.windows.launches[(self.plan, states.dtype)][1]
+        args = [self.fixed(("states",))] + [self.fixed(("idx", s)) for s in slots]
+        for home, width in homes:
+            if width:
+                args.append(self.pointer(self.scratch(home, width, states.dtype)))
+            else:  # a buffer: the kernel adds the level's first row itself
+                self.value(home)
+                args.append(self.fixed(("env", home)))
+        self.launch(launcher, args, "the level's gathers")
+
+    def clear(self, key):
+        """Zeros into the level's rows of a buffer (what the plan's ZERO does to one)."""
+        ref = self.value(key)
+        if ref is ZERO or ref.ld is None or not ref.row_bytes:
+            raise Unsupported(f"{self.label(key)} is cleared, and it is not a batch buffer")
+        windows, shape = self.tables.windows, (ref.width, ref.ld, ref.dtype)
+        launcher = windows.launches.get(("zero",) + shape)
+        if launcher is None:
+            launcher = windows.launches[("zero",) + shape] = windows.kernels.Launcher(
+                windows.kernels.zero_source(*shape))
+        self.launch(launcher, [self.pointer(ref)], f"zeros into {self.label(key)}")
+
+    def level_kernel(self, kernel):
+        args = [None] * kernel.size
+        for p, key, dtype, _ in kernel.fixed:  # (the call's array as it is, where it can be)
+            value = self.env[key]
+            self.env_keys.append(key)
+            as_is = value.dtype == dtype and value.flags.c_contiguous
+            args[p] = self.fixed(("env", key) if as_is else ("bound", kernel, p))
+        for p, key, dtype in kernel.reads:
+            ref = self.refs.get(key)
+            if ref is None or ref is ZERO or not ref.contiguous() or ref.dtype != dtype:
+                raise Unsupported(f"a fused group reads {self.label(key)}, not a level's block")
+            args[p] = self.pointer(ref)
+        for p, key, dtype in kernel.writes:
+            args[p] = self.pointer(self.scratch(key, kernel.width, dtype))
+        self.launch(kernel.launch, args, "a fused group's kernel")
+
+    def quick(self, ins):
+        node = getattr(ins.step, "node", None) if isinstance(ins, Compute) else None
+        native = node.op.native if node is not None else None
+        if native == "window" and node.key not in self.in_buffers and len(node.shape) == 2 \
+                and node.attrs["axis"] in (1, -1):
+            source = self.value(node.inputs[0].key)
+            if source is not ZERO and source.ld is None:
+                raise Unsupported(f"{_name(ins)} is a window of a shared matrix")
+            if source is ZERO:
+                self.refs[node.key] = ZERO
+                return
+            start, stop = int(node.attrs["start"]), int(node.attrs["stop"])
+            self.refs[node.key] = replace(source, offset=source.offset + start *
+                                          source.dtype.itemsize, width=stop - start)
+            return
+        if native == "product" and all(len(x.shape) == 2 for x in (node, *node.inputs)):
+            return self.product(node)
+        raise Unsupported(f"{_name(ins)} runs as its own step")
+
+    def product(self, node):
+        a, b = (self.value(x.key) for x in node.inputs)
+        if a is ZERO or b is ZERO:
+            raise Unsupported(f"product {node.label()} reads a zero")
+        if a.ld is None or a.thing[0] == "env" and a.row_bytes == 0 or b.ld is not None:
+            raise Unsupported(f"product {node.label()} is not rows times a shared matrix")
+        weight = self.env[b.thing[1]]
+        layout_b = blas.operand(weight)
+        dtype = issuer.gemm_dtype(a.dtype)
+        if layout_b is None or dtype is None or weight.dtype != a.dtype:
+            raise Unsupported(f"product {node.label()}: operands cuBLAS cannot take as they are")
+        if node.key in self.env:
+            out = self.value(node.key)
+        else:
+            out = self.scratch(node.key, weight.shape[1], a.dtype)
+        if out.thing == a.thing or out.dtype != a.dtype:
+            raise Unsupported(f"product {node.label()} writes what it reads")
+        (op_b, ld_b), k, n = layout_b, weight.shape[0], weight.shape[1]
+        self.code += [issuer.GEMM, dtype, op_b, blas.OP_N, n, k,
+                      *self.pointer(b)[1:], ld_b, *self.pointer(a)[1:], a.ld,
+                      *self.pointer(out)[1:], out.ld]
+        self.names.append(f"product {node.label()}")
+
+    def scatter(self, pieces):
+        windows, out = self.tables.windows, self.part.d_states
+        sources, keys, layout = [], {}, []
+        for slot, key, start, width, column in pieces:
+            ref = self.value(key)
+            if ref is ZERO:  # (a zero level: adds nothing)
+                continue
+            if not ref.contiguous():
+                raise Unsupported(f"a scatter-add reads {self.label(key)}, whose rows are not "
+                                  f"contiguous")
+            if key not in keys:
+                keys[key] = len(sources)
+                sources.append(ref)
+            layout.append((slot, keys[key], start, ref.width, width, column))
+        if not layout:
+            return
+        layout = tuple(layout)
+        made = windows.launches.get((layout, out.dtype))
+        if made is None:
+            source = windows.kernels.scatter_source(layout, out.shape[1], out.dtype)
+            made = windows.launches[(layout, out.dtype)] = (
+                windows.kernels.Launcher(source), sorted({p[0] for p in layout}))
+        args = [self.pointer(ref) for ref in sources] + [
+            self.fixed(("idx", s)) for s in made[1]] + [self.fixed(("d_states",))]
+        self.launch(made[0], args, "the level's scatter-adds")
+
+
+def _name(ins):
+    node = getattr(getattr(ins, "step", None), "node", None)
+    return node.label() if node is not None else type(ins).__name__
