@@ -335,3 +335,55 @@ def test_explain_reports_levels_and_ops():
     assert len(figures["forward_ops_per_level"]) == 4
     assert len(figures["backward_ops_per_level"]) == 4
     assert figures["forward_seconds"] > 0 and figures["backward_seconds"] > 0
+
+
+def _selected_vs_taken(F, params, batch, X, rows, seed=0):
+    """F(..., rows=) against take_rows(F(...), rows): outputs and every gradient."""
+    weights = mc.tensor(np.random.default_rng(seed).standard_normal(
+        (len(rows),) + tuple(F(batch, pull=X).shape[1:])))
+    results = []
+    for selected in (True, False):
+        for t in [X] + params:
+            t.grad = None
+        out = F(batch, pull=X, rows=rows) if selected else mc.take_rows(
+            F(batch, pull=X), mc.tensor(rows))
+        ((out * weights).sum() + (out * out).sum()).backward()
+        results.append([out.numpy()] + [_grad(t) for t in [X] + params])
+    for k, (got, want) in enumerate(zip(*results)):
+        assert np.shape(got) == np.shape(want), k
+        assert _relative_error(got, want) <= 1e-12, (k, _relative_error(got, want))
+
+
+@given(forests(max_graphs=3, max_vertices=7, max_arity=2), st.integers(0, 2**16),
+       st.booleans())
+def test_rows_of_a_call_equal_those_rows_taken_from_all(graphs, seed, push):
+    """``F(batch, pull=X, rows=r)``: the rows ``r`` (any vertices, repeated too) of the
+    output, with the gradients of ``take_rows(F(batch, pull=X), r)`` — pushed outputs or the
+    scattered states, one kind or several (``by_kind``: leaves and internal vertices)."""
+    rng = np.random.default_rng(seed)
+    F, params = binary_tree_lstm(E, H, rng, push=push)
+    batch = mc.GraphBatch(graphs)
+    X = mc.tensor(rng.standard_normal((batch.num_vertices, E)), requires_grad=True)
+    rows = rng.integers(0, batch.num_vertices, size=int(rng.integers(1, 6)))
+    _selected_vs_taken(F, params, batch, X, rows, seed)
+    _selected_vs_taken(F, params, batch, X, batch.roots, seed)
+    W = mc.Parameter(rng.standard_normal((E, H)))
+    kinded = mc.VertexFunction.by_kind(
+        {"leaf": lambda v: v.scatter(mc.tanh(v.pull() @ W)),
+         "internal": lambda v: v.scatter(mc.tanh(v.pull() @ W + v.gather(0) + v.gather(1)))},
+        by="leaf", pull_shape=(E,), scatter_shape=(H,), arity=2, dtype="float64")
+    _selected_vs_taken(kinded, [W], batch, X, rows, seed)
+
+
+def test_rows_of_a_call_are_checked():
+    rng = np.random.default_rng(0)
+    F, _ = binary_tree_lstm(E, H, rng)
+    batch = mc.GraphBatch([mc.InputGraph([[], [], [0, 1]])])
+    X = mc.tensor(rng.standard_normal((3, E)))
+    with pytest.raises(mc.errors.IndexRangeError, match=r"rows\[1\] = 3 is not a vertex of "
+                                                         r"the batch \(it has 3: ids 0\.\.2\)"):
+        F(batch, pull=X, rows=[2, 3])
+    with pytest.raises(mc.errors.GraphError, match="rows= must be a 1-D array of vertex ids"):
+        F(batch, pull=X, rows=np.array([0.0, 1.0]))
+    with pytest.raises(mc.errors.GraphError, match="rows= must be a 1-D array of vertex ids"):
+        F(batch, pull=X, rows=[[0]])

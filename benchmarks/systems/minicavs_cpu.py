@@ -99,11 +99,10 @@ def build(data, params, vertex_options=None):
             batch = mc.GraphBatch([graph_of(t) for t in trees])
             words = mc.tensor(np.concatenate([t.words for t in trees]))
             labels = np.array([t.labels[-1] for t in trees])
-            return batch, words, (mc.tensor(batch.roots), mc.tensor(labels))
+            return batch, words, mc.tensor(labels)
 
-        def loss_of(batch, words, extra):
-            roots, labels = extra
-            h = mc.take_rows(F(batch, pull=words), roots)
+        def loss_of(batch, words, labels):
+            h = F(batch, pull=words, rows=batch.roots)  # (the roots' states only)
             return mc.softmax_cross_entropy(h @ W_out + b_out, labels, reduction="sum")
 
     elif kind in ("tree_rnn", "rntn"):

@@ -20,6 +20,7 @@ import weakref
 
 import numpy as np
 
+from ..ops.index import scatter_add_into
 from .zero_rows import FULL
 
 
@@ -140,12 +141,13 @@ def bind_forward(exe, xp, rows, params, pull=None, *, record=None, states=None, 
                 levels=levels, block=block, scattered=scattered)
 
 
-def bind_backward(exe, xp, rows, saved, cotangent=None, *, d_states=None, block=None,
+def bind_backward(exe, xp, rows, saved, cotangent=None, *, at=None, d_states=None, block=None,
                   levels=None):
     """∂F of ``exe`` bound for the backward of a forward part that kept ``saved``, its buffers
     held until :meth:`Part.release`. ``cotangent``: the caller's gradient of F's output
     (caller's vertex order): of the pushed output, or — F pushing nothing — of the scattered
-    states. ``d_states``: the state gradient the scatter-adds write, with its spare row, and
+    states; with ``at`` (level rows), the gradient of those rows only (a call's ``rows=``).
+    ``d_states``: the state gradient the scatter-adds write, with its spare row, and
     ``block`` this part's rows of it (kinds); default: ∂F's own buffer, cleared."""
     program = exe.program
     bw = program.graph
@@ -155,7 +157,8 @@ def bind_backward(exe, xp, rows, saved, cotangent=None, *, d_states=None, block=
     for ref, value in zip(forward_inputs, bw.forward_refs):
         env[ref.key] = saved.values[value.key]
     state_grad = program.sources[0].key
-    taken = cotangent is not None and len(bw.cotangents) == 1  # (the caller's, written below)
+    taken = cotangent is not None and len(bw.cotangents) == 1 and at is None  # (the
+    # caller's gradient, written below)
     if block is not None:
         views[state_grad] = block
     else:
@@ -163,7 +166,13 @@ def bind_backward(exe, xp, rows, saved, cotangent=None, *, d_states=None, block=
         # cleared but for the rows the caller's gradient fills (one pass fewer over (V, H))
         (d_states[len(rows.order):] if taken else d_states)[...] = 0
     bind_buffers(program, env, views, rows)
-    if cotangent is not None:  # caller order -> level order
+    if at is not None:  # some rows' gradient: added at their level rows (a row may repeat)
+        if len(bw.cotangents) > 1:
+            env[bw.cotangents[1].key] = scatter_add_into(xp, xp.zeros(
+                (len(rows.order),) + cotangent.shape[1:], cotangent.dtype), at, cotangent)
+        else:
+            scatter_add_into(xp, env[state_grad], at, cotangent)
+    elif cotangent is not None:  # caller order -> level order
         if len(bw.cotangents) > 1:  # F pushes: the caller's gradient is the push's
             env[bw.cotangents[1].key] = take_rows(xp, cotangent, rows.order)
         else:  # F returns its scattered states: taken straight into their gradient

@@ -26,6 +26,9 @@ class VertexFunction(TracedCell, KindedFunction):
 
     ``F(batch, pull=X)`` returns a Tensor with one row per vertex in the batch's vertex order:
     the pushed outputs, or the scattered states if the cell pushes nothing.
+    ``F(batch, pull=X, rows=batch.roots)`` returns those vertices' rows only, as
+    ``take_rows(F(batch, pull=X), batch.roots)`` would, without putting every row in the
+    batch's order first and, in the backward, without a gradient row for every vertex.
 
     It is both a traced cell (``F.graph``, ``F.program``, ``F.executable``, ...) and the kinded
     function of one kind, that cell (``by=None``).
@@ -46,5 +49,5 @@ class VertexFunction(TracedCell, KindedFunction):
         keywords are this class's. Each kind runs its own cell on its own rows only."""
         return KindedFunction(cells, by, **keywords)
 
-    def __call__(self, batch, pull=None):  # (one kind: no tag=)
-        return KindedFunction.__call__(self, batch, pull)
+    def __call__(self, batch, pull=None, rows=None):  # (one kind: no tag=)
+        return KindedFunction.__call__(self, batch, pull, rows=rows)

@@ -38,6 +38,7 @@ from .. import backend, validate
 from ..autodiff.tensor import Tensor, is_grad_enabled
 from ..errors import DTypeError, GraphError, IndexRangeError, ShapeError
 from ..ops import registry, shape as shape_ops
+from ..ops.index import scatter_add_into, take_rows
 from ..ops.registry import Op, describe
 from ..runtime import call, driver, memory
 from .cell import TracedCell
@@ -302,16 +303,18 @@ class KindedFunction(BatchedFunction):
         return self._memory_model
 
     # --- the call --------------------------------------------------------------------------
-    def __call__(self, batch, pull=None, tag=None):
+    def __call__(self, batch, pull=None, tag=None, rows=None):
         batch = self._check_call(batch, pull, who="a cell" if len(self.cells) > 1 else "the cell")
         if self.by == "tag":
             tag = check_tag(tag, batch, f"vertex function {self.name!r}")
         elif tag is not None:
             raise GraphError(f"vertex function {self.name!r}: tag= given, but kinds are chosen "
                              f"by={self.by!r}")
+        rows = None if rows is None else _check_rows(rows, batch, f"vertex function "
+                                                                  f"{self.name!r}")
         sub_batches = memory.plan(self, batch, training=is_grad_enabled())
         if sub_batches is None:
-            return self._apply(batch, pull, tag)
+            return self._apply(batch, pull, tag, rows)
         # Over the memory budget: whole graphs at a time; their rows, in order, are the
         # batch's, and gradients flow back through each.
         outs = []
@@ -321,9 +324,10 @@ class KindedFunction(BatchedFunction):
                 GraphBatch(batch.graphs[first:stop]),
                 None if pull is None else shape_ops.slice_axis(pull, v0, v1, axis=0),
                 None if tag is None else tag[v0:v1]))
-        return shape_ops.concat(outs, axis=0)
+        out = shape_ops.concat(outs, axis=0)
+        return out if rows is None else take_rows(out, Tensor(rows))
 
-    def _apply(self, batch, pull, tag):
+    def _apply(self, batch, pull, tag, rows=None):
         """The op on ``batch``, its rows scheduled by kind (one kind: no sorting at all)."""
         started = time.perf_counter()
         if self.by is None:
@@ -336,7 +340,7 @@ class KindedFunction(BatchedFunction):
         record = call.CallRecord(scheduling_seconds=time.perf_counter() - started)
         args = ([pull] if pull is not None else []) + self.params
         return registry.apply(self._op, *args, batch=batch, schedule=schedule, kinds=kinds,
-                              call=record)
+                              call=record, rows=rows)
 
     def _check_kinds(self, batch, keys, kind_of):
         missing = [i for i, key in enumerate(keys) if key not in self.cells]
@@ -350,17 +354,19 @@ class KindedFunction(BatchedFunction):
                                   f"{what}, which has no cell; the kinds are "
                                   f"{list(self.cells)}")
 
-    def _infer(self, *avals, batch, schedule, kinds, call):  # noqa: ARG002
-        return self._infer_output(avals, batch)
+    def _infer(self, *avals, batch, schedule, kinds, call, rows):  # noqa: ARG002
+        out = self._infer_output(avals, batch)
+        return out if rows is None else registry.Aval((len(rows),) + tuple(out.shape[1:]),
+                                                      out.dtype)
 
     # --- F and ∂F as one op: bind each kind's Program to the call's values, run them --------
-    def _forward(self, xp, *arrays, batch, schedule, kinds, call):
+    def _forward(self, xp, *arrays, batch, schedule, kinds, call, rows):
         try:
-            return self._run_forward(xp, arrays, batch, schedule, kinds, call)
+            return self._run_forward(xp, arrays, batch, schedule, kinds, call, rows)
         except MemoryError as exc:
             raise memory.out_of_memory(self, batch, "forward", exc, is_grad_enabled()) from None
 
-    def _run_forward(self, xp, arrays, batch, schedule, kinds, record):
+    def _run_forward(self, xp, arrays, batch, schedule, kinds, record, rows):
         started = time.perf_counter()
         pull, params = (arrays[0], arrays[1:]) if self.pull_shape is not None else (None, arrays)
         n = batch.num_vertices
@@ -380,7 +386,8 @@ class KindedFunction(BatchedFunction):
         driver.run(parts, xp)
         record.saved = [part.saved(self.cells[key].backward_graph)  # only what ∂F reads
                         for part, (_, key) in zip(parts, kinds)]
-        result = _in_caller_order(xp, parts, [part.output for part in parts], n)
+        result = _in_caller_order(xp, parts, [part.output for part in parts], n,
+                                  None if rows is None else _selected(xp, schedule, rows))
         record.stats = self._stats(batch, schedule, kinds, parts, time.perf_counter() - started)
         record.stats["scheduling_seconds"] += record.scheduling_seconds
         self._last_stats = record.stats
@@ -405,20 +412,28 @@ class KindedFunction(BatchedFunction):
     def _named(self, kinds, parts):
         return [(self.kind_names.get(key, key), part) for (_, key), part in zip(kinds, parts)]
 
-    def _vjp(self, g, out, *inputs, batch, schedule, kinds, call):
+    def _vjp(self, g, out, *inputs, batch, schedule, kinds, call, rows):
         if is_grad_enabled():
             raise GraphError(f"vertex function {self.name!r}: backward(create_graph=True) "
                              f"through a vertex function is not supported (no second "
                              f"derivatives through the batched runtime)")
         try:
-            return self._run_backward(g, batch, schedule, kinds, call)
+            return self._run_backward(g, batch, schedule, kinds, call, rows)
         except MemoryError as exc:
             raise memory.out_of_memory(self, batch, "backward", exc, True) from None
 
-    def _run_backward(self, g, batch, schedule, kinds, record):
+    def _run_backward(self, g, batch, schedule, kinds, record, rows):
         started = time.perf_counter()
         xp = backend.get_array_module(g._array)
         n = batch.num_vertices
+        cotangent, at = g._array, None
+        if rows is not None:  # the selected rows' gradient: into their level rows (one kind)
+            at = _selected(xp, schedule, rows)  # or into the caller's order (several)
+            if len(kinds) > 1:
+                cotangent = scatter_add_into(xp, xp.zeros((n,) + cotangent.shape[1:],
+                                                          cotangent.dtype), xp.asarray(rows),
+                                             cotangent)
+                at = None
         indices = schedule.indices(batch, xp)
         d_states = None  # one kind: ∂F's own buffer, cleared; several: one for all kinds
         if len(kinds) > 1:
@@ -431,7 +446,7 @@ class KindedFunction(BatchedFunction):
                     d_states=d_states, block=d_states[block.first:block.stop],
                     levels=block.levels)
                 parts.append(call.bind_backward(f.backward_executable, xp, indices[position],
-                                                saved, g._array, **shared))
+                                                saved, cotangent, at=at, **shared))
             driver.run(parts, xp)
             grads = self._gradients(xp, n, kinds, parts)
         finally:
@@ -475,19 +490,40 @@ class KindedFunction(BatchedFunction):
                 f"{self.by}, {len(self.params)} params)")
 
 
-def _in_caller_order(xp, parts, values, n):
+def _check_rows(rows, batch, who):
+    """``rows=`` of a call: the vertices (the batch's ids) whose outputs it returns."""
+    array = np.asarray(backend.to_numpy(getattr(rows, "_array", rows)))
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise GraphError(f"{who}: rows= must be a 1-D array of vertex ids (integers), e.g. "
+                         f"batch.roots; got {describe(array.shape)} {array.dtype}")
+    n = batch.num_vertices
+    bad = np.flatnonzero((array < 0) | (array >= n))
+    if len(bad):
+        raise IndexRangeError(f"{who}: rows[{bad[0]}] = {array[bad[0]]} is not a vertex of the "
+                              f"batch (it has {n}: ids 0..{n - 1})")
+    return array.astype(np.int64, copy=False)
+
+
+def _selected(xp, schedule, rows):
+    """``rows`` (caller's vertex ids) as level rows of a one-kind call, else as they are; on
+    a GPU as the row kernels' int32 (a batch's rows are below 2**31: BatchIndices)."""
+    selected = schedule.row_of[rows] if schedule.one else rows
+    return selected if xp is np else xp.asarray(selected.astype(np.int32))
+
+
+def _in_caller_order(xp, parts, values, n, rows=None):
     """Each part's rows of ``values`` (level order within its kind) in the caller's vertex
     order: one part, one take; several, each put at its vertices (zeros where a part has no
-    value: a kind that pulls nothing)."""
+    value: a kind that pulls nothing). ``rows``: only these (from :func:`_selected`)."""
     if len(parts) == 1:
-        return call.take_rows(xp, values[0], parts[0].rows.row_of)
+        return call.take_rows(xp, values[0], parts[0].rows.row_of if rows is None else rows)
     like = next(v for v in values if v is not None)
     make = xp.empty if all(v is not None for v in values) else xp.zeros
     result = make((n,) + like.shape[1:], dtype=like.dtype)
     for part, value in zip(parts, values):
         if value is not None:
             result[part.rows.order] = value
-    return result
+    return result if rows is None else result[rows]
 
 
 def _one_backend(named_parts):
