@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from minicavs import errors as mc_errors
 from minicavs.cuda import emulated
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -691,3 +692,20 @@ def test_a_failed_launch_from_the_issuer_says_which_operation_and_rows():
                                           r"5\.\.6 \(status 700 "):
         _run_table(issuer, driver, ops, ["the level's gathers"], [a], lo=5, n=2)
     assert not emulated.c_failure
+
+
+def test_without_native_code_the_issuer_says_why(monkeypatch):
+    """No compiler (or MINICAVS_NATIVE=0): levels are issued from Python, and explain()'s
+    backend name carries this reason."""
+    from minicavs.cpu import build
+    from minicavs.cuda import issuer
+
+    monkeypatch.setattr(build, "unavailable", lambda: "MINICAVS_NATIVE=0 is set")
+    issuer.driver.cache_clear()
+    try:
+        assert issuer.driver(cp) == "the C issuer needs native code (MINICAVS_NATIVE=0 is set)"
+    finally:
+        issuer.driver.cache_clear()
+    monkeypatch.setenv("MINICAVS_CUDA_ISSUER", "gpu")
+    with pytest.raises(mc_errors.ArgumentError, match="MINICAVS_CUDA_ISSUER='gpu': expected 'c'"):
+        issuer.enabled()

@@ -26,7 +26,7 @@ import numpy as np
 
 from .kernels import BLOCK_SIZE, MAX_BLOCKS
 from .blas import _ALPHA_BETA, _GEMM
-from ..errors import ArgumentError, DeviceError
+from ..errors import ArgumentError, DeviceError, KernelCompileError, ToolchainError
 
 LAUNCH, GEMM = 0, 1  # operations
 POINTER, ROWS, FIRST = 0, 1, 2  # argument kinds: a pointer, the level's n, its lo
@@ -114,11 +114,9 @@ def enabled():
 
 @functools.lru_cache(maxsize=None)
 def _library():
-    """The compiled issuer (None where native code is off: the level loop stays in Python)."""
+    """The compiled issuer (:func:`driver` checks first that native code is on)."""
     from ..cpu import build
 
-    if build.unavailable() is not None:
-        return None
     lib, _ = build.build(_SOURCE, "cuda_issuer", origin="minicavs/cuda/issuer.py")
     issue = lib.minicavs_issue_level
     issue.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
@@ -138,6 +136,7 @@ class Driver:
             self.launch, self.gemms = emulated.c_launch, emulated.c_gemms
             self.function = emulated.c_function
         else:
+            xp.cuda.get_cublas_handle()  # (CuPy loads cuBLAS when it first makes a handle)
             self.launch, self.gemms = _cuda_entry_points()
             self.function = _cupy_function
 
@@ -180,14 +179,21 @@ class Table:
 
 @functools.lru_cache(maxsize=None)
 def driver(xp):
-    """The :class:`Driver` of array module ``xp``, or None where levels cannot be issued from C
-    here (native code off, or the driver and cuBLAS libraries not found)."""
-    if _library() is None:
-        return None
+    """The :class:`Driver` of array module ``xp``, or why levels cannot be issued from C here
+    (a string: native code off, or the CUDA driver's or cuBLAS's library not found)."""
+    from ..cpu import build
+
+    reason = build.unavailable()
+    if reason is not None:
+        return f"the C issuer needs native code ({reason})"
     try:
         return Driver(xp)
-    except (OSError, AttributeError, StopIteration):
-        return None
+    except (OSError, AttributeError) as error:
+        return f"cuLaunchKernel or the cuBLAS gemms not found ({error})"
+    except StopIteration:
+        return "no libcublas loaded in this process"
+    except (KernelCompileError, ToolchainError) as error:
+        return f"the C issuer did not build ({str(error).splitlines()[0]})"
 
 
 def _cuda_entry_points():

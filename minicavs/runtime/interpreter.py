@@ -98,7 +98,9 @@ def _level_steps(part, xp, check, moves, from_c):
         if level is None:
             level = steps[(plan, call)] = _LevelSteps(program, plan, env, windows, xp)
         lo, hi = window["vertex"]
-        if tables is not None:
+        if isinstance(tables, str):  # (the issuer cannot run here: the reason, per level)
+            from_c.append(tables)
+        elif tables is not None:
             if tables.issue(level, plan, lo, hi - lo):
                 from_c.append(True)
                 levels_run.append((level, window))
@@ -761,13 +763,15 @@ class _BoundWindows:
         self.kernel_args = {}  # level kernel -> its arrays of the call (_LevelKernel.bind)
 
     def tables(self):
-        """The call's :class:`~.level_launches.LevelTables`, or None where levels are not issued
-        from C (``MINICAVS_CUDA_ISSUER=python``, or no native code here)."""
+        """The call's :class:`~.level_launches.LevelTables`; None where levels are issued from
+        Python by choice (``MINICAVS_CUDA_ISSUER=python``), or why they must be (a string)."""
         from ..cuda import issuer
 
-        driver = issuer.driver(self.xp) if issuer.enabled() else None
-        if driver is None:
+        if not issuer.enabled():
             return None
+        driver = issuer.driver(self.xp)
+        if isinstance(driver, str):
+            return driver
         from .level_launches import LevelTables
 
         return LevelTables(self, driver)
