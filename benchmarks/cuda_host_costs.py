@@ -177,6 +177,19 @@ def main():
     for name, call in cases:
         print(f"  {name:<42} " + ("     n/a (needs a GPU)" if call is None else
                                   f"{host_us(call, sync):8.1f}"))
+    # A level's product issued from C, cuBLAS's or our kernel (cuda/products.py), device time
+    # included: what its choice measures, for the Tree-LSTM-256's shapes (F's, ∂F's).
+    from minicavs.cuda import issuer, products
+
+    driver = issuer.driver(cp)
+    if isinstance(driver, str):
+        print(f"  products issued from C: n/a ({driver})")
+        return
+    for op_b, k, n_cols in ((blas.OP_N, 2 * H, 5 * H), (blas.OP_T, 5 * H, 2 * H)):
+        print(f"  a level's product ({'xW' if op_b == blas.OP_N else 'xWᵀ'}, K {k}, N {n_cols})"
+              f" issued from C, µs per call, ours / cuBLAS:")
+        for n, own, cublas in products.timings(driver, np.float32, op_b, k, n_cols):
+            print(f"    {n:>4} rows {own * 1e6:8.1f} {cublas * 1e6:8.1f}")
 
 
 if __name__ == "__main__":

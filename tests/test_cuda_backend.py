@@ -592,3 +592,22 @@ def test_gpu_levels_issued_from_c_equal_numpy(issuer, monkeypatch):
     stats = got[-1]
     expected = "cupy (levels issued from C)" if issuer == "c" else "cupy"
     assert (stats["forward_backend"], stats["backward_backend"]) == (expected, expected), stats
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernels", ["own", "measure"])
+def test_gpu_level_products_by_our_kernel_or_cublas_equal_numpy(kernels, monkeypatch):
+    """A level's product through cuda/products.py's kernel (forced), or whichever measured
+    faster on this GPU, gives NumPy's results; the measurement is a row count it tested."""
+    from minicavs.cuda import issuer, products
+
+    monkeypatch.setenv("MINICAVS_KERNELS", kernels)
+    batch = mc.GraphBatch([mc.InputGraph.complete_binary(16), mc.InputGraph.chain(9)])
+    want = _vertex_run("binary_tree_lstm", np.float32, "cpu", batch)
+    got = _vertex_run("binary_tree_lstm", np.float32, "cuda", batch)
+    for k, (g, w) in enumerate(zip(got, want)):
+        _close(g, w, np.float32, f"products ({kernels}): result {k}", loose=5.0)
+    driver = issuer.driver(_cupy())
+    assert not isinstance(driver, str), driver
+    most = products.most_rows(driver, np.float32, 0, 2 * H, 5 * H)
+    assert most in (0,) + products.ROWS_MEASURED or kernels == "own", most

@@ -218,8 +218,10 @@ WORKER = textwrap.dedent(r'''
             data = common.load_workload(name, 24)
             data["hidden"] = data["embed"] = 8 if name != "rntn" else 4
             params = common.init_params(data)
-            for issuer in ("python", "c"):
-                os.environ["MINICAVS_CUDA_ISSUER"] = issuer
+            for issuer in ("python", "c", "c, own products"):
+                os.environ["MINICAVS_CUDA_ISSUER"] = issuer[:1] if issuer != "python" else issuer
+                if issuer == "c, own products":  # (cuda/products.py's kernel at any row count)
+                    os.environ["MINICAVS_KERNELS"] = "own"
                 mc.set_device("cuda")
                 F, parameters, prepare, loss_of = minicavs_cpu.build(data, params)
                 optimizer = mc.nn.Adam(parameters, lr=1e-2)
@@ -237,7 +239,10 @@ WORKER = textwrap.dedent(r'''
                               if p.grad is not None],
                     "launches": [stats["forward_launches_per_level"],
                                  stats["backward_launches_per_level"]],
+                    "library": [(stats[f"{d}_launches_by_category"] or {}).get("library", 0)
+                                for d in ("forward", "backward")],
                     "backends": [stats["forward_backend"], stats["backward_backend"]]}
+                os.environ.pop("MINICAVS_KERNELS", None)
         del os.environ["MINICAVS_CUDA_ISSUER"]
         return out
 
@@ -378,6 +383,14 @@ def test_levels_issued_from_c_equal_levels_issued_from_python(emulated_run):
         expected = "cupy (levels issued from Python" if name == "rntn" else \
             "cupy (levels issued from C)"
         assert all(b.startswith(expected) for b in c["backends"]), (name, c["backends"])
+        # our product kernel in place of cuBLAS's: float32 rounding apart, the same launches
+        own = runs["c, own products"]
+        _close(own["losses"], python["losses"], f"{name}: losses, own products")
+        for k, (g, r) in enumerate(zip(own["grads"], python["grads"])):
+            _close(g, r, f"{name}: gradient {k}, own products")
+        assert own["launches"] == python["launches"], name
+        if name != "rntn":  # (its levels stay on Python: cuBLAS)
+            assert own["library"] == [0, 0] and c["library"][0] > 0, (name, own, c)
 
 
 def test_explain_reports_launches_per_level_and_they_repeat(emulated_run):
@@ -709,3 +722,62 @@ def test_without_native_code_the_issuer_says_why(monkeypatch):
     monkeypatch.setenv("MINICAVS_CUDA_ISSUER", "gpu")
     with pytest.raises(mc_errors.ArgumentError, match="MINICAVS_CUDA_ISSUER='gpu': expected 'c'"):
         issuer.enabled()
+
+
+@given(st.integers(1, 9), st.integers(1, 7), st.integers(1, 9), st.sampled_from([0, 1]),
+       st.sampled_from([np.float32, np.float64]), st.integers(0, 3), st.integers(0, 2**16))
+def test_the_row_product_kernel_equals_numpy(n, k, n_cols, op_b, dtype, pad, seed):
+    """cuda/products.py's kernel through the shim: ``C = A · B`` for n rows of A read at a
+    wider row stride, B row-major or the transpose of one, into rows of C at a wider stride,
+    rows and columns not multiples of its 4 x 4 tiles; C's other columns untouched."""
+    from minicavs.cuda import products, shim
+
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, k + pad)).astype(dtype)
+    w = rng.standard_normal((k, n_cols) if op_b == 0 else (n_cols, k)).astype(dtype)
+    c = np.full((n, n_cols + pad), np.nan, dtype)
+    name, code = products.product_source(np.dtype(dtype), op_b)
+    kernel = shim.shim_kernel(code, name)
+    width = -(-n_cols // 4)
+    kernel((max(1, -(-n * width // 256)),), (256,),
+           (a, w, c, np.int64(k + pad), np.int64(w.shape[1]), np.int64(n_cols + pad),
+            np.int64(n_cols), np.int64(k), np.int64(n), np.int64(0)))
+    want = a[:, :k].astype(np.float64) @ (w if op_b == 0 else w.T).astype(np.float64)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(c[:, :n_cols], want, rtol=tol, atol=tol * max(1.0, k))
+    assert np.isnan(c[:, n_cols:]).all()
+
+
+def test_which_product_a_level_runs_is_measured_or_forced(monkeypatch):
+    """Ours only where forced or measured faster: on the emulated device nothing is timed, so
+    cuBLAS's stand-in; MINICAVS_KERNELS=own / blas force one."""
+    from minicavs.cuda import products
+
+    issuer, driver = _issuer_or_skip()
+    monkeypatch.delenv("MINICAVS_KERNELS", raising=False)
+    assert products.most_rows(driver, np.float32, 0, 64, 128) == 0
+    monkeypatch.setenv("MINICAVS_KERNELS", "own")
+    assert products.most_rows(driver, np.float32, 0, 64, 128) == products.ALWAYS
+    monkeypatch.setenv("MINICAVS_KERNELS", "blas")
+    assert products.most_rows(driver, np.float32, 1, 64, 128) == 0
+
+
+def test_a_product_runs_our_kernel_up_to_its_measured_rows_and_cublas_past_them():
+    """The issuer's PRODUCT: at most ``most`` rows our kernel (a launch), more rows the gemm
+    (a library call); both write C[lo:lo+n] = A[lo:lo+n] @ B."""
+    from minicavs.cuda import blas, products
+
+    issuer, driver = _issuer_or_skip()
+    rng = np.random.default_rng(1)
+    a, b = (cp.asarray(rng.standard_normal(s).astype(np.float32)) for s in ((12, 5), (5, 6)))
+    c = cp.asarray(np.full((12, 6), np.nan, np.float32))
+    gemm = [0, blas.OP_N, blas.OP_N, 6, 5, 1, 0, 0, 6, 0, 5 * 4, 0, 5, 2, 6 * 4, 0, 6]
+    own = products.launch_body(driver, np.float32, blas.OP_N, (0, 5 * 4, 0), (1, 0, 0),
+                               (2, 6 * 4, 0), 5, 6, 6, 6, 5)
+    ops = [issuer.PRODUCT, 4] + own + gemm + [issuer.PRODUCT, 4] + own + gemm
+    for lo, n, expected in ((1, 4, "kernel"), (5, 6, "library")):
+        with emulated.counter.measure() as launched:
+            _run_table(issuer, driver, ops, ["product", "again"], [a, b, c], lo=lo, n=n)
+        assert launched == {expected: 2}, (n, launched)
+    np.testing.assert_allclose(c.get()[1:11], a.get()[1:11] @ b.get(), rtol=1e-5)
+    assert np.isnan(c.get()[[0, 11]]).all()

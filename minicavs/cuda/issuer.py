@@ -28,9 +28,10 @@ from .kernels import BLOCK_SIZE, MAX_BLOCKS
 from .blas import _ALPHA_BETA, _GEMM
 from ..errors import ArgumentError, DeviceError, KernelCompileError, ToolchainError
 
-LAUNCH, GEMM = 0, 1  # operations
-POINTER, ROWS, FIRST = 0, 1, 2  # argument kinds: a pointer, the level's n, its lo
+LAUNCH, GEMM, PRODUCT = 0, 1, 2  # operations (PRODUCT: our kernel up to some rows, else GEMM)
+POINTER, ROWS, FIRST, CONST = 0, 1, 2, 3  # argument kinds: a pointer, n, lo, a number
 MAX_ARGS = 64
+GEMM_SIZE = 17  # a GEMM's integers after its operation code
 
 _SOURCE = r"""// minicavs: a level's launches issued from C (minicavs/cuda/issuer.py)
 #include <cstdint>
@@ -52,40 +53,61 @@ static inline int64_t address(const int64_t *at, const int64_t *table, int64_t l
     return table[at[0]] + at[2] + lo * at[1];  // (slot, row bytes, offset)
 }
 
+// LAUNCH: f, row width, count, then per argument (kind, slot or number, row bytes, offset)
+static int launch(const int64_t *code, int64_t *at, int64_t lo, int64_t n, const Context *c) {
+    const int64_t *l = code + *at;
+    void *f = (void *)l[0];
+    const int64_t width = l[1], count = l[2];
+    *at += 3 + 4 * count;
+    int64_t cells[64];
+    void *params[64];
+    for (int64_t i = 0; i < count; ++i) {
+        const int64_t *arg = l + 3 + 4 * i;
+        cells[i] = arg[0] == 0 ? address(arg + 1, c->table, lo) : arg[0] == 1 ? n
+                 : arg[0] == 2 ? lo : arg[1];
+        params[i] = &cells[i];
+    }
+    const int64_t total = n * width;
+    if (total == 0) return 0;
+    int64_t blocks = (total + c->block - 1) / c->block;
+    if (blocks > c->max_blocks) blocks = c->max_blocks;
+    return c->launch(f, (unsigned)blocks, 1, 1, (unsigned)c->block, 1, 1, 0, c->stream, params,
+                     nullptr);
+}
+
+// GEMM: dtype, op_b, op_a, N, K, B (3), ldb, A (3), lda, C (3), ldc; the level's n rows
+static int gemm(const int64_t *code, int64_t *at, int64_t lo, int64_t n, const Context *c) {
+    const int64_t *g = code + *at;
+    *at += 17;
+    if (n == 0) return 0;
+    const int dt = (int)g[0];
+    return c->gemm[dt](c->handle, (int)g[1], (int)g[2], (int)g[3], (int)n, (int)g[4],
+                       c->alpha[dt], (const void *)address(g + 5, c->table, lo), (int)g[8],
+                       (const void *)address(g + 9, c->table, lo), (int)g[12], c->beta[dt],
+                       (void *)address(g + 13, c->table, lo), (int)g[16]);
+}
+
 // 0, or (the failed operation + 1) << 32 | the driver's or cuBLAS's status
 extern "C" int64_t minicavs_issue_level(const int64_t *code, int64_t lo, int64_t n,
                                         const Context *c) {
     const int64_t ops = code[0];
     int64_t at = 1;
     for (int64_t op = 0; op < ops; ++op) {
-        int status = 0;
-        if (code[at++] == 0) {  // LAUNCH: f, row width, count, then (kind, slot, bytes, offset)
-            void *f = (void *)code[at];
-            const int64_t width = code[at + 1], count = code[at + 2];
-            at += 3;
-            int64_t cells[64];
-            void *params[64];
-            for (int64_t i = 0; i < count; ++i, at += 4) {
-                const int64_t kind = code[at];
-                cells[i] = kind == 0 ? address(code + at + 1, c->table, lo) : kind == 1 ? n : lo;
-                params[i] = &cells[i];
+        const int64_t kind = code[at++];
+        int status;
+        if (kind == 0) {
+            status = launch(code, &at, lo, n, c);
+        } else if (kind == 1) {
+            status = gemm(code, &at, lo, n, c);
+        } else {  // PRODUCT: at most this many rows: the LAUNCH that follows, else the GEMM
+            const int64_t most = code[at++];
+            if (n <= most) {
+                status = launch(code, &at, lo, n, c);
+                at += 17;
+            } else {
+                at += 3 + 4 * code[at + 2];  // (past the LAUNCH)
+                status = gemm(code, &at, lo, n, c);
             }
-            const int64_t total = n * width;
-            if (total == 0) continue;
-            int64_t blocks = (total + c->block - 1) / c->block;
-            if (blocks > c->max_blocks) blocks = c->max_blocks;
-            status = c->launch(f, (unsigned)blocks, 1, 1, (unsigned)c->block, 1, 1, 0, c->stream,
-                               params, nullptr);
-        } else {  // GEMM: dtype, op_b, op_a, N, K, B (3), ldb, A (3), lda, C (3), ldc
-            const int64_t *g = code + at;
-            at += 17;
-            if (n == 0) continue;
-            const int dt = (int)g[0];
-            status = c->gemm[dt](c->handle, (int)g[1], (int)g[2], (int)g[3], (int)n, (int)g[4],
-                                 c->alpha[dt], (const void *)address(g + 5, c->table, lo),
-                                 (int)g[8], (const void *)address(g + 9, c->table, lo),
-                                 (int)g[12], c->beta[dt],
-                                 (void *)address(g + 13, c->table, lo), (int)g[16]);
         }
         if (status) return ((op + 1) << 32) | (uint32_t)status;
     }

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..cuda import blas, issuer
+from ..cuda import blas, issuer, products
 from ..cuda.kernels import device_address
 from ..ops.batching import row_domain
 from .plans import RUN
@@ -325,9 +325,15 @@ class Translation:
         if out.thing == a.thing or out.dtype != a.dtype:
             raise Unsupported(f"product {node.label()} writes what it reads")
         (op_b, ld_b), k, n = layout_b, weight.shape[0], weight.shape[1]
-        self.code += [issuer.GEMM, dtype, op_b, blas.OP_N, n, k,
-                      *self.pointer(b)[1:], ld_b, *self.pointer(a)[1:], a.ld,
-                      *self.pointer(out)[1:], out.ld]
+        at_b, at_a, at_out = (self.pointer(x)[1:] for x in (b, a, out))
+        gemm = [dtype, op_b, blas.OP_N, n, k, *at_b, ld_b, *at_a, a.ld, *at_out, out.ld]
+        most = products.most_rows(self.tables.driver, a.dtype, op_b, k, n)
+        if most:  # (our kernel up to that many rows, measured faster here: cuda/products.py)
+            self.code += [issuer.PRODUCT, most] + products.launch_body(
+                self.tables.driver, a.dtype, op_b, at_a, at_b, at_out, a.ld, ld_b, out.ld, n,
+                k) + gemm
+        else:
+            self.code += [issuer.GEMM] + gemm
         self.names.append(f"product {node.label()}")
 
     def scatter(self, pieces):
