@@ -92,6 +92,9 @@ def _level_steps(part, xp, check, moves, from_c):
     summed, levels_run = {}, []
     bound = windows.kernel_args if windows else {}  # each level kernel's arrays of the call
     tables = windows.tables() if windows else None  # levels issued from C, where they can be
+    if windows is None and xp is not np and xp is not RECORD:  # (CuPy: say why not from C)
+        tables = "debug mode checks each instruction" if check else \
+            "its row moves are not one launch a level (edges, or a state of another dtype)"
     steps, call = part.exe.level_steps, (xp.__name__, windows is not None, frozenset(env))
     for t, window, plan in part.exe.plans.levels(ranges, rows):
         level = steps.get((plan, call))
