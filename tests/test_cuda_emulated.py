@@ -781,3 +781,17 @@ def test_a_product_runs_our_kernel_up_to_its_measured_rows_and_cublas_past_them(
         assert launched == {expected: 2}, (n, launched)
     np.testing.assert_allclose(c.get()[1:11], a.get()[1:11] @ b.get(), rtol=1e-5)
     assert np.isnan(c.get()[[0, 11]]).all()
+
+
+def test_a_table_must_pass_a_kernel_its_parameter_count():
+    """cuLaunchKernel reads as many arguments as the kernel declares: a table is checked
+    against the kernel's source when it is written, never launched short."""
+    from minicavs.cuda import issuer, windows
+    from minicavs.errors import KernelCompileError
+
+    zeros = emulated.RawKernel(windows.zero_source(4, 7, np.float32).code,
+                               windows.zero_source(4, 7, np.float32).name)
+    issuer.check_arguments(zeros, 3)  # out, n, lo
+    with pytest.raises(KernelCompileError, match=r"minicavs_zero_rows_f32_4_7 takes 3 "
+                                                 r"arguments, a table passes 2"):
+        issuer.check_arguments(zeros, 2)

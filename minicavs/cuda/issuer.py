@@ -151,8 +151,9 @@ class Driver:
     emulated device their stand-ins), and how to name a compiled kernel to it."""
 
     def __init__(self, xp):
-        self.xp, self.issue_level = xp, _library()
-        if getattr(xp, "emulated", False):
+        self.xp, self.issue_level, self._constant = xp, _library(), None
+        self.emulated = getattr(xp, "emulated", False)
+        if self.emulated:
             from . import emulated
 
             self.launch, self.gemms = emulated.c_launch, emulated.c_gemms
@@ -177,17 +178,33 @@ class Driver:
     def context(self, table):
         """The issuer's :class:`Context` for a call whose pointer table is ``table``."""
         xp = self.xp
-        handle = xp.cuda.get_cublas_handle()
-        stream = xp.cuda.get_current_stream().ptr
-        if not getattr(xp, "emulated", False):  # (CuPy's binding sets it before each call)
+        entries = (self.launch, *self.gemms)
+        if self._constant is None or self._constant[0] != entries:  # (what no call changes)
+            scalars = [_ALPHA_BETA[np.dtype(d)] for d in (np.float32, np.float64)]
+            self._constant = entries, bytes(Context(
+                self.launch, (ctypes.c_void_p * 2)(*self.gemms), None, None,
+                (ctypes.c_void_p * 2)(*[a for a, _ in scalars]),
+                (ctypes.c_void_p * 2)(*[b for _, b in scalars]), None, BLOCK_SIZE, MAX_BLOCKS))
+        context = Context.from_buffer_copy(self._constant[1])
+        context.handle = handle = xp.cuda.get_cublas_handle()
+        context.stream = stream = xp.cuda.get_current_stream().ptr
+        if not self.emulated:  # (CuPy's binding sets it before each call)
             xp.cuda.cublas.setStream(handle, stream)
-        scalars = [_ALPHA_BETA[np.dtype(d)] for d in (np.float32, np.float64)]
-        context = Context(self.launch, (ctypes.c_void_p * 2)(*self.gemms), handle, stream,
-                          (ctypes.c_void_p * 2)(*[a for a, _ in scalars]),
-                          (ctypes.c_void_p * 2)(*[b for _, b in scalars]),
-                          table.ctypes.data, BLOCK_SIZE, MAX_BLOCKS)
+        context.table = table.ctypes.data
         context.address = ctypes.addressof(context)
         return context
+
+
+def check_arguments(kernel, count):
+    """A table passes ``count`` arguments to ``kernel`` (a RawKernel): that must be its
+    parameter count, read from its source (cuLaunchKernel cannot tell, and reads past them)."""
+    from .shim import parse_kernels
+
+    params = parse_kernels(kernel.code).get(kernel.name)
+    if params is None or len(params) != count:
+        raise KernelCompileError(f"C issuer: kernel {kernel.name} takes "
+                                 f"{'?' if params is None else len(params)} arguments, a "
+                                 f"table passes {count}")
 
 
 class Table:

@@ -77,8 +77,9 @@ def launch_body(driver, dtype, op_b, a, b, c, lda, ldb, ldc, n_cols, k):
     consts = [[issuer.CONST, v, 0, 0] for v in (lda, ldb, ldc, n_cols, k)]
     args = [[issuer.POINTER, *a], [issuer.POINTER, *b], [issuer.POINTER, *c], *consts,
             [issuer.ROWS, 0, 0, 0], [issuer.FIRST, 0, 0, 0]]
-    return [driver.function(_kernel(np.dtype(dtype), op_b, driver.xp)), -(-n_cols // 4),
-            len(args)] + [
+    kernel = _kernel(np.dtype(dtype), op_b, driver.xp)
+    issuer.check_arguments(kernel, len(args))
+    return [driver.function(kernel), -(-n_cols // 4), len(args)] + [
         x for arg in args for x in arg]
 
 

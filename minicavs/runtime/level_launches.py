@@ -71,8 +71,7 @@ class LevelTables:
         self.address = device_address(self.xp)
         self.table = np.zeros(max(16, len(self.slots) + 1), np.int64)
         self.context = driver.context(self.table)
-        offsets = np.asarray(self.part.rows.level_offsets)
-        self.max_rows = int(np.diff(offsets).max()) if len(offsets) > 1 else 0
+        self._max_rows = None
         self.ready = {}  # level steps -> its table, this call's entries filled (None: Python)
 
     def issue(self, level, plan, lo, n):
@@ -112,8 +111,8 @@ class LevelTables:
         """What a table assumes of the call's arrays: the layout of each of ``keys`` and the
         state's dtype."""
         env, states = self.part.env, self.part.states
-        return tuple((env[k].shape[1:], env[k].strides, env[k].dtype) if k in env else None
-                     for k in keys) + (None if states is None else states.dtype,)
+        return tuple((a.shape[1:], a.strides, a.dtype) if (a := env.get(k)) is not None
+                     else None for k in keys) + (None if states is None else states.dtype,)
 
     def slot(self, thing):
         slot = self.slots.get(thing)
@@ -150,7 +149,10 @@ class LevelTables:
                 args = self.bound.kernel_args[kernel] = kernel.bind(part.env)
             return args[p]
         _, _, width, dtype = thing  # scratch: a block of the level, the largest level's size
-        return self.xp.empty((max(self.max_rows, 1), width), dtype)
+        if self._max_rows is None:
+            offsets = np.asarray(part.rows.level_offsets)
+            self._max_rows = max(int(np.diff(offsets).max(initial=0)), 1)
+        return self.xp.empty((self._max_rows, width), dtype)
 
 
 class Translation:
@@ -237,6 +239,7 @@ class Translation:
     def launch(self, launcher, args, name):
         if len(args) + 2 > issuer.MAX_ARGS:
             raise Unsupported(f"{name} takes {len(args)} arrays")
+        issuer.check_arguments(launcher.kernel, len(args) + 2)
         function = self.tables.driver.function(launcher.kernel)
         self.code += [issuer.LAUNCH, function, launcher.row_width, len(args) + 2]
         for arg in args:
