@@ -8,11 +8,12 @@ written once as a table of integers (``runtime/level_launches.py``) and issued b
 C function below, which computes each argument from the level's first row and row count::
 
     for each operation of the level's table:
-        LAUNCH: f, row width, arguments -> cuLaunchKernel(f, blocks, 256, params)
-        GEMM:   dtype, operations, sizes, operands -> cublas{S,D}gemm_v2(handle, ...)
+        LAUNCH:  f, row width, arguments -> cuLaunchKernel(f, blocks, 256, params)
+        GEMM:    dtype, operations, sizes, operands -> cublas{S,D}gemm_v2(handle, ...)
+        PRODUCT: up to m rows a LAUNCH of our product kernel (products.py), else a GEMM
 
 An argument is ``table[slot] + offset + lo * row_bytes`` (a pointer: the call's arrays are in
-``table``, filled once a call), the level's row count ``n`` or its first row ``lo``. The C code
+``table``, filled once a call), the level's row count ``n``, its first row ``lo``, or a number. The C code
 calls the driver through function pointers, so the same code runs on the emulated device,
 whose stand-ins for ``cuLaunchKernel`` and the gemms (``emulated.py``) run each kernel through
 the g++ shim and each product on the host, counting them as a GPU would.
@@ -31,7 +32,6 @@ from ..errors import ArgumentError, DeviceError, KernelCompileError, ToolchainEr
 LAUNCH, GEMM, PRODUCT = 0, 1, 2  # operations (PRODUCT: our kernel up to some rows, else GEMM)
 POINTER, ROWS, FIRST, CONST = 0, 1, 2, 3  # argument kinds: a pointer, n, lo, a number
 MAX_ARGS = 64
-GEMM_SIZE = 17  # a GEMM's integers after its operation code
 
 _SOURCE = r"""// minicavs: a level's launches issued from C (minicavs/cuda/issuer.py)
 #include <cstdint>

@@ -251,7 +251,7 @@ class Translation:
 
     def gather(self, pieces):
         bound = self.tables.bound
-        launcher, fixed, homes = bound._gather_spec(self.plan, pieces)
+        launcher, _, homes = bound._gather_spec(self.plan, pieces)
         states = self.part.states
         slots = self.tables.windows.launches[(self.plan, states.dtype)][1]
         args = [self.fixed(("states",))] + [self.fixed(("idx", s)) for s in slots]
@@ -314,7 +314,7 @@ class Translation:
         a, b = (self.value(x.key) for x in node.inputs)
         if a is ZERO or b is ZERO:
             raise Unsupported(f"product {node.label()} reads a zero")
-        if a.ld is None or a.thing[0] == "env" and a.row_bytes == 0 or b.ld is not None:
+        if a.ld is None or b.ld is not None:  # (ld None: a shared matrix)
             raise Unsupported(f"product {node.label()} is not rows times a shared matrix")
         weight = self.env[b.thing[1]]
         layout_b = blas.operand(weight)
