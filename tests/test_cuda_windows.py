@@ -117,3 +117,17 @@ def test_a_fused_group_on_a_level_of_whole_arrays_compiles_and_equals_numpy_on_t
     tol = dict(rtol=1e-6 if dtype == np.float32 else 1e-13)
     np.testing.assert_allclose(y0, want0, **tol)  # (other rows and columns untouched)
     np.testing.assert_allclose(y1, (av * b[:, 1:] + c[3:7]) * ev, **tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_c_issuers_kernels_compile_with_nvrtc(dtype):
+    """The zero-rows kernel of a level's buffer clears and the few-row product kernel of
+    cuda/products.py (both layouts of B), as CuPy compiles them."""
+    from minicavs.cuda import blas, products
+
+    sources = [(windows.zero_source(5, 8, dtype).code, windows.zero_source(5, 8, dtype).name)]
+    sources += [products.product_source(np.dtype(dtype), op)[::-1]
+                for op in (blas.OP_N, blas.OP_T)]
+    for code, name in sources:
+        ptx = nvrtc.compile_to_ptx(code, name, arch="compute_90", options=AS_CUPY)
+        assert nvrtc.ptx_entries(ptx) == [name]
