@@ -73,6 +73,9 @@ def main(argv=None):
     from minicavs import backend
 
     if not backend.cuda_emulated():
+        if not backend.gpu_available():
+            raise SystemExit("cuda_launches.py: no GPU here; run it on the emulated device: "
+                             "MINICAVS_CUDA_EMULATE=1 python benchmarks/cuda_launches.py")
         print("note: MINICAVS_CUDA_EMULATE is not 1: counts need the emulated device")
     rows = []
     for name in args.workloads.split(","):
