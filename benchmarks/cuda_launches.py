@@ -77,7 +77,7 @@ def main(argv=None):
             raise SystemExit("cuda_launches.py: no GPU here; run it on the emulated device: "
                              "MINICAVS_CUDA_EMULATE=1 python benchmarks/cuda_launches.py")
         print("note: MINICAVS_CUDA_EMULATE is not 1: counts need the emulated device")
-    rows = []
+    rows, issued = [], []
     for name in args.workloads.split(","):
         data = common.load_workload(name, args.size)
         if args.hidden:
@@ -85,6 +85,7 @@ def main(argv=None):
         params = common.init_params(data)
         cpu, cuda = first_loss(data, params, "cpu"), first_loss(data, params, "cuda")
         stats = measure(data, params, args.steps)
+        issued.append((name, (stats["forward_backend"], stats["backward_backend"])))
         levels = stats["levels"]
         rows.append((name, data["hidden"], levels, stats["forward_launches_per_level"],
                      stats["backward_launches_per_level"],
@@ -105,6 +106,9 @@ def main(argv=None):
     print("\nby category (per level step):")
     for name, *_, fcat, bcat, _, _, _, _, _ in rows:
         print(f"  {name}: forward {_fmt(fcat)}; backward {_fmt(bcat)}")
+    print("\nwho issued the levels (explain()'s backends, F / ∂F):")
+    for name, backends in issued:
+        print(f"  {name}: {backends[0]} / {backends[1]}")
 
 
 def _fmt(categories):

@@ -17,6 +17,8 @@ step doctor 30 python3 -m minicavs doctor
 step pytest_gpu ${PYTEST_LIMIT:-120} python3 -m pytest -q -p no:cacheprovider -m gpu $WORKERS \
      --maxfail 25 --timeout 100 -o addopts= tests
 step host_costs 40 python3 benchmarks/cuda_host_costs.py
+# Who issued each model's levels on this GPU (C, or Python and why: explain()'s backends).
+step issued 60 python3 benchmarks/cuda_launches.py --steps 2 --size 64
 # The goal's workload on the whole SST training set, the others on its first 2,048 trees.
 step bench_cuda ${BENCH_LIMIT:-80} python3 benchmarks/run.py --cuda --epochs 1 --ablation none \
      --workloads tree_lstm_256 --timeout 75 $SST --out "$OUT/tree_lstm_256"
