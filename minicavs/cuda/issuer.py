@@ -168,10 +168,11 @@ class Driver:
         status = self.issue_level(table.code_address, lo, n, context.address)
         if status:
             op, error = (status >> 32) - 1, status & 0xFFFFFFFF
-            from . import emulated
+            if self.emulated:  # (a stand-in's own error, e.g. the shim's: raised as it is)
+                from . import emulated
 
-            if emulated.c_failure:  # (a stand-in's own error, e.g. the shim's: raised as is)
-                raise emulated.c_failure.pop()
+                if emulated.c_failure:
+                    raise emulated.c_failure.pop()
             raise DeviceError(f"level loop: {table.describe(op)} failed on rows {lo}.."
                               f"{lo + n - 1} (status {error} from the CUDA driver or cuBLAS)")
 

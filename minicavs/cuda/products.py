@@ -21,7 +21,7 @@ from string import Template
 import numpy as np
 
 from . import blas, issuer
-from .kernels import DTYPES, make_kernel
+from .kernels import DTYPES, device_address, make_kernel
 
 _SOURCE = """
 extern "C" __global__ void ${name}(const ${T}* __restrict__ a, const ${T}* __restrict__ b,
@@ -121,8 +121,6 @@ def timings(driver, dtype, op_b, k, n_cols, repeats=10):
     a = xp.ones((rows, k), dtype)
     b = xp.ones((k, n_cols) if op_b == blas.OP_N else (n_cols, k), dtype)
     c = xp.empty((rows, n_cols), dtype)
-    from .kernels import device_address
-
     table = np.array([device_address(xp)(x) for x in (a, b, c)], np.int64)
     context = driver.context(table)
     ldb = n_cols if op_b == blas.OP_N else k

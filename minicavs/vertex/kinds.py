@@ -427,13 +427,12 @@ class KindedFunction(BatchedFunction):
         xp = backend.get_array_module(g._array)
         n = batch.num_vertices
         cotangent, at = g._array, None
-        if rows is not None:  # the selected rows' gradient: into their level rows (one kind)
-            at = _selected(xp, schedule, rows)  # or into the caller's order (several)
-            if len(kinds) > 1:
-                cotangent = scatter_add_into(xp, xp.zeros((n,) + cotangent.shape[1:],
-                                                          cotangent.dtype), xp.asarray(rows),
-                                             cotangent)
-                at = None
+        if rows is not None and schedule.one:  # the rows' gradient, added at their level rows
+            at = _selected(xp, schedule, rows)
+        elif rows is not None:  # several kinds: the whole gradient, in the caller's order
+            cotangent = scatter_add_into(xp, xp.zeros((n,) + cotangent.shape[1:],
+                                                      cotangent.dtype), xp.asarray(rows),
+                                         cotangent)
         indices = schedule.indices(batch, xp)
         d_states = None  # one kind: ∂F's own buffer, cleared; several: one for all kinds
         if len(kinds) > 1:
