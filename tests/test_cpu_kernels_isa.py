@@ -249,6 +249,24 @@ def test_free_cores_count_this_processes_threads_around_the_systems_count(monkey
     assert calibrate.free_cores() == 4
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/loadavg"), reason="no /proc/loadavg here")
+def test_the_systems_running_threads_are_read_from_one_descriptor_per_process():
+    """/proc/loadavg is read again from its start on the descriptor opened at first use (a
+    kernel file is made anew at each read); a forked child opens its own."""
+    with open("/proc/loadavg") as f:
+        assert f.read().split()[3].split("/")[0].isdigit()
+    first = calibrate._running()
+    assert isinstance(first, int) and first >= 1
+    pid, fd = calibrate._loadavg
+    assert pid == os.getpid()
+    assert calibrate._running() >= 1 and calibrate._loadavg == [pid, fd]
+    child = os.fork()
+    if child == 0:  # (the child's answer is its exit status)
+        os._exit(0 if calibrate._running() >= 1 and calibrate._loadavg[0] == os.getpid()
+                 and calibrate._loadavg[1] != fd else 1)
+    assert os.waitpid(child, 0)[1] == 0
+
+
 def test_another_cpu_or_blas_measures_again(fresh_calibration, monkeypatch):
     from minicavs.cpu import blas
 

@@ -134,7 +134,7 @@ class NativeLoop:
             writes = [(o.key, row_domain(o.shape)) for ins, a in zip(program.core, plan)
                       if a == RUN for o in ins.writes
                       if o.key in env and row_domain(o.shape)]
-            entry = self._codes[plan] = (codes, writes)
+            entry = self._codes[plan] = (codes, writes, int(np.count_nonzero(codes == 1)))
         return entry
 
     def _bind(self, program, env, rows, keep):
@@ -200,23 +200,20 @@ class _NativeRun:
         self.loop, self.part, self.keep = loop, part, keep
         plans, which = part.exe.plans.per_level(ranges, rows)
         codes = [loop._codes_of(program, plan, part.env) for plan in plans]
-        self.table = np.stack([c for c, _ in codes])[which]  # each level's action codes
-        runs = np.array([int(np.count_nonzero(c == 1)) for c, _ in codes])[which]
+        self.table = np.stack([c for c, _, _ in codes])[which]  # each level's action codes
+        runs = np.array([r for _, _, r in codes])[which]
         self.counts = (runs[::-1] if program.reverse else runs).tolist()  # in loop order
         # What each buffer holds: the hull of the rows of every level that wrote it, taken
-        # once per plan (a plan's writes are the same on each of its levels).
+        # once per plan and domain (a plan's writes are the same on each of its levels).
         self.written = {}
-        offsets = {"vertex": np.asarray(rows.level_offsets),
-                   "edge": np.asarray(rows.edge_level_offsets)}
-        for p, (_, writes) in enumerate(codes):
-            if not writes:
-                continue
-            levels = np.flatnonzero(which == p)
+        offsets = {"vertex": rows.level_offsets, "edge": rows.edge_level_offsets}
+        for p, (_, writes, _) in enumerate(codes):
+            hulls = {}
             for key, domain in writes:
-                start, end = offsets[domain][levels], offsets[domain][levels + 1]
-                filled = end > start
-                if filled.any():
-                    widen(self.written, key, (int(start[filled].min()), int(end[filled].max())))
+                if domain not in hulls:
+                    hulls[domain] = _hull_of_levels(offsets[domain], which == p)
+                if hulls[domain] is not None:
+                    widen(self.written, key, hulls[domain])
         self.pointers, self.strides = args
         self.offsets = np.ascontiguousarray(rows.level_offsets, dtype=np.int64)
         self.threads, self.split_rows, self.split_macs = team_size(rows, loop.spec)
@@ -237,6 +234,17 @@ class _NativeRun:
         return self.counts
 
 
+def _hull_of_levels(offsets, chosen):
+    """``(lo, hi)``: the rows of the levels ``chosen`` (a mask over the levels) that have any,
+    or None."""
+    offsets = np.asarray(offsets)
+    start, end = offsets[:-1][chosen], offsets[1:][chosen]
+    filled = end > start
+    if not filled.any():
+        return None
+    return int(start[filled].min()), int(end[filled].max())
+
+
 def _aligned(array):
     return array.ctypes.data % array.itemsize == 0
 
@@ -247,7 +255,9 @@ def _rows_layout(array):
     backwards, a row's elements must lie one after another (a 1-D value is one column)."""
     if not _aligned(array) or array.strides[0] % array.itemsize:
         return None
-    width = int(np.prod(array.shape[1:], dtype=np.int64))
+    width = math.prod(array.shape[1:])
+    if array.flags.c_contiguous:  # (most values: packed rows, one after another)
+        return max(width, 1) if array.ndim > 1 else 1
     step = array.itemsize
     for n, stride in zip(reversed(array.shape[1:]), reversed(array.strides[1:])):
         if n > 1 and stride != step and width > 1:
