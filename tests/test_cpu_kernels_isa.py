@@ -250,21 +250,36 @@ def test_free_cores_count_this_processes_threads_around_the_systems_count(monkey
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/loadavg"), reason="no /proc/loadavg here")
-def test_the_systems_running_threads_are_read_from_one_descriptor_per_process():
-    """/proc/loadavg is read again from its start on the descriptor opened at first use (a
-    kernel file is made anew at each read); a forked child opens its own."""
-    with open("/proc/loadavg") as f:
-        assert f.read().split()[3].split("/")[0].isdigit()
+def test_the_running_threads_are_read_from_descriptors_kept_per_process():
+    """/proc/loadavg and this process's task files are read again from their start on the
+    descriptors opened at first use (a kernel file is made anew at each read); a forked child
+    opens its own."""
     first = calibrate._running()
     assert isinstance(first, int) and first >= 1
-    pid, fd = calibrate._loadavg
+    assert 1 <= calibrate._own_running() <= len(os.listdir("/proc/self/task"))
+    pid, fd = calibrate._opened["/proc/loadavg"]
     assert pid == os.getpid()
-    assert calibrate._running() >= 1 and calibrate._loadavg == [pid, fd]
+    assert calibrate._running() >= 1 and calibrate._opened["/proc/loadavg"] == (pid, fd)
     child = os.fork()
     if child == 0:  # (the child's answer is its exit status)
-        os._exit(0 if calibrate._running() >= 1 and calibrate._loadavg[0] == os.getpid()
-                 and calibrate._loadavg[1] != fd else 1)
+        os._exit(0 if calibrate._running() >= 1 and calibrate._own_running() >= 1
+                 and calibrate._opened["/proc/loadavg"][0] == os.getpid()
+                 and calibrate._opened["/proc/loadavg"][1] != fd else 1)
     assert os.waitpid(child, 0)[1] == 0
+
+
+def test_a_task_file_of_an_ended_thread_is_closed():
+    import threading
+
+    ended = threading.Thread(target=calibrate._own_running)
+    ended.start()
+    ended.join()
+    stale = [p for p in calibrate._opened if p.startswith("/proc/self/task/")
+             and not os.path.exists(p)]
+    assert stale  # (the ended thread's own file, read while it ran)
+    calibrate._forget_ended(os.listdir("/proc/self/task"))
+    assert not any(p in calibrate._opened for p in stale)
+    assert calibrate._own_running() >= 1
 
 
 def test_another_cpu_or_blas_measures_again(fresh_calibration, monkeypatch):

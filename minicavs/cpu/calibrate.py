@@ -291,19 +291,11 @@ def free_cores():
 
 
 def _running():
-    """The system's runnable threads now (``/proc/loadavg``), or None where it cannot be read.
-    The file stays open and is read again from its start (a kernel file is made anew at each
-    read): opening it each time cost 16-70 us here, a read 2 (it is read at every call)."""
+    """The system's runnable threads now (``/proc/loadavg``), or None where it cannot be read."""
     try:
-        pid, fd = _loadavg
-        if pid != os.getpid():  # (first use, or a forked child: its own descriptor)
-            pid, fd = _loadavg[:] = os.getpid(), os.open("/proc/loadavg", os.O_RDONLY)
-        return int(os.pread(fd, 128, 0).split()[3].split(b"/")[0])
+        return int(_kernel_file("/proc/loadavg").split()[3].split(b"/")[0])
     except (OSError, ValueError, IndexError):
         return None
-
-
-_loadavg = [None, None]  # (pid, descriptor) of /proc/loadavg, opened once per process
 
 
 def _own_running():
@@ -315,14 +307,46 @@ def _own_running():
         return 1
     for task in tasks:
         try:
-            fd = os.open(f"/proc/self/task/{task}/stat", os.O_RDONLY)
-            try:
-                count += os.read(fd, 512).rpartition(b")")[2].split()[0] == b"R"
-            finally:
-                os.close(fd)
+            state = _kernel_file(f"/proc/self/task/{task}/stat").rpartition(b")")[2].split()[0]
+            count += state == b"R"
         except (OSError, IndexError):
             pass
+    if len(_opened) > 2 * len(tasks) + 8:  # (threads come and go: forget the ended ones')
+        _forget_ended(tasks)
     return max(1, count)
+
+
+# Kernel files read at every call of a native team: each stays open and is read again from
+# its start (a kernel file is made anew at each read). Opening one cost 16-70 us here, a read
+# 2; free_cores reads one to six of them. path -> (pid, descriptor).
+_opened = {}
+
+
+def _kernel_file(path):
+    pid = os.getpid()
+    found = _opened.get(path)
+    if found is None or found[0] != pid:  # (first use, or a forked child: its own descriptor)
+        found = _opened[path] = (pid, os.open(path, os.O_RDONLY))
+    try:
+        return os.pread(found[1], 512, 0)
+    except OSError:  # (the thread of a task's file ended: open it again next time)
+        _close(path)
+        raise
+
+
+def _close(path):
+    pid, fd = _opened.pop(path, (None, None))
+    if pid == os.getpid():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _forget_ended(tasks):
+    alive = {f"/proc/self/task/{task}/stat" for task in tasks}
+    for path in [p for p in _opened if p.startswith("/proc/self/task/") and p not in alive]:
+        _close(path)
 
 
 def measure(*calls):
