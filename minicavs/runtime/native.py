@@ -21,6 +21,7 @@ import threading
 import numpy as np
 
 from ..cpu import blas, build, calibrate, products, team
+from ..cpu.kernels import data_address
 from ..ops.batching import row_domain
 from .plans import RUN, record_written, widen
 
@@ -175,7 +176,7 @@ class NativeLoop:
             else:  # child
                 array = np.ascontiguousarray(rows.slot_rows(s.slot), dtype=np.int64)
             keep.append(array)
-            pointers[s.index] = array.ctypes.data
+            pointers[s.index] = data_address(array)
         return pointers, strides
 
     def _scratch_rows(self, slot, rows):
@@ -222,9 +223,9 @@ class _NativeRun:
         """Levels ``first`` to ``stop`` of the loop's order (top-down for ∂F), in one C call."""
         part = self.part
         states, d_states = part.states, part.d_states
-        self.loop._run(part.rows.num_levels, first, stop, self.offsets.ctypes.data,
-                       self.table.ctypes.data, self.pointers.ctypes.data,
-                       self.strides.ctypes.data, _spare_row(states, d_states),
+        self.loop._run(part.rows.num_levels, first, stop, data_address(self.offsets),
+                       data_address(self.table), data_address(self.pointers),
+                       data_address(self.strides), _spare_row(states, d_states),
                        _address(states), _row_stride(states), _address(d_states),
                        _row_stride(d_states), self.threads, int(part.rows.is_forest),
                        self.split_rows, self.split_macs)
@@ -246,7 +247,7 @@ def _hull_of_levels(offsets, chosen):
 
 
 def _aligned(array):
-    return array.ctypes.data % array.itemsize == 0
+    return data_address(array) % array.itemsize == 0
 
 
 def _rows_layout(array):
@@ -319,7 +320,7 @@ def _spare_row(states, d_states):
 
 
 def _address(array):
-    return None if array is None else array.ctypes.data
+    return None if array is None else data_address(array)
 
 
 def _row_stride(array):
