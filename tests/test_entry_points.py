@@ -107,6 +107,20 @@ def test_a_benchmark_that_measured_nothing_is_not_a_result():
     assert run._measured_anything(report)
 
 
+def test_benchmark_rounds_keep_each_systems_fastest_and_list_every_round():
+    from benchmarks import run
+
+    kept = run._faster(None, {"throughput": 10.0, "epoch_seconds": [0.2]})
+    kept = run._faster(kept, {"error": "killed"})  # a failed round loses to a measured one
+    kept = run._faster(kept, {"throughput": 12.5, "epoch_seconds": [0.16]})
+    kept = run._faster(kept, {"throughput": 11.0, "epoch_seconds": [0.18]})
+    assert kept["throughput"] == 12.5 and kept["epoch_seconds"] == [0.16]
+    assert kept["round_throughputs"] == [10.0, None, 12.5, 11.0]
+    assert "error" not in run._faster({"error": "x"}, {"throughput": 1.0})
+    with pytest.raises(SystemExit, match="--rounds 0"):
+        run.parse_args(["--quick", "--rounds", "0"])
+
+
 def test_benchmark_cuda_without_a_gpu_is_refused_and_writes_nothing(tmp_path):
     from benchmarks import run
     from minicavs.backend import gpu_available
