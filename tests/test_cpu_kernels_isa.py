@@ -268,6 +268,7 @@ def test_the_running_threads_are_read_from_descriptors_kept_per_process():
     assert os.waitpid(child, 0)[1] == 0
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="no /proc/self/task here")
 def test_a_task_file_of_an_ended_thread_is_closed():
     import threading
 
@@ -280,6 +281,31 @@ def test_a_task_file_of_an_ended_thread_is_closed():
     calibrate._forget_ended(os.listdir("/proc/self/task"))
     assert not any(p in calibrate._opened for p in stale)
     assert calibrate._own_running() >= 1
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="no /proc/self/task here")
+def test_free_cores_from_many_threads_at_once():
+    """Threads that start, count and end while others count: every answer within the team,
+    no error from the shared descriptors."""
+    import threading
+
+    answers, errors = [], []
+
+    def count():
+        try:
+            for _ in range(50):
+                answers.append(calibrate.free_cores())
+                calibrate._forget_ended(os.listdir("/proc/self/task"))
+        except Exception as exc:  # (reported below, with the thread's error)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=count) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(answers) == 400 and all(1 <= a <= team.team_size() for a in answers)
 
 
 def test_another_cpu_or_blas_measures_again(fresh_calibration, monkeypatch):

@@ -345,7 +345,8 @@ def _close(path):
 
 def _forget_ended(tasks):
     alive = {f"/proc/self/task/{task}/stat" for task in tasks}
-    for path in [p for p in _opened if p.startswith("/proc/self/task/") and p not in alive]:
+    for path in [p for p in list(_opened) if p.startswith("/proc/self/task/")  # (list():
+                 and p not in alive]:  # one step under the GIL, while other threads add)
         _close(path)
 
 
