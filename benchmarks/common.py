@@ -592,6 +592,12 @@ def throughput_table(entry, gemm_flops, reference_system=REFERENCE_SYSTEM):
              f"{floor_throughput:,.0f} {entry['unit']} at {gemm_flops / 1e9:.1f} GFLOP/s")
     header = ["system", entry["unit"], "epoch s", f"{reference_system} ÷ this", "of floor",
               "construction s", "peak MB", entry.get("check", "loss@1")]
+    spread = [f"  {system}: " + " / ".join("failed" if t is None else f"{t:,.0f}"
+                                          for t in r["round_throughputs"])
+              for system, r in entry["results"].items() if len(r.get("round_throughputs", ())) > 1]
+    if spread:
+        notes.append(f"{entry['unit']} of each round (the best is in the table):")
+        notes.extend(spread)
     return title + "\n" + _table(header, rows) + "".join("\n" + n for n in notes)
 
 

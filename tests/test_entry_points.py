@@ -120,6 +120,18 @@ def test_benchmark_rounds_keep_each_systems_fastest_and_list_every_round():
     with pytest.raises(SystemExit, match="--rounds 0"):
         run.parse_args(["--quick", "--rounds", "0"])
 
+    from benchmarks import common
+
+    entry = {"title": "Tree-LSTM", "hidden": 8, "source": "synthetic", "units": 64,
+             "unit": "trees/s", "flops": {"total": 1e9},
+             "results": {"minicavs": dict(kept, best_epoch_seconds=0.16),
+                         "torch-batched": {"throughput": 8.0, "best_epoch_seconds": 0.25,
+                                           "round_throughputs": [8.0]}}}
+    table = common.throughput_table(entry, 1e11)
+    assert "trees/s of each round" in table
+    assert "minicavs: 10 / failed / 12 / 11" in table  # (one round: no spread line)
+    assert "torch-batched: 8" not in table and "1.56×" in table
+
 
 def test_benchmark_cuda_without_a_gpu_is_refused_and_writes_nothing(tmp_path):
     from benchmarks import run
