@@ -273,6 +273,8 @@ def main(argv=None):
                     result = run_one(system, entry["workload"], paths[entry["workload"]], args)
                     entry["results"][system] = _faster(entry["results"].get(system), result)
                     log(f"  {_short(result)}  ({time.perf_counter() - t:.0f} s)")
+            entry["results"] = {s: entry["results"][s] for s in args.systems  # (the order
+                                if s in entry["results"]}  # asked for, missing ones in place)
 
         # The ablation runs on the GPU when minicavs-cuda ran (with --cuda: only there), else
         # on the CPU.
