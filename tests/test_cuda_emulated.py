@@ -59,7 +59,17 @@ WORKER = textwrap.dedent(r'''
         batch = mc.GraphBatch([mc.InputGraph(t.children) for t in trees])
         word_ids = mc.tensor(np.concatenate([t.words for t in trees])[:, None])
         labels = mc.tensor(np.concatenate([t.labels for t in trees]))
-        explained = []
+        explained, c_calls = [], []
+        driver = None
+        if device == "cuda":  # (C calls of the issuer: one per run of levels, not per level)
+            from minicavs.cuda import issuer
+            driver = issuer.driver(backend.cupy_or_error())
+        if driver is not None and not isinstance(driver, str):
+            for name in ("issue_level", "issue_many"):
+                def counted(*args, _call=getattr(driver, name)):
+                    c_calls.append(1)
+                    return _call(*args)
+                setattr(driver, name, counted)
         for _ in range(2):  # a second call must report the same counts
             for p in params:
                 p.grad = None
@@ -77,7 +87,9 @@ WORKER = textwrap.dedent(r'''
                   "logits": backend.to_numpy(logits.data).tolist(),
                   "on_device": backend.is_cupy_array(logits.data),
                   "grads": [backend.to_numpy(p.grad.data).tolist() for p in params],
-                  "explain": explained}
+                  "explain": explained, "c_calls": len(c_calls), "levels": batch.num_levels}
+        if driver is not None and not isinstance(driver, str):
+            driver.issue_level, driver.issue_many = issuer._library()  # (not the wrappers)
         counter = getattr(backend.get_array_module(logits.data), "launch_counter", None)
         if counter is not None:  # batches of other shapes (levels, rows): nothing new compiled
             result["compiles"] = [counter.compiles]
@@ -369,6 +381,14 @@ def test_the_readme_tree_lstm_on_the_emulated_device_equals_numpy(emulated_run):
     _close(cuda["logits"], cpu["logits"], "logits")
     for k, (g, r) in enumerate(zip(cuda["grads"], cpu["grads"])):
         _close(g, r, f"gradient of parameter {k}")
+
+
+def test_a_calls_levels_go_to_c_in_one_call_a_phase(emulated_run):
+    """Each of the two calls above (F and ∂F over all their levels) is one C call of the
+    issuer, not one a level: the levels are queued and issued together."""
+    readme = emulated_run["cuda"]["readme"]
+    assert readme["levels"] > 2
+    assert readme["c_calls"] == 2 * 2, readme["c_calls"]  # 2 calls of F and of ∂F
 
 
 def test_levels_issued_from_c_equal_levels_issued_from_python(emulated_run):
@@ -704,6 +724,14 @@ def test_a_failed_launch_from_the_issuer_says_which_operation_and_rows():
     with pytest.raises(DeviceError, match=r"level loop: the level's gathers failed on rows "
                                           r"5\.\.6 \(status 700 "):
         _run_table(issuer, driver, ops, ["the level's gathers"], [a], lo=5, n=2)
+    # several levels in one C call: the error names the level that failed (the first has no
+    # rows, so nothing is launched for it)
+    from minicavs.cpu.kernels import data_address
+
+    table = issuer.Table(np.array([1] + ops, np.int64), ["the level's gathers"].__getitem__)
+    context = driver.context(np.array([data_address(a)], np.int64))
+    with pytest.raises(DeviceError, match=r"failed on rows 7\.\.9 \(status 700 "):
+        driver.issue_levels([(table, 0, 0), (table, 7, 3)], context)
     assert not emulated.c_failure
 
 

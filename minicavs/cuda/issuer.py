@@ -113,6 +113,21 @@ extern "C" int64_t minicavs_issue_level(const int64_t *code, int64_t lo, int64_t
     }
     return 0;
 }
+
+// Several levels in a row, each (code, lo, n): 0, or the failed level's status (its index in
+// *failed)
+extern "C" int64_t minicavs_issue_levels(const int64_t *levels, int64_t count, const Context *c,
+                                         int64_t *failed) {
+    for (int64_t i = 0; i < count; ++i) {
+        const int64_t *l = levels + 3 * i;
+        const int64_t status = minicavs_issue_level((const int64_t *)l[0], l[1], l[2], c);
+        if (status) {
+            *failed = i;
+            return status;
+        }
+    }
+    return 0;
+}
 """
 
 
@@ -143,7 +158,10 @@ def _library():
     issue = lib.minicavs_issue_level
     issue.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     issue.restype = ctypes.c_int64
-    return issue
+    many = lib.minicavs_issue_levels
+    many.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+    many.restype = ctypes.c_int64
+    return issue, many
 
 
 class Driver:
@@ -151,7 +169,8 @@ class Driver:
     emulated device their stand-ins), and how to name a compiled kernel to it."""
 
     def __init__(self, xp):
-        self.xp, self.issue_level, self._constant = xp, _library(), None
+        self.xp, self._constant = xp, None
+        self.issue_level, self.issue_many = _library()
         self.emulated = getattr(xp, "emulated", False)
         if self.emulated:
             from . import emulated
@@ -165,7 +184,21 @@ class Driver:
 
     def issue(self, table, lo, n, context):
         """Issue one level's :class:`Table`; a failed launch or product raises, naming it."""
-        status = self.issue_level(table.code_address, lo, n, context.address)
+        self._raise_on(self.issue_level(table.code_address, lo, n, context.address), table, lo, n)
+
+    def issue_levels(self, levels, context):
+        """Issue several levels' tables in order in one C call: ``levels`` is a list of
+        ``(table, lo, n)``."""
+        if len(levels) == 1:
+            return self.issue(*levels[0], context)
+        rows = np.array([(table.code_address, lo, n) for table, lo, n in levels], np.int64)
+        failed = ctypes.c_int64(0)
+        status = self.issue_many(rows.ctypes.data, len(levels), context.address,
+                                 ctypes.addressof(failed))
+        if status:
+            self._raise_on(status, *levels[failed.value])
+
+    def _raise_on(self, status, table, lo, n):
         if status:
             op, error = (status >> 32) - 1, status & 0xFFFFFFFF
             if self.emulated:  # (a stand-in's own error, e.g. the shim's: raised as it is)

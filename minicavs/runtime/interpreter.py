@@ -61,16 +61,23 @@ class InterpreterLoop:
         self.backend = backend
         self.counts = []
         self.from_c = []  # per level, whether C issued it (else why not, or None: no issuer)
-        self._steps = _level_steps(part, xp, check, RowMoves(xp, part), self.from_c)  # (moves:
-        # made before the loop, so the zeros made once for a Program are not a level's work)
+        self._tables = []  # the call's LevelTables, if any: levels queued for C, flushed here
+        self._steps = _level_steps(part, xp, check, RowMoves(xp, part), self.from_c,
+                                   self._tables)  # (moves: made before the loop, so the zeros
+        # made once for a Program are not a level's work)
 
     def run(self, first, stop):
+        """Run levels ``first`` to ``stop``: those C issues go in one call at the end."""
         for _ in range(stop - first):
             self.counts.append(next(self._steps))
+        for tables in self._tables:
+            tables.flush()
 
     def finish(self):
         for ran in self._steps:  # (none left: the generator's bookkeeping after the last)
             self.counts.append(ran)
+        for tables in self._tables:
+            tables.flush()
         issued = sum(how is True for how in self.from_c)
         why = next((how for how in self.from_c if how not in (True, None)), None)
         if issued == len(self.from_c) and issued:
@@ -83,9 +90,11 @@ class InterpreterLoop:
         return self.counts
 
 
-def _level_steps(part, xp, check, moves, from_c):
+def _level_steps(part, xp, check, moves, from_c, issuer):
     """The level loop, one level per step: yields the instructions run on it (and appends to
-    ``from_c`` whether C issued it, or why not)."""
+    ``from_c`` whether C issued it, or why not). A level C issues is queued, and the queue
+    issued in one C call before a level run from here and when the caller asks (``issuer``
+    gets the queue's :class:`~.level_launches.LevelTables`)."""
     program, env, ranges, rows = part.program, part.env, part.ranges, part.rows
     windows = None if check else _windows(part, xp)  # (debug mode: one instruction at a time)
     in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
@@ -95,6 +104,8 @@ def _level_steps(part, xp, check, moves, from_c):
     if windows is None and xp is not np and xp is not RECORD:  # (CuPy: say why not from C)
         tables = "debug mode checks each instruction" if check else \
             "its row moves are not one launch a level (edges, or a state of another dtype)"
+    if tables is not None and not isinstance(tables, str):
+        issuer.append(tables)
     steps, call = part.exe.level_steps, (xp.__name__, windows is not None, frozenset(env))
     for t, window, plan in part.exe.plans.levels(ranges, rows):
         level = steps.get((plan, call))
@@ -104,11 +115,12 @@ def _level_steps(part, xp, check, moves, from_c):
         if isinstance(tables, str):  # (the issuer cannot run here: the reason, per level)
             from_c.append(tables)
         elif tables is not None:
-            if tables.issue(level, plan, lo, hi - lo):
+            if tables.queue(level, plan, lo, hi - lo):
                 from_c.append(True)
                 levels_run.append((level, window))
                 yield level.ran
                 continue
+            tables.flush()
             from_c.append(level.issuer_why)
         local = dict(env)  # shared values as they are, per-row ones cut to the level's rows
         for key, domain in level.row_keys:

@@ -73,16 +73,25 @@ class LevelTables:
         self.context = driver.context(self.table)
         self._max_rows = None
         self.ready = {}  # level steps -> its table, this call's entries filled (None: Python)
+        self.queued = []  # (table, lo, n) of levels not yet issued
 
-    def issue(self, level, plan, lo, n):
-        """Issue a level of ``plan`` from C; False where the plan stays on the Python loop."""
+    def queue(self, level, plan, lo, n):
+        """Queue a level of ``plan`` to be issued from C at the next :meth:`flush`; False where
+        the plan stays on the Python loop (flush first: the queued levels come before it)."""
         found = self.ready.get(level, False)
         if found is False:
             found = self.ready[level] = self._prepare(level, plan)
         if found is None:
             return False
-        self.driver.issue(found, lo, n, self.context)
+        self.queued.append((found, lo, n))
         return True
+
+    def flush(self):
+        """Issue the queued levels, in order, in one C call (the pointer table, grown or not,
+        has every entry they read)."""
+        if self.queued:
+            levels, self.queued = self.queued, []
+            self.driver.issue_levels(levels, self.context)
 
     def _prepare(self, level, plan):
         """``level``'s table for this call with its pointers in place, or None."""
