@@ -129,6 +129,38 @@ def test_data_dependent_python_control_flow_is_explained():
 
 # --- the schedule -------------------------------------------------------------------------------
 
+def _levels_by_recursion(children):
+    level = {}
+
+    def of(v):
+        if v not in level:
+            level[v] = 1 + max(map(of, children[v]), default=-1)
+        return level[v]
+
+    return [of(v) for v in range(len(children))]
+
+
+@given(input_graph(max_arity=3, max_vertices=30))
+def test_a_graphs_levels_are_made_with_it_from_child_lists_in_any_numbering(graph):
+    """Children numbered before parents: the levels come from one pass at construction; in
+    another numbering, from the frontier loop (made with the graph, or when first asked)."""
+    children = [graph.children(v) for v in range(graph.num_vertices)]
+    expected = _levels_by_recursion(children)
+    for made in (graph, mc.InputGraph(children), mc.InputGraph(tuple(map(tuple, children)))):
+        assert made.levels().tolist() == expected
+        assert not made.levels().flags.writeable
+
+
+@pytest.mark.parametrize("make", [lambda: mc.InputGraph.chain(7),
+                                  lambda: mc.InputGraph.complete_binary(1),
+                                  lambda: mc.InputGraph.complete_binary(16),
+                                  lambda: mc.InputGraph.from_parents([2, 2, 4, 4, -1])])
+def test_the_constructors_levels_equal_the_definition(make):
+    graph = make()
+    children = [graph.children(v) for v in range(graph.num_vertices)]
+    assert graph.levels().tolist() == _levels_by_recursion(children)
+
+
 @given(forests(max_arity=3, max_vertices=20, kinds=("tree", "chain", "dag")))
 def test_schedule_invariants(graphs):
     batch = mc.GraphBatch(graphs)

@@ -66,7 +66,7 @@ class InputGraph(_ChildLists):
                     pass
                 else:
                     counts = np.fromiter(map(len, children), np.int64, num_vertices)
-                    self._init_csr(counts, child_ids, prefix)  # (checks the ranges)
+                    self._init_csr(counts, child_ids, prefix, _ordered_levels(children))
                     return
         flat = []
         for v, kids in enumerate(children):
@@ -88,29 +88,34 @@ class InputGraph(_ChildLists):
         self._init_csr(counts, child_ids, prefix)
 
     @classmethod
-    def _from_csr(cls, counts, child_ids, sample=None):
+    def _from_csr(cls, counts, child_ids, sample=None, level=None):
         graph = cls.__new__(cls)
         graph._init_csr(np.asarray(counts, np.int64), np.asarray(child_ids, np.int64),
-                        _sample_prefix(sample))
+                        _sample_prefix(sample), level)
         return graph
 
-    def _init_csr(self, counts, child_ids, prefix):
+    def _init_csr(self, counts, child_ids, prefix, level=None):
+        """``level``: the vertices' levels where the caller found every child before its
+        parent (so in range, and no cycle); else the ranges are checked here."""
         num_vertices = len(counts)
         self.child_ptr = np.zeros(num_vertices + 1, dtype=np.int64)
         np.cumsum(counts, out=self.child_ptr[1:])
         self.child_ids = child_ids
-        self._level = None  # made once, by levels() or by the first batch holding the graph
-        owner = np.repeat(np.arange(num_vertices), counts)
-        bad = (child_ids < 0) | (child_ids >= num_vertices)
-        if bad.any():
-            e = int(np.flatnonzero(bad)[0])
-            raise GraphError(f"{prefix}vertex {int(owner[e])}: child index {int(child_ids[e])} "
-                             f"is out of range for a graph of {num_vertices} vertices "
-                             f"(valid: 0..{num_vertices - 1})")
-        # Most inputs (parsed trees, chains) number children before parents: then there can be
-        # no cycle and the check costs one comparison. Otherwise, find levels to prove it.
-        if not (child_ids < owner).all():
-            _levels(self.child_ptr, child_ids, prefix)
+        self._level = None  # made once: here, by levels() or by the first batch holding it
+        if level is None:
+            owner = np.repeat(np.arange(num_vertices), counts)
+            bad = (child_ids < 0) | (child_ids >= num_vertices)
+            if bad.any():
+                e = int(np.flatnonzero(bad)[0])
+                raise GraphError(f"{prefix}vertex {int(owner[e])}: child index "
+                                 f"{int(child_ids[e])} is out of range for a graph of "
+                                 f"{num_vertices} vertices (valid: 0..{num_vertices - 1})")
+            # Children numbered before parents cannot make a cycle; otherwise the levels
+            # prove there is none (and are kept).
+            if not (child_ids < owner).all():
+                level = _levels(self.child_ptr, child_ids, prefix)
+        if level is not None:
+            self._set_levels(level)
         has_parent = np.zeros(num_vertices, dtype=bool)
         has_parent[child_ids] = True
         self.roots = np.flatnonzero(~has_parent)
@@ -151,7 +156,7 @@ class InputGraph(_ChildLists):
                              f"got {shown(n)}")
         counts = np.ones(n, dtype=np.int64)
         counts[0] = 0
-        return cls._from_csr(counts, np.arange(n - 1))
+        return cls._from_csr(counts, np.arange(n - 1), level=np.arange(n))
 
     @classmethod
     def complete_binary(cls, leaves):
@@ -163,7 +168,9 @@ class InputGraph(_ChildLists):
         counts = np.zeros(n, dtype=np.int64)
         counts[leaves:] = 2
         # Vertex leaves + j joins the pair (2j, 2j+1) of the layer below, layer by layer.
-        return cls._from_csr(counts, np.arange(n - 1))
+        layers = leaves.bit_length()
+        level = np.repeat(np.arange(layers), [leaves >> t for t in range(layers)])
+        return cls._from_csr(counts, np.arange(n - 1), level=level)
 
     # --- views ----------------------------------------------------------------------------------
     @property
@@ -192,6 +199,21 @@ class InputGraph(_ChildLists):
     def __repr__(self):
         return (f"InputGraph({self.num_vertices} vertices, {len(self.roots)} root(s), "
                 f"max arity {self.max_arity})")
+
+
+def _ordered_levels(children):
+    """The levels of child lists in which every child precedes its parent (parsed trees,
+    chains): one pass in vertex order. None where a child does not (or is negative)."""
+    level = [0] * len(children)
+    for v, kids in enumerate(children):
+        top = -1
+        for c in kids:
+            if not 0 <= c < v:
+                return None
+            if level[c] > top:
+                top = level[c]
+        level[v] = top + 1
+    return np.array(level, dtype=np.int64)
 
 
 def _levels(child_ptr, child_ids, prefix=""):
