@@ -15,6 +15,8 @@ from .errors import DeviceError, DTypeError
 _DEVICES = ("cpu", "cuda")
 _default_dtype = np.dtype(np.float32)
 _cupy = None  # the cupy module once imported; False once known to be missing
+_gpu_seen = None  # the cupy module through which a GPU was found: a process keeps its
+# devices (each look is a driver call, about 0.1 ms, and tensors move there many times a step)
 
 
 def _import_cupy():
@@ -42,7 +44,10 @@ def cuda_emulated():
 
 def cupy_or_error():
     """Return cupy with a usable GPU, or raise :class:`DeviceError` saying what is missing."""
+    global _gpu_seen
     cupy = _import_cupy()
+    if cupy is not None and cupy is _gpu_seen:
+        return cupy
     if cupy is None:
         raise DeviceError(
             "device 'cuda' needs CuPy, which is not installed (or failed to import); "
@@ -59,6 +64,7 @@ def cupy_or_error():
     if count == 0:
         raise DeviceError("device 'cuda' needs a GPU, but the CUDA runtime found none; "
                           "use set_device('cpu')")
+    _gpu_seen = cupy
     return cupy
 
 

@@ -349,6 +349,30 @@ def test_cuda_without_a_gpu_says_the_gpu_is_missing(monkeypatch):
     assert mc.get_device() == "cpu"
 
 
+def test_a_gpu_found_once_is_not_looked_for_again(monkeypatch):
+    """Each look is a driver call (about 0.1 ms); tensors move to the device many times a step.
+    Another CuPy module (here a second stand-in) is asked again."""
+    def fake():
+        asked = []
+
+        class Runtime:
+            @staticmethod
+            def getDeviceCount():
+                asked.append(1)
+                return 1
+
+        return type("FakeCupy", (), {"cuda": type("cuda", (), {"runtime": Runtime})}), asked
+
+    first, asked_first = fake()
+    monkeypatch.setattr(backend, "_gpu_seen", None)
+    monkeypatch.setattr(backend, "_cupy", first)
+    assert [backend.cupy_or_error() for _ in range(3)] == [first] * 3
+    assert len(asked_first) == 1
+    second, asked_second = fake()
+    monkeypatch.setattr(backend, "_cupy", second)
+    assert backend.cupy_or_error() is second and len(asked_second) == 1
+
+
 def test_cuda_on_this_machine():
     if mc.gpu_available():
         pytest.skip("a GPU is present: the error path cannot be seen here")
