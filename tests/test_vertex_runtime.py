@@ -107,6 +107,79 @@ def test_embedded_words_with_zero_rows_equal_per_sample(options, graphs, seed):
     _check_batched_equals_reference(F, params, graphs, seed, X=mc.tensor(words))
 
 
+def test_gate_gradient_blocks_zero_at_the_leaves_skip_their_products(monkeypatch):
+    """In ∂F of the embedded Tree-LSTM the forget gates' gradients are zero at the leaves (no
+    child cell), the only rows where x is nonzero: dx = dG·Wᵀ and dW = xᵀ·dG run the other gate
+    columns there and none of the forget gates' (linalg._column_blocks), with the per-sample
+    reference's results."""
+    from minicavs.ops import linalg
+
+    found = []
+    blocks = linalg._column_blocks
+    monkeypatch.setattr(linalg, "_column_blocks", lambda *args: found.append(blocks(*args))
+                        or found[-1])
+    rng = np.random.default_rng(5)
+    F, params = embedding_tree_lstm(E, H, 7, rng)
+    graphs = [mc.InputGraph([[], [], [0, 1], [], [2, 3]]), mc.InputGraph([[], [], [0, 1]])]
+    batch = mc.GraphBatch(graphs)
+    words = np.where(batch.num_children == 0, rng.integers(0, 7, batch.num_vertices), -1)
+    _check_batched_equals_reference(F, params, graphs, 5, X=mc.tensor(words))
+    leaves = int(batch.level_offsets[1])
+    split = [b for b in found if b is not None]
+    assert len(split) == 2, found  # dx and dW
+    for b in split:  # the gates i | f_l f_r | o u: the forget gates on no leaf row
+        assert [(c0, c1) for c0, c1, _ in b] == [(0, H), (H, 3 * H), (3 * H, 5 * H)], b
+        assert [rows for *_, rows in b] == [(0, leaves), (0, 0), (0, leaves)], b
+
+
+@given(st.integers(0, 2**16), st.sampled_from([None, (0, 0), (2, 5)]))
+def test_products_by_column_blocks_equal_the_whole_products(seed, within):
+    """X·W and Xᵀ·G where X (or G) concatenates parts nonzero on different rows, as the
+    whole-batch product rule runs them (each block of parts on its own rows): equal to the
+    products of the whole on the rows read (``within``: the rows of X·W read; None: all)."""
+    from types import SimpleNamespace
+
+    from minicavs.ops import batching, linalg, shape
+
+    rng = np.random.default_rng(seed)
+    n, widths, V = 9, (2, 3, 1, 2), batching.VERTICES
+    ranges, parts = {}, []
+    for k, w in enumerate(widths):
+        lo, hi = sorted(rng.integers(0, n + 1, 2).tolist())
+        ranges[f"p{k}"] = (lo, hi)
+        part = np.zeros((n, w))
+        part[lo:hi] = rng.standard_normal((hi - lo, w))
+        parts.append(part)
+    x = np.concatenate(parts, axis=1)
+    W, y = rng.standard_normal((x.shape[1], 4)), rng.standard_normal((n, 3))
+    y[:1] = y[7:] = 0
+    ranges["y"] = (1, 7)
+
+    def node(key, shape_, op=None, inputs=(), **attrs):
+        return SimpleNamespace(key=key, shape=shape_, kind="op" if op else "input", op=op,
+                               inputs=tuple(inputs), attrs=attrs, dtype=np.dtype(np.float64))
+
+    concat = node("x", (V, x.shape[1]), shape.CONCAT,
+                  [node(f"p{k}", (V, w)) for k, w in enumerate(widths)], axis=1)
+    range_of = lambda s: ranges.get(s.key, (0, 1 << 62))  # noqa: E731
+    xw = node("xW", (V, 4), linalg.MATMUL, [concat, node("W", W.shape)])
+    done = linalg._matmul_on_nonzero_rows(np, xw, [x, W], range_of, within)
+    want = x @ W
+    if within is not None:
+        want[:within[0]] = want[within[1]:] = 0
+    if done is not None:  # (None: one block on all rows, the plain product runs)
+        got, (lo, hi) = done
+        if within is not None:
+            got[:within[0]] = got[within[1]:] = 0
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        assert not got[:lo].any() and not got[hi:].any()
+    yt = node("yt", (3, V), shape.TRANSPOSE, [node("y", (V, 3))], axes=(1, 0))
+    ytx = node("ytx", (3, x.shape[1]), linalg.MATMUL, [yt, concat])
+    done = linalg._matmul_on_nonzero_rows(np, ytx, [y.T, x], range_of, None)
+    if done is not None:
+        np.testing.assert_allclose(done[0], y.T @ x, rtol=1e-12, atol=1e-12)
+
+
 @given(any_options, forests(max_arity=3, max_vertices=12, kinds=("tree", "dag")),
        st.integers(0, 2**16))
 def test_gathers_sharing_one_gradient_equal_per_sample(options, graphs, seed):

@@ -94,18 +94,24 @@ def _zero_rows_matmul(ranges):
 
 def _matmul_on_nonzero_rows(xp, node, args, range_of, within):
     """X·W (X per row, W shared) on the rows where X is nonzero and the readers look (the
-    others are zero); Xᵀ·G (both per row) summed over the rows where both are nonzero."""
+    others are zero); Xᵀ·G (both per row) summed over the rows where both are nonzero. Where
+    X (or G) is a concatenation of columns whose parts are nonzero on different rows (a gate
+    gradient zero at the leaves), each block of parts runs on its own rows."""
     a, b = node.inputs
     if (batching.row_domain(a.shape) and not batching.row_domain(b.shape)
             and not batching.has_symbolic_size(b.shape)):
         x, w = args
+        n = x.shape[0]
+        blocks = _column_blocks(a, range_of, within, n)
+        if blocks is not None:
+            return _blocks_times_shared(xp, node, x, w, blocks, n)
         lo, hi = range_of(a) if within is None else intersect(range_of(a), within)
-        if not (is_empty((lo, hi)) or hi - lo < x.shape[0]):
+        if not (is_empty((lo, hi)) or hi - lo < n):
             return None
         if is_empty((lo, hi)):
             return xp.zeros(x.shape[:1] + tuple(node.shape[1:]), node.dtype), (lo, hi)
         out = xp.empty(x.shape[:1] + tuple(node.shape[1:]), node.dtype)
-        lo, hi = max(lo, 0), min(hi, x.shape[0])
+        lo, hi = max(lo, 0), min(hi, n)
         out[:lo] = 0  # (only the rows outside the product are cleared: it writes the others)
         out[hi:] = 0
         _product(xp, x[lo:hi], w, out=out[lo:hi])
@@ -114,14 +120,66 @@ def _matmul_on_nonzero_rows(xp, node, args, range_of, within):
             and batching.row_domain(a.inputs[0].shape)
             and batching.row_domain(b.shape) == batching.row_domain(a.inputs[0].shape)):
         xt, g = args
+        n = g.shape[0]
+        blocks = _column_blocks(b, range_of, range_of(a.inputs[0]), n)
+        if blocks is not None:
+            out = xp.empty(node.shape, node.dtype)
+            for c0, c1, (lo, hi) in blocks:
+                if hi <= lo:
+                    out[:, c0:c1] = 0
+                else:
+                    out[:, c0:c1] = _product(xp, xt[:, lo:hi], g[lo:hi, c0:c1])
+            return out, None
         lo, hi = intersect(range_of(a.inputs[0]), range_of(b))
-        lo, hi = max(lo, 0), min(hi, g.shape[0])
-        if hi - lo >= g.shape[0]:
+        lo, hi = max(lo, 0), min(hi, n)
+        if hi - lo >= n:
             return None
         if hi <= lo:
             return xp.zeros(node.shape, node.dtype), None
         return _product(xp, xt[:, lo:hi], g[lo:hi]), None
     return None
+
+
+def _column_blocks(x, range_of, within, n):
+    """Where ``x`` (per row, 2-D) concatenates columns whose parts are nonzero on different
+    rows: ``[(first column, stop, (lo, hi))]``, neighbouring parts of the same rows joined,
+    each part's rows cut to ``within`` and to the ``n`` rows. Else None (one block)."""
+    if x.kind != "op" or x.op is not shape.CONCAT or x.attrs["axis"] != 1 or len(x.shape) != 2:
+        return None
+    blocks, start = [], 0
+    for part in x.inputs:
+        lo, hi = range_of(part) if within is None else intersect(range_of(part), within)
+        rows = (max(lo, 0), min(hi, n))
+        if rows[1] <= rows[0]:
+            rows = (0, 0)
+        stop = start + part.shape[1]
+        if blocks and blocks[-1][2] == rows:
+            blocks[-1] = (blocks[-1][0], stop, rows)
+        else:
+            blocks.append((start, stop, rows))
+        start = stop
+    return blocks if len({rows for *_, rows in blocks}) > 1 else None
+
+
+def _blocks_times_shared(xp, node, x, w, blocks, n):
+    """X·W as the sum over X's column blocks of ``X[rows, block] · W[block]``, each on its own
+    rows: the rows outside every block are zero; returns the product and its nonzero rows."""
+    lo = min((r0 for *_, (r0, r1) in blocks if r1 > r0), default=0)
+    hi = max((r1 for *_, (r0, r1) in blocks if r1 > r0), default=0)
+    if hi <= lo:
+        return xp.zeros((n,) + tuple(node.shape[1:]), node.dtype), (0, 0)
+    out = xp.empty((n,) + tuple(node.shape[1:]), node.dtype)
+    out[:lo] = 0
+    out[hi:] = 0
+    first = next((b for b in blocks if b[2] == (lo, hi)), None)  # (one block can write)
+    if first is None:
+        out[lo:hi] = 0
+    else:
+        _product(xp, x[lo:hi, first[0]:first[1]], w[first[0]:first[1]], out=out[lo:hi])
+    for c0, c1, (r0, r1) in blocks:
+        if r1 > r0 and (c0, c1, (r0, r1)) != first:
+            out[r0:r1] += _product(xp, x[r0:r1, c0:c1], w[c0:c1])
+    return out, (lo, hi)
 
 
 def _product(xp, a, b, out=None):

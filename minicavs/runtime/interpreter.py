@@ -107,7 +107,7 @@ def _level_steps(part, xp, check, moves, from_c, issuer):
     if tables is not None and not isinstance(tables, str):
         issuer.append(tables)
     steps, call = part.exe.level_steps, (xp.__name__, windows is not None, frozenset(env))
-    for t, window, plan in part.exe.plans.levels(ranges, rows):
+    for t, window, plan, zeros in part.exe.plans.levels(ranges, rows):
         level = steps.get((plan, call))
         if level is None:
             level = steps[(plan, call)] = _LevelSteps(program, plan, env, windows, xp)
@@ -117,7 +117,7 @@ def _level_steps(part, xp, check, moves, from_c, issuer):
         elif tables is not None:
             if tables.queue(level, plan, lo, hi - lo):
                 from_c.append(True)
-                levels_run.append((level, window))
+                levels_run.append((level, window, zeros))
                 yield level.ran
                 continue
             tables.flush()
@@ -147,7 +147,7 @@ def _level_steps(part, xp, check, moves, from_c, issuer):
                     moves.zero(o, local, window, o.key in in_buffers)
         if windows:
             windows.end_level(plan, local, window)
-        levels_run.append((level, window))
+        levels_run.append((level, window, zeros))
         yield level.ran
     env.update(summed)
     record_written(program, ranges, _written(levels_run))
@@ -352,16 +352,18 @@ def _quick(ins, xp, in_buffers):
 
 
 def _written(levels_run):
-    """Each buffer's rows written by the loop: the hull of the levels that ran its writer."""
-    hulls = {}  # _LevelSteps -> {domain: the hull of its levels' rows}
-    for level, window in levels_run:
-        hull_of = hulls.setdefault(level, {})
+    """Each buffer's rows written by the loop: the hull of the levels that ran its writer and
+    where it is not known zero (an output of a run step made from zeros there)."""
+    hulls = {}  # (_LevelSteps, zero values) -> {domain: the hull of its levels' rows}
+    for level, window, zeros in levels_run:
+        hull_of = hulls.setdefault((level, zeros), {})
         for domain, rows in window.items():
             hull_of[domain] = hull(hull_of[domain], rows) if domain in hull_of else rows
     written = {}
-    for level, hull_of in hulls.items():
+    for (level, zeros), hull_of in hulls.items():
         for key, domain in level.written.items():
-            widen(written, key, hull_of[domain])
+            if key not in zeros:
+                widen(written, key, hull_of[domain])
     return written
 
 

@@ -199,7 +199,7 @@ class _NativeRun:
     def __init__(self, loop, part, args, keep):
         program, rows, ranges = part.program, part.rows, part.ranges
         self.loop, self.part, self.keep = loop, part, keep
-        plans, which = part.exe.plans.per_level(ranges, rows)
+        plans, which, zeros = part.exe.plans.per_level(ranges, rows, with_zeros=True)
         codes = [loop._codes_of(program, plan, part.env) for plan in plans]
         self.table = np.stack([c for c, _, _ in codes])[which]  # each level's action codes
         runs = np.array([r for _, _, r in codes])[which]
@@ -211,6 +211,8 @@ class _NativeRun:
         for p, (_, writes, _) in enumerate(codes):
             hulls = {}
             for key, domain in writes:
+                if key in zeros[p]:  # (made from zeros on these levels: written as zeros)
+                    continue
                 if domain not in hulls:
                     hulls[domain] = _hull_of_levels(offsets[domain], which == p)
                 if hulls[domain] is not None:

@@ -9,7 +9,7 @@ keeps each pattern's plan, one cache per Program, owned by its :class:`~.executa
 import numpy as np
 
 from .program import RUN, ZERO, SKIP  # noqa: F401 (re-exported: the actions)
-from .zero_rows import FULL, hull
+from .zero_rows import FULL, hull, intersect
 
 
 class LevelPlans:
@@ -18,6 +18,7 @@ class LevelPlans:
     def __init__(self, program):
         self.program = program
         self._plans = {}
+        self._zeros = {}  # (zero, unneeded) -> every value known zero on such a level
 
     def plan(self, zero, unneeded):
         """Per core instruction, RUN, ZERO or SKIP on a level where the per-row values ``zero``
@@ -37,6 +38,8 @@ class LevelPlans:
                     if plan[k] == ZERO and readers[k] is not None and \
                             all(plan[r] != RUN for r in readers[k]):
                         plan[k] = SKIP
+            self._zeros[key] = frozenset(zero)  # (with the outputs of a run step that are
+            # zero there: computed from zeros, so written as zeros)
             plan = self._plans[key] = tuple(plan)
         return plan
 
@@ -44,15 +47,18 @@ class LevelPlans:
         """Per level, in the order the loop runs them: ``(t, window, plan)`` — the level, its
         rows (``{"vertex": (lo, hi), "edge": (lo, hi)}``) and its plan; ``ranges`` (key -> (lo,
         hi)) are the rows outside which per-row values are zero."""
-        plans, which = self.per_level(ranges, rows)
+        plans, which, zeros = self.per_level(ranges, rows, with_zeros=True)
         levels = range(rows.num_levels)
         for t in (reversed(levels) if self.program.reverse else levels):
-            yield t, {"vertex": rows.vertices(t), "edge": rows.edges(t)}, plans[which[t]]
+            yield t, {"vertex": rows.vertices(t), "edge": rows.edges(t)}, plans[which[t]], \
+                zeros[which[t]]
 
-    def per_level(self, ranges, rows):
+    def per_level(self, ranges, rows, with_zeros=False):
         """``(plans, which)``: the distinct plans of a call's levels, and per level t the index
         of its plan — found for all levels at once (arrays over the levels), then one plan per
-        distinct pattern of zero values and unneeded sinks (a batch has few)."""
+        distinct pattern of zero values and unneeded sinks (a batch has few). ``with_zeros``:
+        also, per plan, the values known zero on its levels (the outputs of run steps among
+        them: :func:`written_on`)."""
         program = self.program
         num_levels = rows.num_levels
         offsets = {"vertex": np.asarray(rows.level_offsets),
@@ -76,15 +82,17 @@ class LevelPlans:
                 keys.append(("unneeded", key))
                 columns.append((~has).tolist())
         if not keys:
-            return [self.plan(frozenset(), frozenset())], np.zeros(num_levels, dtype=np.int64)
-        first = {}  # each level's pattern (a tuple of bools) -> its index among the distinct
-        which = np.array([first.setdefault(p, len(first)) for p in zip(*columns)], np.int64)
-        plans = []
-        for pattern in first:
-            zero = frozenset(k for (kind, k), on in zip(keys, pattern) if on and kind == "zero")
-            unneeded = frozenset(k for (kind, k), on in zip(keys, pattern)
-                                 if on and kind == "unneeded")
-            plans.append(self.plan(zero, unneeded))
+            patterns = [(frozenset(), frozenset())]
+            which = np.zeros(num_levels, dtype=np.int64)
+        else:
+            first = {}  # each level's pattern (a tuple of bools) -> its index among the distinct
+            which = np.array([first.setdefault(p, len(first)) for p in zip(*columns)], np.int64)
+            patterns = [(frozenset(k for (kind, k), on in zip(keys, p) if on and kind == "zero"),
+                         frozenset(k for (kind, k), on in zip(keys, p)
+                                   if on and kind == "unneeded")) for p in first]
+        plans = [self.plan(*pattern) for pattern in patterns]
+        if with_zeros:
+            return plans, which, [self._zeros[pattern] for pattern in patterns]
         return plans, which
 
 
@@ -95,8 +103,11 @@ def record_written(program, ranges, written):
     for b in program.buffers:  # rows no level wrote are stale (the pool's), i.e. unused
         if b.key not in sources:  # (∂F's state gradient is filled by the caller and the adds)
             ranges[b.key] = written.get(b.key, (0, 0))
-    for part, concat, *_ in program.aliases:
-        ranges[part.key] = ranges.get(concat.key, FULL)
+    for part, concat, *_ in program.aliases:  # a part the loop wrote: the rows it wrote (on
+        # the others it was cleared, or stale outside its concat's); else its concat's
+        whole = ranges.get(concat.key, FULL)
+        ranges[part.key] = intersect(whole, written[part.key]) \
+            if part.key in written and concat.key not in sources else whole
 
 
 def widen(written, key, window):
