@@ -12,8 +12,11 @@ value is exactly zero, and propagates it through the ops: each op says how with 
 zero rows zero; the range algebra and the shared rules are in minicavs/ops/rows.py). A step
 whose outputs are zero on all rows of a task is skipped; a whole-batch product with a parameter
 runs on the nonzero rows only; a parameter-gradient product ``Xᵀ·G`` runs over the rows where
-both are nonzero. Results are unchanged: every skipped value is exactly zero, and an op without
-a rule is taken to have no zero rows.
+both are nonzero; where X (or G) concatenates columns nonzero on different rows (the gate
+gradients of a Tree-LSTM: the forget gates' are zero at the leaves), each block of columns
+runs on its own rows. A part of a concatenation keeps the rows the level loop wrote it, and an
+output a run step made from zeros on a level counts as zero there. Results are unchanged: every
+skipped value is exactly zero, and an op without a rule is taken to have no zero rows.
 """
 
 from ..ops.batching import row_domain
