@@ -244,7 +244,9 @@ def train_epoch(model, optimizer, batches, *, comm=None, clip=None, progress=Tru
                 before_step(optimizer)
             optimizer.step()
             if batch is not None:
-                total = total + loss.data.astype(np.float64)  # summed in float64, on its device
+                # summed in float64, on its device; read, not handed out (``.data`` would
+                # checksum the saved loss: on a GPU two reductions and a wait a step)
+                total = total + loss._array.astype(np.float64)
                 samples += my_samples
                 own_targets += mine
             targets += step_targets
