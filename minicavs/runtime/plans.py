@@ -44,9 +44,10 @@ class LevelPlans:
         return plan
 
     def levels(self, ranges, rows):
-        """Per level, in the order the loop runs them: ``(t, window, plan)`` — the level, its
-        rows (``{"vertex": (lo, hi), "edge": (lo, hi)}``) and its plan; ``ranges`` (key -> (lo,
-        hi)) are the rows outside which per-row values are zero."""
+        """Per level, in the order the loop runs them: ``(t, window, plan, zeros)`` — the
+        level, its rows (``{"vertex": (lo, hi), "edge": (lo, hi)}``), its plan and the values
+        known zero there; ``ranges`` (key -> (lo, hi)) are the rows outside which per-row values
+        are zero."""
         plans, which, zeros = self.per_level(ranges, rows, with_zeros=True)
         levels = range(rows.num_levels)
         for t in (reversed(levels) if self.program.reverse else levels):
