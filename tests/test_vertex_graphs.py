@@ -278,3 +278,93 @@ def test_an_input_graph_is_read_only():
     for array in (g.child_ptr, g.child_ids, g.roots, g.num_children, g.levels()):
         with pytest.raises(ValueError, match="read-only"):
             array[0] = 1
+
+
+# --- a repeated batch structure reuses its schedule ---------------------------------------------
+
+def _trees(seed, count=5):
+    rng = np.random.default_rng(seed)
+    graphs = []
+    for _ in range(count):
+        n = int(rng.integers(1, 12))
+        children = [[] for _ in range(n)]
+        for v in range(1, n):
+            free = [u for u in range(v) if not any(u in c for c in children)]
+            if free and rng.random() < 0.7:
+                children[v] = [int(u) for u in rng.choice(free, min(2, len(free)), False)]
+        graphs.append(children)
+    return graphs
+
+
+def _schedule_fields(batch):
+    from minicavs.vertex import graphs
+
+    return {name: getattr(batch, name) for name in graphs._SCHEDULE_FIELDS
+            if not name.startswith("_")}
+
+
+def test_a_batch_of_the_same_structures_shares_the_schedule_of_a_recent_one():
+    """New InputGraphs of the same structures (the same trees next epoch, identical generated
+    trees): the schedule and the device indices are the first batch's, read-only, and equal a
+    schedule made afresh."""
+    from minicavs.vertex import graphs
+
+    structures = _trees(0)
+    first = mc.GraphBatch([mc.InputGraph(c) for c in structures])
+    again = mc.GraphBatch([mc.InputGraph(c) for c in structures])
+    assert again.order is first.order and again.indices() is first.indices()
+    assert not again.order.flags.writeable and not again.child_rows_of(0).flags.writeable
+    graphs._SCHEDULES.clear()
+    fresh = mc.GraphBatch([mc.InputGraph(c) for c in structures])
+    assert fresh.order is not first.order
+    for name, value in _schedule_fields(fresh).items():
+        np.testing.assert_array_equal(getattr(again, name), value, err_msg=name)
+    # one tree other: its own schedule
+    other = mc.GraphBatch([mc.InputGraph(c) for c in structures[:-1] + [[[], [], [0, 1]]]])
+    assert other.order is not fresh.order
+    assert other.num_vertices == fresh.num_vertices - len(structures[-1]) + 3
+
+
+def test_the_recent_schedules_are_bounded():
+    from minicavs.vertex import graphs
+
+    graphs._SCHEDULES.clear()
+    first = mc.GraphBatch([mc.InputGraph.chain(1)])
+    for n in range(2, graphs._SCHEDULES.size + 2):  # as many other structures as it keeps
+        mc.GraphBatch([mc.InputGraph.chain(n)])
+    again = mc.GraphBatch([mc.InputGraph.chain(1)])
+    assert again.order is not first.order  # (dropped: made again)
+    np.testing.assert_array_equal(again.order, first.order)
+
+
+def test_batches_of_shared_schedules_from_many_threads_equal_their_own():
+    import threading
+
+    from minicavs.vertex import graphs
+
+    sets = [_trees(seed) for seed in range(6)]
+    graphs._SCHEDULES.clear()
+    expected = []
+    for s in sets:
+        expected.append(_schedule_fields(mc.GraphBatch([mc.InputGraph(c) for c in s])))
+        graphs._SCHEDULES.clear()
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(30):
+                s = (k + i) % len(sets)
+                batch = mc.GraphBatch([mc.InputGraph(c) for c in sets[s]])
+                for name, value in expected[s].items():
+                    np.testing.assert_array_equal(getattr(batch, name), value, err_msg=name)
+                batch.child_rows_of(1)
+                batch.indices()
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]

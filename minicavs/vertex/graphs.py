@@ -11,9 +11,12 @@ batching task; rows of the batch's dynamic tensors are laid out level by level, 
 the contiguous rows ``[level_offsets[t], level_offsets[t+1])``.
 """
 
+import collections
 import functools
 import itertools
+import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -272,6 +275,10 @@ class GraphBatch(_ChildLists):
       ``edge_level_offsets``). Every array is sized by the vertices or by the edges, never by
       vertices × arity: ``child_rows_of(k)`` (for each row, the row of its child k, or -1) is
       made on demand, for the slots a vertex function gathers.
+
+    A batch of the same graph structures, in the same order, as one of the last
+    :attr:`_RecentSchedules.size` shares its schedule (read-only arrays) and its device index
+    arrays: the same trees in a later epoch, a fixed evaluation set, identical generated trees.
     """
 
     def __init__(self, graphs):
@@ -286,6 +293,20 @@ class GraphBatch(_ChildLists):
             if not isinstance(g, InputGraph):
                 raise GraphError(f"sample {i}: expected an InputGraph, got {type(g).__name__}")
         self.graphs = graphs
+        # A batch of the same structures as a recent one (the same trees again, a fixed
+        # evaluation set, identical generated trees) shares its schedule and device indices.
+        key = tuple(map(_structure_of, graphs))
+        shared = _SCHEDULES.get(key)
+        if shared is None:
+            self._build()
+            shared = {name: getattr(self, name) for name in _SCHEDULE_FIELDS}
+            _SCHEDULES.put(key, shared)
+        else:
+            self.__dict__.update(shared)
+        self.build_seconds = time.perf_counter() - started  # concatenation + scheduling
+
+    def _build(self):
+        graphs = self.graphs
         sizes = np.array([g.num_vertices for g in graphs], dtype=np.int64)
         self.offsets = np.zeros(len(graphs) + 1, dtype=np.int64)
         np.cumsum(sizes, out=self.offsets[1:])
@@ -300,7 +321,10 @@ class GraphBatch(_ChildLists):
         self.sample_of = np.repeat(np.arange(len(graphs)), sizes)
         self._schedule()
         self._indices = {}  # array module name -> BatchIndices (see indices())
-        self.build_seconds = time.perf_counter() - started  # concatenation + scheduling
+        for name in _SCHEDULE_FIELDS:  # (shared by the batches of these structures)
+            value = getattr(self, name)
+            if isinstance(value, np.ndarray):
+                value.flags.writeable = False
 
     @property
     def num_vertices(self):
@@ -358,6 +382,7 @@ class GraphBatch(_ChildLists):
             rows = np.full(self.num_vertices, -1, dtype=np.int64)
             has_k = self.edge_slot == k
             rows[self.edge_parent_row[has_k]] = self.edge_child_row[has_k]
+            rows.flags.writeable = False  # (shared by the batches of these structures)
             self._child_rows[k] = rows
         return rows
 
@@ -419,6 +444,64 @@ class GraphBatch(_ChildLists):
     def __repr__(self):
         return (f"GraphBatch({self.num_graphs} graphs, {self.num_vertices} vertices, "
                 f"{self.num_levels} levels)")
+
+
+_SCHEDULE_FIELDS = ("offsets", "child_ptr", "child_ids", "roots", "sample_of", "level",
+                    "num_levels", "order", "row_of", "level_offsets", "edge_parent_row",
+                    "edge_child_row", "edge_slot", "edge_level_offsets", "edge_parent_local",
+                    "is_forest", "_child_rows", "_indices")
+
+
+class _Structure:
+    """One graph structure (its CSR arrays' bytes), shared by the InputGraphs that have it."""
+
+
+_STRUCTURES = weakref.WeakValueDictionary()  # the CSR arrays' bytes -> their _Structure
+_STRUCTURES_LOCK = threading.Lock()
+
+
+def _structure_of(graph):
+    """The :class:`_Structure` of ``graph``, found once per graph (its arrays are read-only)."""
+    found = graph.__dict__.get("_structure")
+    if found is None:
+        key = (graph.child_ptr.tobytes(), graph.child_ids.tobytes())
+        with _STRUCTURES_LOCK:
+            found = _STRUCTURES.get(key)
+            if found is None:
+                found = _STRUCTURES[key] = _Structure()
+        graph._structure = found
+    return found
+
+
+class _RecentSchedules:
+    """The schedules of the last :attr:`size` batch structures (a sequence of graph
+    structures), least recently used dropped first; thread-safe."""
+
+    size = 16
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._schedules = collections.OrderedDict()
+
+    def get(self, key):
+        with self._lock:
+            found = self._schedules.get(key)
+            if found is not None:
+                self._schedules.move_to_end(key)
+            return found
+
+    def put(self, key, schedule):
+        with self._lock:
+            self._schedules[key] = schedule
+            while len(self._schedules) > self.size:
+                self._schedules.popitem(last=False)
+
+    def clear(self):
+        with self._lock:
+            self._schedules.clear()
+
+
+_SCHEDULES = _RecentSchedules()
 
 
 def _as_slice(rows):
