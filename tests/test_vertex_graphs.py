@@ -335,6 +335,17 @@ def test_the_recent_schedules_are_bounded():
     again = mc.GraphBatch([mc.InputGraph.chain(1)])
     assert again.order is not first.order  # (dropped: made again)
     np.testing.assert_array_equal(again.order, first.order)
+    # and by their vertices: a batch past the budget is not kept, one within it pushes out
+    # what it must
+    graphs._SCHEDULES.clear()
+    budget = graphs._SCHEDULES.vertices
+    small = mc.GraphBatch([mc.InputGraph.chain(3)])
+    big = [mc.InputGraph.chain(budget // 2 + 1)] * 2
+    assert mc.GraphBatch(big).order is not mc.GraphBatch(big).order
+    assert mc.GraphBatch([mc.InputGraph.chain(3)]).order is small.order
+    half = [mc.InputGraph.chain(budget - 2)]
+    assert mc.GraphBatch(half).order is mc.GraphBatch(half).order
+    assert mc.GraphBatch([mc.InputGraph.chain(3)]).order is not small.order
 
 
 def test_batches_of_shared_schedules_from_many_threads_equal_their_own():

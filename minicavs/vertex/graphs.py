@@ -276,9 +276,10 @@ class GraphBatch(_ChildLists):
       vertices × arity: ``child_rows_of(k)`` (for each row, the row of its child k, or -1) is
       made on demand, for the slots a vertex function gathers.
 
-    A batch of the same graph structures, in the same order, as one of the last
-    :attr:`_RecentSchedules.size` shares its schedule (read-only arrays) and its device index
-    arrays: the same trees in a later epoch, a fixed evaluation set, identical generated trees.
+    A batch of the same graph structures, in the same order, as one of the last 16 (of up to
+    2**20 vertices together: :class:`_RecentSchedules`) shares its schedule (read-only arrays)
+    and its device index arrays: the same trees in a later epoch, a fixed evaluation set,
+    identical generated trees.
     """
 
     def __init__(self, graphs):
@@ -300,7 +301,7 @@ class GraphBatch(_ChildLists):
         if shared is None:
             self._build()
             shared = {name: getattr(self, name) for name in _SCHEDULE_FIELDS}
-            _SCHEDULES.put(key, shared)
+            _SCHEDULES.put(key, shared, self.num_vertices)
         else:
             self.__dict__.update(shared)
         self.build_seconds = time.perf_counter() - started  # concatenation + scheduling
@@ -475,30 +476,41 @@ def _structure_of(graph):
 
 class _RecentSchedules:
     """The schedules of the last :attr:`size` batch structures (a sequence of graph
-    structures), least recently used dropped first; thread-safe."""
+    structures) of at most :attr:`vertices` vertices together (a schedule holds about 150
+    bytes a vertex on the host, a device's indices about 30 more), least recently used
+    dropped first; thread-safe."""
 
     size = 16
+    vertices = 1 << 20
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._schedules = collections.OrderedDict()
+        self._schedules = collections.OrderedDict()  # key -> (schedule, its vertices)
+        self._held = 0
 
     def get(self, key):
         with self._lock:
             found = self._schedules.get(key)
-            if found is not None:
-                self._schedules.move_to_end(key)
-            return found
+            if found is None:
+                return None
+            self._schedules.move_to_end(key)
+            return found[0]
 
-    def put(self, key, schedule):
+    def put(self, key, schedule, vertices):
+        if vertices > self.vertices:
+            return
         with self._lock:
-            self._schedules[key] = schedule
-            while len(self._schedules) > self.size:
-                self._schedules.popitem(last=False)
+            if key in self._schedules:
+                return
+            self._schedules[key] = (schedule, vertices)
+            self._held += vertices
+            while len(self._schedules) > self.size or self._held > self.vertices:
+                self._held -= self._schedules.popitem(last=False)[1][1]
 
     def clear(self):
         with self._lock:
             self._schedules.clear()
+            self._held = 0
 
 
 _SCHEDULES = _RecentSchedules()
