@@ -108,7 +108,7 @@ def record_written(program, ranges, written):
         # the others it was cleared, or stale outside its concat's); else its concat's
         whole = ranges.get(concat.key, FULL)
         ranges[part.key] = intersect(whole, written[part.key]) \
-            if part.key in written and concat.key not in sources else whole
+            if part.key in written and not {part.key, concat.key} & sources else whole
 
 
 def widen(written, key, window):
