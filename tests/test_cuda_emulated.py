@@ -383,8 +383,8 @@ def test_the_readme_tree_lstm_on_the_emulated_device_equals_numpy(emulated_run):
         _close(g, r, f"gradient of parameter {k}")
 
 
-def test_a_calls_levels_go_to_c_in_one_call_a_phase(emulated_run):
-    """Each of the two calls above (F and ∂F over all their levels) is one C call of the
+def test_a_calls_levels_go_to_c_in_one_call_per_phase(emulated_run):
+    """In each of the worker's two calls F and ∂F (all their levels) are one C call each of the
     issuer, not one a level: the levels are queued and issued together."""
     readme = emulated_run["cuda"]["readme"]
     assert readme["levels"] > 2
