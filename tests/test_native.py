@@ -715,7 +715,7 @@ def test_level_plans_found_at_once_equal_the_plans_made_level_by_level(graphs, s
         for k, d in program.zero_candidates:  # random ranges, some empty, some past the end
             lo = int(rng.integers(0, size[d] + 2))
             ranges[k] = (lo, lo + int(rng.integers(0, size[d] + 2)))
-        plans, which = exe.plans.per_level(ranges, rows)
+        plans, which, _ = exe.plans.per_level(ranges, rows)
         for t in range(rows.num_levels):
             window = {"vertex": rows.vertices(t), "edge": rows.edges(t)}
             zero = frozenset(k for k, d in program.zero_candidates

@@ -48,18 +48,18 @@ class LevelPlans:
         level, its rows (``{"vertex": (lo, hi), "edge": (lo, hi)}``), its plan and the values
         known zero there; ``ranges`` (key -> (lo, hi)) are the rows outside which per-row values
         are zero."""
-        plans, which, zeros = self.per_level(ranges, rows, with_zeros=True)
+        plans, which, zeros = self.per_level(ranges, rows)
         levels = range(rows.num_levels)
         for t in (reversed(levels) if self.program.reverse else levels):
             yield t, {"vertex": rows.vertices(t), "edge": rows.edges(t)}, plans[which[t]], \
                 zeros[which[t]]
 
-    def per_level(self, ranges, rows, with_zeros=False):
-        """``(plans, which)``: the distinct plans of a call's levels, and per level t the index
-        of its plan — found for all levels at once (arrays over the levels), then one plan per
-        distinct pattern of zero values and unneeded sinks (a batch has few). ``with_zeros``:
-        also, per plan, the values known zero on its levels (the outputs of run steps among
-        them: :func:`written_on`)."""
+    def per_level(self, ranges, rows):
+        """``(plans, which, zeros)``: the distinct plans of a call's levels, per level t the
+        index of its plan, and per plan the values known zero on its levels (the outputs of run
+        steps among them, made from zeros) — found for all levels at once (arrays over the
+        levels), then one plan per distinct pattern of zero values and unneeded sinks (a batch
+        has few)."""
         program = self.program
         num_levels = rows.num_levels
         offsets = {"vertex": np.asarray(rows.level_offsets),
@@ -92,9 +92,7 @@ class LevelPlans:
                          frozenset(k for (kind, k), on in zip(keys, p)
                                    if on and kind == "unneeded")) for p in first]
         plans = [self.plan(*pattern) for pattern in patterns]
-        if with_zeros:
-            return plans, which, [self._zeros[pattern] for pattern in patterns]
-        return plans, which
+        return plans, which, [self._zeros[pattern] for pattern in patterns]
 
 
 def record_written(program, ranges, written):
