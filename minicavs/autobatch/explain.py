@@ -48,7 +48,7 @@ def explain(scope, picture=True, max_batches=40):
         if "host_us_per_node" in st:
             lines.append(
                 f"  host time per node: {st['host_us_per_node']:.2f} µs (recording, scheduling, "
-                f"launch preparation; the kernels' own {_ms(st['kernel_s'])} left out)" +
+                f"launch preparation; the device's own {_ms(st['kernel_s'])} left out)" +
                 (f"; host->device copies: {st['uploads']}" if "uploads" in st else ""))
         launches = st.get("forward_launches_by_signature")
         lines.append("  batches per signature (batches, nodes" +

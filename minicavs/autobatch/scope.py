@@ -23,7 +23,7 @@ from ..ops import registry
 from ..ops.registry import Aval, tracing
 from ..ops.shape import RESHAPE, SLICE_AXIS
 from . import native, schedule
-from .segment import Segment, add_param
+from .segment import Segment, add_param, device_clock
 from .signature import Signature
 from .views import view_key
 
@@ -144,7 +144,7 @@ class AutoBatch:
         self.active = []  # signatures with nodes in the pending segment, by local id
         self.leaves, self._leaf_ids = [], {}
         # (recording time: from the block's start, or the last forcing, to the next forcing)
-        self.record_began = time.perf_counter()
+        self.record_began, self.record_device = time.perf_counter(), device_clock()
 
     # --- the block ------------------------------------------------------------------------------
     def __enter__(self):
@@ -396,6 +396,7 @@ class AutoBatch:
         tensor_leaves = list(self._leaf_ids.values())
         segment = Segment(start, self.count, self.strategy)
         segment.stats["record_s"] = time.perf_counter() - self.record_began
+        segment.stats["record_device_s"] = device_clock() - self.record_device
         segment.stats["views"] = self.views
         self._reset_pending(self.count)  # (first: nothing the run does finds these pending)
         try:

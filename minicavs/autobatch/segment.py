@@ -17,6 +17,7 @@ GPU decides whether the device waits for Python.
 
 import contextlib
 import itertools
+import sys
 import time
 from collections import defaultdict
 
@@ -373,18 +374,20 @@ class Segment:
         return out
 
     def _device_seconds(self):
-        """The emulated device's time in its kernels, products and ufuncs; 0 for NumPy (timed
-        by ``_timed``) and a GPU (its kernels run asynchronously, outside the host's time,
-        except where the host waits for a result)."""
-        return self.counter.seconds if self.counter is not None else 0.0
+        """The emulated device's time: everything inside its stand-in library (the kernels,
+        products and ufuncs, and the stand-ins' own bookkeeping, which on a GPU is CuPy's and
+        the driver's), as the level loops' host time leaves it out; 0 for NumPy (timed by
+        ``_timed``) and a GPU (its kernels run asynchronously, outside the host's time, except
+        where the host waits for a result)."""
+        return device_clock() if self.counter is not None else 0.0
 
     def _host_time(self):
         """Recording, scheduling, and everything of the forward and backward passes but the
         kernels' own time — launch preparation — per node, in µs: the cost that decides
         whether a GPU waits for Python."""
         st = self.stats
-        host = st.get("record_s", 0.0) + st["schedule_s"] + st["forward_s"] + \
-            st["backward_s"] - st["kernel_s"]
+        host = st.get("record_s", 0.0) - st.get("record_device_s", 0.0) + st["schedule_s"] + \
+            st["forward_s"] + st["backward_s"] - st["kernel_s"]
         st["host_us_per_node"] = max(host, 0.0) * 1e6 / max(st["nodes"], 1)
 
     @contextlib.contextmanager
@@ -491,6 +494,13 @@ class Segment:
         for b in self.plan:
             b.env = b.handed = None
         self.gslabs = None
+
+
+def device_clock():
+    """Seconds the emulated device has spent in its stand-in library so far (0 where it is not
+    loaded): what of a phase's time is not minicavs' own host work."""
+    emulated = sys.modules.get("minicavs.cuda.emulated")
+    return emulated.counter.device_seconds if emulated is not None else 0.0
 
 
 def add_param(params, t, g):
