@@ -62,6 +62,11 @@ def _probe_native(report):
     why = recorder.unavailable()
     report.append(("autobatch recorder", "C fast path" if why is None else
                    f"Python ({why})", None, False))
+    from .vertex import native as graphs
+
+    why = graphs.unavailable()
+    report.append(("input graphs", "child lists in one C pass" if why is None else
+                   f"Python ({why})", None, False))
     _probe_kernels(report)
     try:
         error, backends = _compare()

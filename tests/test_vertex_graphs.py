@@ -151,6 +151,43 @@ def test_a_graphs_levels_are_made_with_it_from_child_lists_in_any_numbering(grap
         assert not made.levels().flags.writeable
 
 
+@given(input_graph(max_arity=3, max_vertices=30))
+def test_a_graph_made_in_one_c_pass_equals_one_made_by_the_python_path(graph):
+    """Child lists of Python ints, children numbered first (a parsed tree), take one C pass
+    (``vertex/native.py``); every array equals the Python path's, and is read-only."""
+    from minicavs.vertex import graphs, native
+
+    children = [graph.children(v) for v in range(graph.num_vertices)]
+    ordered = native.ordered_child_lists(children) is not None
+    assert ordered == all(c < v for v in range(len(children)) for c in children[v]) or \
+        native.unavailable() is not None
+    made = mc.InputGraph(children)
+    original = graphs.native.ordered_child_lists
+    graphs.native.ordered_child_lists = lambda children: None
+    try:
+        reference = mc.InputGraph(children)
+    finally:
+        graphs.native.ordered_child_lists = original
+    for name in ("child_ptr", "child_ids", "roots", "num_children"):
+        a, b = getattr(made, name), getattr(reference, name)
+        assert a.dtype == b.dtype == np.int64 and a.tolist() == b.tolist(), name
+        assert not a.flags.writeable
+    assert made.levels().tolist() == reference.levels().tolist() == \
+        _levels_by_recursion(children)
+
+
+@pytest.mark.parametrize("children", [
+    [[], [0, True]], [[], [np.int64(0)]], [[], [2 ** 70]], [[], [-1]], [[], [1]], [[1], []],
+    ([], [0]), [[], range(1)], [[], np.array([0])], [[], (0,), [0, 1]]])
+def test_the_c_pass_leaves_every_other_form_to_the_python_path(children):
+    """Anything but Python ints below their parent goes the Python way, which checks it."""
+    from minicavs.vertex import native
+
+    ordered = native.unavailable() is None and all(type(c) is int and 0 <= c < v for v, kids in enumerate(children)
+                  for c in kids) and all(type(k) in (list, tuple) for k in children)
+    assert (native.ordered_child_lists(children) is not None) == ordered  # (no native: None)
+
+
 @pytest.mark.parametrize("make", [lambda: mc.InputGraph.chain(7),
                                   lambda: mc.InputGraph.complete_binary(1),
                                   lambda: mc.InputGraph.complete_binary(16),

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import GraphError
 from ..validate import is_integer, shown
+from . import native
 
 
 # What InputGraph takes as a vertex's list of children; it checks them in bulk where every
@@ -59,8 +60,12 @@ class InputGraph(_ChildLists):
                              f"per vertex, got {type(children).__name__} {shown(children)}")
         if len(children) == 0:
             raise GraphError(f"{prefix}an input graph needs at least one vertex, got none")
+        made = native.ordered_child_lists(children)  # the common form, in one C pass
+        if made is not None:
+            self.child_ptr, self.child_ids, self._level, self.roots, self._num_children = made
+            return
         num_vertices = len(children)
-        if set(map(type, children)) <= set(_CHILD_LISTS):  # the common input, checked in bulk
+        if set(map(type, children)) <= set(_CHILD_LISTS):  # checked in bulk
             flat = list(itertools.chain.from_iterable(children))
             if set(map(type, flat)) <= _INDEX_TYPES:
                 try:
