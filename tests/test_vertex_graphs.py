@@ -176,6 +176,52 @@ def test_a_graph_made_in_one_c_pass_equals_one_made_by_the_python_path(graph):
         _levels_by_recursion(children)
 
 
+_FIELDS = ("offsets", "child_ptr", "child_ids", "roots", "sample_of", "level", "num_levels",
+           "order", "row_of", "level_offsets", "edge_parent_row", "edge_child_row", "edge_slot",
+           "edge_level_offsets", "edge_parent_local", "is_forest")
+
+
+@given(forests(max_arity=3, max_vertices=20, kinds=("tree", "chain", "dag")))
+def test_a_batch_scheduled_in_one_c_pass_equals_the_numpy_schedule(graphs):
+    """Where every graph has its levels, the batch's schedule is one C pass
+    (``vertex/native.py``): each field equals the NumPy path's, read-only."""
+    from minicavs.vertex import graphs as module, native
+
+    for g in graphs:
+        g.levels()  # (made for every graph: the C pass needs them)
+    made = native.batch_schedule(graphs)
+    assert (made is None) == (native.unavailable() is not None)
+    module._SCHEDULES.__init__()  # (no schedule shared from an earlier batch)
+    fast = mc.GraphBatch(graphs)
+    original = module.native.batch_schedule
+    module.native.batch_schedule = lambda graphs: None
+    try:
+        module._SCHEDULES.__init__()
+        reference = mc.GraphBatch(graphs)
+    finally:
+        module.native.batch_schedule = original
+    for name in _FIELDS:
+        a, b = getattr(fast, name), getattr(reference, name)
+        if isinstance(b, np.ndarray):
+            assert a.dtype == np.int64 and a.tolist() == b.tolist(), name
+            assert not a.flags.writeable, name
+        else:
+            assert a == b, name
+    for k in range(3):
+        assert fast.child_rows_of(k).tolist() == reference.child_rows_of(k).tolist()
+
+
+def test_a_batch_of_graphs_without_levels_yet_is_scheduled_by_numpy_and_keeps_them():
+    from minicavs.vertex import native
+
+    graphs = [mc.InputGraph.from_parents([2, 2, -1]), mc.InputGraph.from_parents([-1, 0])]
+    assert native.batch_schedule(graphs) is None  # (no levels yet: the NumPy path)
+    batch = mc.GraphBatch(graphs)
+    assert batch.level.tolist() == [0, 0, 1] + [1, 0]  # (the second: vertex 1 is 0's child)
+    assert [g.levels().tolist() for g in graphs] == [[0, 0, 1], [1, 0]]  # (kept)
+    assert native.batch_schedule(graphs) is not None or native.unavailable() is not None
+
+
 @pytest.mark.parametrize("children", [
     [[], [0, True]], [[], [np.int64(0)]], [[], [2 ** 70]], [[], [-1]], [[], [1]], [[1], []],
     ([], [0]), [[], range(1)], [[], np.array([0])], [[], (0,), [0, 1]]])

@@ -313,6 +313,11 @@ class GraphBatch(_ChildLists):
 
     def _build(self):
         graphs = self.graphs
+        made = native.batch_schedule(graphs)  # (where every graph has its levels: in one C pass)
+        if made is not None:
+            self.__dict__.update(made)
+            self._child_rows, self._indices = {}, {}
+            return
         sizes = np.array([g.num_vertices for g in graphs], dtype=np.int64)
         self.offsets = np.zeros(len(graphs) + 1, dtype=np.int64)
         np.cumsum(sizes, out=self.offsets[1:])
