@@ -229,8 +229,9 @@ def test_the_c_pass_leaves_every_other_form_to_the_python_path(children):
     """Anything but Python ints below their parent goes the Python way, which checks it."""
     from minicavs.vertex import native
 
-    ordered = native.unavailable() is None and all(type(c) is int and 0 <= c < v for v, kids in enumerate(children)
-                  for c in kids) and all(type(k) in (list, tuple) for k in children)
+    ordered = native.unavailable() is None and all(
+        type(c) is int and 0 <= c < v for v, kids in enumerate(children) for c in kids) and \
+        all(type(k) in (list, tuple) for k in children)
     assert (native.ordered_child_lists(children) is not None) == ordered  # (no native: None)
 
 

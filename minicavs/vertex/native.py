@@ -28,7 +28,7 @@ import numpy as np
 
 from ..cpu import build
 
-_SOURCE = r"""// minicavs: an input graph's arrays from ordered child lists (minicavs/vertex/native.py)
+_SOURCE = r"""// minicavs: input graphs' arrays and batches' schedules (minicavs/vertex/native.py)
 #include <Python.h>
 
 #include <cstdint>
@@ -44,8 +44,9 @@ PyObject *int64_bytes(Py_ssize_t count, int64_t **data) {
 inline bool is_list(PyObject *o) { return PyList_CheckExact(o) || PyTuple_CheckExact(o); }
 }  // namespace
 
-// (child_ptr, child_ids, level, roots, num_children) as int64 bytes, or None where ``children`` is not a
-// list or tuple of lists or tuples of Python ints with every child below its parent.
+// (child_ptr, child_ids, level, roots, num_children) as int64 bytes, or None where
+// ``children`` is not a list or tuple of lists or tuples of Python ints, each child below its
+// parent.
 extern "C" PyObject *minicavs_ordered_child_lists(PyObject *children) {
   if (!is_list(children)) Py_RETURN_NONE;
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(children);
