@@ -293,3 +293,20 @@ def test_training_curves_mark_whole_epochs_only(tmp_path, monkeypatch):
         low, high = axes.get_xlim()
         ticks = [t for t in axes.get_xticks() if low <= t <= high]
         assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_import_minicavs_leaves_scipy_until_an_op_needs_it():
+    """``import minicavs`` is every entry point's first step (and every test subprocess's):
+    SciPy, a fifth of it, is imported where erf or the sparse scatter-add first needs it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import numpy as np; import minicavs as mc\n"
+            "assert not [m for m in sys.modules if m.startswith('scipy')], 'scipy imported'\n"
+            "x = mc.tensor(np.array([0.0, 0.5], np.float32))\n"
+            "assert abs(float(mc.erf(x).numpy()[1]) - 0.5204999) < 1e-6\n"
+            "assert 'scipy.special' in sys.modules\n"
+            "print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -9,7 +9,6 @@ sqrt, logical operations, isnan, ...)."""
 import re
 
 import numpy as np
-import scipy.special
 
 from . import batching, reduce, shape
 from .formula import c_expr, writer
@@ -133,7 +132,9 @@ def _extremum_vjp(g, wins, a, b):
 
 
 def _special(xp):
-    if xp is np:
+    if xp is np:  # (imported where first used: SciPy is a fifth of ``import minicavs``)
+        import scipy.special
+
         return scipy.special
     from ..cuda import cupyx_ops  # (only reached with CuPy arrays)
 
@@ -185,7 +186,7 @@ SIN = math_function("sin", lambda g, out, x: (g * cos(x),), zero_rows=KEEPS)
 COS = math_function("cos", lambda g, out, x: (neg(g * sin(x)),))
 ERF = elementwise("erf", forward=lambda xp, x: _special(xp).erf(x),
                   vjp=lambda g, out, x: (g * (2 / np.sqrt(np.pi)) * exp(neg(x * x)),),
-                  c="erf({0})", into=lambda x, out: scipy.special.erf(x, out=out),
+                  c="erf({0})", into=lambda x, out: _special(np).erf(x, out=out),
                   float_only=True, zero_rows=KEEPS)
 # Rounding: piecewise constant, so the gradient is zero (as in PyTorch), not missing. C's rint
 # rounds half to even in the default rounding mode, as NumPy's rint and round do.

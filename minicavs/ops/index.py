@@ -5,7 +5,6 @@ and a reshape would be two, expanded into them when traced. Indices are integer 
 are data, never differentiated."""
 
 import numpy as np
-import scipy.sparse
 
 from . import batching, shape
 from .. import backend
@@ -104,6 +103,8 @@ def scatter_add_into(xp, out, idx, values):
         order = np.argsort(idx, kind="stable")  # CSR by hand: rows sorted, no COO conversion
         indptr = np.zeros(out.shape[0] + 1, dtype=np.int64)
         np.cumsum(np.bincount(idx, minlength=out.shape[0]), out=indptr[1:])
+        import scipy.sparse  # (here: SciPy is a fifth of ``import minicavs``)
+
         selector = scipy.sparse.csr_matrix((np.ones(len(idx), values.dtype), order, indptr),
                                            shape=(out.shape[0], len(idx)))
         out += (selector @ flat).reshape(out.shape)
