@@ -421,3 +421,22 @@ def test_real_sst_train_parses_and_prints_back():
     with open(SST_DIR / "train.txt", encoding="utf-8") as f:
         first = f.readline().rstrip("\n")
     assert trees[0].to_string() == first
+
+
+@pytest.mark.parametrize("was_on", [True, False])
+def test_the_collector_is_paused_while_trees_are_made_and_left_as_it_was(was_on):
+    import gc
+
+    from minicavs.data.files import collector_paused
+
+    (gc.enable if was_on else gc.disable)()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() == was_on
+        with pytest.raises(ZeroDivisionError):  # (a reader's error: the collector back too)
+            with collector_paused():
+                1 / 0
+        assert gc.isenabled() == was_on
+    finally:
+        gc.enable()

@@ -7,9 +7,28 @@ accepts a UTF-8 byte-order mark, which editors on Windows write and which would 
 become part of the first word.
 """
 
+import contextlib
+import gc
+
 from .tree import DataError
 
 BOM = b"\xef\xbb\xbf"
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cycle collector paused while a dataset's trees are made: every few hundred new
+    containers (a tree is dozens of lists) it scanned all the live ones again, a growing
+    treebank among them — 35-40 % of reading SST's 8,544 training trees (0.73 -> 0.46 s) and
+    of making the synthetic treebank. Trees hold no cycles, so nothing waits to be collected;
+    the collector is on again afterwards, as it was."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def text_lines(path):

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import IndexRangeError, ShapeError
-from .files import text_lines
+from .files import collector_paused, text_lines
 from .tree import DataError, Tree, TreebankSplits
 from .vocab import Vocabulary
 
@@ -145,9 +145,10 @@ def read_sst(path, vocab=None, *, collapse_unary=True, num_labels=5):
     """Parse every non-blank line of an SST file into a Tree; errors name the file and line.
     Labels must lie in ``0..num_labels - 1`` (SST's five sentiment classes)."""
     path = Path(path)
-    return [parse_tree(text, vocab, collapse_unary=collapse_unary, source=str(path), line=number,
-                       num_labels=num_labels)
-            for number, text in text_lines(path) if text.strip()]
+    with collector_paused():
+        return [parse_tree(text, vocab, collapse_unary=collapse_unary, source=str(path),
+                           line=number, num_labels=num_labels)
+                for number, text in text_lines(path) if text.strip()]
 
 
 def load_sst(directory, *, lowercase=False, min_count=1, collapse_unary=True, num_labels=5):

@@ -37,6 +37,7 @@ joined right-branching by "and" or a contrast word.
 
 import numpy as np
 
+from .files import collector_paused
 from .tree import DataError, Tree, TreebankSplits
 from .vocab import Vocabulary
 
@@ -216,25 +217,29 @@ def synthetic_vocabulary():
 
 
 def _to_tree(nested, vocab):
-    """Number a nested sentence in post-order (children first, leaves in sentence order)."""
-    children, tokens = [], []
+    """Number a nested sentence in post-order (children first, leaves in sentence order), its
+    labels composed on the way up (the rule of :func:`synthetic_labels`, in the same pass)."""
+    children, tokens, meanings = [], [], []
 
     def add(node):  # recursion depth is bounded by the grammar (a few dozen at most)
         if isinstance(node, str):
             tokens.append(node)
             children.append([])
+            meaning = LEXICON[node]
         else:
-            left = add(node[0])
-            right = add(node[1])
+            left, left_meaning = add(node[0])
+            right, right_meaning = add(node[1])
             children.append([left, right])
-        return len(children) - 1
+            meaning = compose(left_meaning, right_meaning)
+        meanings.append(meaning)
+        return len(children) - 1, meaning
 
     add(nested)
     words = np.full(len(children), -1, dtype=np.int64)
     leaf_ids = [v for v, kids in enumerate(children) if not kids]  # post-order: sentence order
     words[leaf_ids] = vocab.encode(tokens)
     tree = Tree._unchecked(children, words, None, tokens)
-    tree.labels = synthetic_labels(tree)
+    tree.labels = np.array([score + 2 for score, _ in meanings], dtype=np.int64)
     return tree
 
 
@@ -254,7 +259,8 @@ def synthetic_treebank(num_trees, seed=0, *, words_per_category=None, p_negate=0
                        p_negate=p_negate, p_intensify=p_intensify, p_contrast=p_contrast,
                        p_more_clauses=p_more_clauses, max_clauses=max_clauses)
     vocab = synthetic_vocabulary()
-    return [_to_tree(grammar.sentence(), vocab) for _ in range(num_trees)], vocab
+    with collector_paused():
+        return [_to_tree(grammar.sentence(), vocab) for _ in range(num_trees)], vocab
 
 
 def make_splits(seed=0, sizes=(8544, 1101, 2210), **options):
