@@ -217,29 +217,25 @@ def synthetic_vocabulary():
 
 
 def _to_tree(nested, vocab):
-    """Number a nested sentence in post-order (children first, leaves in sentence order), its
-    labels composed on the way up (the rule of :func:`synthetic_labels`, in the same pass)."""
-    children, tokens, meanings = [], [], []
+    """Number a nested sentence in post-order (children first, leaves in sentence order)."""
+    children, tokens = [], []
 
     def add(node):  # recursion depth is bounded by the grammar (a few dozen at most)
         if isinstance(node, str):
             tokens.append(node)
             children.append([])
-            meaning = LEXICON[node]
         else:
-            left, left_meaning = add(node[0])
-            right, right_meaning = add(node[1])
+            left = add(node[0])
+            right = add(node[1])
             children.append([left, right])
-            meaning = compose(left_meaning, right_meaning)
-        meanings.append(meaning)
-        return len(children) - 1, meaning
+        return len(children) - 1
 
     add(nested)
     words = np.full(len(children), -1, dtype=np.int64)
     leaf_ids = [v for v, kids in enumerate(children) if not kids]  # post-order: sentence order
     words[leaf_ids] = vocab.encode(tokens)
     tree = Tree._unchecked(children, words, None, tokens)
-    tree.labels = np.array([score + 2 for score, _ in meanings], dtype=np.int64)
+    tree.labels = synthetic_labels(tree)
     return tree
 
 
