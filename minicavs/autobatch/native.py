@@ -15,8 +15,6 @@ compiler, no headers — :func:`recorder` returns None and the scope records in 
 
 import ctypes
 import functools
-import os
-import sysconfig
 
 import numpy as np
 
@@ -541,17 +539,9 @@ def unavailable():
 
 @functools.lru_cache(maxsize=None)
 def _build():
-    include = sysconfig.get_paths().get("include")
-    reason = build.unavailable()
-    if reason is not None:
+    lib, reason = build.python_module(_SOURCE, "recorder", "minicavs/autobatch/native.py")
+    if lib is None:  # (the Python recorder runs; the doctor says why)
         return None, reason
-    if not include or not os.path.exists(os.path.join(include, "Python.h")):
-        return None, f"the interpreter's C headers (Python.h) are not in {include!r}"
-    try:
-        lib = build.python_library(_SOURCE, "recorder", include,
-                                   "minicavs/autobatch/native.py")
-    except Exception as exc:  # (the Python recorder runs; the doctor says why)
-        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     make = lib.make_recorder
     make.restype = ctypes.py_object
     make.argtypes = [ctypes.py_object] * 6

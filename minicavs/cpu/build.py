@@ -61,6 +61,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -429,6 +430,23 @@ def _compile(source, tag, origin, key, extra_flags=(), link_flags=LINK_FLAGS):
 
 
 _module_lock = threading.Lock()
+
+
+def python_module(source, tag, origin):
+    """``(library, None)`` for a C++ source against CPython's C API (:func:`python_library`,
+    with the running interpreter's headers), or ``(None, why)`` where it cannot be built here
+    — native code off, no headers, a failed compile — for its caller's Python path and for
+    ``python -m minicavs doctor``."""
+    reason = unavailable()
+    if reason is not None:
+        return None, reason
+    include = sysconfig.get_paths().get("include")
+    if not include or not os.path.exists(os.path.join(include, "Python.h")):
+        return None, f"the interpreter's C headers (Python.h) are not in {include!r}"
+    try:
+        return python_library(source, tag, include, origin), None
+    except Exception as exc:  # (the caller's Python path runs; the doctor says why)
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
 
 
 def python_library(source, tag, include, origin=""):

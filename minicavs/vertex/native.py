@@ -21,8 +21,6 @@ without native code graphs and batches take the NumPy path, only slower.
 
 import ctypes
 import functools
-import os
-import sysconfig
 
 import numpy as np
 
@@ -262,16 +260,9 @@ def unavailable():
 
 @functools.lru_cache(maxsize=None)
 def _build():
-    include = sysconfig.get_paths().get("include")
-    reason = build.unavailable()
-    if reason is not None:
+    lib, reason = build.python_module(_SOURCE, "graphs", "minicavs/vertex/native.py")
+    if lib is None:  # (the Python path makes every graph: only slower)
         return None, None, reason
-    if not include or not os.path.exists(os.path.join(include, "Python.h")):
-        return None, None, f"the interpreter's C headers (Python.h) are not in {include!r}"
-    try:
-        lib = build.python_library(_SOURCE, "graphs", include, "minicavs/vertex/native.py")
-    except Exception as exc:  # (the Python path makes every graph: only slower)
-        return None, None, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     lists, schedule = lib.minicavs_ordered_child_lists, lib.minicavs_batch_schedule
     lists.restype = schedule.restype = ctypes.py_object
     lists.argtypes, schedule.argtypes = [ctypes.py_object], [ctypes.py_object] * 2
