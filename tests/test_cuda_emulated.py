@@ -331,6 +331,67 @@ WORKER = textwrap.dedent(r'''
                 p.grad for p in params]]
         return out
 
+    def autobatch_from_c(device):
+        """A program whose batches read every form autobatch/launches.py translates — products
+        with a shared weight, fused groups with a bias row and a constant, windows, an operand
+        read through a view of some columns, concat, lstm_cell with 0-2 cells, lstm_step (the
+        summed cell) in chains of several lengths, gathered rows — and some it leaves to the
+        interpreter (sums): under each issuer (on the CPU the one there is), the values,
+        gradients and what was issued from C."""
+        import os
+        out = {}
+        for choice in (("python", "c") if device == "cuda" else ("python",)):
+            os.environ["MINICAVS_CUDA_ISSUER"] = choice
+            mc.set_device(device); mc.seed(5)
+            rng = np.random.default_rng(5)
+            H = 4
+            P = {name: mc.Parameter(rng.normal(size=shape).astype(np.float64) * 0.5)
+                 for name, shape in (("W", (H, 4 * H)), ("U", (H, 4 * H)), ("b", (4 * H,)),
+                                     ("V", (2 * H, 3 * H)), ("K", (2 * H, 5 * H)),
+                                     ("c", (3 * H,)))}
+            with mc.autobatch("agenda+") as ab:
+                losses = []
+                for n in (1, 3, 2, 4):
+                    state = mc.tensor(np.zeros(2 * H))
+                    for t in range(n):
+                        state = mc.lstm_step(mc.tensor(rng.normal(size=H)), state, P["W"],
+                                             P["U"], P["b"])
+                    h = state[:H]  # (a view of some columns of the state)
+                    y = mc.tanh(mc.concat([h, state[H:]]) @ P["V"] + P["c"]) * 0.5
+                    cells = mc.lstm_cell(y[:3 * H])  # (k = 0: 3H pre-activations)
+                    pre = cells @ P["K"]
+                    two = mc.lstm_cell(pre, cells[H:], state[H:])  # (k = 2)
+                    one = mc.lstm_cell(pre[:4 * H], two[H:])  # (k = 1)
+                    losses.append(mc.sum(one * one) + mc.sum(y))
+                total = mc.add_n(losses)
+                total.backward()
+            stats = ab.segments[0].stats
+            out[choice] = {
+                "values": [backend.to_numpy(a).tolist() for a in
+                           [total.data] + [P[k].grad.data for k in sorted(P)]],
+                "from_c": stats.get("batches_from_c"), "batches": stats["batches"],
+                "why": stats.get("why_not_from_c"),
+                "launches": stats.get("forward_launches"),
+                "explain": ab.explain(picture=False)}
+        if device == "cuda":  # a launch the driver refuses: the error names the batch
+            import ctypes
+            from minicavs.cuda import emulated, issuer
+            driver = issuer.driver(backend._import_cupy())
+            saved, driver._constant = driver.launch, None
+            failing = emulated._LAUNCH_T(lambda *args: 700)
+            driver.launch = ctypes.cast(failing, ctypes.c_void_p).value
+            try:
+                with mc.autobatch("agenda") as ab:
+                    y = mc.add_n([mc.tanh(mc.tensor(rng.normal(size=2 * H)) @ P["V"])
+                                  for _ in range(3)])
+                    y.data  # (the forward runs)
+            except mc.errors.DeviceError as error:
+                out["failure"] = str(error)
+            finally:
+                driver.launch, driver._constant = saved, None
+        del os.environ["MINICAVS_CUDA_ISSUER"]
+        return out
+
     def step_overheads():
         """Launches a training step needs besides F's levels: a batch's index arrays, reading
         the loss, the mean loss's gradient through the cross-entropy kernel."""
@@ -368,7 +429,8 @@ WORKER = textwrap.dedent(r'''
         out[device] = {"readme": readme_tree_lstm(device, trees, vocab), "ops": ops(device),
                        "autobatch": autobatched(device), "lstm": lstm_steps(device),
                        "repeated": repeated_rows(device), "models": benchmark_models(device),
-                       "td_generate": td_generate(device), "cells": test_cells(device)}
+                       "td_generate": td_generate(device), "cells": test_cells(device),
+                       "from_c": autobatch_from_c(device)}
     from minicavs.cuda import emulated
     out["launches"] = emulated.launches()
     out["emulated"] = backend.cuda_emulated() and backend._import_cupy() is emulated.cupy
@@ -580,6 +642,81 @@ def test_autobatched_lstm_steps_on_the_emulated_device(emulated_run):
     _close(cuda["xent"], cpu["xent"], "softmax cross-entropy")
     assert cuda["xent_launches"] <= 4  # gather, flag, the kernel, the flag back (was 13)
     assert "forward launches per batch" in cuda["explain"]
+
+
+def test_autobatched_batches_issued_from_c_equal_the_interpreters(emulated_run):
+    """Batches issued from C (autobatch/launches.py) give the interpreter's values and
+    gradients, and NumPy's: every batch whose ops have a launch there goes through C (here
+    all but the sums), in no more launches; a launch that fails names the batch and its op."""
+    cpu, cuda = emulated_run["cpu"]["from_c"]["python"], emulated_run["cuda"]["from_c"]
+    for choice in ("python", "c"):
+        for k, (g, r) in enumerate(zip(cuda[choice]["values"], cpu["values"])):
+            _close(g, r, f"{choice}: value {k}")
+    assert cuda["python"]["from_c"] is None and cuda["c"]["why"] is not None
+    assert set(cuda["c"]["why"]) == {"sum (12,)", "sum (8,)"}, cuda["c"]["why"]
+    assert cuda["c"]["from_c"] == cuda["c"]["batches"] - 2
+    assert cuda["c"]["launches"] <= cuda["python"]["launches"]
+    assert "forward batches issued from C: " in cuda["c"]["explain"]
+    assert "sum (12,): sum has no launch here" in cuda["c"]["explain"]
+    assert "autobatched batch: tanh (12,): fused tanh failed on rows 0..2" in cuda["failure"], \
+        cuda["failure"]
+    assert "(status 700 " in cuda["failure"], cuda["failure"]
+
+
+GENERATED = textwrap.dedent(r'''
+    import sys
+    sys.path.insert(0, "tests")
+    import numpy as np
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    import minicavs as mc
+    import test_autobatch as generated
+    from minicavs.autobatch import segment
+
+    mc.set_device("cuda")
+    issued = [0, 0]
+    forward = segment.Segment._forward
+
+    def counted(self):
+        forward(self)
+        issued[0] += self.stats.get("batches_from_c", 0)
+        issued[1] += self.stats["batches"]
+
+    segment.Segment._forward = counted
+
+    @settings(max_examples=25, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(samples=generated.samples_st, branch_reads=st.booleans())
+    def check(samples, branch_reads):
+        ref_values, ref_grads = generated._run(samples, None, branch_reads)
+        for strategy in ("agenda+", "depth"):
+            values, grads = generated._run(samples, strategy, branch_reads)
+            for v, r in zip(values, ref_values):
+                np.testing.assert_allclose(v, r, rtol=generated.RTOL, atol=generated.ATOL,
+                                           err_msg=strategy)
+            for name in ref_grads:
+                np.testing.assert_allclose(grads[name], ref_grads[name], rtol=generated.RTOL,
+                                           atol=generated.ATOL,
+                                           err_msg=f"{strategy}: gradient of {name}")
+
+    check()
+    print("ISSUED", *issued)
+''')
+
+
+def test_generated_programs_with_batches_issued_from_c_match_eager(tmp_path):
+    """tests/test_autobatch.py's generated programs (sequences, trees, DAGs over thirteen kinds
+    of node, branches that read a value mid-block) on the emulated device: autobatched, most
+    batches issued from C, equal to eager execution on the same device (float64, 1e-9)."""
+    script = tmp_path / "generated.py"
+    script.write_text(GENERATED)
+    env = dict(os.environ, MINICAVS_CUDA_EMULATE="1", MINICAVS_DEVICE="cpu",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("MINICAVS_CUDA_ISSUER", None)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    from_c, batches = map(int, done.stdout.split("ISSUED")[-1].split())
+    assert batches > 100 and from_c > batches // 2, (from_c, batches)
 
 
 def test_repeated_rows_on_the_emulated_device_add_every_term(emulated_run):

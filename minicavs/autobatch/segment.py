@@ -29,7 +29,7 @@ from ..autodiff.tensor import Tensor
 from ..cpu import kernels, products
 from ..cuda import kernels as cuda_kernels
 from ..runtime.memory import SLABS
-from . import schedule, views
+from . import launches, schedule, views
 
 
 class _Batch:
@@ -261,8 +261,17 @@ class Segment:
         began, device_began = time.perf_counter(), self._device_seconds()
         slabs, xp, counter = self.slabs, self.xp, self.counter
         before = counter.snapshot() if counter is not None else None
-        last, by_signature = counter.total if counter is not None else 0, {}
+        by_signature = {}
+        from_c = launches.issuer_for(self)  # (CuPy: batches issued from C where they can be)
         for b in self.plan:
+            if from_c is not None:
+                made = from_c.queue(b)
+                if made is not None:  # (one launch an operation)
+                    by_signature[b.sig.label] = by_signature.get(b.sig.label, 0) + \
+                        len(made.names)
+                    continue
+                from_c.flush()
+            last = counter.total if counter is not None else 0
             n = b.n
             env = {}
             for symbol, slab, lo, rows, _, view in b.inputs:
@@ -278,9 +287,12 @@ class Segment:
             if b.sig.can_grad:
                 b.env = env  # what its backward reads
             if counter is not None:  # (the batch's operand gathers included)
-                launches = counter.total
-                by_signature[b.sig.label] = by_signature.get(b.sig.label, 0) + launches - last
-                last = launches
+                by_signature[b.sig.label] = by_signature.get(b.sig.label, 0) + \
+                    counter.total - last
+        if from_c is not None:
+            from_c.flush()
+            self.stats["batches_from_c"] = from_c.issued
+            self.stats["why_not_from_c"] = from_c.why
         self.stats["forward_s"] = time.perf_counter() - began
         self.stats["kernel_s"] += self._device_seconds() - device_began
         if counter is not None:

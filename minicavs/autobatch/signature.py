@@ -213,6 +213,7 @@ class BatchedKernel:
         self.output = out
         self._exe = None
         self._backward = {}
+        self.templates = {}  # (CuPy) its launches from C, per layout (launches.template)
 
     @property
     def exe(self):

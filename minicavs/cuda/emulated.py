@@ -387,7 +387,8 @@ def _to_device(name, a, dtype=None, *args, copy=None, **kwargs):
     counter.add("copy")  # host -> device
     counter.uploads += 1
     host = np.array(_unwrap_all(a), dtype=dtype, copy=True, *args, **kwargs)
-    return np.ascontiguousarray(host).view(ndarray)
+    # (C order, its rank kept: np.ascontiguousarray would make a 0-d value (1,), CuPy does not)
+    return np.array(host, order="C", copy=not host.flags.c_contiguous).view(ndarray)
 
 
 class _Ufunc:

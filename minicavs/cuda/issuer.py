@@ -184,7 +184,7 @@ class Driver:
 
     def issue(self, table, lo, n, context):
         """Issue one level's :class:`Table`; a failed launch or product raises, naming it."""
-        self._raise_on(self.issue_level(table.code_address, lo, n, context.address), table, lo, n)
+        self.raise_on(self.issue_level(table.code_address, lo, n, context.address), table, lo, n)
 
     def issue_levels(self, levels, context):
         """Issue several levels' tables in order in one C call: ``levels`` is a list of
@@ -196,9 +196,9 @@ class Driver:
         status = self.issue_many(rows.ctypes.data, len(levels), context.address,
                                  ctypes.addressof(failed))
         if status:
-            self._raise_on(status, *levels[failed.value])
+            self.raise_on(status, *levels[failed.value])
 
-    def _raise_on(self, status, table, lo, n):
+    def raise_on(self, status, table, lo, n, what="level loop"):
         if status:
             op, error = (status >> 32) - 1, status & 0xFFFFFFFF
             if self.emulated:  # (a stand-in's own error, e.g. the shim's: raised as it is)
@@ -206,7 +206,7 @@ class Driver:
 
                 if emulated.c_failure:
                     raise emulated.c_failure.pop()
-            raise DeviceError(f"level loop: {table.describe(op)} failed on rows {lo}.."
+            raise DeviceError(f"{what}: {table.describe(op)} failed on rows {lo}.."
                               f"{lo + n - 1} (status {error} from the CUDA driver or cuBLAS)")
 
     def context(self, table):

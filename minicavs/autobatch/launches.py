@@ -1,0 +1,468 @@
+"""(CuPy) An autobatched segment's forward batches issued from C (issue 42).
+
+On a GPU a batch of an LSTM step is three or four launches — a gather of its operands where
+their rows are not one run, two products, the cell — each issued from Python through the
+interpreter and CuPy, tens of microseconds of host time apiece against a few of device work.
+Here a signature's batched kernel is translated once into the C issuer's operations
+(``cuda/issuer.py``: a kernel launch or a cuBLAS product, their arguments integers) with a
+*hole* wherever a batch's address goes::
+
+    gather      f(slab, rows, gathered block, n)     where an operand's rows are not one run
+    product     gemm(n x K · K x N)                  a batch's rows times a shared matrix
+    fused group f(operands..., n)                    cuda/windows.level_source over rows
+    LSTM cell   lstm_cell_sum(terms, c, pre, out)    cuda/kernels.py
+
+(and a concat, a kernel copying its parts' columns side by side). A hole is ``(base, byte
+offset)``; a batch's bases are its operands' first rows in their slabs (some of their columns
+where read through a view) or in a gathered block, its rows of the segment's scratch blocks
+(one per value the kernel makes, all batches of a signature one after another), its output
+rows, and the shared arrays. :class:`Issuer` fills them batch by batch and issues every batch
+of a run in one C call; a batch the template does not cover (an operand from several slabs or
+reshaped, an op with no launch here: ``explain()`` names them) runs on the interpreter in its
+turn, the queue issued first. The backward pass reads the batch's rows of those blocks, made
+into arrays when it reads them (:class:`_Values`).
+"""
+
+import ctypes
+import functools
+from collections import namedtuple
+
+import numpy as np
+
+from ..csource import compute_dtype, elementwise_source
+from ..cuda import blas, issuer, products
+from ..cuda import kernels as cuda_kernels
+from ..ops.batching import row_domain
+from ..runtime.analysis import FusedGroup
+from ..runtime.executor import GroupStep, OpStep, SummedCellStep
+from ..runtime.program import Compute
+
+
+class Unsupported(Exception):
+    """Why a signature's batches stay on the interpreter."""
+
+
+# Where a value's rows are: ``bases[base] + offset`` is its first row, rows ``ld`` elements
+# apart, ``width`` columns (``ld`` None: a shared array, read whole); ``ndim`` its rank.
+Ref = namedtuple("Ref", "base offset ld width dtype ndim")
+
+
+class Template:
+    """A signature's forward as the issuer's code with holes: ``code[at] = address of
+    bases[base] + offset`` for each hole. ``bases``: ``("in", k)`` operand k's rows,
+    ``("src", k)`` / ``("idx", k)`` its slab and row indices where it is gathered, ``("block",
+    key)`` the batch's rows of a block (``blocks[key]``: its row width and dtype; a value the
+    kernel makes, or ``("gathered", k)``), ``("out",)`` the output rows, ``("fixed", key)`` a
+    shared array. ``values``: the kernel's values as :class:`Ref`."""
+
+    def __init__(self, code, holes, bases, blocks, values, names):
+        code = np.array(code, np.int64)
+        self.at = np.flatnonzero(code < _HOLE)
+        number = _HOLE - 1 - code[self.at]  # (the hole each stand-in is)
+        self.base = np.array([holes[j][0] for j in number.tolist()], np.int64)
+        self.offset = np.array([holes[j][1] for j in number.tolist()], np.int64)
+        code[self.at] = 0
+        self.code = code
+        self.bases, self.blocks, self.values, self.names = bases, blocks, values, names
+
+
+def issuer_for(segment):
+    """The segment's :class:`Issuer`, or None (NumPy; ``MINICAVS_CUDA_ISSUER=python``; no
+    issuer here: ``stats["why_not_from_c"]`` says why)."""
+    if segment.xp is np or not issuer.enabled():
+        return None
+    driver = issuer.driver(segment.xp)
+    if isinstance(driver, str):
+        segment.stats["why_not_from_c"] = {"every signature": driver}
+        return None
+    made = Issuer(segment, driver)
+    made.plan(segment.plan)
+    return made
+
+
+class Issuer:
+    """One segment's forward batches from C (see the module docstring): :meth:`queue` a batch
+    (None: it runs on the interpreter, :meth:`flush` first), :meth:`flush` issues the queue.
+    ``why``: per signature label, why its batches stay on the interpreter."""
+
+    def __init__(self, segment, driver):
+        self.segment, self.driver, self.xp = segment, driver, segment.xp
+        self.address = cuda_kernels.device_address(self.xp)
+        self.pointers = np.zeros(1, np.int64)  # (slot 0 holds 0: every hole is an address)
+        self.context = driver.context(self.pointers)
+        self.fixed, self.rows, self.blocks = {}, {}, {}
+        self.queued, self.why, self.issued = [], {}, 0
+
+    def plan(self, plan):
+        """Each signature's rows in the segment, before its blocks are made."""
+        for b in plan:
+            self.rows.setdefault(b.sig, [0, 0])[1] += b.n  # (rows used, rows in all)
+
+    def queue(self, b):
+        """Queue batch ``b``: its :class:`Template`, or None where it runs on the
+        interpreter."""
+        inputs = b.inputs
+        forms, slabs = [], self.segment.slabs
+        for _, slab, _, rows, _, view in inputs:
+            if slab is None or (view is not None and not view.is_columns):
+                self.why.setdefault(b.sig.label, "an operand from several slabs or reshaped")
+                return None
+            forms.append((rows is not None, view and (view.start, view.stop),
+                          slabs[slab].shape[-1] if slabs[slab].ndim > 1 else 1))
+        kernel = b.sig.forward
+        fixed = self.fixed.get(b.sig)
+        if fixed is None:
+            fixed = self.fixed[b.sig] = kernel.exe.constants(self.xp)
+            fixed.update((key, t._array) for key, t in b.shared)
+        made = template(kernel, tuple(forms), fixed, self.driver)
+        if isinstance(made, str):
+            self.why.setdefault(b.sig.label, made)
+            return None
+        first, n = self.rows[b.sig][0], b.n
+        self.rows[b.sig][0] += n
+        address, bases = self.address, []
+        for thing in made.bases:
+            kind = thing[0]
+            if kind == "in":
+                _, slab, lo, _, _, _ = inputs[thing[1]]
+                array = slabs[slab]
+                bases.append(address(array) + lo * array.strides[0])
+            elif kind == "block":
+                block = self.block(b.sig, thing[1], made.blocks[thing[1]])
+                bases.append(address(block) + first * block.strides[0])
+            elif kind == "out":
+                array = slabs[b.out_slab]
+                bases.append(address(array) + b.out_row * array.strides[0])
+            elif kind == "fixed":
+                bases.append(address(fixed[thing[1]]))
+            else:  # src, idx: the gathered operand's slab and rows
+                _, slab, _, rows, _, _ = inputs[thing[1]]
+                bases.append(address(slabs[slab] if kind == "src" else rows))
+        code = made.code.copy()
+        code[made.at] = np.array(bases, np.int64)[made.base] + made.offset
+        self.queued.append((code, n, b, made))
+        if b.sig.can_grad:
+            b.env = _Values(self, b, made, first, fixed)
+        return made
+
+    def block(self, sig, key, layout):
+        block = self.blocks.get((sig, key))
+        if block is None:
+            width, dtype = layout
+            block = self.blocks[(sig, key)] = self.xp.empty((self.rows[sig][1], width), dtype)
+        return block
+
+    def flush(self):
+        """Issue the queued batches, in order, in one C call."""
+        if not self.queued:
+            return
+        queued, self.queued = self.queued, []
+        rows = np.array([(code.ctypes.data, 0, n) for code, n, _, _ in queued], np.int64)
+        failed = ctypes.c_int64(0)
+        status = self.driver.issue_many(rows.ctypes.data, len(queued), self.context.address,
+                                        ctypes.addressof(failed))
+        self.issued += len(queued)
+        if status:
+            _, n, b, made = queued[failed.value]
+            self.driver.raise_on(status, issuer.Table(made.code, lambda op: (
+                f"{b.sig.label}: {made.names[op]}")), 0, n, what="autobatched batch")
+
+
+class _Values(dict):
+    """A C-issued batch's values by symbol key, as the backward pass reads them: each made
+    into an array (its rows of a slab or block, a window of their columns) when first read."""
+
+    def __init__(self, issuer_, b, made, first, fixed):
+        super().__init__()
+        self.issuer, self.b, self.made, self.first, self.fixed = issuer_, b, made, first, fixed
+
+    def __missing__(self, key):
+        ref = self.made.values.get(key)
+        if ref is None or ref.ld is None:
+            value = self.fixed[key]
+        else:
+            b, n = self.b, self.b.n
+            thing = self.made.bases[ref.base]
+            slabs = self.issuer.segment.slabs
+            if thing[0] == "in":
+                _, slab, lo, _, _, _ = b.inputs[thing[1]]
+                rows = slabs[slab][lo:lo + n]
+            elif thing[0] == "out":
+                rows = slabs[b.out_slab][b.out_row:b.out_row + n]
+            else:
+                rows = self.issuer.blocks[(b.sig, thing[1])][self.first:self.first + n]
+            if ref.ndim == 1:
+                value = rows.reshape(n)
+            else:
+                column = ref.offset // ref.dtype.itemsize
+                value = rows.reshape(n, -1)
+                if column or ref.width != value.shape[1]:
+                    value = value[:, column:column + ref.width]
+        self[key] = value
+        return value
+
+
+def template(kernel, forms, fixed, driver):
+    """The :class:`Template` of ``kernel`` (a ``signature.BatchedKernel``) for batches whose
+    operands have the ``forms`` (per per-row operand: whether it is gathered, the columns of
+    a view it is read through or None, its slab's row width), with the shared arrays ``fixed``
+    (symbol key -> array: the parameters and constants), or the reason why not (a string).
+    Kept on the kernel per layout."""
+    key = (forms, tuple((k, a.shape, a.strides, a.dtype.str) for k, a in fixed.items()))
+    found = kernel.templates.get(key)
+    if found is None:
+        try:
+            found = _Translation(kernel, forms, fixed, driver).template()
+        except Unsupported as why:
+            found = str(why)
+        kernel.templates[key] = found
+    return found
+
+
+class _Translation:
+    def __init__(self, kernel, forms, fixed, driver):
+        self.kernel, self.fixed, self.driver = kernel, fixed, driver
+        self.code, self.holes, self.names, self.blocks = [], [], [], {}
+        self.bases, self.refs = [], {}
+        self.output = kernel.output.key
+        k = 0
+        for symbol, aval in zip(kernel.inputs, kernel.row_avals):
+            if aval is None:
+                continue
+            gathered, columns, slab_width = forms[k]
+            if len(aval.shape) > 1 or np.dtype(aval.dtype).kind != "f":
+                raise Unsupported(f"operand {k} is not a row of floats")
+            width, dtype = int(aval.shape[0]) if aval.shape else 1, np.dtype(aval.dtype)
+            start = columns[0] if columns else 0
+            if gathered:
+                self.blocks[("gathered", k)] = (width, dtype)
+                ref = Ref(self.base(("block", ("gathered", k))), 0, width, width, dtype,
+                          len(aval.shape) + 1)
+                self.gather(k, ref, start, slab_width)
+            else:  # (its rows in the slab, some of their columns where read through a view)
+                ref = Ref(self.base(("in", k)), start * dtype.itemsize, slab_width, width,
+                          dtype, len(aval.shape) + 1)
+            self.refs[symbol.key] = ref
+            k += 1
+
+    def base(self, thing):
+        if thing not in self.bases:
+            self.bases.append(thing)
+        return self.bases.index(thing)
+
+    def template(self):
+        for ins in self.kernel.exe.program.eager:
+            if not isinstance(ins, Compute) or ins.symbolic:
+                raise Unsupported(f"{_name(ins)} is not an op over the batch's rows")
+            step = ins.step
+            if isinstance(step, SummedCellStep):
+                self.cell(step.outputs[1], step.terms, step.outputs[0])
+            elif isinstance(step, GroupStep):
+                self.elementwise(step.group)
+            elif isinstance(step, OpStep) and step.node.op.native == "window":
+                self.window(step.node)
+            elif isinstance(step, OpStep) and step.node.op.native == "product":
+                self.product(step.node)
+            elif isinstance(step, OpStep) and step.node.op.name == "concat":
+                self.concat(step.node)
+            elif isinstance(step, OpStep) and step.node.op.name == "lstm_cell":
+                self.cell(step.node, [step.node.inputs[0]])
+            elif isinstance(step, OpStep) and step.node.op.is_elementwise and \
+                    len({x.key for x in step.node.inputs}) == len(step.node.inputs):
+                self.elementwise(FusedGroup([step.node], step.node.inputs, [step.node]))
+            else:
+                raise Unsupported(f"{_name(ins)} has no launch here")
+        made = self.refs.get(self.output)
+        if made is None or self.bases[made.base] != ("out",):
+            raise Unsupported("the output is not written by a launch")
+        return Template([len(self.names)] + self.code, self.holes, self.bases, self.blocks,
+                        self.refs, self.names)
+
+    # --- values --------------------------------------------------------------------------------
+
+    def value(self, symbol):
+        ref = self.refs.get(symbol.key)
+        if ref is not None:
+            return ref
+        array = self.fixed.get(symbol.key)
+        if array is None:
+            raise Unsupported(f"{symbol.label()} is not made before it is read")
+        if array.ndim < 2 and not array.flags.c_contiguous:  # (a product takes any layout)
+            raise Unsupported(f"{symbol.label()} is not contiguous")
+        ref = self.refs[symbol.key] = Ref(self.base(("fixed", symbol.key)), 0, None,
+                                          array.shape[-1] if array.ndim else 1, array.dtype,
+                                          array.ndim)
+        return ref
+
+    def made(self, node, width, dtype):
+        """Where ``node``'s rows go: the batch's output rows, or its rows of a block."""
+        shape = node.shape
+        if row_domain(shape) != "vertex" or len(shape) > 2:
+            raise Unsupported(f"{node.label()} is not a row per batch member")
+        thing = ("out",) if node.key == self.output else ("block", node.key)
+        if thing != ("out",):
+            self.blocks[node.key] = (width, np.dtype(dtype))
+        ref = self.refs[node.key] = Ref(self.base(thing), 0, width, width, np.dtype(dtype),
+                                        len(shape))
+        return ref
+
+    def hole(self, ref):
+        """A stand-in for the address of ``ref``'s first row, found and filled per batch."""
+        self.holes.append((ref.base, ref.offset))
+        return _HOLE - len(self.holes)  # (hole j: _HOLE - 1 - j)
+
+    def launch(self, kernel, width, args, name):
+        """A LAUNCH of ``kernel`` (``width`` threads a row) with ``args``: refs (pointers),
+        :data:`ROWS` (the batch's row count) or ints."""
+        issuer.check_arguments(kernel, len(args))
+        self.code += [issuer.LAUNCH, self.driver.function(kernel), width, len(args)]
+        for arg in args:
+            if arg is ROWS:
+                self.code += [issuer.ROWS, 0, 0, 0]
+            else:
+                self.code += [issuer.CONST, self.hole(arg) if isinstance(arg, Ref) else int(arg),
+                              0, 0]
+        self.names.append(name)
+
+    # --- launches ------------------------------------------------------------------------------
+
+    def gather(self, k, ref, start, slab_width):
+        from ..cuda import windows
+
+        src, idx = self.base(("src", k)), self.base(("idx", k))
+        source = windows.gather_source(((0, start, ref.width, 0, 0, ref.width, 0),),
+                                       slab_width, ref.dtype)
+        launcher = windows.Launcher(source)
+        self.launch(launcher.kernel, source.row_width,
+                    [Ref(src, 0, *ref[2:]), Ref(idx, 0, *ref[2:]), ref, ROWS, _FIRST],
+                    f"operand {k}'s gather")
+
+    def window(self, node):
+        source = self.value(node.inputs[0])
+        axis = node.attrs["axis"] % len(node.shape)
+        if source.ld is None or axis != len(node.shape) - 1 or len(node.shape) != 2:
+            raise Unsupported(f"{node.label()} is not a window of a batch's columns")
+        start, stop = int(node.attrs["start"]), int(node.attrs["stop"])
+        self.refs[node.key] = source._replace(
+            offset=source.offset + start * source.dtype.itemsize, width=stop - start)
+
+    def product(self, node):
+        a, b = (self.value(x) for x in node.inputs)
+        if a.ld is None or b.ld is not None or a.ndim != 2 or b.ndim != 2:
+            raise Unsupported(f"product {node.label()} is not rows times a shared matrix")
+        weight = self.fixed[node.inputs[1].key]
+        layout, dtype = blas.operand(weight), issuer.gemm_dtype(a.dtype)
+        if layout is None or dtype is None or weight.dtype != a.dtype:
+            raise Unsupported(f"product {node.label()}: operands cuBLAS cannot take as they are")
+        (op_b, ld_b), k, n = layout, weight.shape[0], weight.shape[1]
+        out = self.made(node, n, a.dtype)
+        # (pointer table slot 0 holds 0 and no row bytes are added: the offset is the address)
+        at_a, at_b, at_out = ((0, 0, self.hole(x)) for x in (a, b, out))
+        gemm = [dtype, op_b, blas.OP_N, n, k, *at_b, ld_b, *at_a, a.ld, *at_out, out.ld]
+        most = products.most_rows(self.driver, a.dtype, op_b, k, n)
+        if most:  # (our kernel up to that many rows, measured faster here: cuda/products.py)
+            self.code += [issuer.PRODUCT, most] + products.launch_body(
+                self.driver, a.dtype, op_b, at_a, at_b, at_out, a.ld, ld_b, out.ld, n, k) + gemm
+        else:
+            self.code += [issuer.GEMM] + gemm
+        self.names.append(f"product {node.label()}")
+
+    def elementwise(self, group):
+        from ..cuda import windows
+
+        dtype = compute_dtype(group)
+        source = elementwise_source(group, dtype)
+        out_shape = group.outputs[0].shape
+        width = int(out_shape[-1]) if len(out_shape) == 2 else 1
+        operands, args = [], []
+        for x, (want, _, _) in zip(group.inputs, source.inputs):
+            ref = self.value(x)
+            if ref.dtype != np.dtype(want):
+                raise Unsupported(f"{x.label()} is {ref.dtype}, the group reads {want}")
+            if ref.ld is None:  # (one number for all, or a row: a bias)
+                size = self.fixed[x.key].size
+                if size != 1 and (ref.ndim != 1 or ref.width != width):
+                    raise Unsupported(f"{x.label()} does not broadcast along the rows")
+                operands.append(("shared", 0, 0, size != 1))
+            elif tuple(x.shape[1:]) == tuple(out_shape[1:]):
+                operands.append(("level", ref.ld, 0, True))
+            elif tuple(x.shape[1:]) in ((1,), ()) and len(out_shape) == len(x.shape):
+                operands.append(("level", ref.ld, 0, False))
+            else:
+                raise Unsupported(f"{x.label()} is not of the group's shape")
+            args.append(ref)
+        for o, (want, _, _) in zip(group.outputs, source.outputs):
+            if tuple(o.shape) != tuple(out_shape):
+                raise Unsupported(f"{o.label()}: a group's outputs of two shapes")
+            ref = self.made(o, width, want)
+            operands.append(("level", width, 0, True))
+            args.append(ref)
+        code = windows.level_source(source, tuple(operands), width)
+        self.launch(windows.Launcher(code).kernel, width, args + [ROWS, _FIRST],
+                    f"fused {'+'.join(m.op.name for m in group.members)}")
+
+    def concat(self, node):
+        from ..cuda import windows
+
+        parts = [self.value(x) for x in node.inputs]
+        if len(node.shape) != 2 or node.attrs["axis"] % 2 != 1 or any(
+                p.ld is None or p.ndim != 2 or p.dtype != parts[0].dtype for p in parts):
+            raise Unsupported(f"{node.label()} is not of rows' columns")
+        width, dtype = sum(p.width for p in parts), parts[0].dtype
+        out = self.made(node, width, dtype)
+        source = _concat_source(tuple((p.ld, p.width) for p in parts), width, dtype)
+        args = [x for p in parts for x in (p, p.ld)]
+        self.launch(windows.Launcher(source).kernel, width, args + [out, ROWS, _FIRST],
+                    f"{node.label()}")
+
+    def cell(self, node, terms, pre_node=None):
+        """An LSTM cell ``node`` on ``pre = sum(terms)``: with ``pre_node`` (a summed cell,
+        ``executor.SummedCellStep``) the sum made and kept by the cell's kernel, else ``pre``
+        the one term."""
+        terms = [self.value(t) for t in terms]
+        cells = [self.value(c) for c in node.inputs[1:]]
+        rows = [t for t in terms if t.ld is not None]
+        k = len(cells)
+        if k > 2 or len(terms) not in ((1,) if pre_node is None else (2, 3)) or not rows or any(
+                t.dtype != rows[0].dtype or (t.ld is None and t.ndim != 1)
+                for t in terms + cells) or any(c.ld is None for c in cells):
+            raise Unsupported(f"{node.label()}: an LSTM cell the kernel does not take")
+        width, dtype = rows[0].width, rows[0].dtype
+        H = width // (3 + k)
+        out = self.made(node, 2 * H, dtype)
+        cells = [x for c in cells for x in (c, c.ld)] + [rows[0], 0] * (2 - k)  # (unread)
+        if pre_node is None:
+            args, name = [rows[0], rows[0].ld], f"lstm_cell{k}"
+        else:
+            pre = self.made(pre_node, width, dtype)
+            summed = [(t, 0 if t.ld is None else t.ld) for t in terms]
+            summed += [summed[0]] * (3 - len(terms))  # (an absent third term: never read)
+            args = [x for pair in summed for x in pair] + [len(terms), pre, pre.ld]
+            name = f"lstm_cell_sum{k}"
+        kernel = cuda_kernels._compiled(name, dtype.name, "cupy")
+        self.launch(kernel, H, args + cells + [out, out.ld, ROWS, H], "the LSTM cell")
+
+
+@functools.lru_cache(maxsize=None)
+def _concat_source(parts, width, dtype):
+    """A kernel writing rows of ``width`` columns from the ``parts`` ((row width, columns)
+    each: a pointer and its row width are its parameters) side by side."""
+    from ..cuda import windows
+
+    t, suffix = cuda_kernels.DTYPES[np.dtype(dtype)]
+    params = [f"const {t}* __restrict__ x{k}, const long long ld{k}" for k in range(len(parts))]
+    pieces = "\n".join(f"""        if (j < {w}) {{ out[i * {width} + c + j] = x{k}[i * ld{k} + j]; continue; }}
+        j -= {w}; c += {w};""" for k, (_, w) in enumerate(parts))
+    return windows._layout_source(
+        f"minicavs_concat_{suffix}_{windows._digest(parts)}", params + [f"{t}* __restrict__ out"],
+        "        long long c = 0;\n" + pieces, width)
+
+
+ROWS = object()  # (an argument: the batch's row count)
+_FIRST = 0  # (a batch's first row, as the level kernels take one: its own rows start at 0)
+_HOLE = -(1 << 40)  # (hole j is written _HOLE - j - 1 until the template is made)
+
+
+def _name(ins):
+    node = getattr(getattr(ins, "step", None), "node", None)
+    return node.label() if node is not None else type(ins).__name__
