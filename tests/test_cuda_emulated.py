@@ -371,7 +371,8 @@ WORKER = textwrap.dedent(r'''
                            [total.data] + [P[k].grad.data for k in sorted(P)]],
                 "from_c": stats.get("batches_from_c"), "batches": stats["batches"],
                 "why": stats.get("why_not_from_c"),
-                "launches": stats.get("forward_launches"),
+                "launches": [stats.get("forward_launches"), stats.get("backward_launches")],
+                "backward_from_c": stats.get("backward_batches_from_c"),
                 "explain": ab.explain(picture=False)}
         if device == "cuda":  # a launch the driver refuses: the error names the batch
             import ctypes
@@ -645,18 +646,21 @@ def test_autobatched_lstm_steps_on_the_emulated_device(emulated_run):
 
 
 def test_autobatched_batches_issued_from_c_equal_the_interpreters(emulated_run):
-    """Batches issued from C (autobatch/launches.py) give the interpreter's values and
-    gradients, and NumPy's: every batch whose ops have a launch there goes through C (here
-    all but the sums), in no more launches; a launch that fails names the batch and its op."""
+    """Batches issued from C (autobatch/launches.py), forward and backward, give the
+    interpreter's values and gradients, and NumPy's: every batch whose ops have a launch
+    there goes through C (here all but the sums), in no more launches than the interpreter
+    makes; a launch that fails names the batch and its op."""
     cpu, cuda = emulated_run["cpu"]["from_c"]["python"], emulated_run["cuda"]["from_c"]
     for choice in ("python", "c"):
         for k, (g, r) in enumerate(zip(cuda[choice]["values"], cpu["values"])):
             _close(g, r, f"{choice}: value {k}")
     assert cuda["python"]["from_c"] is None and cuda["c"]["why"] is not None
-    assert set(cuda["c"]["why"]) == {"sum (12,)", "sum (8,)"}, cuda["c"]["why"]
-    assert cuda["c"]["from_c"] == cuda["c"]["batches"] - 2
-    assert cuda["c"]["launches"] <= cuda["python"]["launches"]
-    assert "forward batches issued from C: " in cuda["c"]["explain"]
+    sums = {"sum (12,)", "sum (8,)"}
+    assert set(cuda["c"]["why"]) == sums | {f"{s} (backward)" for s in sums}, cuda["c"]["why"]
+    assert cuda["c"]["from_c"] == cuda["c"]["backward_from_c"] == cuda["c"]["batches"] - 2
+    for phase, (c, python) in enumerate(zip(cuda["c"]["launches"], cuda["python"]["launches"])):
+        assert c <= python, (phase, c, python)
+    assert "batches issued from C: forward " in cuda["c"]["explain"]
     assert "sum (12,): sum has no launch here" in cuda["c"]["explain"]
     assert "autobatched batch: tanh (12,): fused tanh failed on rows 0..2" in cuda["failure"], \
         cuda["failure"]

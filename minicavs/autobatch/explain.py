@@ -22,8 +22,10 @@ def explain(scope, picture=True, max_batches=40):
             f"  run by the runtime's driver: {backends.static_backend(seg.xp)}; {len(kernels)} "
             f"batched kernels (Programs), {fused} with fused groups")
         if "batches_from_c" in st or "why_not_from_c" in st:
-            lines.append(f"  forward batches issued from C: {st.get('batches_from_c', 0)} of "
-                         f"{st.get('batches', 0)} (autobatch/launches.py); on the interpreter:")
+            lines.append(f"  batches issued from C: forward {st.get('batches_from_c', 0)} of "
+                         f"{st.get('batches', 0)}, backward "
+                         f"{st.get('backward_batches_from_c', '-')} (autobatch/launches.py); "
+                         f"on the interpreter:")
             for label, why in sorted(st["why_not_from_c"].items()):
                 lines.append(f"    {label}: {why}")
         lines.append(

@@ -91,7 +91,7 @@ class Issuer:
         self.pointers = np.zeros(1, np.int64)  # (slot 0 holds 0: every hole is an address)
         self.context = driver.context(self.pointers)
         self.fixed, self.rows, self.blocks = {}, {}, {}
-        self.queued, self.why, self.issued = [], {}, 0
+        self.queued, self.why, self.issued, self.issued_backward = [], {}, 0, 0
 
     def plan(self, plan):
         """Each signature's rows in the segment, before its blocks are made."""
@@ -145,6 +145,76 @@ class Issuer:
             b.env = _Values(self, b, made, first, fixed)
         return made
 
+    def begin_backward(self):
+        self.back_rows = {sig: [0, total] for sig, (_, total) in self.rows.items()}
+
+    def queue_backward(self, b, kernel, cotangent, gslabs):
+        """Queue batch ``b``'s ∂ of its per-row operands (``kernel``; each gradient added into
+        its rows of ``gslabs``): True, or False where it runs on the interpreter."""
+        forms, targets = [], []
+        for symbol in kernel.wrt:
+            target = b.targets[symbol]
+            if not isinstance(target, tuple) or target[1] is None or (
+                    target[5] is not None and not target[5].is_columns):
+                self.why.setdefault(f"{b.sig.label} (backward)",
+                                    "a gradient of a shared operand, or into several slabs")
+                return False
+            _, slab, lo, rows, _, view = target
+            gslab = gslabs[slab]
+            forms.append((rows is not None, view and (view.start, view.stop),
+                          gslab.shape[-1] if gslab.ndim > 1 else 1))
+            targets.append(target)
+        fixed = self.fixed.get(kernel)
+        if fixed is None:
+            fixed = self.fixed[kernel] = kernel.exe.constants(self.xp)
+        fixed, args, env = dict(fixed), [cotangent], b.env
+        for (f, s), is_row in zip(kernel.refs, kernel.ref_is_row):
+            if is_row:
+                args.append(env[f.key])
+            else:
+                fixed[s.key] = env[f.key]
+        layouts = tuple(_layout(a) for a in args)
+        made = "an operand's rows are not contiguous" if None in layouts else \
+            backward_template(kernel, layouts, tuple(forms), fixed, self.driver)
+        if isinstance(made, str):
+            self.why.setdefault(f"{b.sig.label} (backward)", made)
+            return False
+        first, n = self.back_rows[b.sig][0], b.n
+        self.back_rows[b.sig][0] += n
+        address, bases = self.address, []
+        for thing in made.bases:
+            kind = thing[0]
+            if kind == "arg":
+                bases.append(address(args[thing[1]]))
+            elif kind == "block":
+                block = self.block(b.sig, thing[1], made.blocks[thing[1]])
+                bases.append(address(block) + first * block.strides[0])
+            elif kind == "fixed":
+                bases.append(address(fixed[thing[1]]))
+            else:  # target, tidx: an operand's rows of its gradient slab, its row indices
+                _, slab, lo, rows, _, _ = targets[thing[1]]
+                gslab = gslabs[slab]
+                bases.append(address(rows) if kind == "tidx" else address(gslab) + (
+                    0 if rows is not None else lo * gslab.strides[0]))
+        code = made.code.copy()
+        code[made.at] = np.array(bases, np.int64)[made.base] + made.offset
+        self.queued.append((code, n, b, made))
+        self.issued_backward += 1
+        stats = self.segment.stats
+        for _, _, _, rows, _, _ in targets:
+            stats["scatter_made" if rows is not None else "scatter_avoided"] += 1
+        if kernel.hands_on:  # (the shared operands' ∂ reads them once every batch is done)
+            b.handed = [self.value_of(made.values[o.key], made, b, first, args)
+                        for o in kernel.outputs[len(targets):]]
+        return True
+
+    def value_of(self, ref, made, b, first, args):
+        """A backward value of a batch: its rows of a block, or of one of its inputs."""
+        thing = made.bases[ref.base]
+        if thing[0] == "arg":
+            return _view(args[thing[1]], ref, b.n)
+        return _view(self.blocks[(b.sig, thing[1])][first:first + b.n], ref, b.n)
+
     def block(self, sig, key, layout):
         block = self.blocks.get((sig, key))
         if block is None:
@@ -161,7 +231,7 @@ class Issuer:
         failed = ctypes.c_int64(0)
         status = self.driver.issue_many(rows.ctypes.data, len(queued), self.context.address,
                                         ctypes.addressof(failed))
-        self.issued += len(queued)
+        self.issued += len(queued)  # (forward and backward batches)
         if status:
             _, n, b, made = queued[failed.value]
             self.driver.raise_on(status, issuer.Table(made.code, lambda op: (
@@ -191,15 +261,30 @@ class _Values(dict):
                 rows = slabs[b.out_slab][b.out_row:b.out_row + n]
             else:
                 rows = self.issuer.blocks[(b.sig, thing[1])][self.first:self.first + n]
-            if ref.ndim == 1:
-                value = rows.reshape(n)
-            else:
-                column = ref.offset // ref.dtype.itemsize
-                value = rows.reshape(n, -1)
-                if column or ref.width != value.shape[1]:
-                    value = value[:, column:column + ref.width]
+            value = _view(rows, ref, n)
         self[key] = value
         return value
+
+
+def _view(rows, ref, n):
+    """``ref``'s value in ``rows`` (n rows of its base: a slab's, a block's, an array)."""
+    if ref.ndim == 1:
+        return rows.reshape(n)
+    column = ref.offset // ref.dtype.itemsize
+    value = rows.reshape(n, -1)
+    return value[:, column:column + ref.width] if column or ref.width != value.shape[1] \
+        else value
+
+
+def _layout(a):
+    """(ld, width, dtype, ndim) of an array of rows (1-D: a number a row), or None."""
+    if a.dtype.kind != "f" or a.ndim not in (1, 2) or a.strides[-1] != a.itemsize:
+        return None
+    if a.ndim == 1:
+        return 1, 1, a.dtype, 1
+    if a.strides[0] % a.itemsize:
+        return None
+    return a.strides[0] // a.itemsize, a.shape[1], a.dtype, 2
 
 
 def template(kernel, forms, fixed, driver):
@@ -212,7 +297,37 @@ def template(kernel, forms, fixed, driver):
     found = kernel.templates.get(key)
     if found is None:
         try:
-            found = _Translation(kernel, forms, fixed, driver).template()
+            made = _Translation(kernel.exe.program, fixed, driver, kernel.output.key)
+            made.forward_operands(kernel, forms)
+            made.steps()
+            found = made.template()
+        except Unsupported as why:
+            found = str(why)
+        kernel.templates[key] = found
+    return found
+
+
+def backward_template(kernel, layouts, targets, fixed, driver):
+    """The :class:`Template` of ``kernel`` (a ``signature.BackwardKernel`` whose gradients are
+    all of per-row operands) for batches whose per-row inputs (its cotangent, then the forward
+    values it reads) have the ``layouts`` and whose gradients go into rows of the ``targets``
+    (see :meth:`_Translation.add_into`), or the reason why not. Its handed-on cotangents are
+    values of the template."""
+    key = (layouts, targets, tuple((k, a.shape, a.strides, a.dtype.str)
+                                   for k, a in fixed.items()))
+    found = kernel.templates.get(key)
+    if found is None:
+        try:
+            made = _Translation(kernel.exe.program, fixed, driver)
+            made.backward_operands(kernel.cotangents + [s for _, s in kernel.refs
+                                                        if s.key not in fixed], layouts)
+            made.steps()
+            for j, (output, target) in enumerate(zip(kernel.outputs, targets)):
+                made.add_into(j, made.value(output), target)
+            for output in kernel.outputs[len(targets):]:  # (handed on: read later as rows)
+                if made.value(output).ld is None:
+                    raise Unsupported(f"{output.label()} is handed on, and it is not rows")
+            found = made.template()
         except Unsupported as why:
             found = str(why)
         kernel.templates[key] = found
@@ -220,11 +335,17 @@ def template(kernel, forms, fixed, driver):
 
 
 class _Translation:
-    def __init__(self, kernel, forms, fixed, driver):
-        self.kernel, self.fixed, self.driver = kernel, fixed, driver
+    """A batched kernel's Program (forward, or the ∂ of its per-row operands) as a
+    :class:`Template`: its operands first (:meth:`forward_operands`, :meth:`backward_operands`),
+    then its steps, then where its results go."""
+
+    def __init__(self, program, fixed, driver, output=None):
+        self.program, self.fixed, self.driver, self.output = program, fixed, driver, output
+        self.arrays = dict(fixed)  # (the shared arrays, and transposes of them)
         self.code, self.holes, self.names, self.blocks = [], [], [], {}
         self.bases, self.refs = [], {}
-        self.output = kernel.output.key
+
+    def forward_operands(self, kernel, forms):
         k = 0
         for symbol, aval in zip(kernel.inputs, kernel.row_avals):
             if aval is None:
@@ -245,38 +366,77 @@ class _Translation:
             self.refs[symbol.key] = ref
             k += 1
 
+    def backward_operands(self, symbols, layouts):
+        """The ∂'s per-row inputs (the cotangent, the forward values it reads) as arrays of
+        the ``layouts`` ((ld, width, dtype, ndim) each), given per batch."""
+        for j, (symbol, layout) in enumerate(zip(symbols, layouts)):
+            self.refs[symbol.key] = Ref(self.base(("arg", j)), 0, *layout)
+
     def base(self, thing):
         if thing not in self.bases:
             self.bases.append(thing)
         return self.bases.index(thing)
 
-    def template(self):
-        for ins in self.kernel.exe.program.eager:
+    def steps(self):
+        for ins in self.program.eager:
             if not isinstance(ins, Compute) or ins.symbolic:
                 raise Unsupported(f"{_name(ins)} is not an op over the batch's rows")
             step = ins.step
+            node = getattr(step, "node", None)
             if isinstance(step, SummedCellStep):
                 self.cell(step.outputs[1], step.terms, step.outputs[0])
             elif isinstance(step, GroupStep):
                 self.elementwise(step.group)
-            elif isinstance(step, OpStep) and step.node.op.native == "window":
-                self.window(step.node)
-            elif isinstance(step, OpStep) and step.node.op.native == "product":
-                self.product(step.node)
-            elif isinstance(step, OpStep) and step.node.op.name == "concat":
-                self.concat(step.node)
-            elif isinstance(step, OpStep) and step.node.op.name == "lstm_cell":
-                self.cell(step.node, [step.node.inputs[0]])
-            elif isinstance(step, OpStep) and step.node.op.is_elementwise and \
-                    len({x.key for x in step.node.inputs}) == len(step.node.inputs):
-                self.elementwise(FusedGroup([step.node], step.node.inputs, [step.node]))
+            elif node is None:
+                raise Unsupported(f"{_name(ins)} has no launch here")
+            elif node.op.native == "window":
+                self.window(node)
+            elif node.op.native == "product":
+                self.product(node)
+            elif node.op.name == "transpose" and node.inputs[0].key in self.arrays:
+                self.arrays[node.key] = array = self.arrays[node.inputs[0].key].T
+                self.refs[node.key] = self.value(node.inputs[0])._replace(
+                    width=array.shape[-1])  # (the same memory, read transposed)
+            elif node.op.name == "concat":
+                self.concat(node)
+            elif node.op.name == "lstm_cell":
+                self.cell(node, [node.inputs[0]])
+            elif node.op.name == "lstm_cell_grad":
+                self.cell_grad(node)
+            elif node.op.is_elementwise and len({x.key for x in node.inputs}) == \
+                    len(node.inputs):
+                self.elementwise(FusedGroup([node], node.inputs, [node]))
             else:
                 raise Unsupported(f"{_name(ins)} has no launch here")
-        made = self.refs.get(self.output)
-        if made is None or self.bases[made.base] != ("out",):
-            raise Unsupported("the output is not written by a launch")
+
+    def template(self):
+        if self.output is not None:
+            made = self.refs.get(self.output)
+            if made is None or self.bases[made.base] != ("out",):
+                raise Unsupported("the output is not written by a launch")
         return Template([len(self.names)] + self.code, self.holes, self.bases, self.blocks,
                         self.refs, self.names)
+
+    def add_into(self, j, source, target):
+        """Operand j's gradient ``source`` added into its rows of a gradient slab: ``target``
+        (whether the rows are indexed, the columns of a view, the slab's row width)."""
+        from ..cuda import windows
+
+        indexed, columns, slab_width = target
+        if source.ld is None or source.ndim > 2:
+            raise Unsupported(f"gradient {j} is not rows")
+        start = columns[0] if columns else 0
+        if indexed:  # (atomic adds: a row read twice by the batch gets both terms)
+            code = windows.scatter_source(((0, 0, 0, source.ld, source.width, start),),
+                                          slab_width, source.dtype)
+            args = [source, Ref(self.base(("tidx", j)), 0, *source[2:]),
+                    Ref(self.base(("target", j)), 0, *source[2:])]
+        else:
+            code = _add_source(source.ld, source.width, slab_width, source.dtype)
+            args = [source, Ref(self.base(("target", j)), start * source.dtype.itemsize,
+                                *source[2:])]
+        self.launch(windows.Launcher(code).kernel, source.width, args + [ROWS, _FIRST],
+                    f"gradient {j} into its rows")
 
     # --- values --------------------------------------------------------------------------------
 
@@ -284,7 +444,7 @@ class _Translation:
         ref = self.refs.get(symbol.key)
         if ref is not None:
             return ref
-        array = self.fixed.get(symbol.key)
+        array = self.arrays.get(symbol.key)
         if array is None:
             raise Unsupported(f"{symbol.label()} is not made before it is read")
         if array.ndim < 2 and not array.flags.c_contiguous:  # (a product takes any layout)
@@ -350,7 +510,7 @@ class _Translation:
         a, b = (self.value(x) for x in node.inputs)
         if a.ld is None or b.ld is not None or a.ndim != 2 or b.ndim != 2:
             raise Unsupported(f"product {node.label()} is not rows times a shared matrix")
-        weight = self.fixed[node.inputs[1].key]
+        weight = self.arrays[node.inputs[1].key]
         layout, dtype = blas.operand(weight), issuer.gemm_dtype(a.dtype)
         if layout is None or dtype is None or weight.dtype != a.dtype:
             raise Unsupported(f"product {node.label()}: operands cuBLAS cannot take as they are")
@@ -380,7 +540,7 @@ class _Translation:
             if ref.dtype != np.dtype(want):
                 raise Unsupported(f"{x.label()} is {ref.dtype}, the group reads {want}")
             if ref.ld is None:  # (one number for all, or a row: a bias)
-                size = self.fixed[x.key].size
+                size = self.arrays[x.key].size
                 if size != 1 and (ref.ndim != 1 or ref.width != width):
                     raise Unsupported(f"{x.label()} does not broadcast along the rows")
                 operands.append(("shared", 0, 0, size != 1))
@@ -441,6 +601,31 @@ class _Translation:
             name = f"lstm_cell_sum{k}"
         kernel = cuda_kernels._compiled(name, dtype.name, "cupy")
         self.launch(kernel, H, args + cells + [out, out.ld, ROWS, H], "the LSTM cell")
+
+    def cell_grad(self, node):
+        pre, *cells, out, g = (self.value(x) for x in node.inputs)
+        k = len(cells)
+        if k > 2 or any(x.ld is None or x.ndim != 2 or x.dtype != pre.dtype
+                        for x in (pre, *cells, out, g)):
+            raise Unsupported(f"{node.label()}: an LSTM cell the kernel does not take")
+        H = pre.width // (3 + k)
+        grads = self.made(node, (3 + 2 * k) * H, pre.dtype)
+        cells = [x for c in cells for x in (c, c.ld)] + [pre, 0] * (2 - k)  # (unread)
+        kernel = cuda_kernels._compiled(f"lstm_cell_grad{k}", pre.dtype.name, "cupy")
+        self.launch(kernel, H, [pre, pre.ld, *cells, out, out.ld, g, g.ld, grads, grads.ld,
+                                ROWS, H], "the LSTM cell's gradient")
+
+
+@functools.lru_cache(maxsize=None)
+def _add_source(ld, width, out_ld, dtype):
+    """A kernel adding rows of ``width`` columns (``ld`` apart) into rows ``out_ld`` apart."""
+    from ..cuda import windows
+
+    t, suffix = cuda_kernels.DTYPES[np.dtype(dtype)]
+    return windows._layout_source(
+        f"minicavs_add_rows_{suffix}_{ld}_{width}_{out_ld}",
+        [f"const {t}* __restrict__ x", f"{t}* __restrict__ out"],
+        f"        out[i * {out_ld} + j] += x[i * {ld} + j];", width)
 
 
 @functools.lru_cache(maxsize=None)

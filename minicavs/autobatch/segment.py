@@ -45,7 +45,7 @@ class Segment:
                       "scatter_made": 0, "scatter_avoided": 0, "plus_copies": 0, "plus_copies_avoided": 0,
                       "plus_products": 0, "plus_products_saved": 0, "backward_s": 0.0,
                       "kernel_s": 0.0, "by_signature": defaultdict(lambda: [0, 0])}
-        self.gslabs = None
+        self.gslabs = self.from_c = None
 
     # --- scheduling and layout ------------------------------------------------------------------
     def run(self, active, node_depth, leaves, tensor_leaves):
@@ -262,7 +262,7 @@ class Segment:
         slabs, xp, counter = self.slabs, self.xp, self.counter
         before = counter.snapshot() if counter is not None else None
         by_signature = {}
-        from_c = launches.issuer_for(self)  # (CuPy: batches issued from C where they can be)
+        self.from_c = from_c = launches.issuer_for(self)  # (CuPy: batches from C, where)
         for b in self.plan:
             if from_c is not None:
                 made = from_c.queue(b)
@@ -291,7 +291,7 @@ class Segment:
                     counter.total - last
         if from_c is not None:
             from_c.flush()
-            self.stats["batches_from_c"] = from_c.issued
+            self.stats["batches_from_c"] = from_c.issued  # (the forward's, so far)
             self.stats["why_not_from_c"] = from_c.why
         self.stats["forward_s"] = time.perf_counter() - began
         self.stats["kernel_s"] += self._device_seconds() - device_began
@@ -354,12 +354,20 @@ class Segment:
     def _backward_batches(self, gslabs, xp, deferred, params):
         """Each batch's ∂, in reverse; under '+' its shared operands' terms wait in
         ``deferred`` for one product per signature."""
+        from_c = self.from_c
+        if from_c is not None:
+            from_c.begin_backward()
         for b in reversed(self.plan):
             if b.env is None:
                 continue
             rows_kernel, shared_kernel = b.sig.forward.backward(self.plus)
             n = b.n
             cotangent = gslabs[b.out_slab][b.out_row:b.out_row + n]
+            if rows_kernel is not None and from_c is not None and \
+                    from_c.queue_backward(b, rows_kernel, cotangent, gslabs):
+                rows_kernel = None  # (queued: its gradients are added from C)
+            elif from_c is not None:
+                from_c.flush()
             if rows_kernel is not None:
                 grads = self._timed(rows_kernel.run, (cotangent,), b.env, n, xp)
                 if rows_kernel.hands_on:
@@ -372,6 +380,9 @@ class Segment:
                         add_param(params, target, g)
             if shared_kernel is not None:
                 deferred[b.sig].append(b)
+        if from_c is not None:
+            from_c.flush()
+            self.stats["backward_batches_from_c"] = from_c.issued_backward
 
     # --- host time ------------------------------------------------------------------------------
     def _timed(self, run, *args):
@@ -505,7 +516,7 @@ class Segment:
     def release(self):
         for b in self.plan:
             b.env = b.handed = None
-        self.gslabs = None
+        self.gslabs = self.from_c = None
 
 
 def device_clock():

@@ -299,6 +299,7 @@ class BackwardKernel:
         self.hands_on = len(also)  # trailing outputs: cotangents for the shared kernel
         self.same_as = same_as  # None: the one cotangent is the batch's
         self.exe = Executable(compile_graph(self.graph))
+        self.templates = {}  # (CuPy) its launches from C, per layout (launches.py)
         # Refs with the vertex axis are rows of the batch; others (a parameter) are shared.
         self.ref_is_row = [row_domain(f.shape) is not None for f, _ in self.refs]
 
