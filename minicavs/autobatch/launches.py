@@ -94,9 +94,12 @@ class Issuer:
         self.queued, self.why, self.issued, self.issued_backward = [], {}, 0, 0
 
     def plan(self, plan):
-        """Each signature's rows in the segment, before its blocks are made."""
+        """Each signature's rows in the segment, before its blocks are made, and each batch's
+        first row among them (``b.sig_row``: its rows of a block, forward and backward)."""
+        rows = self.rows
         for b in plan:
-            self.rows.setdefault(b.sig, [0, 0])[1] += b.n  # (rows used, rows in all)
+            b.sig_row = rows.get(b.sig, 0)
+            rows[b.sig] = b.sig_row + b.n
 
     def queue(self, b):
         """Queue batch ``b``: its :class:`Template`, or None where it runs on the
@@ -118,8 +121,7 @@ class Issuer:
         if isinstance(made, str):
             self.why.setdefault(b.sig.label, made)
             return None
-        first, n = self.rows[b.sig][0], b.n
-        self.rows[b.sig][0] += n
+        first, n = b.sig_row, b.n
         address, bases = self.address, []
         for thing in made.bases:
             kind = thing[0]
@@ -142,11 +144,8 @@ class Issuer:
         code[made.at] = np.array(bases, np.int64)[made.base] + made.offset
         self.queued.append((code, n, b, made))
         if b.sig.can_grad:
-            b.env = _Values(self, b, made, first, fixed)
+            b.env = _Values(self, b, made, fixed)
         return made
-
-    def begin_backward(self):
-        self.back_rows = {sig: [0, total] for sig, (_, total) in self.rows.items()}
 
     def queue_backward(self, b, kernel, cotangent, gslabs):
         """Queue batch ``b``'s ∂ of its per-row operands (``kernel``; each gradient added into
@@ -167,25 +166,26 @@ class Issuer:
         fixed = self.fixed.get(kernel)
         if fixed is None:
             fixed = self.fixed[kernel] = kernel.exe.constants(self.xp)
-        fixed, args, env = dict(fixed), [cotangent], b.env
+        address, fixed, env = self.address, dict(fixed), b.env
+        located = [(address(cotangent), _layout(cotangent))]
         for (f, s), is_row in zip(kernel.refs, kernel.ref_is_row):
-            if is_row:
-                args.append(env[f.key])
-            else:
+            if not is_row:
                 fixed[s.key] = env[f.key]
-        layouts = tuple(_layout(a) for a in args)
+            elif isinstance(env, _Values):  # (where the forward from C left it: no array made)
+                located.append(env.locate(f.key))
+            else:
+                located.append((address(env[f.key]), _layout(env[f.key])))
+        layouts = tuple(layout for _, layout in located)
         made = "an operand's rows are not contiguous" if None in layouts else \
             backward_template(kernel, layouts, tuple(forms), fixed, self.driver)
         if isinstance(made, str):
             self.why.setdefault(f"{b.sig.label} (backward)", made)
             return False
-        first, n = self.back_rows[b.sig][0], b.n
-        self.back_rows[b.sig][0] += n
-        address, bases = self.address, []
+        first, n, bases = b.sig_row, b.n, []
         for thing in made.bases:
             kind = thing[0]
             if kind == "arg":
-                bases.append(address(args[thing[1]]))
+                bases.append(located[thing[1]][0])
             elif kind == "block":
                 block = self.block(b.sig, thing[1], made.blocks[thing[1]])
                 bases.append(address(block) + first * block.strides[0])
@@ -204,22 +204,61 @@ class Issuer:
         for _, _, _, rows, _, _ in targets:
             stats["scatter_made" if rows is not None else "scatter_avoided"] += 1
         if kernel.hands_on:  # (the shared operands' ∂ reads them once every batch is done)
-            b.handed = [self.value_of(made.values[o.key], made, b, first, args)
-                        for o in kernel.outputs[len(targets):]]
+            b.handed = _Handed(self, b, made, [made.values[o.key] for o in
+                                               kernel.outputs[len(targets):]], cotangent, env)
         return True
 
-    def value_of(self, ref, made, b, first, args):
+    def joined(self, terms, where):
+        """A value of every batch of ``terms`` (of one signature, in forward order) as one
+        array, a view: where each lies in its batch's rows of one slab or block and those
+        rows follow each other; else None. ``where(b)``: the batch's (ref, template) of the
+        value, or None."""
+        at = where(terms[0])
+        if at is None:
+            return None
+        ref, made = at
+        thing = made.bases[ref.base]
+        rows, start = self._rows_of(terms[0], thing)
+        if rows is None:
+            return None
+        end = start + terms[0].n
+        for b in terms[1:]:
+            at = where(b)
+            if at is None or at[0] != ref or at[1].bases[ref.base] != thing:
+                return None
+            other, first = self._rows_of(b, thing)
+            if other is not rows or first != end:
+                return None
+            end += b.n
+        return _view(rows[start:end], ref, end - start)
+
+    def _rows_of(self, b, thing):
+        """(the array, b's first row in it) of a base of b's template; (None, 0) for another."""
+        if thing[0] == "in":
+            _, slab, lo, _, _, _ = b.inputs[thing[1]]
+            return self.segment.slabs[slab], lo
+        if thing[0] == "out":
+            return self.segment.slabs[b.out_slab], b.out_row
+        if thing[0] == "block":
+            return self.blocks[(b.sig, thing[1])], b.sig_row
+        return None, 0
+
+    def value_of(self, ref, made, b, cotangent, env):
         """A backward value of a batch: its rows of a block, or of one of its inputs."""
         thing = made.bases[ref.base]
-        if thing[0] == "arg":
-            return _view(args[thing[1]], ref, b.n)
-        return _view(self.blocks[(b.sig, thing[1])][first:first + b.n], ref, b.n)
+        if thing[0] != "arg":
+            return _view(self.blocks[(b.sig, thing[1])][b.sig_row:b.sig_row + b.n], ref, b.n)
+        j = thing[1]
+        kernel = b.sig.forward.backward(self.segment.plus)[0]
+        rows = cotangent if j == 0 else env[[f.key for (f, _), is_row in zip(
+            kernel.refs, kernel.ref_is_row) if is_row][j - 1]]
+        return _view(rows, ref, b.n)
 
     def block(self, sig, key, layout):
         block = self.blocks.get((sig, key))
         if block is None:
             width, dtype = layout
-            block = self.blocks[(sig, key)] = self.xp.empty((self.rows[sig][1], width), dtype)
+            block = self.blocks[(sig, key)] = self.xp.empty((self.rows[sig], width), dtype)
         return block
 
     def flush(self):
@@ -242,9 +281,29 @@ class _Values(dict):
     """A C-issued batch's values by symbol key, as the backward pass reads them: each made
     into an array (its rows of a slab or block, a window of their columns) when first read."""
 
-    def __init__(self, issuer_, b, made, first, fixed):
+    def __init__(self, issuer_, b, made, fixed):
         super().__init__()
-        self.issuer, self.b, self.made, self.first, self.fixed = issuer_, b, made, first, fixed
+        self.issuer, self.b, self.made, self.fixed = issuer_, b, made, fixed
+
+    def locate(self, key):
+        """(address, layout) of the value ``key`` (rows), without making it an array."""
+        if key in self:
+            value = self[key]
+            return self.issuer.address(value), _layout(value)
+        ref = self.made.values[key]
+        b, issuer_ = self.b, self.issuer
+        thing = self.made.bases[ref.base]
+        if thing[0] == "in":
+            _, slab, lo, _, _, _ = b.inputs[thing[1]]
+            rows = issuer_.segment.slabs[slab]
+            at = issuer_.address(rows) + lo * rows.strides[0]
+        elif thing[0] == "out":
+            rows = issuer_.segment.slabs[b.out_slab]
+            at = issuer_.address(rows) + b.out_row * rows.strides[0]
+        else:
+            rows = issuer_.blocks[(b.sig, thing[1])]
+            at = issuer_.address(rows) + b.sig_row * rows.strides[0]
+        return at + ref.offset, (ref.ld, ref.width, ref.dtype, ref.ndim)
 
     def __missing__(self, key):
         ref = self.made.values.get(key)
@@ -260,10 +319,25 @@ class _Values(dict):
             elif thing[0] == "out":
                 rows = slabs[b.out_slab][b.out_row:b.out_row + n]
             else:
-                rows = self.issuer.blocks[(b.sig, thing[1])][self.first:self.first + n]
+                rows = self.issuer.blocks[(b.sig, thing[1])][b.sig_row:b.sig_row + n]
             value = _view(rows, ref, n)
         self[key] = value
         return value
+
+
+class _Handed:
+    """A C-issued batch's cotangents handed on to its signature's shared ∂ (``Template``
+    values ``refs``): arrays when read."""
+
+    def __init__(self, issuer_, b, made, refs, cotangent, env):
+        self.issuer, self.b, self.made, self.refs = issuer_, b, made, refs
+        self.cotangent, self.env = cotangent, env
+
+    def __getitem__(self, j):
+        return self.issuer.value_of(self.refs[j], self.made, self.b, self.cotangent, self.env)
+
+    def where(self, j):
+        return self.refs[j], self.made
 
 
 def _view(rows, ref, n):

@@ -34,7 +34,7 @@ from . import launches, schedule, views
 
 class _Batch:
     __slots__ = ("sig", "n", "inputs", "shared", "out_slab", "out_row", "env", "targets",
-                 "handed")  # (handed: cotangents its rows' ∂ passed to the shared one)
+                 "handed", "sig_row")  # (handed: cotangents its rows' ∂ passed to the shared one)
 
 
 class Segment:
@@ -355,8 +355,6 @@ class Segment:
         """Each batch's ∂, in reverse; under '+' its shared operands' terms wait in
         ``deferred`` for one product per signature."""
         from_c = self.from_c
-        if from_c is not None:
-            from_c.begin_backward()
         for b in reversed(self.plan):
             if b.env is None:
                 continue
@@ -464,9 +462,13 @@ class Segment:
         else:  # those the rows' ∂ handed on (one array for several readers, joined once)
             joined = {}
             for j in kernel.same_as:
-                if j not in joined:
-                    joined[j] = terms[0].handed[j] if len(terms) == 1 else \
-                        self._joined(None, None, [b.handed[j] for b in terms])
+                if j in joined:
+                    continue
+                joined[j] = terms[0].handed[j] if len(terms) == 1 else self._joined_from_c(
+                    terms, lambda b, j=j: b.handed.where(j) if hasattr(b.handed, "where")
+                    else None)
+                if joined[j] is None:
+                    joined[j] = self._joined(None, None, [b.handed[j] for b in terms])
             cotangents = [joined[j] for j in kernel.same_as]
             for b in terms:
                 b.handed = None
@@ -483,12 +485,26 @@ class Segment:
             else:
                 view = spans[0][5]
                 spans = [(t[1], t[2], b.n) for t, b in zip(spans, terms)]
-            env[f.key] = self._joined(self.slabs, spans, [b.env[f.key] for b in terms], view)
+            env[f.key] = self._joined_from_c(terms, lambda b, key=f.key: _made_from_c(
+                b.env, key)) if spans is None else None
+            if env[f.key] is None:
+                env[f.key] = self._joined(self.slabs, spans, [b.env[f.key] for b in terms],
+                                          view)
         grads = self._timed(kernel.run, cotangents, env, total, self.xp)
         self.stats["plus_products"] += 1
         self.stats["plus_products_saved"] += len(terms) - 1
         for position, g in zip(sig.shared_grads(), grads):
             add_param(params, sig.shared[position], g)
+
+    def _joined_from_c(self, terms, where):
+        """(C-issued batches) Their values as one view of the slab or block they lie in, or
+        None (``launches.Issuer.joined``)."""
+        if self.from_c is None:
+            return None
+        found = self.from_c.joined(terms, where)
+        if found is not None:
+            self.stats["plus_copies_avoided"] += 1
+        return found
 
     def _joined(self, slabs, spans, arrays, view=None):
         """The rows of several batches as one array: a view where their ``spans`` ((slab,
@@ -524,6 +540,13 @@ def device_clock():
     loaded): what of a phase's time is not minicavs' own host work."""
     emulated = sys.modules.get("minicavs.cuda.emulated")
     return emulated.counter.device_seconds if emulated is not None else 0.0
+
+
+def _made_from_c(env, key):
+    """(ref, template) of value ``key`` of a batch whose forward was issued from C, or None."""
+    made = getattr(env, "made", None)
+    ref = made and made.values.get(key)
+    return (ref, made) if ref is not None and ref.ld is not None else None
 
 
 def add_param(params, t, g):
