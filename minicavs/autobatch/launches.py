@@ -113,11 +113,13 @@ class Issuer:
             forms.append((rows is not None, view and (view.start, view.stop),
                           slabs[slab].shape[-1] if slabs[slab].ndim > 1 else 1))
         kernel = b.sig.forward
-        fixed = self.fixed.get(b.sig)
-        if fixed is None:
-            fixed = self.fixed[b.sig] = kernel.exe.constants(self.xp)
+        found = self.fixed.get(b.sig)
+        if found is None:
+            fixed = kernel.exe.constants(self.xp)
             fixed.update((key, t._array) for key, t in b.shared)
-        made = template(kernel, tuple(forms), fixed, self.driver)
+            found = self.fixed[b.sig] = fixed, _layouts(fixed)
+        fixed, fixed_key = found
+        made = template(kernel, tuple(forms), fixed, fixed_key, self.driver)
         if isinstance(made, str):
             self.why.setdefault(b.sig.label, made)
             return None
@@ -163,21 +165,25 @@ class Issuer:
             forms.append((rows is not None, view and (view.start, view.stop),
                           gslab.shape[-1] if gslab.ndim > 1 else 1))
             targets.append(target)
-        fixed = self.fixed.get(kernel)
-        if fixed is None:
-            fixed = self.fixed[kernel] = kernel.exe.constants(self.xp)
-        address, fixed, env = self.address, dict(fixed), b.env
+        address, env = self.address, b.env
+        found = self.fixed.get((b.sig, kernel))
+        if found is None:  # (the shared values it reads: the same for every batch of sig)
+            fixed = kernel.exe.constants(self.xp)
+            fixed.update((s.key, env[f.key]) for (f, s), is_row in zip(
+                kernel.refs, kernel.ref_is_row) if not is_row)
+            found = self.fixed[(b.sig, kernel)] = fixed, _layouts(fixed)
+        fixed, fixed_key = found
         located = [(address(cotangent), _layout(cotangent))]
         for (f, s), is_row in zip(kernel.refs, kernel.ref_is_row):
             if not is_row:
-                fixed[s.key] = env[f.key]
-            elif isinstance(env, _Values):  # (where the forward from C left it: no array made)
+                continue
+            if isinstance(env, _Values):  # (where the forward from C left it: no array made)
                 located.append(env.locate(f.key))
             else:
                 located.append((address(env[f.key]), _layout(env[f.key])))
         layouts = tuple(layout for _, layout in located)
         made = "an operand's rows are not contiguous" if None in layouts else \
-            backward_template(kernel, layouts, tuple(forms), fixed, self.driver)
+            backward_template(kernel, layouts, tuple(forms), fixed, fixed_key, self.driver)
         if isinstance(made, str):
             self.why.setdefault(f"{b.sig.label} (backward)", made)
             return False
@@ -361,13 +367,18 @@ def _layout(a):
     return a.strides[0] // a.itemsize, a.shape[1], a.dtype, 2
 
 
-def template(kernel, forms, fixed, driver):
+def _layouts(fixed):
+    """What a template assumes of its shared arrays."""
+    return tuple((k, a.shape, a.strides, a.dtype.str) for k, a in fixed.items())
+
+
+def template(kernel, forms, fixed, fixed_key, driver):
     """The :class:`Template` of ``kernel`` (a ``signature.BatchedKernel``) for batches whose
     operands have the ``forms`` (per per-row operand: whether it is gathered, the columns of
     a view it is read through or None, its slab's row width), with the shared arrays ``fixed``
-    (symbol key -> array: the parameters and constants), or the reason why not (a string).
-    Kept on the kernel per layout."""
-    key = (forms, tuple((k, a.shape, a.strides, a.dtype.str) for k, a in fixed.items()))
+    (symbol key -> array: the parameters and constants; ``fixed_key``: their layouts), or the
+    reason why not (a string). Kept on the kernel per layout."""
+    key = (forms, fixed_key)
     found = kernel.templates.get(key)
     if found is None:
         try:
@@ -381,14 +392,13 @@ def template(kernel, forms, fixed, driver):
     return found
 
 
-def backward_template(kernel, layouts, targets, fixed, driver):
+def backward_template(kernel, layouts, targets, fixed, fixed_key, driver):
     """The :class:`Template` of ``kernel`` (a ``signature.BackwardKernel`` whose gradients are
     all of per-row operands) for batches whose per-row inputs (its cotangent, then the forward
     values it reads) have the ``layouts`` and whose gradients go into rows of the ``targets``
     (see :meth:`_Translation.add_into`), or the reason why not. Its handed-on cotangents are
     values of the template."""
-    key = (layouts, targets, tuple((k, a.shape, a.strides, a.dtype.str)
-                                   for k, a in fixed.items()))
+    key = (layouts, targets, fixed_key)
     found = kernel.templates.get(key)
     if found is None:
         try:
