@@ -39,11 +39,12 @@ step main_cpu 30 python3 -m minicavs train tree-lstm --device cpu --no-progress
 step autobatch_table ${TABLE_LIMIT:-150} python3 benchmarks/autobatch_table.py --cuda --batches 3 \
      --rounds 1 --threads "$(nproc)" ${DATA:+--data $DATA} ${TABLE_ARGS:---systems \
      minicavs-agenda:cuda,minicavs-agenda+:cuda,minicavs-agenda+,minicavs-vertex:cuda}
-# Why agenda+ lost to agenda on the H100 (session 17) though it issues fewer launches, the
-# same syncs and less host work on the emulated device: each one's phases, and how long the
-# host waits for the device at a step's end (session 18).
-step phases_cuda 90 bash -c "for s in agenda agenda+; do python3 benchmarks/autobatch_phases.py \
-     tagger --device cuda --strategy \$s --batches 6 ${DATA:+--data $DATA}; done"
+# The autobatched tagger's phases with its batches issued from C (session 24,
+# autobatch/launches.py) and from the interpreter, and how long the host waits for the device
+# at a step's end: the issuers' ratio on one machine (emulated: host 30-33 against 45-53 ms).
+step phases_cuda 90 bash -c "for i in c python; do echo issuer \$i; MINICAVS_CUDA_ISSUER=\$i \
+     python3 benchmarks/autobatch_phases.py tagger --device cuda --strategy agenda+ --batches 6 \
+     ${DATA:+--data $DATA}; done"
 # Host- or device-bound, and which kernels: the device's busy time per step (PyTorch's profiler
 # sees every kernel of the process) against the step's time (session 19 on an H200: 6-13 % busy
 # for every workload, so the host sets the pace).
