@@ -131,3 +131,16 @@ def test_the_c_issuers_kernels_compile_with_nvrtc(dtype):
     for code, name in sources:
         ptx = nvrtc.compile_to_ptx(code, name, arch="compute_90", options=AS_CUPY)
         assert nvrtc.ptx_entries(ptx) == [name]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_autobatchs_own_sources_compile_with_nvrtc(dtype):
+    """The kernels autobatched batches issued from C add (autobatch/launches.py): a concat of
+    column windows, a gradient added into some columns of rows; they run on the emulated
+    device's shim in tests/test_cuda_emulated.py."""
+    from minicavs.autobatch import launches
+
+    for source in (launches._concat_source(((8, 3), (3, 3), (1, 1)), 7, dtype),
+                   launches._add_source(6, 3, 10, dtype)):
+        ptx = nvrtc.compile_to_ptx(source.code, source.name, arch="compute_90", options=AS_CUPY)
+        assert nvrtc.ptx_entries(ptx) == [source.name]
