@@ -223,8 +223,13 @@ def pad_axis(x, before, after, axis=-1):
 
 def split(x, sections, axis=-1):
     """Split into ``sections`` equal parts (an int) or parts of the given sizes (a list)."""
-    axis = normalize_axis("split", axis, len(x.shape))
-    size = x.shape[axis]
+    x_shape = x.shape
+    axis = normalize_axis("split", axis, len(x_shape))
+    size = x_shape[axis]
+    if sections == 2 and type(sections) is int and not size % 2:  # ([h, c] of a cell, per
+        half = size // 2  # vertex of a recorded model: the checks below cost as much again)
+        return [apply(SLICE_AXIS, x, start=0, stop=half, axis=axis),
+                apply(SLICE_AXIS, x, start=half, stop=size, axis=axis)]
     if isinstance(sections, (int, np.integer)):
         if sections <= 0 or size % sections:
             raise ShapeError(f"op 'split': axis {axis} of argument 0 with shape "
