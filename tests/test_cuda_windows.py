@@ -140,7 +140,7 @@ def test_autobatchs_own_sources_compile_with_nvrtc(dtype):
     device's shim in tests/test_cuda_emulated.py."""
     from minicavs.autobatch import launches
 
-    for source in (launches._concat_source(((8, 3), (3, 3), (1, 1)), 7, dtype),
+    for source in (launches._concat_source((3, 3, 1), dtype),
                    launches._add_source(6, 3, 10, dtype)):
         ptx = nvrtc.compile_to_ptx(source.code, source.name, arch="compute_90", options=AS_CUPY)
         assert nvrtc.ptx_entries(ptx) == [source.name]

@@ -1,26 +1,30 @@
-"""(CuPy) An autobatched segment's forward batches issued from C (issue 42).
+"""(CuPy) An autobatched segment's batches issued from C, forward and backward (issue 42).
 
 On a GPU a batch of an LSTM step is three or four launches — a gather of its operands where
 their rows are not one run, two products, the cell — each issued from Python through the
 interpreter and CuPy, tens of microseconds of host time apiece against a few of device work.
-Here a signature's batched kernel is translated once into the C issuer's operations
-(``cuda/issuer.py``: a kernel launch or a cuBLAS product, their arguments integers) with a
-*hole* wherever a batch's address goes::
+Here a signature's batched kernel, and the ∂ of its per-row operands, are translated once
+into the C issuer's operations (``cuda/issuer.py``: a kernel launch or a cuBLAS product,
+their arguments integers) with a *hole* wherever a batch's address goes::
 
     gather      f(slab, rows, gathered block, n)     where an operand's rows are not one run
     product     gemm(n x K · K x N)                  a batch's rows times a shared matrix
     fused group f(operands..., n)                    cuda/windows.level_source over rows
-    LSTM cell   lstm_cell_sum(terms, c, pre, out)    cuda/kernels.py
+    LSTM cell   lstm_cell_sum(terms, c, pre, out)    cuda/kernels.py (and its gradient)
+    concat      f(parts..., out, n)                  the parts' columns side by side
+    add into    f(gradient, slab rows, n)            atomic where the rows are indexed
 
-(and a concat, a kernel copying its parts' columns side by side). A hole is ``(base, byte
-offset)``; a batch's bases are its operands' first rows in their slabs (some of their columns
-where read through a view) or in a gathered block, its rows of the segment's scratch blocks
-(one per value the kernel makes, all batches of a signature one after another), its output
-rows, and the shared arrays. :class:`Issuer` fills them batch by batch and issues every batch
-of a run in one C call; a batch the template does not cover (an operand from several slabs or
-reshaped, an op with no launch here: ``explain()`` names them) runs on the interpreter in its
-turn, the queue issued first. The backward pass reads the batch's rows of those blocks, made
-into arrays when it reads them (:class:`_Values`).
+A hole is ``(base, byte offset)``; a batch's bases are its operands' first rows in their slabs
+(some of their columns where read through a view) or in a gathered block, its rows of the
+segment's scratch blocks (one per value a kernel makes, all batches of a signature one after
+another, in plan order: ``b.sig_row``), its output rows or its gradient's, and the shared
+arrays. :class:`Issuer` fills them batch by batch and issues every batch of a run in one C
+call; a batch the template does not cover (an operand from several slabs or reshaped, an op
+with no launch here, a gradient of a shared operand outside the ``+`` strategies:
+``explain()`` names them) runs on the interpreter in its turn, the queue issued first. The
+backward reads a batch's values where the forward left them (:class:`_Values`: arrays made
+only when the interpreter needs them), and the ``+`` strategies' one product per signature
+reads its batches' rows of a block as one view (:meth:`Issuer.joined`).
 """
 
 import ctypes
@@ -34,7 +38,7 @@ from ..cuda import blas, issuer, products
 from ..cuda import kernels as cuda_kernels
 from ..ops.batching import row_domain
 from ..runtime.analysis import FusedGroup
-from ..runtime.executor import GroupStep, OpStep, SummedCellStep
+from ..runtime.executor import GroupStep, SummedCellStep
 from ..runtime.program import Compute
 
 
@@ -81,17 +85,18 @@ def issuer_for(segment):
 
 
 class Issuer:
-    """One segment's forward batches from C (see the module docstring): :meth:`queue` a batch
-    (None: it runs on the interpreter, :meth:`flush` first), :meth:`flush` issues the queue.
-    ``why``: per signature label, why its batches stay on the interpreter."""
+    """One segment's batches from C (see the module docstring): :meth:`queue` a batch's
+    forward, :meth:`queue_backward` its ∂ (where it does not go, the batch runs on the
+    interpreter, :meth:`flush` first), :meth:`flush` issues the queue. ``why``: per signature
+    label, why its batches stay on the interpreter; ``forward``, ``backward``: how many went."""
 
     def __init__(self, segment, driver):
         self.segment, self.driver, self.xp = segment, driver, segment.xp
         self.address = cuda_kernels.device_address(self.xp)
         self.pointers = np.zeros(1, np.int64)  # (slot 0 holds 0: every hole is an address)
         self.context = driver.context(self.pointers)
-        self.fixed, self.rows, self.blocks = {}, {}, {}
-        self.queued, self.why, self.issued, self.issued_backward = [], {}, 0, 0
+        self.fixed, self.made, self.rows, self.blocks = {}, {}, {}, {}  # (a segment's)
+        self.queued, self.why, self.forward, self.backward = [], {}, 0, 0
 
     def plan(self, plan):
         """Each signature's rows in the segment, before its blocks are made, and each batch's
@@ -112,14 +117,15 @@ class Issuer:
                 return None
             forms.append((rows is not None, view and (view.start, view.stop),
                           slabs[slab].shape[-1] if slabs[slab].ndim > 1 else 1))
-        kernel = b.sig.forward
-        found = self.fixed.get(b.sig)
-        if found is None:
+        forms = tuple(forms)
+        made = self.made.get((b.sig, forms))
+        if made is None:  # (found once a segment per signature and form)
+            kernel = b.sig.forward
             fixed = kernel.exe.constants(self.xp)
             fixed.update((key, t._array) for key, t in b.shared)
-            found = self.fixed[b.sig] = fixed, _layouts(fixed)
-        fixed, fixed_key = found
-        made = template(kernel, tuple(forms), fixed, fixed_key, self.driver)
+            self.fixed[b.sig] = fixed
+            made = self.made[(b.sig, forms)] = template(kernel, forms, fixed, _layouts(fixed),
+                                                        self.driver)
         if isinstance(made, str):
             self.why.setdefault(b.sig.label, made)
             return None
@@ -138,21 +144,24 @@ class Issuer:
                 array = slabs[b.out_slab]
                 bases.append(address(array) + b.out_row * array.strides[0])
             elif kind == "fixed":
-                bases.append(address(fixed[thing[1]]))
+                bases.append(address(self.fixed[b.sig][thing[1]]))
             else:  # src, idx: the gathered operand's slab and rows
                 _, slab, _, rows, _, _ = inputs[thing[1]]
                 bases.append(address(slabs[slab] if kind == "src" else rows))
         code = made.code.copy()
         code[made.at] = np.array(bases, np.int64)[made.base] + made.offset
         self.queued.append((code, n, b, made))
+        self.forward += 1
         if b.sig.can_grad:
-            b.env = _Values(self, b, made, fixed)
+            b.env = _Values(self, b, made, self.fixed[b.sig])
         return made
 
     def queue_backward(self, b, kernel, cotangent, gslabs):
         """Queue batch ``b``'s ∂ of its per-row operands (``kernel``; each gradient added into
         its rows of ``gslabs``): True, or False where it runs on the interpreter."""
         forms, targets = [], []
+        if len(kernel.cotangents) != 1:  # (a rows' ∂ starts from the batch's own cotangent)
+            return False
         for symbol in kernel.wrt:
             target = b.targets[symbol]
             if not isinstance(target, tuple) or target[1] is None or (
@@ -166,13 +175,12 @@ class Issuer:
                           gslab.shape[-1] if gslab.ndim > 1 else 1))
             targets.append(target)
         address, env = self.address, b.env
-        found = self.fixed.get((b.sig, kernel))
-        if found is None:  # (the shared values it reads: the same for every batch of sig)
+        fixed = self.fixed.get((b.sig, kernel))
+        if fixed is None:  # (the shared values it reads: the same for every batch of sig)
             fixed = kernel.exe.constants(self.xp)
             fixed.update((s.key, env[f.key]) for (f, s), is_row in zip(
                 kernel.refs, kernel.ref_is_row) if not is_row)
-            found = self.fixed[(b.sig, kernel)] = fixed, _layouts(fixed)
-        fixed, fixed_key = found
+            self.fixed[(b.sig, kernel)] = fixed
         located = [(address(cotangent), _layout(cotangent))]
         for (f, s), is_row in zip(kernel.refs, kernel.ref_is_row):
             if not is_row:
@@ -181,9 +189,13 @@ class Issuer:
                 located.append(env.locate(f.key))
             else:
                 located.append((address(env[f.key]), _layout(env[f.key])))
-        layouts = tuple(layout for _, layout in located)
-        made = "an operand's rows are not contiguous" if None in layouts else \
-            backward_template(kernel, layouts, tuple(forms), fixed, fixed_key, self.driver)
+        layouts, forms = tuple(layout for _, layout in located), tuple(forms)
+        made = self.made.get((b.sig, kernel, layouts, forms))
+        if made is None:
+            made = "an operand is not rows of floats, each row contiguous" if None in layouts \
+                else backward_template(kernel, layouts, forms, fixed, _layouts(fixed),
+                                       self.driver)
+            self.made[(b.sig, kernel, layouts, forms)] = made
         if isinstance(made, str):
             self.why.setdefault(f"{b.sig.label} (backward)", made)
             return False
@@ -205,7 +217,7 @@ class Issuer:
         code = made.code.copy()
         code[made.at] = np.array(bases, np.int64)[made.base] + made.offset
         self.queued.append((code, n, b, made))
-        self.issued_backward += 1
+        self.backward += 1
         stats = self.segment.stats
         for _, _, _, rows, _, _ in targets:
             stats["scatter_made" if rows is not None else "scatter_avoided"] += 1
@@ -276,7 +288,6 @@ class Issuer:
         failed = ctypes.c_int64(0)
         status = self.driver.issue_many(rows.ctypes.data, len(queued), self.context.address,
                                         ctypes.addressof(failed))
-        self.issued += len(queued)  # (forward and backward batches)
         if status:
             _, n, b, made = queued[failed.value]
             self.driver.raise_on(status, issuer.Table(made.code, lambda op: (
@@ -654,7 +665,7 @@ class _Translation:
             raise Unsupported(f"{node.label()} is not of rows' columns")
         width, dtype = sum(p.width for p in parts), parts[0].dtype
         out = self.made(node, width, dtype)
-        source = _concat_source(tuple((p.ld, p.width) for p in parts), width, dtype)
+        source = _concat_source(tuple(p.width for p in parts), dtype)
         args = [x for p in parts for x in (p, p.ld)]
         self.launch(windows.Launcher(source).kernel, width, args + [out, ROWS, _FIRST],
                     f"{node.label()}")
@@ -713,17 +724,18 @@ def _add_source(ld, width, out_ld, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _concat_source(parts, width, dtype):
-    """A kernel writing rows of ``width`` columns from the ``parts`` ((row width, columns)
-    each: a pointer and its row width are its parameters) side by side."""
+def _concat_source(widths, dtype):
+    """A kernel writing rows of its parts' ``widths`` side by side (each part a pointer and
+    its row width, parameters)."""
     from ..cuda import windows
 
     t, suffix = cuda_kernels.DTYPES[np.dtype(dtype)]
-    params = [f"const {t}* __restrict__ x{k}, const long long ld{k}" for k in range(len(parts))]
-    pieces = "\n".join(f"""        if (j < {w}) {{ out[i * {width} + c + j] = x{k}[i * ld{k} + j]; continue; }}
-        j -= {w}; c += {w};""" for k, (_, w) in enumerate(parts))
+    width = sum(widths)
+    params = [f"const {t}* __restrict__ x{k}, const long long ld{k}" for k in range(len(widths))]
+    pieces = "\n".join(f"        if (j < {w}) {{ out[i * {width} + c + j] = x{k}[i * ld{k} + j]; "
+                       f"continue; }}\n        j -= {w}; c += {w};" for k, w in enumerate(widths))
     return windows._layout_source(
-        f"minicavs_concat_{suffix}_{windows._digest(parts)}", params + [f"{t}* __restrict__ out"],
+        f"minicavs_concat_{suffix}_{windows._digest(widths)}", params + [f"{t}* __restrict__ out"],
         "        long long c = 0;\n" + pieces, width)
 
 

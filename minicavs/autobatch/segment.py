@@ -10,9 +10,10 @@ joined into one block each, and a shared operand's gradient is one product.
 
 Host cost: row indices are planned for the whole segment and moved to the device in one copy
 (``_Indices``); a batch is laid out in the order its first reader reads it
-(``schedule.in_reader_order``), so many reads are views. ``stats["host_us_per_node"]`` is the
-time per node not spent in kernels — recording, scheduling, launch preparation — which on a
-GPU decides whether the device waits for Python.
+(``schedule.in_reader_order``), so many reads are views; on a GPU the batches' launches are
+issued from C where their ops allow (``launches.py``), forward and backward.
+``stats["host_us_per_node"]`` is the time per node not spent in kernels — recording,
+scheduling, launch preparation — which on a GPU decides whether the device waits for Python.
 """
 
 import contextlib
@@ -33,8 +34,10 @@ from . import launches, schedule, views
 
 
 class _Batch:
+    # (handed: the cotangents its rows' ∂ passed to the shared one; sig_row: its first row
+    # among its signature's, launches.py)
     __slots__ = ("sig", "n", "inputs", "shared", "out_slab", "out_row", "env", "targets",
-                 "handed", "sig_row")  # (handed: cotangents its rows' ∂ passed to the shared one)
+                 "handed", "sig_row")
 
 
 class Segment:
@@ -42,8 +45,9 @@ class Segment:
         self.start, self.stop, self.strategy = start, stop, strategy
         self.plus = strategy.endswith("+")
         self.stats = {"nodes": stop - start, "copies_made": 0, "copies_avoided": 0,
-                      "scatter_made": 0, "scatter_avoided": 0, "plus_copies": 0, "plus_copies_avoided": 0,
-                      "plus_products": 0, "plus_products_saved": 0, "backward_s": 0.0,
+                      "scatter_made": 0, "scatter_avoided": 0, "plus_copies": 0,
+                      "plus_copies_avoided": 0, "plus_products": 0, "plus_products_saved": 0,
+                      "backward_s": 0.0,
                       "kernel_s": 0.0, "by_signature": defaultdict(lambda: [0, 0])}
         self.gslabs = self.from_c = None
 
@@ -291,7 +295,7 @@ class Segment:
                     counter.total - last
         if from_c is not None:
             from_c.flush()
-            self.stats["batches_from_c"] = from_c.issued  # (the forward's, so far)
+            self.stats["batches_from_c"] = from_c.forward
             self.stats["why_not_from_c"] = from_c.why
         self.stats["forward_s"] = time.perf_counter() - began
         self.stats["kernel_s"] += self._device_seconds() - device_began
@@ -380,7 +384,7 @@ class Segment:
                 deferred[b.sig].append(b)
         if from_c is not None:
             from_c.flush()
-            self.stats["backward_batches_from_c"] = from_c.issued_backward
+            self.stats["backward_batches_from_c"] = from_c.backward
 
     # --- host time ------------------------------------------------------------------------------
     def _timed(self, run, *args):
