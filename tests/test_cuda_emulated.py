@@ -692,7 +692,7 @@ GENERATED = textwrap.dedent(r'''
     @given(samples=generated.samples_st, branch_reads=st.booleans())
     def check(samples, branch_reads):
         ref_values, ref_grads = generated._run(samples, None, branch_reads)
-        for strategy in ("agenda+", "depth"):
+        for strategy in ("agenda+", "depth", "agenda", "depth+"):
             values, grads = generated._run(samples, strategy, branch_reads)
             for v, r in zip(values, ref_values):
                 np.testing.assert_allclose(v, r, rtol=generated.RTOL, atol=generated.ATOL,
@@ -709,8 +709,10 @@ GENERATED = textwrap.dedent(r'''
 
 def test_generated_programs_with_batches_issued_from_c_match_eager(tmp_path):
     """tests/test_autobatch.py's generated programs (sequences, trees, DAGs over thirteen kinds
-    of node, branches that read a value mid-block) on the emulated device: autobatched, most
-    batches issued from C, equal to eager execution on the same device (float64, 1e-9)."""
+    of node, branches that read a value mid-block) on the emulated device: autobatched under
+    each strategy, most batches issued from C (the plain strategies' backward batches with a
+    parameter's gradient on the interpreter), equal to eager execution on the same device
+    (float64, 1e-9)."""
     script = tmp_path / "generated.py"
     script.write_text(GENERATED)
     env = dict(os.environ, MINICAVS_CUDA_EMULATE="1", MINICAVS_DEVICE="cpu",
