@@ -373,6 +373,8 @@ WORKER = textwrap.dedent(r'''
                 "why": stats.get("why_not_from_c"),
                 "launches": [stats.get("forward_launches"), stats.get("backward_launches")],
                 "backward_from_c": stats.get("backward_batches_from_c"),
+                "shared_from_c": [stats.get("shared_gradients_from_c"),
+                                  stats["plus_products"]],
                 "explain": ab.explain(picture=False)}
         if device == "cuda":  # a launch the driver refuses: the error names the batch
             import ctypes
@@ -646,10 +648,11 @@ def test_autobatched_lstm_steps_on_the_emulated_device(emulated_run):
 
 
 def test_autobatched_batches_issued_from_c_equal_the_interpreters(emulated_run):
-    """Batches issued from C (autobatch/launches.py), forward and backward, give the
-    interpreter's values and gradients, and NumPy's: every batch whose ops have a launch
-    there goes through C (here all but the sums), in no more launches than the interpreter
-    makes; a launch that fails names the batch and its op."""
+    """Batches issued from C (autobatch/launches.py), forward and backward, and the '+'
+    strategy's one product a signature for its shared operands, give the interpreter's values
+    and gradients, and NumPy's: every batch whose ops have a launch there goes through C (here
+    all but the sums), in no more launches than the interpreter makes; a launch that fails
+    names the batch and its op."""
     cpu, cuda = emulated_run["cpu"]["from_c"]["python"], emulated_run["cuda"]["from_c"]
     for choice in ("python", "c"):
         for k, (g, r) in enumerate(zip(cuda[choice]["values"], cpu["values"])):
@@ -658,6 +661,8 @@ def test_autobatched_batches_issued_from_c_equal_the_interpreters(emulated_run):
     sums = {"sum (12,)", "sum (8,)"}
     assert set(cuda["c"]["why"]) == sums | {f"{s} (backward)" for s in sums}, cuda["c"]["why"]
     assert cuda["c"]["from_c"] == cuda["c"]["backward_from_c"] == cuda["c"]["batches"] - 2
+    from_c, products = cuda["c"]["shared_from_c"]  # ('+': one product a signature, all from C)
+    assert from_c == products > 0, cuda["c"]["shared_from_c"]
     for phase, (c, python) in enumerate(zip(cuda["c"]["launches"], cuda["python"]["launches"])):
         assert c <= python, (phase, c, python)
     assert "batches issued from C: forward " in cuda["c"]["explain"]

@@ -24,8 +24,9 @@ def explain(scope, picture=True, max_batches=40):
         if "batches_from_c" in st or "why_not_from_c" in st:
             lines.append(f"  batches issued from C: forward {st.get('batches_from_c', 0)} of "
                          f"{st.get('batches', 0)}, backward "
-                         f"{st.get('backward_batches_from_c', '-')} (autobatch/launches.py); "
-                         f"on the interpreter:")
+                         f"{st.get('backward_batches_from_c', '-')}, shared operands' "
+                         f"gradients {st.get('shared_gradients_from_c', '-')} "
+                         f"(autobatch/launches.py); on the interpreter:")
             for label, why in sorted(st["why_not_from_c"].items()):
                 lines.append(f"    {label}: {why}")
         lines.append(

@@ -13,6 +13,7 @@ their arguments integers) with a *hole* wherever a batch's address goes::
     LSTM cell   lstm_cell_sum(terms, c, pre, out)    cuda/kernels.py (and its gradient)
     concat      f(parts..., out, n)                  the parts' columns side by side
     add into    f(gradient, slab rows, n)            atomic where the rows are indexed
+    Xᵀ·G, Σ G   gemm over the rows (GEMM_INNER)       the '+' strategies' shared gradients
 
 A hole is ``(base, byte offset)``; a batch's bases are its operands' first rows in their slabs
 (some of their columns where read through a view) or in a gathered block, its rows of the
@@ -23,8 +24,10 @@ call; a batch the template does not cover (an operand from several slabs or resh
 with no launch here, a gradient of a shared operand outside the ``+`` strategies:
 ``explain()`` names them) runs on the interpreter in its turn, the queue issued first. The
 backward reads a batch's values where the forward left them (:class:`_Values`: arrays made
-only when the interpreter needs them), and the ``+`` strategies' one product per signature
-reads its batches' rows of a block as one view (:meth:`Issuer.joined`).
+only when the interpreter needs them); the ``+`` strategies' one product per signature reads
+its batches' rows of a block as one view (:meth:`Issuer.joined`) and is issued from C too
+(:meth:`Issuer.queue_shared`: a weight's gradient one gemm over the rows, a bias's the rows
+summed as ones·G).
 """
 
 import ctypes
@@ -96,7 +99,8 @@ class Issuer:
         self.pointers = np.zeros(1, np.int64)  # (slot 0 holds 0: every hole is an address)
         self.context = driver.context(self.pointers)
         self.fixed, self.made, self.rows, self.blocks = {}, {}, {}, {}  # (a segment's)
-        self.queued, self.why, self.forward, self.backward = [], {}, 0, 0
+        self.queued, self.why, self.forward, self.backward, self.shared = [], {}, 0, 0, 0
+        self.ones_by_dtype = {}
 
     def plan(self, plan):
         """Each signature's rows in the segment, before its blocks are made, and each batch's
@@ -150,7 +154,7 @@ class Issuer:
                 bases.append(address(slabs[slab] if kind == "src" else rows))
         code = made.code.copy()
         code[made.at] = np.array(bases, np.int64)[made.base] + made.offset
-        self.queued.append((code, n, b, made))
+        self.queued.append((code, n, b.sig.label, made, None))
         self.forward += 1
         if b.sig.can_grad:
             b.env = _Values(self, b, made, self.fixed[b.sig])
@@ -216,7 +220,7 @@ class Issuer:
                     0 if rows is not None else lo * gslab.strides[0]))
         code = made.code.copy()
         code[made.at] = np.array(bases, np.int64)[made.base] + made.offset
-        self.queued.append((code, n, b, made))
+        self.queued.append((code, n, b.sig.label, made, None))
         self.backward += 1
         stats = self.segment.stats
         for _, _, _, rows, _, _ in targets:
@@ -225,6 +229,53 @@ class Issuer:
             b.handed = _Handed(self, b, made, [made.values[o.key] for o in
                                                kernel.outputs[len(targets):]], cotangent, env)
         return True
+
+    def queue_shared(self, sig, kernel, cotangents, env, total):
+        """Queue the shared operands' ∂ of ``sig`` over all its batches' rows (``total``;
+        ``cotangents`` and the row values of ``env`` joined): the gradients, arrays filled
+        once the queue is issued, or None where it runs on the interpreter."""
+        fixed = kernel.exe.constants(self.xp)
+        args = list(cotangents)
+        for (f, s), is_row in zip(kernel.refs, kernel.ref_is_row):
+            if is_row:
+                args.append(env[f.key])
+            else:
+                fixed[s.key] = env[f.key]
+        layouts = tuple(_layout(a) for a in args)
+        made = "an operand is not rows of floats, each row contiguous" if None in layouts \
+            else shared_template(kernel, layouts, fixed, _layouts(fixed), self.driver)
+        if isinstance(made, str):
+            self.why.setdefault(f"{sig.label} (shared operands' gradients)", made)
+            return None
+        results = {key: self.xp.empty(shape, dtype) for key, (shape, dtype)
+                   in made.results.items()}
+        address, bases = self.address, []
+        for thing in made.bases:
+            kind = thing[0]
+            if kind == "arg":
+                bases.append(address(args[thing[1]]))
+            elif kind == "fixed":
+                bases.append(address(fixed[thing[1]]))
+            elif kind == "result":
+                bases.append(address(results[thing[1]]))
+            elif kind == "block":  # (a value of the rows made on the way: this call's)
+                width, dtype = made.blocks[thing[1]]
+                results[thing] = self.xp.empty((total, width), dtype)  # (kept: see below)
+                bases.append(address(results[thing]))
+            else:  # ones: a row of them, as long as the rows
+                bases.append(address(self.ones(np.dtype(thing[1]), total)))
+        code = made.code.copy()
+        code[made.at] = np.array(bases, np.int64)[made.base] + made.offset
+        self.queued.append((code, total, f"{sig.label} (shared operands' gradients)", made,
+                            results))  # (its arrays live until it is issued)
+        self.shared += 1
+        return [results[key].reshape(shape) for key, shape in made.outputs]
+
+    def ones(self, dtype, n):
+        found = self.ones_by_dtype.get(dtype)
+        if found is None or len(found) < n:
+            found = self.ones_by_dtype[dtype] = self.xp.ones(max(n, 1024), dtype)
+        return found
 
     def joined(self, terms, where):
         """A value of every batch of ``terms`` (of one signature, in forward order) as one
@@ -284,14 +335,14 @@ class Issuer:
         if not self.queued:
             return
         queued, self.queued = self.queued, []
-        rows = np.array([(code.ctypes.data, 0, n) for code, n, _, _ in queued], np.int64)
+        rows = np.array([(entry[0].ctypes.data, 0, entry[1]) for entry in queued], np.int64)
         failed = ctypes.c_int64(0)
         status = self.driver.issue_many(rows.ctypes.data, len(queued), self.context.address,
                                         ctypes.addressof(failed))
         if status:
-            _, n, b, made = queued[failed.value]
+            _, n, label, made, _ = queued[failed.value]
             self.driver.raise_on(status, issuer.Table(made.code, lambda op: (
-                f"{b.sig.label}: {made.names[op]}")), 0, n, what="autobatched batch")
+                f"{label}: {made.names[op]}")), 0, n, what="autobatched batch")
 
 
 class _Values(dict):
@@ -429,6 +480,32 @@ def backward_template(kernel, layouts, targets, fixed, fixed_key, driver):
     return found
 
 
+def shared_template(kernel, layouts, fixed, fixed_key, driver):
+    """The :class:`Template` of ``kernel`` (a ``signature.BackwardKernel`` of the shared
+    operands, run once over every batch of a signature under the '+' strategies: Xᵀ·G
+    products, the rows' sums) for inputs of the ``layouts``, or the reason why not. Its
+    results (``made.results``) are the gradients, whole arrays."""
+    key = ("shared", layouts, fixed_key)
+    found = kernel.templates.get(key)
+    if found is None:
+        try:
+            made = _Translation(kernel.exe.program, fixed, driver)
+            made.results = {}
+            made.backward_operands(kernel.cotangents + [s for _, s in kernel.refs
+                                                        if s.key not in fixed], layouts)
+            made.steps()
+            for output in kernel.outputs:
+                if output.key not in made.results_of:
+                    raise Unsupported(f"{output.label()} is not made by a product here")
+            found = made.template()
+            found.results = made.results
+            found.outputs = [(made.results_of[o.key], tuple(o.shape)) for o in kernel.outputs]
+        except Unsupported as why:
+            found = str(why)
+        kernel.templates[key] = found
+    return found
+
+
 class _Translation:
     """A batched kernel's Program (forward, or the ∂ of its per-row operands) as a
     :class:`Template`: its operands first (:meth:`forward_operands`, :meth:`backward_operands`),
@@ -439,6 +516,9 @@ class _Translation:
         self.arrays = dict(fixed)  # (the shared arrays, and transposes of them)
         self.code, self.holes, self.names, self.blocks = [], [], [], {}
         self.bases, self.refs = [], {}
+        # (the shared operands' ∂: its results, whole arrays by key -> (shape, dtype); which
+        # values are one of them; its operands read transposed, rows as columns)
+        self.results, self.results_of, self.transposed = None, {}, {}
 
     def forward_operands(self, kernel, forms):
         k = 0
@@ -486,8 +566,18 @@ class _Translation:
                 raise Unsupported(f"{_name(ins)} has no launch here")
             elif node.op.native == "window":
                 self.window(node)
+            elif node.op.native == "product" and node.inputs[0].key in self.transposed:
+                self.product_over_rows(node)
             elif node.op.native == "product":
                 self.product(node)
+            elif node.op.name == "sum" and self.results is not None:
+                self.sum_over_rows(node)
+            elif node.op.name == "reshape" and node.inputs[0].key in self.results_of:
+                self.refs[node.key] = self.refs[node.inputs[0].key]
+                self.results_of[node.key] = self.results_of[node.inputs[0].key]
+            elif node.op.name == "transpose" and self.results is not None and \
+                    self.value(node.inputs[0]).ld is not None:
+                self.transposed[node.key] = self.value(node.inputs[0])
             elif node.op.name == "transpose" and node.inputs[0].key in self.arrays:
                 self.arrays[node.key] = array = self.arrays[node.inputs[0].key].T
                 self.refs[node.key] = self.value(node.inputs[0])._replace(
@@ -621,6 +711,48 @@ class _Translation:
         else:
             self.code += [issuer.GEMM] + gemm
         self.names.append(f"product {node.label()}")
+
+    def result(self, node, shape, dtype):
+        """A whole array the shared operands' ∂ makes (a parameter's gradient)."""
+        self.results[node.key] = (tuple(shape), np.dtype(dtype))
+        self.results_of[node.key] = node.key
+        ref = self.refs[node.key] = Ref(self.base(("result", node.key)), 0, None, shape[-1],
+                                        np.dtype(dtype), len(shape))
+        return ref
+
+    def gemm_over_rows(self, a, op_a, lda, g, out, name):
+        """``out = a·g`` summed over the batch's rows: ``a`` is rows read as columns (op_a,
+        lda: cuBLAS's view of it), ``g`` rows; one gemm whose inner dimension is the rows."""
+        dtype = issuer.gemm_dtype(g.dtype)
+        if dtype is None or g.ndim != 2:
+            raise Unsupported(f"{name}: operands cuBLAS cannot take as they are")
+        at_a, at_g, at_out = ((0, 0, self.hole(x)) for x in (a, g, out))
+        rows_out = self.results[self.results_of_ref(out)][0][0]
+        self.code += [issuer.GEMM_INNER, dtype, blas.OP_N, op_a, g.width, rows_out, *at_g, g.ld,
+                      *at_a, lda, *at_out, g.width]
+        self.names.append(name)
+
+    def results_of_ref(self, ref):
+        return self.bases[ref.base][1]
+
+    def product_over_rows(self, node):
+        """Xᵀ·G: a shared weight's gradient over the batch's rows."""
+        x, g = self.transposed[node.inputs[0].key], self.value(node.inputs[1])
+        if g.ld is None or x.dtype != g.dtype or tuple(node.shape) != (x.width, g.width):
+            raise Unsupported(f"product {node.label()} is not rows' transpose times rows")
+        out = self.result(node, node.shape, g.dtype)
+        self.gemm_over_rows(x, blas.OP_T, x.ld, g, out, f"product {node.label()}")
+
+    def sum_over_rows(self, node):
+        """A bias's gradient: the rows summed, as ones(1 x n)·G (one gemm, no reduction
+        kernel: the ones are read as a 1 x n matrix, leading dimension 1)."""
+        g = self.value(node.inputs[0])
+        if g.ld is None or g.ndim != 2 or tuple(node.attrs.get("axes") or ()) != (0,) or \
+                tuple(node.shape) != (1, g.width):
+            raise Unsupported(f"{node.label()} is not a sum of the rows")
+        out = self.result(node, node.shape, g.dtype)
+        ones = Ref(self.base(("ones", g.dtype.str)), 0, None, 1, g.dtype, 1)
+        self.gemm_over_rows(ones, blas.OP_T, 1, g, out, f"{node.label()} (over the rows)")
 
     def elementwise(self, group):
         from ..cuda import windows

@@ -345,6 +345,8 @@ class Segment:
             self._backward_batches(gslabs, xp, deferred, params)
             for sig, terms in deferred.items():
                 self._shared_gradients(sig, terms, params)
+        if self.from_c is not None:
+            stats["shared_gradients_from_c"] = self.from_c.shared
         stats["backward_s"] += time.perf_counter() - began
         stats["kernel_s"] += self._device_seconds() - device_began
         if counter is not None:
@@ -494,7 +496,11 @@ class Segment:
             if env[f.key] is None:
                 env[f.key] = self._joined(self.slabs, spans, [b.env[f.key] for b in terms],
                                           view)
-        grads = self._timed(kernel.run, cotangents, env, total, self.xp)
+        grads = self.from_c and self.from_c.queue_shared(sig, kernel, cotangents, env, total)
+        if grads:  # (issued now: the gradients are read next)
+            self.from_c.flush()
+        else:
+            grads = self._timed(kernel.run, cotangents, env, total, self.xp)
         self.stats["plus_products"] += 1
         self.stats["plus_products_saved"] += len(terms) - 1
         for position, g in zip(sig.shared_grads(), grads):

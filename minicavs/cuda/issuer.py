@@ -11,6 +11,7 @@ C function below, which computes each argument from the level's first row and ro
         LAUNCH:  f, row width, arguments -> cuLaunchKernel(f, blocks, 256, params)
         GEMM:    dtype, operations, sizes, operands -> cublas{S,D}gemm_v2(handle, ...)
         PRODUCT: up to m rows a LAUNCH of our product kernel (products.py), else a GEMM
+        GEMM_INNER: dtype, operations, sizes, operands -> a gemm over the rows (Xᵀ·G)
 
 An argument is ``table[slot] + offset + lo * row_bytes`` (a pointer: the call's arrays are in
 ``table``, filled once a call), the level's row count ``n``, its first row ``lo``, or a number. The C code
@@ -29,7 +30,9 @@ from .kernels import BLOCK_SIZE, MAX_BLOCKS
 from .blas import _ALPHA_BETA, _GEMM
 from ..errors import ArgumentError, DeviceError, KernelCompileError, ToolchainError
 
-LAUNCH, GEMM, PRODUCT = 0, 1, 2  # operations (PRODUCT: our kernel up to some rows, else GEMM)
+# operations (PRODUCT: our kernel up to some rows, else GEMM; GEMM_INNER: the rows are the
+# product's inner dimension, a shared operand's gradient Xᵀ·G over a batch's rows)
+LAUNCH, GEMM, PRODUCT, GEMM_INNER = 0, 1, 2, 3
 POINTER, ROWS, FIRST, CONST = 0, 1, 2, 3  # argument kinds: a pointer, n, lo, a number
 MAX_ARGS = 64
 
@@ -87,6 +90,18 @@ static int gemm(const int64_t *code, int64_t *at, int64_t lo, int64_t n, const C
                        (void *)address(g + 13, c->table, lo), (int)g[16]);
 }
 
+// GEMM_INNER: as GEMM, the n rows the inner dimension and g[4] the output's rows (Xᵀ·G)
+static int gemm_inner(const int64_t *code, int64_t *at, int64_t lo, int64_t n, const Context *c) {
+    const int64_t *g = code + *at;
+    *at += 17;
+    if (n == 0) return 0;
+    const int dt = (int)g[0];
+    return c->gemm[dt](c->handle, (int)g[1], (int)g[2], (int)g[3], (int)g[4], (int)n,
+                       c->alpha[dt], (const void *)address(g + 5, c->table, lo), (int)g[8],
+                       (const void *)address(g + 9, c->table, lo), (int)g[12], c->beta[dt],
+                       (void *)address(g + 13, c->table, lo), (int)g[16]);
+}
+
 // 0, or (the failed operation + 1) << 32 | the driver's or cuBLAS's status
 extern "C" int64_t minicavs_issue_level(const int64_t *code, int64_t lo, int64_t n,
                                         const Context *c) {
@@ -99,6 +114,8 @@ extern "C" int64_t minicavs_issue_level(const int64_t *code, int64_t lo, int64_t
             status = launch(code, &at, lo, n, c);
         } else if (kind == 1) {
             status = gemm(code, &at, lo, n, c);
+        } else if (kind == 3) {
+            status = gemm_inner(code, &at, lo, n, c);
         } else {  // PRODUCT: at most this many rows: the LAUNCH that follows, else the GEMM
             const int64_t most = code[at++];
             if (n <= most) {
