@@ -376,6 +376,17 @@ WORKER = textwrap.dedent(r'''
                 "shared_from_c": [stats.get("shared_gradients_from_c"),
                                   stats["plus_products"]],
                 "explain": ab.explain(picture=False)}
+        if device == "cuda":  # float16 (no kernels of ours): every batch on the interpreter
+            half = [mc.tensor(rng.normal(size=H).astype(np.float16)) for _ in range(3)]
+            Wh = mc.Parameter(rng.normal(size=(H, H)).astype(np.float16))
+            with mc.autobatch("agenda+") as ab:
+                y = mc.add_n([mc.sum(mc.tanh(h @ Wh)) for h in half])
+                y.backward()
+            out["half"] = [ab.segments[0].stats.get("batches_from_c"),
+                           float(backend.to_numpy(y.data)),
+                           float(sum(np.tanh(backend.to_numpy(h.data).astype(np.float32) @
+                                             backend.to_numpy(Wh.data).astype(np.float32)).sum()
+                                     for h in half))]
         if device == "cuda":  # a launch the driver refuses: the error names the batch
             import ctypes
             from minicavs.cuda import emulated, issuer
@@ -667,6 +678,8 @@ def test_autobatched_batches_issued_from_c_equal_the_interpreters(emulated_run):
         assert c <= python, (phase, c, python)
     assert "batches issued from C: forward " in cuda["c"]["explain"]
     assert "sum (12,): sum has no launch here" in cuda["c"]["explain"]
+    from_c, half, single = cuda["half"]  # (float16: no kernel of ours takes it)
+    assert from_c == 0 and abs(half - single) < 0.05 * max(1.0, abs(single)), cuda["half"]
     assert "autobatched batch: tanh (12,): fused tanh failed on rows 0..2" in cuda["failure"], \
         cuda["failure"]
     assert "(status 700 " in cuda["failure"], cuda["failure"]

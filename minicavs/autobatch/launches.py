@@ -526,8 +526,8 @@ class _Translation:
             if aval is None:
                 continue
             gathered, columns, slab_width = forms[k]
-            if len(aval.shape) > 1 or np.dtype(aval.dtype).kind != "f":
-                raise Unsupported(f"operand {k} is not a row of floats")
+            if len(aval.shape) > 1 or np.dtype(aval.dtype) not in cuda_kernels.DTYPES:
+                raise Unsupported(f"operand {k} is not a row of float32 or float64 numbers")
             width, dtype = int(aval.shape[0]) if aval.shape else 1, np.dtype(aval.dtype)
             start = columns[0] if columns else 0
             if gathered:
@@ -545,6 +545,8 @@ class _Translation:
         """The ∂'s per-row inputs (the cotangent, the forward values it reads) as arrays of
         the ``layouts`` ((ld, width, dtype, ndim) each), given per batch."""
         for j, (symbol, layout) in enumerate(zip(symbols, layouts)):
+            if layout[2] not in cuda_kernels.DTYPES:
+                raise Unsupported(f"{symbol.label()} is {layout[2]}, not float32 or float64")
             self.refs[symbol.key] = Ref(self.base(("arg", j)), 0, *layout)
 
     def base(self, thing):
@@ -644,6 +646,8 @@ class _Translation:
         shape = node.shape
         if row_domain(shape) != "vertex" or len(shape) > 2:
             raise Unsupported(f"{node.label()} is not a row per batch member")
+        if np.dtype(dtype) not in cuda_kernels.DTYPES:
+            raise Unsupported(f"{node.label()} is {np.dtype(dtype)}, not float32 or float64")
         thing = ("out",) if node.key == self.output else ("block", node.key)
         if thing != ("out",):
             self.blocks[node.key] = (width, np.dtype(dtype))
