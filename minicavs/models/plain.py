@@ -50,14 +50,22 @@ class _LSTM(_Plain):
 
     def run(self, xs):
         """The hidden state h after each input, in the order of ``xs``."""
-        state = self.initial
-        out = []
+        return [ops.slice_axis(state, 0, self.hidden) for state in self.states(xs)]
+
+    def final(self, xs):
+        """The hidden state h after the last input (a character LSTM's word vector: the
+        states before it are not read, so no h of theirs is taken)."""
+        return ops.slice_axis(self.states(xs)[-1], 0, self.hidden)
+
+    def states(self, xs):
+        """The state [h, c] after each input."""
+        state, out = self.initial, []
         for x in xs:
             if self.hoist:
                 state = ops.lstm_step(ops.linear(x, self.W, self.b), state, self.U)
             else:
                 state = ops.lstm_step(x, state, self.W, self.U, self.b)
-            out.append(ops.slice_axis(state, 0, self.hidden))
+            out.append(state)
         return out
 
     def parameters(self):
@@ -105,7 +113,7 @@ class BiLSTMTagger(_Plain):
     def word_vector(self, word):
         if word in self.rare or (self.char_lstm and word not in self.vocab):
             chars = [ops.embedding(self.C, np.array(self.char_ids.get(ch, 0))) for ch in word]
-            return ops.concat([self.cfwd.run(chars)[-1], self.cbwd.run(chars[::-1])[-1]])
+            return ops.concat([self.cfwd.final(chars), self.cbwd.final(chars[::-1])])
         return ops.embedding(self.E, np.array(self.vocab.get(word, 0)))
 
     def scores(self, words):
