@@ -272,9 +272,12 @@ class Issuer:
         return [results[key].reshape(shape) for key, shape in made.outputs]
 
     def ones(self, dtype, n):
+        """A row of ones as long as any signature's rows in the segment (made once: an
+        address in the queue stays valid)."""
         found = self.ones_by_dtype.get(dtype)
-        if found is None or len(found) < n:
-            found = self.ones_by_dtype[dtype] = self.xp.ones(max(n, 1024), dtype)
+        if found is None:
+            most = max(self.rows.values(), default=0)
+            found = self.ones_by_dtype[dtype] = self.xp.ones(max(n, most), dtype)
         return found
 
     def joined(self, terms, where):
