@@ -463,8 +463,9 @@ def test_slab_memory_is_reused_across_steps_but_never_under_a_live_value():
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_the_agenda_loop_in_c_forms_the_batches_of_its_numpy_reference(data):
-    """schedule.batches_by_agenda runs its loop in C where native code runs: the same batches,
-    node for node, in the same order, as the NumPy loop (ties between signatures included)."""
+    """schedule.batches_by_agenda and schedule.in_reader_order run their loops in C where
+    native code runs: the same batches, node for node, in the same order, as the NumPy loops
+    (ties between signatures included)."""
     from minicavs.autobatch import schedule
     from minicavs.cpu import build
 
@@ -483,6 +484,11 @@ def test_the_agenda_loop_in_c_forms_the_batches_of_its_numpy_reference(data):
         depth[b] = max(depth[b], depth[a] + 1)
     got = schedule.batches_by_agenda(sig, depth, src, dst, num_sigs, native=True)
     want = schedule.batches_by_agenda(sig, depth, src, dst, num_sigs, native=False)
+    assert [b.tolist() for b in got] == [b.tolist() for b in want]
+    # and the reader order that follows, in C and in NumPy, node for node (repeated edges,
+    # nodes read by several batches or none)
+    got = schedule.in_reader_order([b.copy() for b in want], src, dst, n, native=True)
+    want = schedule.in_reader_order(want, src, dst, n, native=False)
     assert [b.tolist() for b in got] == [b.tolist() for b in want]
 
 

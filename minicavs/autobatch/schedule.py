@@ -94,16 +94,21 @@ def batches_by_agenda(sig, depth, src, dst, num_sigs, native=True):
     return batches
 
 
-def in_reader_order(batches, src, dst, num_nodes):
+def in_reader_order(batches, src, dst, num_nodes, native=True):
     """``batches`` with each one's nodes reordered so that a later batch finds its operand rows
     as one run where it can — an LSTM step the previous step's states, the words' embeddings
     in the order the first LSTM reads them — a view instead of a gather (and, backwards, an
     add into rows instead of a scatter). Each node goes where its first reader (one in the
     earliest batch that reads it) is, nodes no batch reads last. From the last batch back: a
-    reader's place is final before the nodes it reads are placed."""
+    reader's place is final before the nodes it reads are placed. ``native``: the same loop in
+    C where native code runs (``cpu/kernels.reader_order``; this NumPy form is its reference)."""
     sizes = np.array([len(b) for b in batches], dtype=np.int64)
     if len(batches) < 2 or not len(src) or sizes.max() == 1:
         return batches
+    if native:
+        order, ends = np.concatenate(batches).astype(np.int64, copy=False), np.cumsum(sizes)
+        if kernels.reader_order(order, ends, src, dst):
+            return np.split(order, ends[:-1])
     batch_of = np.empty(num_nodes, dtype=np.int64)
     batch_of[np.concatenate(batches)] = np.repeat(np.arange(len(batches)), sizes)
     first_batch = np.full(num_nodes, len(batches), dtype=np.int64)

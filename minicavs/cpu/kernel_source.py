@@ -5,6 +5,7 @@ kernel measures again."""
 from . import isa
 
 SOURCE = r"""// minicavs native kernels (minicavs/cpu/kernels.py)
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <omp.h>
@@ -248,6 +249,33 @@ static int64_t agenda(int64_t n, int64_t num_sigs, const int64_t *sig, int64_t *
   return batches;
 }
 
+// The batches' nodes each where its first reader is (autobatch/schedule.in_reader_order, whose
+// NumPy form is the reference): from the last batch back, a batch's nodes in the order of their
+// first reader's place, so later batches read their operand rows as one run. order[n]: the
+// nodes in batch order, reordered in place; ends: each batch's end; src -> dst: the edges;
+// work: 4n + 1 int64.
+static void reader_order(int64_t n, int64_t num_batches, int64_t *order, const int64_t *ends,
+                         int64_t num_edges, const int64_t *src, const int64_t *dst,
+                         int64_t *work) {
+  int64_t *batch_of = work, *first_batch = work + n, *reader = work + 2 * n, *at = work + 3 * n;
+  for (int64_t b = 0, i = 0; b < num_batches; ++b)
+    for (; i < ends[b]; ++i) batch_of[order[i]] = b;
+  for (int64_t v = 0; v < n; ++v) { first_batch[v] = num_batches; reader[v] = n; at[v] = n; }
+  at[n] = n;
+  for (int64_t e = 0; e < num_edges; ++e)
+    first_batch[src[e]] = std::min(first_batch[src[e]], batch_of[dst[e]]);
+  for (int64_t e = 0; e < num_edges; ++e)  // (the last such edge, as NumPy's assignment)
+    if (batch_of[dst[e]] == first_batch[src[e]]) reader[src[e]] = dst[e];
+  for (int64_t b = num_batches - 1; b >= 0; --b) {
+    const int64_t lo = b ? ends[b - 1] : 0, hi = ends[b];
+    if (hi - lo > 1)
+      std::stable_sort(order + lo, order + hi, [&](int64_t u, int64_t v) {
+        return at[reader[u]] < at[reader[v]];
+      });
+    for (int64_t i = lo; i < hi; ++i) at[order[i]] = i;
+  }
+}
+
 // The LSTM cell (ops/cells.py) on rows of gate pre-activations [i, f_1..f_K, o, u] (each H):
 // c = s(i) t(u) + sum_j s(f_j) c_j, h = s(o) t(c), written as [h, c]; one pass, no temporaries.
 // K (0, 1, 2) is a template argument so the loop over a row has no branch. The previous
@@ -347,6 +375,11 @@ int64_t agenda_schedule(int64_t n, int64_t num_sigs, const int64_t *sig, int64_t
                         int64_t *ready_count, double *priority, int64_t *order, int64_t *ends) {
   return agenda(n, num_sigs, sig, waiting, consumer_ptr, consumers, per_sig, position,
                 sig_start, average_depth, ready, ready_count, priority, order, ends);
+}
+void reader_order_schedule(int64_t n, int64_t num_batches, int64_t *order, const int64_t *ends,
+                           int64_t num_edges, const int64_t *src, const int64_t *dst,
+                           int64_t *work) {
+  reader_order(n, num_batches, order, ends, num_edges, src, dst, work);
 }
 #define TEAM_GEMM(name, T, I)                                                                  \
   void name(void *f, void *s, int ta, int tb, I M, I N, I K, const T *A, I lda, const T *B,   \

@@ -265,6 +265,22 @@ def agenda_schedule(sig, waiting, consumer_ptr, consumers, per_sig, position, si
     return np.split(order, ends[:count - 1]) if count else []
 
 
+def reader_order(order, ends, src, dst):
+    """``autobatch/schedule.in_reader_order`` in C, on the batches as one array ``order`` (the
+    nodes in batch order, reordered in place) and each batch's end ``ends``; False where native
+    code is off (NumPy runs it)."""
+    lib = library()
+    if lib is None:
+        return False
+    n = len(order)
+    arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (ends, src, dst)]
+    work = np.empty(4 * n + 1, dtype=np.int64)
+    lib.reader_order_schedule(ctypes.c_int64(n), ctypes.c_int64(len(ends)), pointer(order),
+                              pointer(arrays[0]), ctypes.c_int64(len(src)), pointer(arrays[1]),
+                              pointer(arrays[2]), pointer(work))
+    return True
+
+
 def _geometry(planes, size, kernel, stride, dilation, padding, out):
     """The 13 sizes the 2-D window kernels take; a 1-D window is a 2-D one of height 1."""
     pad = lambda k: (1,) * (2 - len(k)) + tuple(k)  # noqa: E731
