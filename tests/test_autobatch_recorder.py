@@ -80,3 +80,18 @@ def test_the_c_recorder_is_refused_when_a_lazy_value_has_a_slot_it_does_not_writ
 
     with pytest.raises(mc.MinicavsError, match=r"does not write slot\(s\) \['_extra'\]"):
         native._check_slots(Extended, LazyView)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(-2**62, 2**62), max_size=6), max_size=5))
+def test_a_segments_recorded_ints_read_in_c_equal_numpys(lists):
+    """A segment reads its signatures' recorded nodes and operand rows (lists of ints) as one
+    int64 array (native.int64s: in C where the recorder builds): NumPy's ``fromiter`` of the
+    same ints; anything else than lists of ints takes NumPy's way."""
+    import itertools
+
+    want = np.fromiter(itertools.chain.from_iterable(lists), np.int64)
+    np.testing.assert_array_equal(native.int64s(lists), want)
+    np.testing.assert_array_equal(native.int64s([tuple(x) for x in lists]), want)
+    np.testing.assert_array_equal(native.int64s([[np.int64(v) for v in x] for x in lists]),
+                                  want)

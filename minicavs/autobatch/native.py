@@ -15,6 +15,7 @@ compiler, no headers — :func:`recorder` returns None and the scope records in 
 
 import ctypes
 import functools
+import itertools
 
 import numpy as np
 
@@ -522,6 +523,36 @@ extern "C" PyObject *make_recorder(PyObject *scope, PyObject *types, PyObject *t
   PyObject_GC_Track(reinterpret_cast<PyObject *>(r));
   return reinterpret_cast<PyObject *>(r);
 }
+
+// The ints of a sequence of lists (the signatures' recorded nodes or operand rows), one after
+// another, as the bytes of an int64 array: what a segment reads as arrays, without NumPy's
+// iterator protocol per int. None where an item is not a list of ints.
+extern "C" PyObject *int64_lists(PyObject *lists) {
+  PyObject *seq = PySequence_Fast(lists, "int64_lists: a sequence of lists");
+  if (!seq) return nullptr;
+  const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+  PyObject **items = PySequence_Fast_ITEMS(seq);
+  Py_ssize_t total = 0;
+  for (Py_ssize_t k = 0; k < count; ++k) {
+    if (!PyList_Check(items[k])) { Py_DECREF(seq); Py_RETURN_NONE; }
+    total += PyList_GET_SIZE(items[k]);
+  }
+  PyObject *out = PyBytes_FromStringAndSize(nullptr, total * (Py_ssize_t)sizeof(int64_t));
+  if (!out) { Py_DECREF(seq); return nullptr; }
+  int64_t *at = reinterpret_cast<int64_t *>(PyBytes_AS_STRING(out));
+  for (Py_ssize_t k = 0; k < count; ++k) {
+    PyObject *list = items[k];
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); ++i) {
+      PyObject *v = PyList_GET_ITEM(list, i);
+      if (!PyLong_CheckExact(v)) { Py_DECREF(out); Py_DECREF(seq); Py_RETURN_NONE; }
+      const long long x = PyLong_AsLongLong(v);
+      if (x == -1 && PyErr_Occurred()) { Py_DECREF(out); Py_DECREF(seq); return nullptr; }
+      *at++ = x;
+    }
+  }
+  Py_DECREF(seq);
+  return out;
+}
 """
 
 
@@ -545,7 +576,23 @@ def _build():
     make = lib.make_recorder
     make.restype = ctypes.py_object
     make.argtypes = [ctypes.py_object] * 6
+    lists = lib.int64_lists
+    lists.restype, lists.argtypes = ctypes.py_object, [ctypes.py_object]
+    _INT64_LISTS.append(lists)
     return make, None
+
+
+_INT64_LISTS = []  # the C function, once built
+
+
+def int64s(lists, count=-1):
+    """The ints of ``lists`` (lists of Python ints), one after another, as an int64 array (read
+    only): in C where the recorder is built, else NumPy's ``fromiter``."""
+    if _library() is not None:
+        found = _INT64_LISTS[0](lists)
+        if found is not None:
+            return np.frombuffer(found, dtype=np.int64)
+    return np.fromiter(itertools.chain.from_iterable(lists), np.int64, count)
 
 
 # The slots of a lazy value the C code writes (``fresh``, ``make_view``), checked against the

@@ -17,7 +17,6 @@ scheduling, launch preparation — which on a GPU decides whether the device wai
 """
 
 import contextlib
-import itertools
 import sys
 import time
 from collections import defaultdict
@@ -30,7 +29,7 @@ from ..autodiff.tensor import Tensor
 from ..cpu import kernels, products
 from ..cuda import kernels as cuda_kernels
 from ..runtime.memory import SLABS
-from . import launches, schedule, views
+from . import launches, native, schedule, views
 
 
 class _Batch:
@@ -61,10 +60,8 @@ class Segment:
         # Every signature's nodes and operand sources as one array each (converted from the
         # recorder's lists in one go, not per signature), then each signature's table a view.
         counts = [len(sig.nodes) for sig in active]
-        nodes = np.fromiter(itertools.chain.from_iterable(sig.nodes for sig in active),
-                            np.int64, n) - start
-        raw = np.fromiter(itertools.chain.from_iterable(sig.arg_rows for sig in active),
-                          np.int64)
+        nodes = native.int64s([sig.nodes for sig in active], n) - start
+        raw = native.int64s([sig.arg_rows for sig in active])
         sig_of = np.empty(n, dtype=np.int64)  # a node's signature (its local id: in active)
         sig_of[nodes] = np.repeat(np.arange(len(active)), counts)
         position = np.empty(n, dtype=np.int64)  # a node's row in its signature's table
