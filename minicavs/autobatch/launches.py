@@ -37,6 +37,7 @@ from collections import namedtuple
 import numpy as np
 
 from ..csource import compute_dtype, elementwise_source
+from ..errors import KernelCompileError
 from ..cuda import blas, issuer, products
 from ..cuda import kernels as cuda_kernels
 from ..ops.batching import row_domain
@@ -133,20 +134,14 @@ class Issuer:
         if isinstance(made, str):
             self.why.setdefault(b.sig.label, made)
             return None
-        first, n = b.sig_row, b.n
-        address, bases = self.address, []
+        n, address, bases = b.n, self.address, []
         for thing in made.bases:
             kind = thing[0]
-            if kind == "in":
-                _, slab, lo, _, _, _ = inputs[thing[1]]
-                array = slabs[slab]
-                bases.append(address(array) + lo * array.strides[0])
-            elif kind == "block":
-                block = self.block(b.sig, thing[1], made.blocks[thing[1]])
-                bases.append(address(block) + first * block.strides[0])
-            elif kind == "out":
-                array = slabs[b.out_slab]
-                bases.append(address(array) + b.out_row * array.strides[0])
+            if kind in ("in", "block", "out"):  # (the batch's first row of a slab or block)
+                if kind == "block":
+                    self.block(b.sig, thing[1], made.blocks[thing[1]])
+                array, first = self._rows_of(b, thing)
+                bases.append(address(array) + first * array.strides[0])
             elif kind == "fixed":
                 bases.append(address(self.fixed[b.sig][thing[1]]))
             else:  # src, idx: the gathered operand's slab and rows
@@ -185,14 +180,13 @@ class Issuer:
             fixed.update((s.key, env[f.key]) for (f, s), is_row in zip(
                 kernel.refs, kernel.ref_is_row) if not is_row)
             self.fixed[(b.sig, kernel)] = fixed
+        row_keys = [f.key for (f, _), is_row in zip(kernel.refs, kernel.ref_is_row) if is_row]
         located = [(address(cotangent), _layout(cotangent))]
-        for (f, s), is_row in zip(kernel.refs, kernel.ref_is_row):
-            if not is_row:
-                continue
+        for key in row_keys:
             if isinstance(env, _Values):  # (where the forward from C left it: no array made)
-                located.append(env.locate(f.key))
+                located.append(env.locate(key))
             else:
-                located.append((address(env[f.key]), _layout(env[f.key])))
+                located.append((address(env[key]), _layout(env[key])))
         layouts, forms = tuple(layout for _, layout in located), tuple(forms)
         made = self.made.get((b.sig, kernel, layouts, forms))
         if made is None:
@@ -203,14 +197,14 @@ class Issuer:
         if isinstance(made, str):
             self.why.setdefault(f"{b.sig.label} (backward)", made)
             return False
-        first, n, bases = b.sig_row, b.n, []
+        n, bases = b.n, []
         for thing in made.bases:
             kind = thing[0]
             if kind == "arg":
                 bases.append(located[thing[1]][0])
             elif kind == "block":
                 block = self.block(b.sig, thing[1], made.blocks[thing[1]])
-                bases.append(address(block) + first * block.strides[0])
+                bases.append(address(block) + b.sig_row * block.strides[0])
             elif kind == "fixed":
                 bases.append(address(fixed[thing[1]]))
             else:  # target, tidx: an operand's rows of its gradient slab, its row indices
@@ -227,7 +221,8 @@ class Issuer:
             stats["scatter_made" if rows is not None else "scatter_avoided"] += 1
         if kernel.hands_on:  # (the shared operands' ∂ reads them once every batch is done)
             b.handed = _Handed(self, b, made, [made.values[o.key] for o in
-                                               kernel.outputs[len(targets):]], cotangent, env)
+                                               kernel.outputs[len(targets):]],
+                               lambda j: cotangent if j == 0 else env[row_keys[j - 1]])
         return True
 
     def queue_shared(self, sig, kernel, cotangents, env, total):
@@ -315,17 +310,6 @@ class Issuer:
             return self.blocks[(b.sig, thing[1])], b.sig_row
         return None, 0
 
-    def value_of(self, ref, made, b, cotangent, env):
-        """A backward value of a batch: its rows of a block, or of one of its inputs."""
-        thing = made.bases[ref.base]
-        if thing[0] != "arg":
-            return _view(self.blocks[(b.sig, thing[1])][b.sig_row:b.sig_row + b.n], ref, b.n)
-        j = thing[1]
-        kernel = b.sig.forward.backward(self.segment.plus)[0]
-        rows = cotangent if j == 0 else env[[f.key for (f, _), is_row in zip(
-            kernel.refs, kernel.ref_is_row) if is_row][j - 1]]
-        return _view(rows, ref, b.n)
-
     def block(self, sig, key, layout):
         block = self.blocks.get((sig, key))
         if block is None:
@@ -362,50 +346,37 @@ class _Values(dict):
             value = self[key]
             return self.issuer.address(value), _layout(value)
         ref = self.made.values[key]
-        b, issuer_ = self.b, self.issuer
-        thing = self.made.bases[ref.base]
-        if thing[0] == "in":
-            _, slab, lo, _, _, _ = b.inputs[thing[1]]
-            rows = issuer_.segment.slabs[slab]
-            at = issuer_.address(rows) + lo * rows.strides[0]
-        elif thing[0] == "out":
-            rows = issuer_.segment.slabs[b.out_slab]
-            at = issuer_.address(rows) + b.out_row * rows.strides[0]
-        else:
-            rows = issuer_.blocks[(b.sig, thing[1])]
-            at = issuer_.address(rows) + b.sig_row * rows.strides[0]
-        return at + ref.offset, (ref.ld, ref.width, ref.dtype, ref.ndim)
+        rows, first = self.issuer._rows_of(self.b, self.made.bases[ref.base])
+        at = self.issuer.address(rows) + first * rows.strides[0] + ref.offset
+        return at, (ref.ld, ref.width, ref.dtype, ref.ndim)
 
     def __missing__(self, key):
         ref = self.made.values.get(key)
         if ref is None or ref.ld is None:
             value = self.fixed[key]
         else:
-            b, n = self.b, self.b.n
-            thing = self.made.bases[ref.base]
-            slabs = self.issuer.segment.slabs
-            if thing[0] == "in":
-                _, slab, lo, _, _, _ = b.inputs[thing[1]]
-                rows = slabs[slab][lo:lo + n]
-            elif thing[0] == "out":
-                rows = slabs[b.out_slab][b.out_row:b.out_row + n]
-            else:
-                rows = self.issuer.blocks[(b.sig, thing[1])][b.sig_row:b.sig_row + n]
-            value = _view(rows, ref, n)
+            n = self.b.n
+            rows, first = self.issuer._rows_of(self.b, self.made.bases[ref.base])
+            value = _view(rows[first:first + n], ref, n)
         self[key] = value
         return value
 
 
 class _Handed:
     """A C-issued batch's cotangents handed on to its signature's shared ∂ (``Template``
-    values ``refs``): arrays when read."""
+    values ``refs``): arrays when read — the batch's rows of a block, or a window of one of
+    the ∂'s inputs (``arg(j)``: input j's array)."""
 
-    def __init__(self, issuer_, b, made, refs, cotangent, env):
-        self.issuer, self.b, self.made, self.refs = issuer_, b, made, refs
-        self.cotangent, self.env = cotangent, env
+    def __init__(self, issuer_, b, made, refs, arg):
+        self.issuer, self.b, self.made, self.refs, self.arg = issuer_, b, made, refs, arg
 
     def __getitem__(self, j):
-        return self.issuer.value_of(self.refs[j], self.made, self.b, self.cotangent, self.env)
+        ref, b = self.refs[j], self.b
+        thing = self.made.bases[ref.base]
+        if thing[0] == "arg":
+            return _view(self.arg(thing[1]), ref, b.n)
+        rows, first = self.issuer._rows_of(b, thing)
+        return _view(rows[first:first + b.n], ref, b.n)
 
     def where(self, j):
         return self.refs[j], self.made
@@ -703,20 +674,14 @@ class _Translation:
         if a.ld is None or b.ld is not None or a.ndim != 2 or b.ndim != 2:
             raise Unsupported(f"product {node.label()} is not rows times a shared matrix")
         weight = self.arrays[node.inputs[1].key]
-        layout, dtype = blas.operand(weight), issuer.gemm_dtype(a.dtype)
-        if layout is None or dtype is None or weight.dtype != a.dtype:
-            raise Unsupported(f"product {node.label()}: operands cuBLAS cannot take as they are")
-        (op_b, ld_b), k, n = layout, weight.shape[0], weight.shape[1]
-        out = self.made(node, n, a.dtype)
+        out = self.made(node, weight.shape[1], a.dtype)
         # (pointer table slot 0 holds 0 and no row bytes are added: the offset is the address)
         at_a, at_b, at_out = ((0, 0, self.hole(x)) for x in (a, b, out))
-        gemm = [dtype, op_b, blas.OP_N, n, k, *at_b, ld_b, *at_a, a.ld, *at_out, out.ld]
-        most = products.most_rows(self.driver, a.dtype, op_b, k, n)
-        if most:  # (our kernel up to that many rows, measured faster here: cuda/products.py)
-            self.code += [issuer.PRODUCT, most] + products.launch_body(
-                self.driver, a.dtype, op_b, at_a, at_b, at_out, a.ld, ld_b, out.ld, n, k) + gemm
-        else:
-            self.code += [issuer.GEMM] + gemm
+        ops = products.row_product(self.driver, weight, a.dtype, at_a, a.ld, at_b, at_out,
+                                   out.ld)
+        if ops is None:
+            raise Unsupported(f"product {node.label()}: operands cuBLAS cannot take as they are")
+        self.code += ops
         self.names.append(f"product {node.label()}")
 
     def result(self, node, shape, dtype):
@@ -765,7 +730,10 @@ class _Translation:
         from ..cuda import windows
 
         dtype = compute_dtype(group)
-        source = elementwise_source(group, dtype)
+        try:
+            source = elementwise_source(group, dtype)
+        except KernelCompileError as why:  # (an op the generator has no C for: the interpreter)
+            raise Unsupported(str(why).splitlines()[0]) from None
         out_shape = group.outputs[0].shape
         width = int(out_shape[-1]) if len(out_shape) == 2 else 1
         operands, args = [], []

@@ -558,8 +558,8 @@ extern "C" PyObject *int64_lists(PyObject *lists) {
 
 @functools.lru_cache(maxsize=None)
 def _library():
-    """The compiled recorder (a ``ctypes.PyDLL``: its calls hold the GIL), or None where it
-    cannot be built here (:func:`unavailable` says why)."""
+    """The compiled recorder (a ``ctypes.PyDLL``: its calls hold the GIL; ``make_recorder``,
+    ``int64_lists``), or None where it cannot be built here (:func:`unavailable` says why)."""
     return _build()[0]
 
 
@@ -573,25 +573,20 @@ def _build():
     lib, reason = build.python_module(_SOURCE, "recorder", "minicavs/autobatch/native.py")
     if lib is None:  # (the Python recorder runs; the doctor says why)
         return None, reason
-    make = lib.make_recorder
-    make.restype = ctypes.py_object
-    make.argtypes = [ctypes.py_object] * 6
-    lists = lib.int64_lists
-    lists.restype, lists.argtypes = ctypes.py_object, [ctypes.py_object]
-    _INT64_LISTS.append(lists)
-    return make, None
-
-
-_INT64_LISTS = []  # the C function, once built
+    lib.make_recorder.restype = ctypes.py_object
+    lib.make_recorder.argtypes = [ctypes.py_object] * 6
+    lib.int64_lists.restype = ctypes.py_object
+    lib.int64_lists.argtypes = [ctypes.py_object]
+    return lib, None
 
 
 def int64s(lists, count=-1):
     """The ints of ``lists`` (lists of Python ints), one after another, as an int64 array (read
     only): in C where the recorder is built, else NumPy's ``fromiter``."""
-    if _library() is not None:
-        found = _INT64_LISTS[0](lists)
-        if found is not None:
-            return np.frombuffer(found, dtype=np.int64)
+    lib = _library()
+    found = lib.int64_lists(lists) if lib is not None else None
+    if found is not None:
+        return np.frombuffer(found, dtype=np.int64)
     return np.fromiter(itertools.chain.from_iterable(lists), np.int64, count)
 
 
@@ -618,10 +613,10 @@ def _check_slots(lazy, view):
 def recorder(scope, lazy_types):
     """The C fast path for ``scope`` (an ``AutoBatch``) whose values are of ``lazy_types``
     (``LazyTensor``, ``LazyView``), or None (record in Python)."""
-    make = _library()
-    if make is None:
+    lib = _library()
+    if lib is None:
         return None
     _check_slots(*lazy_types)
-    return make(scope, (*lazy_types, Tensor, np.ndarray, views.ViewKey, Signature),
-                registry.tracing, grad_mode, (SLICE_AXIS, RESHAPE),
-                (views._BY_ID, views.view_key))
+    types = (*lazy_types, Tensor, np.ndarray, views.ViewKey, Signature)
+    return lib.make_recorder(scope, types, registry.tracing, grad_mode, (SLICE_AXIS, RESHAPE),
+                             (views._BY_ID, views.view_key))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..cuda import blas, issuer, products
+from ..cuda import issuer, products
 from ..cuda.kernels import device_address
 from ..ops.batching import row_domain
 from .plans import RUN
@@ -326,26 +326,18 @@ class Translation:
         if a.ld is None or b.ld is not None:  # (ld None: a shared matrix)
             raise Unsupported(f"product {node.label()} is not rows times a shared matrix")
         weight = self.env[b.thing[1]]
-        layout_b = blas.operand(weight)
-        dtype = issuer.gemm_dtype(a.dtype)
-        if layout_b is None or dtype is None or weight.dtype != a.dtype:
-            raise Unsupported(f"product {node.label()}: operands cuBLAS cannot take as they are")
         if node.key in self.env:
             out = self.value(node.key)
         else:
             out = self.scratch(node.key, weight.shape[1], a.dtype)
         if out.thing == a.thing or out.dtype != a.dtype:
             raise Unsupported(f"product {node.label()} writes what it reads")
-        (op_b, ld_b), k, n = layout_b, weight.shape[0], weight.shape[1]
         at_b, at_a, at_out = (self.pointer(x)[1:] for x in (b, a, out))
-        gemm = [dtype, op_b, blas.OP_N, n, k, *at_b, ld_b, *at_a, a.ld, *at_out, out.ld]
-        most = products.most_rows(self.tables.driver, a.dtype, op_b, k, n)
-        if most:  # (our kernel up to that many rows, measured faster here: cuda/products.py)
-            self.code += [issuer.PRODUCT, most] + products.launch_body(
-                self.tables.driver, a.dtype, op_b, at_a, at_b, at_out, a.ld, ld_b, out.ld, n,
-                k) + gemm
-        else:
-            self.code += [issuer.GEMM] + gemm
+        ops = products.row_product(self.tables.driver, weight, a.dtype, at_a, a.ld, at_b,
+                                   at_out, out.ld)
+        if ops is None:
+            raise Unsupported(f"product {node.label()}: operands cuBLAS cannot take as they are")
+        self.code += ops
         self.names.append(f"product {node.label()}")
 
     def scatter(self, pieces):
