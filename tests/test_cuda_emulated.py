@@ -212,18 +212,22 @@ WORKER = textwrap.dedent(r'''
         return out
 
     def benchmark_models(device):
-        """Each benchmark model (benchmarks/systems/minicavs_cpu.py), two training steps: the
-        losses, the gradients of the second, and F's launches per level."""
+        """Each benchmark model (benchmarks/systems/minicavs_cpu.py; the tree models also as
+        recursive definitions, minicavs_recursive.py, whose leaf kind runs over all its rows
+        at once), two training steps: the losses, the gradients of the second, and F's
+        launches per level."""
         from benchmarks import common
-        from benchmarks.systems import minicavs_cpu
+        from benchmarks.systems import minicavs_cpu, minicavs_recursive
 
         out = {}
-        for name in ("tree_lstm", "tree_fc", "tree_rnn", "rntn", "var_lstm"):
-            data = common.load_workload(name, 16)
-            data["hidden"] = data["embed"] = 8 if name != "rntn" else 4
+        for name in ("tree_lstm", "tree_fc", "tree_rnn", "rntn", "var_lstm", "recursive tree_lstm",
+                     "recursive rntn"):
+            system = minicavs_recursive if name.startswith("recursive") else minicavs_cpu
+            data = common.load_workload(name.split()[-1], 16)
+            data["hidden"] = data["embed"] = 8 if not name.endswith("rntn") else 4
             params = common.init_params(data)
             mc.set_device(device)
-            F, parameters, prepare, loss_of = minicavs_cpu.build(data, params)
+            F, parameters, prepare, loss_of = system.build(data, params)
             optimizer = mc.nn.Adam(parameters, lr=1e-2)
             losses = []
             for step in range(2):

@@ -103,6 +103,7 @@ class _KindBatch:
         self.edge_parent_row = parent_row[e0:e1] - first
         self.edge_child_row = child_row[e0:e1]
         self.edge_slot = slot[e0:e1]
+        self.max_arity = int(self.edge_slot.max(initial=-1)) + 1  # (child slots 0..k-1)
         self.edge_level_offsets = np.searchsorted(self.edge_parent_row, self.level_offsets)
         level_index = np.repeat(np.arange(self.num_levels), counts)
         self.edge_parent_local = self.edge_parent_row - self.level_offsets[
