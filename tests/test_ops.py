@@ -7,6 +7,7 @@ While these tests run, every eager op call also checks that the op's ``infer`` (
 symbolic layer) predicts the shape and dtype its forward actually produced.
 """
 
+import math
 import warnings
 
 import numpy as np
@@ -263,6 +264,24 @@ def test_sum(data, keepdims):
     check(mc.sum(t(x), axis, keepdims), np.sum(x, axis=axis, keepdims=keepdims), atol=1e-12)
     check(t(x).sum(axis=axis, keepdims=keepdims), np.sum(x, axis=axis, keepdims=keepdims))
     assert mc.gradcheck(lambda x: mc.sum(x, axis, keepdims), [x])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows, cols, window", [(2, 3, False), (64, 128, True), (1417, 384, True),
+                                                (20000, 5, False)])
+def test_column_sums_of_a_matrix_are_the_exact_sums_within_rounding(rows, cols, window, dtype):
+    """A matrix's rows summed (a bias's gradient) runs as ones · X on NumPy's BLAS, for whole
+    matrices and column windows of wider ones (a gate's columns): each column within the
+    rounding bound of a sum of ``rows`` terms (rows · eps · the sum of magnitudes) of its
+    exact sum (``math.fsum``), in its own dtype, and with keepdims."""
+    rng = np.random.default_rng(rows)
+    wide = rng.random((rows, cols + 6)).astype(dtype)
+    x = wide[:, 2:2 + cols] if window else np.ascontiguousarray(wide[:, :cols])
+    exact = np.array([math.fsum(x[:, j].astype(np.float64)) for j in range(cols)])
+    got = mc.sum(t(x), axis=0).numpy()
+    assert got.dtype == dtype and got.shape == (cols,)
+    assert mc.sum(t(x), axis=0, keepdims=True).numpy().shape == (1, cols)
+    assert np.all(np.abs(got - exact) <= rows * np.finfo(dtype).eps * exact)  # (x >= 0)
 
 
 @covers("max")
