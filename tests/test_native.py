@@ -781,7 +781,8 @@ FUSED_CASES = [(cell, dtype) for cell in ("binary_tree_lstm", "lstm_chain", "tre
 def test_fused_groups_as_native_loops_equal_the_numpy_plan(cell, dtype, seed):
     """cpu/fused.py runs a fused group over whole arrays as one native loop: its results equal
     the NumPy plan's (NumpyFusedKernel without the native loop), for per-row inputs that are
-    whole arrays or column windows of wider ones, shared rows and values, columns."""
+    whole arrays or column windows of wider ones, shared rows and values, columns; outputs
+    written whole or into column windows."""
     from minicavs.runtime.executor import NumpyFusedKernel
     from minicavs.cpu import fused
     from minicavs import csource
@@ -802,10 +803,23 @@ def test_fused_groups_as_native_loops_equal_the_numpy_plan(cell, dtype, seed):
         reference = NumpyFusedKernel(group, np, dtype)
         reference._native = None
         want = reference(*inputs)
-        got = fused.run(csource.elementwise_source(group, dtype), inputs)
+        source = csource.elementwise_source(group, dtype)
+        got = fused.run(source, inputs)
         if got is not None:
             ran += 1
             assert_outputs_close(got, want, dtype, f"{cell} {where}", chained=True)
+            # written into column windows of wider arrays (a concat's columns), the columns
+            # around them untouched
+            wides = [np.full((w.shape[0], w.shape[1] + 5), np.nan, w.dtype) if w.ndim == 2
+                     else None for w in want]
+            outs = [None if wide is None else wide[:, 2:2 + w.shape[1]]
+                    for w, wide in zip(want, wides)]
+            into = fused.run(source, inputs, outs)
+            assert into is not None
+            for w, o, wide, made in zip(want, outs, wides, got):
+                if wide is not None:
+                    np.testing.assert_array_equal(o, made)
+                    assert np.isnan(wide[:, :2]).all() and np.isnan(wide[:, 2 + w.shape[1]:]).all()
     assert ran, f"{cell}: no group ran as a native loop"
 
 

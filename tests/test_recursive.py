@@ -484,3 +484,59 @@ def test_a_leaf_reading_some_gates_multiplies_by_their_columns_only():
     assert widths[leaf] == [3 * H] and widths_off[leaf] == [5 * H]
     inner = next(key for key in widths if key != leaf)  # (reads four: f_r unread)
     assert widths[inner] == [4 * H] and widths_off[inner] == [5 * H]
+
+
+@pytest.mark.usefixtures("cpu_backend")
+@pytest.mark.parametrize("options", [None, {"bias_in_readers": False, "alias_concats": False,
+                                            "elementwise_per_level": False}])
+def test_a_leaf_kinds_whole_batch_work_is_assembled_in_place(options):
+    """A leaf kind runs over all its rows at once (no levels): its [h, c] is written by the
+    gates' fused group straight into its columns of the scattered state (``alias_concats``
+    over whole phases), the gates read ``x W`` and add their columns of ``b`` themselves
+    (``bias_in_readers``: no full-size add), and ∂F's gate gradients are one group writing
+    their columns of the block the products read (``elementwise_per_level`` into the lazy
+    phase). Values and gradients equal the per-sample eager reference, as with those passes
+    off."""
+    rng = np.random.default_rng(7)
+    W = mc.Parameter(rng.normal(size=(E, 5 * H)), name="W")
+    U = mc.Parameter(rng.normal(size=(2 * H, 5 * H)), name="U")
+    b = mc.Parameter(rng.normal(size=(5 * H,)), name="b")
+    W_out = mc.Parameter(rng.normal(size=(H, C)), name="W_out")
+    params = [W, U, b, W_out]
+
+    @mc.recursive(scatter_shape=(2 * H,), pull_shape=(E,), push_shape=(C,), arity=2,
+                  dtype="float64", options=options)
+    def model(node):
+        if node.is_leaf:
+            i, _, _, o, u = mc.split(node.pull() @ W + b, 5)
+            c = mc.sigmoid(i) * mc.tanh(u)
+        else:
+            (h_l, c_l), (h_r, c_r) = [mc.split(model(k), 2) for k in node.children]
+            i, f_l, f_r, o, u = mc.split(mc.concat([h_l, h_r]) @ U + b, 5)
+            c = mc.sigmoid(i) * mc.tanh(u) + mc.sigmoid(f_l) * c_l + mc.sigmoid(f_r) * c_r
+        h = mc.sigmoid(o) * mc.tanh(c)
+        node.push(h @ W_out)
+        return mc.concat([h, c])
+
+    batch = mc.GraphBatch([mc.InputGraph([[], [], [0, 1], [], [2, 3]]),
+                           mc.InputGraph([[], [], [0, 1]]), mc.InputGraph([[]])])
+    X = mc.tensor(rng.normal(size=(batch.num_vertices, E)), requires_grad=True)
+    target = rng.normal(size=(batch.num_vertices, C))
+    batched = _loss_and_grads(lambda x: model(batch, pull=x), params, X, target)
+    eager = _loss_and_grads(lambda x: evaluate_per_sample(model, batch, pull=x), params, X,
+                            target)
+    _assert_same(batched, eager)
+
+    (leaf,) = [cell for key, cell in model.kinds.items() if key[0] == 0]
+    forward, backward = leaf.program, leaf.backward_program
+    assert not forward.core and not backward.core  # (all over the whole batch)
+    in_place = [ins.step.node for p in (forward, backward) for ins in p.eager + p.lazy
+                if getattr(ins, "aliased", False)]
+    full_adds = [n for n in forward.graph.nodes if n.kind == "op" and n.op.name == "add"
+                 and n.shape[1:] == (3 * H,)]
+    if options is None:
+        assert [n.shape[1:] for n in in_place] == [(2 * H,), (3 * H,)]  # [h, c]; gates' ∂
+        assert {p.key for p, *_ in forward.aliases} == {x.key for x in in_place[0].inputs}
+        assert not full_adds
+    else:
+        assert not in_place and len(full_adds) == 1

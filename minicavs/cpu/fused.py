@@ -11,7 +11,8 @@ The output is seen as ``(rows, cols)`` (its last axis the columns); each input i
 of four layouts — rows of ``cols`` at a row stride (the whole array, or a column window of a
 wider one: a gate of ``split``), one value, a row of ``cols`` (a bias), a column of ``rows`` (a
 per-row factor). Anything else (another broadcast, a column stride, another dtype, a group the
-C generator does not take) returns None and the caller's NumPy kernel runs. One
+C generator does not take) returns None and the caller's NumPy kernel runs. An output is
+written whole or as a column window of a wider array (its columns of a concat's buffer). One
 library per group signature, dtype and input layouts, compiled once and cached on disk
 (``cpu/build.py``).
 """
@@ -71,9 +72,12 @@ def run(source, inputs, outs=None):
         given = outs[k] if outs else None
         if given is None:
             given = np.empty(shape, dtype)
-        elif not (isinstance(given, np.ndarray) and given.shape == shape
-                  and given.dtype == np.dtype(dtype) and given.flags.c_contiguous):
-            return None
+            strides.append(cols)
+        else:  # whole, or a column window of a wider array (its columns of a concat)
+            found = _layout(given, shape, cols) if isinstance(given, np.ndarray) else None
+            if found is None or found[0] != WHOLE or given.dtype != np.dtype(dtype):
+                return None
+            strides.append(found[1])
         results.append(given)
     loop = _loop(source, tuple(layouts))
     if loop is None:
@@ -140,10 +144,11 @@ def _source(source, layouts):
     pointers += [f"{ctype} *__restrict__ b{k} = ({ctype} *)p[{n + k}];"
                  for k, (_, ctype, _) in enumerate(source.outputs)]
     pointers += [f"const int64_t ld{k} = ld[{k}];" for k in range(n)]
+    pointers += [f"const int64_t ldo{k} = ld[{n + k}];" for k in range(len(source.outputs))]
     loads = [f"const {ctype} x{k} = a{k}[{_READ[layout].format(k=k)}];"
              for k, ((_, ctype, _), layout) in enumerate(zip(source.inputs, layouts))]
     declare = [f"{ctype} y{k};" for k, (_, ctype, _) in enumerate(source.outputs)]
-    stores = [f"b{k}[r * cols + j] = y{k};" for k in range(len(source.outputs))]
+    stores = [f"b{k}[r * ldo{k} + j] = y{k};" for k in range(len(source.outputs))]
     body = "\n".join(loads + declare + [source.operation] + stores)
     indented = "\n".join("      " + line for line in body.splitlines())
     return f"""// minicavs fused group {source.name} ({' '.join(source.ops)}), inputs {', '.join(layouts)}

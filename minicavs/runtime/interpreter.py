@@ -392,7 +392,8 @@ def run_whole(ins, xp, env, ranges, rows):
     def range_of(x):
         return ranges.get(x.key, FULL) if row_domain(x.shape) else None
 
-    buffers = [env.get(o.key) for o in ins.writes]  # outputs with a batch buffer: keep it
+    # outputs with a batch buffer (or columns of one) are written there
+    buffers = [env.get(o.key) for o in ins.writes]
     done = None
     # (On a GPU the launches, not the rows, are the cost: a product over all rows is one, over
     # its nonzero rows it is one more for the zeros and a wait for the index's range.)
@@ -402,8 +403,10 @@ def run_whole(ins, xp, env, ranges, rows):
                                        within)
     if done is not None:
         env[node.key], out_range = done
-    else:
-        _compute(ins, xp, env, *((rows.num_vertices, rows.num_edges) if rows else (0, 0)))
+    elif not ins.aliased:  # (an aliased concat's parts wrote its columns)
+        outs = {o.key: b for o, b in zip(ins.writes, buffers) if b is not None}
+        _compute(ins, xp, env, *((rows.num_vertices, rows.num_edges) if rows else (0, 0)),
+                 outs or None)
     for o, buffer in zip(ins.writes, buffers):
         if buffer is not None and env[o.key] is not buffer:
             buffer[...] = env[o.key]

@@ -11,6 +11,9 @@ graph rewrites (on F; ∂F is derived from the rewritten F, then rewritten too)
   ``unused_columns`` ``x W (+ b)`` read only through column slices that leave columns unread
                      (a leaf kind taking three of an LSTM's five gates) multiplies by the read
                      columns of ``W`` (and ``b``) alone: a narrower product and gradient
+  ``bias_in_readers`` ``x W + b`` over all rows read only through column slices by elementwise
+                     ops (a leaf kind's gates) adds ``b``'s columns in those readers: the
+                     gates' fused group adds the bias as it reads, no full-size add
   ``cse``            equal computations become one node (∂F repeats itself)
   ``dce``            nodes no output needs are dropped
 scheduling
@@ -19,15 +22,17 @@ scheduling
   ``lazy_batching``  work no sink needs (push, heads, parameter gradients) runs once after the
                      loop, over all rows (Cavs Proposition 1) — without it, per level
   ``elementwise_per_level``  elementwise eager work only the core reads runs per level, fused
-                     into the core's groups (over all rows it only costs a full-size write)
+                     into the core's groups (over all rows it only costs a full-size write);
+                     what only the lazy phase reads, in the lazy phase's groups
   ``fuse``           linked elementwise ops of one phase become one kernel
   ``lower``          (required) steps become instructions: gathers, computes, scatter-adds
   ``sum_into_cells`` (required) an LSTM cell and the group adding its pre-activations (an
                      autobatched LSTM step's products and bias) run as one step: one kernel
                      on CuPy
   ``buffers``        (required) per-row values read after their level get batch-wide buffers
-  ``alias_concats``  a concat of per-level parts is assembled in place: the parts write into
-                     their columns of its buffer
+  ``alias_concats``  a concat of parts its own phase makes is assembled in place: the parts
+                     write into their columns of its buffer (per level; over all rows where a
+                     leaf kind has no levels)
   ``zero_rows``      steps whose outputs are zero on a level's rows are skipped; whole-batch
                      products run on their nonzero rows (zero_rows.py)
   ``leaf_sinks``     steps that only feed the children's gradients are skipped on levels with
@@ -75,6 +80,7 @@ class Options:
 
     regroup_sums: bool = True
     unused_columns: bool = True
+    bias_in_readers: bool = True
     cse: bool = True
     dce: bool = True
     hoist_eager: bool = True
@@ -235,6 +241,56 @@ def unused_columns(program):
     return _with_graph(program, nodes, [new_of.get(o.key, o) for o in graph.outputs])
 
 
+def bias_in_readers(program):
+    """``x W + b`` made over all rows and read only through column slices that elementwise
+    ops read (a leaf kind's gates): each slice becomes the slice of ``x W`` plus the slice of
+    ``b``, which the gates' fused group adds as it reads its columns — no full-size add and
+    write. (Per level the bias joins the level's fused group already: not rewritten.)"""
+    graph = program.graph
+    users = graph.consumers()
+    protected = {o.key for o in graph.outputs}
+    per_level = _depends_on(graph, program.sources)
+
+    def elementwise_readers(x):
+        return users[x.key] and all(u.kind == "op" and u.op.is_elementwise
+                                    for u in users[x.key])
+
+    rewrites = {}  # the add's key -> (x W, b)
+    for n in graph.nodes:
+        if n.kind != "op" or n.op is not ADD or len(n.shape) != 2 or not row_domain(n.shape) \
+                or n.key in protected or n.key in per_level:
+            continue
+        product, b = n.inputs if n.inputs[1].shape == n.shape[1:] else n.inputs[::-1]
+        if product.shape != n.shape or b.shape != n.shape[1:] or not users[n.key] or any(
+                r.op is not SLICE_AXIS or r.attrs["axis"] not in (1, -1)
+                or r.key in protected or not elementwise_readers(r) for r in users[n.key]):
+            continue
+        rewrites[n.key] = (product, b)
+    if not rewrites:
+        return program
+
+    new_of, nodes = {}, []
+    for n in graph.nodes:
+        if n.key in rewrites:
+            continue  # (only its slices read it: each is rewritten below)
+        if n.kind == "op" and n.op is SLICE_AXIS and n.inputs[0].key in rewrites:
+            product, b = (new_of.get(x.key, x) for x in rewrites[n.inputs[0].key])
+            start, stop = n.attrs["start"], n.attrs["stop"]
+            columns = Symbol("op", n.shape, product.dtype, op=SLICE_AXIS, inputs=(product,),
+                             attrs=dict(start=start, stop=stop, axis=1), where=n.where,
+                             tracer=n.tracer)
+            row = Symbol("op", n.shape[1:], b.dtype, op=SLICE_AXIS, inputs=(b,),
+                         attrs=dict(start=start, stop=stop, axis=0), where=n.where,
+                         tracer=n.tracer)
+            nodes += [columns, row]
+            new_of[n.key] = Symbol("op", n.shape, n.dtype, op=ADD, inputs=(columns, row),
+                                   attrs={}, where=n.where, tracer=n.tracer)
+        elif n.kind == "op" and any(x.key in new_of for x in n.inputs):
+            new_of[n.key] = clone(n, tuple(new_of.get(x.key, x) for x in n.inputs))
+        nodes.append(new_of.get(n.key, n))
+    return _with_graph(program, nodes, [new_of.get(o.key, o) for o in graph.outputs])
+
+
 def cse(program):
     return program.with_(graph=merge_common_subexpressions(program.graph))
 
@@ -289,15 +345,18 @@ def lazy_batching(program):
 
 def elementwise_per_level(program):
     """Elementwise eager work that only the core reads runs per level instead, fused into the
-    core's groups: the same elements either way, and no full-size write and read."""
+    core's groups: the same elements either way, and no full-size write and read. Likewise
+    what only the lazy phase reads runs there, fused into its groups (a leaf kind's ∂F: the
+    gates' derivatives beside the cotangents' products)."""
     graph, cls = program.graph, dict(program.classes)
     users = graph.consumers()
     outputs = {o.key for o in graph.outputs}
     for n in reversed(graph.nodes):
         if (cls[n.key] == EAGER and n.kind == "op" and n.op.is_elementwise
-                and row_domain(n.shape) and n.key not in outputs and users[n.key]
-                and all(cls[u.key] == CORE for u in users[n.key])):
-            cls[n.key] = CORE
+                and row_domain(n.shape) and n.key not in outputs and users[n.key]):
+            later = {cls[u.key] for u in users[n.key]}
+            if later in ({CORE}, {LAZY}):
+                cls[n.key] = later.pop()
     return _reclassify(program, cls)
 
 
@@ -426,29 +485,44 @@ def _buffer(symbol, spare=0):
 
 
 def alias_concats(program):
-    """A buffered concat whose parts are all computed per level, each once, is assembled in
+    """A concat whose parts are all computed by its own phase, each once, is assembled in
     place: each part is a view of its columns of the concat's buffer (which it then needs no
-    buffer of its own for), and the concat copies nothing (the scattered [h, c], the
-    gate-gradient block of ∂F)."""
-    computed = {o.key for ins in program.core if isinstance(ins, Compute) for o in ins.writes}
-    buffered = program.buffered
-    aliases, core, taken = [], [], set()
-    for ins in program.core:
-        node = getattr(ins.step, "node", None) if isinstance(ins, Compute) else None
-        parts = node.inputs if node is not None else ()
-        if (node is not None and node.op.assembles_in_place and node.key in buffered
-                and len({x.key for x in parts}) == len(parts)
-                and all(x.key in computed and x.key not in taken
-                        and row_domain(x.shape) == row_domain(node.shape) for x in parts)):
-            axis, start = node.attrs["axis"], 0
-            for x in parts:
-                aliases.append((x, node, axis, start, start + x.shape[axis]))
-                taken.add(x.key)
-                start += x.shape[axis]
-            ins = _replace(ins, aliased=True)
-        core.append(ins)
-    return program.with_(core=tuple(core), aliases=tuple(aliases),
-                         buffers=tuple(b for b in program.buffers if b.key not in taken))
+    buffer of its own for), and the concat copies nothing. Per level: a buffered concat (the
+    scattered [h, c], the gate-gradient block of ∂F). Over all rows (a leaf kind, which has
+    no levels: its [h, c], its gates' gradient): the concat gets a buffer if it has none —
+    not a value returned to the caller (a pooled buffer goes back to its pool), but F's
+    scattered state, which the caller reads by rows — and its parts are none of those."""
+    given = program.buffered
+    returned = {o.key for o in program.graph.outputs} - (
+        set() if program.reverse else {program.sinks[0].key})
+    aliases, taken, added, phases = [], set(), [], {}
+    for phase in (CORE, EAGER, LAZY):
+        made = {o.key for ins in program.core if isinstance(ins, Compute)
+                for o in ins.writes} if phase == CORE else set()
+        instructions = []
+        for ins in getattr(program, phase):
+            node = getattr(ins.step, "node", None) if isinstance(ins, Compute) else None
+            parts = node.inputs if node is not None else ()
+            if (node is not None and node.op.assembles_in_place and row_domain(node.shape)
+                    and (node.key in given if phase == CORE else node.key not in returned)
+                    and len({x.key for x in parts}) == len(parts)
+                    and all(x.key in made and x.key not in taken
+                            and (phase == CORE or x.key not in given | returned)
+                            and row_domain(x.shape) == row_domain(node.shape) for x in parts)):
+                axis, start = node.attrs["axis"], 0
+                for x in parts:
+                    aliases.append((x, node, axis, start, start + x.shape[axis]))
+                    taken.add(x.key)
+                    start += x.shape[axis]
+                if node.key not in given:
+                    added.append(_buffer(node))
+                ins = _replace(ins, aliased=True)
+            if phase != CORE and isinstance(ins, Compute):
+                made.update(o.key for o in ins.writes)
+            instructions.append(ins)
+        phases[phase] = tuple(instructions)
+    return program.with_(aliases=tuple(aliases), **phases, buffers=tuple(
+        b for b in program.buffers if b.key not in taken) + tuple(added))
 
 
 def zero_rows(program):
@@ -687,7 +761,7 @@ def _replace(ins, **changes):
 
 # --- the pipeline --------------------------------------------------------------------------------
 
-GRAPH_PASSES = (regroup_sums, unused_columns, cse, dce)
+GRAPH_PASSES = (regroup_sums, unused_columns, bias_in_readers, cse, dce)
 PIPELINE = (classify, hoist_eager, lazy_batching, elementwise_per_level,
             keep_mixed_rows_per_level, fuse, lower, sum_into_cells, buffers, alias_concats, zero_rows,
             leaf_sinks, strided_gathers, unread_zeros, direct_gathers, inline_windows,

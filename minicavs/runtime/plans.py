@@ -97,13 +97,18 @@ class LevelPlans:
 
 def record_written(program, ranges, written):
     """After the loop: each buffer's zero-row range is the hull of the levels that wrote it
-    (``written``: key -> (lo, hi))."""
+    (``written``: key -> (lo, hi)). (A buffer the eager or lazy phase fills over all rows has
+    the range its step gave it.)"""
     sources = {s.key for s in program.sources}
+    made_whole = program.made_whole
     for b in program.buffers:  # rows no level wrote are stale (the pool's), i.e. unused
-        if b.key not in sources:  # (∂F's state gradient is filled by the caller and the adds)
+        # (∂F's state gradient is filled by the caller and the adds)
+        if b.key not in sources and b.key not in made_whole:
             ranges[b.key] = written.get(b.key, (0, 0))
     for part, concat, *_ in program.aliases:  # a part the loop wrote: the rows it wrote (on
         # the others it was cleared, or stale outside its concat's); else its concat's
+        if concat.key in made_whole:
+            continue
         whole = ranges.get(concat.key, FULL)
         ranges[part.key] = intersect(whole, written[part.key]) \
             if part.key in written and not {part.key, concat.key} & sources else whole

@@ -208,6 +208,11 @@ class Program:
         return {b.key for b in self.buffers}
 
     @cached_property
+    def made_whole(self):
+        """Keys of the values the eager and lazy phases make (over all rows, not by levels)."""
+        return {o.key for ins in self.eager + self.lazy for o in ins.writes}
+
+    @cached_property
     def read_after_loop(self):
         """The graph outputs the caller reads after the loop: all of F's; ∂F's except the
         sinks, which are added into the children's rows within their level — unless the same
