@@ -576,6 +576,52 @@ def test_gpu_vertex_function_equals_numpy_runtime(cell, dtype, streams_on):
         _close(g, w, dtype, f"{cell}: {name}", loose=5.0)
 
 
+def _recursive_run(dtype, device, batch, seed=5):
+    """A recursive Tree-LSTM (a leaf kind over all its rows, an internal kind by levels) on
+    ``device``: its pushed outputs and every gradient."""
+    rng = np.random.default_rng(seed)
+    W, U, W_out = (mc.Parameter(rng.standard_normal(shape).astype(dtype) * 0.5)
+                   for shape in ((E, 5 * H), (2 * H, 5 * H), (H, 3)))
+    b = mc.Parameter(rng.standard_normal(5 * H).astype(dtype))
+    if device == "cuda":
+        for p in (W, U, b, W_out):
+            p.data = _cupy().asarray(p.data)
+
+    @mc.recursive(scatter_shape=(2 * H,), pull_shape=(E,), push_shape=(3,), arity=2,
+                  dtype=np.dtype(dtype).name)
+    def model(node):
+        if node.is_leaf:
+            i, _, _, o, u = mc.split(node.pull() @ W + b, 5)
+            c = mc.sigmoid(i) * mc.tanh(u)
+        else:
+            (h_l, c_l), (h_r, c_r) = [mc.split(model(k), 2) for k in node.children]
+            i, f_l, f_r, o, u = mc.split(mc.concat([h_l, h_r]) @ U + b, 5)
+            c = mc.sigmoid(i) * mc.tanh(u) + mc.sigmoid(f_l) * c_l + mc.sigmoid(f_r) * c_r
+        h = mc.sigmoid(o) * mc.tanh(c)
+        node.push(h @ W_out)
+        return mc.concat([h, c])
+
+    X = mc.tensor(rng.standard_normal((batch.num_vertices, E)).astype(dtype), device=device,
+                  requires_grad=True)
+    out = model(batch, pull=X)
+    (out * out).sum().backward()
+    return [out.numpy(), X.grad.numpy()] + [p.grad.numpy() for p in (W, U, b, W_out)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+def test_gpu_recursive_definition_equals_numpy(dtype):
+    """mc.recursive on the GPU: its kinds' rows (a kind's child slots uploaded with its
+    indices) and the leaf kind's whole-batch work give NumPy's values and gradients."""
+    batch = mc.GraphBatch([mc.InputGraph.complete_binary(8), mc.InputGraph([[], [], [0, 1]]),
+                           mc.InputGraph([[]])])
+    want = _recursive_run(dtype, "cpu", batch)
+    got = _recursive_run(dtype, "cuda", batch)
+    names = ["pushed outputs", "grad X", "grad W", "grad U", "grad b", "grad W_out"]
+    for name, g, w in zip(names, got, want):
+        _close(g, w, dtype, f"recursive: {name}", loose=5.0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("issuer", ["c", "python"])
 def test_gpu_levels_issued_from_c_equal_numpy(issuer, monkeypatch):
