@@ -771,6 +771,38 @@ def test_products_of_a_few_rows_equal_the_interpreter(trees, kernels, monkeypatc
     assert _native_and_interpreter(F, params, graphs, trees) == ("native", "native")
 
 
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_loops_few_row_product_equals_numpy_for_every_block_and_tail(dtype):
+    """The level loop's product of a few rows (``codegen.FEW_ROWS_SOURCE``): blocks of 4 rows
+    and the rows past them, blocks of the target's width and the columns past them, w stored
+    as it is or transposed, at any alignment of w — equal to NumPy's product."""
+    import ctypes
+
+    from minicavs.runtime import native
+
+    U = mc.tensor(np.ones((3, 3), dtype))
+    F = mc.VertexFunction(lambda v: v.scatter(mc.tanh(v.gather(0) @ U + v.pull())), arity=1,
+                          scatter_shape=(3,), pull_shape=(3,), dtype=np.dtype(dtype).name)
+    own = native.compile_loop(F.program)._lib.minicavs_gemm_few_rows
+    rng = np.random.default_rng(0)
+    i64, p = ctypes.c_int64, ctypes.c_void_p
+    for n in (1, 3, 4, 5, 9):
+        for m in (5, 16, 80, 130):
+            for transposed in (0, 1):
+                k = 37
+                w = native._off_cache_line(rng.standard_normal((m, k) if transposed else (k, m))
+                                           .astype(dtype), offset=8 * (m % 4))
+                x = rng.standard_normal((n, k)).astype(dtype)
+                out = np.full((n, m), np.nan, dtype)
+                own(i64(n), i64(m), i64(k), p(w.ctypes.data), i64(k if transposed else m),
+                    i64(transposed), p(x.ctypes.data), i64(k), p(out.ctypes.data), i64(m))
+                want = x.astype(np.float64) @ (w.T if transposed else w).astype(np.float64)
+                np.testing.assert_allclose(out, want, rtol=1e-4 if dtype == np.float32 else 1e-12,
+                                           atol=1e-4 if dtype == np.float32 else 1e-12,
+                                           err_msg=f"{n} x {k} x {m}, transposed {transposed}")
+
+
 FUSED_CASES = [(cell, dtype) for cell in ("binary_tree_lstm", "lstm_chain", "tree_fc")
                for dtype in (np.float32, np.float64)]
 

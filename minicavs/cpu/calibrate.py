@@ -379,9 +379,12 @@ def measured():
 
 @functools.lru_cache(maxsize=None)
 def path():
-    """The file of this CPU's, BLAS's and kernels' measurements."""
+    """The file of this CPU's, BLAS's and kernels' measurements — of this build of them: the
+    compiler's flags are part of it (an AVX2 build, ``MINICAVS_MARCH=x86-64-v3``, compiles
+    the level loop's product to other code than ``-march=native``: one build's measurement
+    chose its kernel for the other, 0.86-0.89x the BLAS there)."""
     key = build.cache_key(build.cpu_signature(), blas.identity(), isa.target(),
-                          str(team_size()), SOURCE)
+                          str(team_size()), SOURCE, *build.cxx_flags())
     return os.path.join(build.cache_dir(), f"calibration-{key[:24]}.json")
 
 
