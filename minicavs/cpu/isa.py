@@ -16,12 +16,6 @@ avx2      32 B (FMA), 16   6 x 2          15
 portable  16 B, 16         6 x 2          15 (SSE2's 16 xmm; NEON has 32)
 ========  ===============  =============  ==========================================
 
-The AVX2 variant is scheduled for the generic x86 model (``tune=generic`` in its pragma): under
-``-march=native`` on a Zen 3 EPYC, gcc 12's tuning re-reads B inside every FMA instead of once
-per k for the block's rows, which made the panel products 10-40 % slower than the same source
-built for ``x86-64-v3`` (``benchmarks/kernels.py``, e.g. (16, 512) @ (512, 1280): 202 against
-138 us); the AVX-512 variant keeps the machine's own tuning, as measured there.
-
 ``MINICAVS_CPU_TARGET`` (``avx512``, ``avx2``, ``portable``) forces one (tests force each);
 otherwise the widest the CPU has runs. A target the CPU lacks is an error, not a crash.
 """
@@ -36,7 +30,7 @@ from ..errors import ArgumentError
 Target = collections.namedtuple("Target", "pragma vector rows vectors registers needs")
 TARGETS = {  # gcc target pragma, vector bytes, block MR x NV, vector registers, CPU flags
     "avx512": Target("avx512f,avx2,fma", 64, 6, 4, 32, ("avx512f", "fma")),
-    "avx2": Target("avx2,fma,tune=generic", 32, 6, 2, 16, ("avx2", "fma")),
+    "avx2": Target("avx2,fma", 32, 6, 2, 16, ("avx2", "fma")),
     "portable": Target(None, 16, 6, 2, 16, ()),
 }
 ENVIRONMENT = "MINICAVS_CPU_TARGET"

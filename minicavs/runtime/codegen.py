@@ -879,13 +879,8 @@ ROW_BUCKETS = FEW_ROWS.bit_length()  # n <= 1, 2, 4, ..., FEW_ROWS
 FEW_ROWS_SOURCE = """// out (n x m) = x (n x k) . w (k x m), or . (w stored m x k)' — rows of x in blocks of R.
 // Register blocks that fit the vector registers: 4 rows x 2 vectors of accumulators on 16
 // (AVX2, SSE), 4 x 4 on AVX-512's 32; the rows past the last 4 one at a time, 8 vectors (8
-// independent sums hide the FMA's latency). Scheduled for the generic x86 model: gcc 12's
-// Zen 3 tuning (-march=native there) reads w again inside every FMA, which made the product
-// 1.8x slower on an EPYC (8 x 256 x 640 float32: 71 us against 40).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-#pragma GCC target("tune=generic")
-#endif
+// independent sums hide the FMA's latency). (4 x 64 floats on AVX2 spilled: 71 us against
+// 40 at 8 x 256 x 640 float32 on an EPYC, with cpu/build.py's generic tuning.)
 #if defined(__AVX512F__)
 constexpr int FEW_VECTOR_BYTES = 64, FEW_BLOCK_VECTORS = 4;
 #elif defined(__AVX__)
@@ -956,9 +951,6 @@ extern "C" void minicavs_gemm_few_rows(int64_t n, int64_t m, int64_t k, const T 
   for (; i < n; ++i)
     few_rows_panel<1, 8 * FEW_LANES>(m, k, x + i * ldx, ldx, w, ldw, out + i * ldo, ldo);
 }
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#pragma GCC pop_options
-#endif
 // own_rows[slot][transposed][bucket of n]: whether the loop's own kernel runs that product.
 static inline bool own_runs(int64_t slot, int64_t w_transposed, int64_t n) {
   if (n > FEW_ROWS) return false;
