@@ -23,7 +23,7 @@ from minicavs.ops import OPS
 # (imported here, not inside a test: importing it inside a hypothesis test makes its module's
 # @given run nested, a health-check failure when this file runs alone)
 from test_cuda_fusion import _broken_group, cell_groups, random_inputs
-from vertex_cells import binary_tree_lstm, child_sum_tree_lstm
+from vertex_cells import binary_tree_lstm, child_sum_tree_lstm, recursive_tree_lstm
 
 E, H = 3, 4
 
@@ -580,32 +580,15 @@ def _recursive_run(dtype, device, batch, seed=5):
     """A recursive Tree-LSTM (a leaf kind over all its rows, an internal kind by levels) on
     ``device``: its pushed outputs and every gradient."""
     rng = np.random.default_rng(seed)
-    W, U, W_out = (mc.Parameter(rng.standard_normal(shape).astype(dtype) * 0.5)
-                   for shape in ((E, 5 * H), (2 * H, 5 * H), (H, 3)))
-    b = mc.Parameter(rng.standard_normal(5 * H).astype(dtype))
+    model, params = recursive_tree_lstm(E, H, rng, dtype=np.dtype(dtype).name)
     if device == "cuda":
-        for p in (W, U, b, W_out):
+        for p in params:
             p.data = _cupy().asarray(p.data)
-
-    @mc.recursive(scatter_shape=(2 * H,), pull_shape=(E,), push_shape=(3,), arity=2,
-                  dtype=np.dtype(dtype).name)
-    def model(node):
-        if node.is_leaf:
-            i, _, _, o, u = mc.split(node.pull() @ W + b, 5)
-            c = mc.sigmoid(i) * mc.tanh(u)
-        else:
-            (h_l, c_l), (h_r, c_r) = [mc.split(model(k), 2) for k in node.children]
-            i, f_l, f_r, o, u = mc.split(mc.concat([h_l, h_r]) @ U + b, 5)
-            c = mc.sigmoid(i) * mc.tanh(u) + mc.sigmoid(f_l) * c_l + mc.sigmoid(f_r) * c_r
-        h = mc.sigmoid(o) * mc.tanh(c)
-        node.push(h @ W_out)
-        return mc.concat([h, c])
-
     X = mc.tensor(rng.standard_normal((batch.num_vertices, E)).astype(dtype), device=device,
                   requires_grad=True)
     out = model(batch, pull=X)
     (out * out).sum().backward()
-    return [out.numpy(), X.grad.numpy()] + [p.grad.numpy() for p in (W, U, b, W_out)]
+    return [out.numpy(), X.grad.numpy()] + [p.grad.numpy() for p in params]
 
 
 @pytest.mark.gpu

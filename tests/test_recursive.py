@@ -15,6 +15,7 @@ from hypothesis import given, strategies as st
 import minicavs as mc
 from minicavs.vertex import evaluate_per_sample
 from graph_strategies import forests
+from vertex_cells import recursive_tree_lstm
 
 E, H, C, ARITY = 3, 4, 2, 3
 
@@ -497,27 +498,9 @@ def test_a_leaf_kinds_whole_batch_work_is_assembled_in_place(options):
     their columns of the block the products read (``elementwise_per_level`` into the lazy
     phase). Values and gradients equal the per-sample eager reference, as with those passes
     off."""
-    rng = np.random.default_rng(7)
-    W = mc.Parameter(rng.normal(size=(E, 5 * H)), name="W")
-    U = mc.Parameter(rng.normal(size=(2 * H, 5 * H)), name="U")
-    b = mc.Parameter(rng.normal(size=(5 * H,)), name="b")
-    W_out = mc.Parameter(rng.normal(size=(H, C)), name="W_out")
-    params = [W, U, b, W_out]
-
-    @mc.recursive(scatter_shape=(2 * H,), pull_shape=(E,), push_shape=(C,), arity=2,
-                  dtype="float64", options=options)
-    def model(node):
-        if node.is_leaf:
-            i, _, _, o, u = mc.split(node.pull() @ W + b, 5)
-            c = mc.sigmoid(i) * mc.tanh(u)
-        else:
-            (h_l, c_l), (h_r, c_r) = [mc.split(model(k), 2) for k in node.children]
-            i, f_l, f_r, o, u = mc.split(mc.concat([h_l, h_r]) @ U + b, 5)
-            c = mc.sigmoid(i) * mc.tanh(u) + mc.sigmoid(f_l) * c_l + mc.sigmoid(f_r) * c_r
-        h = mc.sigmoid(o) * mc.tanh(c)
-        node.push(h @ W_out)
-        return mc.concat([h, c])
-
+    model, params = recursive_tree_lstm(E, H, np.random.default_rng(7), options=options,
+                                        classes=C)
+    rng = np.random.default_rng(8)
     batch = mc.GraphBatch([mc.InputGraph([[], [], [0, 1], [], [2, 3]]),
                            mc.InputGraph([[], [], [0, 1]]), mc.InputGraph([[]])])
     X = mc.tensor(rng.normal(size=(batch.num_vertices, E)), requires_grad=True)

@@ -1,7 +1,9 @@
 """Vertex functions shared by the runtime tests: a binary Tree-LSTM (Cavs Fig. 4), a
 child-sum Tree-LSTM (Tai et al.), a generic cell that gathers ``arity`` children, the
-benchmark's Tree-LSTM that embeds pulled word ids inside the cell, and an RNTN (Socher et al.
-2013: a bilinear term xᵀ V_i x, whose rows are matrices inside the level loop)."""
+benchmark's Tree-LSTM that embeds pulled word ids inside the cell, an RNTN (Socher et al.
+2013: a bilinear term xᵀ V_i x, whose rows are matrices inside the level loop), and a
+Tree-LSTM as a recursive definition (a leaf kind over all its rows, an internal kind by
+levels)."""
 
 import minicavs as mc
 
@@ -124,3 +126,29 @@ def rntn(E, H, rng, dtype="float64", options=None):
     F = mc.VertexFunction(cell, pull_shape=(E,), scatter_shape=(H,), push_shape=(H,),
                           arity=2, dtype=dtype, options=options)
     return F, [W, U, V, b]
+
+
+def recursive_tree_lstm(E, H, rng, dtype="float64", options=None, classes=3):
+    """A binary Tree-LSTM written recursively: a leaf reads three gates of ``x W + b`` (no
+    child product), an internal vertex ``[h_l, h_r] U + b``; each pushes ``h W_out`` and
+    returns ``[h, c]``. Returns the function and its parameters (W, U, b, W_out)."""
+    W = mc.Parameter(rng.standard_normal((E, 5 * H)).astype(dtype) * 0.5, name="W")
+    U = mc.Parameter(rng.standard_normal((2 * H, 5 * H)).astype(dtype) * 0.5, name="U")
+    b = mc.Parameter(rng.standard_normal(5 * H).astype(dtype), name="b")
+    W_out = mc.Parameter(rng.standard_normal((H, classes)).astype(dtype), name="W_out")
+
+    @mc.recursive(scatter_shape=(2 * H,), pull_shape=(E,), push_shape=(classes,), arity=2,
+                  dtype=dtype, options=options)
+    def model(node):
+        if node.is_leaf:
+            i, _, _, o, u = mc.split(node.pull() @ W + b, 5)
+            c = mc.sigmoid(i) * mc.tanh(u)
+        else:
+            (h_l, c_l), (h_r, c_r) = [mc.split(model(k), 2) for k in node.children]
+            i, f_l, f_r, o, u = mc.split(mc.concat([h_l, h_r]) @ U + b, 5)
+            c = mc.sigmoid(i) * mc.tanh(u) + mc.sigmoid(f_l) * c_l + mc.sigmoid(f_r) * c_r
+        h = mc.sigmoid(o) * mc.tanh(c)
+        node.push(h @ W_out)
+        return mc.concat([h, c])
+
+    return model, [W, U, b, W_out]
