@@ -54,6 +54,7 @@ def _probe_native(report):
     address, interface = blas.gemm("float32")
     where = "NumPy's BLAS" if interface.startswith("cblas") else "SciPy's cython_blas"
     report.append(("blas (native)", f"{interface} gemm from {where}", None, False))
+    report.append(("native flags", " ".join(build.cxx_flags()), None, False))
     report.append(("native cache", build.cache_dir(), None, False))
     report.append(("host memory", malloc.state, None, False))
     report.append(("blas threads", blas.idle_threads, None, False))

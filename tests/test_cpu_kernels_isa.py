@@ -520,6 +520,10 @@ def test_the_doctor_prints_the_target_and_every_choice_with_its_times(monkeypatc
     tagger = [x for x in lines if f"panels f32 <=4x256x1024 ({isa.target()}" in x]
     assert tagger and all(" us: " in x and ("own" in x or "BLAS" in x) for x in tagger)
     assert any("cpu team" in x and "thread(s)" in x for x in lines)
+    (flags,) = [x for x in lines if "native flags" in x]  # the build the choices belong to
+    assert "-O3" in flags
+    assert ("-mtune=generic" in flags) == (isa.x86() and isa.target() != "avx512")
+    assert ("-mprefer-vector-width=512" in flags) == (isa.target() == "avx512")
 
 
 def test_an_avx2_build_is_asked_for_by_minicavs_march(monkeypatch, tmp_path):
@@ -530,6 +534,8 @@ def test_an_avx2_build_is_asked_for_by_minicavs_march(monkeypatch, tmp_path):
     try:
         assert "-march=x86-64-v3" in build.cxx_flags()
         assert "-march=native" not in build.cxx_flags()
+        if isa.x86() and isa.target() != "avx512":  # scheduled as the AVX2 build is
+            assert "-mtune=generic" in build.cxx_flags()
     finally:
         build.cxx_flags.cache_clear()
     if build.unavailable() is not None or not isa.runs_here("avx2"):
