@@ -685,6 +685,20 @@ def _tiny_tagger(char_lstm, hoist=False):
     return model, sentences, model.loss
 
 
+def test_the_char_tagger_gives_an_empty_word_its_lstms_initial_state():
+    """A word with no characters (an empty token in a data file): each character LSTM's state
+    after no input is its initial one, so its vector is zeros — eager and autobatched alike,
+    not an IndexError."""
+    model, sentences, loss = _tiny_tagger(True)
+    assert np.array_equal(model.word_vector("").numpy(), np.zeros(6))
+    sentence = [("the", "DET"), ("", "NOUN")]
+    eager = float(loss(sentence).numpy())
+    with mc.autobatch("agenda+"):
+        batched = loss(sentence)
+        batched.backward()
+    np.testing.assert_allclose(float(batched.numpy()), eager, rtol=1e-12)
+
+
 def _tiny_tree_lstm():
     from minicavs.data.tree import Tree
     from minicavs.models.plain import PlainTreeLSTM

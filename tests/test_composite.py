@@ -94,6 +94,8 @@ def test_split(data, sections, part):
         np.testing.assert_array_equal(got.numpy(), want)
     sizes = [0, shape[axis]] if part == 0 else [shape[axis]]
     assert [p.shape[axis] for p in mc.split(t(x), sizes, axis)] == sizes
+    assert [p.shape[axis] for p in mc.split(t(x), np.array(sizes), axis)] == sizes  # (sizes
+    # given as an array: not taken for the two-halves fast path)
     assert mc.gradcheck(lambda x: mc.split(x, sections, axis)[part % sections] * 2.0, [x])
 
 

@@ -54,8 +54,10 @@ class _LSTM(_Plain):
 
     def final(self, xs):
         """The hidden state h after the last input (a character LSTM's word vector: the
-        states before it are not read, so no h of theirs is taken)."""
-        return ops.slice_axis(self.states(xs)[-1], 0, self.hidden)
+        states before it are not read, so no h of theirs is taken); with no input, the
+        initial h (an empty word)."""
+        states = self.states(xs)
+        return ops.slice_axis(states[-1] if states else self.initial, 0, self.hidden)
 
     def states(self, xs):
         """The state [h, c] after each input."""

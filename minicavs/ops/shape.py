@@ -226,7 +226,7 @@ def split(x, sections, axis=-1):
     x_shape = x.shape
     axis = normalize_axis("split", axis, len(x_shape))
     size = x_shape[axis]
-    if sections == 2 and type(sections) is int and not size % 2:  # ([h, c] of a cell, per
+    if type(sections) is int and sections == 2 and not size % 2:  # ([h, c] of a cell, per
         half = size // 2  # vertex of a recorded model: the checks below cost as much again)
         return [apply(SLICE_AXIS, x, start=0, stop=half, axis=axis),
                 apply(SLICE_AXIS, x, start=half, stop=size, axis=axis)]
