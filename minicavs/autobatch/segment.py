@@ -54,7 +54,7 @@ class Segment:
     def run(self, active, node_depth, leaves, tensor_leaves):
         """Lay out, plan and run the forward pass. ``leaves``: the values read as data, arrays
         (copied as recorded) except at ``tensor_leaves`` (their positions): Tensors."""
-        began = time.perf_counter()
+        began, device_began = time.perf_counter(), device_clock()
         start, n = self.start, self.stop - self.start
         depth = np.asarray(node_depth, dtype=np.int64)
         # Every signature's nodes and operand sources as one array each (converted from the
@@ -170,6 +170,9 @@ class Segment:
                                        value_slab, out_slab, row_of)
         self.stats["batches"] = len(batches)
         self.stats["schedule_s"] = time.perf_counter() - began
+        # (the slabs' fill and the plan's index uploads are the device's work, not the host's)
+        if self.counter is not None:
+            self.stats["kernel_s"] += device_clock() - device_began
         with self._one_pool():
             self._forward()
         if self.counter is not None:
