@@ -22,6 +22,7 @@ character LSTM (64 -> 4 x 64), the Tree-LSTM's U (2H -> 5H, H = 128 and 256) and
 """
 
 import argparse
+import contextlib
 import os
 import pathlib
 import platform
@@ -120,11 +121,8 @@ def measure_shape(x, W, variants, rounds):
     with products.team_products(), products.invariant_operands([W]):
         calls = []
         for v in variants:  # each variant's own panels, packed now
-            os.environ[isa.ENVIRONMENT] = v
-            try:
+            with _environment(isa.ENVIRONMENT, v):
                 calls.append(_panels(products._Panels.of(W), x, W, out))
-            finally:
-                os.environ.pop(isa.ENVIRONMENT, None)
         team = products.team_matmul(x, W, out, measured=False) is not None
         calls.append((lambda: products.team_matmul(x, W, out, measured=False)) if team else None)
         calls.append(lambda: np.matmul(x, W, out=out))
@@ -146,6 +144,21 @@ def measure_shape(x, W, variants, rounds):
     times = [next(it) if c is not None else None for c in calls]
     times.insert(len(times) - 1, own_threads)
     return times, choice
+
+
+@contextlib.contextmanager
+def _environment(name, value):
+    """``name=value`` in the environment inside the block, then what it was (an AVX2 build's
+    ``MINICAVS_CPU_TARGET=avx2`` is kept for the rest of the table)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 CONV = [("LeNet conv1", 64, 1, 28, 6, 5), ("LeNet conv2", 64, 6, 12, 16, 5),
@@ -172,12 +185,8 @@ def conv_table(rounds):
             runs = []
             for force in ("own", "blas", None):
                 def run(force=force, call=call):
-                    if force:
-                        os.environ[calibrate.ENVIRONMENT] = force
-                    try:
+                    with _environment(calibrate.ENVIRONMENT, force or "measure"):
                         call()
-                    finally:
-                        os.environ.pop(calibrate.ENVIRONMENT, None)
                 runs.append(run)
             runs[2]()  # calibrates this bucket if it is new
             own, gemm, chosen = best(runs, rounds)
