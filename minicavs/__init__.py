@@ -26,6 +26,7 @@ from .errors import (ArgumentError, CheckpointError, CheckpointWriteError, Devic
                      TracedBranchError, UnsupportedError)
 from .backend import (default_dtype, get_array_module, get_device, gpu_available, seed,
                       set_default_dtype, set_device)
+from .cpu.denormals import set_flush_denormal
 from .ops import (abs, add, add_n, all, any, argmax, argmin, astype, binary_cross_entropy,
                   binary_cross_entropy_with_logits, broadcast_to, ceil, clip, concat, cos,
                   cross_entropy, cumsum, div, elu, embedding, equal, erf, exp, expand_dims,

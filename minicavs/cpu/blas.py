@@ -134,6 +134,24 @@ def let_idle_threads_sleep():
         idle_threads = f"OpenBLAS idle threads sleep after 2^{timeout()} cycles"
 
 
+def restart_threads():
+    """Shut OpenBLAS's thread pool down (``blas_thread_shutdown_``, as its fork handler does),
+    to be made again by its next threaded product from the calling thread, whose floating-point
+    control settings new threads inherit (``cpu/denormals.py``) — only while no other thread
+    runs (one could be inside a BLAS call). Returns whether a pool was shut down."""
+    if threading.active_count() > 1:
+        return False
+    done = False
+    for path in _loaded_blas_libraries():
+        try:
+            shutdown = ctypes.CDLL(path).blas_thread_shutdown_
+        except (OSError, AttributeError):  # another BLAS, or an OpenBLAS without it
+            continue
+        shutdown()
+        done = True
+    return done
+
+
 def _scipy_gemm(letter):
     from scipy.linalg import cython_blas
 
