@@ -14,7 +14,8 @@ subnormal are zero) and DAZ (subnormal inputs read as zero). :func:`set_flush_de
 them on the calling thread — NumPy's ufuncs and single-thread products run there — and on
 every thread of the native team (OpenMP's pool, which keeps its threads); OpenBLAS's pool is
 shut down, to be made again by its next threaded product from this thread, whose setting new
-threads inherit. It changes results only below 1.2e-38 (float32; 2.2e-308 for float64), where
+threads inherit (only while no other Python thread runs: one could be inside a BLAS call; then
+OpenBLAS's threads keep theirs). It changes results only below 1.2e-38 (float32; 2.2e-308 for float64), where
 IEEE keeps gradual underflow and this gives zero — which is why it is off unless asked for, as
 in PyTorch: other code in the process computes with the same registers.
 """
@@ -22,6 +23,7 @@ in PyTorch: other code in the process computes with the same registers.
 import ctypes
 import platform
 
+from ..errors import ArgumentError
 from . import blas, build
 
 SOURCE = r"""// minicavs: flush subnormal floats to zero (minicavs/cpu/denormals.py)
@@ -90,7 +92,6 @@ def set_flush_denormal(enabled):
     and nothing changed, where it is not (not x86, native code off), as
     ``torch.set_flush_denormal`` does."""
     if not isinstance(enabled, bool):
-        from ..errors import ArgumentError
         raise ArgumentError(f"set_flush_denormal(enabled): expected True or False, got "
                             f"{enabled!r} ({type(enabled).__name__})")
     if not supported():
