@@ -11,10 +11,9 @@ import textwrap
 import pytest
 
 import minicavs as mc
-from minicavs.cpu import build
+from minicavs.cpu import build, denormals
 
-x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-needs_flush = pytest.mark.skipif(not x86 or build.unavailable() is not None,
+needs_flush = pytest.mark.skipif(not denormals.supported(),
                                  reason="flushing needs an x86 CPU and native code "
                                         f"({build.unavailable() or platform.machine()})")
 

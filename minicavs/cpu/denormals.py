@@ -4,8 +4,8 @@ A float32 below 1.2e-38 is *subnormal*. Training makes them: a saturated gate's 
 (``sigmoid(x) * (1 - sigmoid(x))`` far from zero) times a small gradient, step after step. On
 Intel cores each operation reading or writing one takes a microcode assist, a hundred cycles
 or more; AMD's Zen cores pay little. Measured on a 2-core Ice Lake Xeon, the Tree-LSTM
-classifier (hidden 256, SGD) stepping over the same three batches of 64 trees: 106 ms a step
-at first, 150-400 ms from the fifth step on as its values went subnormal, and 88-155 ms
+classifier (hidden 256, SGD) stepping over the same three batches of 64 trees: 99-125 ms a
+step at first, 170-675 ms from the fourth step on as its values went subnormal, and 83-115 ms
 throughout with them flushed. (The C reference of the benchmark is built with ``-ffast-math``,
 which flushes them in the whole process.)
 
@@ -14,17 +14,18 @@ subnormal are zero) and DAZ (subnormal inputs read as zero). :func:`set_flush_de
 them on the calling thread — NumPy's ufuncs and single-thread products run there — and on
 every thread of the native team (OpenMP's pool, which keeps its threads); OpenBLAS's pool is
 shut down, to be made again by its next threaded product from this thread, whose setting new
-threads inherit (only while no other Python thread runs: one could be inside a BLAS call; then
-OpenBLAS's threads keep theirs). It changes results only below 1.2e-38 (float32; 2.2e-308 for float64), where
-IEEE keeps gradual underflow and this gives zero — which is why it is off unless asked for, as
-in PyTorch: other code in the process computes with the same registers.
+threads inherit (only while no other Python thread runs, as one could be inside a BLAS call;
+then OpenBLAS's threads keep theirs). It changes results only below 1.2e-38 (float32;
+2.2e-308 for float64), where IEEE keeps gradual underflow and this gives zero — which is why
+it is off unless asked for, as in PyTorch: other code in the process computes with the same
+registers.
 """
 
 import ctypes
-import platform
+import functools
 
 from ..errors import ArgumentError
-from . import blas, build
+from . import blas, build, isa
 
 SOURCE = r"""// minicavs: flush subnormal floats to zero (minicavs/cpu/denormals.py)
 #include <omp.h>
@@ -36,25 +37,22 @@ SOURCE = r"""// minicavs: flush subnormal floats to zero (minicavs/cpu/denormals
 namespace {
 const unsigned kFlushBits = 0x8040;  // FTZ (bit 15) and DAZ (bit 6) of MXCSR
 
-int apply(int on) {
+void apply(int on) {
 #ifdef MINICAVS_HAS_MXCSR
   const unsigned csr = _mm_getcsr();
   _mm_setcsr(on ? (csr | kFlushBits) : (csr & ~kFlushBits));
-  return (_mm_getcsr() & kFlushBits) == kFlushBits;
 #else
   (void)on;
-  return 0;
 #endif
 }
 }  // namespace
 
 // Sets or clears both bits on this thread and on each thread of a team of `threads`
-// (OpenMP keeps its threads between regions); returns whether this thread now flushes.
-extern "C" int minicavs_set_flush_denormal(int on, int threads) {
-  const int here = apply(on);
+// (OpenMP keeps its threads between regions).
+extern "C" void minicavs_set_flush_denormal(int on, int threads) {
+  apply(on);
   #pragma omp parallel num_threads(threads)
   apply(on);
-  return here;
 }
 
 // Whether this thread flushes now (both bits set).
@@ -68,19 +66,18 @@ extern "C" int minicavs_flushes_denormal(void) {
 """
 
 
+@functools.lru_cache(maxsize=None)
 def _library():
     lib = build.module_library(SOURCE, "denormals", "minicavs/cpu/denormals.py")
-    if lib is not None:
-        lib.minicavs_set_flush_denormal.argtypes = [ctypes.c_int, ctypes.c_int]
-        lib.minicavs_set_flush_denormal.restype = ctypes.c_int
-        lib.minicavs_flushes_denormal.restype = ctypes.c_int
+    lib.minicavs_set_flush_denormal.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.minicavs_set_flush_denormal.restype = None
+    lib.minicavs_flushes_denormal.restype = ctypes.c_int
     return lib
 
 
 def supported():
     """Whether this machine can flush: x86 with native code on (``build.unavailable``)."""
-    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686") and \
-        build.unavailable() is None
+    return isa.x86() and build.unavailable() is None
 
 
 def set_flush_denormal(enabled):
@@ -98,8 +95,7 @@ def set_flush_denormal(enabled):
         return False
     from .team import team_size
 
-    lib = _library()
-    lib.minicavs_set_flush_denormal(int(enabled), max(team_size(), 1))
+    _library().minicavs_set_flush_denormal(int(enabled), max(team_size(), 1))
     blas.restart_threads()
     return True
 
