@@ -52,7 +52,7 @@ def minicavs_phases(task, strategy, batches, threads, hoist=False, device="cpu")
         model = BiLSTMTagger([w for s in samples for w, _ in s],
                              [t for s in samples for _, t in s], char_lstm=task == "tagger-char",
                              hoist=hoist)
-    optimizer = mc.nn.SGD(model.parameters(), lr=0.01)
+    optimizer = mc.nn.SGD(model.parameters(), lr=autobatch_table.LR)
     rows = []
     for chunk in parts:
         began = time.perf_counter()
@@ -60,6 +60,7 @@ def minicavs_phases(task, strategy, batches, threads, hoist=False, device="cpu")
         with mc.autobatch(strategy) as ab:
             loss = mc.add_n([model.loss(s) for s in chunk])
             loss.backward()
+        mc.nn.clip_grad_norm(model.parameters(), autobatch_table.CLIP)
         optimizer.step()
         issued = time.perf_counter()
         wait()

@@ -45,6 +45,12 @@ BATCH = 64
 # (as benchmarks/run.py does for the tree peers).
 DYNET_POOL_MB = 512
 DYNET_POOL_MAX_MB = 8192
+# Every system trains as DyNet's SimpleSGDTrainer(lr 0.01) does, which rescales the gradients to
+# an L2 norm of at most 5 (its default clip_threshold). Without the clip the other systems'
+# models diverged on the summed loss of 64 samples (the tagger's loss from 4.3e3 to 1.1e5 in
+# four steps); their saturated values went subnormal, and each step took 2.5-4x as long on an
+# Intel Xeon.
+LR, CLIP = 0.01, 5.0
 
 
 def data_files(folder):
@@ -83,13 +89,14 @@ def minicavs_plain(task, strategy, samples, vocab):
     else:
         model = BiLSTMTagger([w for s in samples for w, _ in s], [t for s in samples for _, t in s],
                              char_lstm=task == "tagger-char")
-    optimizer = mc.nn.SGD(model.parameters(), lr=0.01)
+    optimizer = mc.nn.SGD(model.parameters(), lr=LR)
 
     def step(batch):
         optimizer.zero_grad()
         with mc.autobatch(strategy):
             loss = mc.add_n([model.loss(s) for s in batch])
             loss.backward()
+        mc.nn.clip_grad_norm(model.parameters(), CLIP)
         optimizer.step()
     return step
 
@@ -98,11 +105,12 @@ def minicavs_vertex(task, samples, vocab):
     import minicavs as mc
     from minicavs.models import TreeLSTMClassifier
     model = TreeLSTMClassifier(len(vocab), embed_dim=256, hidden=256)
-    optimizer = mc.nn.SGD(model.parameters(), lr=0.01)
+    optimizer = mc.nn.SGD(model.parameters(), lr=LR)
 
     def step(batch):
         optimizer.zero_grad()
         model.loss(model.prepare(batch)).backward()
+        mc.nn.clip_grad_norm(model.parameters(), CLIP)
         optimizer.step()
     return step
 
@@ -163,7 +171,8 @@ def dynet_models(task, samples, vocab):
                 [bO, O, dy.tanh(dy.affine_transform([b1, H1, dy.concatenate([fi, bi])]))]),
                 tags[t]) for fi, bi, (_, t) in zip(f, b, sentence)])
 
-    trainer = dy.SimpleSGDTrainer(pc, 0.01)
+    trainer = dy.SimpleSGDTrainer(pc, LR)
+    trainer.set_clip_threshold(CLIP)  # (its default, said here: the other systems use CLIP)
 
     def step(batch):
         dy.renew_cg()
@@ -239,11 +248,12 @@ def torch_eager(task, samples, vocab, device="cpu"):
             return sum(F.cross_entropy(out(torch.tanh(mlp(torch.cat([fi, bi]))))[None],
                                        torch.tensor([tags[t]]))
                        for fi, bi, (_, t) in zip(f, b, sentence))
-    optimizer = torch.optim.SGD(params, lr=0.01)
+    optimizer = torch.optim.SGD(params, lr=LR)
 
     def step(batch):
         optimizer.zero_grad()
         sum(loss_of(s) for s in batch).backward()
+        torch.nn.utils.clip_grad_norm_(params, CLIP)
         optimizer.step()
     return step
 
