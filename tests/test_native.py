@@ -497,22 +497,26 @@ def _random_binary_tree(rng, leaves):
 
 
 @needs_native
-@pytest.mark.parametrize("dag", [False, True])
-def test_wide_levels_split_between_threads_equal_the_interpreter(dag, monkeypatch):
-    """Levels wide enough run on a team of threads (rows and a product's columns split); in a
-    DAG the adds into shared children stay on one thread. ``MINICAVS_KERNELS=own``: every level
-    of at least a row a thread splits, whatever this machine measured."""
+@pytest.mark.parametrize("dag, trees", [(False, 40), (False, 400), (True, 80)])
+def test_wide_levels_split_between_threads_equal_the_interpreter(dag, trees, monkeypatch):
+    """Levels wide enough run on a team of threads (rows split; a product's out split along
+    its longer side: 40 trees give levels of fewer rows than its 200 columns, split by columns,
+    400 trees levels of more, split by rows); in a DAG the adds into shared children stay on
+    one thread. ``MINICAVS_KERNELS=own``: every level of at least a row a thread splits,
+    whatever this machine measured."""
     from minicavs.cpu import calibrate, team
     from minicavs.runtime import native
 
     monkeypatch.setenv(calibrate.ENVIRONMENT, "own")
     rng = np.random.default_rng(3)
     if dag:  # two parents share both children on every level
-        graphs = [mc.InputGraph([[], [], [0, 1], [0, 1], [2, 3]]) for _ in range(80)]
+        graphs = [mc.InputGraph([[], [], [0, 1], [0, 1], [2, 3]]) for _ in range(trees)]
     else:
-        graphs = [_random_binary_tree(rng, int(rng.integers(2, 9))) for _ in range(40)]
+        graphs = [_random_binary_tree(rng, int(rng.integers(2, 9))) for _ in range(trees)]
     batch = mc.GraphBatch(graphs)
-    F, params = binary_tree_lstm(E, 40, rng)  # 200 gate columns: the product splits too
+    widest_internal = int(np.diff(batch.level_offsets)[1:].max())
+    assert (widest_internal > 200) == (trees == 400)  # (the product's side each case splits)
+    F, params = binary_tree_lstm(E, 40, rng)  # 200 gate columns
     assert _native_and_interpreter(F, params, graphs, 3) == ("native", "native")
     threads = team.team_size()
     if threads > 1:

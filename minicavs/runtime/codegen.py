@@ -989,8 +989,11 @@ static inline void gemm_rows(int64_t slot, int64_t n, int64_t m, int64_t k, cons
   gemm(w_transposed ? "T" : "N", "N", &cols, &rows, &inner, &one, w, &lw, x, &lx, &zero, out,
        &lo);
 }"""
-# The team's gemm: the product's columns split between the threads (one-thread gemms: the loop
-# sets the BLAS to one thread for the call, ``openblas_set_num_threads_local``), or one thread.
+# The team's gemm: the longer side of the product's out split between the threads (one-thread
+# gemms: the loop sets the BLAS to one thread for the call, ``openblas_set_num_threads_local``),
+# or one thread. Each thread reads all of the operand along the other side — all of x's rows for
+# a split by columns, all of w for a split by rows — so the split takes the side whose other
+# operand is the smaller (Tree-FC's 8192 x 512 level rows times a 512 x 256 w: by rows).
 _TEAM = """typedef int (*blas_threads_t)(int);  // sets the BLAS's threads, returns the old count
 static blas_threads_t blas_threads;
 extern "C" void minicavs_set_blas_threads(void *f) { blas_threads = (blas_threads_t)f; }
@@ -999,16 +1002,25 @@ static inline void gemm_team(int64_t slot, int64_t n, int64_t m, int64_t k, cons
                              int64_t ldw, int64_t w_transposed, const T *x, int64_t ldx, T *out,
                              int64_t ldo, int64_t split_macs) {
   const int64_t team = omp_get_num_threads();
-  if (team == 1 || n * m * k < split_macs || m < 32 * team) {
+  const bool by_rows = n > m;
+  const int64_t side = by_rows ? n : m;
+  if (team == 1 || n * m * k < split_macs || side < 32 * team) {
     #pragma omp single
     gemm_rows(slot, n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
     return;
   }
-  const int64_t block = ((m + team - 1) / team + 15) / 16 * 16;
-  const int64_t c0 = omp_get_thread_num() * block, c1 = c0 + block < m ? c0 + block : m;
-  if (c1 > c0)
-    gemm_rows(slot, n, c1 - c0, k, w_transposed ? w + c0 * ldw : w + c0, ldw, w_transposed, x, ldx,
-              out + c0, ldo);
+  if (by_rows) {
+    const int64_t block = (n + team - 1) / team;
+    const int64_t r0 = omp_get_thread_num() * block, r1 = r0 + block < n ? r0 + block : n;
+    if (r1 > r0)
+      gemm_rows(slot, r1 - r0, m, k, w, ldw, w_transposed, x + r0 * ldx, ldx, out + r0 * ldo, ldo);
+  } else {
+    const int64_t block = ((m + team - 1) / team + 15) / 16 * 16;
+    const int64_t c0 = omp_get_thread_num() * block, c1 = c0 + block < m ? c0 + block : m;
+    if (c1 > c0)
+      gemm_rows(slot, n, c1 - c0, k, w_transposed ? w + c0 * ldw : w + c0, ldw, w_transposed, x,
+                ldx, out + c0, ldo);
+  }
   #pragma omp barrier
 }"""
 _PRELUDE = (f"const int64_t FEW_ROWS = {FEW_ROWS}, ROW_BUCKETS = {ROW_BUCKETS};\n"
