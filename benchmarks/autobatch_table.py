@@ -17,9 +17,8 @@ and depth (flag 2), the models written as dynet-benchmark writes them; PyTorch e
 sample at a time; and for the Tree-LSTM minicavs's vertex-function form. Every (system, task)
 runs in its own subprocess (DyNet reads its autobatch flag once per process). Every system
 trains as DyNet's SimpleSGDTrainer does: SGD at 0.01 on the summed loss, the gradients clipped
-to norm 5. A system named
-``name:cuda`` runs on the GPU (minicavs's tensors through CuPy, PyTorch's on its CUDA device);
-each step then waits for the device, so its time is the GPU's.
+to norm 5. A system named ``name:cuda`` runs on the GPU (minicavs's tensors through CuPy,
+PyTorch's on its CUDA device); each step then waits for the device, so its time is the GPU's.
 """
 
 import argparse
