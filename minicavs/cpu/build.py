@@ -409,14 +409,18 @@ def build(source, tag, origin=""):
     """Compile ``source`` (unless cached) and load it: ``(ctypes.CDLL, compiled)``, ``compiled``
     False when the library came from the cache. ``origin`` says, in an error, what the source
     was generated from."""
-    # Idle OpenMP threads sleep instead of spinning for long: spinning starves OpenBLAS's
-    # threads (and other processes) on a machine with few cores. But they spin briefly first
-    # (GOMP_SPINCOUNT, about a tenth of a millisecond): a recurrent step's products come tens
-    # of microseconds apart, and waking a sleeping thread for each cost more than the product
-    # (packed_gemm, 24 rows: 114 us a call asleep, 69 us spinning; the tagger's step 105 ->
-    # 88 ms). Read when libgomp loads, so set first.
+    # Idle OpenMP threads sleep instead of spinning on: spinning starves OpenBLAS's threads
+    # (and other processes) on a machine with few cores. But they spin first (GOMP_SPINCOUNT
+    # 10^6: 10-20 ms here), past the gaps of a step's Python between two team calls: waking a
+    # sleeping thread cost more than the product (packed_gemm, 24 rows: 114 us a call asleep,
+    # 69 us spinning, on the EPYC), and on a VM 0.24-0.44 ms a wake, where a spinning one took
+    # 4-8 us (an Ice Lake Xeon under Firecracker). The autobatched taggers there: agenda+
+    # 1.31x / 1.32x DyNet against 0.75x / 0.79x with 10^4 spins (a tenth of a millisecond);
+    # the vertex runtime's few, large team calls unchanged; with other work on the cores the
+    # teams shrink to the free ones (calibrate.free_cores), and no step slowed. Read when
+    # libgomp loads, so set first.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000000")
     path, compiled = _compile(source, tag, origin, _native_key(source))
     return load_openmp_library(path), compiled
 
