@@ -55,11 +55,6 @@ ENTRY = "minicavs_levels"
 # row of x), one on one thread, and the adds into shared children of a DAG.
 ROWS = "for (int64_t i = row0; i < row1; ++i)"
 ALL_ROWS = "for (int64_t i = 0; i < n; ++i)"
-# Where a step's zeros go (a level where they are its output): replaced once every step is
-# generated, by nothing where each reader reads a row of zeros instead on such a level
-# (act[k] == ZERO: the Tree-FC leaves' product, 16 MB a batch not written and not read back),
-# else by the writes.
-_ZEROS_MARK = "// @zeros@"
 
 
 # The names a fused group's C uses (csource.py): inputs x0.., temporaries t0.., outputs y0..
@@ -226,11 +221,6 @@ class _Generator:
         self.written_for = set()  # reshape keys whose producer writes their rows directly
         self.gathered_parts = set()  # concat parts a direct gather wrote into their columns
         self.summed = {}  # node.key -> the elementwise step computed inside the sum reading it
-        self.unwritten_zeros = {}  # node.key -> its step's index: a level's zeros may go unwritten
-        self.zeros_read = {}  # node.key -> ids of the steps that read a row of zeros in its place
-        self.zeros_of = {}  # node.key -> the code that writes its zeros
-        self.zero_row_width = 1  # of the row of zeros read in their place
-        self.generating = None  # the step being generated
         self.products = set()  # (shared slot, k, m) of the products
 
     def _dtype(self):
@@ -271,19 +261,7 @@ class _Generator:
             for x in ins.reads:
                 self.readers.setdefault(x.key, []).append(ins)
         self.place_level_values()
-        outside = program.read_outside_core
-        for k, ins in enumerate(core):  # scratch a step writes, read only during its level
-            if isinstance(ins, Compute) and not ins.inlined and not ins.aliased and \
-                    len(ins.writes) == 1 and ins.writes[0].key not in outside and \
-                    ins.writes[0].key not in self.views:
-                self.unwritten_zeros[ins.writes[0].key] = k
         body = [self.instruction(k, ins) for k, ins in enumerate(core)]
-        for key, zeros in self.zeros_of.items():  # a step's zeros, unwritten where no one reads them
-            k = self.unwritten_zeros[key]
-            read_as_zero = {id(r) for r in self.readers.get(key, ())} == \
-                self.zeros_read.get(key, set())
-            body[k] = body[k].replace(_ZEROS_MARK, "// (its readers read a row of zeros)"
-                                      if read_as_zero else zeros)
         if self.profile:  # thread 0 times each instruction, its barrier included
             body = [f"    {{ const double started_{k} = omp_get_wtime();\n{code}\n"
                     f"    #pragma omp master\n"
@@ -348,7 +326,6 @@ class _Generator:
     # --- instructions ---------------------------------------------------------------------------
 
     def instruction(self, k, ins):
-        self.generating = ins
         note = " ".join(ins.dump(self.names).split())
         zero_views = None
         if isinstance(ins, Compute) and ins.inlined:
@@ -375,9 +352,6 @@ class _Generator:
             zero_views = [self.zero_through.get(o.key, self.views[o.key]) for o in ins.writes
                           if o.key in self.views]
         zero = "\n".join(self.zero(v) for v in zero_views)
-        if zero and ins.writes and ins.writes[0].key in self.unwritten_zeros:
-            # (unless every reader reads a row of zeros instead: known once all are generated)
-            self.zeros_of[ins.writes[0].key], zero = zero, _ZEROS_MARK
         return (f"    // [{k}] {note}\n"
                 f"    if (act[{k}] == {ACTIONS[RUN]}) {{\n{_indent(run, 6)}\n    }}"
                 + (f" else if (act[{k}] == {ACTIONS[ZERO]}) {{\n{_indent(zero, 6)}\n    }}"
@@ -619,13 +593,7 @@ class _Generator:
                 if view.width not in (width, 1):
                     raise Unsupported(f"{x.label()} ({view.width} columns) broadcast against "
                                       f"{width} columns")
-                row = view.row('i')
-                producer = self.unwritten_zeros.get(x.key)
-                if producer is not None:  # zero on this level: a row of zeros, not its rows
-                    row = f"act[{producer}] == {ACTIONS[ZERO]} ? zero_row : {row}"
-                    self.zeros_read.setdefault(x.key, set()).add(id(self.generating))
-                    self.zero_row_width = max(self.zero_row_width, view.width)
-                rows.append(f"const T *__restrict__ r{k} = {row};")
+                rows.append(f"const T *__restrict__ r{k} = {view.row('i')};")
                 loads.append(f"const T x{k} = r{k}[{'j' if view.width == width else 0}];")
             else:
                 size = int(np.prod(x.shape, dtype=np.int64))
@@ -852,7 +820,6 @@ class _Generator:
 #include <omp.h>
 using std::exp; using std::log; using std::tanh; using std::sqrt; using std::pow;
 typedef {ctype} T;
-static const T zero_row[{self.zero_row_width}] = {{}};  // read for the zeros not written
 static int8_t own_rows[{2 * ROW_BUCKETS * max(1, len(self.slots))}];  // see own_runs
 extern "C" void minicavs_set_own_rows(const int8_t *t) {{ std::memcpy(own_rows, t, sizeof own_rows); }}
 {_GEMM[self.blas]}
