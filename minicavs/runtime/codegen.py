@@ -25,11 +25,11 @@ Instructions become loops or calls:
 
 * ``Gather``: row copies from F's scattered state (an absent child, -1, reads the spare row);
   ``ScatterAdd``: row adds into ∂F's state gradient;
-* an elementwise op or fused group: a loop over rows (on a team, each thread's own rows of the
-  level: ``ROWS`` below) and columns (``omp simd``: vectorised, with libmvec's ``exp``/``tanh``), whose body is the
+* an elementwise op or fused group: a loop over rows (split between cores with OpenMP) and
+  columns (``omp simd``: vectorised, with libmvec's ``exp``/``tanh``), whose body is the
   *same C* the CUDA ElementwiseKernels run (``csource.elementwise_source``);
 * a matrix product (``Op.native == "product"``) of per-row ``X`` and a shared ``W``: one BLAS
-  gemm (``blas.py``) per thread, its transposition read from ``W``'s strides at call time;
+  gemm (``blas.py``), its transposition read from ``W``'s strides at call time;
 * a concat (``Op.assembles_in_place``): nothing if its parts wrote its columns, else column copies.
 
 A program holding anything else (another op, edge lists, a per-level sum) raises
@@ -49,12 +49,8 @@ from .program import Compute, Gather
 
 ACTIONS = {SKIP: 0, RUN: 1, ZERO: 2}  # plan codes, as the generated loop reads them
 ENTRY = "minicavs_levels"
-# A level's rows are split once between its team, the same way for every instruction: row i of
-# every value is written and read by one thread, so one instruction follows another without a
-# barrier. Only what reads other threads' rows waits: a product split by columns (it reads every
-# row of x), one on one thread, and the adds into shared children of a DAG.
-ROWS = "for (int64_t i = row0; i < row1; ++i)"
-ALL_ROWS = "for (int64_t i = 0; i < n; ++i)"
+# One loop per row: for a split by rows, a row-parallel loop the team shares.
+TEAM_FOR = "#pragma omp for schedule(static)"
 
 
 # The names a fused group's C uses (csource.py): inputs x0.., temporaries t0.., outputs y0..
@@ -487,7 +483,8 @@ class _Generator:
                     f"#pragma omp simd\n"
                     f"for (int64_t u{last} = 0; u{last} < {shape[last]}; ++u{last}) {{\n"
                     f"{_indent(element, 2)}  o[{out_index}] += {value};\n}}")
-        return (f"{ROWS} {{\n"
+        return (f"{TEAM_FOR}\n"
+                f"for (int64_t i = 0; i < n; ++i) {{\n"
                 f"{_indent(chr(10).join(rows), 2)}\n"
                 f"  T *__restrict__ o = {out.row('i')};\n"
                 f"{_indent(body, 2)}\n}}")
@@ -530,7 +527,8 @@ class _Generator:
         last = len(shape) - 1
         loops = "".join(f"for (int64_t u{d} = 0; u{d} < {shape[d]}; ++u{d})\n"
                         for d in range(last))
-        return (f"{ROWS} {{\n"
+        return (f"{TEAM_FOR}\n"
+                f"for (int64_t i = 0; i < n; ++i) {{\n"
                 f"{_indent(chr(10).join(rows), 2)}\n"
                 + (_indent(loops, 2) + "\n" if loops else "") +
                 f"  #pragma omp simd\n"
@@ -568,7 +566,7 @@ class _Generator:
         s = self.shared[w.key].index
         self.products.add((s, k, m))
         return (f"gemm_team({s}, n, {m}, {k}, P{s}, a[{2 * s}], a[{2 * s + 1}], "
-                f"{a.row(0)}, {a.ld}, {out.row(0)}, {out.ld}, split_macs, row0, row1);")
+                f"{a.row(0)}, {a.ld}, {out.row(0)}, {out.ld}, split_macs);")
 
     def elementwise(self, group):
         source = csource.elementwise_source(group, self.dtype)
@@ -607,7 +605,8 @@ class _Generator:
         body = "\n".join(loads) + "\n" + "\n".join(
             f"T y{p};" for p in range(len(outs))) + "\n" + source.operation + "\n" + "\n".join(
             f"o{p}[j] = y{p};" for p in range(len(outs)))
-        return (f"{ROWS} {{\n"
+        return (f"{TEAM_FOR}\n"
+                f"for (int64_t i = 0; i < n; ++i) {{\n"
                 f"{_indent(chr(10).join(rows), 2)}\n"
                 f"  #pragma omp simd\n"
                 f"  for (int64_t j = 0; j < {width}; ++j) {{\n{_indent(body, 4)}\n  }}\n}}")
@@ -694,7 +693,8 @@ class _Generator:
             dest = self.views[ins.target.key] = View(out.base, out.ld, out.col + offset,
                                                      _width(ins.target))
             self.gathered_parts.add(ins.target.key)
-            return (f"{ROWS} {{\n"
+            return (f"{TEAM_FOR}\n"
+                    f"for (int64_t i = 0; i < n; ++i) {{\n"
                     f"  const int64_t c = {child}[lo + i] < 0 ? spare : {child}[lo + i];\n"
                     f"  std::memcpy({dest.row('i')}, states + c * states_ld, "
                     f"{dest.width} * sizeof(T));\n}}"), [dest]
@@ -710,7 +710,8 @@ class _Generator:
             zero.append(dest)
             copies.append(f"  std::memcpy({dest.row('i')}, states + c * states_ld + {start}, "
                           f"{stop - start} * sizeof(T));")
-        code = (f"{ROWS} {{\n"
+        code = (f"{TEAM_FOR}\n"
+                f"for (int64_t i = 0; i < n; ++i) {{\n"
                 f"  const int64_t c = {child}[lo + i] < 0 ? spare : {child}[lo + i];\n"
                 + "\n".join(copies) + "\n}")
         return code, zero
@@ -752,7 +753,8 @@ class _Generator:
     def gather(self, ins):
         out = self.output(ins.target)
         child = self.child(ins.slot)
-        return (f"{ROWS} {{\n"
+        return (f"{TEAM_FOR}\n"
+                f"for (int64_t i = 0; i < n; ++i) {{\n"
                 f"  const int64_t c = {child}[lo + i] < 0 ? spare : {child}[lo + i];\n"
                 f"  std::memcpy({out.row('i')}, states + c * states_ld, "
                 f"{out.width} * sizeof(T));\n}}")
@@ -766,34 +768,38 @@ class _Generator:
         return _rows_once_per_child(self._scatter(ins, child))
 
     def _direct_scatter(self, ins, child):
-        adds = [f"{{ const T *__restrict__ v = {view.row('i')};\n"
-                f"  #pragma omp simd\n"
-                f"  for (int64_t j = 0; j < {view.width}; ++j) d[{col} + j] += v[j]; }}"
+        adds = [f"  {{ const T *__restrict__ v = {view.row('i')};\n"
+                f"    #pragma omp simd\n"
+                f"    for (int64_t j = 0; j < {view.width}; ++j) d[{col} + j] += v[j]; }}"
                 for view, col in self.concats[ins.source.key]]
-        return (f"if ({child}[lo + i] < 0) continue;  // absent: nothing reads its gradient\n"
-                f"T *__restrict__ d = d_states + {child}[lo + i] * d_states_ld;\n"
-                + "\n".join(adds))
+        return (f"for (int64_t i = 0; i < n; ++i) {{\n"
+                f"  if ({child}[lo + i] < 0) continue;  // absent: nothing reads its gradient\n"
+                f"  T *__restrict__ d = d_states + {child}[lo + i] * d_states_ld;\n"
+                + "\n".join(adds) + "\n}")
 
     def _scatter(self, ins, child):
         values = self.view(ins.source)
         if not values.contiguous:
             raise Unsupported(f"the gradient {ins.source.label()} added into the children is "
                               f"a broadcast or strided row")
-        return (f"if ({child}[lo + i] < 0) continue;  // absent: nothing reads its gradient\n"
-                f"T *__restrict__ d = d_states + {child}[lo + i] * d_states_ld;\n"
-                f"const T *__restrict__ v = {values.row('i')};\n"
-                f"#pragma omp simd\n"
-                f"for (int64_t j = 0; j < {values.width}; ++j) d[j] += v[j];")
+        return (f"for (int64_t i = 0; i < n; ++i) {{\n"
+                f"  if ({child}[lo + i] < 0) continue;  // absent: nothing reads its gradient\n"
+                f"  T *__restrict__ d = d_states + {child}[lo + i] * d_states_ld;\n"
+                f"  const T *__restrict__ v = {values.row('i')};\n"
+                f"  #pragma omp simd\n"
+                f"  for (int64_t j = 0; j < {values.width}; ++j) d[j] += v[j];\n}}")
 
     def copy_columns(self, source, target):
         if not (source.contiguous and target.contiguous):
             raise Unsupported("a copy of a broadcast or strided row")
-        return (f"{ROWS}\n"
+        return (f"{TEAM_FOR}\n"
+                f"for (int64_t i = 0; i < n; ++i)\n"
                 f"  std::memcpy({target.row('i')}, {source.row('i')}, "
                 f"{source.width} * sizeof(T));")
 
     def zero(self, view):
-        return (f"{ROWS}\n"
+        return (f"{TEAM_FOR}\n"
+                f"for (int64_t i = 0; i < n; ++i)\n"
                 f"  std::memset({view.row('i')}, 0, {view.width} * sizeof(T));")
 
     # --- the translation unit -----------------------------------------------------------------
@@ -814,7 +820,6 @@ class _Generator:
         level = "num_levels - 1 - s" if program.reverse else "s"
         return f"""// minicavs native level loop of program {program.name!r} (minicavs/runtime/codegen.py)
 #include <cmath>
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <omp.h>
@@ -830,10 +835,10 @@ extern "C" void {ENTRY}(int64_t num_levels, int64_t first, int64_t stop,
                         T *d_states, int64_t d_states_ld, int64_t threads, int64_t forest,
                         int64_t split_rows, int64_t split_macs) {{
 {_indent(chr(10).join(declare), 2)}
-  // Each wide level runs on a team: its rows are split between the threads (row0..row1), each
-  // instruction running on this thread's rows; a product split by columns waits between
-  // barriers. The BLAS runs one thread per call while the team splits the products (its setter
-  // is process-wide in a pthreads OpenBLAS: set once here, restored after the team).
+  // Each wide level runs on a team: every instruction's rows (or a product's columns) are
+  // split between its threads, each calling a one-thread gemm; the implicit barrier of each
+  // loop orders the instructions. The BLAS runs one thread per call while the team splits the products (its setter is
+  // process-wide in a pthreads OpenBLAS: set once here, restored after the team).
   const bool split = threads > 1 && blas_threads != nullptr;
   const int blas_before = split ? blas_threads(1) : 0;
   for (int64_t s = first; s < stop; ++s) {{
@@ -844,8 +849,6 @@ extern "C" void {ENTRY}(int64_t num_levels, int64_t first, int64_t stop,
     // waking the team (measured here: runtime/native.py, cpu/calibrate.py).
     #pragma omp parallel num_threads((int)threads) if (split && n >= split_rows)
     {{
-    const int64_t block = (n + omp_get_num_threads() - 1) / omp_get_num_threads();
-    const int64_t row0 = std::min(n, omp_get_thread_num() * block), row1 = std::min(n, row0 + block);
 {_indent(chr(10).join(per_level), 4)}
 {chr(10).join(body)}
     }}
@@ -986,42 +989,38 @@ static inline void gemm_rows(int64_t slot, int64_t n, int64_t m, int64_t k, cons
   gemm(w_transposed ? "T" : "N", "N", &cols, &rows, &inner, &one, w, &lw, x, &lx, &zero, out,
        &lo);
 }"""
-# The team's gemm: out's longer side split between the threads (one-thread gemms: the loop sets
-# the BLAS to one thread for the call, ``openblas_set_num_threads_local``), or one thread. Each
-# thread reads all of the operand along the other side — all of x's rows for a split by
-# columns, all of w for a split by rows — so the split takes the side whose other operand is the
-# smaller (Tree-FC's 8192 x 512 level rows times a 512 x 256 w: by rows). By rows, each thread
-# takes the level's rows it owns (row0..row1): no barrier before or after.
+# The team's gemm: the longer side of the product's out split between the threads (one-thread
+# gemms: the loop sets the BLAS to one thread for the call, ``openblas_set_num_threads_local``),
+# or one thread. Each thread reads all of the operand along the other side — all of x's rows for
+# a split by columns, all of w for a split by rows — so the split takes the side whose other
+# operand is the smaller (Tree-FC's 8192 x 512 level rows times a 512 x 256 w: by rows).
 _TEAM = """typedef int (*blas_threads_t)(int);  // sets the BLAS's threads, returns the old count
 static blas_threads_t blas_threads;
 extern "C" void minicavs_set_blas_threads(void *f) { blas_threads = (blas_threads_t)f; }
 // A product of fewer than split_macs multiply-adds runs on one thread (measured: native.py).
 static inline void gemm_team(int64_t slot, int64_t n, int64_t m, int64_t k, const T *w,
                              int64_t ldw, int64_t w_transposed, const T *x, int64_t ldx, T *out,
-                             int64_t ldo, int64_t split_macs, int64_t row0, int64_t row1) {
+                             int64_t ldo, int64_t split_macs) {
   const int64_t team = omp_get_num_threads();
-  if (team == 1) {
+  const bool by_rows = n > m;
+  const int64_t side = by_rows ? n : m;
+  if (team == 1 || n * m * k < split_macs || side < 32 * team) {
+    #pragma omp single
     gemm_rows(slot, n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
     return;
   }
-  const bool split = n * m * k >= split_macs;
-  if (split && n > m) {
-    if (row1 > row0)
-      gemm_rows(slot, row1 - row0, m, k, w, ldw, w_transposed, x + row0 * ldx, ldx,
-                out + row0 * ldo, ldo);
-    return;
+  if (by_rows) {
+    const int64_t block = (n + team - 1) / team;
+    const int64_t r0 = omp_get_thread_num() * block, r1 = r0 + block < n ? r0 + block : n;
+    if (r1 > r0)
+      gemm_rows(slot, r1 - r0, m, k, w, ldw, w_transposed, x + r0 * ldx, ldx, out + r0 * ldo, ldo);
+  } else {
+    const int64_t block = ((m + team - 1) / team + 15) / 16 * 16;
+    const int64_t c0 = omp_get_thread_num() * block, c1 = c0 + block < m ? c0 + block : m;
+    if (c1 > c0)
+      gemm_rows(slot, n, c1 - c0, k, w_transposed ? w + c0 * ldw : w + c0, ldw, w_transposed, x,
+                ldx, out + c0, ldo);
   }
-  #pragma omp barrier  // (x's rows: every thread wrote its own)
-  if (!split || m < 32 * team) {
-    #pragma omp single  // (its barrier: every thread reads its rows of out)
-    gemm_rows(slot, n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
-    return;
-  }
-  const int64_t block = ((m + team - 1) / team + 15) / 16 * 16;
-  const int64_t c0 = omp_get_thread_num() * block, c1 = c0 + block < m ? c0 + block : m;
-  if (c1 > c0)
-    gemm_rows(slot, n, c1 - c0, k, w_transposed ? w + c0 * ldw : w + c0, ldw, w_transposed, x, ldx,
-              out + c0, ldo);
   #pragma omp barrier
 }"""
 _PRELUDE = (f"const int64_t FEW_ROWS = {FEW_ROWS}, ROW_BUCKETS = {ROW_BUCKETS};\n"
@@ -1033,13 +1032,10 @@ _GEMM = {"cblas64": _PRELUDE + "typedef int64_t I;\n" + _CBLAS.replace("{{", "{"
          "fortran32": _PRELUDE + _FORTRAN + "\n" + _TEAM}
 
 
-def _rows_once_per_child(body):
-    """Adds into the children's rows (``body``: row i's): this thread's rows in a forest (each
-    child has one parent); one thread in a DAG (two vertices of a level may share a child), once
-    every thread has written its rows of what is added."""
-    return (f"if (forest) {{\n  {ROWS} {{\n{_indent(body, 4)}\n  }}\n}} else {{\n"
-            f"  #pragma omp barrier\n  #pragma omp single\n"
-            f"  {ALL_ROWS} {{\n{_indent(body, 4)}\n  }}\n}}")
+def _rows_once_per_child(loop):
+    """A loop of adds into children's rows: split by rows in a forest, one thread in a DAG."""
+    return (f"if (forest) {{\n{_indent(TEAM_FOR, 2)}\n{_indent(loop, 2)}\n}} else {{\n"
+            f"  #pragma omp single\n  {{\n{_indent(loop, 4)}\n  }}\n}}")
 
 
 def _indent(text, spaces):
