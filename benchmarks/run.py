@@ -391,7 +391,19 @@ def _cuda_goal(report):
 
 def _machine():
     return {"python": platform.python_version(), "platform": platform.platform(),
-            "cpus": os.cpu_count(), "cpu": common.cpu_description(), "numpy": np.__version__, "load_before": os.getloadavg()}
+            "cpus": os.cpu_count(), "cpu": common.cpu_description(), "numpy": np.__version__,
+            "gemm": _minicavs_gemm(), "load_before": os.getloadavg()}
+
+
+def _minicavs_gemm():
+    """Which gemm minicavs' own products call here (NumPy's BLAS, or MKL where installed and
+    measured faster: minicavs/cpu/calibrate.py)."""
+    try:
+        from minicavs.cpu import build, calibrate
+
+        return calibrate.gemm("float32")[2] if build.unavailable() is None else "none (no native code)"
+    except Exception as exc:  # noqa: BLE001 (a report line, not a failure)
+        return f"unknown ({type(exc).__name__})"
 
 
 def _header(report):
@@ -406,7 +418,8 @@ def _header(report):
             f"{m.get('cpu', str(m['cpus']) + ' CPUs')}, load average {load(m['load_before'])} before, "
             f"{load(m['load_after'])} after (other work on the machine slows every system); "
             f"GEMM rate {report['gemm_flops'] / 1e9:.1f} GFLOP/s "
-            f"({'GPU, CuPy' if report['gemm_device'] == 'cuda' else 'CPU, NumPy'})")
+            f"({'GPU, CuPy' if report['gemm_device'] == 'cuda' else 'CPU, NumPy'})"
+            + (f"; minicavs' own products call {m['gemm']}'s gemm" if m.get("gemm") else ""))
 
 
 if __name__ == "__main__":

@@ -7,11 +7,12 @@ backends and compared (values and every gradient, float64, within 1e-9). The exi
 only when a piece that is present does not work.
 """
 
+import platform
 import sys
 
 import numpy as np
 
-from .cpu import blas, build, malloc
+from .cpu import blas, build, calibrate, malloc
 from .cuda import doctor as cuda_doctor
 from .errors import MinicavsError
 from .runtime.backends import interpreter_only
@@ -51,9 +52,16 @@ def _probe_native(report):
         report.append(("cpu backend", f"NumPy interpreter ({reason})",
                        None if "MINICAVS_NATIVE" in reason else build.INSTALL_HINT, False))
         return
-    address, interface = blas.gemm("float32")
-    where = "NumPy's BLAS" if interface.startswith("cblas") else "SciPy's cython_blas"
-    report.append(("blas (native)", f"{interface} gemm from {where}", None, False))
+    address, interface, name = calibrate.gemm("float32")
+    where = name if interface.startswith("cblas") else "SciPy's cython_blas"
+    mkl = blas.mkl_identity()
+    why = "" if mkl is None else next(
+        (f" (one thread: MKL {t[0] * 1e3:.2f} ms, NumPy's BLAS {t[1] * 1e3:.2f} ms)"
+         for n, t in calibrate.measured().items() if n.startswith("gemm float32")), "")
+    report.append(("blas (native)", f"{interface} gemm from {where}{why}",
+                   None if mkl is not None or platform.machine() not in ("x86_64", "AMD64")
+                   else "pip install mkl: measured here against NumPy's BLAS, used where faster",
+                   False))
     report.append(("native flags", " ".join(build.cxx_flags()), None, False))
     report.append(("native cache", build.cache_dir(), None, False))
     report.append(("host memory", malloc.state, None, False))

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from minicavs.cpu import build, calibrate, isa, kernels, products, team
+from minicavs.cpu import blas, build, calibrate, isa, kernels, products, team
 from minicavs.errors import ArgumentError
 
 needs_native = pytest.mark.skipif(build.unavailable() is not None,
@@ -191,6 +191,72 @@ def test_a_close_call_is_measured_again_now_and_once_more_by_a_later_process(
     assert calibrate.own_is_faster("clear", lambda: (None, None)) is True
     no_measure()
     assert calibrate.own_is_faster("clear", lambda: (None, None)) is True
+
+
+@needs_native
+def test_the_library_gemm_is_mkls_only_where_measured_faster_a_loss_looked_at_twice(
+        fresh_calibration, monkeypatch):
+    """The level loops and the team's products call MKL's gemm where it is installed and
+    measured faster here than NumPy's BLAS, else NumPy's; a loss is measured once more before
+    NumPy's is kept. (MKL stood in for by NumPy's own CBLAS gemm: the choice, not MKL, is
+    checked here; the next test runs MKL where it is installed.)"""
+    numpy_gemm = blas.gemm("float32")
+    if not numpy_gemm[1].startswith("cblas"):
+        pytest.skip("NumPy's BLAS has no CBLAS gemm here (SciPy's Fortran one is used)")
+    stand_in = numpy_gemm  # (called only if the stubbed measure below were not)
+    monkeypatch.setattr(blas, "mkl_gemm", lambda dtype: stand_in)
+    monkeypatch.setattr(blas, "mkl_identity", lambda: "stand-in MKL")
+    looks = []
+
+    def choose(*results):
+        calibrate._mkl_chosen.cache_clear()
+        monkeypatch.setattr(calibrate, "_table", None)
+        monkeypatch.setattr(calibrate, "_looked_here", set())
+        if os.path.exists(calibrate.path()):
+            os.remove(calibrate.path())
+        results = iter(results)
+        monkeypatch.setattr(calibrate, "measure",
+                            lambda *calls: looks.append(calls) or next(results))
+        return calibrate.gemm("float32")
+
+    try:
+        assert choose([1.0, 2.0]) == stand_in + ("MKL",) and len(looks) == 1
+        assert choose([2.0, 1.0], [2.0, 1.0]) == numpy_gemm + ("NumPy's BLAS",)
+        assert len(looks) == 3  # (the loss measured twice)
+        assert choose([2.0, 1.0], [0.5, 1.0]) == stand_in + ("MKL",)  # a disturbed first look
+        monkeypatch.setattr(blas, "mkl_gemm", lambda dtype: None)  # not installed
+        assert choose() == numpy_gemm + ("NumPy's BLAS",)
+    finally:
+        calibrate._mkl_chosen.cache_clear()
+
+
+@needs_native
+@pytest.mark.skipif(blas.mkl() is None, reason="MKL is not installed here (pip install mkl; "
+                    "the [test] extra has it on x86-64)")
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_mkls_gemm_equals_numpy_and_leaves_numpys_blas_alone(monkeypatch, dtype):
+    """Forced (``MINICAVS_KERNELS=own``) to MKL: one-thread products in every layout and the
+    team's equal NumPy's; NumPy's own products still run its BLAS (MKL is loaded with local
+    symbols, on its sequential layer)."""
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "own")
+    address, interface, name = calibrate.gemm(dtype)
+    assert name == "MKL" and (address, interface) == blas.mkl_gemm(dtype)
+    assert blas.gemm(dtype)[0] != address
+    rng = np.random.default_rng(3)
+    tol = 1e-12 if dtype == "float64" else 3e-5
+    for m, k, n in ((1, 7, 5), (33, 64, 130), (300, 17, 9)):
+        for a in (rng.standard_normal((m, k)).astype(dtype),
+                  rng.standard_normal((k, m)).astype(dtype).T):
+            for b in (rng.standard_normal((k, n)).astype(dtype),
+                      rng.standard_normal((n, k)).astype(dtype).T):
+                out = np.full((m, n), np.nan, dtype)
+                calibrate.one_thread_gemm((address, interface), a, b, out)()
+                expect = a.astype(np.float64) @ b.astype(np.float64)
+                np.testing.assert_allclose(out, expect, rtol=tol, atol=tol * 30)
+                if products.team_ready():
+                    with products.team_products():
+                        np.testing.assert_allclose(products.team_matmul(a, b), expect,
+                                                   rtol=tol, atol=tol * 30)
 
 
 def test_a_kernel_whose_source_changed_is_measured_again(fresh_calibration):

@@ -13,11 +13,18 @@ the level loop. Which gemm, in order of preference:
 
 :func:`gemm` returns ``(address, interface)``; the interface (``"cblas64"``, ``"cblas32"``,
 ``"fortran32"``) tells the code generator which call to write.
+
+Beside it, :func:`mkl_gemm`: Intel's MKL where it is installed (``pip install mkl``), on its
+sequential layer, whose calls run on the calling thread as a team member's must. It is not
+preferred for being MKL: ``cpu/calibrate.py`` (:func:`~.calibrate.gemm`) measures both gemms
+here and the library's own products (level loops, the team's) call the faster.
 """
 
 import ctypes
 import functools
+import glob
 import os
+import sys
 import threading
 
 # CBLAS symbol names, by interface, that NumPy's BLAS builds export ({} is "s" or "d").
@@ -150,6 +157,48 @@ def restart_threads():
         shutdown()
         done = True
     return done
+
+
+MKL_SEQUENTIAL = 1  # MKL_Set_Threading_Layer's MKL_THREADING_SEQUENTIAL
+
+
+@functools.lru_cache(maxsize=None)
+def mkl():
+    """``(library, path)``: MKL's runtime library (``libmkl_rt``, from the ``mkl`` wheel in
+    this Python's ``lib``) loaded privately and set to its sequential layer, or None: not
+    installed, or already in the process (NumPy built on MKL: then :func:`gemm` is MKL, and
+    its threading layer is NumPy's to keep). Loaded with local symbols: its ``cblas_sgemm``
+    does not replace OpenBLAS's for NumPy."""
+    if any("mkl_rt" in os.path.basename(p) for p in _loaded_blas_libraries()):
+        return None
+    for path in sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*"))):
+        try:
+            lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
+            layer = lib.MKL_Set_Threading_Layer
+        except (OSError, AttributeError):
+            continue
+        layer.restype, layer.argtypes = ctypes.c_int, [ctypes.c_int]
+        if layer(MKL_SEQUENTIAL) != MKL_SEQUENTIAL:
+            continue
+        return lib, path
+    return None
+
+
+def mkl_gemm(dtype):
+    """``(address, interface)`` of MKL's sequential CBLAS gemm for ``dtype`` (32-bit
+    integers: libmkl_rt's default LP64 interface), or None (:func:`mkl`)."""
+    found = mkl()
+    if found is None:
+        return None
+    function = getattr(found[0], "cblas_{}gemm".format({"float32": "s", "float64": "d"}[
+        str(dtype)]))
+    return ctypes.cast(function, ctypes.c_void_p).value, "cblas32"
+
+
+def mkl_identity():
+    """MKL's file and size (a new MKL is measured again), or None."""
+    found = mkl()
+    return None if found is None else f"{found[1]} {os.path.getsize(found[1])}"
 
 
 def _scipy_gemm(letter):

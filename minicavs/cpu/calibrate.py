@@ -229,6 +229,79 @@ def _measure_split(threads):
     return split, (split, element / (1 << 16), gemm / (64 * 256 * 256))
 
 
+# --- the gemm the library's own products call ----------------------------------------------
+# NumPy's BLAS, or MKL where installed (cpu/blas.py), whichever runs these one-thread products
+# faster here — a level's product, a batch's and a parameter's gradient (A transposed), as
+# (A transposed, m, k, n). (Measured on an Ice Lake server: MKL 1.1-1.9x OpenBLAS on each.)
+GEMM_SHAPES = ((False, 16, 256, 640), (False, 256, 256, 640), (True, 256, 1024, 640))
+
+
+def gemm(dtype):
+    """``(address, interface, name)`` of the one-thread gemm for ``dtype`` that the level loops
+    and the team's products call: MKL's where it is installed and measured faster here than
+    NumPy's BLAS (on float32; float64 follows, so a Program's loop has one interface), else
+    NumPy's (:func:`blas.gemm`). ``MINICAVS_KERNELS``: ``own`` takes MKL where installed,
+    ``blas`` NumPy's."""
+    if _mkl_chosen(forced()):
+        return blas.mkl_gemm(dtype) + ("MKL",)
+    return blas.gemm(dtype) + ("NumPy's BLAS",)
+
+
+@functools.lru_cache(maxsize=None)
+def _mkl_chosen(force):
+    numpy_gemm, mkl_gemm = blas.gemm("float32"), blas.mkl_gemm("float32")
+    if mkl_gemm is None or not numpy_gemm[1].startswith("cblas") or _probe() is None:
+        return False
+    if force is not None:
+        return force == "own"
+    name = f"gemm float32 (1 thread): MKL ({blas.mkl_identity()}) against NumPy's BLAS"
+    make = lambda: (_gemm_calls(mkl_gemm), _gemm_calls(numpy_gemm))  # noqa: E731
+    # A loss is looked at again, now and by a later process (each side's best kept): one
+    # disturbed look would keep the slower gemm on this machine for good (seen: MKL at 12.3 ms
+    # against 5.4 in a first look, 5.0 against 6.7 in each of six after it).
+    return wins(times(name, make)) or wins(times(name, make, again=True))
+
+
+def _gemm_calls(gemm):
+    """A call running :data:`GEMM_SHAPES` in float32 with ``gemm`` (an ``(address,
+    interface)``) on one thread."""
+    rng = np.random.default_rng(0)
+    calls = []
+    for transposed, m, k, n in GEMM_SHAPES:
+        a = rng.standard_normal((k, m) if transposed else (m, k), dtype=np.float32)
+        b = rng.standard_normal((k, n), dtype=np.float32)
+        calls.append(one_thread_gemm(gemm, a.T if transposed else a, b, np.empty((m, n),
+                                                                                 np.float32)))
+
+    def run():
+        for call in calls:
+            call()
+    return run
+
+
+def one_thread_gemm(gemm, a, b, out):
+    """A call of ``out = a @ b`` by ``gemm`` (an ``(address, interface)``, a CBLAS's) on one
+    thread, as a team member makes it (``team_gemm`` in kernel_source.py): 2-D arrays of
+    float32 or float64, ``a`` and ``b`` row-contiguous or transposes of such, ``out``
+    C-contiguous (the call keeps them alive)."""
+    address, interface = gemm
+    lib = build.module_library(SOURCE, "kernels", "minicavs/cpu/kernels.py")
+    function = getattr(lib, f"team_gemm_{'f32' if out.dtype == np.float32 else 'f64'}_"
+                            f"{interface[-2:]}")
+    integer = ctypes.c_int64 if interface == "cblas64" else ctypes.c_int
+    (m, k), n = a.shape, b.shape[1]
+
+    def operand(x):  # (transposed?, leading dimension), as products._operand reads it
+        rows = x.strides[1] == x.itemsize and x.strides[0] >= max(1, x.shape[1]) * x.itemsize
+        return (0, x.strides[0] // x.itemsize) if rows else (1, x.strides[1] // x.itemsize)
+    (ta, lda), (tb, ldb) = operand(a), operand(b)
+    args = (ctypes.c_void_p(address), ctypes.c_void_p(blas.threads_local()), ctypes.c_int(ta),
+            ctypes.c_int(tb), integer(m), integer(n), integer(k), ctypes.c_void_p(a.ctypes.data),
+            integer(lda), ctypes.c_void_p(b.ctypes.data), integer(ldb),
+            ctypes.c_void_p(out.ctypes.data), integer(n), ctypes.c_int(1))
+    return lambda keep=(a, b, out): function(*args)
+
+
 def _one_thread_product(a, b):
     with one_blas_thread():  # (as a level loop's team member calls it)
         return a @ b
@@ -379,12 +452,12 @@ def measured():
 
 @functools.lru_cache(maxsize=None)
 def path():
-    """The file of this CPU's, BLAS's and kernels' measurements — of this build of them: the
+    """The file of this CPU's, BLASes' and kernels' measurements — of this build of them: the
     compiler's flags are part of it (an AVX2 build, ``MINICAVS_MARCH=x86-64-v3``, compiles
     the level loop's product to other code than ``-march=native``: one build's measurement
     chose its kernel for the other, 0.86-0.89x the BLAS there)."""
-    key = build.cache_key(build.cpu_signature(), blas.identity(), isa.target(),
-                          str(team_size()), SOURCE, *build.cxx_flags())
+    key = build.cache_key(build.cpu_signature(), blas.identity(), str(blas.mkl_identity()),
+                          isa.target(), str(team_size()), SOURCE, *build.cxx_flags())
     return os.path.join(build.cache_dir(), f"calibration-{key[:24]}.json")
 
 

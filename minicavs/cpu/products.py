@@ -84,7 +84,7 @@ def team_matmul(a, b, out=None, measured=True):
         return None
     from . import blas
 
-    address, interface = blas.gemm(dtype)
+    address, interface, _ = calibrate.gemm(dtype)
     if interface not in ("cblas64", "cblas32"):
         return None
     lib = kernels.library()
