@@ -521,6 +521,19 @@ def test_take_row_is_embedding_of_one_id(data, num_rows, rest):
         mc.embedding(t(x), np.array(num_rows))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_take_rows_of_strided_rows_in_one_native_pass_equals_numpy(dtype):
+    """The native gather (cpu/kernels.py: take_rows) reads rows at any stride (a view of some
+    columns), writes zero rows for -1, and leaves a bad index to the check that names it."""
+    table = np.random.default_rng(0).standard_normal((50, 40)).astype(dtype)
+    view = table[:, 3:35]  # (rows 160 bytes apart, 32 elements each)
+    idx = np.array([4, -1, 49, 0, 4, -1, 17] * 300)
+    expected = np.where((idx >= 0)[:, None], view[np.maximum(idx, 0)], 0)
+    np.testing.assert_array_equal(mc.take_rows(t(view), idx).numpy(), expected)
+    with pytest.raises(mc.IndexRangeError, match="index 50 at position 2 is out of range"):
+        mc.take_rows(t(view), np.array([0, -1, 50, 3]))
+
+
 def test_take_rows_gradient_adds_over_repeated_indices():
     x = t(np.ones((3, 2)), requires_grad=True)
     mc.take_rows(x, np.array([2, 0, 2, -1, 2])).sum().backward()

@@ -41,6 +41,7 @@ _SIGNATURES = {  # the hot calls' argument types: declared, plain ints pass with
     "lstm_cell": (_P, _P, _P, ctypes.c_int, _P, _P, _I, _I, _I, _I, _P, ctypes.c_int),
     "lstm_cell_grad": (_P, _P, _P, _I, _P, _P, _I, _I, _I, _P, ctypes.c_int),
     "scatter_add": (_P, _P, _P, _I, _I, _I, _I),
+    "take_rows": (_P, _I, _I, _P, _I, _I, _P, ctypes.c_int),
     "xent": (_P, _P, _I, _I, _P, ctypes.c_int),
     "xent_grad": (_P, _P, _P, _I, _I, _P, ctypes.c_int),
 }
@@ -224,6 +225,27 @@ def scatter_add_rows(out, idx, values):
     scatter_add(data_address(out), data_address(idx), data_address(values), len(idx), cols, ldo,
                 ldv)
     return True
+
+
+def take_rows(x, idx):
+    """``x[idx]`` by rows with a zero row where ``idx`` is -1, as a new C-contiguous array;
+    None where it does not apply (the caller's NumPy form runs) or where an index lies outside
+    -1..len(x)-1 (the caller's check names it). ``x``: C-contiguous, or 2-D with contiguous
+    rows at any stride."""
+    suffix = SUFFIX.get(getattr(x, "dtype", None))
+    if suffix is None or x.ndim == 0 or getattr(idx, "dtype", None) != np.int64 \
+            or idx.ndim != 1 or not idx.flags.c_contiguous:
+        return None
+    cols = x.size // x.shape[0] if x.shape[0] else 0
+    ldx = _rows_of(x, cols)
+    take = _function("take_rows", suffix) if ldx is not None and cols else None
+    if take is None:
+        return None
+    out = np.empty((len(idx),) + x.shape[1:], x.dtype)
+    if take(data_address(x), x.shape[0], ldx, data_address(idx), len(idx), cols,
+            data_address(out), calibrate.threads_for(out.size)) >= 0:
+        return None
+    return out
 
 
 def _rows_of(a, cols):
