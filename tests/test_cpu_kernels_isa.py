@@ -315,6 +315,17 @@ def test_free_cores_count_this_processes_threads_around_the_systems_count(monkey
     assert calibrate.free_cores() == 4
 
 
+def test_a_calls_team_is_not_shrunk_by_work_that_shows_for_a_moment(monkeypatch):
+    """Other work seen once is looked at again: the most free cores of up to three reads size
+    the call's team; work that shows in every read shrinks it."""
+    monkeypatch.setattr(calibrate, "team_size", lambda: 2)
+    for reads, team in (([1, 2], 2), ([1, 1, 2], 2), ([1, 1, 1], 1), ([2], 2)):
+        reads = iter(reads)
+        monkeypatch.setattr(calibrate, "free_cores", lambda: next(reads))
+        assert calibrate.free_cores_for_a_call(pause=0) == team
+        assert next(reads, None) is None  # (no read more than needed)
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/loadavg"), reason="no /proc/loadavg here")
 def test_the_running_threads_are_read_from_descriptors_kept_per_process():
     """/proc/loadavg and this process's task files are read again from their start on the

@@ -33,7 +33,7 @@ def team_products(on=True):
     _team.on = on
     if not before[0]:
         _fresh_choices()
-        _team.threads = calibrate.free_cores() if on else None  # (sampled once a call)
+        _team.threads = calibrate.free_cores_for_a_call() if on else None  # (once a call)
     # NumPy's own products in the block (those too small for the team) run on one BLAS
     # thread: a product on OpenBLAS's pool leaves its threads spinning, and the team's next
     # product then shares the cores with them (measured: recursive Tree-LSTM 128, 2 threads,
