@@ -210,6 +210,7 @@ def test_the_library_gemm_is_mkls_only_where_measured_faster_a_loss_looked_at_tw
 
     def choose(*results):
         calibrate._mkl_chosen.cache_clear()
+        calibrate._gemm.cache_clear()
         monkeypatch.setattr(calibrate, "_table", None)
         monkeypatch.setattr(calibrate, "_looked_here", set())
         if os.path.exists(calibrate.path()):
@@ -228,6 +229,7 @@ def test_the_library_gemm_is_mkls_only_where_measured_faster_a_loss_looked_at_tw
         assert choose() == numpy_gemm + ("NumPy's BLAS",)
     finally:
         calibrate._mkl_chosen.cache_clear()
+        calibrate._gemm.cache_clear()
 
 
 @needs_native

@@ -242,7 +242,12 @@ def gemm(dtype):
     NumPy's BLAS (on float32; float64 follows, so a Program's loop has one interface), else
     NumPy's (:func:`blas.gemm`). ``MINICAVS_KERNELS``: ``own`` takes MKL where installed,
     ``blas`` NumPy's."""
-    if _mkl_chosen(forced()):
+    return _gemm(np.dtype(dtype), forced())
+
+
+@functools.lru_cache(maxsize=None)
+def _gemm(dtype, force):  # (called at every team product: looked up once)
+    if _mkl_chosen(force):
         return blas.mkl_gemm(dtype) + ("MKL",)
     return blas.gemm(dtype) + ("NumPy's BLAS",)
 
