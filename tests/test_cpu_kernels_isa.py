@@ -117,6 +117,26 @@ def test_forced_choices_pick_the_blas_or_the_own_kernels(monkeypatch):
         calibrate.forced()
 
 
+@needs_native
+def test_a_large_product_outside_a_call_runs_on_the_team_where_it_wins(monkeypatch):
+    """Outside a call of native loops (the user's own ops), a product of at least
+    ``products.LARGE`` multiply-adds runs on a team of the free cores where that measured
+    faster than NumPy's BLAS (forced here), in every layout; smaller ones, or with the BLAS
+    chosen, stay NumPy's."""
+    if not products.team_ready():
+        pytest.skip("no team here (one core, or no CBLAS gemm)")
+    monkeypatch.setattr(calibrate, "free_cores", lambda: 2)
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((256, 300)), rng.standard_normal((300, 260))
+    assert 256 * 300 * 260 >= products.LARGE
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "own")
+    for x, y in ((a, b), (a.T.copy().T, b), (a, b.T.copy().T)):
+        np.testing.assert_allclose(products.matmul(x, y), a @ b, rtol=1e-12, atol=1e-10)
+    assert products.matmul(a[:8], b) is None  # (small: NumPy's)
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "blas")
+    assert products.matmul(a, b) is None
+
+
 @pytest.fixture
 def fresh_calibration(monkeypatch, tmp_path):
     """Calibration in an empty cache folder, this process's measurements forgotten."""

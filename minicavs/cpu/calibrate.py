@@ -62,21 +62,22 @@ def forced():
     return None if value == "measure" else value
 
 
-def own_is_faster(name, make, threads=1, source=None):
+def own_is_faster(name, make, threads=1, source=None, apart=False):
     """Whether the library's kernel (on ``threads`` threads) runs the bucket ``name`` faster
     than NumPy's BLAS: measured now, ``make()`` giving the two calls ``(own, blas)``, unless
     already measured on this CPU and BLAS. ``source``: the C++ of a kernel outside
-    ``kernel_source.py`` (which keys the whole file), so that a change of it measures again."""
+    ``kernel_source.py`` (which keys the whole file), so that a change of it measures again.
+    ``apart``: each call measured in rounds of its own, not in turns (:func:`times`)."""
     force = forced()
     if force is not None:
         return force == "own"
-    found = times(name, make, threads, source)
+    found = times(name, make, threads, source, apart=apart)
     if CLOSE[0] < found[0] / max(found[1], 1e-12) < CLOSE[1]:
-        found = times(name, make, threads, source, again=True)
+        found = times(name, make, threads, source, again=True, apart=apart)
     return wins(found)
 
 
-def times(name, make, threads=1, source=None, busy_decides=True, again=False):
+def times(name, make, threads=1, source=None, busy_decides=True, again=False, apart=False):
     """The best seconds ``[first, second]`` of the two calls ``make()`` gives, measured now
     unless already on this CPU and BLAS (kept as :func:`own_is_faster` keeps them). One taken
     while other work held its cores decides for this process only, or with ``busy_decides=False``
@@ -91,7 +92,10 @@ def times(name, make, threads=1, source=None, busy_decides=True, again=False):
         quiet = _quiet(threads)
         if not quiet and not busy_decides:
             raise Busy(name)  # (not measured: it would not count)
-        fresh = measure(*make())
+        # (apart: a team's threads spin a while after its call; NumPy's BLAS threads timed
+        # right after it would share the cores with them — 2x slower, measured — where in use
+        # the two do not alternate. A call's warm-up outlasts the spin.)
+        fresh = [measure(call)[0] for call in make()] if apart else measure(*make())
         found = fresh if found is None else \
             [min(a, b) for a, b in zip(found, fresh)] + [looks + 1]
         _looked_here.add(name)

@@ -56,9 +56,9 @@ def matmul(a, b, out=None):
     where it does not apply or is slower (NumPy runs): another BLAS, one core. Every large
     product of a step comes here, not only some: switching between OpenBLAS's threads and the
     team's costs more than either (measured: with the Xᵀ·G products left to OpenBLAS the step
-    was 12 % slower)."""
+    was 12 % slower). Outside the block, :func:`large_on_the_team`."""
     if not getattr(_team, "on", False):
-        return None
+        return large_on_the_team(a, b, out)
     if getattr(_invariant, "arrays", None):
         done = packed_matmul(a, b, out)
         if done is not None:
@@ -66,9 +66,47 @@ def matmul(a, b, out=None):
     return team_matmul(a, b, out)
 
 
-def team_matmul(a, b, out=None, measured=True):
+# Outside a call, a product from this many multiply-adds may run on the team (below, a team's
+# wake-up would be a large part of it: measuring them is not worth it).
+LARGE = 1 << 24
+
+
+def large_on_the_team(a, b, out=None):
+    """Outside :func:`team_products` (the user's own ops: a softmax layer over all tokens, its
+    gradients), ``a @ b`` of at least :data:`LARGE` multiply-adds on a team of the free cores,
+    where measured faster than NumPy's BLAS on its own threads (per bucket of shapes), else
+    None. With MKL's gemm it is (the Var-LSTM's softmax layer, 1456 x 256 x 10000 and its
+    gradients: 202-219 GF/s against OpenBLAS's 163-189 on 2 threads; the Var-LSTM epoch
+    1.59-2.01 s -> 1.34-1.59 s with every product of the step on the team)."""
+    shape = getattr(a, "shape", ())
+    if len(shape) != 2 or getattr(b, "ndim", 0) != 2 or \
+            shape[0] * shape[1] * b.shape[1] < LARGE or build.unavailable() is not None:
+        return None
+    threads = calibrate.free_cores()
+    if threads < 2:
+        return None
+    dtype = a.dtype
+    suffix = SUFFIX.get(dtype)
+    if suffix is None or not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
+        return None
+    (m, k), n = shape, b.shape[1]
+    ta, tb = _operand(a)[0], _operand(b)[0]
+    key = ("large", suffix, ta, tb, bucket(m), bucket(n), bucket(k), threads)
+    _fresh_choices()
+    wins = _wins.get(key)
+    if wins is None:
+        name = f"large {suffix} {'x'.join(f'<={1 << e}' for e in key[4:7])}" \
+               f"{' Aᵀ' if ta else ''}{' Bᵀ' if tb else ''} ({threads} threads, BLAS's own)"
+        scratch = np.empty((m, n), dtype)
+        wins = _wins[key] = calibrate.own_is_faster(
+            name, lambda: (lambda: team_matmul(a, b, scratch, False, threads),
+                           lambda: np.matmul(a, b)), threads, apart=True)
+    return team_matmul(a, b, out, False, threads) if wins else None
+
+
+def team_matmul(a, b, out=None, measured=True, threads=None):
     """``a @ b`` on the team (see :func:`matmul`), or None; ``measured=False`` runs it
-    wherever it applies (the calibration's own side)."""
+    wherever it applies (the calibration's own side), on ``threads`` where given."""
     dtype = getattr(a, "dtype", None)
     suffix = SUFFIX.get(dtype)
     if suffix is None or getattr(b, "dtype", None) != dtype or a.ndim != 2 or b.ndim != 2 \
@@ -79,7 +117,7 @@ def team_matmul(a, b, out=None, measured=True):
     if out is not None and (out.dtype != dtype or out.shape != (m, n)
                             or not out.flags.c_contiguous):
         return None
-    threads = team_size()
+    threads = threads or team_size()
     if threads < 2:
         return None
     from . import blas
@@ -102,7 +140,7 @@ def team_matmul(a, b, out=None, measured=True):
             scratch = np.empty((m, n), dtype)
             wins = _wins[key] = calibrate.own_is_faster(
                 name, lambda: (lambda: team_matmul(a, b, scratch, False),
-                               lambda: np.matmul(a, b)), threads)
+                               lambda: np.matmul(a, b)), threads, apart=True)
         if not wins:
             return None
     if out is None:
