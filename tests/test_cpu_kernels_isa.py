@@ -137,6 +137,27 @@ def test_a_large_product_outside_a_call_runs_on_the_team_where_it_wins(monkeypat
     assert products.matmul(a, b) is None
 
 
+@needs_native
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_product_with_the_longest_inner_dimension_splits_it_on_the_team(monkeypatch, dtype):
+    """Where k is a product's longest side (a parameter's gradient Xᵀ·G), the team may split k
+    (forced here), each thread's partial sum added into the out: values equal NumPy's in
+    every layout, for an even and an odd k."""
+    if not products.team_ready():
+        pytest.skip("no team here (one core, or no CBLAS gemm)")
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "own")
+    rng = np.random.default_rng(6)
+    tol = 1e-12 if dtype == "float64" else 3e-5
+    for m, k, n in ((24, 1001, 40), (33, 700, 9)):
+        a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+        expect = a.astype(np.float64) @ b.astype(np.float64)
+        for x, y in ((a, b), (a.T.copy().T, b), (a, b.T.copy().T), (a.T.copy().T, b.T.copy().T)):
+            with products.team_products():
+                got = products.team_matmul(x, y)
+            np.testing.assert_allclose(got, expect, rtol=tol, atol=tol * 100)
+    assert any(key[0] == "k" and won for key, won in products._wins.items())
+
+
 @pytest.fixture
 def fresh_calibration(monkeypatch, tmp_path):
     """Calibration in an empty cache folder, this process's measurements forgotten."""
@@ -164,15 +185,16 @@ def test_a_choice_is_measured_once_kept_on_disk_and_read_back(fresh_calibration,
     monkeypatch.setattr(calibrate, "_table", None)  # as a new process: read, not measured
     monkeypatch.setattr(calibrate, "measure", lambda *calls: pytest.fail("measured again"))
     assert calibrate.own_is_faster("demo", lambda: pytest.fail("set up again")) is True
-    assert calibrate.measured() == stored
+    assert calibrate.measured() == {name: t[:2] for name, t in stored.items()}
+    assert stored["demo2"][2] == 2  # (a loss: looked at twice)
 
 
 def test_a_close_call_is_measured_again_now_and_once_more_by_a_later_process(
         fresh_calibration, monkeypatch):
-    """Own ÷ BLAS within ``CLOSE``: measured a second time at once, the best of both decides
-    and is kept; still close, a later process looks a third time (two looks a moment apart can
-    both be disturbed), and none a fourth; one that the second look settles is not measured
-    again, nor is a clear verdict."""
+    """Own ÷ BLAS within ``CLOSE``, or a loss: measured a second time at once, the best of both
+    decides and is kept; still close (or lost), a later process looks a third time (two looks a
+    moment apart can both be disturbed), and none a fourth; one that the second look settles is
+    not measured again, nor is a clear win."""
     def new_process():
         monkeypatch.setattr(calibrate, "_table", None)
         monkeypatch.setattr(calibrate, "_looked_here", set())
@@ -211,6 +233,15 @@ def test_a_close_call_is_measured_again_now_and_once_more_by_a_later_process(
     assert calibrate.own_is_faster("clear", lambda: (None, None)) is True
     no_measure()
     assert calibrate.own_is_faster("clear", lambda: (None, None)) is True
+    measures([38.0, 28.8], [12.0, 28.0])  # a loss is looked at again: a busy moment's
+    assert calibrate.own_is_faster("team Bᵀ", lambda: (None, None)) is True
+    assert kept("team Bᵀ") == [12.0, 28.0, 2]
+    measures([30.0, 10.0], [31.0, 10.5])  # a real loss: the BLAS kept, a third look later
+    assert calibrate.own_is_faster("panels", lambda: (None, None)) is False
+    new_process()
+    measures([29.0, 10.0])
+    assert calibrate.own_is_faster("panels", lambda: (None, None)) is False
+    assert kept("panels") == [29.0, 10.0, 3]
 
 
 @needs_native

@@ -198,16 +198,49 @@ static void adam(int64_t count, T *const *p, const T *const *g, T *const *m, T *
 }
 
 // C = op(A) op(B) (row-major; op: transposed or not), on a team of threads each running a
-// one-thread gemm on its block: C's columns split, or its rows when it has few columns. The
-// BLAS is set to one thread for the call (process-wide in a pthreads OpenBLAS), then restored.
+// one-thread gemm on its block: C's columns split, or its rows when it has few columns — or,
+// given ``partial`` ((threads - 1) x M x N scratch), the inner dimension K split, each thread's
+// sum of products into C or its partial, then the partials added into C by rows (a parameter's
+// gradient Xᵀ·G over thousands of rows: each thread reads half of X and G, not all of one).
+// The BLAS is set to one thread for the call (process-wide in a pthreads OpenBLAS), then
+// restored.
 template <typename T, typename I>
 static void team_gemm(void *function, void *set_threads, int ta, int tb, I M, I N, I K,
-                      const T *A, I lda, const T *B, I ldb, T *C, I ldc, int threads) {
+                      const T *A, I lda, const T *B, I ldb, T *C, I ldc, int threads,
+                      T *partial) {
   typedef void (*gemm_t)(int, int, int, I, I, I, T, const T *, I, const T *, I, T, T *, I);
   typedef int (*set_t)(int);
   const gemm_t gemm = (gemm_t)function;
   const set_t set = (set_t)set_threads;
   const int before = set(1);
+  if (partial != nullptr) {
+    #pragma omp parallel num_threads(threads)
+    {
+      const I team = omp_get_num_threads(), tid = omp_get_thread_num();
+      const I block = (K + team - 1) / team;
+      const I k0 = tid * block < K ? tid * block : K, k1 = k0 + block < K ? k0 + block : K;
+      T *out = tid == 0 ? C : partial + (size_t)(tid - 1) * M * N;
+      const I ldo = tid == 0 ? ldc : N;
+      if (k1 > k0)
+        gemm(101, ta ? 112 : 111, tb ? 112 : 111, M, N, k1 - k0, (T)1,
+             A + (ta ? (size_t)k0 * lda : k0), lda, B + (tb ? k0 : (size_t)k0 * ldb), ldb,
+             (T)0, out, ldo);
+      else
+        for (I i = 0; i < M; ++i) std::fill(out + (size_t)i * ldo, out + (size_t)i * ldo + N, (T)0);
+      #pragma omp barrier
+      const I rows = (M + team - 1) / team, r0 = tid * rows < M ? tid * rows : M,
+              r1 = r0 + rows < M ? r0 + rows : M;
+      for (I t = 1; t < team; ++t)
+        for (I i = r0; i < r1; ++i) {
+          T *__restrict__ c = C + (size_t)i * ldc;
+          const T *__restrict__ p = partial + (size_t)(t - 1) * M * N + (size_t)i * N;
+          #pragma omp simd
+          for (I j = 0; j < N; ++j) c[j] += p[j];
+        }
+    }
+    set(before);
+    return;
+  }
   const bool by_columns = N > M && N >= 32 * threads;  // split the longer side: each thread packs all of the other operand
   #pragma omp parallel num_threads(threads)
   {
@@ -402,8 +435,8 @@ void reader_order_schedule(int64_t n, int64_t num_batches, int64_t *order, const
 }
 #define TEAM_GEMM(name, T, I)                                                                  \
   void name(void *f, void *s, int ta, int tb, I M, I N, I K, const T *A, I lda, const T *B,   \
-            I ldb, T *C, I ldc, int threads) {                                                \
-    team_gemm<T, I>(f, s, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, threads);                  \
+            I ldb, T *C, I ldc, int threads, T *partial) {                                    \
+    team_gemm<T, I>(f, s, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, threads, partial);         \
   }
 TEAM_GEMM(team_gemm_f32_64, float, int64_t)
 TEAM_GEMM(team_gemm_f64_64, double, int64_t)

@@ -140,17 +140,52 @@ def team_matmul(a, b, out=None, measured=True, threads=None):
             scratch = np.empty((m, n), dtype)
             wins = _wins[key] = calibrate.own_is_faster(
                 name, lambda: (lambda: team_matmul(a, b, scratch, False),
-                               lambda: np.matmul(a, b)), threads, apart=True)
+                               lambda: np.matmul(a, b)), threads)
         if not wins:
             return None
     if out is None:
         out = np.empty((m, n), dtype=dtype)
+    partial = None
+    if k > max(m, n) and _split_k(suffix, ta, tb, m, n, k, threads, a, b):
+        partial = np.empty((threads - 1, m, n), dtype)
     integer = ctypes.c_int64 if interface == "cblas64" else ctypes.c_int
     getattr(lib, f"team_gemm_{suffix}_{interface[-2:]}")(
         ctypes.c_void_p(address), ctypes.c_void_p(blas.threads_local()), ctypes.c_int(ta),
-        ctypes.c_int(tb), integer(m), integer(n), integer(k), kernels.pointer(a), integer(lda), kernels.pointer(b),
-        integer(ldb), kernels.pointer(out), integer(n), ctypes.c_int(threads))
+        ctypes.c_int(tb), integer(m), integer(n), integer(k), kernels.pointer(a), integer(lda),
+        kernels.pointer(b), integer(ldb), kernels.pointer(out), integer(n),
+        ctypes.c_int(threads), ctypes.c_void_p(None if partial is None else partial.ctypes.data))
     return out
+
+
+def _split_k(suffix, ta, tb, m, n, k, threads, a, b):
+    """Whether the team splits the inner dimension of a product whose k is its longest side
+    (``team_gemm`` in kernel_source.py), measured per bucket against its split of the out:
+    (256 x 16384ᵀ) x (16384 x 256), one thread's half: 52 GF/s split by k against 37 by rows
+    of the out. ``MINICAVS_KERNELS=own`` splits k wherever it applies (the tests), ``blas``
+    never (the out's split, as before)."""
+    key = ("k", suffix, ta, tb, bucket(m), bucket(n), bucket(k), threads)
+    wins = _wins.get(key)
+    if wins is None:
+        name = f"team k-split {suffix} {'x'.join(f'<={1 << e}' for e in key[4:7])}" \
+               f"{' Aᵀ' if ta else ''}{' Bᵀ' if tb else ''} ({threads} threads, against the " \
+               f"out's split)"
+        address, interface, _ = calibrate.gemm(a.dtype)
+        scratch, partial = np.empty((m, n), a.dtype), np.empty((threads - 1, m, n), a.dtype)
+        function = getattr(kernels.library(), f"team_gemm_{suffix}_{interface[-2:]}")
+        integer = ctypes.c_int64 if interface == "cblas64" else ctypes.c_int
+        from . import blas
+
+        def call(split):
+            (ta_, lda, x), (tb_, ldb, y) = _operand(a), _operand(b)
+            args = (ctypes.c_void_p(address), ctypes.c_void_p(blas.threads_local()),
+                    ctypes.c_int(ta_), ctypes.c_int(tb_), integer(m), integer(n), integer(k),
+                    kernels.pointer(x), integer(lda), kernels.pointer(y), integer(ldb),
+                    kernels.pointer(scratch), integer(n), ctypes.c_int(threads),
+                    ctypes.c_void_p(partial.ctypes.data if split else None))
+            return lambda keep=(x, y, scratch, partial): function(*args)
+        wins = _wins[key] = calibrate.own_is_faster(name, lambda: (call(True), call(False)),
+                                                    threads)
+    return wins
 
 
 _wins = {}  # bucket -> whether the library's kernel runs it (calibrate.py), for the state:
