@@ -80,6 +80,8 @@ def header():
         f"ISA: {isa.describe()}; variants that run here: {', '.join(runs)}",
         f"BLAS: {blas.identity()}",
         f"BLAS GEMM (1024³ float32, its own threads): {gemm_rate():.1f} GFLOP/s",
+        f"gemm of the team and the level loops: {calibrate.gemm('float32')[2]}"
+        + (f" ({blas.mkl_identity()})" if blas.mkl_identity() else ""),
         f"calibration: {calibrate.path()} ({calibrate.forced() or 'measured'})"])
 
 

@@ -196,9 +196,14 @@ def mkl_gemm(dtype):
 
 
 def mkl_identity():
-    """MKL's file and size (a new MKL is measured again), or None."""
+    """MKL's file and size, and the instructions it is told to use (``MKL_ENABLE_INSTRUCTIONS``,
+    which picks its code path): a new MKL, or another path, is measured again. None without
+    MKL."""
     found = mkl()
-    return None if found is None else f"{found[1]} {os.path.getsize(found[1])}"
+    if found is None:
+        return None
+    told = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "")
+    return f"{found[1]} {os.path.getsize(found[1])}" + (f" ({told})" if told else "")
 
 
 def _scipy_gemm(letter):
