@@ -266,7 +266,8 @@ def _mkl_chosen(force):
     # (A loss is looked at again, as every one is: seen here, MKL at 12.3 ms against 5.4 in a
     # first look, 5.0 against 6.7 in each of six after it.)
     name = f"gemm float32 (1 thread): MKL ({blas.mkl_identity()}) against NumPy's BLAS"
-    return own_is_faster(name, lambda: (_gemm_calls(mkl_gemm), _gemm_calls(numpy_gemm)))
+    with one_blas_thread():
+        return own_is_faster(name, lambda: (_gemm_calls(mkl_gemm), _gemm_calls(numpy_gemm)))
 
 
 def _gemm_calls(gemm):
@@ -287,26 +288,27 @@ def _gemm_calls(gemm):
 
 
 def one_thread_gemm(gemm, a, b, out):
-    """A call of ``out = a @ b`` by ``gemm`` (an ``(address, interface)``, a CBLAS's) on one
-    thread, as a team member makes it (``team_gemm`` in kernel_source.py): 2-D arrays of
-    float32 or float64, ``a`` and ``b`` row-contiguous or transposes of such, ``out``
-    C-contiguous (the call keeps them alive)."""
+    """A call of ``out = a @ b`` straight to ``gemm`` (an ``(address, interface)``, a CBLAS's),
+    as a level loop calls it — on one thread where the caller set the BLAS so
+    (:func:`team.one_blas_thread`; MKL's is sequential): 2-D arrays of float32 or float64,
+    ``a`` and ``b`` row-contiguous or transposes of such, ``out`` C-contiguous (the call keeps
+    them alive). (Through ``team_gemm`` a one-row product took 6 us more: 15.9 against 9.4.)"""
     address, interface = gemm
-    lib = build.module_library(SOURCE, "kernels", "minicavs/cpu/kernels.py")
-    function = getattr(lib, f"team_gemm_{'f32' if out.dtype == np.float32 else 'f64'}_"
-                            f"{interface[-2:]}")
     integer = ctypes.c_int64 if interface == "cblas64" else ctypes.c_int
+    real = ctypes.c_float if out.dtype == np.float32 else ctypes.c_double
+    pointer = ctypes.c_void_p
+    function = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, integer, integer,
+                                integer, real, pointer, integer, pointer, integer, real, pointer,
+                                integer)(address)
     (m, k), n = a.shape, b.shape[1]
 
     def operand(x):  # (transposed?, leading dimension), as products._operand reads it
         rows = x.strides[1] == x.itemsize and x.strides[0] >= max(1, x.shape[1]) * x.itemsize
         return (0, x.strides[0] // x.itemsize) if rows else (1, x.strides[1] // x.itemsize)
     (ta, lda), (tb, ldb) = operand(a), operand(b)
-    args = (ctypes.c_void_p(address), ctypes.c_void_p(blas.threads_local()), ctypes.c_int(ta),
-            ctypes.c_int(tb), integer(m), integer(n), integer(k), ctypes.c_void_p(a.ctypes.data),
-            integer(lda), ctypes.c_void_p(b.ctypes.data), integer(ldb),
-            ctypes.c_void_p(out.ctypes.data), integer(n), ctypes.c_int(1), ctypes.c_void_p(None))
-    return lambda keep=(a, b, out): function(*args)
+    args = (101, 112 if ta else 111, 112 if tb else 111, m, n, k, 1.0, a.ctypes.data, lda,
+            b.ctypes.data, ldb, 0.0, out.ctypes.data, n)  # (row-major; transposed or not)
+    return lambda keep=(a, b, out, function): function(*args)
 
 
 def _one_thread_product(a, b):

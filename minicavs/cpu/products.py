@@ -90,13 +90,12 @@ def large_on_the_team(a, b, out=None):
     if suffix is None or not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
         return None
     (m, k), n = shape, b.shape[1]
-    ta, tb = _operand(a)[0], _operand(b)[0]
-    key = ("large", suffix, ta, tb, bucket(m), bucket(n), bucket(k), threads)
+    key = ("large", suffix, _transposed(a), _transposed(b), bucket(m), bucket(n), bucket(k),
+           threads)
     _fresh_choices()
     wins = _wins.get(key)
     if wins is None:
-        name = f"large {suffix} {'x'.join(f'<={1 << e}' for e in key[4:7])}" \
-               f"{' Aᵀ' if ta else ''}{' Bᵀ' if tb else ''} ({threads} threads, BLAS's own)"
+        name = _bucket_name("large", key, "BLAS's own")
         scratch = np.empty((m, n), dtype)
         wins = _wins[key] = calibrate.own_is_faster(
             name, lambda: (lambda: team_matmul(a, b, scratch, False, threads),
@@ -118,25 +117,17 @@ def team_matmul(a, b, out=None, measured=True, threads=None):
                             or not out.flags.c_contiguous):
         return None
     threads = threads or team_size()
-    if threads < 2:
+    if threads < 2 or calibrate.gemm(dtype)[1] not in ("cblas64", "cblas32") \
+            or kernels.library() is None:
         return None
-    from . import blas
-
-    address, interface, _ = calibrate.gemm(dtype)
-    if interface not in ("cblas64", "cblas32"):
-        return None
-    lib = kernels.library()
-    if lib is None:
-        return None
-    (ta, lda, a), (tb, ldb, b) = _operand(a), _operand(b)
+    (ta, _, a), (tb, _, b) = _operand(a), _operand(b)
     if measured:
         if not getattr(_team, "on", False):
             return None  # outside team_products
         key = ("team", suffix, ta, tb, bucket(m), bucket(n), bucket(k), threads)
         wins = _wins.get(key)
         if wins is None:
-            name = f"team {suffix} {'x'.join(f'<={1 << e}' for e in key[4:7])}" \
-                   f"{' Aᵀ' if ta else ''}{' Bᵀ' if tb else ''} ({threads} threads)"
+            name = _bucket_name("team", key)
             scratch = np.empty((m, n), dtype)
             wins = _wins[key] = calibrate.own_is_faster(
                 name, lambda: (lambda: team_matmul(a, b, scratch, False),
@@ -145,47 +136,58 @@ def team_matmul(a, b, out=None, measured=True, threads=None):
             return None
     if out is None:
         out = np.empty((m, n), dtype=dtype)
-    partial = None
-    if k > max(m, n) and _split_k(suffix, ta, tb, m, n, k, threads, a, b):
-        partial = np.empty((threads - 1, m, n), dtype)
+    split_k = k > max(m, n) and _split_k(a, b, threads)
+    _team_gemm(a, b, out, threads, np.empty((threads - 1, m, n), dtype) if split_k else None)
+    return out
+
+
+def _team_gemm(a, b, out, threads, partial=None):
+    """``out = a @ b`` by ``team_gemm`` (kernel_source.py) on ``threads``: ``a`` and ``b`` as
+    :func:`_operand` gives them; the inner dimension split where a ``partial`` scratch
+    ((threads - 1) x m x n) is given, else the out's longer side."""
+    from . import blas
+
+    address, interface, _ = calibrate.gemm(a.dtype)
+    (ta, lda, a), (tb, ldb, b) = _operand(a), _operand(b)
+    (m, k), n = a.shape, b.shape[1]
     integer = ctypes.c_int64 if interface == "cblas64" else ctypes.c_int
-    getattr(lib, f"team_gemm_{suffix}_{interface[-2:]}")(
+    getattr(kernels.library(), f"team_gemm_{SUFFIX[a.dtype]}_{interface[-2:]}")(
         ctypes.c_void_p(address), ctypes.c_void_p(blas.threads_local()), ctypes.c_int(ta),
         ctypes.c_int(tb), integer(m), integer(n), integer(k), kernels.pointer(a), integer(lda),
         kernels.pointer(b), integer(ldb), kernels.pointer(out), integer(n),
         ctypes.c_int(threads), ctypes.c_void_p(None if partial is None else partial.ctypes.data))
-    return out
 
 
-def _split_k(suffix, ta, tb, m, n, k, threads, a, b):
-    """Whether the team splits the inner dimension of a product whose k is its longest side
+def _split_k(a, b, threads):
+    """Whether the team splits the inner dimension of ``a @ b``, whose k is its longest side
     (``team_gemm`` in kernel_source.py), measured per bucket against its split of the out:
     (256 x 16384ᵀ) x (16384 x 256), one thread's half: 52 GF/s split by k against 37 by rows
     of the out. ``MINICAVS_KERNELS=own`` splits k wherever it applies (the tests), ``blas``
     never (the out's split, as before)."""
-    key = ("k", suffix, ta, tb, bucket(m), bucket(n), bucket(k), threads)
+    (m, k), n = a.shape, b.shape[1]
+    key = ("k", SUFFIX[a.dtype], _transposed(a), _transposed(b), bucket(m), bucket(n),
+           bucket(k), threads)
     wins = _wins.get(key)
     if wins is None:
-        name = f"team k-split {suffix} {'x'.join(f'<={1 << e}' for e in key[4:7])}" \
-               f"{' Aᵀ' if ta else ''}{' Bᵀ' if tb else ''} ({threads} threads, against the " \
-               f"out's split)"
-        address, interface, _ = calibrate.gemm(a.dtype)
-        scratch, partial = np.empty((m, n), a.dtype), np.empty((threads - 1, m, n), a.dtype)
-        function = getattr(kernels.library(), f"team_gemm_{suffix}_{interface[-2:]}")
-        integer = ctypes.c_int64 if interface == "cblas64" else ctypes.c_int
-        from . import blas
-
-        def call(split):
-            (ta_, lda, x), (tb_, ldb, y) = _operand(a), _operand(b)
-            args = (ctypes.c_void_p(address), ctypes.c_void_p(blas.threads_local()),
-                    ctypes.c_int(ta_), ctypes.c_int(tb_), integer(m), integer(n), integer(k),
-                    kernels.pointer(x), integer(lda), kernels.pointer(y), integer(ldb),
-                    kernels.pointer(scratch), integer(n), ctypes.c_int(threads),
-                    ctypes.c_void_p(partial.ctypes.data if split else None))
-            return lambda keep=(x, y, scratch, partial): function(*args)
-        wins = _wins[key] = calibrate.own_is_faster(name, lambda: (call(True), call(False)),
-                                                    threads)
+        out, partial = np.empty((m, n), a.dtype), np.empty((threads - 1, m, n), a.dtype)
+        wins = _wins[key] = calibrate.own_is_faster(
+            _bucket_name("team k-split", key, "against the out's split"),
+            lambda: (lambda: _team_gemm(a, b, out, threads, partial),
+                     lambda: _team_gemm(a, b, out, threads)), threads)
     return wins
+
+
+def _transposed(x):
+    """1 where a matrix is read as the transpose of a row-major one (its columns contiguous)."""
+    return int(x.strides[1] != x.itemsize)
+
+
+def _bucket_name(kind, key, versus=None):
+    """A bucket's name in the calibration's file (and doctor's list)."""
+    _, suffix, ta, tb, *sizes, threads = key
+    return (f"{kind} {suffix} {'x'.join(f'<={1 << e}' for e in sizes)}"
+            f"{' Aᵀ' if ta else ''}{' Bᵀ' if tb else ''} ({threads} threads"
+            f"{', ' + versus if versus else ''})")
 
 
 _wins = {}  # bucket -> whether the library's kernel runs it (calibrate.py), for the state:

@@ -88,7 +88,8 @@ def _own_wins(lib, dtype, rows, k, m, transposed, source):
             return (lambda: own(*args),  # (the arrays live in the other call; the gemm the
                     # loop calls, on one thread)
                     calibrate.one_thread_gemm(gemm[:2], x, w.T if transposed else w, out))
-        wins = _few_rows_wins[key] = calibrate.own_is_faster(name, make, source=source)
+        with team.one_blas_thread():  # (as the loop calls it: one thread inside a team)
+            wins = _few_rows_wins[key] = calibrate.own_is_faster(name, make, source=source)
     return wins
 
 
