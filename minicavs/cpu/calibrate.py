@@ -49,6 +49,9 @@ MARGIN = 0.95
 CLOSE = (0.8, 1.25)
 LOOKS = 3
 BUDGET = 0.01  # seconds of timed rounds after which no more are started (past the minimum)
+# How choices are measured, in the file's key: a change measures every choice again (2: the
+# BLAS side of the few-rows kernel called directly, as the level loop calls it).
+METHOD = "2"
 
 _lock = threading.Lock()
 _table = None  # name -> [own s, BLAS s] (+ [looks] once measured again), read on first use
@@ -481,7 +484,7 @@ def path():
     the level loop's product to other code than ``-march=native``: one build's measurement
     chose its kernel for the other, 0.86-0.89x the BLAS there)."""
     key = build.cache_key(build.cpu_signature(), blas.identity(), str(blas.mkl_identity()),
-                          isa.target(), str(team_size()), SOURCE, *build.cxx_flags())
+                          isa.target(), str(team_size()), SOURCE, METHOD, *build.cxx_flags())
     return os.path.join(build.cache_dir(), f"calibration-{key[:24]}.json")
 
 
