@@ -293,9 +293,9 @@ def _gemm_calls(gemm):
 def one_thread_gemm(gemm, a, b, out):
     """A call of ``out = a @ b`` straight to ``gemm`` (an ``(address, interface)``, a CBLAS's),
     as a level loop calls it — on one thread where the caller set the BLAS so
-    (:func:`team.one_blas_thread`; MKL's is sequential): 2-D arrays of float32 or float64,
-    ``a`` and ``b`` row-contiguous or transposes of such, ``out`` C-contiguous (the call keeps
-    them alive). (Through ``team_gemm`` a one-row product took 6 us more: 15.9 against 9.4.)"""
+    (:func:`team.one_blas_thread`; MKL's is sequential): 2-D arrays of float32 or float64 read
+    as ``products._operand`` reads them, ``out`` C-contiguous (the call keeps them alive).
+    (Through ``team_gemm`` a one-row product took 6 us more: 15.9 against 9.4.)"""
     address, interface = gemm
     integer = ctypes.c_int64 if interface == "cblas64" else ctypes.c_int
     real = ctypes.c_float if out.dtype == np.float32 else ctypes.c_double
@@ -303,12 +303,10 @@ def one_thread_gemm(gemm, a, b, out):
     function = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, integer, integer,
                                 integer, real, pointer, integer, pointer, integer, real, pointer,
                                 integer)(address)
-    (m, k), n = a.shape, b.shape[1]
+    from .products import _operand  # (products imports this module)
 
-    def operand(x):  # (transposed?, leading dimension), as products._operand reads it
-        rows = x.strides[1] == x.itemsize and x.strides[0] >= max(1, x.shape[1]) * x.itemsize
-        return (0, x.strides[0] // x.itemsize) if rows else (1, x.strides[1] // x.itemsize)
-    (ta, lda), (tb, ldb) = operand(a), operand(b)
+    (m, k), n = a.shape, b.shape[1]
+    (ta, lda, a), (tb, ldb, b) = _operand(a), _operand(b)
     args = (101, 112 if ta else 111, 112 if tb else 111, m, n, k, 1.0, a.ctypes.data, lda,
             b.ctypes.data, ldb, 0.0, out.ctypes.data, n)  # (row-major; transposed or not)
     return lambda keep=(a, b, out, function): function(*args)
