@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, strategies as st
 
 import minicavs as mc
 
@@ -268,6 +268,39 @@ def test_schedule_invariants(graphs):
             v = batch.order[r]
             kids = batch.child_ids[batch.child_ptr[v]:batch.child_ptr[v + 1]]
             assert rows[r] == (batch.row_of[kids[k]] if k < kids.size else -1)
+
+
+def _children_in_order_by_definition(batch, arity):
+    """The first row from which every row r has children arity (r - first) + j (j < arity) and
+    no other, rows before it none — by looking at each row, or None."""
+    n = batch.num_vertices
+    kids = [[int(batch.child_rows_of(j)[r]) for j in range(batch.max_arity)
+             if batch.child_rows_of(j)[r] >= 0] for r in range(n)]
+    first = sum(not k for k in kids)
+    if first == n or any(kids[:first]):
+        return None
+    ok = all(kids[r] == [arity * (r - first) + j for j in range(arity)] for r in range(first, n))
+    return first if ok else None
+
+
+@given(forests(max_arity=3, max_vertices=20, kinds=("tree", "chain", "dag")),
+       st.integers(1, 3))
+def test_children_in_order_is_its_definition(graphs, arity):
+    batch = mc.GraphBatch(graphs)
+    assert batch.indices().children_in_order(arity) == \
+        _children_in_order_by_definition(batch, arity)
+
+
+def test_complete_trees_and_chains_of_one_size_have_their_children_in_order():
+    trees = mc.GraphBatch([mc.InputGraph.complete_binary(8)] * 2).indices()
+    assert trees.children_in_order(2) == 16 and trees.children_in_order(3) is None
+    chains = mc.GraphBatch([mc.InputGraph.chain(3)] * 4).indices()
+    assert chains.children_in_order(1) == 4
+    later = mc.GraphBatch([mc.InputGraph.complete_binary(4), mc.InputGraph.complete_binary(2)])
+    assert later.indices().children_in_order(2) == 6  # (the small tree's root last on level 1)
+    first = mc.GraphBatch([mc.InputGraph.complete_binary(2), mc.InputGraph.complete_binary(4)])
+    assert first.indices().children_in_order(2) is None  # (its root first on level 1: the
+    # big root's children are rows 7 and 8, not 6 and 7)
 
 
 @given(input_graph(max_arity=2, max_vertices=30))

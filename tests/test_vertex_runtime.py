@@ -460,3 +460,83 @@ def test_rows_of_a_call_are_checked():
         F(batch, pull=X, rows=np.array([0.0, 1.0]))
     with pytest.raises(mc.errors.GraphError, match="rows= must be a 1-D array of vertex ids"):
         F(batch, pull=X, rows=[[0]])
+
+
+def _complete_tree(arity, depth):
+    """A complete tree of ``arity`` children a vertex, ``depth`` levels below its root (heap
+    order: vertex i's children are arity i + 1, ..., arity i + arity)."""
+    n = sum(arity ** d for d in range(depth + 1))
+    return mc.InputGraph([[arity * i + k + 1 for k in range(arity)] if arity * i + 1 < n else []
+                          for i in range(n)])
+
+
+def _children_concat_cell(arity, rng, push=True):
+    """h = tanh(x W + [h_0, ..., h_k-1] U + b): the concat of each child's whole state (Tree-FC)."""
+    W = mc.Parameter(rng.standard_normal((E, H)) * 0.5, name="W")
+    U = mc.Parameter(rng.standard_normal((arity * H, H)) * 0.4, name="U")
+    b = mc.Parameter(rng.standard_normal(H) * 0.1, name="b")
+
+    def cell(v):
+        h = mc.tanh(v.pull() @ W + mc.concat([v.gather(k) for k in range(arity)]) @ U + b)
+        v.scatter(h)
+        if push:
+            v.push(h * h)
+
+    F = mc.VertexFunction(cell, pull_shape=(E,), scatter_shape=(H,),
+                          push_shape=(H,) if push else None, arity=arity, dtype="float64")
+    return F, [W, U, b]
+
+
+@pytest.mark.parametrize("arity", [2, 3])
+def test_childrens_states_read_where_they_are_equal_per_sample(arity, monkeypatch):
+    """Complete trees of one depth in a batch: each level's children are one block of the
+    states' rows, ``arity`` to a parent, so F's concat of them is those rows themselves — no
+    gather, no concat runs (explain) — and F, ∂F (pushed outputs, or the states of some rows)
+    equal the per-sample evaluation and the same batch with its children gathered."""
+    rng = np.random.default_rng(arity)
+    graphs = [_complete_tree(arity, 2)] * 3
+    batch = mc.GraphBatch(graphs)
+    X = mc.tensor(rng.standard_normal((batch.num_vertices, E)), requires_grad=True)
+    F, params = _children_concat_cell(arity, rng)
+    states, state_params = _children_concat_cell(arity, np.random.default_rng(0), push=False)
+
+    def run():
+        F(batch, pull=X)
+        ops = F.explain()["forward_ops_per_level"]
+        _check_batched_equals_reference(F, params, graphs, seed=arity)
+        _selected_vs_taken(states, state_params, batch, X, batch.roots, arity)
+        for p in state_params:
+            p.grad = None
+        (states(batch, pull=X) ** 2).sum().backward()
+        return ops, [p.grad.numpy() for p in state_params]
+
+    in_place, grads = run()
+    from minicavs.vertex import graphs as batches
+    monkeypatch.setattr(batches.BatchIndices, "children_in_order", lambda self, k: None)
+    gathered, want = run()
+    assert in_place[1:] == [n - arity - 1 for n in gathered[1:]], (in_place, gathered)
+    for got, w in zip(grads, want):
+        np.testing.assert_allclose(got, w, rtol=1e-12, atol=1e-14)
+
+
+def test_calls_reading_children_in_place_keep_their_buffers_apart():
+    """Two live calls whose children are read in place, and one of a batch in no such order
+    between them, backward in the opposite order: each equals its call alone."""
+    rng = np.random.default_rng(5)
+    F, params = _children_concat_cell(2, rng)
+    batches = [mc.GraphBatch([mc.InputGraph.complete_binary(8)] * 2),
+               mc.GraphBatch([mc.InputGraph.chain(3), mc.InputGraph.complete_binary(2)]),
+               mc.GraphBatch([mc.InputGraph.complete_binary(4)] * 3)]
+    X = [mc.tensor(rng.standard_normal((b.num_vertices, E))) for b in batches]
+    alone = []
+    for b, x in zip(batches, X):
+        (F(b, pull=x) ** 2).sum().backward()
+        alone.append([p.grad.numpy().copy() for p in params])
+        for p in params:
+            p.grad = None
+    losses = [(F(b, pull=x) ** 2).sum() for b, x in zip(batches, X)]
+    for loss, want in reversed(list(zip(losses, alone))):
+        loss.backward()
+        for p, w in zip(params, want):
+            np.testing.assert_allclose(p.grad.numpy(), w, rtol=1e-12, atol=1e-14)
+            p.grad = None

@@ -47,6 +47,9 @@ class Part:
     store: dict = None  # pooled buffers held until release() (∂F: for the time of backward)
     level_launches: dict = None  # launches in the level loop by category (where counted)
     level_host_seconds: float = None  # the loop's time less the emulated device's work
+    # F's concat of the children's states, read where the states are: (its key, its first
+    # row), else None (bind_forward); the level plans skip its gathers and the concat
+    children_in_place: tuple = None
 
     @property
     def program(self):
@@ -114,15 +117,26 @@ def bind_forward(exe, xp, rows, params, pull=None, *, record=None, states=None, 
     scattered state, whose spare row is cleared); ``block``: this part's rows of it (kinds)."""
     program = exe.program
     specs = buffer_specs(program, rows)
+    sink = program.sinks[0].key
+    in_place = None if block is not None or states is not None else \
+        _children_in_place(program, rows)
+    if in_place is not None:  # the state's buffer is the concat's, grown to hold it
+        concat, first, arity = in_place
+        n, shape, dtype, name = specs.pop(sink)
+        c_rows, c_shape, _, c_name = specs[concat]
+        specs[concat] = (max(c_rows, first + -(-n // arity)), c_shape, dtype, c_name)
     if record is not None:
         store, views = exe.pool.acquire(xp, specs)
         weakref.finalize(record, exe.pool.release, store)
     else:
         views = {key: xp.empty((n,) + shape, dtype) for key, (n, shape, dtype, _) in
                  specs.items()}
-    sink = program.sinks[0].key
     if block is not None and sink in program.buffered:  # kinds: the shared state's rows
         views[sink] = block
+    if in_place is not None:  # state row s at concat row first + s // arity: its parent's
+        start = first * c_shape[0]
+        views[sink] = views[concat].reshape(-1)[start:start + n * shape[0]].reshape(
+            (n,) + shape)
     env = exe.constants(xp)
     graph = program.graph
     env.update((p.key, a) for p, a in zip(graph.params, params))
@@ -138,7 +152,20 @@ def bind_forward(exe, xp, rows, params, pull=None, *, record=None, states=None, 
         scattered[rows.num_vertices:] = 0  # the spare row: what an absent child reads
     ranges = {s.key: rows.hull(slot) for slot, s in program.slots}
     return Part(exe, env, rows, ranges, states=scattered if states is None else states,
-                levels=levels, block=block, scattered=scattered)
+                levels=levels, block=block, scattered=scattered,
+                children_in_place=in_place and in_place[:2])
+
+
+def _children_in_place(program, rows):
+    """``(concat, first row with children, arity)`` where F's concat of its children's states
+    (``Program.children_concat``) can be read where the states are, the batch's children
+    being its rows in order (``children_in_order``), else None."""
+    found = program.children_concat
+    in_order = getattr(rows, "children_in_order", None)
+    if found is None or in_order is None:
+        return None
+    first = in_order(found[1])
+    return None if first is None else (found[0], first, found[1])
 
 
 def bind_backward(exe, xp, rows, saved, cotangent=None, *, at=None, d_states=None, block=None,

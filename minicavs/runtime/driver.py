@@ -64,6 +64,9 @@ def run(parts, xp):
                 parts[k].level_launches[what] = parts[k].level_launches.get(what, 0) + n
         for p, loop in zip(parts, loops):
             p.counts, p.backend = (loop.finish(), loop.backend) if loop else ([], None)
+            if p.children_in_place is not None:  # (its rows hold the children: none ran it)
+                concat, first = p.children_in_place
+                p.ranges[concat] = (first, p.rows.num_vertices)
         _whole_phase("lazy", parts, schedulers, checks, xp)
     return parts
 

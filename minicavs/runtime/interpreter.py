@@ -107,7 +107,8 @@ def _level_steps(part, xp, check, moves, from_c, issuer):
     if tables is not None and not isinstance(tables, str):
         issuer.append(tables)
     steps, call = part.exe.level_steps, (xp.__name__, windows is not None, frozenset(env))
-    for t, window, plan, zeros in part.exe.plans.levels(ranges, rows):
+    for t, window, plan, zeros in part.exe.plans.levels(
+            ranges, rows, part.children_in_place is not None):
         level = steps.get((plan, call))
         if level is None:
             level = steps[(plan, call)] = _LevelSteps(program, plan, env, windows, xp)

@@ -215,7 +215,8 @@ class _NativeRun:
     def __init__(self, loop, part, args, keep):
         program, rows, ranges = part.program, part.rows, part.ranges
         self.loop, self.part, self.keep = loop, part, keep
-        plans, which, zeros = part.exe.plans.per_level(ranges, rows)
+        plans, which, zeros = part.exe.plans.per_level(ranges, rows,
+                                                        part.children_in_place is not None)
         codes = [loop._codes_of(program, plan, part.env) for plan in plans]
         self.table = np.stack([c for c, _, _ in codes])[which]  # each level's action codes
         runs = np.array([r for _, _, r in codes])[which]

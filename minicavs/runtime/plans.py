@@ -1,36 +1,43 @@
 """Level plans: what each core instruction of a Program does on one level — RUN, ZERO (write its
-zeros) or SKIP — from which per-row values are zero there and which sinks no vertex of the
-level reads. Every backend runs these plans, so all of them skip the same work.
+zeros) or SKIP — from which per-row values are zero there, which sinks no vertex of the level
+reads and whether the children's concat is read where their states are (``call.py``). Every
+backend runs these plans, so all of them skip the same work.
 
-A plan depends only on two small sets, and levels share few such patterns: :class:`LevelPlans`
+A plan depends only on two small sets and that flag, and levels share few such patterns: :class:`LevelPlans`
 keeps each pattern's plan, one cache per Program, owned by its :class:`~.executable.Executable`.
 """
 
 import numpy as np
 
-from .program import RUN, ZERO, SKIP  # noqa: F401 (re-exported: the actions)
+from .program import RUN, ZERO, SKIP, Gather  # noqa: F401 (the actions: re-exported)
 from .zero_rows import FULL, hull, intersect
 
 
 class LevelPlans:
-    """The plans of one Program, memoised by (zero values, unneeded sinks)."""
+    """The plans of one Program, memoised by (zero values, unneeded sinks, in place)."""
 
     def __init__(self, program):
         self.program = program
         self._plans = {}
-        self._zeros = {}  # (zero, unneeded) -> every value known zero on such a level
+        self._zeros = {}  # (zero, unneeded, in place) -> every value known zero there
 
-    def plan(self, zero, unneeded):
+    def plan(self, zero, unneeded, in_place=False):
         """Per core instruction, RUN, ZERO or SKIP on a level where the per-row values ``zero``
-        (keys) are all zero and the sinks ``unneeded`` (keys) are read by no one."""
-        key = (zero, unneeded)
+        (keys) are all zero and the sinks ``unneeded`` (keys) are read by no one; ``in_place``:
+        the children's concat is read where their states are (``Part.children_in_place``),
+        so it and its gathers are skipped where they would run."""
+        key = (zero, unneeded, in_place)
         plan = self._plans.get(key)
         if plan is None:
             zero = set(zero)
             plan = []
+            concat = self.program.children_concat if in_place else None
             for ins in self.program.core:
                 action, zeros = ins.action(zero, unneeded)
                 zero.update(zeros)
+                if concat is not None and action == RUN and (isinstance(ins, Gather) or any(
+                        o.key == concat[0] for o in ins.writes)):
+                    action = SKIP
                 plan.append(action)
             readers = self.program.level_local_readers
             if readers is not None:  # zeros no running step of the level reads: not written
@@ -43,18 +50,18 @@ class LevelPlans:
             plan = self._plans[key] = tuple(plan)
         return plan
 
-    def levels(self, ranges, rows):
+    def levels(self, ranges, rows, in_place=False):
         """Per level, in the order the loop runs them: ``(t, window, plan, zeros)`` — the
         level, its rows (``{"vertex": (lo, hi), "edge": (lo, hi)}``), its plan and the values
         known zero there; ``ranges`` (key -> (lo, hi)) are the rows outside which per-row values
-        are zero."""
-        plans, which, zeros = self.per_level(ranges, rows)
+        are zero; ``in_place``: see :meth:`plan`."""
+        plans, which, zeros = self.per_level(ranges, rows, in_place)
         levels = range(rows.num_levels)
         for t in (reversed(levels) if self.program.reverse else levels):
             yield t, {"vertex": rows.vertices(t), "edge": rows.edges(t)}, plans[which[t]], \
                 zeros[which[t]]
 
-    def per_level(self, ranges, rows):
+    def per_level(self, ranges, rows, in_place=False):
         """``(plans, which, zeros)``: the distinct plans of a call's levels, per level t the
         index of its plan, and per plan the values known zero on its levels (the outputs of run
         steps among them, made from zeros) — found for all levels at once (arrays over the
@@ -91,8 +98,8 @@ class LevelPlans:
             patterns = [(frozenset(k for (kind, k), on in zip(keys, p) if on and kind == "zero"),
                          frozenset(k for (kind, k), on in zip(keys, p)
                                    if on and kind == "unneeded")) for p in first]
-        plans = [self.plan(*pattern) for pattern in patterns]
-        return plans, which, [self._zeros[pattern] for pattern in patterns]
+        plans = [self.plan(*pattern, in_place) for pattern in patterns]
+        return plans, which, [self._zeros[pattern + (in_place,)] for pattern in patterns]
 
 
 def record_written(program, ranges, written):

@@ -204,6 +204,36 @@ class Program:
         return self.sinks[0] if any(isinstance(i, Gather) for i in self.core) else None
 
     @cached_property
+    def children_concat(self):
+        """F's concat of each child's whole state in slot order, ``[h_0, ..., h_k-1]`` (Tree-FC,
+        TreeRNN), with a buffer of its own and nothing else reading the gathers: ``(its key,
+        k)``, else None. On a batch whose children are its first rows in order (complete trees
+        by levels: ``BatchIndices.children_in_order``), that concat's rows are the state's rows
+        side by side, and the state is kept there (call.py): nothing is gathered."""
+        gathers = [ins for ins in self.core if isinstance(ins, Gather)]
+        state = self.gathers_from
+        if self.reverse or not gathers or self.edge_parent is not None or state is None \
+                or state.key not in self.buffered or len(state.shape) != 2:
+            return None
+        by_slot = {ins.slot: ins.target for ins in gathers}
+        if sorted(by_slot, key=str) != list(range(len(gathers))):  # ("edges": gather_sum)
+            return None
+        parts = [by_slot[k] for k in range(len(gathers))]
+        if any(p.shape != state.shape or p.dtype != state.dtype for p in parts):
+            return None
+        readers = [ins for ins in self.core if any(x.key in {p.key for p in parts}
+                                                   for x in ins.reads)]
+        if len(readers) != 1 or not isinstance(readers[0], Compute) or \
+                any(p.key in self.read_outside_core for p in parts):
+            return None
+        node = getattr(readers[0].step, "node", None)
+        if node is None or node.op.name != "concat" or node.attrs.get("axis") not in (1, -1) \
+                or [x.key for x in node.inputs] != [p.key for p in parts] \
+                or node.key not in self.buffered or node.dtype != state.dtype:
+            return None
+        return node.key, len(parts)
+
+    @cached_property
     def buffered(self):
         return {b.key for b in self.buffers}
 
@@ -261,6 +291,10 @@ class Program:
         for part, concat, axis, start, stop in self.aliases:
             lines.append(f"    {label(part, names):<6} = columns {start}:{stop} of "
                          f"{label(concat, names)}")
+        if self.children_concat is not None:
+            concat = next(n for n in self.graph.nodes if n.key == self.children_concat[0])
+            lines.append(f"    {label(concat, names):<6} holds the state's rows, on a batch whose "
+                         f"children are its rows in order (nothing gathered)")
         for phase in ("eager", "core", "lazy"):
             title = {"eager": "eager (once, all rows):", "core": "core (per level):",
                      "lazy": "lazy (once, all rows):"}[phase]

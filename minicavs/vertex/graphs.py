@@ -578,6 +578,7 @@ class BatchIndices:
         self.edge_parent_row = put(batch.edge_parent_row)
         self.edge_parent_local = put(batch.edge_parent_local)
         self._slots = {}  # child slot k -> _Slot, made when a program first reads slot k
+        self._in_order = {}  # arity -> children_in_order
         for k, rows in enumerate(children):
             self._slots[k] = _Slot(rows, self._vertices, put)
 
@@ -637,6 +638,31 @@ class BatchIndices:
     def slot_rows(self, slot):
         """Each row's child ``slot`` row, all levels (-1: absent)."""
         return self._slot(slot).rows
+
+    def children_in_order(self, arity):
+        """The first row with children where every vertex from it on has ``arity`` children and
+        they are the rows from 0 in order — row r's child k is row ``arity (r - first) + k`` —
+        and no vertex before it has any (complete trees by levels): the children of a level are
+        one block of rows, ``arity`` to a parent. Else None."""
+        found = self._in_order.get(arity, False)
+        if found is False:
+            found = self._in_order[arity] = self._children_in_order(arity)
+        return found
+
+    def _children_in_order(self, arity):
+        n = self.num_vertices
+        first = int((self._batch.child_rows_of(0) < 0).sum()) if n else 0
+        if arity < 1 or first >= n or arity * (n - first) > n:
+            return None
+        expect = np.arange(n - first, dtype=np.int64) * arity
+        for k in range(self._batch.max_arity):
+            rows = self._batch.child_rows_of(k)
+            if k >= arity:
+                if (rows >= 0).any():
+                    return None
+            elif (rows[:first] >= 0).any() or not np.array_equal(rows[first:], expect + k):
+                return None
+        return first
 
     def child_rows(self, slot, window):
         """The rows of each vertex's child ``slot`` on a level (or of each edge's child)."""
