@@ -491,7 +491,8 @@ def _children_concat_cell(arity, rng, push=True):
 def test_childrens_states_read_where_they_are_equal_per_sample(arity, monkeypatch):
     """Complete trees of one depth in a batch: each level's children are one block of the
     states' rows, ``arity`` to a parent, so F's concat of them is those rows themselves — no
-    gather, no concat runs (explain) — and F, ∂F (pushed outputs, or the states of some rows)
+    gather, no concat runs — and ∂F's native loop adds their gradients into those rows in its
+    gemm (no window, no add: explain), and F, ∂F (pushed outputs, or the states of some rows)
     equal the per-sample evaluation and the same batch with its children gathered."""
     rng = np.random.default_rng(arity)
     graphs = [_complete_tree(arity, 2)] * 3
@@ -501,8 +502,12 @@ def test_childrens_states_read_where_they_are_equal_per_sample(arity, monkeypatc
     states, state_params = _children_concat_cell(arity, np.random.default_rng(0), push=False)
 
     def run():
-        F(batch, pull=X)
-        ops = F.explain()["forward_ops_per_level"]
+        (F(batch, pull=X) ** 2).sum().backward()
+        stats = F.explain()
+        ops = (stats["forward_ops_per_level"], stats["backward_ops_per_level"],
+               stats["backward_backend"])
+        for t in [X] + params:
+            t.grad = None
         _check_batched_equals_reference(F, params, graphs, seed=arity)
         _selected_vs_taken(states, state_params, batch, X, batch.roots, arity)
         for p in state_params:
@@ -514,7 +519,10 @@ def test_childrens_states_read_where_they_are_equal_per_sample(arity, monkeypatc
     from minicavs.vertex import graphs as batches
     monkeypatch.setattr(batches.BatchIndices, "children_in_order", lambda self, k: None)
     gathered, want = run()
-    assert in_place[1:] == [n - arity - 1 for n in gathered[1:]], (in_place, gathered)
+    assert in_place[0][1:] == [n - arity - 1 for n in gathered[0][1:]], (in_place, gathered)
+    # ∂F: the native loop adds the children's gradients in its gemm (no window, no add)
+    fewer = 2 * arity if in_place[2] == "native" else 0
+    assert in_place[1][1:] == [n - fewer for n in gathered[1][1:]], (in_place, gathered)
     for got, w in zip(grads, want):
         np.testing.assert_allclose(got, w, rtol=1e-12, atol=1e-14)
 

@@ -50,6 +50,9 @@ class Part:
     # F's concat of the children's states, read where the states are: (its key, its first
     # row), else None (bind_forward); the level plans skip its gathers and the concat
     children_in_place: tuple = None
+    # ∂F on such a batch: the first row with children (its native loop adds the product of
+    # the children's gradients straight into their rows: native.py), else None
+    gradient_in_place: int = None
 
     @property
     def program(self):
@@ -206,7 +209,10 @@ def bind_backward(exe, xp, rows, saved, cotangent=None, *, at=None, d_states=Non
             take_rows(xp, cotangent, rows.order, out=env[state_grad])
     ranges = {ref.key: saved.ranges.get(value.key, FULL)
               for ref, value in zip(forward_inputs, bw.forward_refs)}
-    return Part(exe, env, rows, ranges, d_states=d_states, levels=levels, store=store)
+    found, in_order = program.children_gradient, getattr(rows, "children_in_order", None)
+    first = in_order(found[2]) if found and in_order and block is None else None
+    return Part(exe, env, rows, ranges, d_states=d_states, levels=levels, store=store,
+                gradient_in_place=first)
 
 
 def bind_static(exe, xp, values, constants=None):

@@ -48,6 +48,9 @@ from .plans import RUN, SKIP, ZERO
 from .program import Compute, Gather
 
 ACTIONS = {SKIP: 0, RUN: 1, ZERO: 2}  # plan codes, as the generated loop reads them
+# ∂F's product of the children's gradients (Program.children_gradient) added straight into
+# their rows, on a level whose children are one block of rows (native.py sets it)
+INTO_CHILDREN = 3
 ENTRY = "minicavs_levels"
 # One loop per row: for a split by rows, a row-parallel loop the team shares.
 TEAM_FOR = "#pragma omp for schedule(static)"
@@ -348,10 +351,28 @@ class _Generator:
             zero_views = [self.zero_through.get(o.key, self.views[o.key]) for o in ins.writes
                           if o.key in self.views]
         zero = "\n".join(self.zero(v) for v in zero_views)
+        into = self.children_gradient(ins)
         return (f"    // [{k}] {note}\n"
                 f"    if (act[{k}] == {ACTIONS[RUN]}) {{\n{_indent(run, 6)}\n    }}"
                 + (f" else if (act[{k}] == {ACTIONS[ZERO]}) {{\n{_indent(zero, 6)}\n    }}"
-                   if zero else ""))
+                   if zero else "")
+                + (f" else if (act[{k}] == {INTO_CHILDREN}) {{  // added into the children's "
+                   f"rows\n{_indent(into, 6)}\n    }}" if into else ""))
+
+    def children_gradient(self, ins):
+        """The gemm adding ∂F's product of the children's gradients into their rows of the
+        state gradient — one block, ``arity`` rows to a parent — or None for another
+        instruction."""
+        found = self.program.children_gradient
+        if found is None or not isinstance(ins, Compute) or ins.writes[0].key != found[0]:
+            return None
+        x, w = ins.step.node.inputs
+        a = self.view(x)
+        k, m = (int(d) for d in w.shape)
+        s = self.shared[w.key].index
+        return (f"gemm_team({s}, n, {m}, {k}, P{s}, a[{2 * s}], a[{2 * s + 1}], {a.row(0)}, "
+                f"{a.ld}, d_states + {self.child(0)}[lo] * d_states_ld, {found[2]} * d_states_ld, "
+                f"split_macs, (T)1);")
 
     def compute(self, ins):
         step = ins.step
@@ -962,13 +983,13 @@ static gemm_t gemm;
 extern "C" void minicavs_set_gemm(void *f) {{ gemm = (gemm_t)f; }}
 static inline void gemm_rows(int64_t slot, int64_t n, int64_t m, int64_t k, const T *w,
                              int64_t ldw, int64_t w_transposed, const T *x, int64_t ldx, T *out,
-                             int64_t ldo) {{
-  if (own_runs(slot, w_transposed, n)) {{
+                             int64_t ldo, T beta) {{  // out = x.w + beta out (beta 0 or 1)
+  if (beta == 0 && own_runs(slot, w_transposed, n)) {{
     minicavs_gemm_few_rows(n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
     return;
   }}
   gemm(101, 111, w_transposed ? 112 : 111, (I)n, (I)m, (I)k, (T)1, x, (I)ldx, w, (I)ldw,
-       (T)0, out, (I)ldo);  // CblasRowMajor, CblasNoTrans, CblasTrans
+       beta, out, (I)ldo);  // CblasRowMajor, CblasNoTrans, CblasTrans
 }}"""
 _FORTRAN = """typedef void (*gemm_t)(const char *, const char *, const int *, const int *, const int *,
                        const T *, const T *, const int *, const T *, const int *, const T *,
@@ -978,15 +999,15 @@ extern "C" void minicavs_set_gemm(void *f) { gemm = (gemm_t)f; }
 // Row-major out = x.w is column-major out' = w'.x': one Fortran gemm.
 static inline void gemm_rows(int64_t slot, int64_t n, int64_t m, int64_t k, const T *w,
                              int64_t ldw, int64_t w_transposed, const T *x, int64_t ldx, T *out,
-                             int64_t ldo) {
-  if (own_runs(slot, w_transposed, n)) {
+                             int64_t ldo, T beta) {  // out = x.w + beta out (beta 0 or 1)
+  if (beta == 0 && own_runs(slot, w_transposed, n)) {
     minicavs_gemm_few_rows(n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
     return;
   }
   const int rows = (int)n, cols = (int)m, inner = (int)k;
   const int lw = (int)ldw, lx = (int)ldx, lo = (int)ldo;
-  const T one = 1, zero = 0;
-  gemm(w_transposed ? "T" : "N", "N", &cols, &rows, &inner, &one, w, &lw, x, &lx, &zero, out,
+  const T one = 1;
+  gemm(w_transposed ? "T" : "N", "N", &cols, &rows, &inner, &one, w, &lw, x, &lx, &beta, out,
        &lo);
 }"""
 # The team's gemm: the longer side of the product's out split between the threads (one-thread
@@ -1000,26 +1021,27 @@ extern "C" void minicavs_set_blas_threads(void *f) { blas_threads = (blas_thread
 // A product of fewer than split_macs multiply-adds runs on one thread (measured: native.py).
 static inline void gemm_team(int64_t slot, int64_t n, int64_t m, int64_t k, const T *w,
                              int64_t ldw, int64_t w_transposed, const T *x, int64_t ldx, T *out,
-                             int64_t ldo, int64_t split_macs) {
+                             int64_t ldo, int64_t split_macs, T beta = 0) {
   const int64_t team = omp_get_num_threads();
   const bool by_rows = n > m;
   const int64_t side = by_rows ? n : m;
   if (team == 1 || n * m * k < split_macs || side < 32 * team) {
     #pragma omp single
-    gemm_rows(slot, n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
+    gemm_rows(slot, n, m, k, w, ldw, w_transposed, x, ldx, out, ldo, beta);
     return;
   }
   if (by_rows) {
     const int64_t block = (n + team - 1) / team;
     const int64_t r0 = omp_get_thread_num() * block, r1 = r0 + block < n ? r0 + block : n;
     if (r1 > r0)
-      gemm_rows(slot, r1 - r0, m, k, w, ldw, w_transposed, x + r0 * ldx, ldx, out + r0 * ldo, ldo);
+      gemm_rows(slot, r1 - r0, m, k, w, ldw, w_transposed, x + r0 * ldx, ldx, out + r0 * ldo, ldo,
+                beta);
   } else {
     const int64_t block = ((m + team - 1) / team + 15) / 16 * 16;
     const int64_t c0 = omp_get_thread_num() * block, c1 = c0 + block < m ? c0 + block : m;
     if (c1 > c0)
       gemm_rows(slot, n, c1 - c0, k, w_transposed ? w + c0 * ldw : w + c0, ldw, w_transposed, x,
-                ldx, out + c0, ldo);
+                ldx, out + c0, ldo, beta);
   }
   #pragma omp barrier
 }"""

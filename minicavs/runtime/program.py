@@ -234,6 +234,40 @@ class Program:
         return node.key, len(parts)
 
     @cached_property
+    def children_gradient(self):
+        """∂F's mirror of :attr:`children_concat`: one product (``δ·Uᵀ``) whose columns, a
+        child's state width each in slot order, are read only as the gradients added into each
+        child's rows: ``(its key, the keys of its column windows, k)``, else None. On a batch
+        whose children are its rows in order those rows are one block, so the native loop adds
+        the product into them in its gemm (β = 1) and no add runs (native.py)."""
+        adds = [ins for ins in self.core if isinstance(ins, ScatterAdd)]
+        if not self.reverse or not adds or self.edge_parent is not None or \
+                sorted((ins.slot for ins in adds), key=str) != list(range(len(adds))):
+            return None
+        windows = {ins.slot: ins.source for ins in adds}
+        nodes = {n.key: n for n in self.graph.nodes}
+        width = windows[0].shape[-1] if len(windows[0].shape) == 2 else None
+        products = {w.inputs[0].key for w in windows.values() if w.kind == "op"
+                    and w.op.name == "slice_axis" and w.inputs}
+        if width is None or len(products) != 1:
+            return None
+        product = nodes[products.pop()]
+        if product.kind != "op" or product.op.name != "matmul" or \
+                product.shape[1:] != (len(adds) * width,):
+            return None
+        for k, w in windows.items():
+            if w.shape[1:] != (width,) or w.attrs.get("axis") not in (1, -1) or \
+                    (w.attrs.get("start"), w.attrs.get("stop")) != (k * width, (k + 1) * width):
+                return None
+        keys = {product.key} | {w.key for w in windows.values()}
+        readers = {ins for ins in self.core for x in ins.reads if x.key in keys}
+        if readers != {*adds} | {ins for ins in self.core if isinstance(ins, Compute)
+                                  and ins.writes[0].key in keys - {product.key}} or \
+                keys & self.read_outside_core:
+            return None
+        return product.key, tuple(windows[k].key for k in range(len(adds))), len(adds)
+
+    @cached_property
     def buffered(self):
         return {b.key for b in self.buffers}
 
