@@ -497,12 +497,21 @@ def test_a_calls_levels_go_to_c_in_one_call_per_phase(emulated_run):
 
 def test_levels_issued_from_c_equal_levels_issued_from_python(emulated_run):
     """The same kernels and products in the same order, so the same bits; every level of the
-    models whose plans the tables cover goes through C (RNTN's reshapes keep it on Python)."""
+    models whose plans the tables cover goes through C (RNTN's reshapes keep it on Python).
+    Tree-FC's complete trees have their children in order: C adds ∂F's children's gradients
+    in the product's cuBLAS gemm (β = 1), one launch fewer a level with children than
+    Python's product and adds (the same sums, so the same bits still)."""
     for name, runs in emulated_run["issuers"].items():
         c, python = runs["c"], runs["python"]
         assert c["losses"] == python["losses"], name
         assert c["grads"] == python["grads"], name
-        assert c["launches"] == python["launches"], name
+        added = name == "tree_fc"
+        if added:
+            assert c["launches"][0] == python["launches"][0], name
+            assert python["launches"][1] - 1 < c["launches"][1] < python["launches"][1], (
+                name, c["launches"], python["launches"])
+        else:
+            assert c["launches"] == python["launches"], name
         assert python["backends"] == ["cupy", "cupy"], name
         expected = "cupy (levels issued from Python" if name == "rntn" else \
             "cupy (levels issued from C)"
@@ -512,9 +521,11 @@ def test_levels_issued_from_c_equal_levels_issued_from_python(emulated_run):
         _close(own["losses"], python["losses"], f"{name}: losses, own products")
         for k, (g, r) in enumerate(zip(own["grads"], python["grads"])):
             _close(g, r, f"{name}: gradient {k}, own products")
-        assert own["launches"] == python["launches"], name
-        if name != "rntn":  # (its levels stay on Python: cuBLAS)
-            assert own["library"] == [0, 0] and c["library"][0] > 0, (name, own, c)
+        assert own["launches"] == c["launches"], name
+        if name != "rntn":  # (its levels stay on Python: cuBLAS; the gemm adding into the
+            # children is cuBLAS's: our kernel writes its product, it does not add it)
+            assert own["library"][0] == 0 and c["library"][0] > 0, (name, own, c)
+            assert (own["library"][1] > 0) == added, (name, own, c)
 
 
 def test_explain_reports_launches_per_level_and_they_repeat(emulated_run):

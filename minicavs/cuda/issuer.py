@@ -33,6 +33,7 @@ from ..errors import ArgumentError, DeviceError, KernelCompileError, ToolchainEr
 # operations (PRODUCT: our kernel up to some rows, else GEMM; GEMM_INNER: the rows are the
 # product's inner dimension, a shared operand's gradient Xᵀ·G over a batch's rows)
 LAUNCH, GEMM, PRODUCT, GEMM_INNER = 0, 1, 2, 3
+ADD = 2  # added to a GEMM's dtype: C += A·B (β = 1)
 POINTER, ROWS, FIRST, CONST = 0, 1, 2, 3  # argument kinds: a pointer, n, lo, a number
 MAX_ARGS = 64
 
@@ -78,15 +79,17 @@ static int launch(const int64_t *code, int64_t *at, int64_t lo, int64_t n, const
                      nullptr);
 }
 
-// GEMM: dtype, op_b, op_a, N, K, B (3), ldb, A (3), lda, C (3), ldc; the level's n rows
+// GEMM: dtype (+ ADD: C += A B), op_b, op_a, N, K, B (3), ldb, A (3), lda, C (3), ldc; the
+// level's n rows
 static int gemm(const int64_t *code, int64_t *at, int64_t lo, int64_t n, const Context *c) {
     const int64_t *g = code + *at;
     *at += 17;
     if (n == 0) return 0;
-    const int dt = (int)g[0];
+    const int dt = (int)(g[0] & 1);
     return c->gemm[dt](c->handle, (int)g[1], (int)g[2], (int)g[3], (int)n, (int)g[4],
                        c->alpha[dt], (const void *)address(g + 5, c->table, lo), (int)g[8],
-                       (const void *)address(g + 9, c->table, lo), (int)g[12], c->beta[dt],
+                       (const void *)address(g + 9, c->table, lo), (int)g[12],
+                       g[0] & 2 ? c->alpha[dt] : c->beta[dt],  // (ADD: beta is alpha's one)
                        (void *)address(g + 13, c->table, lo), (int)g[16]);
 }
 

@@ -71,17 +71,19 @@ def _kernel(dtype, op_b, xp):
     return make_kernel(code, name, "cupy")
 
 
-def row_product(driver, weight, dtype, at_a, lda, at_b, at_c, ldc):
-    """The issuer's operation (its integers) for ``C = A · weight`` over a level's or batch's
-    rows — A ``dtype`` rows ``lda`` apart, C rows ``ldc`` apart, the operands given as
-    ``(slot, row bytes, offset)`` — our kernel up to the rows it measured faster at, else
-    cuBLAS; None where cuBLAS cannot take them as they are (another dtype or layout)."""
+def row_product(driver, weight, dtype, at_a, lda, at_b, at_c, ldc, add=False):
+    """The issuer's operation (its integers) for ``C = A · weight`` (``add``: ``C +=``, cuBLAS
+    with β = 1) over a level's or batch's rows — A ``dtype`` rows ``lda`` apart, C rows ``ldc``
+    apart, the operands given as ``(slot, row bytes, offset)`` — our kernel up to the rows it
+    measured faster at, else cuBLAS; None where cuBLAS cannot take them as they are (another
+    dtype or layout)."""
     layout, gemm_dtype = blas.operand(weight), issuer.gemm_dtype(dtype)
     if layout is None or gemm_dtype is None or weight.dtype != np.dtype(dtype):
         return None
     (op_b, ldb), k, n_cols = layout, weight.shape[0], weight.shape[1]
-    gemm = [gemm_dtype, op_b, blas.OP_N, n_cols, k, *at_b, ldb, *at_a, lda, *at_c, ldc]
-    most = most_rows(driver, dtype, op_b, k, n_cols)
+    gemm = [gemm_dtype + add * issuer.ADD, op_b, blas.OP_N, n_cols, k, *at_b, ldb, *at_a, lda,
+            *at_c, ldc]
+    most = 0 if add else most_rows(driver, dtype, op_b, k, n_cols)  # (ours only writes C)
     if most:  # (our kernel up to that many rows, measured faster here)
         return [issuer.PRODUCT, most] + launch_body(driver, dtype, op_b, at_a, at_b, at_c, lda,
                                                     ldb, ldc, n_cols, k) + gemm

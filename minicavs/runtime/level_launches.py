@@ -117,11 +117,12 @@ class LevelTables:
         return table
 
     def _layout(self, keys):
-        """What a table assumes of the call's arrays: the layout of each of ``keys`` and the
-        state's dtype."""
+        """What a table assumes of the call's arrays: the layout of each of ``keys``, the
+        state's dtype and ∂F's first row with children in order (its offset is in the table)."""
         env, states = self.part.env, self.part.states
         return tuple((a.shape[1:], a.strides, a.dtype) if (a := env.get(k)) is not None
-                     else None for k in keys) + (None if states is None else states.dtype,)
+                     else None for k in keys) + (None if states is None else states.dtype,
+                                                 self.part.gradient_in_place)
 
     def slot(self, thing):
         slot = self.slots.get(thing)
@@ -174,6 +175,7 @@ class Translation:
         self.symbols = {x.key: x for x in self.program.graph.nodes}
         self.in_buffers = self.program.buffered | {p.key for p, *_ in self.program.aliases}
         self.refs, self.code, self.things, self.names, self.env_keys = {}, [], [], [], []
+        self.into_children = None  # Program.children_gradient where its product adds itself
 
     def table(self):
         """``(table, things, env keys)``: the :class:`~minicavs.cuda.issuer.Table`, the
@@ -182,6 +184,15 @@ class Translation:
         done, gathers, scatters, _ = windows.level(self.plan)
         if self.program.edge_parent is not None:
             raise Unsupported("the vertex function reads its edges' parents")
+        found = self.program.children_gradient
+        if found is not None and self.part.gradient_in_place is not None:
+            # ∂F's children's gradients added into their block of rows by the product's gemm
+            # (β = 1: native.py's INTO_CHILDREN): the adds of its columns are not launched
+            own = {found[0], *found[1]}  # (a piece reads the product's columns or a window)
+            if sorted(slot for slot, key, *_ in scatters if key in own) == \
+                    list(range(found[2])):
+                self.into_children = found
+                scatters = [piece for piece in scatters if piece[1] not in own]
         if gathers:
             self.gather(gathers)
         for ins, action, sums, quick, kernel in self.level.steps:
@@ -326,7 +337,15 @@ class Translation:
         if a.ld is None or b.ld is not None:  # (ld None: a shared matrix)
             raise Unsupported(f"product {node.label()} is not rows times a shared matrix")
         weight = self.env[b.thing[1]]
-        if node.key in self.env:
+        add = self.into_children is not None and node.key == self.into_children[0]
+        if add:  # the children of rows lo.. are rows arity (lo - first).. of the state gradient
+            d, arity = self.part.d_states, self.into_children[2]
+            row = d.shape[1] * d.itemsize
+            if d.ndim != 2 or d.strides != (row, d.itemsize) or d.dtype != a.dtype:
+                raise Unsupported("the state gradient's rows are not packed")
+            out = Ref(("d_states",), arity * row, -arity * self.part.gradient_in_place * row,
+                      arity * d.shape[1], arity * d.shape[1], d.dtype)
+        elif node.key in self.env:
             out = self.value(node.key)
         else:
             out = self.scratch(node.key, weight.shape[1], a.dtype)
@@ -334,7 +353,7 @@ class Translation:
             raise Unsupported(f"product {node.label()} writes what it reads")
         at_b, at_a, at_out = (self.pointer(x)[1:] for x in (b, a, out))
         ops = products.row_product(self.tables.driver, weight, a.dtype, at_a, a.ld, at_b,
-                                   at_out, out.ld)
+                                   at_out, out.ld, add)
         if ops is None:
             raise Unsupported(f"product {node.label()}: operands cuBLAS cannot take as they are")
         self.code += ops
