@@ -548,3 +548,42 @@ def test_calls_reading_children_in_place_keep_their_buffers_apart():
         for p, w in zip(params, want):
             np.testing.assert_allclose(p.grad.numpy(), w, rtol=1e-12, atol=1e-14)
             p.grad = None
+
+
+def test_threads_reading_children_in_place_each_get_their_own_batchs_results():
+    """One F called from several threads at once, on batches of complete trees of other sizes
+    (other first rows, their children read in place) and on one in no such order: each call's
+    outputs and its pulled input's gradient equal that call alone."""
+    import threading
+
+    rng = np.random.default_rng(9)
+    F, params = _children_concat_cell(2, rng)
+    batches = [mc.GraphBatch([mc.InputGraph.complete_binary(n)] * m)
+               for n, m in ((8, 2), (4, 3), (16, 1))]
+    batches.append(mc.GraphBatch([mc.InputGraph.chain(3), mc.InputGraph.complete_binary(4)]))
+    pulls = [rng.standard_normal((b.num_vertices, E)) for b in batches]
+
+    def call(k):
+        x = mc.tensor(pulls[k], requires_grad=True)
+        out = F(batches[k], pull=x)
+        (out ** 2).sum().backward()
+        return out.numpy(), x.grad.numpy()
+
+    alone = [call(k) for k in range(len(batches))]
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(12):
+                j = (k + i) % len(batches)
+                for got, want in zip(call(j), alone[j]):
+                    assert _relative_error(got, want) <= 1e-9, (j, _relative_error(got, want))
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
