@@ -7,6 +7,7 @@ from hypothesis import given, strategies as st
 import minicavs as mc
 
 from graph_strategies import forests, input_graph
+from threads import run_in_threads
 from vertex_cells import binary_tree_lstm
 
 
@@ -466,8 +467,6 @@ def test_the_recent_schedules_are_bounded():
 
 
 def test_batches_of_shared_schedules_from_many_threads_equal_their_own():
-    import threading
-
     from minicavs.vertex import graphs
 
     sets = [_trees(seed) for seed in range(6)]
@@ -476,23 +475,14 @@ def test_batches_of_shared_schedules_from_many_threads_equal_their_own():
     for s in sets:
         expected.append(_schedule_fields(mc.GraphBatch([mc.InputGraph(c) for c in s])))
         graphs._SCHEDULES.clear()
-    errors = []
 
     def work(k):
-        try:
-            for i in range(30):
-                s = (k + i) % len(sets)
-                batch = mc.GraphBatch([mc.InputGraph(c) for c in sets[s]])
-                for name, value in expected[s].items():
-                    np.testing.assert_array_equal(getattr(batch, name), value, err_msg=name)
-                batch.child_rows_of(1)
-                batch.indices()
-        except Exception as exc:  # noqa: BLE001 (reported below)
-            errors.append(exc)
+        for i in range(30):
+            s = (k + i) % len(sets)
+            batch = mc.GraphBatch([mc.InputGraph(c) for c in sets[s]])
+            for name, value in expected[s].items():
+                np.testing.assert_array_equal(getattr(batch, name), value, err_msg=name)
+            batch.child_rows_of(1)
+            batch.indices()
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(work, 8)

@@ -11,6 +11,7 @@ import minicavs as mc
 from minicavs.vertex import evaluate_per_sample
 
 from graph_strategies import forests
+from threads import run_in_threads
 from vertex_cells import binary_tree_lstm, child_sum_tree_lstm, embedding_tree_lstm, k_ary_cell
 
 E, H = 3, 4
@@ -491,9 +492,14 @@ def _children_concat_cell(arity, rng, push=True):
 def test_childrens_states_read_where_they_are_equal_per_sample(arity, monkeypatch):
     """Complete trees of one depth in a batch: each level's children are one block of the
     states' rows, ``arity`` to a parent, so F's concat of them is those rows themselves — no
-    gather, no concat runs — and ∂F's native loop adds their gradients into those rows in its
-    gemm (no window, no add: explain), and F, ∂F (pushed outputs, or the states of some rows)
-    equal the per-sample evaluation and the same batch with its children gathered."""
+    gather, no concat runs (explain) — and ∂F's native loop adds their gradients into those rows
+    in its gemm, on every level with children; F, ∂F (pushed outputs, or the states of some
+    rows) equal the per-sample evaluation and the same batch with its children gathered."""
+    from minicavs.runtime import native
+    fused = []  # levels whose children's gradients the native gemm adds (one entry a call)
+    into_children = native._into_children
+    monkeypatch.setattr(native, "_into_children",
+                        lambda table, program: fused.append(into_children(table, program)))
     rng = np.random.default_rng(arity)
     graphs = [_complete_tree(arity, 2)] * 3
     batch = mc.GraphBatch(graphs)
@@ -516,13 +522,14 @@ def test_childrens_states_read_where_they_are_equal_per_sample(arity, monkeypatc
         return ops, [p.grad.numpy() for p in state_params]
 
     in_place, grads = run()
+    assert bool(fused and min(fused) == 2) == (in_place[2] == "native"), fused  # (2 levels up)
+    fused.clear()
     from minicavs.vertex import graphs as batches
     monkeypatch.setattr(batches.BatchIndices, "children_in_order", lambda self, k: None)
     gathered, want = run()
+    assert not fused
     assert in_place[0][1:] == [n - arity - 1 for n in gathered[0][1:]], (in_place, gathered)
-    # ∂F: the native loop adds the children's gradients in its gemm (no window, no add)
-    fewer = 2 * arity if in_place[2] == "native" else 0
-    assert in_place[1][1:] == [n - fewer for n in gathered[1][1:]], (in_place, gathered)
+    assert in_place[1] == gathered[1]  # (∂F's windows and adds: the gemm's work, counted)
     for got, w in zip(grads, want):
         np.testing.assert_allclose(got, w, rtol=1e-12, atol=1e-14)
 
@@ -554,8 +561,6 @@ def test_threads_reading_children_in_place_each_get_their_own_batchs_results():
     """One F called from several threads at once, on batches of complete trees of other sizes
     (other first rows, their children read in place) and on one in no such order: each call's
     outputs and its pulled input's gradient equal that call alone."""
-    import threading
-
     rng = np.random.default_rng(9)
     F, params = _children_concat_cell(2, rng)
     batches = [mc.GraphBatch([mc.InputGraph.complete_binary(n)] * m)
@@ -570,20 +575,11 @@ def test_threads_reading_children_in_place_each_get_their_own_batchs_results():
         return out.numpy(), x.grad.numpy()
 
     alone = [call(k) for k in range(len(batches))]
-    errors = []
 
     def work(k):
-        try:
-            for i in range(12):
-                j = (k + i) % len(batches)
-                for got, want in zip(call(j), alone[j]):
-                    assert _relative_error(got, want) <= 1e-9, (j, _relative_error(got, want))
-        except Exception as exc:  # noqa: BLE001 (reported below)
-            errors.append(exc)
+        for i in range(12):
+            j = (k + i) % len(batches)
+            for got, want in zip(call(j), alone[j]):
+                assert _relative_error(got, want) <= 1e-9, (j, _relative_error(got, want))
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(work, 4)

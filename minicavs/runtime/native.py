@@ -221,8 +221,8 @@ class _NativeRun:
         codes = [loop._codes_of(program, plan, part.env) for plan in plans]
         self.table = np.stack([c for c, _, _ in codes])[which]  # each level's action codes
         runs = np.array([r for _, _, r in codes])[which]
-        if part.gradient_in_place is not None:
-            runs = runs - _into_children(self.table, program)
+        if part.gradient_in_place is not None:  # (its windows' and adds' work is the gemm's:
+            _into_children(self.table, program)  # still counted as run)
         self.counts = (runs[::-1] if program.reverse else runs).tolist()  # in loop order
         # What each buffer holds: the hull of the rows of every level that wrote it, taken
         # once per plan and domain (a plan's writes are the same on each of its levels).
@@ -261,8 +261,7 @@ def _into_children(table, program):
     """∂F on a batch whose children are its rows in order (``Part.gradient_in_place``): on
     each level where the product of the children's gradients and every add of its columns run,
     the product adds into the children's rows itself (``INTO_CHILDREN``: a gemm with β = 1 into
-    their block of rows) and its windows and the adds do not run. Returns, per level, the
-    instructions fewer."""
+    their block of rows) and its windows and the adds do not run. Returns how many levels."""
     from .codegen import ACTIONS, INTO_CHILDREN
 
     product, windows, _ = program.children_gradient
@@ -270,12 +269,9 @@ def _into_children(table, program):
     adds = [k for k, ins in enumerate(program.core) if isinstance(ins, ScatterAdd)]
     p, w = index[product], [index[key] for key in windows]
     levels = (table[:, p] == ACTIONS[RUN]) & (table[:, adds] == ACTIONS[RUN]).all(axis=1)
-    fewer = np.count_nonzero(table[levels][:, w + adds] == ACTIONS[RUN], axis=1)
     table[np.ix_(levels, w + adds)] = ACTIONS[SKIP]
     table[levels, p] = INTO_CHILDREN
-    out = np.zeros(len(table), dtype=np.int64)
-    out[levels] = fewer
-    return out
+    return int(np.count_nonzero(levels))
 
 
 def _hull_of_levels(offsets, chosen):
