@@ -297,6 +297,7 @@ def test_complete_trees_and_chains_of_one_size_have_their_children_in_order():
     assert trees.children_in_order(2) == 16 and trees.children_in_order(3) is None
     chains = mc.GraphBatch([mc.InputGraph.chain(3)] * 4).indices()
     assert chains.children_in_order(1) == 4
+    assert chains.children_in_order(2) is None  # (no vertex has a second child)
     later = mc.GraphBatch([mc.InputGraph.complete_binary(4), mc.InputGraph.complete_binary(2)])
     assert later.indices().children_in_order(2) == 6  # (the small tree's root last on level 1)
     first = mc.GraphBatch([mc.InputGraph.complete_binary(2), mc.InputGraph.complete_binary(4)])

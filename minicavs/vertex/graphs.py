@@ -652,8 +652,8 @@ class BatchIndices:
     def _children_in_order(self, arity):
         n = self.num_vertices
         first = int((self._batch.child_rows_of(0) < 0).sum()) if n else 0
-        if arity < 1 or first >= n or arity * (n - first) > n:
-            return None
+        if not 1 <= arity <= self._batch.max_arity or first >= n or arity * (n - first) > n:
+            return None  # (a slot no vertex has: not every vertex from first has arity children)
         expect = np.arange(n - first, dtype=np.int64) * arity
         for k in range(self._batch.max_arity):
             rows = self._batch.child_rows_of(k)
