@@ -27,9 +27,23 @@ import os
 import sys
 import threading
 
+import numpy as np
+
 # CBLAS symbol names, by interface, that NumPy's BLAS builds export ({} is "s" or "d").
 _CBLAS_SYMBOLS = (("scipy_cblas_{}gemm64_", "cblas64"), ("cblas_{}gemm64_", "cblas64"),
                   ("cblas_{}gemm", "cblas32"))
+
+
+def operand(x):
+    """``(transposed, leading dimension, array)`` of a 2-D matrix as a gemm reads it: its rows
+    (or its transpose's) unit-stride where they are, else a contiguous copy."""
+    item = x.itemsize
+    if x.strides[1] == item and x.strides[0] >= max(1, x.shape[1]) * item:
+        return 0, x.strides[0] // item, x
+    if x.strides[0] == item and x.strides[1] >= max(1, x.shape[0]) * item:
+        return 1, x.strides[1] // item, x
+    x = np.ascontiguousarray(x)
+    return 0, max(1, x.shape[1]), x
 
 
 def _loaded_blas_libraries():

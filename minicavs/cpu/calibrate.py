@@ -294,7 +294,7 @@ def one_thread_gemm(gemm, a, b, out):
     """A call of ``out = a @ b`` straight to ``gemm`` (an ``(address, interface)``, a CBLAS's),
     as a level loop calls it — on one thread where the caller set the BLAS so
     (:func:`team.one_blas_thread`; MKL's is sequential): 2-D arrays of float32 or float64 read
-    as ``products._operand`` reads them, ``out`` C-contiguous (the call keeps them alive).
+    as ``blas.operand`` reads them, ``out`` C-contiguous (the call keeps them alive).
     (Through ``team_gemm`` a one-row product took 6 us more: 15.9 against 9.4.)"""
     address, interface = gemm
     integer = ctypes.c_int64 if interface == "cblas64" else ctypes.c_int
@@ -303,10 +303,9 @@ def one_thread_gemm(gemm, a, b, out):
     function = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, integer, integer,
                                 integer, real, pointer, integer, pointer, integer, real, pointer,
                                 integer)(address)
-    from .products import _operand  # (products imports this module)
 
     (m, k), n = a.shape, b.shape[1]
-    (ta, lda, a), (tb, ldb, b) = _operand(a), _operand(b)
+    (ta, lda, a), (tb, ldb, b) = blas.operand(a), blas.operand(b)
     args = (101, 112 if ta else 111, 112 if tb else 111, m, n, k, 1.0, a.ctypes.data, lda,
             b.ctypes.data, ldb, 0.0, out.ctypes.data, n)  # (row-major; transposed or not)
     return lambda keep=(a, b, out, function): function(*args)

@@ -17,7 +17,7 @@ import threading
 
 import numpy as np
 
-from . import build, calibrate, isa, kernels
+from . import blas, build, calibrate, isa, kernels
 from .kernels import SUFFIX
 from .team import set_blas_threads, state as _team, team_size
 
@@ -120,7 +120,7 @@ def team_matmul(a, b, out=None, measured=True, threads=None):
     if threads < 2 or calibrate.gemm(dtype)[1] not in ("cblas64", "cblas32") \
             or kernels.library() is None:
         return None
-    (ta, _, a), (tb, _, b) = _operand(a), _operand(b)
+    (ta, _, a), (tb, _, b) = blas.operand(a), blas.operand(b)
     if measured:
         if not getattr(_team, "on", False):
             return None  # outside team_products
@@ -143,12 +143,10 @@ def team_matmul(a, b, out=None, measured=True, threads=None):
 
 def _team_gemm(a, b, out, threads, partial=None):
     """``out = a @ b`` by ``team_gemm`` (kernel_source.py) on ``threads``: ``a`` and ``b`` as
-    :func:`_operand` gives them; the inner dimension split where a ``partial`` scratch
+    :func:`~.blas.operand` gives them; the inner dimension split where a ``partial`` scratch
     ((threads - 1) x m x n) is given, else the out's longer side."""
-    from . import blas
-
     address, interface, _ = calibrate.gemm(a.dtype)
-    (ta, lda, a), (tb, ldb, b) = _operand(a), _operand(b)
+    (ta, lda, a), (tb, ldb, b) = blas.operand(a), blas.operand(b)
     (m, k), n = a.shape, b.shape[1]
     integer = ctypes.c_int64 if interface == "cblas64" else ctypes.c_int
     getattr(kernels.library(), f"team_gemm_{SUFFIX[a.dtype]}_{interface[-2:]}")(
@@ -340,22 +338,9 @@ _PACKED_GEMM_ARGS = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_
                      ctypes.c_int)
 
 
-def _operand(x):
-    """(transposed, leading dimension, array) of a matrix as a gemm reads it."""
-    item = x.itemsize
-    if x.strides[1] == item and x.strides[0] >= max(1, x.shape[1]) * item:
-        return 0, x.strides[0] // item, x
-    if x.strides[0] == item and x.strides[1] >= max(1, x.shape[0]) * item:
-        return 1, x.strides[1] // item, x
-    x = np.ascontiguousarray(x)
-    return 0, max(1, x.shape[1]), x
-
-
 def team_ready():
     """Whether large products can run on the native team in this process: native code on,
     more than one core, and NumPy's BLAS callable one thread a call (CBLAS)."""
-    from . import blas
-
     if build.unavailable() is not None or team_size() < 2:
         return False
     return blas.gemm("float32")[1] in ("cblas64", "cblas32")
