@@ -321,14 +321,14 @@ def test_recurrent_products_on_packed_weights_match_eager(monkeypatch):
 
     monkeypatch.setenv(calibrate.ENVIRONMENT, "own")  # the panels wherever they apply
     packed = []
-    real = products.packed_matmul
+    real = products._Panels.run
 
-    def packed_matmul(a, b, out=None):
-        done = real(a, b, out)
+    def run(panels, a, out=None):
+        done = real(panels, a, out)
         packed.append(done is not None)
         return done
 
-    monkeypatch.setattr(products, "packed_matmul", packed_matmul)
+    monkeypatch.setattr(products._Panels, "run", run)
     rng = np.random.default_rng(11)
     words = [f"w{i}" for i in range(12)]
     sentences = [[(words[j], "N" if j % 2 else "V") for j in rng.integers(0, 12, size=n)]

@@ -118,6 +118,50 @@ def test_forced_choices_pick_the_blas_or_the_own_kernels(monkeypatch):
 
 
 @needs_native
+def test_a_blocks_routes_follow_the_operands(monkeypatch):
+    """``products.matmul`` decides the route of each layout of operands once per block and looks
+    it up after: new values in the same layouts, another matrix of the weight's layout (not
+    invariant: never the weight's panels), a nested block's new invariant operand, and four
+    threads at once, each with its own weight, all equal NumPy's product."""
+    from threads import run_in_threads
+
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "own")  # the panels wherever they apply
+    rng = np.random.default_rng(12)
+    W, V = rng.standard_normal((64, 96)), rng.standard_normal((64, 96))
+    ran = []
+    real = products._Panels.run
+    monkeypatch.setattr(products._Panels, "run",
+                        lambda panels, a, out=None: ran.append(panels.b) or real(panels, a, out))
+
+    def check(got, x, y):
+        if got is not None:
+            np.testing.assert_allclose(got, x @ y, rtol=1e-12, atol=1e-12)
+
+    with products.team_products(), products.invariant_operands([W]):
+        for _ in range(3):
+            x, other = rng.standard_normal((5, 64)), V.copy()
+            check(products.matmul(x, W), x, W)
+            check(products.matmul(x, other), x, other)
+            check(products.matmul(x.T.copy(), W.T), x.T.copy(), W.T)
+        check(products.matmul(x, V), x, V)  # (V is no weight here)
+        assert ran and all(b is W for b in ran)
+        with products.invariant_operands([V]):
+            check(products.matmul(x, V), x, V)
+            assert ran[-1] is V
+        count = len(ran)
+        check(products.matmul(x, V), x, V)  # (V's panels went with the nested block)
+        assert all(b is not V for b in ran[count:])
+
+    def work(k):
+        own = np.random.default_rng(k).standard_normal((64, 96))
+        with products.team_products(), products.invariant_operands([own]):
+            for rows in (1, 3, 5, 3, 1):
+                x = np.random.default_rng(k + rows).standard_normal((rows, 64))
+                check(products.matmul(x, own), x, own)
+    run_in_threads(work, 4)
+
+
+@needs_native
 def test_a_large_product_outside_a_call_runs_on_the_team_where_it_wins(monkeypatch):
     """Outside a call of native loops (the user's own ops), a product of at least
     ``products.LARGE`` multiply-adds runs on a team of the free cores where that measured

@@ -56,14 +56,31 @@ def matmul(a, b, out=None):
     where it does not apply or is slower (NumPy runs): another BLAS, one core. Every large
     product of a step comes here, not only some: switching between OpenBLAS's threads and the
     team's costs more than either (measured: with the Xᵀ·G products left to OpenBLAS the step
-    was 12 % slower). Outside the block, :func:`large_on_the_team`."""
+    was 12 % slower). Outside the block, :func:`large_on_the_team`.
+
+    A step asks this for every product, most of them small and left to NumPy (the tagger with
+    characters: about 750 a step, 300 declined): the team's verdict on a layout of operands is
+    looked up, not worked out again (asking cost 12 us, a product of 4 x 64 x 256 takes 4)."""
     if not getattr(_team, "on", False):
         return large_on_the_team(a, b, out)
-    if getattr(_invariant, "arrays", None):
+    if type(a) is not np.ndarray or type(b) is not np.ndarray:
+        return None
+    arrays = getattr(_invariant, "arrays", None)
+    if arrays and (kernels.data_address(b), b.size) in arrays:  # b is a weight, or its view
         done = packed_matmul(a, b, out)
         if done is not None:
             return done
-    return team_matmul(a, b, out)
+    key = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, _team.threads)
+    wins = _layouts.get(key)
+    if wins is None:
+        if len(_layouts) > LAYOUTS:
+            _layouts.clear()
+        wins = _layouts[key] = _team_wins(a, b)
+    return team_matmul(a, b, out, measured=False) if wins else None
+
+
+_layouts = {}  # (a's and b's shape, strides and dtype, team) -> whether the team runs a @ b
+LAYOUTS = 1 << 14  # (a bound: a workload of ever new shapes forgets and decides again)
 
 
 # Outside a call, a product from this many multiply-adds may run on the team (below, a team's
@@ -106,39 +123,49 @@ def large_on_the_team(a, b, out=None):
 def team_matmul(a, b, out=None, measured=True, threads=None):
     """``a @ b`` on the team (see :func:`matmul`), or None; ``measured=False`` runs it
     wherever it applies (the calibration's own side), on ``threads`` where given."""
-    dtype = getattr(a, "dtype", None)
-    suffix = SUFFIX.get(dtype)
-    if suffix is None or getattr(b, "dtype", None) != dtype or a.ndim != 2 or b.ndim != 2 \
-            or a.shape[1] != b.shape[0] or not isinstance(a, np.ndarray) \
-            or not isinstance(b, np.ndarray) or a.size == 0 or b.size == 0:
-        return None
-    (m, k), n = a.shape, b.shape[1]
-    if out is not None and (out.dtype != dtype or out.shape != (m, n)
-                            or not out.flags.c_contiguous):
-        return None
     threads = threads or team_size()
-    if threads < 2 or calibrate.gemm(dtype)[1] not in ("cblas64", "cblas32") \
-            or kernels.library() is None:
+    if not _team_applies(a, b, out, threads) or measured and not _team_wins(a, b):
         return None
-    (ta, _, a), (tb, _, b) = blas.operand(a), blas.operand(b)
-    if measured:
-        if not getattr(_team, "on", False):
-            return None  # outside team_products
-        key = ("team", suffix, ta, tb, bucket(m), bucket(n), bucket(k), threads)
-        wins = _wins.get(key)
-        if wins is None:
-            name = _bucket_name("team", key)
-            scratch = np.empty((m, n), dtype)
-            wins = _wins[key] = calibrate.own_is_faster(
-                name, lambda: (lambda: team_matmul(a, b, scratch, False),
-                               lambda: np.matmul(a, b)), threads)
-        if not wins:
-            return None
+    a, b = blas.operand(a)[2], blas.operand(b)[2]
+    (m, k), n = a.shape, b.shape[1]
     if out is None:
-        out = np.empty((m, n), dtype=dtype)
+        out = np.empty((m, n), dtype=a.dtype)
     split_k = k > max(m, n) and _split_k(a, b, threads)
-    _team_gemm(a, b, out, threads, np.empty((threads - 1, m, n), dtype) if split_k else None)
+    _team_gemm(a, b, out, threads, np.empty((threads - 1, m, n), a.dtype) if split_k else None)
     return out
+
+
+def _team_applies(a, b, out, threads):
+    """Whether the team can run ``a @ b`` (into ``out``) on ``threads``."""
+    dtype = getattr(a, "dtype", None)
+    if SUFFIX.get(dtype) is None or getattr(b, "dtype", None) != dtype or a.ndim != 2 \
+            or b.ndim != 2 or a.shape[1] != b.shape[0] or not isinstance(a, np.ndarray) \
+            or not isinstance(b, np.ndarray) or a.size == 0 or b.size == 0:
+        return False
+    if out is not None and (out.dtype != dtype or out.shape != (a.shape[0], b.shape[1])
+                            or not out.flags.c_contiguous):
+        return False
+    return threads >= 2 and calibrate.gemm(dtype)[1] in ("cblas64", "cblas32") \
+        and kernels.library() is not None
+
+
+def _team_wins(a, b):
+    """Whether the team runs ``a @ b`` inside :func:`team_products`: it applies and was measured
+    faster here than NumPy's call, per bucket of shapes and layouts."""
+    threads = team_size()
+    if not getattr(_team, "on", False) or not _team_applies(a, b, None, threads):
+        return False
+    (ta, _, a), (tb, _, b) = blas.operand(a), blas.operand(b)
+    (m, k), n = a.shape, b.shape[1]
+    key = ("team", SUFFIX[a.dtype], ta, tb, bucket(m), bucket(n), bucket(k), threads)
+    wins = _wins.get(key)
+    if wins is None:
+        name = _bucket_name("team", key)
+        scratch = np.empty((m, n), a.dtype)
+        wins = _wins[key] = calibrate.own_is_faster(
+            name, lambda: (lambda: team_matmul(a, b, scratch, False),
+                           lambda: np.matmul(a, b)), threads)
+    return wins
 
 
 def _team_gemm(a, b, out, threads, partial=None):
@@ -197,6 +224,7 @@ def _fresh_choices():
     force = calibrate.forced()
     if force != _wins_forced[0]:
         _wins.clear()
+        _layouts.clear()
         _wins_forced[0] = force
 
 
@@ -236,9 +264,15 @@ def packed_matmul(a, b, out=None, measured=True):
     """``a @ b`` inside :func:`invariant_operands` with ``b`` (or ``b.T``) one of its arrays,
     from ``b``'s panels (packed on first use in the block) where they are measured faster here
     than what runs otherwise (``cpu/calibrate.py``: per row count rounded up to a power of
-    two); None where it does not apply or is slower. ``measured=False``: wherever it applies.
-    Every product of a step asks, thousands a step, so what depends on ``b`` alone is worked
-    out once per ``b`` in the block."""
+    two); None where it does not apply or is slower. ``measured=False``: wherever it applies."""
+    panels = _applicable_panels(a, b)
+    if not panels or measured and not panels.faster(len(a)):
+        return None
+    return panels.run(a, out)
+
+
+def _applicable_panels(a, b):
+    """``b``'s panels in this block where ``a @ b`` can run on them, else None."""
     packs = getattr(_invariant, "packs", None)
     if packs is None or type(a) is not np.ndarray or type(b) is not np.ndarray or a.ndim != 2 \
             or b.ndim != 2:
@@ -247,24 +281,9 @@ def packed_matmul(a, b, out=None, measured=True):
     panels = packs.get(key)
     if panels is None:
         panels = packs[key] = _Panels.of(b)
-    if not panels:
+    if not panels or a.dtype != b.dtype or a.shape[1] != b.shape[0] or len(a) == 0:
         return None
-    (m, k), n = a.shape, b.shape[1]
-    if a.dtype != b.dtype or k != b.shape[0] or m == 0:
-        return None
-    if out is not None and (out.dtype != a.dtype or out.shape != (m, n)
-                            or not out.flags.c_contiguous):
-        return None
-    item = b.itemsize
-    if a.strides[1] != item or a.strides[0] < k * item or a.strides[0] % item:
-        a = np.ascontiguousarray(a)
-    if measured and not panels.faster(m):
-        return None
-    if out is None:
-        out = np.empty((m, n), dtype=a.dtype)
-    panels.gemm(kernels.data_address(a), a.strides[0] // item, kernels.data_address(panels.packed()), m, n, k,
-                kernels.data_address(out), n, panels.threads)
-    return out
+    return panels
 
 
 class _Panels:
@@ -308,6 +327,21 @@ class _Panels:
                 ctypes.c_int(self.transposed), ctypes.c_int64(k), ctypes.c_int64(n),
                 kernels.pointer(self._packed), ctypes.c_int(self.threads))
         return self._packed
+
+    def run(self, a, out=None):
+        """``a @ b`` on the panels, into ``out`` where given (None where ``out`` does not fit)."""
+        (m, k), n, item = a.shape, self.b.shape[1], self.b.itemsize
+        if out is not None and (out.dtype != a.dtype or out.shape != (m, n)
+                                or not out.flags.c_contiguous):
+            return None
+        if a.strides[1] != item or a.strides[0] < k * item or a.strides[0] % item:
+            a = np.ascontiguousarray(a)
+        if out is None:
+            out = np.empty((m, n), dtype=a.dtype)
+        self.gemm(kernels.data_address(a), a.strides[0] // item,
+                  kernels.data_address(self.packed()), m, n, k, kernels.data_address(out), n,
+                  self.threads)
+        return out
 
     def faster(self, m):
         key = self.key + (m,)
