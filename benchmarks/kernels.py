@@ -13,7 +13,8 @@ on one BLAS thread (what runs inside a native call when the library declines) an
 BLAS's own threads. ``chosen`` is what the library runs after its calibration
 (``minicavs/cpu/calibrate.py``) and ``BLAS ÷ chosen`` its speed against NumPy's one-thread
 call (≥ 1: at least as fast; the calibration's promise is that it never picks its own kernel
-where that is slower than the BLAS). Times are µs, best of interleaved rounds.
+where that is slower than the BLAS). Times are µs, the best of rounds: the choice and NumPy's
+call in turns, each own kernel on its own.
 
 Shapes: rows m = 1..128 (a recurrent step's few rows; a deep tree level's) against the weights
 of the workloads — the tagger's LSTM (256 -> 4 x 256, and backward its transpose), its
@@ -140,11 +141,11 @@ def measure_shape(x, W, variants, rounds):
             if products.matmul(x, W, out) is None:
                 np.matmul(x, W, out=out)
         calls.append(chosen)
-        inside = best([c for c in calls if c is not None], rounds)
-    own_threads = best([lambda: np.matmul(x, W, out=out)], rounds)[0]  # outside: BLAS threads
-    it = iter(inside)
-    times = [next(it) if c is not None else None for c in calls]
-    times.insert(len(times) - 1, own_threads)
+        # Each own kernel timed on its own (in use one variant's panels exist, not three
+        # thrashing the cache); the choice and NumPy's call in turns, as the calibration does.
+        times = [best([c], rounds)[0] if c is not None else None for c in calls[:-2]]
+        times += best(calls[-2:], rounds)
+    times.insert(len(times) - 1, best([lambda: np.matmul(x, W, out=out)], rounds)[0])
     return times, choice
 
 
