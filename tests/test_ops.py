@@ -266,22 +266,42 @@ def test_sum(data, keepdims):
     assert mc.gradcheck(lambda x: mc.sum(x, axis, keepdims), [x])
 
 
+@pytest.mark.parametrize("in_call", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rows, cols, window", [(2, 3, False), (64, 128, True), (1417, 384, True),
                                                 (20000, 5, False)])
-def test_column_sums_of_a_matrix_are_the_exact_sums_within_rounding(rows, cols, window, dtype):
-    """A matrix's rows summed (a bias's gradient) runs as ones · X on NumPy's BLAS, for whole
+def test_column_sums_of_a_matrix_are_the_exact_sums_within_rounding(rows, cols, window, dtype,
+                                                                    in_call, monkeypatch):
+    """A matrix's rows summed (a bias's gradient) runs as ones · X on NumPy's BLAS — inside a
+    call of native loops on the team where it applies (forced here), its rows split — for whole
     matrices and column windows of wider ones (a gate's columns): each column within the
     rounding bound of a sum of ``rows`` terms (rows · eps · the sum of magnitudes) of its
     exact sum (``math.fsum``), in its own dtype, and with keepdims."""
+    from minicavs.cpu import calibrate, products
+
     rng = np.random.default_rng(rows)
     wide = rng.random((rows, cols + 6)).astype(dtype)
     x = wide[:, 2:2 + cols] if window else np.ascontiguousarray(wide[:, :cols])
     exact = np.array([math.fsum(x[:, j].astype(np.float64)) for j in range(cols)])
-    got = mc.sum(t(x), axis=0).numpy()
+    ran = []
+    if in_call:
+        monkeypatch.setenv(calibrate.ENVIRONMENT, "own")
+        monkeypatch.setattr(products, "matmul", _counted(products.matmul, ran))
+    with products.team_products(in_call):
+        got = mc.sum(t(x), axis=0).numpy()
+        assert mc.sum(t(x), axis=0, keepdims=True).numpy().shape == (1, cols)
     assert got.dtype == dtype and got.shape == (cols,)
-    assert mc.sum(t(x), axis=0, keepdims=True).numpy().shape == (1, cols)
     assert np.all(np.abs(got - exact) <= rows * np.finfo(dtype).eps * exact)  # (x >= 0)
+    assert all(done == products.team_ready() for done in ran) and bool(ran) == in_call
+
+
+def _counted(matmul, ran):
+    """``matmul`` that appends to ``ran`` whether it ran the product (not None)."""
+    def counted(a, b, out=None):
+        done = matmul(a, b, out)
+        ran.append(done is not None)
+        return done
+    return counted
 
 
 @covers("max")

@@ -8,6 +8,7 @@ import numpy as np
 from . import batching, elementwise, indexing, shape
 from .registry import Aval, Op, apply, normalize_axis, normalize_axes, register, result_dtype
 from .rows import FULL, KEEPS
+from ..cpu import products as native_products
 from ..errors import ArgumentError, ShapeError
 
 
@@ -35,12 +36,17 @@ def _reduction(name, allow_empty, vjp, **rules):
 def _column_sums(xp, x, axes, keepdims):
     """A matrix's column sums (the rows summed: a bias's gradient) as one BLAS gemv, ones · X,
     on NumPy: 3-5x faster than ``np.sum`` over axis 0 at 64-20,000 rows and more accurate
-    (NumPy adds float32 rows one after another); any other sum is NumPy's."""
+    (NumPy adds float32 rows one after another); any other sum is NumPy's. Inside a call of
+    native loops it is a product like the others (``cpu/products.py``): on the team, its rows
+    split, where measured faster (Tree-FC's bias, 32,704 x 256: 4.2 ms on one thread, 2.7 on
+    two)."""
     if xp is not np or axes != (0,) or x.ndim != 2 or x.dtype not in _GEMV_DTYPES \
             or x.shape[0] < 2 or x.strides[1] != x.itemsize:
         return xp.sum(x, axis=axes, keepdims=keepdims)
-    sums = np.ones(x.shape[0], x.dtype) @ x
-    return sums[None] if keepdims else sums
+    ones = np.ones((1, x.shape[0]), x.dtype)
+    sums = native_products.matmul(ones, x)
+    sums = (ones[0] @ x)[None] if sums is None else sums
+    return sums if keepdims else sums[0]
 
 
 _GEMV_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
