@@ -456,6 +456,27 @@ def test_scatter_add_rows_kernel_equals_numpy():
 
 
 @needs_native
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("cols", [5, 16, 37, 256, 300])
+def test_scatter_add_rows_on_threads_is_the_one_core_sum_bit_for_bit(threads, cols, monkeypatch):
+    """The team splits a scatter-add by columns, each element's adds in row order: the same bits
+    as NumPy's ``add.at`` (sequential) on any team, for repeated and absent rows, whole
+    matrices and windows of wider ones."""
+    from minicavs.cpu import calibrate, kernels
+
+    monkeypatch.setattr(calibrate, "threads_for", lambda elements: threads)
+    rng = np.random.default_rng(cols)
+    for dtype in ("float32", "float64"):
+        idx = rng.integers(-1, 7, 500)
+        wide = rng.standard_normal((500, cols + 3)).astype(dtype)
+        slab = rng.standard_normal((7, cols + 5)).astype(dtype)
+        want = slab.copy()
+        np.add.at(want[:, 1:1 + cols], idx[idx >= 0], wide[idx >= 0, 2:2 + cols])
+        assert kernels.scatter_add_rows(slab[:, 1:1 + cols], idx, wide[:, 2:2 + cols])
+        np.testing.assert_array_equal(slab, want)
+
+
+@needs_native
 @pytest.mark.parametrize("kind", ["Adam", "AdamW"])
 def test_native_adam_equals_the_numpy_update(kind):
     rng = np.random.default_rng(2)

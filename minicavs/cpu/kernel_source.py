@@ -55,16 +55,26 @@ static void xent_grad(const T *x, const int64_t *label, const T *g, int64_t rows
 }
 
 // out[idx[i]] += values[i] for each i with idx[i] >= 0, in order of i (repeats add up, as
-// np.add.at does): an embedding's gradient. One core: two rows may name one output row.
+// np.add.at does): an embedding's gradient. Threads take columns, not rows (two rows may name
+// one output row): each element's adds in the order of i, as on one core, so the sums are the
+// same bits on any team.
 template <typename T>
 static void scatter_add(T *out, const int64_t *idx, const T *values, int64_t rows,
-                        int64_t cols, int64_t ldo, int64_t ldv) {  // (row strides)
-  for (int64_t i = 0; i < rows; ++i) {
-    if (idx[i] < 0) continue;
-    T *__restrict__ o = out + idx[i] * ldo;
-    const T *__restrict__ v = values + i * ldv;
-    #pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) o[j] += v[j];
+                        int64_t cols, int64_t ldo, int64_t ldv, int threads) {  // (row strides)
+  #pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    constexpr int64_t LINE = 64 / sizeof(T);  // (a cache line of columns: none shared)
+    const int64_t team = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t lines = (cols + LINE - 1) / LINE;
+    const int64_t lo = std::min(cols, lines * tid / team * LINE),
+                  hi = std::min(cols, lines * (tid + 1) / team * LINE);
+    for (int64_t i = 0; i < rows && lo < hi; ++i) {
+      if (idx[i] < 0) continue;
+      T *__restrict__ o = out + idx[i] * ldo;
+      const T *__restrict__ v = values + i * ldv;
+      #pragma omp simd
+      for (int64_t j = lo; j < hi; ++j) o[j] += v[j];
+    }
   }
 }
 
@@ -443,9 +453,9 @@ TEAM_GEMM(team_gemm_f64_64, double, int64_t)
 TEAM_GEMM(team_gemm_f32_32, float, int)
 TEAM_GEMM(team_gemm_f64_32, double, int)
 void scatter_add_f32(float *o, const int64_t *i, const float *v, int64_t r, int64_t c,
-                     int64_t lo, int64_t lv) { scatter_add(o, i, v, r, c, lo, lv); }
+                     int64_t lo, int64_t lv, int t) { scatter_add(o, i, v, r, c, lo, lv, t); }
 void scatter_add_f64(double *o, const int64_t *i, const double *v, int64_t r, int64_t c,
-                     int64_t lo, int64_t lv) { scatter_add(o, i, v, r, c, lo, lv); }
+                     int64_t lo, int64_t lv, int t) { scatter_add(o, i, v, r, c, lo, lv, t); }
 int64_t take_rows_f32(const float *x, int64_t r, int64_t l, const int64_t *i, int64_t n,
                       int64_t c, float *o, int t) { return take_rows(x, r, l, i, n, c, o, t); }
 int64_t take_rows_f64(const double *x, int64_t r, int64_t l, const int64_t *i, int64_t n,

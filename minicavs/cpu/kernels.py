@@ -40,7 +40,7 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64  # a pointer (passed as an int), a size
 _SIGNATURES = {  # the hot calls' argument types: declared, plain ints pass without wrappers
     "lstm_cell": (_P, _P, _P, ctypes.c_int, _P, _P, _I, _I, _I, _I, _P, ctypes.c_int),
     "lstm_cell_grad": (_P, _P, _P, _I, _P, _P, _I, _I, _I, _P, ctypes.c_int),
-    "scatter_add": (_P, _P, _P, _I, _I, _I, _I),
+    "scatter_add": (_P, _P, _P, _I, _I, _I, _I, ctypes.c_int),
     "take_rows": (_P, _I, _I, _P, _I, _I, _P, ctypes.c_int),
     "xent": (_P, _P, _I, _I, _P, ctypes.c_int),
     "xent_grad": (_P, _P, _P, _I, _I, _P, ctypes.c_int),
@@ -223,7 +223,7 @@ def scatter_add_rows(out, idx, values):
     if scatter_add is None:
         return False
     scatter_add(data_address(out), data_address(idx), data_address(values), len(idx), cols, ldo,
-                ldv)
+                ldv, calibrate.threads_for(values.size))
     return True
 
 
