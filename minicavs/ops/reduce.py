@@ -38,8 +38,8 @@ def _column_sums(xp, x, axes, keepdims):
     on NumPy: 3-5x faster than ``np.sum`` over axis 0 at 64-20,000 rows and more accurate
     (NumPy adds float32 rows one after another); any other sum is NumPy's. Inside a call of
     native loops it is a product like the others (``cpu/products.py``): on the team, its rows
-    split, where measured faster (Tree-FC's bias, 32,704 x 256: 4.2 ms on one thread, 2.7 on
-    two)."""
+    split, where measured faster (Tree-FC's bias, 32,704 x 256: 3.8 ms on one thread, 1.7 on
+    the team of two)."""
     if xp is not np or axes != (0,) or x.ndim != 2 or x.dtype not in _GEMV_DTYPES \
             or x.shape[0] < 2 or x.strides[1] != x.itemsize:
         return xp.sum(x, axis=axes, keepdims=keepdims)
