@@ -299,7 +299,7 @@ def test_the_library_gemm_is_mkls_only_where_measured_faster_a_loss_looked_at_tw
     if not numpy_gemm[1].startswith("cblas"):
         pytest.skip("NumPy's BLAS has no CBLAS gemm here (SciPy's Fortran one is used)")
     stand_in = numpy_gemm  # (called only if the stubbed measure below were not)
-    monkeypatch.setattr(blas, "mkl_gemm", lambda dtype: stand_in)
+    monkeypatch.setattr(blas, "mkl_gemm", lambda dtype, routine="gemm": stand_in)
     monkeypatch.setattr(blas, "mkl_identity", lambda: "stand-in MKL")
     looks = []
 
@@ -320,7 +320,7 @@ def test_the_library_gemm_is_mkls_only_where_measured_faster_a_loss_looked_at_tw
         assert choose([2.0, 1.0], [2.0, 1.0]) == numpy_gemm + ("NumPy's BLAS",)
         assert len(looks) == 3  # (the loss measured twice)
         assert choose([2.0, 1.0], [0.5, 1.0]) == stand_in + ("MKL",)  # a disturbed first look
-        monkeypatch.setattr(blas, "mkl_gemm", lambda dtype: None)  # not installed
+        monkeypatch.setattr(blas, "mkl_gemm", lambda dtype, routine="gemm": None)  # not installed
         assert choose() == numpy_gemm + ("NumPy's BLAS",)
     finally:
         calibrate._mkl_chosen.cache_clear()

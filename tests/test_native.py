@@ -85,6 +85,38 @@ def test_native_loops_run_and_equal_the_interpreter(cell, fuse, strided, graphs,
     assert _native_and_interpreter(F, params, graphs, seed) == ("native", "native")
 
 
+@needs_native
+@pytest.mark.parametrize("interface", ["cblas", "fortran32"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_one_row_levels_run_their_products_on_the_blas_gemv(interface, dtype, monkeypatch):
+    """A level of one row runs its products — h U forward, δ Uᵀ backward — as the BLAS's gemv
+    where the loop's own kernel is not chosen (``MINICAVS_KERNELS=blas``), through the CBLAS
+    and through SciPy's Fortran BLAS: values and gradients equal the interpreter's."""
+    from minicavs.cpu import blas, calibrate
+
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "blas")
+    if interface == "fortran32":
+        for routine in ("gemm", "gemv"):
+            monkeypatch.setattr(calibrate, routine, lambda d, r=routine: (blas._scipy_routine(
+                {"float32": "s", "float64": "d"}[np.dtype(d).name] + r), "fortran32", "SciPy"))
+    rng = np.random.default_rng(17)
+    e, h = 7, 11  # (a program of its own: compiled for this interface)
+    W = mc.Parameter(rng.standard_normal((e, h)).astype(dtype) * 0.5, name="W")
+    U = mc.Parameter(rng.standard_normal((h, h)).astype(dtype) * 0.5, name="U")
+    F = mc.VertexFunction(lambda v: v.scatter(mc.tanh(v.pull() @ W + v.gather(0) @ U)),
+                          arity=1, pull_shape=(e,), scatter_shape=(h,), dtype=dtype)
+    batch = mc.GraphBatch([mc.InputGraph.chain(6)])  # every level one row
+    X = mc.tensor(rng.standard_normal((6, e)).astype(dtype), requires_grad=True)
+    weights = rng.standard_normal((6, h)).astype(dtype)
+    got, backends = _run(F, [W, U], batch, X, weights)
+    assert backends == ("native", "native")
+    with interpreter_only():
+        want, _ = _run(F, [W, U], batch, X, weights)
+    tolerance = 1e-12 if dtype == "float64" else 1e-5
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=tolerance, atol=tolerance)
+
+
 # Rows that are tensors inside the level loop: each vertex's value seen as an (A, B) matrix
 # (reshape), multiplied by a broadcast row, column or shared matrix, and summed over one or
 # both axes (with or without keepdims) — the shapes an RNTN-like cell makes.

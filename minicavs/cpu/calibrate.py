@@ -255,10 +255,16 @@ def gemm(dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _gemm(dtype, force):  # (called at every team product: looked up once)
+def _gemm(dtype, force, routine="gemm"):  # (called at every team product: looked up once)
     if _mkl_chosen(force):
-        return blas.mkl_gemm(dtype) + ("MKL",)
-    return blas.gemm(dtype) + ("NumPy's BLAS",)
+        return blas.mkl_gemm(dtype, routine) + ("MKL",)
+    return blas.gemm(dtype, routine) + ("NumPy's BLAS",)
+
+
+def gemv(dtype):
+    """``(address, interface, name)`` of the gemv of :func:`gemm`'s library: a level loop's
+    product of one row calls it where its own kernel is not faster (``runtime/native.py``)."""
+    return _gemm(np.dtype(dtype), forced(), "gemv")
 
 
 @functools.lru_cache(maxsize=None)
@@ -309,6 +315,25 @@ def one_thread_gemm(gemm, a, b, out):
     args = (101, 112 if ta else 111, 112 if tb else 111, m, n, k, 1.0, a.ctypes.data, lda,
             b.ctypes.data, ldb, 0.0, out.ctypes.data, n)  # (row-major; transposed or not)
     return lambda keep=(a, b, out, function): function(*args)
+
+
+def one_thread_gemv(gemv, x, w, out):
+    """A call of ``out = x @ w`` for one row ``x`` (1 x k) straight to ``gemv`` (an ``(address,
+    interface)``, a CBLAS's), as a level loop calls it: ``w`` read as :func:`blas.operand`
+    reads it, ``out`` (1 x n) C-contiguous."""
+    address, interface = gemv
+    integer = ctypes.c_int64 if interface == "cblas64" else ctypes.c_int
+    real = ctypes.c_float if out.dtype == np.float32 else ctypes.c_double
+    pointer = ctypes.c_void_p
+    function = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, integer, integer, real,
+                                pointer, integer, pointer, integer, real, pointer,
+                                integer)(address)
+    transposed, ldw, w = blas.operand(w)
+    k, n = x.shape[1], out.shape[1]
+    # (row-major w (k x n): out = wᵀ x; w stored transposed (n x k): out = w x)
+    args = (101, 111 if transposed else 112, n if transposed else k, k if transposed else n,
+            1.0, w.ctypes.data, ldw, x.ctypes.data, 1, 0.0, out.ctypes.data, 1)
+    return lambda keep=(x, w, out, function): function(*args)
 
 
 def _one_thread_product(a, b):

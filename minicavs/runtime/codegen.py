@@ -979,13 +979,20 @@ static inline bool own_runs(int64_t slot, int64_t w_transposed, int64_t n) {
   return own_rows[(slot * 2 + (w_transposed != 0)) * ROW_BUCKETS + bucket] != 0;
 }"""
 _CBLAS = """typedef void (*gemm_t)(int, int, int, I, I, I, T, const T *, I, const T *, I, T, T *, I);
+typedef void (*gemv_t)(int, int, I, I, T, const T *, I, const T *, I, T, T *, I);
 static gemm_t gemm;
-extern "C" void minicavs_set_gemm(void *f) {{ gemm = (gemm_t)f; }}
+static gemv_t gemv;  // (one row: a gemm packs all of w for it; NULL: the gemm)
+extern "C" void minicavs_set_gemm(void *f, void *v) {{ gemm = (gemm_t)f; gemv = (gemv_t)v; }}
 static inline void gemm_rows(int64_t slot, int64_t n, int64_t m, int64_t k, const T *w,
                              int64_t ldw, int64_t w_transposed, const T *x, int64_t ldx, T *out,
                              int64_t ldo, T beta) {{  // out = x.w + beta out (beta 0 or 1)
   if (beta == 0 && own_runs(slot, w_transposed, n)) {{
     minicavs_gemm_few_rows(n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
+    return;
+  }}
+  if (n == 1 && gemv) {{  // out' = w' x' (w k x m), or w x' (w stored m x k)
+    gemv(101, w_transposed ? 111 : 112, (I)(w_transposed ? m : k), (I)(w_transposed ? k : m),
+         (T)1, w, (I)ldw, x, 1, beta, out, 1);
     return;
   }}
   gemm(101, 111, w_transposed ? 112 : 111, (I)n, (I)m, (I)k, (T)1, x, (I)ldx, w, (I)ldw,
@@ -994,9 +1001,12 @@ static inline void gemm_rows(int64_t slot, int64_t n, int64_t m, int64_t k, cons
 _FORTRAN = """typedef void (*gemm_t)(const char *, const char *, const int *, const int *, const int *,
                        const T *, const T *, const int *, const T *, const int *, const T *,
                        T *, const int *);
+typedef void (*gemv_t)(const char *, const int *, const int *, const T *, const T *, const int *,
+                       const T *, const int *, const T *, T *, const int *);
 static gemm_t gemm;
-extern "C" void minicavs_set_gemm(void *f) { gemm = (gemm_t)f; }
-// Row-major out = x.w is column-major out' = w'.x': one Fortran gemm.
+static gemv_t gemv;  // (one row: a gemm packs all of w for it; NULL: the gemm)
+extern "C" void minicavs_set_gemm(void *f, void *v) { gemm = (gemm_t)f; gemv = (gemv_t)v; }
+// Row-major out = x.w is column-major out' = w'.x': one Fortran gemm (one row: a gemv).
 static inline void gemm_rows(int64_t slot, int64_t n, int64_t m, int64_t k, const T *w,
                              int64_t ldw, int64_t w_transposed, const T *x, int64_t ldx, T *out,
                              int64_t ldo, T beta) {  // out = x.w + beta out (beta 0 or 1)
@@ -1007,6 +1017,11 @@ static inline void gemm_rows(int64_t slot, int64_t n, int64_t m, int64_t k, cons
   const int rows = (int)n, cols = (int)m, inner = (int)k;
   const int lw = (int)ldw, lx = (int)ldx, lo = (int)ldo;
   const T one = 1;
+  if (rows == 1 && gemv) {  // w (k x m) is column-major m x k: out' = w x'; stored m x k: w' x'
+    const int step = 1, vrows = w_transposed ? inner : cols, vcols = w_transposed ? cols : inner;
+    gemv(w_transposed ? "T" : "N", &vrows, &vcols, &one, w, &lw, x, &step, &beta, out, &step);
+    return;
+  }
   gemm(w_transposed ? "T" : "N", "N", &cols, &rows, &inner, &one, w, &lw, x, &lx, &beta, out,
        &lo);
 }"""

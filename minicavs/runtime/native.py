@@ -71,9 +71,10 @@ def _own_wins(lib, dtype, rows, k, m, transposed, source):
     key = (np.dtype(dtype).name, rows, k, m, transposed)
     wins = _few_rows_wins.get(key)
     if wins is None:
-        gemm = calibrate.gemm(dtype)
+        gemm = calibrate.gemv(dtype) if rows == 1 else calibrate.gemm(dtype)
         name = (f"loop rows {'f32' if key[0] == 'float32' else 'f64'} <={rows}x{k}x{m}"
-                f"{' Bᵀ' if transposed else ''} w off line, against {gemm[2]}")
+                f"{' Bᵀ' if transposed else ''} w off line, against {gemm[2]}"
+                + ("'s gemv" if rows == 1 else ""))
 
         def make():
             rng = np.random.default_rng(0)
@@ -86,9 +87,10 @@ def _own_wins(lib, dtype, rows, k, m, transposed, source):
             args = (i64(rows), i64(m), i64(k), ctypes.c_void_p(w.ctypes.data),
                     i64(k if transposed else m), i64(transposed), ctypes.c_void_p(x.ctypes.data),
                     i64(k), ctypes.c_void_p(out.ctypes.data), i64(m))
-            return (lambda: own(*args),  # (the arrays live in the other call; the gemm the
-                    # loop calls, on one thread)
-                    calibrate.one_thread_gemm(gemm[:2], x, w.T if transposed else w, out))
+            other = calibrate.one_thread_gemv if rows == 1 else calibrate.one_thread_gemm
+            return (lambda: own(*args),  # (the arrays live in the other call; the gemm (one
+                    # row: the gemv) the loop calls, on one thread)
+                    other(gemm[:2], x, w.T if transposed else w, out))
         with team.one_blas_thread():  # (as the loop calls it: one thread inside a team)
             wins = _few_rows_wins[key] = calibrate.own_is_faster(name, make, source=source)
     return wins
@@ -115,7 +117,8 @@ class NativeLoop:
     def __init__(self, spec, lib):
         self.spec = spec
         self.dtype = spec.dtype
-        lib.minicavs_set_gemm(ctypes.c_void_p(calibrate.gemm(spec.dtype)[0]))
+        lib.minicavs_set_gemm(ctypes.c_void_p(calibrate.gemm(spec.dtype)[0]),
+                              ctypes.c_void_p(calibrate.gemv(spec.dtype)[0]))
         lib.minicavs_set_blas_threads(ctypes.c_void_p(blas.threads_local()))
         lib.minicavs_set_own_rows(ctypes.c_void_p(_own_rows(spec, lib).ctypes.data))
         self._run = lib.minicavs_levels
