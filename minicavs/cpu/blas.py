@@ -74,8 +74,9 @@ def gemm(dtype, routine="gemm"):
         for symbol, interface in _CBLAS_SYMBOLS:
             function = getattr(lib, symbol.format(letter), None)
             if function is not None:
-                if routine != "gemm":
-                    function = getattr(lib, symbol.format(letter).replace("gemm", routine))
+                if routine != "gemm":  # (None where this BLAS lacks it: the gemm runs)
+                    function = getattr(lib, symbol.format(letter).replace("gemm", routine),
+                                       None)
                 return ctypes.cast(function, ctypes.c_void_p).value, interface
     return _scipy_routine(letter + routine), "fortran32"
 
@@ -209,7 +210,7 @@ def mkl_gemm(dtype, routine="gemm"):
     if found is None:
         return None
     function = getattr(found[0], "cblas_{}{}".format({"float32": "s", "float64": "d"}[
-        str(dtype)], routine))
+        str(dtype)], routine), None)
     return ctypes.cast(function, ctypes.c_void_p).value, "cblas32"
 
 

@@ -262,8 +262,9 @@ def _gemm(dtype, force, routine="gemm"):  # (called at every team product: looke
 
 
 def gemv(dtype):
-    """``(address, interface, name)`` of the gemv of :func:`gemm`'s library: a level loop's
-    product of one row calls it where its own kernel is not faster (``runtime/native.py``)."""
+    """``(address, interface, name)`` of the gemv of :func:`gemm`'s library (address None
+    where it has none): a level loop's product of one row calls it where its own kernel is not
+    faster (``runtime/native.py``)."""
     return _gemm(np.dtype(dtype), forced(), "gemv")
 
 

@@ -71,10 +71,11 @@ def _own_wins(lib, dtype, rows, k, m, transposed, source):
     key = (np.dtype(dtype).name, rows, k, m, transposed)
     wins = _few_rows_wins.get(key)
     if wins is None:
-        gemm = calibrate.gemv(dtype) if rows == 1 else calibrate.gemm(dtype)
+        one_row = rows == 1 and calibrate.gemv(dtype)[0] is not None  # (what the loop calls)
+        gemm = calibrate.gemv(dtype) if one_row else calibrate.gemm(dtype)
         name = (f"loop rows {'f32' if key[0] == 'float32' else 'f64'} <={rows}x{k}x{m}"
                 f"{' Bᵀ' if transposed else ''} w off line, against {gemm[2]}"
-                + ("'s gemv" if rows == 1 else ""))
+                + ("'s gemv" if one_row else ""))
 
         def make():
             rng = np.random.default_rng(0)
@@ -87,7 +88,7 @@ def _own_wins(lib, dtype, rows, k, m, transposed, source):
             args = (i64(rows), i64(m), i64(k), ctypes.c_void_p(w.ctypes.data),
                     i64(k if transposed else m), i64(transposed), ctypes.c_void_p(x.ctypes.data),
                     i64(k), ctypes.c_void_p(out.ctypes.data), i64(m))
-            other = calibrate.one_thread_gemv if rows == 1 else calibrate.one_thread_gemm
+            other = calibrate.one_thread_gemv if one_row else calibrate.one_thread_gemm
             return (lambda: own(*args),  # (the arrays live in the other call; the gemm (one
                     # row: the gemv) the loop calls, on one thread)
                     other(gemm[:2], x, w.T if transposed else w, out))
