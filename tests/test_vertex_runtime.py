@@ -2,6 +2,7 @@
 evaluation of the same cell, in values and in every gradient (Cavs' correctness contract)."""
 
 from dataclasses import fields
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -179,6 +180,41 @@ def test_products_by_column_blocks_equal_the_whole_products(seed, within):
     done = linalg._matmul_on_nonzero_rows(np, ytx, [y.T, x], range_of, None)
     if done is not None:
         np.testing.assert_allclose(done[0], y.T @ x, rtol=1e-12, atol=1e-12)
+
+
+@given(st.integers(0, 2**16), st.sampled_from([None, (0, 9), (0, 4), (3, 7), (6, 12)]))
+def test_a_product_writes_the_rows_its_readers_read(seed, within):
+    """X·W on X's nonzero rows (lo, hi): every row a reader reads (``within``, None: all) is
+    the product's, zero outside (lo, hi); the rows outside ``within`` (an embedding gradient's
+    rows at internal vertices, which its scatter skips) are not written (the output's memory
+    comes back as NaN here: they stay NaN)."""
+    from types import SimpleNamespace
+
+    from minicavs.ops import batching, linalg
+
+    rng = np.random.default_rng(seed)
+    n = 10
+    lo, hi = sorted(rng.integers(0, n + 1, 2).tolist())
+    if hi - lo == n:
+        lo = 1
+    x = np.zeros((n, 3))
+    x[lo:hi] = rng.standard_normal((hi - lo, 3))
+    W = rng.standard_normal((3, 4))
+
+    def node(key, shape_, op=None, inputs=()):
+        return SimpleNamespace(key=key, shape=shape_, kind="op" if op else "input", op=op,
+                               inputs=tuple(inputs), attrs={}, dtype=np.dtype(np.float64))
+
+    xw = node("xW", (batching.VERTICES, 4), linalg.MATMUL,
+              [node("x", (batching.VERTICES, 3)), node("W", W.shape)])
+    empty = np.empty
+    with mock.patch.object(np, "empty", lambda *a, **k: empty(*a, **k) * np.nan):
+        got, _ = linalg._matmul_on_nonzero_rows(
+            np, xw, [x, W], lambda s: (lo, hi) if s.key == "x" else None, within)
+    r0, r1 = (0, n) if within is None else (within[0], min(within[1], n))
+    np.testing.assert_allclose(got[r0:r1], (x @ W)[r0:r1], rtol=1e-12, atol=1e-12)
+    if max(lo, r0) < min(hi, r1):  # (else no row is read nonzero: all zeros, no product)
+        assert np.isnan(got[:r0]).all() and np.isnan(got[r1:]).all()
 
 
 @given(any_options, forests(max_arity=3, max_vertices=12, kinds=("tree", "dag")),
@@ -493,13 +529,21 @@ def test_childrens_states_read_where_they_are_equal_per_sample(arity, monkeypatc
     """Complete trees of one depth in a batch: each level's children are one block of the
     states' rows, ``arity`` to a parent, so F's concat of them is those rows themselves — no
     gather, no concat runs (explain) — and ∂F's native loop adds their gradients into those rows
-    in its gemm, on every level with children; F, ∂F (pushed outputs, or the states of some
-    rows) equal the per-sample evaluation and the same batch with its children gathered."""
-    from minicavs.runtime import native
-    fused = []  # levels whose children's gradients the native gemm adds (one entry a call)
+    in its gemm, on every level with children — writes them, not cleared before, where the
+    caller's gradient reaches none of them (the buffers handed out filled with NaN here);
+    F, ∂F (pushed outputs, or the states of some rows) equal the per-sample evaluation and
+    the same batch with its children gathered."""
+    from minicavs.runtime import codegen, memory, native
+    fused, written = [], []  # levels whose children's gradients the gemm adds (one a call)
     into_children = native._into_children
-    monkeypatch.setattr(native, "_into_children",
-                        lambda table, program: fused.append(into_children(table, program)))
+
+    def spy(table, program, part):
+        fused.append(into_children(table, program, part))
+        written.append(bool((table == codegen.ONTO_CHILDREN).any()))
+    monkeypatch.setattr(native, "_into_children", spy)
+    allocate = memory.BufferPool._allocate
+    monkeypatch.setattr(memory.BufferPool, "_allocate",
+                        lambda *args: allocate(*args) * np.nan)
     rng = np.random.default_rng(arity)
     graphs = [_complete_tree(arity, 2)] * 3
     batch = mc.GraphBatch(graphs)
@@ -523,6 +567,7 @@ def test_childrens_states_read_where_they_are_equal_per_sample(arity, monkeypatc
 
     in_place, grads = run()
     assert bool(fused and min(fused) == 2) == (in_place[2] == "native"), fused  # (2 levels up)
+    assert any(written) == bool(fused), written  # (where the caller's gradient is at roots)
     fused.clear()
     from minicavs.vertex import graphs as batches
     monkeypatch.setattr(batches.BatchIndices, "children_in_order", lambda self, k: None)

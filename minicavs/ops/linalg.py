@@ -94,9 +94,10 @@ def _zero_rows_matmul(ranges):
 
 def _matmul_on_nonzero_rows(xp, node, args, range_of, within):
     """X·W (X per row, W shared) on the rows where X is nonzero and the readers look (the
-    others are zero); Xᵀ·G (both per row) summed over the rows where both are nonzero. Where
-    X (or G) is a concatenation of columns whose parts are nonzero on different rows (a gate
-    gradient zero at the leaves), each block of parts runs on its own rows."""
+    others are zero; rows outside ``within``, which no reader looks at, are left unwritten);
+    Xᵀ·G (both per row) summed over the rows where both are nonzero. Where X (or G) is a
+    concatenation of columns whose parts are nonzero on different rows (a gate gradient zero
+    at the leaves), each block of parts runs on its own rows."""
     a, b = node.inputs
     if (batching.row_domain(a.shape) and not batching.row_domain(b.shape)
             and not batching.has_symbolic_size(b.shape)):
@@ -112,8 +113,11 @@ def _matmul_on_nonzero_rows(xp, node, args, range_of, within):
             return xp.zeros(x.shape[:1] + tuple(node.shape[1:]), node.dtype), (lo, hi)
         out = xp.empty(x.shape[:1] + tuple(node.shape[1:]), node.dtype)
         lo, hi = max(lo, 0), min(hi, n)
-        out[:lo] = 0  # (only the rows outside the product are cleared: it writes the others)
-        out[hi:] = 0
+        # only the rows read outside the product are cleared (it writes the others): an
+        # embedding's gradient at the internal vertices of a tree is half the rows, unread
+        read = (0, n) if within is None else (max(within[0], 0), min(within[1], n))
+        out[read[0]:lo] = 0
+        out[max(hi, read[0]):read[1]] = 0
         _product(xp, x[lo:hi], w, out=out[lo:hi])
         return out, (lo, hi)
     if (a.kind == "op" and a.op is shape.TRANSPOSE and a.attrs["axes"] == (1, 0)

@@ -39,6 +39,15 @@ def interpreter_only():
 
 def level_loop(part, xp, check=None):
     """The loop that runs ``part`` (a bound Program, call.py) on array module ``xp``."""
+    reason = None
+    if part.program.core and xp is np and check is None:
+        reason = _why_not_native(part.exe)
+        if reason is None:
+            run = part.exe.native.start(part)
+            if not isinstance(run, str):
+                return run
+            reason = run
+    part.clear_stale_children()  # (only the native loop writes them: call.py)
     if not part.program.core:  # (a leaf kind: all its work is eager)
         return InterpreterLoop(part, xp, check, backend=NO_LEVEL_WORK)
     if xp is not np:
@@ -46,12 +55,6 @@ def level_loop(part, xp, check=None):
     if check is not None:
         return InterpreterLoop(part, xp, check,
                                "interpreter (debug mode checks each instruction)")
-    reason = _why_not_native(part.exe)
-    if reason is None:
-        run = part.exe.native.start(part)
-        if not isinstance(run, str):
-            return run
-        reason = run
     return InterpreterLoop(part, xp, backend=f"interpreter ({reason})")
 
 

@@ -53,6 +53,9 @@ class Part:
     # ∂F on such a batch: the first row with children (its native loop adds the product of
     # the children's gradients straight into their rows: native.py), else None
     gradient_in_place: int = None
+    # ∂F's first rows of d_states, the children's, not cleared where only their parents write
+    # them: the native loop's products write them, or the loop clears them first
+    stale_children: int = 0
 
     @property
     def program(self):
@@ -71,6 +74,13 @@ class Part:
         sink = self.program.sinks[0].key
         if sink in self.env and self.env[sink] is not self.block:
             self.block[...] = self.env[sink]
+
+    def clear_stale_children(self, written=False):
+        """Before the level loop: the children's rows of d_states left uncleared are cleared,
+        or (``written``) the loop writes them all."""
+        if self.stale_children and not written:
+            self.d_states[:self.stale_children] = 0
+        self.stale_children = 0
 
     def release(self):
         """Give the part's pooled buffers back (nothing returned may view them)."""
@@ -189,12 +199,22 @@ def bind_backward(exe, xp, rows, saved, cotangent=None, *, at=None, d_states=Non
     state_grad = program.sources[0].key
     taken = cotangent is not None and len(bw.cotangents) == 1 and at is None  # (the
     # caller's gradient, written below)
+    found, in_order = program.children_gradient, getattr(rows, "children_in_order", None)
+    first = in_order(found[2]) if found and in_order and block is None else None
+    stale = 0
     if block is not None:
         views[state_grad] = block
     else:
         d_states = views[state_grad]
+        if first is not None and xp is np and not taken:
+            # the children's rows, one block before the roots: if the caller's gradient adds
+            # into none of them, only their parents write them (Part.stale_children)
+            stale = found[2] * (len(rows.order) - first)
+            if at is not None and len(bw.cotangents) == 1 and len(at) and \
+                    int(np.min(at)) < stale:
+                stale = 0
         # cleared but for the rows the caller's gradient fills (one pass fewer over (V, H))
-        (d_states[len(rows.order):] if taken else d_states)[...] = 0
+        (d_states[len(rows.order):] if taken else d_states[stale:])[...] = 0
     bind_buffers(program, env, views, rows)
     if at is not None:  # some rows' gradient: added at their level rows (a row may repeat)
         if len(bw.cotangents) > 1:
@@ -209,10 +229,8 @@ def bind_backward(exe, xp, rows, saved, cotangent=None, *, at=None, d_states=Non
             take_rows(xp, cotangent, rows.order, out=env[state_grad])
     ranges = {ref.key: saved.ranges.get(value.key, FULL)
               for ref, value in zip(forward_inputs, bw.forward_refs)}
-    found, in_order = program.children_gradient, getattr(rows, "children_in_order", None)
-    first = in_order(found[2]) if found and in_order and block is None else None
     return Part(exe, env, rows, ranges, d_states=d_states, levels=levels, store=store,
-                gradient_in_place=first)
+                gradient_in_place=first, stale_children=stale)
 
 
 def bind_static(exe, xp, values, constants=None):

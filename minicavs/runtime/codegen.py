@@ -49,8 +49,9 @@ from .program import Compute, Gather
 
 ACTIONS = {SKIP: 0, RUN: 1, ZERO: 2}  # plan codes, as the generated loop reads them
 # ∂F's product of the children's gradients (Program.children_gradient) added straight into
-# their rows, on a level whose children are one block of rows (native.py sets it)
-INTO_CHILDREN = 3
+# their rows, on a level whose children are one block of rows (native.py sets it); or written
+# there, where nothing else writes those rows and they were not cleared (Part.stale_children)
+INTO_CHILDREN, ONTO_CHILDREN = 3, 4
 ENTRY = "minicavs_levels"
 # One loop per row: for a split by rows, a row-parallel loop the team shares.
 TEAM_FOR = "#pragma omp for schedule(static)"
@@ -357,12 +358,14 @@ class _Generator:
                 + (f" else if (act[{k}] == {ACTIONS[ZERO]}) {{\n{_indent(zero, 6)}\n    }}"
                    if zero else "")
                 + (f" else if (act[{k}] == {INTO_CHILDREN}) {{  // added into the children's "
-                   f"rows\n{_indent(into, 6)}\n    }}" if into else ""))
+                   f"rows\n{_indent(into.format(beta=1), 6)}\n    }} else if (act[{k}] == "
+                   f"{ONTO_CHILDREN}) {{  // written there\n{_indent(into.format(beta=0), 6)}\n"
+                   f"    }}" if into else ""))
 
     def children_gradient(self, ins):
         """The gemm adding ∂F's product of the children's gradients into their rows of the
-        state gradient — one block, ``arity`` rows to a parent — or None for another
-        instruction."""
+        state gradient — one block, ``arity`` rows to a parent; ``{beta}``: 1 adds, 0 writes —
+        or None for another instruction."""
         found = self.program.children_gradient
         if found is None or not isinstance(ins, Compute) or ins.writes[0].key != found[0]:
             return None
@@ -372,7 +375,7 @@ class _Generator:
         s = self.shared[w.key].index
         return (f"gemm_team({s}, n, {m}, {k}, P{s}, a[{2 * s}], a[{2 * s + 1}], {a.row(0)}, "
                 f"{a.ld}, d_states + {self.child(0)}[lo] * d_states_ld, {found[2]} * d_states_ld, "
-                f"split_macs, (T)1);")
+                f"split_macs, (T){{beta}});")
 
     def compute(self, ins):
         step = ins.step

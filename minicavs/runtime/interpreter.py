@@ -39,6 +39,7 @@ import numpy as np
 
 from ..ops.index import scatter_add_into
 from ..ops.batching import instantiate, row_domain
+from ..autodiff import debug
 from ..autodiff.symbolic import Symbol
 from ..csource import compute_dtype, elementwise_source
 from ..errors import GraphError, KernelCompileError
@@ -399,7 +400,9 @@ def run_whole(ins, xp, env, ranges, rows):
     # (On a GPU the launches, not the rows, are the cost: a product over all rows is one, over
     # its nonzero rows it is one more for the zeros and a wait for the index's range.)
     if ins.restrict and xp is np:
-        within = index_rows(env[ins.demand.key]) if ins.demand is not None else None
+        # (rows no reader looks at may be left unwritten: not in debug mode, which checks them)
+        within = index_rows(env[ins.demand.key]) if ins.demand is not None and \
+            not debug.enabled else None
         done = node.op.on_nonzero_rows(xp, node, [env[x.key] for x in node.inputs], range_of,
                                        within)
     if done is not None:

@@ -226,7 +226,7 @@ class _NativeRun:
         self.table = np.stack([c for c, _, _ in codes])[which]  # each level's action codes
         runs = np.array([r for _, _, r in codes])[which]
         if part.gradient_in_place is not None:  # (its windows' and adds' work is the gemm's:
-            _into_children(self.table, program)  # still counted as run)
+            _into_children(self.table, program, part)  # still counted as run)
         self.counts = (runs[::-1] if program.reverse else runs).tolist()  # in loop order
         # What each buffer holds: the hull of the rows of every level that wrote it, taken
         # once per plan and domain (a plan's writes are the same on each of its levels).
@@ -261,12 +261,15 @@ class _NativeRun:
         return self.counts
 
 
-def _into_children(table, program):
+def _into_children(table, program, part):
     """∂F on a batch whose children are its rows in order (``Part.gradient_in_place``): on
     each level where the product of the children's gradients and every add of its columns run,
     the product adds into the children's rows itself (``INTO_CHILDREN``: a gemm with β = 1 into
-    their block of rows) and its windows and the adds do not run. Returns how many levels."""
-    from .codegen import ACTIONS, INTO_CHILDREN
+    their block of rows) and its windows and the adds do not run. Where the children's rows
+    were left uncleared (``Part.stale_children``) and every level with children is such a
+    level, the product writes them (``ONTO_CHILDREN``, β = 0: one pass over them fewer); else
+    they are cleared now. Returns how many levels."""
+    from .codegen import ACTIONS, INTO_CHILDREN, ONTO_CHILDREN
 
     product, windows, _ = program.children_gradient
     index = {o.key: k for k, ins in enumerate(program.core) for o in ins.writes}
@@ -274,7 +277,13 @@ def _into_children(table, program):
     p, w = index[product], [index[key] for key in windows]
     levels = (table[:, p] == ACTIONS[RUN]) & (table[:, adds] == ACTIONS[RUN]).all(axis=1)
     table[np.ix_(levels, w + adds)] = ACTIONS[SKIP]
-    table[levels, p] = INTO_CHILDREN
+    onto = False
+    if part.stale_children:
+        offsets = np.asarray(part.rows.level_offsets)  # (the table's rows: levels in order)
+        with_children = (offsets[1:] > part.gradient_in_place) & (offsets[1:] > offsets[:-1])
+        onto = bool((levels | ~with_children).all())
+        part.clear_stale_children(written=onto)
+    table[levels, p] = ONTO_CHILDREN if onto else INTO_CHILDREN
     return int(np.count_nonzero(levels))
 
 
