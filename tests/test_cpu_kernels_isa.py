@@ -394,6 +394,7 @@ def test_free_cores_count_this_processes_threads_around_the_systems_count(monkey
     the machine, this process's threads are not read at all."""
     monkeypatch.delenv(calibrate.ENVIRONMENT, raising=False)
     monkeypatch.setattr(calibrate, "team_size", lambda: 4)
+    monkeypatch.setattr(calibrate, "FREE_SECONDS", 0.0)  # (every call reads)
 
     def reads(running, own):
         running, own = iter(running), iter(own)
@@ -410,6 +411,27 @@ def test_free_cores_count_this_processes_threads_around_the_systems_count(monkey
     assert calibrate.free_cores() == 1
     reads([None], [])  # unreadable: the whole team
     assert calibrate.free_cores() == 4
+
+
+def test_a_reading_with_every_core_free_stands_for_a_moment(monkeypatch):
+    """After a reading that found every core free, the next calls within ``FREE_SECONDS`` read
+    nothing; a reading that found other work stands for no call; after the moment, read again."""
+    monkeypatch.delenv(calibrate.ENVIRONMENT, raising=False)
+    monkeypatch.setattr(calibrate, "team_size", lambda: 2)
+    monkeypatch.setattr(calibrate, "_all_free_until", [0.0])
+    clock = [100.0]
+    monkeypatch.setattr(calibrate, "_now", lambda: clock[0])
+    read = []
+    monkeypatch.setattr(calibrate, "_read_free_cores", lambda: read.append(1) or found[0])
+    found = [1]
+    assert calibrate.free_cores() == 1 and calibrate.free_cores() == 1 and len(read) == 2
+    found = [2]
+    assert calibrate.free_cores() == 2 and len(read) == 3
+    found = [1]  # (other work began: not seen within the moment)
+    clock[0] += calibrate.FREE_SECONDS / 2
+    assert calibrate.free_cores() == 2 and len(read) == 3
+    clock[0] += calibrate.FREE_SECONDS
+    assert calibrate.free_cores() == 1 and len(read) == 4
 
 
 def test_a_calls_team_is_not_shrunk_by_work_that_shows_for_a_moment(monkeypatch):
