@@ -182,6 +182,19 @@ def test_products_by_column_blocks_equal_the_whole_products(seed, within):
         np.testing.assert_allclose(done[0], y.T @ x, rtol=1e-12, atol=1e-12)
 
 
+@given(st.lists(st.integers(0, 3), max_size=8), st.integers(-2, 14), st.integers(-2, 14))
+def test_the_levels_a_range_of_rows_misses_are_those_of_the_definition(sizes, lo, hi):
+    """The level plans' zero levels of a value whose rows outside ``[lo, hi)`` are zero, found
+    by two bisections (runtime/plans.py): every level, empty ones too, where
+    ``max(start, lo) >= min(end, hi)``."""
+    from minicavs.runtime import plans
+
+    ends = np.cumsum(sizes).tolist()
+    windows = list(zip([0] + ends[:-1], ends))
+    assert plans._Levels(windows).outside(lo, hi) == \
+        [max(s, lo) >= min(e, hi) for s, e in windows]
+
+
 @given(st.integers(0, 2**16), st.sampled_from([None, (0, 9), (0, 4), (3, 7), (6, 12)]))
 def test_a_product_writes_the_rows_its_readers_read(seed, within):
     """X·W on X's nonzero rows (lo, hi): every row a reader reads (``within``, None: all) is

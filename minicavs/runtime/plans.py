@@ -7,6 +7,8 @@ A plan depends only on two small sets and that flag, and levels share few such p
 keeps each pattern's plan, one cache per Program, owned by its :class:`~.executable.Executable`.
 """
 
+import bisect
+
 import numpy as np
 
 from .program import RUN, ZERO, SKIP, Gather  # noqa: F401 (the actions: re-exported)
@@ -64,34 +66,42 @@ class LevelPlans:
     def per_level(self, ranges, rows, in_place=False):
         """``(plans, which, zeros)``: the distinct plans of a call's levels, per level t the
         index of its plan, and per plan the values known zero on its levels (the outputs of run
-        steps among them, made from zeros) — found for all levels at once (arrays over the
-        levels), then one plan per distinct pattern of zero values and unneeded sinks (a batch
-        has few)."""
+        steps among them, made from zeros) — one pattern of zero values and unneeded sinks per
+        level, one plan per distinct pattern (a batch has few). In plain Python over lists: a
+        call has tens of levels and values, where each NumPy call cost 10-30 us in a loop's
+        setup (cold, between a step's launches: the emulated GPU's host time per level)."""
         program = self.program
-        num_levels = rows.num_levels
-        offsets = {"vertex": np.asarray(rows.level_offsets),
-                   "edge": np.asarray(rows.edge_level_offsets)}
-        keys, columns = [], []  # one row of the pattern per candidate / sink: per level, bool
-        for d in ("vertex", "edge"):  # zero on a level: its range misses the level's rows
-            found = [(k, ranges[k]) for k, domain in program.zero_candidates
-                     if domain == d and k in ranges]
-            if found:
-                lo, hi = np.array([r for _, r in found], dtype=np.int64).T[:, :, None]
-                start, end = offsets[d][:-1], offsets[d][1:]
-                keys.extend(("zero", k) for k, _ in found)
-                columns.extend((np.maximum(start, lo) >= np.minimum(end, hi)).tolist())
+        levels = range(rows.num_levels)
+        spans, masks = {}, {}  # domain -> its levels' rows; (range, domain) -> zero levels
+        keys, columns = [], []  # one column of the pattern per candidate / sink: per level, bool
+        for k, domain in program.zero_candidates:  # zero on a level: its range misses the rows
+            found = ranges.get(k)
+            if found is None:
+                continue
+            mask = masks.get((found, domain))
+            if mask is None:
+                span = spans.get(domain)
+                if span is None:
+                    span = spans[domain] = _Levels([rows.vertices(t) if domain == "vertex"
+                                                    else rows.edges(t) for t in levels])
+                mask = masks[(found, domain)] = span.outside(*found)
+            keys.append(("zero", k))
+            columns.append(mask)
         if program.skips_unread_sinks:
             sinks = {s.key for s in program.sinks}
             needed = {}  # a sink no vertex of the level reads (one value may serve several slots)
             for slot, s in program.slots:
                 if s.key in sinks:
-                    needed[s.key] = needed.get(s.key, False) | rows.has_child_levels(slot)
+                    has = rows.has_child_levels(slot)
+                    before = needed.get(s.key)
+                    needed[s.key] = has if before is None else [a or b for a, b in
+                                                                  zip(before, has)]
             for key, has in needed.items():
                 keys.append(("unneeded", key))
-                columns.append((~has).tolist())
+                columns.append([not h for h in has])
         if not keys:
             patterns = [(frozenset(), frozenset())]
-            which = np.zeros(num_levels, dtype=np.int64)
+            which = np.zeros(len(levels), dtype=np.int64)
         else:
             first = {}  # each level's pattern (a tuple of bools) -> its index among the distinct
             which = np.array([first.setdefault(p, len(first)) for p in zip(*columns)], np.int64)
@@ -100,6 +110,28 @@ class LevelPlans:
                                    if on and kind == "unneeded")) for p in first]
         plans = [self.plan(*pattern, in_place) for pattern in patterns]
         return plans, which, [self._zeros[pattern + (in_place,)] for pattern in patterns]
+
+
+class _Levels:
+    """A call's levels as rows in one domain, in order: which of them a range of rows misses."""
+
+    def __init__(self, windows):
+        self.starts = [lo for lo, _ in windows]
+        self.ends = [hi for _, hi in windows]
+        self.empty = [t for t, (lo, hi) in enumerate(windows) if hi <= lo]
+
+    def outside(self, lo, hi):
+        """Per level, whether it has no row in ``[lo, hi)``: the levels ending by ``lo``, those
+        starting from ``hi``, and the empty ones (rows in order: two bisections)."""
+        n = len(self.starts)
+        if hi <= lo:
+            return [True] * n
+        before, after = bisect.bisect_right(self.ends, lo), bisect.bisect_left(self.starts, hi)
+        after = max(after, before)
+        mask = [True] * before + [False] * (after - before) + [True] * (n - after)
+        for t in self.empty:
+            mask[t] = True
+        return mask
 
 
 def record_written(program, ranges, written):

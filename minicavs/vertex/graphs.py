@@ -621,10 +621,10 @@ class BatchIndices:
 
     def has_child_levels(self, slot):
         """Per level, whether any vertex of it has child ``slot`` (any edge, for ``"edges"``):
-        a bool array over the levels."""
+        a list of bools."""
         if slot == "edges":
-            return np.diff(self.edge_level_offsets) > 0
-        return np.asarray(self._slot(slot).has, dtype=bool)
+            return [e1 > e0 for e0, e1 in self._edges]
+        return self._slot(slot).has
 
     def hull(self, slot):
         """Rows outside which no vertex has child ``slot`` (all edges for ``"edges"``)."""

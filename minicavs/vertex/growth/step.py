@@ -39,7 +39,7 @@ class FrontierRows:
         return slot == 0 and self._hull[1] > self._hull[0]
 
     def has_child_levels(self, slot):
-        return np.array([self.has_child(slot, 0)])
+        return [self.has_child(slot, 0)]
 
     def hull(self, slot):
         return self._hull if slot == 0 else (0, 0)
