@@ -865,6 +865,49 @@ def test_the_loops_few_row_product_equals_numpy_for_every_block_and_tail(dtype):
                                            err_msg=f"{n} x {k} x {m}, transposed {transposed}")
 
 
+@needs_native
+@given(forests(max_arity=2, max_vertices=15), st.integers(0, 2**16))
+def test_steps_with_one_zero_input_run_their_variant_and_equal_the_interpreter(graphs, seed):
+    """Tree-FC with its words embedded in the cell (-1 at internal vertices: x W is zero
+    there) — ``tanh(x W + [h_l, h_r] U + b)``: on a leaf level the children's product is zero,
+    elsewhere x W; the native loop runs the fused step's variant that reads 0 for it
+    (codegen.VARIANTS) and does not write the leaves' zero product (no other step reads it):
+    values and gradients equal the interpreter's."""
+    from minicavs.runtime import native
+
+    rng = np.random.default_rng(seed)
+    table = mc.Parameter(rng.standard_normal((7, E)), name="table")
+    W, U = (mc.Parameter(rng.standard_normal(shape) * 0.4, name=name)
+            for name, shape in (("W", (E, H)), ("U", (2 * H, H))))
+    b = mc.Parameter(rng.standard_normal(H) * 0.1, name="b")
+
+    def cell(v):
+        h = mc.tanh(mc.embedding(table, v.pull()) @ W +
+                    mc.concat([v.gather(0), v.gather(1)]) @ U + b)
+        v.scatter(h)
+        v.push(h * h)
+
+    F = mc.VertexFunction(cell, pull_shape=(), pull_dtype="int64", scatter_shape=(H,),
+                          push_shape=(H,), arity=2, dtype="float64")
+    batch = mc.GraphBatch(graphs)
+    words = np.where(batch.num_children == 0, rng.integers(0, 7, batch.num_vertices), -1)
+    chosen = []
+    variants = native._zero_variants
+
+    def spy(codes, program, keys, zeros):
+        before = codes.copy()
+        variants(codes, program, keys, zeros)
+        chosen.append((before, codes.copy()))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(native, "_zero_variants", spy)
+        backends = _native_and_interpreter(F, [table, W, U, b], graphs, seed,
+                                           X=mc.tensor(words))
+    assert backends[0] == "native", backends
+    assert any((after >= codegen.VARIANTS).any() for _, after in chosen), chosen
+    if (batch.num_children == 0).any():  # a leaf level: its product's zeros not written
+        assert any(((before == 2) & (after == 0)).any() for before, after in chosen), chosen
+
+
 FUSED_CASES = [(cell, dtype) for cell in ("binary_tree_lstm", "lstm_chain", "tree_fc")
                for dtype in (np.float32, np.float64)]
 

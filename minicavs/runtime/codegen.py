@@ -52,6 +52,10 @@ ACTIONS = {SKIP: 0, RUN: 1, ZERO: 2}  # plan codes, as the generated loop reads 
 # their rows, on a level whose children are one block of rows (native.py sets it); or written
 # there, where nothing else writes those rows and they were not cleared (Part.stale_children)
 INTO_CHILDREN, ONTO_CHILDREN = 3, 4
+# An elementwise step run with one of its per-row inputs zero on the level (a leaf's product of
+# its children, an internal vertex's embedded word): code VARIANTS + j reads 0 for the j-th of
+# LevelLoop.variants[k] instead of its rows (native.py chooses it from the level's zeros).
+VARIANTS, MAX_VARIANTS = 8, 3
 ENTRY = "minicavs_levels"
 # One loop per row: for a split by rows, a row-parallel loop the team shares.
 TEAM_FOR = "#pragma omp for schedule(static)"
@@ -175,6 +179,7 @@ class LevelLoop:
     notes: tuple = ()  # each core instruction, as the program's dump writes it
     products: tuple = ()  # (shared slot, k, m) of each product x (n x k) . W (k x m)
     row_work: tuple = (0, 1)  # (multiply-adds, elements) of a level's row, over the core
+    variants: tuple = ()  # per core instruction, the input keys it has a zero variant for
 
 
 def generate(program, blas="cblas64", profile=False):
@@ -222,6 +227,7 @@ class _Generator:
         self.gathered_parts = set()  # concat parts a direct gather wrote into their columns
         self.summed = {}  # node.key -> the elementwise step computed inside the sum reading it
         self.products = set()  # (shared slot, k, m) of the products
+        self.variants = {}  # core index -> input keys of its zero variants (VARIANTS)
 
     def _dtype(self):
         touched = [x for ins in self.program.core for x in (*ins.reads, *ins.writes)]
@@ -269,7 +275,8 @@ class _Generator:
                     for k, code in enumerate(body)]
         notes = tuple(" ".join(ins.dump(self.names).split()) for ins in core)
         return LevelLoop(self.source(body), self.dtype, tuple(self.slots), len(core), ACTIONS,
-                         notes, tuple(sorted(self.products)), self.row_work())
+                         notes, tuple(sorted(self.products)), self.row_work(),
+                         tuple(self.variants.get(k, ()) for k in range(len(core))))
 
     def place_level_values(self):
         """A value that lives only during its level and that one step reads is made where that
@@ -353,14 +360,39 @@ class _Generator:
                           if o.key in self.views]
         zero = "\n".join(self.zero(v) for v in zero_views)
         into = self.children_gradient(ins)
+        variants = "".join(f" else if (act[{k}] == {VARIANTS + j}) {{  // %{self.names[key]} "
+                           f"is zero\n{_indent(code, 6)}\n    }}"
+                           for j, (key, code) in enumerate(self.zero_variants(k, ins)))
         return (f"    // [{k}] {note}\n"
-                f"    if (act[{k}] == {ACTIONS[RUN]}) {{\n{_indent(run, 6)}\n    }}"
+                f"    if (act[{k}] == {ACTIONS[RUN]}) {{\n{_indent(run, 6)}\n    }}" + variants
                 + (f" else if (act[{k}] == {ACTIONS[ZERO]}) {{\n{_indent(zero, 6)}\n    }}"
                    if zero else "")
                 + (f" else if (act[{k}] == {INTO_CHILDREN}) {{  // added into the children's "
                    f"rows\n{_indent(into.format(beta=1), 6)}\n    }} else if (act[{k}] == "
                    f"{ONTO_CHILDREN}) {{  // written there\n{_indent(into.format(beta=0), 6)}\n"
                    f"    }}" if into else ""))
+
+    def zero_variants(self, k, ins):
+        """``[(input key, code)]``: an elementwise step's loop with one of its per-row inputs
+        read as 0, for those a level may have zero (read by the core and made there, or a
+        zero candidate); recorded in :attr:`variants`."""
+        group = getattr(ins.step, "group", None) if isinstance(ins, Compute) else None
+        if group is None and isinstance(ins, Compute) and ins.step.node.op.is_elementwise:
+            group = FusedGroup([ins.step.node], ins.step.node.inputs, [ins.step.node])
+        if group is None or any(o.key in self.summed for o in group.outputs):
+            return []
+        may_be_zero = {key for key, _ in self.program.zero_candidates} | {
+            o.key for other in self.program.core for o in other.writes}
+        keys = [x.key for x in group.inputs if row_domain(x.shape) == "vertex"
+                and x.key not in self.inlined and x.key in may_be_zero][:MAX_VARIANTS]
+        found = []
+        for key in keys:
+            try:
+                found.append((key, self.elementwise(group, zero=key)))
+            except Unsupported:  # (a loop over per-row tensors: no variants)
+                return []
+        self.variants[k] = tuple(key for key, _ in found)
+        return found
 
     def children_gradient(self, ins):
         """The gemm adding ∂F's product of the children's gradients into their rows of the
@@ -592,12 +624,15 @@ class _Generator:
         return (f"gemm_team({s}, n, {m}, {k}, P{s}, a[{2 * s}], a[{2 * s + 1}], "
                 f"{a.row(0)}, {a.ld}, {out.row(0)}, {out.ld}, split_macs);")
 
-    def elementwise(self, group):
+    def elementwise(self, group, zero=None):
+        """The loop of an elementwise group; ``zero``: the key of a per-row input read as 0."""
         source = csource.elementwise_source(group, self.dtype)
         outs = [self.output(o) for o in group.outputs]
         if any(o.shape is not None for o in outs) or any(
                 row_domain(x.shape) == "vertex" and x.key not in self.inlined
                 and self.view(x).shape is not None for x in group.inputs):
+            if zero is not None:
+                raise Unsupported("a zero variant of a loop over per-row tensors")
             return self.tensor_elementwise(group, outs, source)
         width = outs[0].width
         if any(o.width != width for o in outs):
@@ -615,6 +650,9 @@ class _Generator:
                 if view.width not in (width, 1):
                     raise Unsupported(f"{x.label()} ({view.width} columns) broadcast against "
                                       f"{width} columns")
+                if x.key == zero:
+                    loads.append(f"const T x{k} = (T)0;")
+                    continue
                 rows.append(f"const T *__restrict__ r{k} = {view.row('i')};")
                 loads.append(f"const T x{k} = r{k}[{'j' if view.width == width else 0}];")
             else:

@@ -23,7 +23,7 @@ import numpy as np
 from ..cpu import blas, build, calibrate, products, team
 from ..cpu.kernels import data_address
 from ..ops.batching import row_domain
-from .plans import RUN, SKIP, record_written, widen
+from .plans import RUN, SKIP, ZERO, record_written, widen
 from .program import ScatterAdd
 
 
@@ -149,14 +149,23 @@ class NativeLoop:
             return "a value the loop writes is not in a layout it can write"
         return _NativeRun(self, part, args, keep)
 
-    def _codes_of(self, program, plan, env):
-        entry = self._codes.get(plan)
+    def _codes_of(self, program, plan, zeros, env):
+        """``(codes, writes, runs)`` of a plan on levels where the values ``zeros`` are zero:
+        each instruction's action code (an elementwise step with one zero input runs its
+        variant that reads 0 for it, and a zero only such variants read is not written), the
+        buffers it writes, how many instructions run."""
+        entry = self._codes.get((plan, zeros))
         if entry is None:
+            from .codegen import VARIANTS
+
             codes = np.array([self.spec.actions[a] for a in plan], dtype=np.int8)
+            if any(self.spec.variants):
+                _zero_variants(codes, program, self.spec.variants, zeros)
             writes = [(o.key, row_domain(o.shape)) for ins, a in zip(program.core, plan)
                       if a == RUN for o in ins.writes
                       if o.key in env and row_domain(o.shape)]
-            entry = self._codes[plan] = (codes, writes, int(np.count_nonzero(codes == 1)))
+            runs = int(np.count_nonzero((codes == 1) | (codes >= VARIANTS)))
+            entry = self._codes[(plan, zeros)] = (codes, writes, runs)
         return entry
 
     def _bind(self, program, env, rows, keep):
@@ -222,7 +231,7 @@ class _NativeRun:
         self.loop, self.part, self.keep = loop, part, keep
         plans, which, zeros = part.exe.plans.per_level(ranges, rows,
                                                         part.children_in_place is not None)
-        codes = [loop._codes_of(program, plan, part.env) for plan in plans]
+        codes = [loop._codes_of(program, plan, z, part.env) for plan, z in zip(plans, zeros)]
         self.table = np.stack([c for c, _, _ in codes])[which]  # each level's action codes
         runs = np.array([r for _, _, r in codes])[which]
         if part.gradient_in_place is not None:  # (its windows' and adds' work is the gemm's:
@@ -259,6 +268,35 @@ class _NativeRun:
     def finish(self):
         record_written(self.part.program, self.part.ranges, self.written)
         return self.counts
+
+
+def _zero_variants(codes, program, variants, zeros):
+    """In a plan's action ``codes`` (changed in place): an instruction that runs with exactly
+    one of its variants' inputs zero runs that variant (codegen.VARIANTS); then a ZERO whose
+    value lives only during its level and no instruction reads but through such a variant is
+    skipped (a leaf level's product of its zero children: 16 MB a Tree-FC batch not written
+    and not read again)."""
+    from .codegen import ACTIONS, VARIANTS
+
+    zeroed = {}  # instruction -> the input it reads as 0
+    for k, keys in enumerate(variants):
+        if keys and codes[k] == ACTIONS[RUN]:
+            found = [j for j, key in enumerate(keys) if key in zeros]
+            if len(found) == 1:
+                codes[k] = VARIANTS + found[0]
+                zeroed[k] = keys[found[0]]
+    readers = program.level_local_readers
+    if not zeroed or readers is None:
+        return
+    core = program.core
+    for k in reversed(range(len(codes))):
+        if codes[k] != ACTIONS[ZERO] or readers[k] is None:
+            continue
+        made = {o.key for o in core[k].writes}
+        if all(codes[r] in (ACTIONS[SKIP], ACTIONS[ZERO]) or
+               r in zeroed and made & {x.key for x in core[r].reads} <= {zeroed[r]}
+               for r in readers[k]):
+            codes[k] = ACTIONS[SKIP]
 
 
 def _into_children(table, program, part):
