@@ -47,7 +47,8 @@ def level_loop(part, xp, check=None):
             if not isinstance(run, str):
                 return run
             reason = run
-    part.clear_stale_children()  # (only the native loop writes them: call.py)
+    part.clear_stale_children()  # (only the native loop writes them, or reads them as 0)
+    part.clear_stale_rows()
     if not part.program.core:  # (a leaf kind: all its work is eager)
         return InterpreterLoop(part, xp, check, backend=NO_LEVEL_WORK)
     if xp is not np:

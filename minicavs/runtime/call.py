@@ -56,6 +56,10 @@ class Part:
     # ∂F's first rows of d_states, the children's, not cleared where only their parents write
     # them: the native loop's products write them, or the loop clears them first
     stale_children: int = 0
+    # key -> (lo, hi): an eager value only the level loop reads, written on those rows alone
+    # (its range: zero elsewhere); the native loop clears the other rows a level reads (none,
+    # where its steps read it as 0 there: codegen.VARIANTS), any other loop all of them
+    stale_rows: dict = field(default_factory=dict)
 
     @property
     def program(self):
@@ -81,6 +85,14 @@ class Part:
         if self.stale_children and not written:
             self.d_states[:self.stale_children] = 0
         self.stale_children = 0
+
+    def clear_stale_rows(self):
+        """Zeros into every row an eager value left unwritten (:attr:`stale_rows`)."""
+        for key, (lo, hi) in self.stale_rows.items():
+            value = self.env[key]
+            value[:lo] = 0
+            value[hi:] = 0
+        self.stale_rows.clear()
 
     def release(self):
         """Give the part's pooled buffers back (nothing returned may view them)."""

@@ -385,9 +385,11 @@ def _windows(part, xp):
     return _BoundWindows(exe.windows, part, xp)
 
 
-def run_whole(ins, xp, env, ranges, rows):
+def run_whole(ins, xp, env, ranges, rows, stale=None):
     """An eager or lazy step over all rows of the batch; where the zero_rows pass allows, a
-    product runs on its nonzero rows only. Records the zero-row range of each output."""
+    product runs on its nonzero rows only. Records the zero-row range of each output.
+    ``stale``: where only the level loop reads the output, its rows outside that range are
+    left unwritten and the range recorded there (``Part.stale_rows``)."""
     step = ins.step
     node = getattr(step, "node", None)
 
@@ -403,8 +405,12 @@ def run_whole(ins, xp, env, ranges, rows):
         # (rows no reader looks at may be left unwritten: not in debug mode, which checks them)
         within = index_rows(env[ins.demand.key]) if ins.demand is not None and \
             not debug.enabled else None
+        if stale is not None and row_domain(node.inputs[0].shape):
+            within = range_of(node.inputs[0])  # (read there only; the loop clears the rest)
         done = node.op.on_nonzero_rows(xp, node, [env[x.key] for x in node.inputs], range_of,
                                        within)
+        if done is not None and stale is not None and done[1] is not None:
+            stale[node.key] = done[1]
     if done is not None:
         env[node.key], out_range = done
     elif not ins.aliased:  # (an aliased concat's parts wrote its columns)

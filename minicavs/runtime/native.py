@@ -236,6 +236,8 @@ class _NativeRun:
         runs = np.array([r for _, _, r in codes])[which]
         if part.gradient_in_place is not None:  # (its windows' and adds' work is the gemm's:
             _into_children(self.table, program, part)  # still counted as run)
+        if part.stale_rows:
+            _clear_rows_read(self.table, program, loop.spec.variants, part)
         self.counts = (runs[::-1] if program.reverse else runs).tolist()  # in loop order
         # What each buffer holds: the hull of the rows of every level that wrote it, taken
         # once per plan and domain (a plan's writes are the same on each of its levels).
@@ -297,6 +299,30 @@ def _zero_variants(codes, program, variants, zeros):
                r in zeroed and made & {x.key for x in core[r].reads} <= {zeroed[r]}
                for r in readers[k]):
             codes[k] = ACTIONS[SKIP]
+
+
+def _clear_rows_read(table, program, variants, part):
+    """Zeros into the rows of ``part.stale_rows`` (eager values left unwritten outside their
+    range) that a level's instructions read: on a level partly outside the range. A level
+    wholly outside reads them as 0 (its variant, ``table``'s codes) or not at all."""
+    from .codegen import ACTIONS, VARIANTS
+
+    offsets = np.asarray(part.rows.level_offsets)
+    start, end = offsets[:-1], offsets[1:]
+    for key, (lo, hi) in part.stale_rows.items():
+        reads = np.zeros(len(table), dtype=bool)
+        for r, ins in enumerate(program.core):
+            if any(x.key == key for x in ins.reads):
+                code, zeroed = table[:, r], [VARIANTS + j for j, k in enumerate(variants[r])
+                                             if k == key]
+                reads |= (code != ACTIONS[SKIP]) & (code != ACTIONS[ZERO]) & \
+                    ~np.isin(code, zeroed)
+        value = part.env[key]
+        for t in np.flatnonzero(reads & (end > start) & ((start < lo) | (end > hi))):
+            s, e = int(start[t]), int(end[t])
+            value[s:max(s, min(e, lo))] = 0
+            value[max(s, hi):max(e, hi)] = 0
+    part.stale_rows.clear()
 
 
 def _into_children(table, program, part):
