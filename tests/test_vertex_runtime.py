@@ -543,7 +543,8 @@ def test_childrens_states_read_where_they_are_equal_per_sample(arity, monkeypatc
     states' rows, ``arity`` to a parent, so F's concat of them is those rows themselves — no
     gather, no concat runs (explain) — and ∂F's native loop adds their gradients into those rows
     in its gemm, on every level with children — writes them, not cleared before, where the
-    caller's gradient reaches none of them (the buffers handed out filled with NaN here);
+    caller's gradient reaches none of them (the buffers handed out filled with NaN here), and
+    F leaves the leaves' rows of the concat unwritten (no one reads them);
     F, ∂F (pushed outputs, or the states of some rows) equal the per-sample evaluation and
     the same batch with its children gathered."""
     from minicavs.runtime import codegen, memory, native
@@ -554,6 +555,10 @@ def test_childrens_states_read_where_they_are_equal_per_sample(arity, monkeypatc
         fused.append(into_children(table, program, part))
         written.append(bool((table == codegen.ONTO_CHILDREN).any()))
     monkeypatch.setattr(native, "_into_children", spy)
+    left = []  # per native F call: whether the leaves' concat rows were left unwritten
+    leave = native._leave_leaf_concat
+    monkeypatch.setattr(native, "_leave_leaf_concat", lambda table, program, variants, part: (
+        leave(table, program, variants, part), left.append(bool(part.stale_rows))))
     allocate = memory.BufferPool._allocate
     monkeypatch.setattr(memory.BufferPool, "_allocate",
                         lambda *args: allocate(*args) * np.nan)
@@ -581,6 +586,7 @@ def test_childrens_states_read_where_they_are_equal_per_sample(arity, monkeypatc
     in_place, grads = run()
     assert bool(fused and min(fused) == 2) == (in_place[2] == "native"), fused  # (2 levels up)
     assert any(written) == bool(fused), written  # (where the caller's gradient is at roots)
+    assert any(left) == bool(fused), left
     fused.clear()
     from minicavs.vertex import graphs as batches
     monkeypatch.setattr(batches.BatchIndices, "children_in_order", lambda self, k: None)
@@ -590,6 +596,43 @@ def test_childrens_states_read_where_they_are_equal_per_sample(arity, monkeypatc
     assert in_place[1] == gathered[1]  # (∂F's windows and adds: the gemm's work, counted)
     for got, w in zip(grads, want):
         np.testing.assert_allclose(got, w, rtol=1e-12, atol=1e-14)
+
+
+def test_a_whole_step_reading_unwritten_rows_through_a_view_writes_them_first():
+    """∂F of the complete-tree cell reads F's concat of the children, whose rows below the
+    first with children F's native loop left unwritten (``Part.stale_rows``): its transpose (a
+    view) reads nothing and passes the mark on; the parameter gradient's product on the
+    nonzero rows keeps to them; a step over all rows through the view clears them first."""
+    from dataclasses import replace
+
+    from minicavs.ops import linalg, shape
+    from minicavs.runtime.interpreter import run_whole
+
+    rng = np.random.default_rng(3)
+    F, params = _children_concat_cell(2, rng, push=False)
+    batch = mc.GraphBatch([_complete_tree(2, 2)] * 3)
+    (F(batch, pull=mc.tensor(rng.standard_normal((batch.num_vertices, E)))) ** 2).sum() \
+        .backward()
+    program = F.backward_executable.program
+    made = {o.key: ins for ins in program.eager + program.lazy for o in ins.writes}
+    product, view = next((ins, made[ins.step.node.inputs[0].key]) for ins in program.lazy
+                         if ins.restrict and ins.step.node.inputs[0].key in made)
+    assert view.step.node.op is shape.TRANSPOSE and product.step.node.op is linalg.MATMUL
+    rows, g = view.step.node.inputs[0], product.step.node.inputs[1]
+    n, lo = 12, 5
+    concat = rng.standard_normal((n, rows.shape[1]))
+    concat[:lo] = np.nan  # (unwritten)
+    env = {rows.key: concat, g.key: rng.standard_normal((n, g.shape[1]))}
+    ranges, stale = {rows.key: (lo, n)}, {rows.key: (lo, n)}
+    want = concat[lo:].T @ env[g.key][lo:]
+    run_whole(view, np, env, ranges, None, stale)
+    assert np.isnan(concat[:lo]).all() and len(stale) == 2  # (the view marked, nothing read)
+    run_whole(product, np, env, ranges, None, stale)
+    np.testing.assert_allclose(env[product.step.node.key], want, rtol=1e-12)
+    assert np.isnan(concat[:lo]).all()
+    run_whole(replace(product, restrict=False), np, env, ranges, None, stale)
+    np.testing.assert_allclose(env[product.step.node.key], want, rtol=1e-12)
+    assert not concat[:lo].any()
 
 
 def test_calls_reading_children_in_place_keep_their_buffers_apart():

@@ -56,9 +56,12 @@ class Part:
     # ∂F's first rows of d_states, the children's, not cleared where only their parents write
     # them: the native loop's products write them, or the loop clears them first
     stale_children: int = 0
-    # key -> (lo, hi): an eager value only the level loop reads, written on those rows alone
-    # (its range: zero elsewhere); the native loop clears the other rows a level reads (none,
-    # where its steps read it as 0 there: codegen.VARIANTS), any other loop all of them
+    # key -> (lo, hi): a value written on those rows alone (its range: zero elsewhere) — an
+    # eager product only the level loop reads, a concat a native loop did not clear where no
+    # one reads it, or such a value ∂F reads. A reader that does not keep to the range clears
+    # the rows first: the native loop those a level reads (none, where its steps read the value
+    # as 0 there: codegen.VARIANTS), another loop all, a whole step that is not a product on
+    # the nonzero rows all (interpreter.run_whole)
     stale_rows: dict = field(default_factory=dict)
 
     @property
@@ -87,12 +90,9 @@ class Part:
         self.stale_children = 0
 
     def clear_stale_rows(self):
-        """Zeros into every row an eager value left unwritten (:attr:`stale_rows`)."""
-        for key, (lo, hi) in self.stale_rows.items():
-            value = self.env[key]
-            value[:lo] = 0
-            value[hi:] = 0
-        self.stale_rows.clear()
+        """Zeros into every row a value left unwritten (:attr:`stale_rows`)."""
+        for key in list(self.stale_rows):
+            clear_unwritten(self.env, self.stale_rows, key)
 
     def release(self):
         """Give the part's pooled buffers back (nothing returned may view them)."""
@@ -102,7 +102,12 @@ class Part:
 
     def saved(self, backward_graph):
         """What ∂F reads of this forward part: the values it refers to, and their ranges."""
-        return Saved({v.key: self.env[v.key] for v in backward_graph.forward_refs}, self.ranges)
+        refs = backward_graph.forward_refs
+        for v in refs:  # (a view's rows are its base's, which ∂F does not have: written now)
+            if len(self.stale_rows.get(v.key, ())) > 2:
+                clear_unwritten(self.env, self.stale_rows, v.key)
+        return Saved({v.key: self.env[v.key] for v in refs}, self.ranges,
+                     {v.key: self.stale_rows[v.key] for v in refs if v.key in self.stale_rows})
 
     def gradients(self):
         """``{x.key: gradient}`` for each parameter and the pulled input of F that ∂F (this
@@ -112,12 +117,22 @@ class Part:
                 if x.kind == "param" or x.role == "pull"}
 
 
+def clear_unwritten(env, stale, key):
+    """Zeros into the rows ``key``'s value left unwritten (``stale[key]``: ``(lo, hi)``, or
+    ``(lo, hi, base)`` for a view of the value ``base``), and the mark gone."""
+    lo, hi, *base = stale.pop(key)
+    value = env[base[0] if base else key]
+    value[:lo] = 0
+    value[hi:] = 0
+
+
 @dataclass(frozen=True)
 class Saved:
     """What a forward part keeps for its backward: ∂F's forward references, their ranges."""
 
     values: dict
     ranges: dict
+    stale: dict = field(default_factory=dict)  # (Part.stale_rows of those values)
 
 
 @dataclass(eq=False)
@@ -241,8 +256,10 @@ def bind_backward(exe, xp, rows, saved, cotangent=None, *, at=None, d_states=Non
             take_rows(xp, cotangent, rows.order, out=env[state_grad])
     ranges = {ref.key: saved.ranges.get(value.key, FULL)
               for ref, value in zip(forward_inputs, bw.forward_refs)}
+    unwritten = {ref.key: saved.stale[value.key]
+                 for ref, value in zip(forward_inputs, bw.forward_refs) if value.key in saved.stale}
     return Part(exe, env, rows, ranges, d_states=d_states, levels=levels, store=store,
-                gradient_in_place=first, stale_children=stale)
+                gradient_in_place=first, stale_children=stale, stale_rows=unwritten)
 
 
 def bind_static(exe, xp, values, constants=None):

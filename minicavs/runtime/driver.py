@@ -95,8 +95,8 @@ def _whole_phase(phase, parts, schedulers, checks, xp):
             # loop clears those it reads, Part.stale_rows; not in debug mode, which checks them)
             loop_only = phase == "eager" and check is None and ins.restrict and \
                 ins.demand is None and not any(o.key in outside for o in ins.writes)
-            sched.run(ins, run_whole, ins, xp, p.env, p.ranges, p.rows,
-                      p.stale_rows if loop_only else None)
+            sched.run(ins, run_whole, ins, xp, p.env, p.ranges, p.rows, p.stale_rows,
+                      loop_only)
             if check:
                 check(ins, p.env)
 

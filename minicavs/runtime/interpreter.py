@@ -43,9 +43,10 @@ from ..autodiff import debug
 from ..autodiff.symbolic import Symbol
 from ..csource import compute_dtype, elementwise_source
 from ..errors import GraphError, KernelCompileError
-from ..ops.shape import SLICE_AXIS
+from ..ops.shape import SLICE_AXIS, TRANSPOSE
 from ..cuda import blas
 from .analysis import FusedGroup
+from .call import clear_unwritten
 from .executor import RECORD, GroupStep, OpStep
 from .plans import RUN, SKIP, ZERO, record_written, widen
 from .program import Compute, Gather, ScatterAdd
@@ -385,11 +386,12 @@ def _windows(part, xp):
     return _BoundWindows(exe.windows, part, xp)
 
 
-def run_whole(ins, xp, env, ranges, rows, stale=None):
+def run_whole(ins, xp, env, ranges, rows, stale=None, loop_only=False):
     """An eager or lazy step over all rows of the batch; where the zero_rows pass allows, a
     product runs on its nonzero rows only. Records the zero-row range of each output.
-    ``stale``: where only the level loop reads the output, its rows outside that range are
-    left unwritten and the range recorded there (``Part.stale_rows``)."""
+    ``stale``: the values left unwritten outside their range (``Part.stale_rows``), cleared
+    here before a step other than such a product reads them; ``loop_only``: only the level
+    loop reads the output, whose rows outside that range are left unwritten (and recorded)."""
     step = ins.step
     node = getattr(step, "node", None)
 
@@ -405,12 +407,21 @@ def run_whole(ins, xp, env, ranges, rows, stale=None):
         # (rows no reader looks at may be left unwritten: not in debug mode, which checks them)
         within = index_rows(env[ins.demand.key]) if ins.demand is not None and \
             not debug.enabled else None
-        if stale is not None and row_domain(node.inputs[0].shape):
+        if loop_only and row_domain(node.inputs[0].shape):
             within = range_of(node.inputs[0])  # (read there only; the loop clears the rest)
         done = node.op.on_nonzero_rows(xp, node, [env[x.key] for x in node.inputs], range_of,
                                        within)
-        if done is not None and stale is not None and done[1] is not None:
+        if done is not None and loop_only and done[1] is not None:
             stale[node.key] = done[1]
+    if done is None and stale:  # (a step over all rows: what it reads written; a view of it
+        # reads nothing yet, its readers will)
+        view = node is not None and (node.op.native == "view" or node.op is TRANSPOSE)
+        for x in ins.reads:
+            if x.key in stale:
+                if view:
+                    stale[node.key] = stale[x.key][:2] + (stale[x.key][2:] or (x.key,))
+                else:
+                    clear_unwritten(env, stale, x.key)
     if done is not None:
         env[node.key], out_range = done
     elif not ins.aliased:  # (an aliased concat's parts wrote its columns)

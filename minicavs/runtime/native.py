@@ -238,6 +238,8 @@ class _NativeRun:
             _into_children(self.table, program, part)  # still counted as run)
         if part.stale_rows:
             _clear_rows_read(self.table, program, loop.spec.variants, part)
+        if part.children_in_place is not None:
+            _leave_leaf_concat(self.table, program, loop.spec.variants, part)
         self.counts = (runs[::-1] if program.reverse else runs).tolist()  # in loop order
         # What each buffer holds: the hull of the rows of every level that wrote it, taken
         # once per plan and domain (a plan's writes are the same on each of its levels).
@@ -309,7 +311,7 @@ def _clear_rows_read(table, program, variants, part):
 
     offsets = np.asarray(part.rows.level_offsets)
     start, end = offsets[:-1], offsets[1:]
-    for key, (lo, hi) in part.stale_rows.items():
+    for key, (lo, hi, *base) in part.stale_rows.items():
         reads = np.zeros(len(table), dtype=bool)
         for r, ins in enumerate(program.core):
             if any(x.key == key for x in ins.reads):
@@ -317,12 +319,38 @@ def _clear_rows_read(table, program, variants, part):
                                              if k == key]
                 reads |= (code != ACTIONS[SKIP]) & (code != ACTIONS[ZERO]) & \
                     ~np.isin(code, zeroed)
-        value = part.env[key]
+        value = part.env[base[0] if base else key]
         for t in np.flatnonzero(reads & (end > start) & ((start < lo) | (end > hi))):
             s, e = int(start[t]), int(end[t])
             value[s:max(s, min(e, lo))] = 0
             value[max(s, hi):max(e, hi)] = 0
-    part.stale_rows.clear()
+    # (the marks stay: the rows no level read are still unwritten, for the readers after it)
+
+
+def _leave_leaf_concat(table, program, variants, part):
+    """F on a batch whose children are read where their states are (``children_in_place``):
+    the concat's rows below the first with children (the leaves': zero, 33 MB a Tree-FC batch)
+    are not cleared where no step of their levels reads them — only what reads the concat
+    outside the loop could, and it keeps to its range or clears them (``Part.stale_rows``)."""
+    from .codegen import ACTIONS, VARIANTS
+
+    concat, first = part.children_in_place
+    keys = {concat} | {p.key for p, c, *_ in program.aliases if c.key == concat}
+    writers = [k for k, ins in enumerate(program.core) if any(o.key in keys for o in ins.writes)]
+    readers = [k for k, ins in enumerate(program.core) if any(x.key in keys for x in ins.reads)]
+    offsets = np.asarray(part.rows.level_offsets)
+    done = False
+    for t in np.flatnonzero(offsets[1:] <= first):
+        codes = table[t]
+        if all(codes[k] in (ACTIONS[SKIP], ACTIONS[ZERO]) for k in writers) and all(
+                codes[r] in (ACTIONS[SKIP], ACTIONS[ZERO]) or codes[r] >= VARIANTS and
+                variants[r][codes[r] - VARIANTS] in keys and
+                sum(x.key in keys for x in program.core[r].reads) == 1 for r in readers):
+            for k in writers:
+                codes[k] = ACTIONS[SKIP]
+            done = True
+    if done:
+        part.stale_rows[concat] = (first, part.rows.num_vertices)
 
 
 def _into_children(table, program, part):
