@@ -879,7 +879,8 @@ def test_steps_with_one_zero_input_run_their_variant_and_equal_the_interpreter(g
     elsewhere x W; the native loop runs the fused step's variant that reads 0 for it
     (codegen.VARIANTS) and does not write the leaves' zero product (no other step reads it),
     nor the eager x W its zero rows (only the loop reads it: Part.stale_rows, the rows a level
-    reads cleared): values and gradients equal the interpreter's.""" 
+    reads cleared), nor the embedding the rows past the last word (its readers keep to its
+    range): values and gradients equal the interpreter's."""
     from minicavs.runtime import native
 
     rng = np.random.default_rng(seed)

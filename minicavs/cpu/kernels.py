@@ -227,11 +227,11 @@ def scatter_add_rows(out, idx, values):
     return True
 
 
-def take_rows(x, idx):
-    """``x[idx]`` by rows with a zero row where ``idx`` is -1, as a new C-contiguous array;
-    None where it does not apply (the caller's NumPy form runs) or where an index lies outside
-    -1..len(x)-1 (the caller's check names it). ``x``: C-contiguous, or 2-D with contiguous
-    rows at any stride."""
+def take_rows(x, idx, out=None):
+    """``x[idx]`` by rows with a zero row where ``idx`` is -1, as a new C-contiguous array (or
+    into ``out``, C-contiguous); None where it does not apply (the caller's NumPy form runs) or
+    where an index lies outside -1..len(x)-1 (the caller's check names it). ``x``: C-contiguous,
+    or 2-D with contiguous rows at any stride."""
     suffix = SUFFIX.get(getattr(x, "dtype", None))
     if suffix is None or x.ndim == 0 or getattr(idx, "dtype", None) != np.int64 \
             or idx.ndim != 1 or not idx.flags.c_contiguous:
@@ -241,7 +241,11 @@ def take_rows(x, idx):
     take = _function("take_rows", suffix) if ldx is not None and cols else None
     if take is None:
         return None
-    out = np.empty((len(idx),) + x.shape[1:], x.dtype)
+    shape = (len(idx),) + x.shape[1:]
+    if out is None:
+        out = np.empty(shape, x.dtype)
+    elif out.shape != shape or out.dtype != x.dtype or not out.flags.c_contiguous:
+        return None
     if take(data_address(x), x.shape[0], ldx, data_address(idx), len(idx), cols,
             data_address(out), calibrate.threads_for(out.size)) >= 0:
         return None

@@ -37,7 +37,8 @@ import itertools
 
 import numpy as np
 
-from ..ops.index import scatter_add_into
+from ..cpu import kernels as native_kernels
+from ..ops.index import TAKE_ROWS, scatter_add_into
 from ..ops.batching import instantiate, row_domain
 from ..autodiff import debug
 from ..autodiff.symbolic import Symbol
@@ -413,6 +414,9 @@ def run_whole(ins, xp, env, ranges, rows, stale=None, loop_only=False):
                                        within)
         if done is not None and loop_only and done[1] is not None:
             stale[node.key] = done[1]
+    elif node is not None and node.op is TAKE_ROWS and stale is not None and xp is np and \
+            buffers[0] is None and not debug.enabled:
+        done = _take_rows_in_hull(node, env, stale)
     if done is None and stale:  # (a step over all rows: what it reads written; a view of it
         # reads nothing yet, its readers will)
         view = node is not None and (node.op.native == "view" or node.op is TRANSPOSE)
@@ -446,6 +450,24 @@ def run_whole(ins, xp, env, ranges, rows, stale=None, loop_only=False):
     for o, r in zip(ins.writes, out_ranges):
         if r is not None:
             ranges[o.key] = r
+
+
+def _take_rows_in_hull(node, env, stale):
+    """``take_rows(table, idx)`` on the rows from the first to the last whose index is not -1
+    (an embedding at the leaves, the internal vertices' rows after them zero), the others left
+    unwritten and marked in ``stale`` (``Part.stale_rows``): ``(value, (lo, hi))``, or None
+    where they are all the rows."""
+    table, idx = (env[x.key] for x in node.inputs)
+    if idx.ndim != 1:
+        return None
+    (lo, hi), n = index_rows(idx), len(idx)
+    if hi - lo >= n:
+        return None
+    out = np.empty((n,) + table.shape[1:], table.dtype)
+    if hi > lo and native_kernels.take_rows(table, idx[lo:hi], out[lo:hi]) is None:
+        out[lo:hi] = TAKE_ROWS.forward(np, table, idx[lo:hi])  # (the NumPy form, its checks)
+    stale[node.key] = (lo, hi)
+    return out, (lo, hi)
 
 
 def run_static_step(ins, xp, env, rows, outs):
