@@ -109,6 +109,25 @@ def test_embedded_words_with_zero_rows_equal_per_sample(options, graphs, seed):
     _check_batched_equals_reference(F, params, graphs, seed, X=mc.tensor(words))
 
 
+def test_an_embeddings_gradient_from_a_small_vocabulary_adds_before_it_multiplies(monkeypatch):
+    """The table's gradient of the embedded Tree-LSTM, two words over 24 leaves: the rows of
+    dG are added into the table's rows first and the sums multiplied by Wᵀ (fewer rows than
+    dG·Wᵀ), with the per-sample reference's values and gradients."""
+    from minicavs.runtime import interpreter
+
+    ran = []
+    scatter = interpreter._ScatterFirst.scatter
+    monkeypatch.setattr(interpreter._ScatterFirst, "scatter",
+                        lambda self, *args: ran.append(len(self.x)) or scatter(self, *args))
+    rng = np.random.default_rng(11)
+    F, params = embedding_tree_lstm(E, H, 2, rng)
+    graphs = [mc.InputGraph.complete_binary(8)] * 3
+    batch = mc.GraphBatch(graphs)
+    words = np.where(batch.num_children == 0, rng.integers(0, 2, batch.num_vertices), -1)
+    _check_batched_equals_reference(F, params, graphs, 11, X=mc.tensor(words))
+    assert ran and min(ran) >= 4, ran
+
+
 def test_gate_gradient_blocks_zero_at_the_leaves_skip_their_products(monkeypatch):
     """In ∂F of the embedded Tree-LSTM the forget gates' gradients are zero at the leaves (no
     child cell), the only rows where x is nonzero: dx = dG·Wᵀ and dW = xᵀ·dG run the other gate

@@ -38,7 +38,7 @@ import itertools
 import numpy as np
 
 from ..cpu import kernels as native_kernels
-from ..ops.index import TAKE_ROWS, scatter_add_into
+from ..ops.index import SCATTER_ADD_ROWS, TAKE_ROWS, scatter_add_into
 from ..ops.batching import instantiate, row_domain
 from ..autodiff import debug
 from ..autodiff.symbolic import Symbol
@@ -410,13 +410,18 @@ def run_whole(ins, xp, env, ranges, rows, stale=None, loop_only=False):
             not debug.enabled else None
         if loop_only and row_domain(node.inputs[0].shape):
             within = range_of(node.inputs[0])  # (read there only; the loop clears the rest)
-        done = node.op.on_nonzero_rows(xp, node, [env[x.key] for x in node.inputs], range_of,
-                                       within)
+        done = _scatter_first(ins, node, env, range_of, within)
+        if done is None:
+            done = node.op.on_nonzero_rows(xp, node, [env[x.key] for x in node.inputs],
+                                           range_of, within)
         if done is not None and loop_only and done[1] is not None:
             stale[node.key] = done[1]
     elif node is not None and node.op is TAKE_ROWS and stale is not None and xp is np and \
             buffers[0] is None and not debug.enabled:
         done = _take_rows_in_hull(node, env, stale)
+    elif node is not None and node.op is SCATTER_ADD_ROWS and \
+            isinstance(env.get(node.inputs[0].key), _ScatterFirst):
+        done = env[node.inputs[0].key].scatter(env[node.inputs[1].key], node.attrs["num_rows"])
     if done is None and stale:  # (a step over all rows: what it reads written; a view of it
         # reads nothing yet, its readers will)
         view = node is not None and (node.op.native == "view" or node.op is TRANSPOSE)
@@ -450,6 +455,41 @@ def run_whole(ins, xp, env, ranges, rows, stale=None, loop_only=False):
     for o, r in zip(ins.writes, out_ranges):
         if r is not None:
             ranges[o.key] = r
+
+
+class _ScatterFirst:
+    """``X·W`` whose one reader adds its rows into fewer rows of a table (the gradient of an
+    embedding of a small vocabulary): not computed; its reader adds X's rows ``lo..`` first and
+    multiplies the sums by W — the same sum, over the table's rows rather than the batch's
+    (Tree-FC: 1,000 words against 16,384 leaves a batch, 2.1 GFLOP a batch fewer)."""
+
+    def __init__(self, x, w, lo):
+        self.x, self.w, self.lo = x, w, lo
+
+    def scatter(self, idx, num_rows):
+        """``(scatter_add_rows(X·W, idx, num_rows), None)``."""
+        from ..ops.index import _scatter_add_rows_forward
+        from ..ops.linalg import _product
+
+        sums = _scatter_add_rows_forward(np, self.x, idx[self.lo:self.lo + len(self.x)],
+                                         num_rows)
+        return _product(np, sums, self.w), None
+
+
+def _scatter_first(ins, node, env, range_of, within):
+    """``(_ScatterFirst, rows)`` for the product ``X·W`` of ``ins`` where its reader (a
+    scatter-add of its rows into a table: ``ins.demand_reader``) may add first and multiply
+    after, on fewer rows (fewer than half the rows read); else None."""
+    reader = ins.demand_reader
+    if reader is None or within is None or row_domain(node.inputs[1].shape) or \
+            len(node.shape) != 2 or len(node.inputs[1].shape) != 2:
+        return None
+    x, w = env[node.inputs[0].key], env[node.inputs[1].key]
+    lo, hi = intersect(range_of(node.inputs[0]), within)
+    lo, hi = max(lo, 0), min(hi, x.shape[0])
+    if hi - lo < 2 * int(reader.attrs["num_rows"]):
+        return None
+    return _ScatterFirst(x[lo:hi], w, lo), (lo, hi)
 
 
 def _take_rows_in_hull(node, env, stale):

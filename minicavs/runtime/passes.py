@@ -65,6 +65,7 @@ from .analysis import (NodeClasses, clone, dependency_classes, eliminate_dead, f
                        merge_common_subexpressions)
 from ..ops.cells import LSTM_CELL
 from ..ops.elementwise import ADD
+from ..ops.index import SCATTER_ADD_ROWS
 from ..ops.linalg import MATMUL
 from ..ops.shape import CONCAT, SLICE_AXIS
 from .executor import GroupStep, OpStep, SummedCellStep, plan_steps
@@ -539,7 +540,7 @@ def zero_rows(program):
         rule = ZeroRowRule(ins.step)
         node = getattr(ins.step, "node", None)
         restrict = node is not None and node.op.on_nonzero_rows is not None
-        demand = None
+        demand = reader = None
         if restrict:  # only rows a later scatter keeps are needed (an embedding gradient)
             value = node
             while len(users[value.key]) == 1 and value.key not in outputs:
@@ -552,7 +553,9 @@ def zero_rows(program):
                 if scatters and reader.inputs[0] is value:  # value's row i goes to row idx[i]
                     demand = reader.inputs[index]
                 break
-        return _replace(ins, zero_rule=rule, restrict=restrict, demand=demand)
+        direct = demand is not None and value is node and reader.op is SCATTER_ADD_ROWS
+        return _replace(ins, zero_rule=rule, restrict=restrict, demand=demand,
+                        demand_reader=reader if direct else None)
 
     made = {o.key for ins in core for o in ins.writes if not isinstance(ins, Gather)}
     read = [x for ins in core for x in ins.reads] + [ins.target for ins in core

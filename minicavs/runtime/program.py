@@ -52,6 +52,7 @@ class Compute:
     serves: frozenset = None
     restrict: bool = False
     demand: object = None
+    demand_reader: object = None  # the scatter_add_rows that alone reads it, directly
     aliased: bool = False
     stream: str = "main"
     inlined: bool = False
