@@ -921,6 +921,41 @@ def test_steps_with_one_zero_input_run_their_variant_and_equal_the_interpreter(g
         assert any(((before == 2) & (after == 0)).any() for before, after in chosen), chosen
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_an_embedding_the_caller_gets_is_written_whole(native):
+    """A cell that pushes its embedded word (-1 at internal vertices: zero rows there) and
+    the same word's product: the pushed rows the caller gets are written, zeros included, on
+    new float memory filled with NaN, and the gradients are finite."""
+    rng = np.random.default_rng(4)
+    table = mc.Parameter(rng.standard_normal((5, E)), name="table")
+    W = mc.Parameter(rng.standard_normal((E, E)), name="W")
+
+    def cell(v):
+        x = mc.embedding(table, v.pull())
+        v.scatter(mc.tanh(x @ W + v.gather(0) + v.gather(1)))
+        v.push(x)
+
+    F = mc.VertexFunction(cell, pull_shape=(), pull_dtype="int64", scatter_shape=(E,),
+                          push_shape=(E,), arity=2, dtype="float64")
+    graphs = [mc.InputGraph.complete_binary(4)] * 2
+    batch = mc.GraphBatch(graphs)
+    words = mc.tensor(np.where(batch.num_children == 0, rng.integers(0, 5, batch.num_vertices),
+                               -1))
+    empty = np.empty
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(np, "empty", lambda *a, **k: _filled(empty(*a, **k), np.nan))
+        if native:
+            out = F(batch, pull=words)
+        else:
+            with interpreter_only():
+                out = F(batch, pull=words)
+        (out * out).sum().backward()
+    want = np.where((words.numpy() >= 0)[:, None], table.numpy()[np.maximum(words.numpy(), 0)],
+                    0.0)
+    np.testing.assert_array_equal(out.numpy(), want)
+    assert np.isfinite(table.grad.numpy()).all() and np.isfinite(W.grad.numpy()).all()
+
+
 FUSED_CASES = [(cell, dtype) for cell in ("binary_tree_lstm", "lstm_chain", "tree_fc")
                for dtype in (np.float32, np.float64)]
 

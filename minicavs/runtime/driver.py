@@ -89,13 +89,15 @@ def run_static(exe, env, xp, rows=0, outs=None):
 
 def _whole_phase(phase, parts, schedulers, checks, xp):
     for p, sched, check in zip(parts, schedulers, checks):
-        outside = p.program.read_outside_core
+        outside, handed_out = p.program.read_outside_core, p.program.handed_out
         for ins in getattr(p.program, phase):
-            # (a product only the level loop reads may leave its zero rows unwritten: the
-            # loop clears those it reads, Part.stale_rows; not in debug mode, which checks them)
-            loop_only = phase == "eager" and check is None and ins.restrict and \
-                ins.demand is None and not any(o.key in outside for o in ins.writes)
-            sched.run(ins, run_whole, ins, xp, p.env, p.ranges, p.rows, p.stale_rows,
+            # Rows left unwritten (Part.stale_rows), never in debug mode, which checks them: a
+            # product only the level loop reads, the loop clears those it reads; any step of
+            # zero rows whose value the caller does not get, its readers clear those they read.
+            leave = check is None and not any(o.key in handed_out for o in ins.writes)
+            loop_only = leave and phase == "eager" and ins.restrict and ins.demand is None \
+                and not any(o.key in outside for o in ins.writes)
+            sched.run(ins, run_whole, ins, xp, p.env, p.ranges, p.rows, p.stale_rows, leave,
                       loop_only)
             if check:
                 check(ins, p.env)

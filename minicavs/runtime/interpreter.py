@@ -387,12 +387,14 @@ def _windows(part, xp):
     return _BoundWindows(exe.windows, part, xp)
 
 
-def run_whole(ins, xp, env, ranges, rows, stale=None, loop_only=False):
+def run_whole(ins, xp, env, ranges, rows, stale=None, leave=False, loop_only=False):
     """An eager or lazy step over all rows of the batch; where the zero_rows pass allows, a
     product runs on its nonzero rows only. Records the zero-row range of each output.
     ``stale``: the values left unwritten outside their range (``Part.stale_rows``), cleared
-    here before a step other than such a product reads them; ``loop_only``: only the level
-    loop reads the output, whose rows outside that range are left unwritten (and recorded)."""
+    here before a step other than such a product reads them; ``leave``: this step's zero rows
+    may be left unwritten too, and marked there (the caller does not get its output; not in
+    debug mode); ``loop_only``: only the level loop reads the output (a product: its rows
+    outside its range left)."""
     step = ins.step
     node = getattr(step, "node", None)
 
@@ -416,15 +418,16 @@ def run_whole(ins, xp, env, ranges, rows, stale=None, loop_only=False):
                                            range_of, within)
         if done is not None and loop_only and done[1] is not None:
             stale[node.key] = done[1]
-    elif node is not None and node.op is TAKE_ROWS and stale is not None and xp is np and \
-            buffers[0] is None and not debug.enabled:
+    elif node is not None and node.op is TAKE_ROWS and leave and xp is np and \
+            buffers[0] is None:
         done = _take_rows_in_hull(node, env, stale)
     elif node is not None and node.op is SCATTER_ADD_ROWS and \
             isinstance(env.get(node.inputs[0].key), _ScatterFirst):
         done = env[node.inputs[0].key].scatter(env[node.inputs[1].key], node.attrs["num_rows"])
     if done is None and stale:  # (a step over all rows: what it reads written; a view of it
         # reads nothing yet, its readers will)
-        view = node is not None and (node.op.native == "view" or node.op is TRANSPOSE)
+        view = leave and node is not None and (node.op.native == "view" or
+                                               node.op is TRANSPOSE)
         for x in ins.reads:
             if x.key in stale:
                 if view:
@@ -482,7 +485,8 @@ def _scatter_first(ins, node, env, range_of, within):
     after, on fewer rows (fewer than half the rows read); else None."""
     reader = ins.demand_reader
     if reader is None or within is None or row_domain(node.inputs[1].shape) or \
-            len(node.shape) != 2 or len(node.inputs[1].shape) != 2:
+            len(node.shape) != 2 or len(node.inputs[1].shape) != 2 or \
+            env.get(node.key) is not None:  # (a buffer of its own: written as it is)
         return None
     x, w = env[node.inputs[0].key], env[node.inputs[1].key]
     lo, hi = intersect(range_of(node.inputs[0]), within)

@@ -289,6 +289,12 @@ class Program:
         return outputs
 
     @cached_property
+    def handed_out(self):
+        """Keys of the values the caller gets: the graph's outputs and the sinks (an F's
+        scattered state, ∂F's gradients)."""
+        return {o.key for o in self.graph.outputs} | {s.key for s in self.sinks}
+
+    @cached_property
     def read_outside_core(self):
         """Keys of the values read after their level or by someone else than the core."""
         return ({k.key for k in self.keep} | {x.key for ins in self.eager + self.lazy
