@@ -644,12 +644,12 @@ def test_a_whole_step_reading_unwritten_rows_through_a_view_writes_them_first():
     env = {rows.key: concat, g.key: rng.standard_normal((n, g.shape[1]))}
     ranges, stale = {rows.key: (lo, n)}, {rows.key: (lo, n)}
     want = concat[lo:].T @ env[g.key][lo:]
-    run_whole(view, np, env, ranges, None, stale)
+    run_whole(view, np, env, ranges, None, stale, leave=True)
     assert np.isnan(concat[:lo]).all() and len(stale) == 2  # (the view marked, nothing read)
-    run_whole(product, np, env, ranges, None, stale)
+    run_whole(product, np, env, ranges, None, stale, leave=True)
     np.testing.assert_allclose(env[product.step.node.key], want, rtol=1e-12)
     assert np.isnan(concat[:lo]).all()
-    run_whole(replace(product, restrict=False), np, env, ranges, None, stale)
+    run_whole(replace(product, restrict=False), np, env, ranges, None, stale, leave=True)
     np.testing.assert_allclose(env[product.step.node.key], want, rtol=1e-12)
     assert not concat[:lo].any()
 
