@@ -921,6 +921,23 @@ def test_steps_with_one_zero_input_run_their_variant_and_equal_the_interpreter(g
         assert any(((before == 2) & (after == 0)).any() for before, after in chosen), chosen
 
 
+def test_a_bad_word_id_past_the_last_good_one_is_named():
+    """An id below -1 where take_rows writes only the rows up to the last good id, past that
+    last one: the op's own error, from the forward call."""
+    rng = np.random.default_rng(2)
+    table = mc.Parameter(rng.standard_normal((2, E)), name="table")
+    W = mc.Parameter(rng.standard_normal((E, E)), name="W")
+    F = mc.VertexFunction(
+        lambda v: v.scatter(mc.tanh(mc.embedding(table, v.pull()) @ W + v.gather(0) +
+                                    v.gather(1))),
+        pull_shape=(), pull_dtype="int64", scatter_shape=(E,), arity=2, dtype="float64")
+    batch = mc.GraphBatch([mc.InputGraph.complete_binary(8)] * 2)
+    words = np.where(batch.num_children == 0, rng.integers(0, 2, batch.num_vertices), -1)
+    words[-1] = -5  # (a root: past every leaf)
+    with pytest.raises(mc.IndexRangeError, match=r"index -5 .* out of range for 2 rows"):
+        F(batch, pull=mc.tensor(words))
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_an_embedding_the_caller_gets_is_written_whole(native):
     """A cell that pushes its embedded word (-1 at internal vertices: zero rows there) and

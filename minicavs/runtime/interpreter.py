@@ -489,6 +489,8 @@ def _scatter_first(ins, node, env, range_of, within):
             env.get(node.key) is not None:  # (a buffer of its own: written as it is)
         return None
     x, w = env[node.inputs[0].key], env[node.inputs[1].key]
+    if (env[ins.demand.key] < -1).any():  # (a bad index: the scatter's own form names it)
+        return None
     lo, hi = intersect(range_of(node.inputs[0]), within)
     lo, hi = max(lo, 0), min(hi, x.shape[0])
     if hi - lo < 2 * int(reader.attrs["num_rows"]):
@@ -502,7 +504,7 @@ def _take_rows_in_hull(node, env, stale):
     unwritten and marked in ``stale`` (``Part.stale_rows``): ``(value, (lo, hi))``, or None
     where they are all the rows."""
     table, idx = (env[x.key] for x in node.inputs)
-    if idx.ndim != 1:
+    if idx.ndim != 1 or (idx < -1).any():  # (a bad index: the op's own form names it)
         return None
     (lo, hi), n = index_rows(idx), len(idx)
     if hi - lo >= n:

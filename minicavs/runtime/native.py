@@ -294,36 +294,37 @@ def _zero_variants(codes, program, variants, zeros):
         return
     core = program.core
     for k in reversed(range(len(codes))):
-        if codes[k] != ACTIONS[ZERO] or readers[k] is None:
-            continue
-        made = {o.key for o in core[k].writes}
-        if all(codes[r] in (ACTIONS[SKIP], ACTIONS[ZERO]) or
-               r in zeroed and made & {x.key for x in core[r].reads} <= {zeroed[r]}
-               for r in readers[k]):
+        if codes[k] == ACTIONS[ZERO] and readers[k] is not None and not any(
+                _reads(codes[r], core[r], variants[r], {o.key for o in core[k].writes})
+                for r in readers[k]):
             codes[k] = ACTIONS[SKIP]
+
+
+def _reads(code, ins, variants, keys):
+    """Whether instruction ``ins``, run with action ``code``, reads one of ``keys``: not where
+    it is skipped or writes zeros, nor through a variant that reads that value as 0."""
+    from .codegen import ACTIONS, VARIANTS
+
+    if code in (ACTIONS[SKIP], ACTIONS[ZERO]):
+        return False
+    read = {x.key for x in ins.reads} & keys
+    return bool(read - {variants[code - VARIANTS]} if code >= VARIANTS else read)
 
 
 def _clear_rows_read(table, program, variants, part):
     """Zeros into the rows of ``part.stale_rows`` (eager values left unwritten outside their
     range) that a level's instructions read: on a level partly outside the range. A level
     wholly outside reads them as 0 (its variant, ``table``'s codes) or not at all."""
-    from .codegen import ACTIONS, VARIANTS
-
     offsets = np.asarray(part.rows.level_offsets)
     start, end = offsets[:-1], offsets[1:]
+    core = program.core
     for key, (lo, hi, *base) in part.stale_rows.items():
-        reads = np.zeros(len(table), dtype=bool)
-        for r, ins in enumerate(program.core):
-            if any(x.key == key for x in ins.reads):
-                code, zeroed = table[:, r], [VARIANTS + j for j, k in enumerate(variants[r])
-                                             if k == key]
-                reads |= (code != ACTIONS[SKIP]) & (code != ACTIONS[ZERO]) & \
-                    ~np.isin(code, zeroed)
         value = part.env[base[0] if base else key]
-        for t in np.flatnonzero(reads & (end > start) & ((start < lo) | (end > hi))):
-            s, e = int(start[t]), int(end[t])
-            value[s:max(s, min(e, lo))] = 0
-            value[max(s, hi):max(e, hi)] = 0
+        for t in np.flatnonzero((end > start) & ((start < lo) | (end > hi))):
+            if any(_reads(table[t, r], ins, variants[r], {key}) for r, ins in enumerate(core)):
+                s, e = int(start[t]), int(end[t])
+                value[s:max(s, min(e, lo))] = 0
+                value[max(s, hi):max(e, hi)] = 0
     # (the marks stay: the rows no level read are still unwritten, for the readers after it)
 
 
@@ -332,20 +333,18 @@ def _leave_leaf_concat(table, program, variants, part):
     the concat's rows below the first with children (the leaves': zero, 33 MB a Tree-FC batch)
     are not cleared where no step of their levels reads them — only what reads the concat
     outside the loop could, and it keeps to its range or clears them (``Part.stale_rows``)."""
-    from .codegen import ACTIONS, VARIANTS
+    from .codegen import ACTIONS
 
     concat, first = part.children_in_place
     keys = {concat} | {p.key for p, c, *_ in program.aliases if c.key == concat}
-    writers = [k for k, ins in enumerate(program.core) if any(o.key in keys for o in ins.writes)]
-    readers = [k for k, ins in enumerate(program.core) if any(x.key in keys for x in ins.reads)]
+    core = program.core
+    writers = [k for k, ins in enumerate(core) if any(o.key in keys for o in ins.writes)]
     offsets = np.asarray(part.rows.level_offsets)
     done = False
     for t in np.flatnonzero(offsets[1:] <= first):
         codes = table[t]
-        if all(codes[k] in (ACTIONS[SKIP], ACTIONS[ZERO]) for k in writers) and all(
-                codes[r] in (ACTIONS[SKIP], ACTIONS[ZERO]) or codes[r] >= VARIANTS and
-                variants[r][codes[r] - VARIANTS] in keys and
-                sum(x.key in keys for x in program.core[r].reads) == 1 for r in readers):
+        if all(codes[k] in (ACTIONS[SKIP], ACTIONS[ZERO]) for k in writers) and not any(
+                _reads(codes[r], ins, variants[r], keys) for r, ins in enumerate(core)):
             for k in writers:
                 codes[k] = ACTIONS[SKIP]
             done = True
