@@ -334,6 +334,9 @@ WORKER = textwrap.dedent(r'''
             mc.sum(pushed * pushed).backward()
             out[name] = [backend.to_numpy(a.data).tolist() for a in [pushed, X.grad] + [
                 p.grad for p in params]]
+            stats = F.explain()
+            out.setdefault("backends", {})[name] = [stats["forward_backend"],
+                                                    stats["backward_backend"]]
         return out
 
     def autobatch_from_c(device):
@@ -496,36 +499,45 @@ def test_a_calls_levels_go_to_c_in_one_call_per_phase(emulated_run):
 
 
 def test_levels_issued_from_c_equal_levels_issued_from_python(emulated_run):
-    """The same kernels and products in the same order, so the same bits; every level of the
-    models whose plans the tables cover goes through C (RNTN's reshapes keep it on Python).
-    Tree-FC's complete trees have their children in order: C adds ∂F's children's gradients
-    in the product's cuBLAS gemm (β = 1), one launch fewer a level with children than
-    Python's product and adds (the same sums, so the same bits still)."""
+    """The same kernels and products in the same order, so the same bits; every level of
+    every model goes through C. Tree-FC's complete trees have their children in order: C adds
+    ∂F's children's gradients in the product's cuBLAS gemm (β = 1), one launch fewer a level
+    with children than Python's product and adds (the same sums, so the same bits still).
+    The RNTN's bilinear term ``sum(reshape(x V) * x)`` is one kernel from C, its product
+    ``x V`` made in the rows of the reshape ∂F reads (Python: a copy, a mul and a sum): fewer
+    launches each way, and a sum in another order (float32 rounding apart)."""
     for name, runs in emulated_run["issuers"].items():
         c, python = runs["c"], runs["python"]
-        assert c["losses"] == python["losses"], name
-        assert c["grads"] == python["grads"], name
+        if name == "rntn":
+            _close(c["losses"], python["losses"], "rntn: losses")
+            for k, (g, r) in enumerate(zip(c["grads"], python["grads"])):
+                _close(g, r, f"rntn: gradient {k}")
+            assert c["launches"][0] <= python["launches"][0] - 1.5 and \
+                c["launches"][1] <= python["launches"][1] - 0.8, (c["launches"],
+                                                                  python["launches"])
+        else:
+            assert c["losses"] == python["losses"], name
+            assert c["grads"] == python["grads"], name
         added = name == "tree_fc"
         if added:
             assert c["launches"][0] == python["launches"][0], name
             assert python["launches"][1] - 1 < c["launches"][1] < python["launches"][1], (
                 name, c["launches"], python["launches"])
-        else:
+        elif name != "rntn":
             assert c["launches"] == python["launches"], name
         assert python["backends"] == ["cupy", "cupy"], name
-        expected = "cupy (levels issued from Python" if name == "rntn" else \
-            "cupy (levels issued from C)"
-        assert all(b.startswith(expected) for b in c["backends"]), (name, c["backends"])
+        assert all(b == "cupy (levels issued from C)" for b in c["backends"]), (name,
+                                                                                c["backends"])
         # our product kernel in place of cuBLAS's: float32 rounding apart, the same launches
         own = runs["c, own products"]
         _close(own["losses"], python["losses"], f"{name}: losses, own products")
         for k, (g, r) in enumerate(zip(own["grads"], python["grads"])):
             _close(g, r, f"{name}: gradient {k}, own products")
         assert own["launches"] == c["launches"], name
-        if name != "rntn":  # (its levels stay on Python: cuBLAS; the gemm adding into the
-            # children is cuBLAS's: our kernel writes its product, it does not add it)
-            assert own["library"][0] == 0 and c["library"][0] > 0, (name, own, c)
-            assert (own["library"][1] > 0) == added, (name, own, c)
+        # (the gemm adding into the children is cuBLAS's: our kernel writes its product, it
+        # does not add it)
+        assert own["library"][0] == 0 and c["library"][0] > 0, (name, own, c)
+        assert (own["library"][1] > 0) == added, (name, own, c)
 
 
 def test_explain_reports_launches_per_level_and_they_repeat(emulated_run):
@@ -572,10 +584,16 @@ def test_the_runtime_tests_cells_on_the_emulated_device_equal_numpy(emulated_run
     """Level kernels over whole arrays (interpreter._LevelKernel) on edges, three slots, a DAG
     and float64 compute what the NumPy backend does."""
     cpu, cuda = emulated_run["cpu"]["cells"], emulated_run["cuda"]["cells"]
+    backends = cuda.pop("backends")
     assert set(cuda) == {"binary", "child_sum", "k_ary"}
-    for name in cpu:
+    for name in cuda:
         for k, (a, b) in enumerate(zip(cuda[name], cpu[name])):
             _close(a, b, f"{name}: value {k}")
+    # a plan the C issuer's tables do not cover stays on the Python loop, and says why
+    assert backends["binary"] == backends["k_ary"] == ["cupy (levels issued from C)"] * 2
+    assert backends["child_sum"] == ["cupy (levels issued from Python: its row moves are not "
+                                     "one launch a level (edges, or a state of another "
+                                     "dtype))"] * 2, backends
 
 
 def test_td_generate_grows_and_differentiates_on_the_emulated_device_as_on_numpy(emulated_run):

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from minicavs.cuda import nvrtc, windows
+from minicavs.ops.batching import packed_strides
 
 AS_CUPY = nvrtc.KERNEL_OPTIONS + nvrtc.CUPY_APPENDED_OPTIONS
 
@@ -117,6 +118,51 @@ def test_a_fused_group_on_a_level_of_whole_arrays_compiles_and_equals_numpy_on_t
     tol = dict(rtol=1e-6 if dtype == np.float32 else 1e-13)
     np.testing.assert_allclose(y0, want0, **tol)  # (other rows and columns untouched)
     np.testing.assert_allclose(y1, (av * b[:, 1:] + c[3:7]) * ev, **tol)
+
+
+def _mul_group(dtype):
+    """y = a * b (one op) as the group a per-row tensor kernel computes."""
+    import minicavs as mc
+    from minicavs import csource
+    from minicavs.runtime.analysis import fusion_groups
+
+    graph = mc.trace(lambda a, b: a * b, ((2, 3), dtype), ((2, 3), dtype))
+    (group,) = fusion_groups(graph, min_size=1)
+    return csource.elementwise_source(group, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("summed", [(), (1,), (0,), (0, 1)])
+def test_a_per_row_tensor_kernel_broadcasts_sums_and_equals_numpy(dtype, summed):
+    """Rows of (2, 3) elements on a level (rows 5..7 of a batch): a batch value with its rows
+    9 apart, read at an offset and broadcast along axis 0 (a (1, 3) row, RNTN's x), times a
+    (2, 3) block of the level — every element written, or summed over the row's axes
+    ``summed`` (the RNTN's bilinear term: axis 1), into rows 7 apart (keepdims: size 1 left)
+    — and a zero input (no parameter: 0 read)."""
+    source = _mul_group(dtype)
+    dims = (2, 3)
+    kept = [k for k in range(2) if k not in summed]
+    out_steps = [0, 0]  # (0 along a summed axis)
+    for k, step in zip(kept, packed_strides([dims[k] for k in kept])):
+        out_steps[k] = step
+    operands = ((9, (0, 1)), (6, (3, 1)), (7, tuple(out_steps)))
+    made = windows.tensor_source(source, operands, dims, summed)
+    ptx = nvrtc.compile_to_ptx(made.code, made.name, arch="compute_90", options=AS_CUPY)
+    assert nvrtc.ptx_entries(ptx) == [made.name]
+    rng = np.random.default_rng(3)
+    n, lo = 3, 5
+    a, b = rng.normal(size=(10, 9)).astype(dtype), rng.normal(size=(n, 6)).astype(dtype)
+    out = rng.normal(size=(n, 7)).astype(dtype)
+    want_out = out.copy()
+    x = a[lo:lo + n, 2:5][:, None, :]  # (the level's first row at column 2)
+    product = x * b.reshape(n, 2, 3)
+    want = product.sum(axis=tuple(k + 1 for k in summed)) if summed else product
+    want_out[:, :want.reshape(n, -1).shape[1]] = want.reshape(n, -1)
+    windows.Launcher(made, runner="shim")([a.reshape(-1)[lo * 9 + 2:], b, out], n, lo)
+    np.testing.assert_allclose(out, want_out, rtol=1e-6 if dtype == np.float32 else 1e-13)
+    zero = windows.tensor_source(source, ((None,) + operands[1:]), dims, summed)
+    windows.Launcher(zero, runner="shim")([b, out], n, lo)
+    np.testing.assert_array_equal(out[:, :want.reshape(n, -1).shape[1]], 0)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -201,8 +201,7 @@ def test_cuda_launches_tables_launches_host_time_and_who_issued_the_levels():
     from benchmarks import autobatch_table
 
     # On the emulated device: launches and host µs per level step, and the issuer of each
-    # model's levels (C for the Tree-LSTM, Python with the reason for the RNTN); without a GPU
-    # or the emulated device it says how to run it.
+    # model's levels (C for both); without a GPU or the emulated device it says how to run it.
     script = str(autobatch_table.ROOT / "benchmarks" / "cuda_launches.py")
     env = dict(os.environ, MINICAVS_CUDA_EMULATE="1", PYTHONPATH=str(autobatch_table.ROOT))
     run = subprocess.run([sys.executable, script, "--workloads", "tree_lstm,rntn", "--size",
@@ -212,7 +211,7 @@ def test_cuda_launches_tables_launches_host_time_and_who_issued_the_levels():
     row = next(line for line in run.stdout.splitlines() if line.startswith("tree_lstm "))
     assert float(row.split()[3]) <= 3 and float(row.split()[4]) <= 5, row
     assert "tree_lstm: cupy (levels issued from C) / cupy (levels issued from C)" in run.stdout
-    assert "rntn: cupy (levels issued from Python: " in run.stdout
+    assert "rntn: cupy (levels issued from C) / cupy (levels issued from C)" in run.stdout
     if not os.environ.get("MINICAVS_CUDA_EMULATE"):
         from minicavs.backend import gpu_available
 

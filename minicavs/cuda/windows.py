@@ -155,6 +155,50 @@ def level_source(source, operands, width):
 
 
 @functools.lru_cache(maxsize=None)
+def tensor_source(source, operands, shape, summed=()):
+    """An elementwise body (``source``: a ``csource.ElementwiseSource`` of one output) over
+    each row's elements of ``shape`` on a level (the per-row tensors of a (V, a, b, ...)
+    value), its output summed over the row's axes ``summed`` (none: every element written).
+    ``operands``, per input then the output: ``(ld, steps)``, the element at ``u0, u1, ...``
+    of row i being ``[i * ld + u0 * steps[0] + ...]`` from the level's first row (step 0
+    along a broadcast axis, and along a summed axis for the output), or None (an input that
+    is 0: no parameter). One thread per output element; a summed axis is its loop."""
+    (_, t_out, _), = source.outputs
+    kept = [d for d in range(len(shape)) if d not in summed]
+    lines = []
+    for d in reversed(kept):  # (the output element j of a row: its index along each kept axis)
+        lines.append(f"const long long u{d} = j;" if d == kept[0] else
+                     f"const long long u{d} = j % {shape[d]}; j /= {shape[d]};")
+
+    def at(ld, steps):
+        return " + ".join([f"i * {ld}"] + [f"u{d} * {s}" for d, s in enumerate(steps) if s])
+
+    params, loads = [], []
+    for (_, t, name), operand in zip(source.inputs, operands):
+        if operand is None:
+            loads.append(f"const {t} {name} = ({t})0;")
+        else:
+            params.append(f"const {t}* __restrict__ {name}__raw")
+            loads.append(f"const {t} {name} = {name}__raw[{at(*operand)}];")
+    params.append(f"{t_out}* __restrict__ y0__raw")
+    out = f"y0__raw[{at(*operands[-1])}]"
+    if summed:
+        lines.append(f"{t_out} total_ = 0;")
+        for d in summed:
+            lines.append(f"for (long long u{d} = 0; u{d} < {shape[d]}; ++u{d})")
+        lines += ["{"] + ["    " + x for x in loads + [f"{t_out} y0;"]
+                          + source.operation.splitlines() + ["total_ += y0;"]]
+        lines += ["}", f"{out} = total_;"]
+    else:
+        lines += loads + [f"{t_out}& y0 = {out};"] + source.operation.splitlines()
+    kept_size = int(np.prod([shape[d] for d in kept], dtype=np.int64))
+    name = f"minicavs_row_tensor_{kernels.DTYPES[np.dtype(source.dtype)][1]}_" \
+           f"{_digest((source.name, operands, shape, summed))}"
+    return _layout_source(name, params, "\n".join("        " + x for x in lines), kept_size,
+                          f"typedef {kernels.DTYPES[np.dtype(source.dtype)][0]} T;\n")
+
+
+@functools.lru_cache(maxsize=None)
 def _compiled(source, runner):
     return kernels.make_kernel(source.code, source.name, runner)
 

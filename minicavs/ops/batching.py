@@ -67,6 +67,28 @@ def dim_text(d):
     return _NAMES[size] if k == 1 else f"{k}{_NAMES[size]}"
 
 
+# --- a row's elements (the level loops' per-row tensors: runtime/codegen.py, level_launches.py) --
+
+def packed_strides(shape):
+    """The element strides of a C-contiguous array of ``shape``."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def broadcast_strides(shape, strides, target):
+    """The strides of a value of ``shape`` (element ``strides``) broadcast to ``target``
+    (NumPy's rule: axes right-aligned, a missing or size-1 axis repeats: stride 0); None where
+    it does not broadcast to it."""
+    lead = len(target) - len(shape)
+    if lead < 0 or any(n not in (1, target[lead + d]) for d, n in enumerate(shape)):
+        return None
+    return tuple(0 if d < lead or shape[d - lead] == 1 else strides[d - lead]
+                 for d in range(len(target)))
+
+
 # --- helpers of the rules -----------------------------------------------------------------------
 
 def row_count(domain):

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import csource
-from ..ops.batching import row_domain
+from ..ops.batching import broadcast_strides, packed_strides, row_domain
 from .analysis import FusedGroup
 from .plans import RUN, SKIP, ZERO
 from .program import Compute, Gather
@@ -111,14 +111,14 @@ class View:
     def contiguous(self):
         """Its row's elements lie one after another (it can be copied, zeroed, multiplied)."""
         return all(n == 1 or s == c for n, s, c in zip(self.axes, self.steps,
-                                                        _packed_strides(self.axes)))
+                                                        packed_strides(self.axes)))
 
     def reshaped(self, shape, strides=None):
         shape = tuple(shape)
         return View(self.base, self.ld, self.col, int(np.prod(shape, dtype=np.int64)),
                     shape if len(shape) > 1 or strides is not None else None,
                     strides if strides is not None else
-                    (_packed_strides(shape) if len(shape) > 1 else None))
+                    (packed_strides(shape) if len(shape) > 1 else None))
 
 
 def _index(strides, axes):
@@ -128,13 +128,10 @@ def _index(strides, axes):
 
 
 def _aligned_to(shape, strides, target):
-    """The strides of a value of ``shape`` broadcast to ``target`` (NumPy's rule: axes
-    right-aligned, a missing or size-1 axis repeats: stride 0)."""
-    lead = len(target) - len(shape)
-    if lead < 0 or any(n not in (1, target[lead + d]) for d, n in enumerate(shape)):
+    steps = broadcast_strides(shape, strides, target)
+    if steps is None:
         raise Unsupported(f"a row of shape {tuple(shape)} broadcast against {tuple(target)}")
-    return tuple(0 if d < lead or shape[d - lead] == 1 else strides[d - lead]
-                 for d in range(len(target)))
+    return steps
 
 
 def _loads(inputs, shape):
@@ -149,7 +146,7 @@ def _loads(inputs, shape):
             loads.append(f"const T x{k} = r{k}[{_index(steps, axes)}];")
         else:
             _, slot, xshape = x
-            steps = _aligned_to(xshape, _packed_strides(xshape), shape)
+            steps = _aligned_to(xshape, packed_strides(xshape), shape)
             loads.append(f"const T x{k} = P{slot}[{_index(steps, axes)}];")
     return rows, loads
 
@@ -157,14 +154,6 @@ def _loads(inputs, shape):
 def _is_elementwise(ins):
     step = ins.step
     return getattr(step, "group", None) is not None or step.node.op.is_elementwise
-
-
-def _packed_strides(shape):
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
 
 
 @dataclass(frozen=True)
@@ -520,7 +509,7 @@ class _Generator:
             element, value = "", f"x[{_index(source.steps, range(len(shape)))}]"
         summed = [a - 1 for a in axes]  # axes of the row
         kept = [d for d in range(len(shape)) if d not in summed]
-        out_index = _index(_packed_strides([shape[d] for d in kept]), kept)
+        out_index = _index(packed_strides([shape[d] for d in kept]), kept)
 
         def loops(dims):
             return "".join(f"for (int64_t u{d} = 0; u{d} < {shape[d]}; ++u{d})\n" for d in dims)
@@ -557,7 +546,7 @@ class _Generator:
         if not out.contiguous:
             raise Unsupported(f"pad_axis {node.label()} into a strided row")
         shape = list(out.axes)
-        steps = _packed_strides(shape)
+        steps = packed_strides(shape)
         shape[axis - 1] = source.axes[axis - 1] if source.shape is not None else source.width
         window = View(out.base, out.ld, out.col + int(attrs["before"]) * steps[axis - 1],
                       0).reshaped(shape, steps)

@@ -26,7 +26,9 @@ import numpy as np
 
 from ..cuda import issuer, products
 from ..cuda.kernels import device_address
-from ..ops.batching import row_domain
+from ..csource import C_TYPES, ElementwiseSource, compute_dtype, elementwise_source
+from ..ops.batching import broadcast_strides, packed_strides, row_domain
+from .analysis import FusedGroup
 from .plans import RUN
 from .program import Compute
 
@@ -39,7 +41,8 @@ class Unsupported(Exception):
 class Ref:
     """Where a value's rows are: ``table[slot] + offset + lo * row_bytes`` is the level's first
     row, rows ``ld`` elements apart, ``width`` columns (``row_bytes`` 0: a block of the level
-    or a shared array)."""
+    or a shared array). A per-row tensor (a (V, a, b, ...) value, or a view of a row as one)
+    has its row's ``dims`` and its elements' ``steps`` along them (0 along a broadcast axis)."""
 
     thing: tuple
     row_bytes: int
@@ -47,9 +50,30 @@ class Ref:
     ld: int
     width: int
     dtype: np.dtype
+    dims: tuple = None
+    steps: tuple = None
+
+    @property
+    def axes(self):
+        return self.dims if self.dims is not None else (self.width,)
+
+    @property
+    def strides(self):
+        return self.steps if self.steps is not None else (1,)
+
+    def packed(self):
+        """Its row's elements lie one after another."""
+        return all(n == 1 or s == c for n, s, c in zip(self.axes, self.strides,
+                                                        packed_strides(self.axes)))
 
     def contiguous(self):
-        return self.offset == 0 and self.ld == self.width
+        return self.offset == 0 and self.ld == self.width and self.packed()
+
+    def viewed(self, dims, steps=None):
+        """The same elements as a row of ``dims`` (``steps``: packed where not given)."""
+        dims = tuple(int(d) for d in dims)
+        return replace(self, width=int(np.prod(dims, dtype=np.int64)), dims=dims,
+                       steps=packed_strides(dims) if steps is None else tuple(steps))
 
     def at(self):
         return (self.thing, self.row_bytes, self.offset)
@@ -175,6 +199,10 @@ class Translation:
         self.symbols = {x.key: x for x in self.program.graph.nodes}
         self.in_buffers = self.program.buffered | {p.key for p, *_ in self.program.aliases}
         self.refs, self.code, self.things, self.names, self.env_keys = {}, [], [], [], []
+        # an elementwise step's output that only a sum reads: made inside the sum's kernel
+        self.pending = {}  # key -> (ElementwiseSource, its inputs' operands and pointers)
+        self.sums = {}  # key -> the one sum that reads it, where a sum is its only reader
+        self.readers = {}  # key -> the level's steps that read it (None: a scatter-add)
         self.into_children = None  # Program.children_gradient where its product adds itself
 
     def table(self):
@@ -195,6 +223,15 @@ class Translation:
                 scatters = [piece for piece in scatters if piece[1] not in own]
         if gathers:
             self.gather(gathers)
+        self.readers = readers = {piece[1]: [None] for piece in scatters}
+        for ins, action, *_ in self.level.steps:
+            for x in ins.reads if action == RUN else ():
+                readers.setdefault(x.key, []).append(ins)
+        for key, found in readers.items():
+            node = getattr(found[0].step, "node", None) if len(found) == 1 and isinstance(
+                found[0], Compute) else None
+            if node is not None and node.op.native == "sum" and key not in self.env:
+                self.sums[key] = node
         for ins, action, sums, quick, kernel in self.level.steps:
             if sums:
                 raise Unsupported(f"{_name(ins)} is a shared value summed over the levels")
@@ -206,10 +243,8 @@ class Translation:
                         self.refs[o.key] = ZERO
             elif kernel is not None:
                 self.level_kernel(kernel)
-            elif quick is not None:
-                self.quick(ins)
             else:
-                raise Unsupported(f"{_name(ins)} runs as its own step")
+                self.compute(ins)
         if scatters:
             self.scatter(scatters)
         code = np.array([len(self.names)] + self.code, np.int64)
@@ -220,6 +255,8 @@ class Translation:
     # --- values -------------------------------------------------------------------------------
 
     def value(self, key):
+        if key in self.pending:  # (read by more than its sum after all: made here)
+            self.tensor_launch(*self.pending.pop(key))
         ref = self.refs.get(key)
         if ref is not None:
             return ref
@@ -232,20 +269,36 @@ class Translation:
         self.env_keys.append(key)
         if value.ndim == 2 and domain is None:  # a shared matrix: a product's operand, as it is
             return Ref(("env", key), 0, 0, None, value.shape[1], value.dtype)
-        if value.ndim != 2 or value.strides[1] != value.itemsize or \
-                value.strides[0] % value.itemsize:
-            raise Unsupported(f"{self.label(key)} is not a matrix of contiguous rows")
-        return Ref(("env", key), value.strides[0], 0, value.strides[0] // value.itemsize,
-                   value.shape[1], value.dtype)
+        tail, item = value.shape[1:], value.itemsize
+        if value.ndim < 2 or value.strides[0] % item or any(
+                n != 1 and step != packed * item
+                for n, step, packed in zip(tail, value.strides[1:], packed_strides(tail))):
+            raise Unsupported(f"{self.label(key)} does not have contiguous rows")
+        row = Ref(("env", key), value.strides[0], 0, value.strides[0] // item,
+                  int(np.prod(tail, dtype=np.int64)), value.dtype)
+        return row.viewed(tail) if len(tail) > 1 else row
 
     def label(self, key):
         symbol = self.symbols.get(key)
         return symbol.label() if symbol is not None else f"value {key}"
 
-    def scratch(self, key, width, dtype):
-        ref = self.refs[key] = Ref(("scratch", key, width, np.dtype(dtype)), 0, 0, width, width,
-                                   np.dtype(dtype))
+    def scratch(self, key, width, dtype, dims=None):
+        ref = Ref(("scratch", key, width, np.dtype(dtype)), 0, 0, width, width, np.dtype(dtype))
+        ref = self.refs[key] = ref.viewed(dims) if dims is not None and len(dims) > 1 else ref
         return ref
+
+    def output(self, node, dtype):
+        """Where ``node``'s rows on the level are written: its batch rows, or a new block."""
+        dims = tuple(int(d) for d in node.shape[1:])
+        if node.key in self.env:
+            ref = self.value(node.key)
+            if ref.axes != dims and ref.packed():
+                ref = ref.viewed(dims)
+            if ref.axes != dims or not ref.packed():
+                raise Unsupported(f"{self.label(node.key)} is written into rows of another "
+                                  f"shape")
+            return ref
+        return self.scratch(node.key, int(np.prod(dims, dtype=np.int64)), dtype, dims)
 
     def pointer(self, ref):
         self.things.append(ref.thing)
@@ -283,6 +336,13 @@ class Translation:
                 args.append(self.fixed(("env", home)))
         self.launch(launcher, args, "the level's gathers")
 
+    def zero(self, key):
+        """``key`` is zero on the level: its rows cleared where it has rows of its own."""
+        if key in self.env:
+            self.clear(key)
+        else:
+            self.refs[key] = ZERO
+
     def clear(self, key):
         """Zeros into the level's rows of a buffer (what the plan's ZERO does to one)."""
         ref = self.value(key)
@@ -311,7 +371,11 @@ class Translation:
             args[p] = self.pointer(self.scratch(key, kernel.width, dtype))
         self.launch(kernel.launch, args, "a fused group's kernel")
 
-    def quick(self, ins):
+    def compute(self, ins):
+        """A step other than a level kernel: a view, a product or a kernel of its own."""
+        group = getattr(ins.step, "group", None) if isinstance(ins, Compute) else None
+        if group is not None:
+            return self.elementwise(group)
         node = getattr(ins.step, "node", None) if isinstance(ins, Compute) else None
         native = node.op.native if node is not None else None
         if native == "window" and node.key not in self.in_buffers and len(node.shape) == 2 \
@@ -328,7 +392,135 @@ class Translation:
             return
         if native == "product" and all(len(x.shape) == 2 for x in (node, *node.inputs)):
             return self.product(node)
+        if native == "view":
+            return self.row_view(node)
+        if native == "sum":
+            return self.row_sum(node, ins.step.attrs)
+        if node is not None and node.op.is_elementwise:
+            inputs = list({x.key: x for x in node.inputs}.values())
+            return self.elementwise(FusedGroup([node], inputs, [node]))
         raise Unsupported(f"{_name(ins)} runs as its own step")
+
+    # --- per-row tensors (the RNTN's bilinear term: a reshape, a broadcast, mul, sum) --------
+
+    def row_view(self, node):
+        """reshape / broadcast_to of each row: a view of its input's rows, no launch — or a
+        copy where it has rows of its own (a batch buffer) or its input's are not packed."""
+        x = node.inputs[0]
+        if row_domain(x.shape) != "vertex" or row_domain(node.shape) != "vertex":
+            raise Unsupported(f"{node.op.name} {node.label()} is not one of each row")
+        dims = tuple(int(d) for d in node.shape[1:])
+        source = self.value(x.key)
+        if source is ZERO:
+            return self.zero(node.key)
+        if node.op.name == "reshape":
+            view = source.viewed(dims) if source.packed() else None
+        else:
+            steps = broadcast_strides(source.axes, source.strides, dims)
+            if steps is None:
+                raise Unsupported(f"broadcast_to {node.label()}: rows of {source.axes}")
+            view = source.viewed(dims, steps)
+        if view is not None and node.key not in self.env:
+            self.refs[node.key] = view
+            return
+        out = self.output(node, source.dtype)  # (its rows, or packed ones of the level)
+        if view is not None and (view.at(), view.ld, view.strides) == (out.at(), out.ld,
+                                                                        out.strides):
+            return  # (its input was made in its rows)
+        copy = _copy_source(source.dtype)
+        if view is not None:
+            self.tensor_launch(*self.tensor_operands(copy, [(view, x)], dims), out, dims)
+        else:  # (a reshape of rows that are not packed: packed first)
+            self.tensor_launch(*self.tensor_operands(copy, [(source, x)], source.axes),
+                               out.viewed(source.axes), source.axes)
+
+    def elementwise(self, group):
+        """A fused group (or one op) over per-row tensors, broadcasting, as one kernel; its
+        output kept for the kernel of the sum that alone reads it."""
+        if len(group.outputs) != 1:
+            raise Unsupported(f"a fused group of {len(group.outputs)} outputs over per-row "
+                              f"tensors")
+        node, = group.outputs
+        if row_domain(node.shape) != "vertex":
+            raise Unsupported(f"{node.label()} has no row per vertex")
+        dims = tuple(int(d) for d in node.shape[1:])
+        source = elementwise_source(group, compute_dtype(group))
+        inputs = []
+        for x, (dtype, _, _) in zip(group.inputs, source.inputs):
+            if row_domain(x.shape) == "vertex":
+                ref = self.value(x.key)
+            elif x.key in self.env and self.env[x.key].flags.c_contiguous:  # a shared array
+                value = self.env[x.key]
+                self.env_keys.append(x.key)
+                ref = Ref(("env", x.key), 0, 0, 0, value.size, value.dtype).viewed(
+                    value.shape or (1,))
+            else:
+                raise Unsupported(f"{node.label()} reads {self.label(x.key)}, made by its step")
+            if ref is not ZERO and ref.dtype != np.dtype(dtype):
+                raise Unsupported(f"{node.label()} reads {self.label(x.key)} as {dtype}")
+            inputs.append((ref, x))
+        made = self.tensor_operands(source, inputs, dims)
+        if node.key in self.sums:
+            self.pending[node.key] = made
+        else:
+            self.tensor_launch(*made, self.output(node, np.dtype(source.outputs[0][0])), dims)
+
+    def row_sum(self, node, attrs):
+        """A sum over axes of each row, one kernel; of an elementwise output read only here,
+        that computation inside it (the RNTN's ``sum(reshape(x V) * x, -1)``: no product
+        tensor stored)."""
+        x = node.inputs[0]
+        rank = len(x.shape)
+        axes = sorted({int(a) % rank for a in attrs["axes"]} if attrs["axes"] is not None
+                      else range(rank))
+        if row_domain(x.shape) != "vertex" or 0 in axes:
+            raise Unsupported(f"sum {node.label()} over the rows (a per-level sum)")
+        dims = tuple(int(d) for d in x.shape[1:])
+        made = self.pending.pop(x.key, None)
+        if made is None:
+            source = self.value(x.key)
+            if source is ZERO:
+                return self.zero(node.key)
+            made = self.tensor_operands(_copy_source(source.dtype), [(source, x)], dims)
+        self.tensor_launch(*made, self.output(node, made[0].outputs[0][0]), dims,
+                           tuple(a - 1 for a in axes))
+
+    def tensor_operands(self, source, inputs, dims):
+        """``(source, operands, pointers)`` of a kernel over rows of ``dims`` reading
+        ``inputs`` (``(ref or ZERO, symbol)``), broadcast to them."""
+        operands, pointers = [], []
+        for ref, x in inputs:
+            if ref is ZERO:
+                operands.append(None)
+                continue
+            steps = broadcast_strides(ref.axes, ref.strides, dims)
+            if steps is None:
+                raise Unsupported(f"{self.label(x.key) if x else 'a value'}: rows of "
+                                  f"{ref.axes} read as {dims}")
+            operands.append((ref.ld, steps))
+            pointers.append(self.pointer(ref) if ref.ld else self.fixed(ref.thing))
+        return source, operands, pointers
+
+    def tensor_launch(self, source, operands, pointers, out, dims, summed=()):
+        """One kernel over rows of ``dims`` into ``out`` (summed over the row's axes
+        ``summed``: ``out`` has them as size 1, or not at all)."""
+        if out.axes != tuple(d for k, d in enumerate(dims) if k not in summed) and \
+                out.axes != tuple(1 if k in summed else d for k, d in enumerate(dims)):
+            raise Unsupported(f"rows of {out.axes} written from {dims}")
+        steps, kept = [0] * len(dims), iter(out.strides)
+        for k in range(len(dims)):  # (the output's stride along each kept axis)
+            if len(out.axes) == len(dims):
+                steps[k] = 0 if k in summed else out.strides[k]
+            elif k not in summed:
+                steps[k] = next(kept)
+        windows = self.tables.windows
+        made = windows.kernels.tensor_source(source, tuple(operands) + (
+            (out.ld, tuple(steps)),), dims, tuple(summed))
+        launcher = windows.launches.get(made)
+        if launcher is None:
+            launcher = windows.launches[made] = windows.kernels.Launcher(made)
+        self.launch(launcher, pointers + [self.pointer(out)],
+                    f"kernel {made.name}" + (" (a sum)" if summed else ""))
 
     def product(self, node):
         a, b = (self.value(x.key) for x in node.inputs)
@@ -348,7 +540,7 @@ class Translation:
         elif node.key in self.env:
             out = self.value(node.key)
         else:
-            out = self.scratch(node.key, weight.shape[1], a.dtype)
+            out = self.into_reshape(node) or self.scratch(node.key, weight.shape[1], a.dtype)
         if out.thing == a.thing or out.dtype != a.dtype:
             raise Unsupported(f"product {node.label()} writes what it reads")
         at_b, at_a, at_out = (self.pointer(x)[1:] for x in (b, a, out))
@@ -358,6 +550,20 @@ class Translation:
             raise Unsupported(f"product {node.label()}: operands cuBLAS cannot take as they are")
         self.code += ops
         self.names.append(f"product {node.label()}")
+
+    def into_reshape(self, node):
+        """The rows of the batch buffer of the one reshape that reads ``node``, where it has
+        one (the RNTN's ``reshape(x V)``, kept for ∂F): ``node`` is made there, no copy."""
+        found = self.readers.get(node.key, ())
+        reshape = getattr(found[0].step, "node", None) if len(found) == 1 and isinstance(
+            found[0], Compute) else None
+        if reshape is None or reshape.op.name != "reshape" or reshape.key not in self.env:
+            return None
+        out = self.value(reshape.key)
+        if not out.packed():
+            return None
+        out = self.refs[node.key] = replace(out, dims=None, steps=None)
+        return out
 
     def scatter(self, pieces):
         windows, out = self.tables.windows, self.part.d_states
@@ -384,6 +590,13 @@ class Translation:
         args = [self.pointer(ref) for ref in sources] + [
             self.fixed(("idx", s)) for s in made[1]] + [self.fixed(("d_states",))]
         self.launch(made[0], args, "the level's scatter-adds")
+
+
+def _copy_source(dtype):
+    """The body of a copy (or, summed, a sum) of one value."""
+    name, ctype = np.dtype(dtype).name, C_TYPES[np.dtype(dtype)]
+    return ElementwiseSource(f"minicavs_copy_{name}", name, "", "", "y0 = x0;", "",
+                             ((name, ctype, "x0"),), ((name, ctype, "y0"),), ("copy",))
 
 
 def _name(ins):
