@@ -23,6 +23,7 @@ import numpy as np
 from ..cpu import blas, build, calibrate, products, team
 from ..cpu.kernels import data_address
 from ..ops.batching import row_domain
+from .codegen import ACTIONS, INTO_CHILDREN, ONTO_CHILDREN, VARIANTS
 from .plans import RUN, SKIP, ZERO, record_written, widen
 from .program import ScatterAdd
 
@@ -156,8 +157,6 @@ class NativeLoop:
         buffers it writes, how many instructions run."""
         entry = self._codes.get((plan, zeros))
         if entry is None:
-            from .codegen import VARIANTS
-
             codes = np.array([self.spec.actions[a] for a in plan], dtype=np.int8)
             if any(self.spec.variants):
                 _zero_variants(codes, program, self.spec.variants, zeros)
@@ -280,8 +279,6 @@ def _zero_variants(codes, program, variants, zeros):
     value lives only during its level and no instruction reads but through such a variant is
     skipped (a leaf level's product of its zero children: 16 MB a Tree-FC batch not written
     and not read again)."""
-    from .codegen import ACTIONS, VARIANTS
-
     zeroed = {}  # instruction -> the input it reads as 0
     for k, keys in enumerate(variants):
         if keys and codes[k] == ACTIONS[RUN]:
@@ -303,8 +300,6 @@ def _zero_variants(codes, program, variants, zeros):
 def _reads(code, ins, variants, keys):
     """Whether instruction ``ins``, run with action ``code``, reads one of ``keys``: not where
     it is skipped or writes zeros, nor through a variant that reads that value as 0."""
-    from .codegen import ACTIONS, VARIANTS
-
     if code in (ACTIONS[SKIP], ACTIONS[ZERO]):
         return False
     read = {x.key for x in ins.reads} & keys
@@ -320,11 +315,17 @@ def _clear_rows_read(table, program, variants, part):
     core = program.core
     for key, (lo, hi, *base) in part.stale_rows.items():
         value = part.env[base[0] if base else key]
-        for t in np.flatnonzero((end > start) & ((start < lo) | (end > hi))):
-            if any(_reads(table[t, r], ins, variants[r], {key}) for r, ins in enumerate(core)):
-                s, e = int(start[t]), int(end[t])
-                value[s:max(s, min(e, lo))] = 0
-                value[max(s, hi):max(e, hi)] = 0
+        readers = [r for r, ins in enumerate(core) if any(x.key == key for x in ins.reads)]
+        codes = table[:, readers]  # (per level, its readers' codes: _reads, on all at once)
+        read = (codes != ACTIONS[SKIP]) & (codes != ACTIONS[ZERO])
+        for j, r in enumerate(readers):  # (a variant that reads it as 0)
+            for v, zero in enumerate(variants[r]):
+                if zero == key:
+                    read[:, j] &= codes[:, j] != VARIANTS + v
+        for t in np.flatnonzero((end > start) & ((start < lo) | (end > hi)) & read.any(axis=1)):
+            s, e = int(start[t]), int(end[t])
+            value[s:max(s, min(e, lo))] = 0
+            value[max(s, hi):max(e, hi)] = 0
     # (the marks stay: the rows no level read are still unwritten, for the readers after it)
 
 
@@ -333,8 +334,6 @@ def _leave_leaf_concat(table, program, variants, part):
     the concat's rows below the first with children (the leaves': zero, 33 MB a Tree-FC batch)
     are not cleared where no step of their levels reads them — only what reads the concat
     outside the loop could, and it keeps to its range or clears them (``Part.stale_rows``)."""
-    from .codegen import ACTIONS
-
     concat, first = part.children_in_place
     keys = {concat} | {p.key for p, c, *_ in program.aliases if c.key == concat}
     core = program.core
@@ -360,8 +359,6 @@ def _into_children(table, program, part):
     were left uncleared (``Part.stale_children``) and every level with children is such a
     level, the product writes them (``ONTO_CHILDREN``, β = 0: one pass over them fewer); else
     they are cleared now. Returns how many levels."""
-    from .codegen import ACTIONS, INTO_CHILDREN, ONTO_CHILDREN
-
     product, windows, _ = program.children_gradient
     index = {o.key: k for k, ins in enumerate(program.core) for o in ins.writes}
     adds = [k for k, ins in enumerate(program.core) if isinstance(ins, ScatterAdd)]
