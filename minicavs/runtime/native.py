@@ -129,6 +129,7 @@ class NativeLoop:
         self._run.restype = None
         self._lib = lib
         self._codes = {}  # plan -> (action codes, keys and domains of the buffers it writes)
+        self._reading = {}  # value -> its readers; (value, a level's codes) -> read there
         self._scratch = threading.local()  # per thread: reused scratch rows (no page faults)
 
     def profile(self):
@@ -236,7 +237,7 @@ class _NativeRun:
         if part.gradient_in_place is not None:  # (its windows' and adds' work is the gemm's:
             _into_children(self.table, program, part)  # still counted as run)
         if part.stale_rows:
-            _clear_rows_read(self.table, program, loop.spec.variants, part)
+            _clear_rows_read(self.table, program, loop, part)
         if part.children_in_place is not None:
             _leave_leaf_concat(self.table, program, loop.spec.variants, part)
         self.counts = (runs[::-1] if program.reverse else runs).tolist()  # in loop order
@@ -306,27 +307,46 @@ def _reads(code, ins, variants, keys):
     return bool(read - {variants[code - VARIANTS]} if code >= VARIANTS else read)
 
 
-def _clear_rows_read(table, program, variants, part):
+def _clear_rows_read(table, program, loop, part):
     """Zeros into the rows of ``part.stale_rows`` (eager values left unwritten outside their
     range) that a level's instructions read: on a level partly outside the range. A level
     wholly outside reads them as 0 (its variant, ``table``'s codes) or not at all."""
     offsets = np.asarray(part.rows.level_offsets)
     start, end = offsets[:-1], offsets[1:]
-    core = program.core
     for key, (lo, hi, *base) in part.stale_rows.items():
-        value = part.env[base[0] if base else key]
-        readers = [r for r, ins in enumerate(core) if any(x.key == key for x in ins.reads)]
-        codes = table[:, readers]  # (per level, its readers' codes: _reads, on all at once)
-        read = (codes != ACTIONS[SKIP]) & (codes != ACTIONS[ZERO])
-        for j, r in enumerate(readers):  # (a variant that reads it as 0)
-            for v, zero in enumerate(variants[r]):
-                if zero == key:
-                    read[:, j] &= codes[:, j] != VARIANTS + v
-        for t in np.flatnonzero((end > start) & ((start < lo) | (end > hi)) & read.any(axis=1)):
+        reading = _levels_reading(table, program, loop, key)
+        levels = np.flatnonzero((end > start) & ((start < lo) | (end > hi)) & reading)
+        if len(levels):
+            value = part.env[base[0] if base else key]
+        for t in levels:
             s, e = int(start[t]), int(end[t])
             value[s:max(s, min(e, lo))] = 0
             value[max(s, hi):max(e, hi)] = 0
     # (the marks stay: the rows no level read are still unwritten, for the readers after it)
+
+
+def _levels_reading(table, program, loop, key):
+    """Per level of ``table`` (action codes), whether an instruction reads value ``key`` (not
+    through a variant that reads it as 0), as :func:`_reads` says: worked out once per
+    distinct row of codes (a call's levels repeat a few plans) and kept by the loop."""
+    cache = loop._reading
+    if len(cache) > 4096:  # (a bound: ever new plans forget, and are worked out again)
+        cache.clear()
+    readers = cache.get(key)
+    if readers is None:
+        readers = cache[key] = [r for r, ins in enumerate(program.core)
+                                if any(x.key == key for x in ins.reads)]
+    rows = np.ascontiguousarray(table)
+    rows = rows.view(np.dtype((np.void, table.shape[1] * table.itemsize))).ravel()
+    reading = np.empty(len(rows), dtype=bool)
+    for t, row in enumerate(rows.tolist()):
+        found = cache.get((key, row))
+        if found is None:
+            codes = table[t]
+            found = cache[(key, row)] = any(
+                _reads(codes[r], program.core[r], loop.spec.variants[r], {key}) for r in readers)
+        reading[t] = found
+    return reading
 
 
 def _leave_leaf_concat(table, program, variants, part):
