@@ -316,8 +316,7 @@ def _clear_rows_read(table, program, loop, part):
     for key, (lo, hi, *base) in part.stale_rows.items():
         reading = _levels_reading(table, program, loop, key)
         levels = np.flatnonzero((end > start) & ((start < lo) | (end > hi)) & reading)
-        if len(levels):
-            value = part.env[base[0] if base else key]
+        value = part.env[base[0] if base else key] if len(levels) else None
         for t in levels:
             s, e = int(start[t]), int(end[t])
             value[s:max(s, min(e, lo))] = 0
