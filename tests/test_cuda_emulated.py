@@ -339,6 +339,45 @@ WORKER = textwrap.dedent(r'''
                                                     stats["backward_backend"]]
         return out
 
+    def row_tensors(device):
+        """A cell over per-row tensors (issued from C on the GPU: level_launches.py): each
+        row's x·V seen as an (H, 2H) tensor, times a shared (H, 2H) parameter P and times a
+        broadcast of x itself, summed over either axis (keepdims or not), plus an op of a
+        shared scalar; pushed rows and every gradient, and who issued the levels."""
+        rng = np.random.default_rng(7)
+        H = 3
+        mc.set_device("cpu")
+        V = mc.Parameter(rng.standard_normal((2 * H, 2 * H * H)).astype(np.float32) * 0.3)
+        P = mc.Parameter(rng.standard_normal((H, 2 * H)).astype(np.float32))
+        s = mc.Parameter(np.array(0.5, np.float32))
+        params = [V, P, s]
+        mc.set_device(device)
+        for p in params:
+            p.data = backend.to_device(p.data)
+
+        def cell(v):
+            x = mc.concat([v.gather(0), v.gather(1)]) + v.pull()
+            t = mc.reshape(x @ V, (H, 2 * H))
+            by_p = mc.sum(t * P, axis=-1)  # (H,): a shared operand broadcast along the rows
+            by_x = mc.sum(t * mc.reshape(x, (1, 2 * H)), axis=0, keepdims=True)  # (1, 2H)
+            h = mc.tanh(by_p * s + mc.reshape(mc.sum(by_x, axis=-1), (1,)))
+            v.scatter(h)
+            v.push(h)
+
+        F = mc.VertexFunction(cell, pull_shape=(2 * H,), scatter_shape=(H,), push_shape=(H,),
+                              arity=2, dtype="float32")
+        batch = mc.GraphBatch([mc.InputGraph([[], [], [0, 1], [], [2, 3]]),
+                               mc.InputGraph([[], [], [0, 1]])])
+        X = mc.tensor(backend.to_device(
+            rng.standard_normal((batch.num_vertices, 2 * H)).astype(np.float32)),
+            requires_grad=True)
+        pushed = F(batch, pull=X)
+        mc.sum(pushed * pushed).backward()
+        stats = F.explain()
+        return {"values": [backend.to_numpy(a.data).tolist()
+                           for a in [pushed, X.grad] + [p.grad for p in params]],
+                "backends": [stats["forward_backend"], stats["backward_backend"]]}
+
     def autobatch_from_c(device):
         """A program whose batches read every form autobatch/launches.py translates — products
         with a shared weight, fused groups with a bias row and a constant, windows, an operand
@@ -452,7 +491,7 @@ WORKER = textwrap.dedent(r'''
                        "autobatch": autobatched(device), "lstm": lstm_steps(device),
                        "repeated": repeated_rows(device), "models": benchmark_models(device),
                        "td_generate": td_generate(device), "cells": test_cells(device),
-                       "from_c": autobatch_from_c(device)}
+                       "from_c": autobatch_from_c(device), "row_tensors": row_tensors(device)}
     from minicavs.cuda import emulated
     out["launches"] = emulated.launches()
     out["emulated"] = backend.cuda_emulated() and backend._import_cupy() is emulated.cupy
@@ -594,6 +633,16 @@ def test_the_runtime_tests_cells_on_the_emulated_device_equal_numpy(emulated_run
     assert backends["child_sum"] == ["cupy (levels issued from Python: its row moves are not "
                                      "one launch a level (edges, or a state of another "
                                      "dtype))"] * 2, backends
+
+
+def test_per_row_tensors_issued_from_c_equal_numpy(emulated_run):
+    """Per-row tensors on C-issued levels (views of each row, a shared operand and a row
+    broadcast into an elementwise kernel, sums over either axis of a row) give what NumPy does,
+    values and gradients, every level issued from C."""
+    cpu, cuda = emulated_run["cpu"]["row_tensors"], emulated_run["cuda"]["row_tensors"]
+    assert cuda["backends"] == ["cupy (levels issued from C)"] * 2, cuda["backends"]
+    for k, (a, b) in enumerate(zip(cuda["values"], cpu["values"])):
+        _close(a, b, f"value {k}")
 
 
 def test_td_generate_grows_and_differentiates_on_the_emulated_device_as_on_numpy(emulated_run):
