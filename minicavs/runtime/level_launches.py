@@ -11,13 +11,17 @@ pointer from the level's first row::
     gather      f(state, child rows, destinations, n, lo)       (the Windows' launch)
     fused group f(call arrays, level blocks, n, lo)             (_LevelKernel)
     product     gemm(n x K · K x N), operands at their rows     (one cuBLAS call)
+    row tensors f(operands, output, n, lo)                      (windows.tensor_source)
     scatter-add f(sources, child rows, state gradient, n, lo)
 
 A value is found as ``table[slot] + offset + lo * row_bytes``: a batch value (the call's array,
 at the level's rows), a block of the level (scratch the size of the call's largest level, made
-once a call), a shared array, or a column window of one of them. A plan with anything else (a
-step run by NumPy-style code, a per-level sum, a buffer cleared, an operand that must be
-copied to be contiguous) stays on the Python loop, with the reason (:attr:`LevelTables.why`).
+once a call), a shared array, or a column window of one of them; a per-row tensor (a (V, a,
+b) value, a reshape or broadcast of each row) also has its row's dims and element steps, and
+an elementwise op or a sum over a row's axes on such values is one kernel of its own. A plan
+with anything else (a step run by NumPy-style code, a per-level sum, a gather over edges, an
+operand that must be copied to be contiguous) stays on the Python loop, with the reason
+(``explain()``'s backend).
 """
 
 from dataclasses import dataclass, replace
