@@ -38,12 +38,14 @@ import itertools
 import numpy as np
 
 from ..cpu import kernels as native_kernels
-from ..ops.index import SCATTER_ADD_ROWS, TAKE_ROWS, scatter_add_into
+from ..ops.index import (SCATTER_ADD_ROWS, TAKE_ROWS, _scatter_add_rows_forward,
+                         scatter_add_into)
 from ..ops.batching import instantiate, row_domain
 from ..autodiff import debug
 from ..autodiff.symbolic import Symbol
 from ..csource import compute_dtype, elementwise_source
 from ..errors import GraphError, KernelCompileError
+from ..ops.linalg import _product
 from ..ops.shape import SLICE_AXIS, TRANSPOSE
 from ..cuda import blas
 from .analysis import FusedGroup
@@ -471,9 +473,6 @@ class _ScatterFirst:
 
     def scatter(self, idx, num_rows):
         """``(scatter_add_rows(X·W, idx, num_rows), None)``."""
-        from ..ops.index import _scatter_add_rows_forward
-        from ..ops.linalg import _product
-
         sums = _scatter_add_rows_forward(np, self.x, idx[self.lo:self.lo + len(self.x)],
                                          num_rows)
         return _product(np, sums, self.w), None

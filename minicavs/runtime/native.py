@@ -129,7 +129,8 @@ class NativeLoop:
         self._run.restype = None
         self._lib = lib
         self._codes = {}  # plan -> (action codes, keys and domains of the buffers it writes)
-        self._reading = {}  # value -> its readers; (value, a level's codes) -> read there
+        self._readers = {}  # value -> the core instructions that read it
+        self._reading = {}  # (value, a level's codes) -> whether the level reads it
         self._scratch = threading.local()  # per thread: reused scratch rows (no page faults)
 
     def profile(self):
@@ -331,10 +332,10 @@ def _levels_reading(table, program, loop, key):
     cache = loop._reading
     if len(cache) > 4096:  # (a bound: ever new plans forget, and are worked out again)
         cache.clear()
-    readers = cache.get(key)
+    readers = loop._readers.get(key)
     if readers is None:
-        readers = cache[key] = [r for r, ins in enumerate(program.core)
-                                if any(x.key == key for x in ins.reads)]
+        readers = loop._readers[key] = [r for r, ins in enumerate(program.core)
+                                        if any(x.key == key for x in ins.reads)]
     rows = np.ascontiguousarray(table)
     rows = rows.view(np.dtype((np.void, table.shape[1] * table.itemsize))).ravel()
     reading = np.empty(len(rows), dtype=bool)
