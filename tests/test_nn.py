@@ -326,6 +326,45 @@ def test_clip_grad_norm():
         np.testing.assert_array_equal(p.grad.numpy(), g)
 
 
+def test_clip_grad_norm_scales_each_gradient_once_in_place_or_by_a_copy():
+    # A gradient is scaled in place (as PyTorch's clip_grad_norm_), rows of one slab too; one
+    # array that is two parameters' gradient, or a read-only one, gets a scaled copy: scaled
+    # in place, shared memory would be scaled twice.
+    a, b, c, d, e, f = (_param([0.0, 0.0]) for _ in range(6))
+    a.grad = mc.tensor(np.array([3.0, 0.0]))
+    shared = np.array([0.0, 4.0])
+    b.grad, c.grad = mc.tensor(shared), mc.tensor(shared)
+    slab = np.array([[1.0, 0.0], [0.0, 1.0], [5.0, 5.0]])
+    d.grad, e.grad = mc.tensor(slab[0]), mc.tensor(slab[1])
+    frozen = np.array([2.0, 0.0])
+    frozen.flags.writeable = False
+    f.grad = mc.tensor(frozen)
+    owned = a.grad.numpy()
+    norm = np.sqrt(9 + 16 + 16 + 1 + 1 + 4)
+    assert nn.clip_grad_norm([a, b, c, d, e, f], 2.5).item() == pytest.approx(norm)
+    scale = 2.5 / norm
+    assert a.grad.numpy() is owned  # (in place)
+    np.testing.assert_allclose(a.grad.numpy(), [3 * scale, 0.0])
+    np.testing.assert_allclose(b.grad.numpy(), [0.0, 4 * scale])  # each scaled once
+    np.testing.assert_allclose(c.grad.numpy(), [0.0, 4 * scale])
+    np.testing.assert_array_equal(shared, [0.0, 4.0])  # (copies)
+    np.testing.assert_allclose(slab, [[scale, 0.0], [0.0, scale], [5.0, 5.0]])  # (in place)
+    np.testing.assert_allclose(f.grad.numpy(), [2 * scale, 0.0])
+    np.testing.assert_array_equal(frozen, [2.0, 0.0])
+
+
+def test_which_gradients_share_memory():
+    from minicavs.nn.optim import _sharing_memory
+
+    block = np.zeros((4, 3))
+    other = np.zeros(5)
+    # rows apart: none; a row inside a view of two rows: both; interleaved columns (no element
+    # in common, one byte range): both, conservatively; an empty view shares nothing
+    assert _sharing_memory([block[0], block[1], other]) == set()
+    assert _sharing_memory([other, block[2], block[1:3], block[0]]) == {1, 2}
+    assert _sharing_memory([block[:, 0], block[:, 1], other[:0], other]) == {0, 1}
+
+
 def test_clip_grad_norm_of_mixed_dtypes_zero_and_missing_gradients():
     a = mc.Parameter(np.array([3.0, 0.0], np.float32))
     b, c = _param([0.0]), _param([1.0])

@@ -15,6 +15,7 @@ groups share, and setting it sets it in every group.
 """
 
 import numpy as np
+from numpy.lib.array_utils import byte_bounds
 
 from .. import backend, validate
 from ..autodiff import Tensor, versions
@@ -480,7 +481,10 @@ def clip_grad_norm(params, max_norm):
     return the norm before clipping, as a 0-d Tensor on the gradients' device (``.item()``
     reads it). Nothing here waits for a GPU: the norm and the scale stay on the device, and
     every gradient is multiplied by ``min(1, max_norm / norm)`` (by 1 when under the limit,
-    which changes no bit), as PyTorch's ``clip_grad_norm_`` does."""
+    which changes no bit), as PyTorch's ``clip_grad_norm_`` does. On NumPy the gradients
+    are scaled in place, as there (nothing is written under the limit); one whose memory
+    another of them shares, or that is read-only, is replaced by a scaled copy — scaled in
+    place, shared memory would be scaled twice (and on CuPy every one is a copy)."""
     validate.number(max_norm, "max_norm", "clip_grad_norm", minimum=0.0, open_minimum=True)
     params = [p for p in params if p.grad is not None]
     if not params:
@@ -490,6 +494,32 @@ def clip_grad_norm(params, max_norm):
     total = xp.sqrt(xp.stack([xp.vdot(g.ravel(), g.ravel()) for g in grads]).sum())
     with np.errstate(divide="ignore"):  # a zero norm: max_norm / 0 is inf, the scale 1
         scale = xp.minimum(1, max_norm / total)
-    for p, g in zip(params, grads):
-        p.grad = Tensor(g * scale.astype(g.dtype))  # a new array: grads may share memory
+    # (a new array for an embedding table's gradient: 18 MB written to fresh pages, 6.9 ms a
+    # step of the autobatched Tree-LSTM; 2.1 in place)
+    if xp is np and scale == 1:  # (under the limit: nothing to write; NumPy's scale is here)
+        return Tensor(xp.asarray(total))
+    shared = _sharing_memory(grads) if xp is np else range(len(grads))
+    for i, (p, g) in enumerate(zip(params, grads)):
+        if i in shared or not g.flags.writeable:
+            p.grad = Tensor(g * scale.astype(g.dtype))
+        else:
+            g *= scale.astype(g.dtype)
     return Tensor(xp.asarray(total))
+
+
+def _sharing_memory(arrays):
+    """The positions of the NumPy ``arrays`` whose bytes may overlap another's: each run of
+    overlapping byte ranges, taken in order of address (a conservative test: two views that
+    interleave without sharing an element count as sharing)."""
+    spans = sorted((*byte_bounds(a), i) for i, a in enumerate(arrays) if a.size)
+    shared, run, reach = set(), [], -1
+    for lo, hi, i in spans:
+        if lo >= reach:  # (a new run: it overlaps none of those before)
+            if len(run) > 1:
+                shared.update(run)
+            run = []
+        run.append(i)
+        reach = max(reach, hi)
+    if len(run) > 1:
+        shared.update(run)
+    return shared
