@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import ArgumentError
 from . import blas, build, isa
 from .kernel_source import SOURCE
-from .team import in_team_products, one_blas_thread, team_size
+from .team import in_team_products, one_blas_thread, state as team_state, team_size
 
 ENVIRONMENT = "MINICAVS_KERNELS"
 CHOICES = ("measure", "own", "blas")
@@ -59,7 +59,17 @@ _looked_here = set()  # names measured by this process (a later look is another 
 
 
 def forced():
-    """``"own"``, ``"blas"``, or None (measure): ``MINICAVS_KERNELS``."""
+    """``"own"``, ``"blas"``, or None (measure): ``MINICAVS_KERNELS`` — inside a call's
+    ``products.team_products`` block, as it was when the block began (asked hundreds of times
+    a step, a read of the environment cost 1-2 µs)."""
+    pinned = getattr(team_state, "kernels", None)
+    if pinned is not None:
+        return pinned[0]
+    return read_forced()
+
+
+def read_forced():
+    """:func:`forced`, read from the environment now."""
     value = os.environ.get(ENVIRONMENT, "").strip().lower() or "measure"
     if value not in CHOICES:
         raise ArgumentError(f"environment variable {ENVIRONMENT}={value!r} is not one of "

@@ -29,8 +29,11 @@ def team_products(on=True):
     the whole call uses one pool of threads. Elsewhere NumPy's BLAS runs them: work that mixes
     the two pools (an interpreted loop's products between the team's) measured slower than
     either (RNTN: 183 -> 240 ms per 8 batches)."""
-    before = getattr(_team, "on", False), getattr(_team, "threads", None)
+    before = getattr(_team, "on", False), getattr(_team, "threads", None), \
+        getattr(_team, "kernels", None)
     _team.on = on
+    if before[2] is None:  # (the outermost block: MINICAVS_KERNELS read once, for all of it)
+        _team.kernels = (calibrate.read_forced(),)
     if not before[0]:
         _fresh_choices()
         _team.threads = calibrate.free_cores_for_a_call() if on else None  # (once a call)
@@ -42,7 +45,7 @@ def team_products(on=True):
     try:
         yield
     finally:
-        _team.on, _team.threads = before
+        _team.on, _team.threads, _team.kernels = before
         if threads is not None:
             set_blas_threads(threads)
 

@@ -11,7 +11,7 @@ import threading
 
 from . import blas, build
 
-state = threading.local()  # inside products.team_products: .on, and .threads (its team)
+state = threading.local()  # inside products.team_products: .on, .threads (its team), .kernels
 
 
 def in_team_products():
