@@ -77,13 +77,18 @@ def run_static(exe, env, xp, rows=0, outs=None):
     of one batch of automatic batching, whose symbolic row count V is ``rows``. ``outs``
     (``symbol.key -> array``): where outputs are written (a batch's rows of its slab). Debug
     mode checks each instruction's outputs, as in :func:`run`."""
-    for key, value in exe.constants(xp).items():
-        env.setdefault(key, value)
-    check = FiniteCheck(exe.program, None, env) if debug.enabled and xp is not RECORD else None
-    for ins in exe.program.eager:
-        run_static_step(ins, xp, env, rows, outs)
-        if check:
+    exe.add_constants(env, xp)
+    if debug.enabled and xp is not RECORD:
+        check = FiniteCheck(exe.program, None, env)
+        for ins in exe.program.eager:
+            run_static_step(ins, xp, env, rows, outs)
             check(ins, env)
+        return env
+    for ins in exe.program.eager:  # (a batch of automatic batching: thousands a step)
+        if ins.symbolic:
+            run_static_step(ins, xp, env, rows, outs)
+        else:
+            ins.step.run(xp, env, outs)
     return env
 
 

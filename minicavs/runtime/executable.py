@@ -30,12 +30,21 @@ class Executable:
     def constants(self, xp):
         """``{node.key: array}`` of the graph's constants on array module ``xp`` (a fresh dict,
         the arrays shared: on a GPU, uploaded once)."""
+        return dict(self._constants_on(xp))
+
+    def add_constants(self, env, xp):
+        """Put the constants on ``xp`` into ``env`` where it has no value for them."""
+        for key, value in self._constants_on(xp).items():
+            if key not in env:
+                env[key] = value
+
+    def _constants_on(self, xp):
         values = self._constants.get(xp.__name__)
         if values is None:
             values = self._constants[xp.__name__] = {
                 n.key: (n.value if xp.__name__ == "numpy" else xp.asarray(n.value))
                 for n in self.program.graph.nodes if n.kind == "const"}
-        return dict(values)
+        return values
 
     def __repr__(self):
         return f"Executable({self.program!r})"

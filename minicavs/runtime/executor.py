@@ -92,7 +92,10 @@ class OpStep:
         node = self.node
         if xp is RECORD:
             return _record(node, env, self.attrs)
-        args = [_value(env, x, xp) for x in node.inputs]
+        try:
+            args = [env[x.key] for x in node.inputs]
+        except KeyError:  # (a constant not in env yet, or a value missing: _value says which)
+            args = [_value(env, x, xp) for x in node.inputs]
         out = outs.get(node.key) if outs else None
         if out is None:
             env[node.key] = node.op.forward(xp, *args, **self.attrs)
@@ -145,7 +148,10 @@ class GroupStep:
             for m in self.group.members:
                 _record(m, env, m.attrs)
             return
-        args = [_value(env, x, xp) for x in self.group.inputs]
+        try:
+            args = [env[x.key] for x in self.group.inputs]
+        except KeyError:
+            args = [_value(env, x, xp) for x in self.group.inputs]
         kernel = self.kernel(xp, compute_dtype(self.group, args))
         out_arrays = [outs.get(o.key) for o in self.group.outputs] if outs else None
         results = kernel(*args, outs=out_arrays)
