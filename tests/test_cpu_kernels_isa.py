@@ -112,9 +112,20 @@ def test_forced_choices_pick_the_blas_or_the_own_kernels(monkeypatch):
         np.testing.assert_allclose(products.packed_matmul(x, W), x @ W, rtol=1e-12)
         if products.team_ready():
             np.testing.assert_allclose(products.team_matmul(x, W.T.copy().T), x @ W, rtol=1e-12)
+    # Inside a call's block the value it began with holds (read once: it is asked hundreds of
+    # times a step); the next block reads it again
+    with products.team_products():
+        monkeypatch.setenv(calibrate.ENVIRONMENT, "blas")
+        assert calibrate.forced() == "own"
+    assert calibrate.forced() == "blas"
     monkeypatch.setenv(calibrate.ENVIRONMENT, "fastest")
     with pytest.raises(ArgumentError, match="MINICAVS_KERNELS"):
         calibrate.forced()
+    with pytest.raises(ArgumentError, match="MINICAVS_KERNELS"):  # (before the block starts:
+        with products.team_products():  # nothing of this thread's state changed)
+            pass
+    assert not getattr(products._team, "on", False) and \
+        getattr(products._team, "kernels", None) is None
 
 
 @needs_native

@@ -31,9 +31,10 @@ def team_products(on=True):
     either (RNTN: 183 -> 240 ms per 8 batches)."""
     before = getattr(_team, "on", False), getattr(_team, "threads", None), \
         getattr(_team, "kernels", None)
-    _team.on = on
-    if before[2] is None:  # (the outermost block: MINICAVS_KERNELS read once, for all of it)
-        _team.kernels = (calibrate.read_forced(),)
+    # (the outermost block reads MINICAVS_KERNELS once, for all of it; a bad value raises
+    # here, before anything is changed)
+    kernels_choice = (calibrate.read_forced(),) if before[2] is None else before[2]
+    _team.on, _team.kernels = on, kernels_choice
     if not before[0]:
         _fresh_choices()
         _team.threads = calibrate.free_cores_for_a_call() if on else None  # (once a call)
