@@ -222,6 +222,22 @@ def test_cuda_launches_tables_launches_host_time_and_who_issued_the_levels():
             assert run.returncode == 1 and "MINICAVS_CUDA_EMULATE=1" in run.stderr, run.stderr
 
 
+def test_autobatch_batch_cost_times_a_batch_both_ways(capsys):
+    # The interpreter's run of an LSTM step's batch against its native calls made directly:
+    # the direct calls must give the interpreter's values (the script checks them), and the
+    # table has a row per row count. (No timing asserted: the machine is shared.)
+    from minicavs.cpu import kernels
+
+    if kernels.library() is None:
+        pytest.skip("no native code here: the direct side is the native kernels' calls")
+    from benchmarks import autobatch_batch_cost
+
+    autobatch_batch_cost.main(["--rows", "1,5", "--inputs", "6", "--hidden", "4",
+                               "--repeats", "2"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["1", "5"] and all(len(r) == 4 for r in rows), rows
+
+
 def test_the_machine_is_named_in_benchmark_reports():
     from benchmarks import common
 
