@@ -78,6 +78,12 @@ def packed_strides(shape):
     return tuple(reversed(strides))
 
 
+def is_packed(shape, strides):
+    """Whether elements of ``shape`` at element ``strides`` lie one after another (a size-1
+    axis's stride does not matter)."""
+    return all(n == 1 or s == c for n, s, c in zip(shape, strides, packed_strides(shape)))
+
+
 def broadcast_strides(shape, strides, target):
     """The strides of a value of ``shape`` (element ``strides``) broadcast to ``target``
     (NumPy's rule: axes right-aligned, a missing or size-1 axis repeats: stride 0); None where

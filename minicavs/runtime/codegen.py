@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import csource
-from ..ops.batching import broadcast_strides, packed_strides, row_domain
+from ..ops.batching import broadcast_strides, is_packed, packed_strides, row_domain
 from .analysis import FusedGroup
 from .plans import RUN, SKIP, ZERO
 from .program import Compute, Gather
@@ -110,8 +110,7 @@ class View:
     @property
     def contiguous(self):
         """Its row's elements lie one after another (it can be copied, zeroed, multiplied)."""
-        return all(n == 1 or s == c for n, s, c in zip(self.axes, self.steps,
-                                                        packed_strides(self.axes)))
+        return is_packed(self.axes, self.steps)
 
     def reshaped(self, shape, strides=None):
         shape = tuple(shape)

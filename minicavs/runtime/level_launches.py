@@ -31,7 +31,7 @@ import numpy as np
 from ..cuda import issuer, products
 from ..cuda.kernels import device_address
 from ..csource import C_TYPES, ElementwiseSource, compute_dtype, elementwise_source
-from ..ops.batching import broadcast_strides, packed_strides, row_domain
+from ..ops.batching import broadcast_strides, is_packed, packed_strides, row_domain
 from .analysis import FusedGroup
 from .plans import RUN
 from .program import Compute
@@ -67,8 +67,7 @@ class Ref:
 
     def packed(self):
         """Its row's elements lie one after another."""
-        return all(n == 1 or s == c for n, s, c in zip(self.axes, self.strides,
-                                                        packed_strides(self.axes)))
+        return is_packed(self.axes, self.strides)
 
     def contiguous(self):
         return self.offset == 0 and self.ld == self.width and self.packed()
