@@ -18,6 +18,7 @@ from hypothesis import given, strategies as st
 import minicavs as mc
 from minicavs.cpu import build
 from minicavs.runtime import codegen, interpreter_only
+from minicavs.vertex.graphs import BatchIndices
 from minicavs.errors import KernelCompileError
 
 from graph_strategies import forests
@@ -578,7 +579,7 @@ def test_wide_levels_split_between_threads_equal_the_interpreter(dag, trees, mon
     if threads > 1:
         spec = SimpleNamespace(row_work=(80 * 200, 200))
         assert native.split_at(spec, threads) == (threads, 1024)  # (forced: a MAC an element)
-        assert native.team_size(batch, spec) == (threads, threads, 1024)
+        assert native.team_size(BatchIndices(batch, np), spec) == (threads, threads, 1024)
 
 
 @needs_native

@@ -131,6 +131,7 @@ class NativeLoop:
         self._codes = {}  # plan -> (action codes, keys and domains of the buffers it writes)
         self._readers = {}  # value -> the core instructions that read it
         self._reading = {}  # (value, a level's codes) -> whether the level reads it
+        self._written = None  # the values the loop writes into (the program's buffers)
         self._scratch = threading.local()  # per thread: reused scratch rows (no page faults)
 
     def profile(self):
@@ -176,10 +177,10 @@ class NativeLoop:
         reversed, broadcast (stride 0), strided, unaligned or DLPack-shared arrays give the
         interpreter's values."""
         slots = self.spec.slots
-        pointers = np.zeros(len(slots), dtype=np.uintp)
-        strides = np.zeros(2 * len(slots), dtype=np.int64)
-        widest = int(np.diff(rows.level_offsets).max())
-        written = program.buffered | {part.key for part, *_ in program.aliases}
+        pointers, strides = [0] * len(slots), [0] * (2 * len(slots))
+        widest = rows.widest
+        if self._written is None:
+            self._written = program.buffered | {part.key for part, *_ in program.aliases}
         for s in slots:
             if s.kind == "batch":
                 array = env[s.node.key]
@@ -187,7 +188,7 @@ class NativeLoop:
                     return None
                 ld = _rows_layout(array)
                 if ld is None:
-                    if s.node.key in written:  # (our own buffers always have a good layout)
+                    if s.node.key in self._written:  # (our own buffers: always a good layout)
                         return None
                     array = np.ascontiguousarray(array)
                     ld = _rows_layout(array)
@@ -208,7 +209,7 @@ class NativeLoop:
                 array = np.ascontiguousarray(rows.slot_rows(s.slot), dtype=np.int64)
             keep.append(array)
             pointers[s.index] = data_address(array)
-        return pointers, strides
+        return np.array(pointers, dtype=np.uintp), np.array(strides, dtype=np.int64)
 
     def _scratch_rows(self, slot, rows):
         """Scratch of ``rows`` rows for ``slot``, reused from the thread's last call: fresh
@@ -234,27 +235,29 @@ class _NativeRun:
                                                         part.children_in_place is not None)
         codes = [loop._codes_of(program, plan, z, part.env) for plan, z in zip(plans, zeros)]
         self.table = np.stack([c for c, _, _ in codes])[which]  # each level's action codes
-        runs = np.array([r for _, _, r in codes])[which]
+        runs = [codes[p][2] for p in which]
         if part.gradient_in_place is not None:  # (its windows' and adds' work is the gemm's:
             _into_children(self.table, program, part)  # still counted as run)
-        if part.stale_rows:
-            _clear_rows_read(self.table, program, loop, part)
+        if part.stale_rows:  # (a level's codes are its plan's unless changed just above)
+            _clear_rows_read(self.table, program, loop, part, which,
+                             part.gradient_in_place is not None)
         if part.children_in_place is not None:
             _leave_leaf_concat(self.table, program, loop.spec.variants, part)
-        self.counts = (runs[::-1] if program.reverse else runs).tolist()  # in loop order
+        self.counts = runs[::-1] if program.reverse else runs  # in loop order
         # What each buffer holds: the hull of the rows of every level that wrote it, taken
         # once per plan and domain (a plan's writes are the same on each of its levels).
         self.written = {}
-        offsets = {"vertex": rows.level_offsets, "edge": rows.edge_level_offsets}
+        hulls = {}  # domain -> per plan, the hull of its levels' rows
         for p, (_, writes, _) in enumerate(codes):
-            hulls = {}
             for key, domain in writes:
                 if key in zeros[p]:  # (made from zeros on these levels: written as zeros)
                     continue
-                if domain not in hulls:
-                    hulls[domain] = _hull_of_levels(offsets[domain], which == p)
-                if hulls[domain] is not None:
-                    widen(self.written, key, hulls[domain])
+                by_plan = hulls.get(domain)
+                if by_plan is None:
+                    by_plan = hulls[domain] = _hulls_by_plan(rows.level_windows(domain), which,
+                                                             len(codes))
+                if by_plan[p] is not None:
+                    widen(self.written, key, by_plan[p])
         self.pointers, self.strides = args
         self.offsets = np.ascontiguousarray(rows.level_offsets, dtype=np.int64)
         self.threads, self.split_rows, self.split_macs = team_size(rows, loop.spec)
@@ -308,27 +311,29 @@ def _reads(code, ins, variants, keys):
     return bool(read - {variants[code - VARIANTS]} if code >= VARIANTS else read)
 
 
-def _clear_rows_read(table, program, loop, part):
+def _clear_rows_read(table, program, loop, part, which, changed):
     """Zeros into the rows of ``part.stale_rows`` (eager values left unwritten outside their
     range) that a level's instructions read: on a level partly outside the range. A level
-    wholly outside reads them as 0 (its variant, ``table``'s codes) or not at all."""
-    offsets = np.asarray(part.rows.level_offsets)
-    start, end = offsets[:-1], offsets[1:]
+    wholly outside reads them as 0 (its variant, ``table``'s codes) or not at all. ``which``:
+    each level's plan; ``changed``: whether levels' codes may differ from their plan's."""
+    windows = part.rows.level_windows("vertex")
     for key, (lo, hi, *base) in part.stale_rows.items():
-        reading = _levels_reading(table, program, loop, key)
-        levels = np.flatnonzero((end > start) & ((start < lo) | (end > hi)) & reading)
-        value = part.env[base[0] if base else key] if len(levels) else None
-        for t in levels:
-            s, e = int(start[t]), int(end[t])
-            value[s:max(s, min(e, lo))] = 0
-            value[max(s, hi):max(e, hi)] = 0
+        value = None
+        for (s, e), read in zip(windows, _levels_reading(table, program, loop, key, which,
+                                                         changed)):
+            if read and e > s and (s < lo or e > hi):
+                if value is None:
+                    value = part.env[base[0] if base else key]
+                value[s:max(s, min(e, lo))] = 0
+                value[max(s, hi):max(e, hi)] = 0
     # (the marks stay: the rows no level read are still unwritten, for the readers after it)
 
 
-def _levels_reading(table, program, loop, key):
-    """Per level of ``table`` (action codes), whether an instruction reads value ``key`` (not
-    through a variant that reads it as 0), as :func:`_reads` says: worked out once per
-    distinct row of codes (a call's levels repeat a few plans) and kept by the loop."""
+def _levels_reading(table, program, loop, key, which, changed):
+    """Per level of ``table`` (action codes; ``which``, ``changed``: see
+    :func:`_clear_rows_read`), whether an instruction reads value ``key`` (not through a
+    variant that reads it as 0), as :func:`_reads` says: worked out once per distinct row of
+    codes (a call's levels repeat a few plans) and kept by the loop."""
     cache = loop._reading
     if len(cache) > 4096:  # (a bound: ever new plans forget, and are worked out again)
         cache.clear()
@@ -336,16 +341,19 @@ def _levels_reading(table, program, loop, key):
     if readers is None:
         readers = loop._readers[key] = [r for r, ins in enumerate(program.core)
                                         if any(x.key == key for x in ins.reads)]
-    rows = np.ascontiguousarray(table)
-    rows = rows.view(np.dtype((np.void, table.shape[1] * table.itemsize))).ravel()
-    reading = np.empty(len(rows), dtype=bool)
-    for t, row in enumerate(rows.tolist()):
-        found = cache.get((key, row))
+    by_plan, reading = {}, []
+    for t, p in enumerate(which):
+        found = by_plan.get(t if changed else p)
         if found is None:
             codes = table[t]
-            found = cache[(key, row)] = any(
-                _reads(codes[r], program.core[r], loop.spec.variants[r], {key}) for r in readers)
-        reading[t] = found
+            row = codes.tobytes()
+            found = cache.get((key, row))
+            if found is None:
+                found = cache[(key, row)] = any(_reads(codes[r], program.core[r],
+                                                       loop.spec.variants[r], {key})
+                                                for r in readers)
+            by_plan[t if changed else p] = found
+        reading.append(found)
     return reading
 
 
@@ -395,15 +403,15 @@ def _into_children(table, program, part):
     return int(np.count_nonzero(levels))
 
 
-def _hull_of_levels(offsets, chosen):
-    """``(lo, hi)``: the rows of the levels ``chosen`` (a mask over the levels) that have any,
-    or None."""
-    offsets = np.asarray(offsets)
-    start, end = offsets[:-1][chosen], offsets[1:][chosen]
-    filled = end > start
-    if not filled.any():
-        return None
-    return int(start[filled].min()), int(end[filled].max())
+def _hulls_by_plan(windows, which, count):
+    """Per plan (of ``count``; ``which``: each level's), ``(lo, hi)``: the hull of the rows of
+    its levels that have any (``windows``: each level's rows), or None."""
+    hulls = [None] * count
+    for (lo, hi), p in zip(windows, which):
+        if hi > lo:
+            found = hulls[p]
+            hulls[p] = (lo, hi) if found is None else (min(found[0], lo), max(found[1], hi))
+    return hulls
 
 
 def _aligned(array):
@@ -414,11 +422,13 @@ def _rows_layout(array):
     """The row stride (in elements) of a per-row value the loop reads as ``base + i * ld``
     with each row's elements packed (C order), or None: rows must not overlap or run
     backwards, a row's elements must lie one after another (a 1-D value is one column)."""
-    if not _aligned(array) or array.strides[0] % array.itemsize:
+    item = array.itemsize
+    if data_address(array) % item or array.strides[0] % item:
         return None
-    width = math.prod(array.shape[1:])
+    shape = array.shape
+    width = math.prod(shape[1:]) if len(shape) != 2 else shape[1]
     if array.flags.c_contiguous:  # (most values: packed rows, one after another)
-        return max(width, 1) if array.ndim > 1 else 1
+        return max(width, 1) if len(shape) > 1 else 1
     step = array.itemsize
     for n, stride in zip(reversed(array.shape[1:]), reversed(array.strides[1:])):
         if n > 1 and stride != step and width > 1:
@@ -450,8 +460,7 @@ def team_size(rows, spec):
     (:func:`split_at`)."""
     threads = team.team_size()
     least, macs = split_at(spec, threads)
-    widest = int(np.diff(rows.level_offsets).max()) if rows.num_levels else 0
-    return (threads if widest >= least else 1), least, macs
+    return (threads if rows.widest >= least else 1), least, macs
 
 
 _NEVER = 1 << 62

@@ -9,8 +9,6 @@ keeps each pattern's plan, one cache per Program, owned by its :class:`~.executa
 
 import bisect
 
-import numpy as np
-
 from .program import RUN, ZERO, SKIP, Gather  # noqa: F401 (the actions: re-exported)
 from .zero_rows import FULL, hull, intersect
 
@@ -65,9 +63,9 @@ class LevelPlans:
 
     def per_level(self, ranges, rows, in_place=False):
         """``(plans, which, zeros)``: the distinct plans of a call's levels, per level t the
-        index of its plan, and per plan the values known zero on its levels (the outputs of run
-        steps among them, made from zeros) — one pattern of zero values and unneeded sinks per
-        level, one plan per distinct pattern (a batch has few). In plain Python over lists: a
+        index of its plan (a list), and per plan the values known zero on its levels (the
+        outputs of run steps among them, made from zeros) — one pattern of zero values and
+        unneeded sinks per level, one plan per distinct pattern (a batch has few). In plain Python over lists: a
         call has tens of levels and values, where each NumPy call cost 10-30 us in a loop's
         setup (cold, between a step's launches: the emulated GPU's host time per level)."""
         program = self.program
@@ -82,8 +80,7 @@ class LevelPlans:
             if mask is None:
                 span = spans.get(domain)
                 if span is None:
-                    span = spans[domain] = _Levels([rows.vertices(t) if domain == "vertex"
-                                                    else rows.edges(t) for t in levels])
+                    span = spans[domain] = _Levels(rows.level_windows(domain))
                 mask = masks[(found, domain)] = span.outside(*found)
             keys.append(("zero", k))
             columns.append(mask)
@@ -101,10 +98,10 @@ class LevelPlans:
                 columns.append([not h for h in has])
         if not keys:
             patterns = [(frozenset(), frozenset())]
-            which = np.zeros(len(levels), dtype=np.int64)
+            which = [0] * len(levels)
         else:
             first = {}  # each level's pattern (a tuple of bools) -> its index among the distinct
-            which = np.array([first.setdefault(p, len(first)) for p in zip(*columns)], np.int64)
+            which = [first.setdefault(p, len(first)) for p in zip(*columns)]
             patterns = [(frozenset(k for (kind, k), on in zip(keys, p) if on and kind == "zero"),
                          frozenset(k for (kind, k), on in zip(keys, p)
                                    if on and kind == "unneeded")) for p in first]

@@ -569,6 +569,7 @@ class BatchIndices:
         self.is_forest = batch.is_forest
         offsets, edge_offsets = batch.level_offsets.tolist(), batch.edge_level_offsets.tolist()
         self._vertices = list(zip(offsets[:-1], offsets[1:]))
+        self.widest = max((hi - lo for lo, hi in self._vertices), default=0)  # (rows of a level)
         self.level_offsets = batch.level_offsets  # host side: the native loop reads it
         self.edge_level_offsets = batch.edge_level_offsets
         self._edges = list(zip(edge_offsets[:-1], edge_offsets[1:]))
@@ -612,6 +613,11 @@ class BatchIndices:
 
     def edges(self, t):
         return self._edges[t]
+
+    def level_windows(self, domain):
+        """Every level's ``(lo, hi)`` rows in ``domain`` (``"vertex"`` or ``"edge"``), in order: a
+        list the caller only reads."""
+        return self._vertices if domain == "vertex" else self._edges
 
     def has_child(self, slot, t):
         if slot == "edges":

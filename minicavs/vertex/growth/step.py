@@ -17,7 +17,7 @@ class FrontierRows:
 
     def __init__(self, xp, parent_rows, names):
         put = (lambda a: a) if xp is np else (lambda a: xp.asarray(a.astype(np.int32)))
-        self.num_vertices = n = len(parent_rows)
+        self.num_vertices = self.widest = n = len(parent_rows)
         self.order = self.row_of = put(np.arange(n))
         self._parents = put(parent_rows)
         self.level_offsets = np.array([0, n], dtype=np.int64)  # (the native loop reads these)
@@ -34,6 +34,9 @@ class FrontierRows:
 
     def edges(self, t):
         return (0, 0)
+
+    def level_windows(self, domain):
+        return [(0, self.num_vertices) if domain == "vertex" else (0, 0)]
 
     def has_child(self, slot, t):
         return slot == 0 and self._hull[1] > self._hull[0]
