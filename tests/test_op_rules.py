@@ -61,7 +61,7 @@ def test_the_other_rules_are_where_the_passes_expect_them():
     assert having("join") == {"pad_axis"}
     assert having("keeps_rows") == {"reshape"}
     assert having("assembles_in_place") == {"concat"}
-    assert having("on_nonzero_rows") == {"matmul"}
+    assert having("on_nonzero_rows") == {"matmul", "sum"}
     assert {n: op.row_index_arg for n, op in OPS.items() if op.row_index_arg is not None} == {
         "take_rows": 1, "scatter_add_rows": 1}
     assert having("zero_rows") == {"neg", "tanh", "relu", "astype", "slice_axis", "pad_axis",

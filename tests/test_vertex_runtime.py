@@ -531,6 +531,34 @@ def test_rows_of_a_call_are_checked():
         F(batch, pull=X, rows=[[0]])
 
 
+def test_a_loss_on_some_rows_sums_the_push_gradient_over_those_rows(monkeypatch):
+    """``F(batch, pull=X, rows=internal)`` (a loss on the internal vertices, one block of rows
+    in level order): the pushed classifier's gradient is zero on the leaves' rows, so its
+    weight's product and its bias's sum run on the internal rows only — values and every
+    gradient equal to ``take_rows`` of all rows."""
+    from minicavs.ops import reduce
+    rng = np.random.default_rng(5)
+    W = mc.Parameter(rng.standard_normal((E, H)) * 0.5)
+    Wo, bo = mc.Parameter(rng.standard_normal((H, 3))), mc.Parameter(rng.standard_normal(3))
+
+    def cell(v):
+        h = mc.tanh(v.pull() @ W + v.gather(0) + v.gather(1))
+        v.scatter(h)
+        v.push(h @ Wo + bo)
+    F = mc.VertexFunction(cell, pull_shape=(E,), scatter_shape=(H,), push_shape=(3,), arity=2,
+                          dtype="float64")
+    graphs = [mc.InputGraph([[], [], [0, 1], [], [2, 3]]), mc.InputGraph([[], [], [0, 1]])]
+    batch = mc.GraphBatch(graphs)
+    X = mc.tensor(rng.standard_normal((batch.num_vertices, E)), requires_grad=True)
+    internal = np.flatnonzero(batch.num_children > 0)
+    summed = []  # rows of each sum over rows that ran on some rows only
+    column_sums = reduce._column_sums
+    monkeypatch.setattr(reduce, "_column_sums", lambda xp, x, *rest: (
+        summed.append(len(x)), column_sums(xp, x, *rest))[1])
+    _selected_vs_taken(F, [W, Wo, bo], batch, X, internal)
+    assert summed == [len(internal)]  # bo's gradient: the internal rows only (taken: all)
+
+
 def _complete_tree(arity, depth):
     """A complete tree of ``arity`` children a vertex, ``depth`` levels below its root (heap
     order: vertex i's children are arity i + 1, ..., arity i + arity)."""

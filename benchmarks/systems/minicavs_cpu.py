@@ -6,7 +6,7 @@ Each workload is written as a minicavs user writes it (the math is the common on
 * Tree-LSTM: the binary Tree-LSTM cell of Cavs Fig. 4 — the word id is pulled and embedded
   inside the cell (-1 at internal vertices embeds to zeros), it scatters [h, c] and pushes the
   class logits, so the classifier is lazy-batched into one GEMM; the loss reads the internal
-  vertices' rows.
+  vertices' rows (``rows=``: their classifier's gradient is worked out on those rows only).
 * Tree-FC: ``h = tanh(x W + [h_l, h_r] U + b)``; F pushes nothing, so it returns the scattered
   states and the root classifier runs outside F on the roots' rows.
 * TreeRNN / RNTN: one cell for both kinds of vertex, as a user writes it without kinds: the
@@ -81,9 +81,9 @@ def build(data, params, vertex_options=None):
             targets = np.flatnonzero(batch.num_children > 0)
             return batch, words, (mc.tensor(targets), mc.tensor(labels[targets]))
 
-        def loss_of(batch, words, extra):
+        def loss_of(batch, words, extra):  # (the internal vertices' rows only: rows=)
             targets, labels = extra
-            logits = mc.take_rows(F(batch, pull=words), targets)
+            logits = F(batch, pull=words, rows=targets)
             return mc.softmax_cross_entropy(logits, labels, reduction="sum")
 
     elif kind == "tree_fc":
@@ -131,9 +131,9 @@ def build(data, params, vertex_options=None):
             return (batch, mc.tensor(np.stack([words, internal], axis=1)),
                     (mc.tensor(targets), mc.tensor(labels[targets])))
 
-        def loss_of(batch, words, extra):
+        def loss_of(batch, words, extra):  # (the internal vertices' rows only: rows=)
             targets, labels = extra
-            logits = mc.take_rows(F(batch, pull=words), targets)
+            logits = F(batch, pull=words, rows=targets)
             return mc.softmax_cross_entropy(logits, labels, reduction="sum")
 
     else:  # var_lstm

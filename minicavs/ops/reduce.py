@@ -70,6 +70,21 @@ def _batch_reduce(op, items, attrs, out):
     return apply(op, x, **dict(attrs, axes=batching.shift(attrs["axes"])))
 
 
+def _sum_on_nonzero_rows(xp, node, args, range_of, within):
+    """A sum over the rows of a value zero outside some of them: those rows summed (a bias's
+    gradient where the loss reads some vertices only); None where they are all the rows."""
+    x, = node.inputs
+    axes, keepdims = node.attrs["axes"], node.attrs["keepdims"]
+    if 0 not in axes or not batching.row_domain(x.shape):
+        return None
+    n = args[0].shape[0]
+    lo, hi = range_of(x)
+    lo, hi = builtins.max(lo, 0), builtins.min(hi, n)
+    if hi - lo >= n:
+        return None
+    return _column_sums(xp, args[0][lo:builtins.max(lo, hi)], axes, keepdims), None
+
+
 def _zero_rows_reduce(ranges, axes, keepdims):
     return FULL if 0 in axes else KEEPS(ranges)  # reducing over the rows mixes them
 
@@ -132,7 +147,7 @@ def _cumsum_vjp(g, out, x, axis):
 
 
 SUM = _reduction("sum", True, _sum_vjp, zero_rows=_zero_rows_reduce, native="sum",
-                 forward=_column_sums)
+                 forward=_column_sums, on_nonzero_rows=_sum_on_nonzero_rows)
 MAX = _reduction("max", False, _max_vjp, zero_rows=_zero_rows_reduce)
 MIN = _reduction("min", False, _max_vjp, zero_rows=_zero_rows_reduce)
 PROD = _reduction("prod", True, _prod_vjp)
