@@ -559,6 +559,27 @@ def test_a_loss_on_some_rows_sums_the_push_gradient_over_those_rows(monkeypatch)
     assert summed == [len(internal)]  # bo's gradient: the internal rows only (taken: all)
 
 
+def test_a_sum_over_each_rows_columns_into_an_embeddings_gradient():
+    """∂F's lazy phase sums each row's columns (the gradient of a width-1 embedding broadcast
+    across the row) and scatters the sums into the table: a sum over the rows may run on the
+    nonzero ones, one over a row's columns feeds the scatter as it is — values and gradients
+    equal the per-sample evaluation."""
+    rng = np.random.default_rng(7)
+    table = mc.Parameter(rng.standard_normal((7, 1)), name="table")
+    U = mc.Parameter(rng.standard_normal((2 * H, H)) * 0.3, name="U")
+
+    def cell(v):
+        e = mc.broadcast_to(mc.embedding(table, v.pull()), (H,))
+        h = mc.tanh(e + mc.concat([v.gather(0), v.gather(1)]) @ U)
+        v.scatter(h)
+        v.push(h)
+    F = mc.VertexFunction(cell, pull_shape=(), pull_dtype="int64", scatter_shape=(H,),
+                          push_shape=(H,), arity=2, dtype="float64")
+    graphs = [mc.InputGraph([[], [], [0, 1], [], [2, 3]]), mc.InputGraph([[], [], [0, 1]])]
+    ids = mc.tensor(rng.integers(0, 7, sum(g.num_vertices for g in graphs)))
+    _check_batched_equals_reference(F, [table, U], graphs, X=ids)
+
+
 def _complete_tree(arity, depth):
     """A complete tree of ``arity`` children a vertex, ``depth`` levels below its root (heap
     order: vertex i's children are arity i + 1, ..., arity i + arity)."""

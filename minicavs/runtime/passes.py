@@ -541,7 +541,8 @@ def zero_rows(program):
         node = getattr(ins.step, "node", None)
         restrict = node is not None and node.op.on_nonzero_rows is not None
         demand = reader = None
-        if restrict:  # only rows a later scatter keeps are needed (an embedding gradient)
+        if restrict and node.op.native == "product":  # only rows a later scatter keeps are
+            # needed (an embedding gradient)
             value = node
             while len(users[value.key]) == 1 and value.key not in outputs:
                 reader = users[value.key][0]
