@@ -429,13 +429,13 @@ def _rows_layout(array):
     width = math.prod(shape[1:]) if len(shape) != 2 else shape[1]
     if array.flags.c_contiguous:  # (most values: packed rows, one after another)
         return max(width, 1) if len(shape) > 1 else 1
-    step = array.itemsize
-    for n, stride in zip(reversed(array.shape[1:]), reversed(array.strides[1:])):
+    step = item
+    for n, stride in zip(reversed(shape[1:]), reversed(array.strides[1:])):
         if n > 1 and stride != step and width > 1:
             return None
         step *= n
-    ld = array.strides[0] // array.itemsize
-    return ld if ld >= max(width, 1) or array.shape[0] <= 1 and ld >= 0 else None
+    ld = array.strides[0] // item
+    return ld if ld >= max(width, 1) or shape[0] <= 1 and ld >= 0 else None
 
 
 def _matrix_layout(array):
