@@ -51,9 +51,9 @@ from ..cuda import blas
 from .analysis import FusedGroup
 from .call import clear_unwritten
 from .executor import RECORD, GroupStep, OpStep
-from .plans import RUN, SKIP, ZERO, record_written, widen
+from .plans import RUN, SKIP, ZERO, record_written, written_by_plan
 from .program import Compute, Gather, ScatterAdd
-from .zero_rows import FULL, hull, index_rows, intersect
+from .zero_rows import FULL, index_rows, intersect
 
 
 class InterpreterLoop:
@@ -103,7 +103,7 @@ def _level_steps(part, xp, check, moves, from_c, issuer):
     program, env, ranges, rows = part.program, part.env, part.ranges, part.rows
     windows = None if check else _windows(part, xp)  # (debug mode: one instruction at a time)
     in_buffers = program.buffered | {p.key for p, *_ in program.aliases}
-    summed, levels_run = {}, []
+    summed = {}
     bound = windows.kernel_args if windows else {}  # each level kernel's arrays of the call
     tables = windows.tables() if windows else None  # levels issued from C, where they can be
     if windows is None and xp is not np and xp is not RECORD:  # (CuPy: say why not from C)
@@ -112,22 +112,34 @@ def _level_steps(part, xp, check, moves, from_c, issuer):
     if tables is not None and not isinstance(tables, str):
         issuer.append(tables)
     steps, call = part.exe.level_steps, (xp.__name__, windows is not None, frozenset(env))
-    for t, window, plan, zeros in part.exe.plans.levels(
-            ranges, rows, part.children_in_place is not None):
+    plans, which, zeros = part.exe.plans.per_level(ranges, rows,
+                                                   part.children_in_place is not None)
+    levels = []  # per plan, what the loop does on its levels
+    for plan in plans:
         level = steps.get((plan, call))
         if level is None:
             level = steps[(plan, call)] = _LevelSteps(program, plan, env, windows, xp)
-        lo, hi = window["vertex"]
+        levels.append(level)
+    from_tables = [False] * len(plans)  # per plan, its C table (None: run from here)
+    vertices, edges = rows.level_windows("vertex"), rows.level_windows("edge")
+    for t in reversed(range(rows.num_levels)) if program.reverse else range(rows.num_levels):
+        p = which[t]
+        level = levels[p]
         if isinstance(tables, str):  # (the issuer cannot run here: the reason, per level)
             from_c.append(tables)
         elif tables is not None:
-            if tables.queue(level, plan, lo, hi - lo):
+            table = from_tables[p]
+            if table is False:
+                table = from_tables[p] = tables.prepared(level, plans[p])
+            if table is not None:  # (a few us a level: all the host does for it here)
+                lo, hi = vertices[t]
+                tables.queued.append((table, lo, hi - lo))
                 from_c.append(True)
-                levels_run.append((level, window, zeros))
                 yield level.ran
                 continue
             tables.flush()
             from_c.append(level.issuer_why)
+        window = {"vertex": vertices[t], "edge": edges[t]}
         local = dict(env)  # shared values as they are, per-row ones cut to the level's rows
         for key, domain in level.row_keys:
             lo, hi = window[domain]
@@ -135,7 +147,7 @@ def _level_steps(part, xp, check, moves, from_c, issuer):
         if program.edge_parent is not None:  # per level, parent rows count from the first
             local[program.edge_parent.key] = rows.edge_parent_local[slice(*window["edge"])]
         if windows:
-            windows.start_level(plan, local, window)
+            windows.start_level(plans[p], local, window)
         for ins, action, sums, quick, kernel in level.steps:
             if action == RUN:
                 if kernel is not None:
@@ -152,11 +164,11 @@ def _level_steps(part, xp, check, moves, from_c, issuer):
                 for o in ins.writes:
                     moves.zero(o, local, window, o.key in in_buffers)
         if windows:
-            windows.end_level(plan, local, window)
-        levels_run.append((level, window, zeros))
+            windows.end_level(plans[p], local, window)
         yield level.ran
     env.update(summed)
-    record_written(program, ranges, _written(levels_run))
+    record_written(program, ranges, written_by_plan([level.written.items() for level in levels],
+                                                    zeros, which, rows))
 
 
 class _LevelSteps:
@@ -355,22 +367,6 @@ def _quick(ins, xp, in_buffers):
         for key, value in zip(outputs, kernel(*args, outs=[local.get(k) for k in outputs])):
             local[key] = value
     return fused
-
-
-def _written(levels_run):
-    """Each buffer's rows written by the loop: the hull of the levels that ran its writer and
-    where it is not known zero (an output of a run step made from zeros there)."""
-    hulls = {}  # (_LevelSteps, zero values) -> {domain: the hull of its levels' rows}
-    for level, window, zeros in levels_run:
-        hull_of = hulls.setdefault((level, zeros), {})
-        for domain, rows in window.items():
-            hull_of[domain] = hull(hull_of[domain], rows) if domain in hull_of else rows
-    written = {}
-    for (level, zeros), hull_of in hulls.items():
-        for key, domain in level.written.items():
-            if key not in zeros:
-                widen(written, key, hull_of[domain])
-    return written
 
 
 _ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # (the row kernels' types)

@@ -102,16 +102,15 @@ class LevelTables:
         self.ready = {}  # level steps -> its table, this call's entries filled (None: Python)
         self.queued = []  # (table, lo, n) of levels not yet issued
 
-    def queue(self, level, plan, lo, n):
-        """Queue a level of ``plan`` to be issued from C at the next :meth:`flush`; False where
-        the plan stays on the Python loop (flush first: the queued levels come before it)."""
+    def prepared(self, level, plan):
+        """The table a level of ``plan`` (its ``_LevelSteps``: ``level``) is issued by, for
+        this call, or None where the plan stays on the Python loop; a level is issued at the
+        next :meth:`flush` once ``(table, first row, rows)`` is appended to :attr:`queued`
+        (flush before a level run from Python: the queued levels come before it)."""
         found = self.ready.get(level, False)
         if found is False:
             found = self.ready[level] = self._prepare(level, plan)
-        if found is None:
-            return False
-        self.queued.append((found, lo, n))
-        return True
+        return found
 
     def flush(self):
         """Issue the queued levels, in order, in one C call (the pointer table, grown or not,

@@ -24,7 +24,7 @@ from ..cpu import blas, build, calibrate, products, team
 from ..cpu.kernels import data_address
 from ..ops.batching import row_domain
 from .codegen import ACTIONS, INTO_CHILDREN, ONTO_CHILDREN, VARIANTS
-from .plans import RUN, SKIP, ZERO, record_written, widen
+from .plans import RUN, SKIP, ZERO, record_written, written_by_plan
 from .program import ScatterAdd
 
 
@@ -244,20 +244,7 @@ class _NativeRun:
         if part.children_in_place is not None:
             _leave_leaf_concat(self.table, program, loop.spec.variants, part)
         self.counts = runs[::-1] if program.reverse else runs  # in loop order
-        # What each buffer holds: the hull of the rows of every level that wrote it, taken
-        # once per plan and domain (a plan's writes are the same on each of its levels).
-        self.written = {}
-        hulls = {}  # domain -> per plan, the hull of its levels' rows
-        for p, (_, writes, _) in enumerate(codes):
-            for key, domain in writes:
-                if key in zeros[p]:  # (made from zeros on these levels: written as zeros)
-                    continue
-                by_plan = hulls.get(domain)
-                if by_plan is None:
-                    by_plan = hulls[domain] = _hulls_by_plan(rows.level_windows(domain), which,
-                                                             len(codes))
-                if by_plan[p] is not None:
-                    widen(self.written, key, by_plan[p])
+        self.written = written_by_plan([writes for _, writes, _ in codes], zeros, which, rows)
         self.pointers, self.strides = args
         self.offsets = np.ascontiguousarray(rows.level_offsets, dtype=np.int64)
         self.threads, self.split_rows, self.split_macs = team_size(rows, loop.spec)
@@ -401,17 +388,6 @@ def _into_children(table, program, part):
         part.clear_stale_children(written=onto)
     table[levels, p] = ONTO_CHILDREN if onto else INTO_CHILDREN
     return int(np.count_nonzero(levels))
-
-
-def _hulls_by_plan(windows, which, count):
-    """Per plan (of ``count``; ``which``: each level's), ``(lo, hi)``: the hull of the rows of
-    its levels that have any (``windows``: each level's rows), or None."""
-    hulls = [None] * count
-    for (lo, hi), p in zip(windows, which):
-        if hi > lo:
-            found = hulls[p]
-            hulls[p] = (lo, hi) if found is None else (min(found[0], lo), max(found[1], hi))
-    return hulls
 
 
 def _aligned(array):

@@ -50,17 +50,6 @@ class LevelPlans:
             plan = self._plans[key] = tuple(plan)
         return plan
 
-    def levels(self, ranges, rows, in_place=False):
-        """Per level, in the order the loop runs them: ``(t, window, plan, zeros)`` — the
-        level, its rows (``{"vertex": (lo, hi), "edge": (lo, hi)}``), its plan and the values
-        known zero there; ``ranges`` (key -> (lo, hi)) are the rows outside which per-row values
-        are zero; ``in_place``: see :meth:`plan`."""
-        plans, which, zeros = self.per_level(ranges, rows, in_place)
-        levels = range(rows.num_levels)
-        for t in (reversed(levels) if self.program.reverse else levels):
-            yield t, {"vertex": rows.vertices(t), "edge": rows.edges(t)}, plans[which[t]], \
-                zeros[which[t]]
-
     def per_level(self, ranges, rows, in_place=False):
         """``(plans, which, zeros)``: the distinct plans of a call's levels, per level t the
         index of its plan (a list), and per plan the values known zero on its levels (the
@@ -148,6 +137,36 @@ def record_written(program, ranges, written):
         whole = ranges.get(concat.key, FULL)
         ranges[part.key] = intersect(whole, written[part.key]) \
             if part.key in written and not {part.key, concat.key} & sources else whole
+
+
+def written_by_plan(writes, zeros, which, rows):
+    """What a level loop writes (key -> rows): the hull of the rows of every level that wrote a
+    buffer, taken once per plan and domain, a plan's writes being the same on each of its
+    levels. Per plan: ``writes``, its ``(key, domain)`` pairs; ``zeros``, the values made from
+    zeros there (written as zeros: not counted); ``which``, each level's plan."""
+    written, hulls = {}, {}  # domain -> per plan, the hull of its levels' rows
+    for p, pairs in enumerate(writes):
+        for key, domain in pairs:
+            if key in zeros[p]:
+                continue
+            by_plan = hulls.get(domain)
+            if by_plan is None:
+                by_plan = hulls[domain] = _hulls_by_plan(rows.level_windows(domain), which,
+                                                         len(writes))
+            if by_plan[p] is not None:
+                widen(written, key, by_plan[p])
+    return written
+
+
+def _hulls_by_plan(windows, which, count):
+    """Per plan (of ``count``; ``which``: each level's), ``(lo, hi)``: the hull of the rows of
+    its levels that have any (``windows``: each level's rows), or None."""
+    hulls = [None] * count
+    for (lo, hi), p in zip(windows, which):
+        if hi > lo:
+            found = hulls[p]
+            hulls[p] = (lo, hi) if found is None else (min(found[0], lo), max(found[1], hi))
+    return hulls
 
 
 def widen(written, key, window):
