@@ -482,7 +482,10 @@ WORKER = textwrap.dedent(r'''
                 p.grad = mc.tensor(backend.to_device(np.ones(p.shape, np.float32)))
             with emulated.counter.measure() as adam:
                 optimizer.step()
-        return {"indices": indices, "xent_grad": grad, "item": read, "adam": adam}
+        with emulated.counter.measure() as again:  # (the same gradients' blocks: no copy)
+            optimizer.step()
+        return {"indices": indices, "xent_grad": grad, "item": read, "adam": adam,
+                "adam_again": again}
 
     trees, vocab = synthetic_treebank(6)
     out = {"overheads": step_overheads(), "issuers": issuers()}
@@ -852,12 +855,14 @@ def test_a_training_steps_launches_beside_f_are_what_they_must_be(emulated_run):
     """A batch's index arrays go to the device in one copy (its child slots with them); the
     cross-entropy gradient of a mean (one value for every row) is its kernel alone; reading the
     loss is one copy back (no fingerprint of the array: the copy cannot write into it); Adam
-    steps every parameter in one launch (and one copy of their addresses)."""
+    steps every parameter in one launch (and one copy of their addresses, none where they are
+    those of a step before)."""
     found = emulated_run["overheads"]
     assert found["indices"] == {"copy": 1}, found
     assert found["xent_grad"] == {"kernel": 1}, found
     assert found["item"] == {"copy": 1}, found
     assert found["adam"] == {"copy": 1, "kernel": 1}, found  # (three parameters, one launch)
+    assert found["adam_again"] == {"kernel": 1}, found
 
 
 _LAYOUTS = ("rows", "window", "transposed", "transposed window")
@@ -922,6 +927,33 @@ def test_products_cublas_cannot_take_go_to_matmul(monkeypatch):
     ints = cp.asarray(np.arange(6).reshape(2, 3))
     assert (blas.matmul(cp, ints, ints.T).get() == np.arange(6).reshape(2, 3) @
             np.arange(6).reshape(2, 3).T).all()
+
+
+def test_column_sums_are_one_cublas_call_and_equal_numpy():
+    """A bias's gradient, a matrix's rows summed (some of them too: the rows a loss reads), is
+    ones · X in one cuBLAS call on a GPU, the row of ones made once; any other sum is CuPy's."""
+    import minicavs as mc
+    from minicavs.ops import reduce
+
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, np.float64):
+        x = rng.standard_normal((300, 9)).astype(dtype)
+        reduce._column_sums(cp, cp.asarray(x), (0,), False)  # (the row of ones: 300 or more)
+        for rows, expected in ((cp.asarray(x), x.sum(0)), (cp.asarray(x)[7:250], x[7:250].sum(0))):
+            with emulated.counter.measure() as got:
+                sums = reduce._column_sums(cp, rows, (0,), False)
+            assert got == {"library": 1}, got
+            np.testing.assert_allclose(sums.get(), expected, rtol=1e-5, atol=1e-5)
+        with emulated.counter.measure() as got:
+            kept = reduce._column_sums(cp, cp.asarray(x), (0,), True)
+        assert kept.shape == (1, 9) and got == {"copy": 1, "library": 1}, got
+        with emulated.counter.measure() as got:  # (over the columns: CuPy's reduction)
+            np.testing.assert_allclose(reduce._column_sums(cp, cp.asarray(x), (1,), False).get(),
+                                       x.sum(1), rtol=1e-5, atol=1e-5)
+        assert "library" not in got, got
+    t = mc.tensor(cp.asarray(x), requires_grad=True)  # (through the op: its value and gradient)
+    mc.sum(t, axis=0).backward(mc.tensor(cp.asarray(np.arange(9.0))))
+    np.testing.assert_allclose(t.grad.numpy(), np.broadcast_to(np.arange(9.0), x.shape))
 
 
 # --- the C issuer (cuda/issuer.py) on the emulated device's driver ------------------------------

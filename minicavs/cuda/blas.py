@@ -67,6 +67,18 @@ def matmul(xp, a, b, out=None):
     return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
 
 
+def ones_row(xp, n, dtype):
+    """A ``(1, n)`` row of ones on the current device, for column sums as one product (ones · X,
+    a bias's gradient): one vector per device and dtype, kept and grown as longer ones are asked
+    for (never written: readers share it)."""
+    key = (xp.cuda.Device().id, np.dtype(dtype))
+    ones = _ones.get(key)
+    if ones is None or ones.shape[0] < n:
+        ones = _ones[key] = xp.ones(max(n, 2 * (0 if ones is None else ones.shape[0])), dtype)
+    return ones[:n].reshape(1, n)
+
+
+_ones = {}  # (device, dtype) -> the longest row of ones made
 _plans = {}  # the operands' dtypes, shapes and strides -> the call's constants, or False
 _PLANS_KEPT = 4096
 

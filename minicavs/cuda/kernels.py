@@ -1040,12 +1040,22 @@ def adam_many(params, grads, ms, vs, beta1, beta2, eps, bc2, step, decay, *, run
     address = device_address(_xp(runner))
     offsets = np.cumsum([0] + [p.size for p in params])
     table = np.array([address(a) for a in arrays] + offsets.tolist(), np.int64)
-    if runner == "cupy":
-        table = _xp(runner).asarray(table)
+    if runner == "cupy":  # (a step's gradients tend to get last step's blocks from the pool:
+        # the same addresses, then the table on the device is the one copied before)
+        key = table.tobytes()
+        found = _adam_tables.get(key)
+        if found is None:
+            if len(_adam_tables) >= 8:
+                _adam_tables.clear()
+            found = _adam_tables[key] = _xp(runner).asarray(table)
+        table = found
     hyper = (dtype.type(h) for h in (beta1, beta2, eps, bc2, step, decay))
     _launch("adam_many", dtype, runner, int(offsets[-1]),
             (table, len(params), *hyper, int(offsets[-1])))
     return True
+
+
+_adam_tables = {}  # the address tables copied to the device lately (read only), by content
 
 
 def device_address(xp):

@@ -117,8 +117,9 @@ def scatter_add_into(xp, out, idx, values):
     return out
 
 
-def _scatter_add_rows_forward(xp, g, idx, num_rows):
-    _check_index_range("scatter_add_rows", idx, num_rows)
+def _scatter_add_rows_forward(xp, g, idx, num_rows, checked=False):
+    if not checked:  # (checked: take_rows' gradient, its indices checked by the take)
+        _check_index_range("scatter_add_rows", idx, num_rows)
     return scatter_add_into(xp, xp.zeros((num_rows,) + g.shape[1:], dtype=g.dtype), idx, g)
 
 
@@ -130,7 +131,7 @@ def _infer_take_rows(x, idx):
     return Aval((idx.shape[0],) + tuple(x.shape[1:]), np.dtype(x.dtype))
 
 
-def _infer_scatter_add_rows(g, idx, num_rows):
+def _infer_scatter_add_rows(g, idx, num_rows, checked=False):  # noqa: ARG001
     require_int("scatter_add_rows", idx, 1)
     if len(g.shape) == 0 or tuple(idx.shape) != (g.shape[0],):
         raise ShapeError(f"op 'scatter_add_rows': argument 1 must index the rows of argument 0, "
@@ -149,8 +150,14 @@ def _batch_take_rows(op, items, attrs, out):
     return shape.reshape(rows, (batching.row_count(di),) + tuple(out.shape))
 
 
-TAKE_ROWS = register(Op("take_rows", _take_rows_forward, _infer_take_rows,
-                        lambda g, out, x, idx: (scatter_add_rows(g, idx, x.shape[0]), None),
+def _take_rows_vjp(g, out, x, idx):
+    """The rows' gradients added into the table's: the indices are those the take checked, so
+    the scatter does not check them again (on a GPU each check is a wait for the device, here
+    after the whole backward pass queued before it)."""
+    return apply(SCATTER_ADD_ROWS, g, idx, num_rows=int(x.shape[0]), checked=True), None
+
+
+TAKE_ROWS = register(Op("take_rows", _take_rows_forward, _infer_take_rows, _take_rows_vjp,
                         nondiff_args=(1,), batch=_batch_take_rows, row_index_arg=1))
 
 
@@ -189,7 +196,7 @@ TAKE_ROW = register(Op("take_row", _take_row_forward, _infer_take_row, _take_row
 # No batching rule: it only appears in ∂F, which is derived from the batched F.
 SCATTER_ADD_ROWS = register(Op("scatter_add_rows", _scatter_add_rows_forward,
                                _infer_scatter_add_rows,
-                               lambda g, out, x, idx, num_rows: (take_rows(g, idx), None),
+                               lambda g, out, x, idx, **attrs: (take_rows(g, idx), None),
                                nondiff_args=(1,), row_index_arg=1))
 
 

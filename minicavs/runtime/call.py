@@ -144,6 +144,7 @@ class CallRecord:
     saved: list = field(default_factory=list)
     stats: dict = None
     scheduling_seconds: float = 0.0
+    selected: object = None  # rows= as the call's rows, on its device (the backward's too)
 
 
 # --- binding ------------------------------------------------------------------------------------

@@ -387,8 +387,10 @@ class KindedFunction(BatchedFunction):
         driver.run(parts, xp)
         record.saved = [part.saved(self.cells[key].backward_graph)  # only what ∂F reads
                         for part, (_, key) in zip(parts, kinds)]
+        if rows is not None:
+            record.selected = _selected(xp, schedule, rows)
         result = _in_caller_order(xp, parts, [part.output for part in parts], n,
-                                  None if rows is None else _selected(xp, schedule, rows))
+                                  record.selected)
         record.stats = self._stats(batch, schedule, kinds, parts, time.perf_counter() - started)
         record.stats["scheduling_seconds"] += record.scheduling_seconds
         self._last_stats = record.stats
@@ -429,7 +431,7 @@ class KindedFunction(BatchedFunction):
         n = batch.num_vertices
         cotangent, at = g._array, None
         if rows is not None and schedule.one:  # the rows' gradient, added at their level rows
-            at = _selected(xp, schedule, rows)
+            at = record.selected  # (on a GPU, copied there once for both)
         elif rows is not None:  # several kinds: the whole gradient, in the caller's order
             cotangent = scatter_add_into(xp, xp.zeros((n,) + cotangent.shape[1:],
                                                       cotangent.dtype), xp.asarray(rows),
