@@ -8,6 +8,8 @@ so ``import minicavs`` works on a machine without CuPy or without a GPU. Everyth
 import os
 import sys
 
+import weakref
+
 import numpy as np
 
 from .errors import DeviceError, DTypeError
@@ -157,10 +159,51 @@ def scalars_to(xp, arrays):
 
 
 def to_device(array, device=None):
-    """Copy ``array`` to ``device`` (default: the current one) if it is not already there."""
+    """Copy ``array`` to ``device`` (default: the current one) if it is not already there. An
+    integer array copied from the host to a GPU has its range kept (:func:`known_range`)."""
     if (device or _device) == "cuda":
-        return cupy_or_error().asarray(array)
+        out = cupy_or_error().asarray(array)
+        if type(array) is np.ndarray and array.dtype.kind in "iu" and \
+                0 < array.size <= _RANGE_KEPT_UP_TO and out is not array:
+            _keep_range(out, int(array.min()), int(array.max()))
+        return out
     return to_numpy(array)
+
+
+# Index arrays made on the host and copied to a GPU (word ids, labels, rows): their least and
+# largest entries, taken on the host, so that a take of rows checks its indices without two
+# reductions and a wait for the device. Kept per array, while it lives and is not written: a
+# minicavs write or a hand-out through ``.data`` forgets it (autodiff/versions.py).
+_ranges = {}  # id(device array) -> (weak reference to it, least, largest)
+_RANGE_KEPT_UP_TO = 1 << 22  # entries (a larger copy's min and max cost more than they save)
+
+
+def _keep_range(array, least, largest):
+    key = id(array)
+    _ranges[key] = (weakref.ref(array, lambda _, key=key: _ranges.pop(key, None)), least,
+                    largest)
+
+
+def known_range(array):
+    """Bounds ``(least, largest)`` of every entry of a device index array copied from the host
+    (or taken from such an array: :func:`share_range`) and unchanged since, or None."""
+    found = _ranges.get(id(array))
+    if found is None or found[0]() is not array:
+        return None
+    return found[1], found[2]
+
+
+def share_range(taken, source):
+    """``taken`` (a new device array) holds entries of ``source`` only: the bounds kept for
+    ``source`` hold for it too."""
+    found = known_range(source)
+    if found is not None:
+        _keep_range(taken, *found)
+
+
+def forget_range(array):
+    """``array`` may be written: its kept range no longer holds."""
+    _ranges.pop(id(array), None)
 
 
 def to_numpy(array):

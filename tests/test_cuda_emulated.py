@@ -485,7 +485,34 @@ WORKER = textwrap.dedent(r'''
         with emulated.counter.measure() as again:  # (the same gradients' blocks: no copy)
             optimizer.step()
         return {"indices": indices, "xent_grad": grad, "item": read, "adam": adam,
-                "adam_again": again}
+                "adam_again": again, "host_ids": host_ids()}
+
+    def host_ids():
+        """Ids and labels copied from the host: checked by the bounds taken there (launches
+        of a take of rows, a cross-entropy); a bad one, or one written through .data, caught."""
+        from minicavs.cuda import emulated
+
+        out = {}
+        table = mc.tensor(backend.to_device(np.arange(12, dtype=np.float32).reshape(4, 3)))
+        ids = mc.tensor(np.array([0, 3, -1]))
+        with emulated.counter.measure() as out["take"]:
+            rows = mc.take_rows(table, ids)
+        out["rows"] = rows.numpy().tolist()
+        logits = mc.tensor(backend.to_device(np.zeros((2, 3), np.float32)))
+        labels = mc.tensor(np.array([2, 0]))
+        with emulated.counter.measure() as out["xent"]:
+            mc.softmax_cross_entropy(logits, labels, reduction="none")
+        def error(make):
+            try:
+                make()
+            except mc.errors.IndexRangeError as e:
+                return str(e)
+        out["bad"] = error(lambda: mc.take_rows(table, mc.tensor(np.array([0, 5]))))
+        ids.data[1] = 4  # (a write the kept bounds cannot see: .data forgets them)
+        out["written"] = error(lambda: mc.take_rows(table, ids))
+        labels.data[0] = 3
+        out["bad_label"] = error(lambda: mc.softmax_cross_entropy(logits, labels))
+        return out
 
     trees, vocab = synthetic_treebank(6)
     out = {"overheads": step_overheads(), "issuers": issuers()}
@@ -863,6 +890,20 @@ def test_a_training_steps_launches_beside_f_are_what_they_must_be(emulated_run):
     assert found["item"] == {"copy": 1}, found
     assert found["adam"] == {"copy": 1, "kernel": 1}, found  # (three parameters, one launch)
     assert found["adam_again"] == {"kernel": 1}, found
+
+
+def test_ids_copied_from_the_host_are_checked_by_the_bounds_taken_there(emulated_run):
+    """A take of rows by word ids made on the host checks them by the bounds taken before the
+    copy: the ids as int32 and the gather, no reductions, no read back (a wait for the device);
+    a cross-entropy's labels likewise (its kernel's flag not read). A bad id, and one written
+    through ``.data`` after the copy, are still caught and named."""
+    found = emulated_run["overheads"]["host_ids"]
+    assert found["take"] == {"copy": 1, "kernel": 1}, found
+    assert found["rows"] == [[0, 1, 2], [9, 10, 11], [0, 0, 0]], found
+    assert found["xent"] == {"kernel": 1}, found
+    assert "index 5 at position 1" in found["bad"], found
+    assert "index 4 at position 1" in found["written"], found
+    assert "label 3" in found["bad_label"], found
 
 
 _LAYOUTS = ("rows", "window", "transposed", "transposed window")

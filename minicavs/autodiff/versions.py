@@ -79,6 +79,7 @@ def exposed(tensor):
     but not yet run that may read it, keep a fingerprint of a version a record saved, then move
     to a new version."""
     writing(tensor)
+    backend.forget_range(tensor._array)
     v = tensor._versions
     if v.saved_at == v.count:
         value = fingerprint(tensor._array)
@@ -107,6 +108,7 @@ def writing(tensor):
 def changed(tensor):
     """minicavs itself wrote into ``tensor``'s array (an optimiser step, a state load); call
     :func:`writing` before the write."""
+    backend.forget_range(tensor._array)
     tensor._versions.count += 1
 
 

@@ -993,10 +993,16 @@ def softmax_xent(logits, labels, out=None, *, runner=None):
     if operands is None or (out is not None and not out.flags.c_contiguous):
         return None
     runner, (z, ld), y, rows, C = operands
-    losses = _xp(runner).empty(labels.shape, logits.dtype) if out is None else out
-    bad = _xp(runner).zeros(1, np.int32)
+    xp = _xp(runner)
+    losses = xp.empty(labels.shape, logits.dtype) if out is None else out
+    from ..backend import known_range
+
+    known = known_range(labels)  # (labels copied from the host: checked there, no wait)
+    checked = known is not None and 0 <= known[0] and known[1] < C
+    bad = xp.empty(1, np.int32) if checked else xp.zeros(1, np.int32)
     _launch("softmax_xent", logits.dtype, runner, rows, (z, ld, y, losses, bad, rows, C))
-    return None if int(bad[0]) else losses  # (one copy back: the check the op makes anyway)
+    return losses if checked or not int(bad[0]) else None  # (else one copy back, the check
+    # the op makes anyway)
 
 
 def softmax_xent_grad(logits, labels, g, *, runner=None):

@@ -25,7 +25,11 @@ def _index_bounds(idx):
 
 def out_of_range(idx, low, high):
     """None if every entry of ``idx`` lies in [low, high]; else an entry outside (the smallest
-    or the largest) and its position (a tuple)."""
+    or the largest) and its position (a tuple). An index array copied from the host passes
+    on the bounds kept there (``backend.known_range``: no reduction, no wait for a GPU)."""
+    known = backend.known_range(idx)
+    if known is not None and low <= known[0] and known[1] <= high:
+        return None
     least, most = _index_bounds(idx) if idx.size else (low, high)
     if low <= least and most <= high:
         return None

@@ -20,6 +20,7 @@ import weakref
 
 import numpy as np
 
+from .. import backend
 from ..ops.index import scatter_add_into
 from .zero_rows import FULL
 
@@ -184,6 +185,8 @@ def bind_forward(exe, xp, rows, params, pull=None, *, record=None, states=None, 
     for node in graph.inputs:
         if node.role == "pull":  # the caller's rows into level order
             env[node.key] = take_rows(xp, pull, rows.order)
+            if xp is not np:  # (ids copied from the host: their bounds hold in level order)
+                backend.share_range(env[node.key], pull)
         elif node.role == "edge_parent":
             env[node.key] = rows.edge_parent_row
     bind_buffers(program, env, views, rows)
