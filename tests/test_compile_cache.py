@@ -209,6 +209,67 @@ def test_scratch_files_of_a_compile_whose_process_ended_are_removed_at_once(tmp_
     assert not killed.exists() and running.exists() and elsewhere.exists()
 
 
+# --- units side by side, libraries compiled ahead ----------------------------------------------
+
+@needs_native
+def test_a_source_in_units_compiles_them_side_by_side_into_one_library(tmp_path, monkeypatch):
+    """Each unit (after ``build.UNIT``) with the preamble, compiled at once, linked as one
+    library; the whole source is kept beside it; a unit that does not compile is named by its
+    compiler's log."""
+    monkeypatch.setenv("MINICAVS_CACHE_DIR", str(tmp_path))
+    preamble = "#include <cstdint>\nstatic int64_t twice(int64_t x) { return 2 * x; }\n"
+    units = [f'extern "C" int64_t unit_{k}(void) {{ return twice({k}); }}\n' for k in range(3)]
+    source = preamble + "".join(build.UNIT + unit for unit in units)
+    assert build.units_of(source) == [preamble + unit for unit in units]
+    lib, compiled = build.build(source, "units")
+    assert compiled and [getattr(lib, f"unit_{k}")() for k in range(3)] == [0, 2, 4]
+    kept = list((tmp_path / "native").glob("units-*.cpp"))
+    assert [p.read_text() for p in kept] == [source]
+    assert not list((tmp_path / "native").glob("*.part"))
+    broken = preamble + build.UNIT + units[0] + build.UNIT + "int64_t oops(void) { return x; }\n"
+    with pytest.raises(MinicavsError, match="oops.*\n.*was not declared"):
+        build.build(broken, "broken")
+    assert not list((tmp_path / "native").glob("*.part"))
+
+
+@needs_native
+def test_a_library_compiled_ahead_is_loaded_without_compiling_it_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINICAVS_CACHE_DIR", str(tmp_path))
+    thread = build.compile_ahead(_source(11), "ahead")
+    assert thread is not None and build.compile_ahead(_source(11), "ahead") is None  # (once)
+    lib, compiled = build.build(_source(11), "ahead")  # (waits for it)
+    assert not compiled and lib.minicavs_answer() == 11
+    assert build.compile_ahead(_source(11), "ahead") is None  # (in the cache now)
+    bad = 'extern "C" int minicavs_answer(void) { return y; }\n'
+    build.compile_ahead(bad, "bad_ahead")  # (its failure is the load's to raise, with the log)
+    with pytest.raises(MinicavsError, match="was not declared in this scope"):
+        build.build(bad, "bad_ahead")
+
+
+_SLOW_COMPILER = """#!/bin/sh
+if [ "$1" = "--version" ]; then echo "slow-c++ 1.0"; exit 0; fi
+sleep 60
+"""
+
+
+def test_a_compile_ahead_nothing_waited_for_stops_at_exit(tmp_path):
+    """A library compiled ahead that the process never loaded: its compiler is stopped when
+    the process ends, and its scratch files are removed."""
+    fake = tmp_path / "slow-c++"
+    fake.write_text(_SLOW_COMPILER)
+    fake.chmod(0o755)
+    started = time.perf_counter()
+    result = _python("""
+        from minicavs.cpu import build
+        print("AHEAD", build.compile_ahead('extern "C" int f(void) { return 1; }', "unneeded")
+              is not None)
+        """, timeout=60, CXX=str(fake), MINICAVS_CACHE_DIR=str(tmp_path))
+    assert result.returncode == 0 and "AHEAD True" in result.stdout, result.stderr
+    assert time.perf_counter() - started < 30
+    assert not list((tmp_path / "native").glob("*.part"))
+    assert not list((tmp_path / "native").glob("unneeded-*.so"))
+
+
 # --- a compiler that hangs -----------------------------------------------------------------------
 
 _HANGING_COMPILER = """#!/bin/sh

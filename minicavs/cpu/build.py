@@ -58,6 +58,7 @@ compiler log and the source with line numbers; the generated source names, in co
 instruction each block came from.
 """
 
+import atexit
 import ctypes
 import functools
 import hashlib
@@ -162,8 +163,14 @@ def _run(command, timeout):
     """``command``'s CompletedProcess (text output), killed with everything it started once
     ``timeout`` seconds pass (then TimeoutExpired): ``subprocess.run`` alone kills only the
     driver, and its ``cc1plus`` (or a script's ``sleep``) runs on."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
+    ahead = getattr(_ahead_thread, "on", False)
+    with _lock:
+        if ahead and _ahead_processes is None:  # (the process is ending: no compile ahead)
+            return subprocess.CompletedProcess(command, -signal.SIGKILL, "", "stopped at exit")
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, start_new_session=True)
+        if ahead:
+            _ahead_processes.add(process)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except BaseException:  # the timeout, or an interrupt: leave no compiler running
@@ -173,6 +180,9 @@ def _run(command, timeout):
             pass
         process.communicate()
         raise
+    finally:
+        if ahead and _ahead_processes:
+            _ahead_processes.discard(process)
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
@@ -291,12 +301,17 @@ def compile_library(source, tag, *, kind, key, commands, failure):
     """The path of ``source``'s library in the ``kind`` cache, compiled unless a sound entry
     of ``key`` is there: ``(path, compiled)``.
 
-    ``commands(cpp, obj, out)`` gives the compiler command lines that make ``out`` from the
-    source file ``cpp`` (``obj`` is a scratch object file); ``failure(log)`` the
-    :class:`KernelCompileError` for a source that does not compile.
+    ``commands(cpps, objs, out)`` gives the steps that make ``out`` from the source files
+    ``cpps`` (one per unit of the source, see :data:`UNIT`; ``objs``: a scratch object file
+    for each), each step a list of compiler command lines run side by side (a compile per unit,
+    then the link); ``failure(log)`` the :class:`KernelCompileError` for a source that does not
+    compile.
     """
     folder = cache_dir(kind)
     target = os.path.join(folder, f"{tag}-{key[:24]}.so")
+    ahead = _ahead.get(target)
+    if ahead is not None and ahead is not threading.current_thread():
+        ahead.join()  # (being compiled ahead: its entry, then, or its error below)
     if os.path.lexists(target):
         problem = entry_problem(target, key)
         if problem is None:
@@ -306,22 +321,30 @@ def compile_library(source, tag, *, kind, key, commands, failure):
     _remove_stale_parts(folder)
     # Unique scratch names, then atomic renames: concurrent builds of one key (several
     # processes) never see each other's half-written files.
-    scratch = [_scratch(folder, tag, suffix) for suffix in (".cpp.part", ".o.part", ".so.part")]
-    cpp, obj, partial = scratch
+    units = units_of(source)
+    cpp, partial = _scratch(folder, tag, ".cpp.part"), _scratch(folder, tag, ".so.part")
+    cpps = [cpp] if len(units) == 1 else [_scratch(folder, f"{tag}{i}", ".cpp.part")
+                                          for i in range(len(units))]
+    objs = [_scratch(folder, f"{tag}{i}", ".o.part") for i in range(len(units))]
+    scratch = list(dict.fromkeys([cpp, partial, *cpps, *objs]))
     try:
         _write_synced(cpp, source.encode())
+        for path, unit in zip(cpps, units):
+            if path != cpp:
+                _write_synced(path, unit.encode())
         timeout = compile_timeout()
-        for command in commands(cpp, obj, partial):
+        for step in commands(cpps, objs, partial):
             try:
-                result = _run(command, timeout)
-            except subprocess.TimeoutExpired:
+                results = _run_side_by_side(step, timeout)
+            except subprocess.TimeoutExpired as expired:
                 raise KernelCompileError(
-                    f"the C++ compiler '{command[0]}' did not finish compiling {tag!r} within "
-                    f"{timeout:g} s (MINICAVS_COMPILE_TIMEOUT) and was stopped; give it longer "
-                    f"with MINICAVS_COMPILE_TIMEOUT=<seconds>, or {OFF_HINT}",
+                    f"the C++ compiler '{expired.cmd[0]}' did not finish compiling {tag!r} "
+                    f"within {timeout:g} s (MINICAVS_COMPILE_TIMEOUT) and was stopped; give it "
+                    f"longer with MINICAVS_COMPILE_TIMEOUT=<seconds>, or {OFF_HINT}",
                     source=source) from None
-            if result.returncode != 0:
-                raise failure((result.stderr or result.stdout).strip())
+            for result in results:
+                if result.returncode != 0:
+                    raise failure((result.stderr or result.stdout).strip())
         with open(partial, "rb") as f:
             body = f.read()
         _write_synced(partial, body + _trailer(key, body))
@@ -339,6 +362,43 @@ def compile_library(source, tag, *, kind, key, commands, failure):
             if os.path.exists(path):
                 os.remove(path)
     return target, True
+
+
+# A line of a source that begins a unit compiled on its own, beside the others (``make -j``'s
+# parallel objects, linked into one library): what comes before the first is each unit's
+# preamble (its includes). cpu/kernel_source.py's shared kernels and each instruction set's
+# product took 5.6 s one after another on two cores, 3.8 side by side.
+UNIT = "// minicavs: a unit of its own\n"
+
+
+def units_of(source):
+    """The translation units of ``source``: itself, or each unit after :data:`UNIT` with the
+    preamble before the first."""
+    preamble, *units = source.split(UNIT)
+    return [preamble + unit for unit in units] if units else [source]
+
+
+def _run_side_by_side(commands, timeout):
+    """Each command's CompletedProcess, the commands run at once (:func:`_run` each)."""
+    if len(commands) == 1:
+        return [_run(commands[0], timeout)]
+    results = [None] * len(commands)
+    errors = []
+
+    def run(i, command):
+        try:
+            results[i] = _run(command, timeout)
+        except BaseException as exc:  # noqa: BLE001 (raised below, in the caller's thread)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(commands)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 def _scratch(folder, tag, suffix):
@@ -403,6 +463,61 @@ def _remove_stale_parts(folder):
                 pass  # another process removed it first
 
 
+# --- compiling ahead -----------------------------------------------------------------------------
+
+_ahead = {}  # library path -> the thread compiling it ahead (while it runs)
+_ahead_thread = threading.local()  # .on in those threads
+_ahead_processes = set()  # their compilers running now (None once the process is ending)
+
+
+def compile_ahead(source, tag, origin=""):
+    """Start compiling ``source``'s library (:func:`build`'s) on a thread of its own, where the
+    cache lacks it: one a job will load soon then compiles beside what the job compiles or
+    runs now, as ``make -j`` would (a cold start of the Tree-LSTM's main job compiles four
+    libraries, 10 s one after another on two cores). :func:`build` waits for it, and a
+    failure is left to that call to raise, with its log. Returns the thread, or None (nothing
+    to compile, or no native code here)."""
+    if unavailable() is not None:
+        return None
+    key = _native_key(source)
+    target = os.path.join(cache_dir("native"), f"{tag}-{key[:24]}.so")
+    with _lock:
+        if target in _ahead or (os.path.lexists(target) and entry_problem(target, key) is None):
+            return None
+
+        def run():
+            _ahead_thread.on = True
+            try:
+                _compile(source, tag, origin, key)
+            except Exception:  # noqa: BLE001 (the load compiles again and raises it)
+                pass
+            finally:
+                with _lock:
+                    _ahead.pop(target, None)
+
+        thread = _ahead[target] = threading.Thread(target=run, daemon=True,
+                                                   name=f"minicavs-compile-{tag}")
+        thread.start()  # (started before a waiter can see it)
+    return thread
+
+
+@atexit.register
+def _stop_compiling_ahead():
+    """At exit, compiles ahead that nothing waited for stop (their libraries were not
+    needed), their scratch files removed: no compiler outlives the process."""
+    global _ahead_processes
+    with _lock:
+        running, _ahead_processes = _ahead_processes, None
+        threads = list(_ahead.values())
+    for process in running:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for thread in threads:
+        thread.join(timeout=10)
+
+
 # --- the native backend's build and load -------------------------------------------------------
 
 def build(source, tag, origin=""):
@@ -429,9 +544,9 @@ def _compile(source, tag, origin, key, extra_flags=(), link_flags=LINK_FLAGS):
     """``compile_library`` of a C++ source into the native cache: (path, compiled)."""
     cxx, version = compiler()
 
-    def commands(cpp, obj, out):
-        return ([cxx, *cxx_flags(), *extra_flags, "-x", "c++", "-c", "-o", obj, cpp],
-                [cxx, "-o", out, obj, *link_flags])
+    def commands(cpps, objs, out):
+        return ([[cxx, *cxx_flags(), *extra_flags, "-x", "c++", "-c", "-o", obj, cpp]
+                 for cpp, obj in zip(cpps, objs)], [[cxx, "-o", out, *objs, *link_flags]])
 
     def failure(log):
         return KernelCompileError(

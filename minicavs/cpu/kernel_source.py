@@ -10,6 +10,7 @@ SOURCE = r"""// minicavs native kernels (minicavs/cpu/kernels.py)
 #include <cstdint>
 #include <cstring>
 #include <omp.h>
+// minicavs: a unit of its own
 
 template <typename T>
 static inline T row_max(const T *x, int64_t n) {
@@ -206,6 +207,41 @@ static void adam(int64_t count, T *const *p, const T *const *g, T *const *m, T *
     }
   }
 }
+
+extern "C" {
+void scatter_add_f32(float *o, const int64_t *i, const float *v, int64_t r, int64_t c,
+                     int64_t lo, int64_t lv, int t) { scatter_add(o, i, v, r, c, lo, lv, t); }
+void scatter_add_f64(double *o, const int64_t *i, const double *v, int64_t r, int64_t c,
+                     int64_t lo, int64_t lv, int t) { scatter_add(o, i, v, r, c, lo, lv, t); }
+int64_t take_rows_f32(const float *x, int64_t r, int64_t l, const int64_t *i, int64_t n,
+                      int64_t c, float *o, int t) { return take_rows(x, r, l, i, n, c, o, t); }
+int64_t take_rows_f64(const double *x, int64_t r, int64_t l, const int64_t *i, int64_t n,
+                      int64_t c, double *o, int t) { return take_rows(x, r, l, i, n, c, o, t); }
+void adam_f32(int64_t n, float *const *p, const float *const *g, float *const *m,
+              float *const *v, const int64_t *s, const double *h, int t) { adam(n, p, g, m, v, s, h, t); }
+void adam_f64(int64_t n, double *const *p, const double *const *g, double *const *m,
+              double *const *v, const int64_t *s, const double *h, int t) { adam(n, p, g, m, v, s, h, t); }
+void unfold2d_f32(const float *x, const int64_t *g, double v, float *o) {
+  unfold2d(x, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12],
+           (float)v, o); }
+void unfold2d_f64(const double *x, const int64_t *g, double v, double *o) {
+  unfold2d(x, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12],
+           v, o); }
+void fold2d_f32(const float *c, const int64_t *g, float *o) {
+  fold2d(c, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], o); }
+void fold2d_f64(const double *c, const int64_t *g, double *o) {
+  fold2d(c, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], o); }
+void xent_f32(const float *x, const int64_t *l, int64_t r, int64_t c, float *o, int t) {
+  xent(x, l, r, c, o, t); }
+void xent_f64(const double *x, const int64_t *l, int64_t r, int64_t c, double *o, int t) {
+  xent(x, l, r, c, o, t); }
+void xent_grad_f32(const float *x, const int64_t *l, const float *g, int64_t r, int64_t c,
+                   float *o, int t) { xent_grad(x, l, g, r, c, o, t); }
+void xent_grad_f64(const double *x, const int64_t *l, const double *g, int64_t r, int64_t c,
+                   double *o, int t) { xent_grad(x, l, g, r, c, o, t); }
+}
+
+// minicavs: a unit of its own
 
 // C = op(A) op(B) (row-major; op: transposed or not), on a team of threads each running a
 // one-thread gemm on its block: C's columns split, or its rows when it has few columns — or,
@@ -452,36 +488,6 @@ TEAM_GEMM(team_gemm_f32_64, float, int64_t)
 TEAM_GEMM(team_gemm_f64_64, double, int64_t)
 TEAM_GEMM(team_gemm_f32_32, float, int)
 TEAM_GEMM(team_gemm_f64_32, double, int)
-void scatter_add_f32(float *o, const int64_t *i, const float *v, int64_t r, int64_t c,
-                     int64_t lo, int64_t lv, int t) { scatter_add(o, i, v, r, c, lo, lv, t); }
-void scatter_add_f64(double *o, const int64_t *i, const double *v, int64_t r, int64_t c,
-                     int64_t lo, int64_t lv, int t) { scatter_add(o, i, v, r, c, lo, lv, t); }
-int64_t take_rows_f32(const float *x, int64_t r, int64_t l, const int64_t *i, int64_t n,
-                      int64_t c, float *o, int t) { return take_rows(x, r, l, i, n, c, o, t); }
-int64_t take_rows_f64(const double *x, int64_t r, int64_t l, const int64_t *i, int64_t n,
-                      int64_t c, double *o, int t) { return take_rows(x, r, l, i, n, c, o, t); }
-void adam_f32(int64_t n, float *const *p, const float *const *g, float *const *m,
-              float *const *v, const int64_t *s, const double *h, int t) { adam(n, p, g, m, v, s, h, t); }
-void adam_f64(int64_t n, double *const *p, const double *const *g, double *const *m,
-              double *const *v, const int64_t *s, const double *h, int t) { adam(n, p, g, m, v, s, h, t); }
-void unfold2d_f32(const float *x, const int64_t *g, double v, float *o) {
-  unfold2d(x, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12],
-           (float)v, o); }
-void unfold2d_f64(const double *x, const int64_t *g, double v, double *o) {
-  unfold2d(x, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12],
-           v, o); }
-void fold2d_f32(const float *c, const int64_t *g, float *o) {
-  fold2d(c, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], o); }
-void fold2d_f64(const double *c, const int64_t *g, double *o) {
-  fold2d(c, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], o); }
-void xent_f32(const float *x, const int64_t *l, int64_t r, int64_t c, float *o, int t) {
-  xent(x, l, r, c, o, t); }
-void xent_f64(const double *x, const int64_t *l, int64_t r, int64_t c, double *o, int t) {
-  xent(x, l, r, c, o, t); }
-void xent_grad_f32(const float *x, const int64_t *l, const float *g, int64_t r, int64_t c,
-                   float *o, int t) { xent_grad(x, l, g, r, c, o, t); }
-void xent_grad_f64(const double *x, const int64_t *l, const double *g, int64_t r, int64_t c,
-                   double *o, int t) { xent_grad(x, l, g, r, c, o, t); }
 // The probe that measures from how much work a team pays here (cpu/calibrate.py): a gate-like
 // element-wise pass, out = a / (1 + exp(-b)), on `threads` threads, in 8 loops each ending at
 // the team's barrier, as a level of a generated loop's instructions runs.

@@ -37,7 +37,7 @@ ADD = 2  # added to a GEMM's dtype: C += A·B (β = 1)
 POINTER, ROWS, FIRST, CONST = 0, 1, 2, 3  # argument kinds: a pointer, n, lo, a number
 MAX_ARGS = 64
 
-_SOURCE = r"""// minicavs: a level's launches issued from C (minicavs/cuda/issuer.py)
+SOURCE = r"""// minicavs: a level's launches issued from C (minicavs/cuda/issuer.py)
 #include <cstdint>
 typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, void *, void **, void **);
@@ -174,7 +174,7 @@ def _library():
     """The compiled issuer (:func:`driver` checks first that native code is on)."""
     from ..cpu import build
 
-    lib, _ = build.build(_SOURCE, "cuda_issuer", origin="minicavs/cuda/issuer.py")
+    lib, _ = build.build(SOURCE, "cuda_issuer", origin="minicavs/cuda/issuer.py")
     issue = lib.minicavs_issue_level
     issue.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     issue.restype = ctypes.c_int64

@@ -264,8 +264,8 @@ def _build(unit, tag):
 
     cxx, version = compiler()
 
-    def commands(cpp, obj, out):  # noqa: ARG001 (one step: no object file)
-        return ([cxx, *CXX_FLAGS, "-x", "c++", "-o", out, cpp],)
+    def commands(cpps, objs, out):  # noqa: ARG001 (one unit, one step: no object file)
+        return ([[cxx, *CXX_FLAGS, "-x", "c++", "-o", out, *cpps]],)
 
     def failure(log):
         return KernelCompileError(

@@ -77,7 +77,11 @@ def _why_not_native(exe):
         if reason is not None:
             _warn_once(reason)
             return reason  # (not kept: the environment may change)
-        exe.native = native.compile_loop(exe.program)
+        companion = exe.companion
+        if companion is not None and companion.native is None:  # (its compiler runs beside)
+            companion.native_spec = native.compile_ahead(companion.program)
+        exe.native = native.compile_loop(exe.program, exe.native_spec)
+        exe.native_spec = None
     return exe.native if isinstance(exe.native, str) else None
 
 

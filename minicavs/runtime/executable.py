@@ -21,6 +21,8 @@ class Executable:
         self.plans = LevelPlans(program)
         self.pool = BufferPool()
         self.native = None
+        self.companion = None  # an Executable soon needed after this one (F's: ∂F's)
+        self.native_spec = None  # its loop's generated source, where compiled ahead
         self.windows = None  # (CuPy) the level's row moves in few launches: interpreter.Windows
         self.level_steps = {}  # the interpreter's steps per level plan (interpreter._LevelSteps)
         self.zeros = {}  # the interpreter's 0-d zeros, per array module and dtype: a zero

@@ -28,16 +28,32 @@ from .plans import RUN, SKIP, ZERO, record_written, written_by_plan
 from .program import ScatterAdd
 
 
-def compile_loop(program):
-    """A :class:`NativeLoop` for ``program``, or the reason (a string) it stays interpreted."""
+def compile_loop(program, spec=None):
+    """A :class:`NativeLoop` for ``program``, or the reason (a string) it stays interpreted;
+    ``spec``: its generated loop, where :func:`compile_ahead` made it."""
+    spec = spec if spec is not None else _generate(program)
+    if isinstance(spec, str):
+        return spec
+    lib, _ = build.build(spec.source, "levels", origin=f"program {program.name!r}")
+    return NativeLoop(spec, lib)
+
+
+def compile_ahead(program):
+    """``program``'s generated loop (or why there is none), its library compiling on a thread
+    of its own (``build.compile_ahead``): ∂F's beside F's, which the caller compiles now."""
+    spec = _generate(program)
+    if not isinstance(spec, str):
+        build.compile_ahead(spec.source, "levels", origin=f"program {program.name!r}")
+    return spec
+
+
+def _generate(program):
     from . import codegen  # (imports the fusion code generator: only when compiling)
 
     try:  # (one gemm interface for float32 and float64)
-        spec = codegen.generate(program, calibrate.gemm("float32")[1], profile=PROFILE)
+        return codegen.generate(program, calibrate.gemm("float32")[1], profile=PROFILE)
     except codegen.Unsupported as exc:
         return str(exc)
-    lib, _ = build.build(spec.source, "levels", origin=f"program {program.name!r}")
-    return NativeLoop(spec, lib)
 
 
 # MINICAVS_NATIVE_PROFILE=1: each level loop also times its instructions (NativeLoop.profile)

@@ -190,6 +190,7 @@ class TracedCell:
         # What runs the Programs, with their caches (buffers, level plans, native loops).
         self.executable = Executable(program)
         self.backward_executable = Executable(backward_program)
+        self.executable.companion = self.backward_executable  # (∂F compiles beside F)
         self._memory_model = None
 
     def _trace_with_dtype(self, cell, dtype, pull_dtype):

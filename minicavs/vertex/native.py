@@ -24,7 +24,9 @@ import functools
 
 import numpy as np
 
+from .. import backend
 from ..cpu import build
+from ..errors import ArgumentError
 
 _SOURCE = r"""// minicavs: input graphs' arrays and batches' schedules (minicavs/vertex/native.py)
 #include <Python.h>
@@ -260,6 +262,20 @@ def unavailable():
 
 @functools.lru_cache(maxsize=None)
 def _build():
+    # What a job loads next compiles beside: a CPU job's kernels, a GPU job's C issuer.
+    if backend.get_device() == "cpu":
+        from ..cpu import kernel_source
+
+        build.compile_ahead(kernel_source.SOURCE, "kernels", "minicavs/cpu/kernels.py")
+    else:
+        from ..cuda import issuer
+
+        try:
+            ahead = issuer.enabled()
+        except ArgumentError:  # (a bad MINICAVS_CUDA_ISSUER: the issuer's first use says so)
+            ahead = False
+        if ahead:
+            build.compile_ahead(issuer.SOURCE, "cuda_issuer", "minicavs/cuda/issuer.py")
     lib, reason = build.python_module(_SOURCE, "graphs", "minicavs/vertex/native.py")
     if lib is None:  # (the Python path makes every graph: only slower)
         return None, None, reason
