@@ -7,7 +7,6 @@ so ``import minicavs`` works on a machine without CuPy or without a GPU. Everyth
 
 import os
 import sys
-
 import weakref
 
 import numpy as np
