@@ -19,8 +19,9 @@ import itertools
 
 import numpy as np
 
+from .. import backend
 from ..autodiff.tensor import Tensor, grad_mode
-from ..cpu import build
+from ..cpu import build, kernels
 from ..errors import MinicavsError
 from ..ops import registry
 from ..ops.shape import RESHAPE, SLICE_AXIS
@@ -570,6 +571,8 @@ def unavailable():
 
 @functools.lru_cache(maxsize=None)
 def _build():
+    if backend.get_device() == "cpu":  # (the kernels a CPU block loads next compile beside)
+        kernels.compile_ahead()
     lib, reason = build.python_module(_SOURCE, "recorder", "minicavs/autobatch/native.py")
     if lib is None:  # (the Python recorder runs; the doctor says why)
         return None, reason

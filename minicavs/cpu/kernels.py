@@ -33,6 +33,13 @@ def library():
     return build.module_library(_SOURCE, "kernels", "minicavs/cpu/kernels.py")
 
 
+def compile_ahead():
+    """Start compiling :func:`library` on a thread of its own (``build.compile_ahead``): a
+    job about to run native code on the CPU (its first graphs, its first recorded block)
+    loads it soon."""
+    build.compile_ahead(_SOURCE, "kernels", "minicavs/cpu/kernels.py")
+
+
 def _usable(*arrays):
     return all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays)
 

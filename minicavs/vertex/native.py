@@ -264,9 +264,9 @@ def unavailable():
 def _build():
     # What a job loads next compiles beside: a CPU job's kernels, a GPU job's C issuer.
     if backend.get_device() == "cpu":
-        from ..cpu import kernel_source
+        from ..cpu import kernels
 
-        build.compile_ahead(kernel_source.SOURCE, "kernels", "minicavs/cpu/kernels.py")
+        kernels.compile_ahead()
     else:
         from ..cuda import issuer
 
