@@ -211,7 +211,7 @@ PRODUCTS(f32_32, float, int)
 PRODUCTS(f64_32, double, int)
 #undef PRODUCTS
 }
-""")
+""", build.UNIT)
 
 
 def _library():

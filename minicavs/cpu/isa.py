@@ -83,15 +83,13 @@ def describe(name=None):
             f"{vectors * width // 4} float32)")
 
 
-def variants(text):
+def variants(text, unit=""):
     """``text`` (C++ using ``VB``, ``MR``, ``NV``, ``REGS`` and prefixing its exported names
     with ``NAME_``) once per target, each in its own namespace and compiled for its instructions
     (``#pragma GCC target``): every variant is in the library (so every one is compiled and
     tested for compiling everywhere), and the caller picks which one runs. The x86 variants
-    are left out on other machines. Each is a unit of its own (``build.UNIT``: compiled beside
-    the others, after the source's preamble)."""
-    from .build import UNIT
-
+    are left out on other machines. ``unit`` begins each (``build.UNIT``: then each compiles
+    beside the others, after the source's preamble)."""
     parts = []
     for name, (pragma, width, rows, vectors, registers, _) in TARGETS.items():
         body = (f"namespace {name} {{\nconstexpr int VB = {width}, MR = {rows}, NV = {vectors}, "
@@ -100,5 +98,5 @@ def variants(text):
         if pragma:
             body = (f"#if defined(__x86_64__)\n#pragma GCC push_options\n"
                     f"#pragma GCC target(\"{pragma}\")\n{body}#pragma GCC pop_options\n#endif\n")
-        parts.append(UNIT + body)
+        parts.append(unit + body)
     return "\n".join(parts)

@@ -2,7 +2,7 @@
 both the kernels and ``cpu/calibrate.py``, whose measurements are keyed on it so that a new
 kernel measures again."""
 
-from . import isa
+from . import build, isa
 
 SOURCE = r"""// minicavs native kernels (minicavs/cpu/kernels.py)
 #include <algorithm>
@@ -611,4 +611,4 @@ void NAME_packed_gemm_f64(const double *a, int64_t lda, const double *p, int64_t
                           int64_t k, double *c, int64_t ldc, int t) {
   packed_gemm(a, lda, p, m, n, k, c, ldc, t); }
 }
-""")
+""", build.UNIT)
