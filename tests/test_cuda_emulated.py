@@ -485,7 +485,21 @@ WORKER = textwrap.dedent(r'''
         with emulated.counter.measure() as again:  # (the same gradients' blocks: no copy)
             optimizer.step()
         return {"indices": indices, "xent_grad": grad, "item": read, "adam": adam,
-                "adam_again": again, "host_ids": host_ids()}
+                "adam_again": again, "host_ids": host_ids(), "rows_copied": rows_copied()}
+
+    def rows_copied():
+        """Where F(batch, rows=...) copies its rows to the device, forward and backward."""
+        from minicavs.cuda import emulated
+
+        F = mc.VertexFunction(lambda v: v.scatter(mc.tanh(v.pull() + v.gather(0))),
+                              pull_shape=(2,), scatter_shape=(2,), arity=1, dtype="float32")
+        batch = mc.GraphBatch([mc.InputGraph.chain(3), mc.InputGraph.chain(2)])
+        x = mc.tensor(np.ones((5, 2), np.float32), requires_grad=True)
+        mc.sum(F(batch, pull=x, rows=np.array([1, 3]))).backward()  # (its programs made)
+        emulated.counter.log = []
+        mc.sum(F(batch, pull=x, rows=np.array([1, 3]))).backward()
+        log, emulated.counter.log = emulated.counter.log, None
+        return [what.split()[-1] for category, what in log if category == "copy"]
 
     def host_ids():
         """Ids and labels copied from the host: checked by the bounds taken there (launches
@@ -890,6 +904,11 @@ def test_a_training_steps_launches_beside_f_are_what_they_must_be(emulated_run):
     assert found["item"] == {"copy": 1}, found
     assert found["adam"] == {"copy": 1, "kernel": 1}, found  # (three parameters, one launch)
     assert found["adam_again"] == {"kernel": 1}, found
+
+
+def test_a_calls_rows_go_to_the_device_once_for_its_forward_and_backward(emulated_run):
+    copies = emulated_run["overheads"]["rows_copied"]
+    assert copies.count("_selected") == 1, copies
 
 
 def test_ids_copied_from_the_host_are_checked_by_the_bounds_taken_there(emulated_run):
