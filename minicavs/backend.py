@@ -171,23 +171,36 @@ def to_device(array, device=None):
 
 # Index arrays made on the host and copied to a GPU (word ids, labels, rows): their least and
 # largest entries, taken on the host, so that a take of rows checks its indices without two
-# reductions and a wait for the device. Kept per array, while it lives and is not written: a
-# minicavs write or a hand-out through ``.data`` forgets it (autodiff/versions.py).
-_ranges = {}  # id(device array) -> (weak reference to it, least, largest)
+# reductions and a wait for the device. Kept per array (its memory's owner: a view, a reshape
+# say, holds its entries only), while it lives and is not written: a minicavs write or a
+# hand-out through ``.data`` forgets it (autodiff/versions.py).
+_ranges = {}  # id(owner) -> (weak reference to it, least, largest)
 _RANGE_KEPT_UP_TO = 1 << 20  # entries (a min and max on the host: 0.9 ms at 1 M, about their copy)
 
 
+def _owner(array):
+    """The array whose memory ``array`` views (itself if none): the end of its chain of bases
+    (one step on CuPy; the emulated device's arrays wrap NumPy's, a few)."""
+    base = getattr(array, "base", None)
+    while base is not None:
+        array, base = base, getattr(base, "base", None)
+    return array
+
+
 def _keep_range(array, least, largest):
-    key = id(array)
-    _ranges[key] = (weakref.ref(array, lambda _, key=key: _ranges.pop(key, None)), least,
+    owner = _owner(array)
+    key = id(owner)
+    _ranges[key] = (weakref.ref(owner, lambda _, key=key: _ranges.pop(key, None)), least,
                     largest)
 
 
 def known_range(array):
     """Bounds ``(least, largest)`` of every entry of a device index array copied from the host
-    (or taken from such an array: :func:`share_range`) and unchanged since, or None."""
-    found = _ranges.get(id(array))
-    if found is None or found[0]() is not array:
+    (or taken from such an array: :func:`share_range`), or of a view of one, unchanged since;
+    or None."""
+    owner = _owner(array)
+    found = _ranges.get(id(owner))
+    if found is None or found[0]() is not owner:
         return None
     return found[1], found[2]
 
@@ -201,8 +214,8 @@ def share_range(taken, source):
 
 
 def forget_range(array):
-    """``array`` may be written: its kept range no longer holds."""
-    _ranges.pop(id(array), None)
+    """``array`` may be written: the range kept for its memory no longer holds."""
+    _ranges.pop(id(_owner(array)), None)
 
 
 def to_numpy(array):

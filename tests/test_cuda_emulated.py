@@ -512,6 +512,9 @@ WORKER = textwrap.dedent(r'''
         with emulated.counter.measure() as out["take"]:
             rows = mc.take_rows(table, ids)
         out["rows"] = rows.numpy().tolist()
+        column = mc.tensor(np.array([[2], [1]]))  # (a view of them: a reshape, as F's (n, 1) ids)
+        with emulated.counter.measure() as out["take_view"]:
+            mc.take_rows(table, mc.reshape(column, (2,)))
         logits = mc.tensor(backend.to_device(np.zeros((2, 3), np.float32)))
         labels = mc.tensor(np.array([2, 0]))
         with emulated.counter.measure() as out["xent"]:
@@ -918,6 +921,7 @@ def test_ids_copied_from_the_host_are_checked_by_the_bounds_taken_there(emulated
     through ``.data`` after the copy, are still caught and named."""
     found = emulated_run["overheads"]["host_ids"]
     assert found["take"] == {"copy": 1, "kernel": 1}, found
+    assert found["take_view"] == {"copy": 1, "kernel": 1}, found
     assert found["rows"] == [[0, 1, 2], [9, 10, 11], [0, 0, 0]], found
     assert found["xent"] == {"kernel": 1}, found
     assert "index 5 at position 1" in found["bad"], found
