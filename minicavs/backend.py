@@ -163,7 +163,7 @@ def to_device(array, device=None):
     if (device or _device) == "cuda":
         out = cupy_or_error().asarray(array)
         if type(array) is np.ndarray and array.dtype.kind in "iu" and \
-                0 < array.size <= _RANGE_KEPT_UP_TO and out is not array:
+                0 < array.size <= _RANGE_KEPT_UP_TO:
             _keep_range(out, int(array.min()), int(array.max()))
         return out
     return to_numpy(array)

@@ -261,8 +261,11 @@ def test_a_compile_ahead_nothing_waited_for_stops_at_exit(tmp_path):
     started = time.perf_counter()
     result = _python("""
         from minicavs.cpu import build
-        print("AHEAD", build.compile_ahead('extern "C" int f(void) { return 1; }', "unneeded")
-              is not None)
+        units = "".join(build.UNIT + f'extern "C" int f{k}(void) {{ return {k}; }}\\n'
+                        for k in range(2))  # (a unit's compiler is stopped too)
+        print("AHEAD", build.compile_ahead(units, "unneeded") is not None)
+        import time
+        time.sleep(1)  # (its compilers running when the process ends)
         """, timeout=60, CXX=str(fake), MINICAVS_CACHE_DIR=str(tmp_path))
     assert result.returncode == 0 and "AHEAD True" in result.stdout, result.stderr
     assert time.perf_counter() - started < 30

@@ -159,11 +159,12 @@ def compile_timeout():
     return validate.env_seconds("MINICAVS_COMPILE_TIMEOUT", COMPILE_TIMEOUT)
 
 
-def _run(command, timeout):
+def _run(command, timeout, ahead=None):
     """``command``'s CompletedProcess (text output), killed with everything it started once
     ``timeout`` seconds pass (then TimeoutExpired): ``subprocess.run`` alone kills only the
     driver, and its ``cc1plus`` (or a script's ``sleep``) runs on."""
-    ahead = getattr(_ahead_thread, "on", False)
+    if ahead is None:  # (a compile ahead's, stopped at exit: _stop_compiling_ahead)
+        ahead = getattr(_ahead_thread, "on", False)
     with _lock:
         if ahead and _ahead_processes is None:  # (the process is ending: no compile ahead)
             return subprocess.CompletedProcess(command, -signal.SIGKILL, "", "stopped at exit")
@@ -379,19 +380,22 @@ def units_of(source):
 
 
 def _run_side_by_side(commands, timeout):
-    """Each command's CompletedProcess, the commands run at once (:func:`_run` each)."""
+    """Each command's CompletedProcess, the commands run at once (:func:`_run` each; the first
+    error raised once all have ended). Daemon threads: a compile ahead's are not waited for
+    at exit, where :func:`_stop_compiling_ahead` stops their compilers."""
     if len(commands) == 1:
         return [_run(commands[0], timeout)]
-    results = [None] * len(commands)
-    errors = []
+    ahead = getattr(_ahead_thread, "on", False)  # (these threads are not the caller's)
+    results, errors = [None] * len(commands), []
 
     def run(i, command):
         try:
-            results[i] = _run(command, timeout)
+            results[i] = _run(command, timeout, ahead)
         except BaseException as exc:  # noqa: BLE001 (raised below, in the caller's thread)
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(commands)]
+    threads = [threading.Thread(target=run, args=(i, c), daemon=True)
+               for i, c in enumerate(commands)]
     for thread in threads:
         thread.start()
     for thread in threads:
