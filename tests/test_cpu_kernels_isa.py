@@ -222,6 +222,8 @@ def fresh_calibration(monkeypatch, tmp_path):
     calibrate.path.cache_clear()
     monkeypatch.setattr(calibrate, "_table", None)
     monkeypatch.setattr(calibrate, "_looked_here", set())
+    monkeypatch.setattr(calibrate, "_unsaved", {})  # (a test's are never written elsewhere)
+    monkeypatch.setattr(calibrate, "_saved_at", -calibrate.SAVE_EVERY)
     yield tmp_path
     calibrate.path.cache_clear()
 
@@ -234,6 +236,7 @@ def test_a_choice_is_measured_once_kept_on_disk_and_read_back(fresh_calibration,
     assert calibrate.own_is_faster("demo2", lambda: (slow, fast)) is False
     measured = len(calls)
     assert measured >= 1 + calibrate.ROUNDS[0]  # a warm-up, then timed rounds
+    calibrate.flush()
     with open(calibrate.path()) as f:
         stored = json.load(f)
     assert set(stored) == {"demo", "demo2"} and stored["demo"][0] < stored["demo"][1]
@@ -250,7 +253,8 @@ def test_a_close_call_is_measured_again_now_and_once_more_by_a_later_process(
     decides and is kept; still close (or lost), a later process looks a third time (two looks a
     moment apart can both be disturbed), and none a fourth; one that the second look settles is
     not measured again, nor is a clear win."""
-    def new_process():
+    def new_process():  # (after this one's exit, which writes what it measured)
+        calibrate.flush()
         monkeypatch.setattr(calibrate, "_table", None)
         monkeypatch.setattr(calibrate, "_looked_here", set())
 
@@ -262,6 +266,7 @@ def test_a_close_call_is_measured_again_now_and_once_more_by_a_later_process(
         monkeypatch.setattr(calibrate, "measure", lambda *calls: pytest.fail("measured again"))
 
     def kept(name):  # (the file: the times and how many looks they took)
+        calibrate.flush()
         with open(calibrate.path()) as f:
             return json.load(f)[name]
 
@@ -319,6 +324,7 @@ def test_the_library_gemm_is_mkls_only_where_measured_faster_a_loss_looked_at_tw
         calibrate._gemm.cache_clear()
         monkeypatch.setattr(calibrate, "_table", None)
         monkeypatch.setattr(calibrate, "_looked_here", set())
+        calibrate._unsaved.clear()
         if os.path.exists(calibrate.path()):
             os.remove(calibrate.path())
         results = iter(results)
@@ -379,6 +385,7 @@ def test_a_kernel_whose_source_changed_is_measured_again(fresh_calibration):
     calibrate.own_is_faster("conv", make, source="kernel v2")  # an edited kernel
     assert len(made) == 2
     assert list(calibrate.measured()) == ["conv"]  # (named without the source's digest)
+    calibrate.flush()
     with open(calibrate.path()) as f:
         assert len(json.load(f)) == 1  # the first source's measurement is gone
 
@@ -391,8 +398,43 @@ def test_measurements_are_not_kept_while_other_work_holds_their_cores(fresh_cali
     assert not os.path.exists(calibrate.path())
     assert "team" in calibrate.measured()  # (this process still uses it)
     calibrate.own_is_faster("one thread", lambda: (fast, slow), threads=1)
+    calibrate.flush()
     with open(calibrate.path()) as f:
         assert list(json.load(f)) == ["one thread"]
+
+
+def test_a_burst_of_measurements_is_written_once_and_the_rest_at_exit(fresh_calibration,
+                                                                     monkeypatch):
+    """The first measurement is written at once; those a moment after it (a workload's first
+    steps measure dozens of buckets) wait for the next write, made at most every
+    ``SAVE_EVERY`` seconds, by :func:`flush` or at the process's exit."""
+    monkeypatch.setattr(calibrate, "SAVE_EVERY", 3600.0)
+    monkeypatch.setattr(calibrate, "measure", lambda *calls: [1.0, 2.0])
+
+    def stored():
+        with open(calibrate.path()) as f:
+            return set(json.load(f))
+    for name in ("a", "b", "c"):
+        assert calibrate.own_is_faster(name, lambda: (None, None)) is True
+    assert stored() == {"a"}
+    assert set(calibrate.measured()) == {"a", "b", "c"}  # (this process uses all three)
+    calibrate.flush()
+    assert stored() == {"a", "b", "c"}
+    monkeypatch.setattr(calibrate, "SAVE_EVERY", 0.0)  # (the next one writes the file at once)
+    calibrate.own_is_faster("d", lambda: (None, None))
+    assert stored() == {"a", "b", "c", "d"}
+
+    code = ("from minicavs.cpu import calibrate\n"
+            "calibrate.free_cores = lambda: 64\n"
+            "calibrate.measure = lambda *calls: [1.0, 2.0]\n"
+            "for name in ('e', 'f'):\n"
+            "    calibrate.own_is_faster(name, lambda: (None, None))\n"
+            "assert calibrate._unsaved, 'f was written at once: nothing left for the exit'\n")
+    env = dict(os.environ, MINICAVS_CACHE_DIR=str(fresh_calibration))
+    env.pop(calibrate.ENVIRONMENT, None)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert stored() == {"a", "b", "c", "d", "e", "f"}
 
 
 def test_free_cores_lie_between_one_and_the_team():
