@@ -217,26 +217,29 @@ def synthetic_vocabulary():
 
 
 def _to_tree(nested, vocab):
-    """Number a nested sentence in post-order (children first, leaves in sentence order)."""
-    children, tokens = [], []
+    """Number a nested sentence in post-order (children first, leaves in sentence order), and
+    label it in the same pass: :func:`synthetic_labels` of the tree, without reading it again
+    (a third of the treebank's time went to that second pass)."""
+    children, tokens, leaves, meaning = [], [], [], []
 
     def add(node):  # recursion depth is bounded by the grammar (a few dozen at most)
-        if isinstance(node, str):
+        if type(node) is str:
             tokens.append(node)
+            leaves.append(len(children))
             children.append([])
+            meaning.append(LEXICON[node])
         else:
             left = add(node[0])
             right = add(node[1])
             children.append([left, right])
+            meaning.append(compose(meaning[left], meaning[right]))
         return len(children) - 1
 
     add(nested)
     words = np.full(len(children), -1, dtype=np.int64)
-    leaf_ids = [v for v, kids in enumerate(children) if not kids]  # post-order: sentence order
-    words[leaf_ids] = vocab.encode(tokens)
-    tree = Tree._unchecked(children, words, None, tokens)
-    tree.labels = synthetic_labels(tree)
-    return tree
+    words[leaves] = vocab.encode(tokens)
+    labels = np.fromiter((score + 2 for score, _ in meaning), np.int64, len(meaning))
+    return Tree._unchecked(children, words, labels, tokens)
 
 
 def synthetic_treebank(num_trees, seed=0, *, words_per_category=None, p_negate=0.3,
