@@ -68,6 +68,42 @@ def test_the_c_recorder_records_generated_programs_as_the_python_one(codes, seed
     _same_recording(program)
 
 
+def test_the_c_recorder_keys_calls_by_the_grad_mode_as_it_changes_inside_the_block():
+    """The C recorder keeps this thread's grad mode (told by ``no_grad`` and ``enable_grad``
+    when they change it inside the block, not read at each call): a call under ``no_grad``
+    is another signature than the same call with gradients, and after the block gradients
+    are recorded again — as the Python recorder does."""
+    p = _params(0)
+
+    def run(c_recorder):
+        make = native.recorder
+        if not c_recorder:
+            native.recorder = lambda scope, types: None
+        try:
+            with mc.autobatch("agenda+") as ab:
+                x = mc.embedding(p["E"], np.array(1))
+                a = mc.tanh(x @ p["W1"])
+                with mc.no_grad():
+                    b = mc.tanh(x @ p["W1"])
+                    with mc.enable_grad():
+                        c = mc.tanh(x @ p["W1"])
+                    d = mc.tanh(x @ p["W1"])
+                e = mc.tanh(x @ p["W1"])
+                got = sorted((s.label, s.grad_enabled, list(s.nodes)) for s in ab.active)
+                grads = [t.requires_grad for t in (a, b, c, d, e)]
+                ab.run_pending()
+        finally:
+            native.recorder = make
+        return got, grads
+
+    c, python = run(True), run(False)
+    assert c == python
+    assert c[1] == [True, False, True, False, True]
+    assert {(label, on) for label, on, _ in c[0]} == {
+        ("matmul (4,),W", False), ("matmul (4,),W", True), ("tanh (4,)", False),
+        ("tanh (4,)", True), ("take_row W,()", True)}
+
+
 def test_the_c_recorder_is_refused_when_a_lazy_value_has_a_slot_it_does_not_write():
     """The C code writes a lazy value's slots by name; a slot added to the Python class alone
     would be left NULL, so the recorder refuses to start and names it."""

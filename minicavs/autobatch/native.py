@@ -20,7 +20,7 @@ import itertools
 import numpy as np
 
 from .. import backend
-from ..autodiff.tensor import Tensor, grad_mode
+from ..autodiff.tensor import Tensor, is_grad_enabled
 from ..cpu import build, kernels
 from ..errors import MinicavsError
 from ..ops import registry
@@ -61,7 +61,10 @@ struct Recorder {
   PyObject *known;              // scope._known
   PyTypeObject *lazy, *view, *tensor, *ndarray;
   PyObject *tracing;            // registry.tracing (a list: nonempty while tracing)
-  PyObject *grad_mode;          // autodiff/tensor.py's grad_mode (per thread: .enabled)
+  // This thread's grad mode (True or False), a call form's part: set when the recorder is
+  // made and by the scope when it changes (scope.grad_mode_changed); read from autodiff's
+  // thread-local it cost ~350 instructions a call, a tenth of the fast path.
+  PyObject *grad_enabled;
   PyObject *slice_op, *reshape_op;
   PyObject *views_by_id;        // views._BY_ID
   PyObject *view_key;           // views.view_key (a form not seen yet)
@@ -74,7 +77,7 @@ struct Recorder {
 };
 
 PyObject *s_start, *s_count, *s_node_depth, *s_active, *s_leaves, *s_leaf_ids, *s_views,
-    *s_enabled, *s_shape, *s_dtype, *s_ndim, *s_kind, *s_str, *s_axis, *s_stop, *s_copy,
+    *s_shape, *s_dtype, *s_ndim, *s_kind, *s_str, *s_axis, *s_stop, *s_copy,
     *s_array;
 
 Py_ssize_t scope_int(Recorder *r, PyObject *name) {
@@ -292,8 +295,8 @@ PyObject *record_known(Recorder *r, PyObject *op, PyObject *args, PyObject *attr
   if (nargs > 60) Py_RETURN_NONE;
   Py_ssize_t start = scope_int(r, s_start);
   if (start == -1 && PyErr_Occurred()) return nullptr;
-  PyObject *grad_enabled = PyObject_GetAttr(r->grad_mode, s_enabled);  // (a new reference)
-  if (!grad_enabled) return nullptr;
+  PyObject *grad_enabled = r->grad_enabled;
+  Py_INCREF(grad_enabled);  // (the key's reference)
   const bool has_attrs = PyDict_GET_SIZE(attrs) > 0;
   PyObject *key = PyTuple_New(2 + nargs + (has_attrs ? 1 : 0));
   if (!key) { Py_DECREF(grad_enabled); return nullptr; }
@@ -386,7 +389,7 @@ PyObject *recorder_call(PyObject *self, PyObject *args, PyObject *kwargs) {
 void recorder_dealloc(PyObject *self) {
   Recorder *r = reinterpret_cast<Recorder *>(self);
   PyObject_GC_UnTrack(self);
-  for (PyObject **p : {&r->scope, &r->state, &r->known, &r->tracing, &r->grad_mode,
+  for (PyObject **p : {&r->scope, &r->state, &r->known, &r->tracing, &r->grad_enabled,
                        &r->slice_op, &r->reshape_op, &r->views_by_id, &r->view_key, &r->learn,
                        &r->data_dtype, &r->data_code, &r->no_axes})
     Py_CLEAR(*p);
@@ -418,6 +421,11 @@ int recorder_clear(PyObject *self) {
   return 0;
 }
 
+PyMemberDef recorder_members[] = {
+    {"grad_enabled", T_OBJECT_EX, offsetof(Recorder, grad_enabled), 0,
+     "This thread's grad mode, as the recorded calls are keyed by it"},
+    {nullptr, 0, 0, 0, nullptr}};
+
 PyTypeObject *recorder_type = nullptr;
 
 Py_ssize_t offset_of(PyObject *type, const char *name) {
@@ -437,12 +445,13 @@ Py_ssize_t offset_of(PyObject *type, const char *name) {
 }  // namespace
 
 extern "C" PyObject *make_recorder(PyObject *scope, PyObject *types, PyObject *tracing,
-                                   PyObject *grad_mode, PyObject *ops, PyObject *views) {
+                                   PyObject *grad_enabled, PyObject *ops, PyObject *views) {
   // types: (LazyTensor, LazyView, Tensor, ndarray, ViewKey, Signature); ops: (SLICE_AXIS,
   // RESHAPE); views: (views._BY_ID, views.view_key)
   if (!recorder_type) {
     static PyType_Slot slots[] = {
         {Py_tp_call, reinterpret_cast<void *>(recorder_call)},
+        {Py_tp_members, reinterpret_cast<void *>(recorder_members)},
         {Py_tp_dealloc, reinterpret_cast<void *>(recorder_dealloc)},
         {Py_tp_traverse, reinterpret_cast<void *>(recorder_traverse)},
         {Py_tp_clear, reinterpret_cast<void *>(recorder_clear)},
@@ -458,7 +467,6 @@ extern "C" PyObject *make_recorder(PyObject *scope, PyObject *types, PyObject *t
     s_leaves = PyUnicode_InternFromString("leaves");
     s_leaf_ids = PyUnicode_InternFromString("_leaf_ids");
     s_views = PyUnicode_InternFromString("views");
-    s_enabled = PyUnicode_InternFromString("enabled");
     s_shape = PyUnicode_InternFromString("shape");
     s_dtype = PyUnicode_InternFromString("dtype");
     s_ndim = PyUnicode_InternFromString("ndim");
@@ -508,7 +516,8 @@ extern "C" PyObject *make_recorder(PyObject *scope, PyObject *types, PyObject *t
     *type_fields[k] = reinterpret_cast<PyTypeObject *>(t);
   }
   Py_INCREF(tracing); r->tracing = tracing;
-  Py_INCREF(grad_mode); r->grad_mode = grad_mode;
+  r->grad_enabled = PyObject_IsTrue(grad_enabled) ? Py_True : Py_False;
+  Py_INCREF(r->grad_enabled);
   r->slice_op = PyTuple_GET_ITEM(ops, 0); Py_INCREF(r->slice_op);
   r->reshape_op = PyTuple_GET_ITEM(ops, 1); Py_INCREF(r->reshape_op);
   r->views_by_id = PyTuple_GET_ITEM(views, 0); Py_INCREF(r->views_by_id);
@@ -621,5 +630,5 @@ def recorder(scope, lazy_types):
         return None
     _check_slots(*lazy_types)
     types = (*lazy_types, Tensor, np.ndarray, views.ViewKey, Signature)
-    return lib.make_recorder(scope, types, registry.tracing, grad_mode, (SLICE_AXIS, RESHAPE),
-                             (views._BY_ID, views.view_key))
+    return lib.make_recorder(scope, types, registry.tracing, is_grad_enabled(),
+                             (SLICE_AXIS, RESHAPE), (views._BY_ID, views.view_key))

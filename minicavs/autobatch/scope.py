@@ -156,6 +156,12 @@ class AutoBatch:
         registry.start_recording(self, self.record, self._fast_path)  # (this thread's ops)
         return self
 
+    def grad_mode_changed(self, enabled):
+        """This thread's grad mode changed while recording (``registry.grad_mode_changed``):
+        the C recorder keys calls by it (the Python one reads it at each call)."""
+        if self._fast_path is not None and hasattr(self._fast_path, "grad_enabled"):
+            self._fast_path.grad_enabled = bool(enabled)
+
     def __exit__(self, exc_type, exc, tb):
         registry.stop_recording()
         self._fast_path = None
@@ -380,12 +386,14 @@ class AutoBatch:
 
     def _eager(self, op, args, attrs):
         state = registry.recording
-        state.recorder = state.fast_path = None
+        state.recorder = None
+        registry.set_fast_path(None)
         try:
             return Tensor.__minicavs_apply__(op, args, attrs)
         finally:
             if state.scope is self:
-                state.recorder, state.fast_path = self.record, self._fast_path
+                state.recorder = self.record
+                registry.set_fast_path(self._fast_path)
 
     # --- forcing --------------------------------------------------------------------------------
     def run_pending(self):

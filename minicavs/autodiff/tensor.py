@@ -41,10 +41,12 @@ grad_lock = threading.Lock()
 @contextlib.contextmanager
 def _grad_mode_set(enabled):
     previous, grad_mode.enabled = grad_mode.enabled, enabled
+    registry.grad_mode_changed(enabled)
     try:
         yield
     finally:
         grad_mode.enabled = previous
+        registry.grad_mode_changed(previous)
 
 
 def no_grad():
