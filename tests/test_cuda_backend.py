@@ -6,6 +6,7 @@ read after its write on the real F and ∂F programs (with a recording stand-in 
 """
 
 import contextlib
+import time
 from collections import namedtuple
 
 import numpy as np
@@ -379,6 +380,28 @@ def test_gpu_op_and_its_backward_equal_numpy(case, dtype):
         assert (g is None) == (w is None), f"{case.name}: gradient {k}"
         if g is not None:
             _close(g, w, dtype, f"{case.name}: gradient {k}")
+
+
+@pytest.mark.gpu
+def test_gpu_kernels_compile_ahead_on_a_worker_thread():
+    """``cuda/ahead.py`` on a real GPU: a kernel compiles on a worker (its device made current
+    there, as the module loads on it) without failing, and launches right."""
+    cupy = _cupy()
+    from minicavs.cuda import ahead, kernels
+
+    name = "minicavs_gpu_ahead_check"
+    code = (f'extern "C" __global__ void {name}(float* out, long long n) {{\n'
+            f'  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n'
+            f'  if (i < n) out[i] = 3.0f * (float)i;\n}}\n')
+    kernel = kernels.make_kernel(code, name, "cupy")
+    deadline = time.monotonic() + 60
+    while ahead.pending() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ahead.pending() == 0 and name not in [n for n, _ in ahead.failures()], \
+        ahead.failures()
+    out = cupy.empty(7, np.float32)
+    ahead.ready(kernel)((1,), (32,), (out, np.int64(7)))
+    np.testing.assert_array_equal(cupy.asnumpy(out), 3.0 * np.arange(7))
 
 
 @pytest.mark.gpu

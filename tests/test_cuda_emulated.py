@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -771,6 +773,109 @@ def test_raw_and_elementwise_kernels_run_their_cuda_source_through_the_shim():
         kernel(x, y, z)
     assert got == {"kernel": 1}
     np.testing.assert_array_equal(z.get(), x.get() * y.get() + np.float32(1))
+
+
+def _fill_kernel(name, body="out[i] = (float)i * 2.0f;"):
+    return cp.RawKernel(
+        f'extern "C" __global__ void {name}(float* out, long long n) {{\n'
+        f'    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;\n'
+        f'         i += (long long)blockDim.x * gridDim.x) {{ {body} }}\n}}\n', name)
+
+
+def _compiling_threads(monkeypatch):
+    """The names of the threads that compile a kernel through the shim, from now on."""
+    from minicavs.cuda import shim
+
+    threads, made = [], shim.shim_kernel
+    monkeypatch.setattr(shim, "shim_kernel", lambda code, name: (
+        threads.append(threading.current_thread().name), made(code, name))[1])
+    return threads
+
+
+def test_a_kernel_compiles_ahead_on_a_worker_and_its_launch_waits_for_it(monkeypatch):
+    """``cuda/ahead.py``: a kernel made starts compiling on a worker thread; ``ready`` (what a
+    launch and the C issuer call first) returns once it has, and the launch compiles nothing."""
+    from minicavs.cuda import ahead
+
+    threads = _compiling_threads(monkeypatch)
+    kernel = _fill_kernel("minicavs_ahead_fill")
+    ahead.start(kernel, cp.cuda.Device(0))
+    while not threads:  # (once a worker has it, ready waits for it to end)
+        time.sleep(0.001)
+    assert ahead.ready(kernel) is kernel and ahead.pending() == 0
+    assert threads == ["minicavs-cuda-compile"]
+    assert "minicavs_ahead_fill" not in [name for name, _ in ahead.failures()]
+    out = cp.empty(5, np.float32)
+    kernel((1,), (32,), (out, np.int64(5)))
+    np.testing.assert_array_equal(out.get(), [0, 2, 4, 6, 8])
+    assert threads == ["minicavs-cuda-compile"]  # (not again at the launch)
+
+
+def test_a_kernel_not_started_yet_is_compiled_by_its_launch(monkeypatch):
+    """A kernel still queued when it is needed is taken back (its launch compiles it at once,
+    not after the kernels queued before it), and no worker compiles it after."""
+    from minicavs.cuda import ahead
+
+    threads = _compiling_threads(monkeypatch)
+    monkeypatch.setattr(ahead, "MOST_WORKERS", 0)  # (no worker starts: it stays queued)
+    kernel = _fill_kernel("minicavs_ahead_taken", "out[i] = 7.0f;")
+    ahead.start(kernel)
+    assert ahead.pending() == 1
+    assert ahead.ready(kernel) is kernel and ahead.pending() == 0 and threads == []
+    out = cp.empty(3, np.float32)
+    kernel((1,), (32,), (out, np.int64(3)))
+    np.testing.assert_array_equal(out.get(), [7, 7, 7])
+    assert threads == [threading.current_thread().name]
+    monkeypatch.setattr(ahead, "MOST_WORKERS", 8)
+    other = _fill_kernel("minicavs_ahead_after_taken", "out[i] = 1.0f;")
+    ahead.start(other)  # (a worker now: it skips the taken one)
+    while ahead.pending():
+        time.sleep(0.001)
+    assert threads == [threading.current_thread().name, "minicavs-cuda-compile"]
+
+
+def test_a_kernel_that_fails_to_compile_ahead_raises_at_its_launch():
+    """A compile ahead's failure is not lost: the launch compiles again and raises the
+    compiler's error."""
+    from minicavs.cuda import ahead
+
+    kernel = _fill_kernel("minicavs_ahead_broken", "out[i] = undeclared;")
+    ahead.start(kernel)
+    while ahead.pending():  # (its worker's compile failed, quietly)
+        time.sleep(0.001)
+    assert ahead.ready(kernel) is kernel
+    assert ahead.failures()[-1][0] == "minicavs_ahead_broken"
+    with pytest.raises(mc_errors.KernelCompileError, match="undeclared"):
+        kernel((1,), (32,), (cp.empty(2, np.float32), np.int64(2)))
+
+
+def test_the_common_kernels_compiled_ahead_stop_at_exit(tmp_path):
+    """The kernels a GPU job's first graphs or block start compiling (side by side): a
+    process that ends while they compile stops their compilers, leaves no scratch behind."""
+    fake = tmp_path / "slow-c++"
+    fake.write_text('#!/bin/sh\nif [ "$1" = "--version" ]; then echo "slow-c++ 1.0"; '
+                    'exit 0; fi\nsleep 60\n')
+    fake.chmod(0o755)
+    script = textwrap.dedent("""
+        import time
+        import minicavs as mc
+        from minicavs.cuda import ahead, kernels
+        mc.set_device("cuda")
+        kernels.compile_ahead()  # (what a GPU job's first graphs or block start)
+        print("PENDING", ahead.pending(), len(kernels.COMMON))
+        time.sleep(1)  # (their compilers running when the process ends)
+        """)
+    env = dict(os.environ, MINICAVS_CUDA_EMULATE="1", CXX=str(fake),
+               MINICAVS_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    pending, common = map(int, done.stdout.split("PENDING")[1].split())
+    assert pending == common  # (all queued or compiling: the compiler takes a minute)
+    assert time.perf_counter() - started < 45
+    assert not list((tmp_path / "shim").glob("*.part"))
 
 
 def test_autobatched_lstm_steps_on_the_emulated_device(emulated_run):

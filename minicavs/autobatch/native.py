@@ -582,6 +582,10 @@ def unavailable():
 def _build():
     if backend.get_device() == "cpu":  # (the kernels a CPU block loads next compile beside)
         kernels.compile_ahead()
+    else:
+        from ..cuda import kernels as cuda_kernels
+
+        cuda_kernels.compile_ahead()
     lib, reason = build.python_module(_SOURCE, "recorder", "minicavs/autobatch/native.py")
     if lib is None:  # (the Python recorder runs; the doctor says why)
         return None, reason

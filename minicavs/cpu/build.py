@@ -59,6 +59,7 @@ instruction each block came from.
 """
 
 import atexit
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -472,6 +473,7 @@ def _remove_stale_parts(folder):
 _ahead = {}  # library path -> the thread compiling it ahead (while it runs)
 _ahead_thread = threading.local()  # .on in those threads
 _ahead_processes = set()  # their compilers running now (None once the process is ending)
+_ahead_threads = set()  # threads inside compiling_ahead(), joined at exit
 
 
 def compile_ahead(source, tag, origin=""):
@@ -490,9 +492,9 @@ def compile_ahead(source, tag, origin=""):
             return None
 
         def run():
-            _ahead_thread.on = True
             try:
-                _compile(source, tag, origin, key)
+                with compiling_ahead():
+                    _compile(source, tag, origin, key)
             except Exception:  # noqa: BLE001 (the load compiles again and raises it)
                 pass
             finally:
@@ -505,6 +507,22 @@ def compile_ahead(source, tag, origin=""):
     return thread
 
 
+@contextlib.contextmanager
+def compiling_ahead():
+    """Inside, this thread compiles ahead of need (:func:`compile_ahead`'s threads, the CUDA
+    kernels' workers of ``cuda/ahead.py``): at exit its compilers are stopped, not waited
+    for, and the thread is given a moment to remove its scratch files."""
+    thread = threading.current_thread()
+    _ahead_thread.on = True
+    with _lock:
+        _ahead_threads.add(thread)
+    try:
+        yield
+    finally:
+        with _lock:
+            _ahead_threads.discard(thread)
+
+
 @atexit.register
 def _stop_compiling_ahead():
     """At exit, compiles ahead that nothing waited for stop (their libraries were not
@@ -512,7 +530,7 @@ def _stop_compiling_ahead():
     global _ahead_processes
     with _lock:
         running, _ahead_processes = _ahead_processes, None
-        threads = list(_ahead.values())
+        threads = list(_ahead.values()) + list(_ahead_threads)
     for process in running:
         try:
             os.killpg(process.pid, signal.SIGKILL)

@@ -427,12 +427,21 @@ class RawKernel:
     def __init__(self, code, name, options=(), backend="nvrtc", **kwargs):  # noqa: ARG002
         self.code, self.name, self.options = code, name, options
 
-    @functools.cached_property
+    @property
     def _kernel(self):
-        from . import shim
+        # (not functools.cached_property: before Python 3.12 its lock is the class's, so one
+        # kernel compiling held up every other's, compiled ahead side by side or not)
+        kernel = self.__dict__.get("_compiled")
+        if kernel is None:
+            from . import shim
 
-        counter.compiled.add((self.code, self.name))
-        return shim.shim_kernel(self.code, self.name)
+            counter.compiled.add((self.code, self.name))
+            kernel = self.__dict__["_compiled"] = shim.shim_kernel(self.code, self.name)
+        return kernel
+
+    def compile(self, log_stream=None):  # noqa: ARG002 (CuPy's signature)
+        """Compile now (``RawKernel.compile``), not at the first launch."""
+        self._kernel
 
     @_library
     def __call__(self, grid, block, args, shared_mem=0, stream=None):  # noqa: ARG002

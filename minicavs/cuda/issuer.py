@@ -26,6 +26,7 @@ import os
 
 import numpy as np
 
+from . import ahead
 from .kernels import BLOCK_SIZE, MAX_BLOCKS
 from .blas import _ALPHA_BETA, _GEMM
 from ..errors import ArgumentError, DeviceError, KernelCompileError, ToolchainError
@@ -196,11 +197,11 @@ class Driver:
             from . import emulated
 
             self.launch, self.gemms = emulated.c_launch, emulated.c_gemms
-            self.function = emulated.c_function
+            self.function = lambda kernel: emulated.c_function(ahead.ready(kernel))
         else:
             xp.cuda.get_cublas_handle()  # (CuPy loads cuBLAS when it first makes a handle)
             self.launch, self.gemms = _cuda_entry_points()
-            self.function = _cupy_function
+            self.function = lambda kernel: _cupy_function(ahead.ready(kernel))
 
     def issue(self, table, lo, n, context):
         """Issue one level's :class:`Table`; a failed launch or product raises, naming it."""

@@ -59,6 +59,7 @@ from string import Template
 
 import numpy as np
 
+from . import ahead
 from ..errors import DTypeError, IndexRangeError, ShapeError
 
 INDEX_DTYPE = np.dtype(np.int32)
@@ -444,7 +445,21 @@ def make_kernel(code, name, runner):
 
     if runner == "shim":
         return shim.shim_kernel(code, name)
-    return nvrtc.cupy_for_kernels().RawKernel(code, name, options=nvrtc.KERNEL_OPTIONS)
+    cupy = nvrtc.cupy_for_kernels()
+    kernel = cupy.RawKernel(code, name, options=nvrtc.KERNEL_OPTIONS)
+    ahead.start(kernel, cupy.cuda.Device(cupy.cuda.runtime.getDevice()))  # (compiled beside)
+    return kernel
+
+
+# The kernels nearly every GPU job launches (a take, a scatter-add, the loss and its gradient,
+# Adam's step), compiled ahead when a job's first graphs or block are made.
+COMMON = ("gather_rows", "scatter_add_rows", "softmax_xent", "softmax_xent_grad", "adam_many")
+
+
+def compile_ahead(dtype="float32"):
+    """Start compiling :data:`COMMON` for ``dtype`` side by side (``cuda/ahead.py``)."""
+    for kernel in COMMON:
+        _compiled(kernel, np.dtype(dtype).name, "cupy")
 
 
 def _launch(kernel, dtype, runner, total, args):
@@ -454,7 +469,7 @@ def _launch(kernel, dtype, runner, total, args):
     blocks = min(-(-total // BLOCK_SIZE), MAX_BLOCKS)
     if runner == "cupy":
         args = tuple(np.int64(a) if isinstance(a, int) else a for a in args)
-    _compiled(kernel, dtype.name, runner)((blocks,), (BLOCK_SIZE,), args)
+    ahead.ready(_compiled(kernel, dtype.name, runner))((blocks,), (BLOCK_SIZE,), args)
 
 
 # ---------------------------------------------------------------------------------------------

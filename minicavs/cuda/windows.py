@@ -31,7 +31,7 @@ from string import Template
 
 import numpy as np
 
-from . import kernels
+from . import ahead, kernels
 
 _HEAD = """
 extern "C" __global__ void ${name}(${params}, const long long n, const long long lo)
@@ -214,7 +214,8 @@ class Launcher:
         total = n * self.row_width
         if total:
             blocks = min(-(-total // kernels.BLOCK_SIZE), kernels.MAX_BLOCKS)
-            self.kernel((blocks,), (kernels.BLOCK_SIZE,), (*arrays, np.int64(n), np.int64(lo)))
+            ahead.ready(self.kernel)((blocks,), (kernels.BLOCK_SIZE,),
+                                     (*arrays, np.int64(n), np.int64(lo)))
 
 
 # --- gathers ------------------------------------------------------------------------------------

@@ -268,7 +268,7 @@ def _build():
 
         kernels.compile_ahead()
     else:
-        from ..cuda import issuer
+        from ..cuda import issuer, kernels
 
         try:
             ahead = issuer.enabled()
@@ -276,6 +276,7 @@ def _build():
             ahead = False
         if ahead:
             build.compile_ahead(issuer.SOURCE, "cuda_issuer", "minicavs/cuda/issuer.py")
+        kernels.compile_ahead()  # (the row moves, the loss, the optimiser: NVRTC, side by side)
     lib, reason = build.python_module(_SOURCE, "graphs", "minicavs/vertex/native.py")
     if lib is None:  # (the Python path makes every graph: only slower)
         return None, None, reason
