@@ -834,6 +834,28 @@ def test_a_kernel_not_started_yet_is_compiled_by_its_launch(monkeypatch):
     assert threads == [threading.current_thread().name, "minicavs-cuda-compile"]
 
 
+def test_a_forked_child_waits_for_none_of_its_parents_compiles(monkeypatch):
+    """The parent's workers do not exist in a forked child: it compiles what it launches."""
+    from minicavs.cuda import ahead
+
+    monkeypatch.setattr(ahead, "MOST_WORKERS", 0)  # (it stays queued in the parent)
+    kernel = _fill_kernel("minicavs_ahead_forked", "out[i] = 5.0f;")
+    ahead.start(kernel)
+    pid = os.fork()
+    if pid == 0:  # the child: nothing pending, its launch compiles the kernel
+        ok = False
+        try:
+            ok = ahead.pending() == 0 and ahead.ready(kernel) is kernel
+            out = cp.empty(2, np.float32)
+            kernel((1,), (32,), (out, np.int64(2)))
+            ok = ok and out.get().tolist() == [5.0, 5.0]
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0 and ahead.pending() == 1
+    ahead.ready(kernel)  # (taken back here too)
+
+
 def test_a_kernel_that_fails_to_compile_ahead_raises_at_its_launch():
     """A compile ahead's failure is not lost: the launch compiles again and raises the
     compiler's error."""

@@ -115,6 +115,19 @@ def _compile_queued():
             job.done.set()
 
 
+def _forget():
+    """(A forked child.) The parent's workers are not here: the child compiles what it
+    launches itself, and waits for none of the parent's compiles (nor for a lock one held)."""
+    global _lock
+    _lock = threading.Lock()
+    _jobs.clear()
+    _queue.clear()
+    _workers[0] = 0
+
+
+os.register_at_fork(after_in_child=_forget)
+
+
 @atexit.register
 def _stop():
     """At exit no more kernels are started (those compiling are stopped by the native build's
