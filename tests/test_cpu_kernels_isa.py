@@ -437,6 +437,24 @@ def test_a_burst_of_measurements_is_written_once_and_the_rest_at_exit(fresh_cali
     assert stored() == {"a", "b", "c", "d", "e", "f"}
 
 
+def test_a_measurement_that_cannot_be_written_decides_for_this_process_and_leaves_nothing(
+        fresh_calibration, monkeypatch):
+    """A write that fails (a cache another user owns, a full disk: the rename refused here)
+    raises nothing, leaves no scratch file, and the measurement still decides for this
+    process."""
+    monkeypatch.setattr(calibrate, "measure", lambda *calls: [1.0, 2.0])
+
+    def refused(*args):
+        raise PermissionError("refused")
+    monkeypatch.setattr(calibrate.os, "replace", refused)
+    assert calibrate.own_is_faster("unwritable", lambda: (None, None)) is True
+    calibrate.flush()
+    folder = os.path.dirname(calibrate.path())
+    assert not os.path.exists(calibrate.path())
+    assert not [f for f in os.listdir(folder) if f.startswith("calibration-")]
+    assert "unwritable" in calibrate.measured()
+
+
 def test_free_cores_lie_between_one_and_the_team():
     assert 1 <= calibrate.free_cores() <= team.team_size()
 
