@@ -519,6 +519,7 @@ def compiling_ahead():
     try:
         yield
     finally:
+        _ahead_thread.on = False
         with _lock:
             _ahead_threads.discard(thread)
 

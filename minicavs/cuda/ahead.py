@@ -61,8 +61,8 @@ def ready(kernel):
     first."""
     if not _jobs:  # (the common case: one truth test)
         return kernel
-    job = _jobs.get(id(kernel))
-    if job is None or job.kernel is not kernel:
+    job = _jobs.get(id(kernel))  # (a pending job holds its kernel: the id is not reused)
+    if job is None:
         return kernel
     with _lock:
         if job.state == _QUEUED:
