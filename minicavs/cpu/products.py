@@ -348,10 +348,12 @@ class _Panels:
         return out
 
     def faster(self, m):
-        key = self.key + (m,)
+        # (keyed by the bucket, as measured: keyed by the row count, each new count went to
+        # the calibration table again, ~18 us, and a batch's row counts vary from step to step)
+        key = self.key + (bucket(m),)
         wins = _wins.get(key)
         if wins is None:
-            (k, n), rows, b = self.b.shape, 1 << bucket(m), self.b
+            (k, n), rows, b = self.b.shape, 1 << key[-1], self.b
             name = (f"panels {self.suffix} <={rows}x{k}x{n}{' Bᵀ' if self.transposed else ''} "
                     f"({self.prefix}, {self.threads} threads)")
 
