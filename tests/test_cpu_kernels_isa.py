@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -223,7 +224,9 @@ def fresh_calibration(monkeypatch, tmp_path):
     monkeypatch.setattr(calibrate, "_table", None)
     monkeypatch.setattr(calibrate, "_looked_here", set())
     monkeypatch.setattr(calibrate, "_unsaved", {})  # (a test's are never written elsewhere)
-    monkeypatch.setattr(calibrate, "_saved_at", -calibrate.SAVE_EVERY)
+    # (never written yet: the first measurement is written at once, whatever SAVE_EVERY a test
+    # sets; -SAVE_EVERY was that only on a machine up for longer than the test's SAVE_EVERY)
+    monkeypatch.setattr(calibrate, "_saved_at", float("-inf"))
     yield tmp_path
     calibrate.path.cache_clear()
 
@@ -543,9 +546,15 @@ def test_a_task_file_of_an_ended_thread_is_closed():
     ended = threading.Thread(target=calibrate._own_running)
     ended.start()
     ended.join()
+    own = f"/proc/self/task/{ended.native_id}/stat"
+    # (join returns when the Python thread is done; the system's thread may still be leaving,
+    # its task file there a moment longer on a busy machine)
+    deadline = time.monotonic() + 10
+    while os.path.exists(own) and time.monotonic() < deadline:
+        time.sleep(0.001)
     stale = [p for p in calibrate._opened if p.startswith("/proc/self/task/")
              and not os.path.exists(p)]
-    assert stale  # (the ended thread's own file, read while it ran)
+    assert own in stale  # (the ended thread's own file, read while it ran)
     calibrate._forget_ended(os.listdir("/proc/self/task"))
     assert not any(p in calibrate._opened for p in stale)
     assert calibrate._own_running() >= 1

@@ -59,7 +59,7 @@ _table = None  # name -> [own s, BLAS s] (+ [looks] once measured again), read o
 _looked_here = set()  # names measured by this process (a later look is another process's)
 SAVE_EVERY = 1.0  # seconds between two writes of the file (:func:`_save`)
 _unsaved = {}  # name -> times measured by this process, not yet written
-_saved_at = -SAVE_EVERY  # time.monotonic() of the last write
+_saved_at = float("-inf")  # time.monotonic() of the last write (none yet)
 
 
 def forced():
