@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import minicavs as mc
-from test_autobatch import _combine, _params, _tiny_tagger, _tiny_tree_lstm, _unary
+from test_autobatch import D, _combine, _params, _tiny_tagger, _tiny_tree_lstm, _unary
 
 native = sys.modules["minicavs.autobatch.native"]
 pytestmark = pytest.mark.skipif(native._library() is None,
@@ -66,6 +66,31 @@ def test_the_c_recorder_records_generated_programs_as_the_python_one(codes, seed
         mc.sum(_combine(outs[0], outs[1], p))
 
     _same_recording(program)
+
+
+def test_the_c_recorder_tells_forms_apart_by_their_data_dtypes_and_shapes():
+    """The C recorder keeps the call forms it met by words (the op, the grad mode, an aval's,
+    a parameter's or a data operand's dtype code and shape): ids of alternating integer dtypes
+    and id lists of two lengths, each form met again after the others, are recorded as the
+    Python recorder records them, each dtype and length a signature of its own."""
+    p = _params(1)
+    ids = [np.array(k % 3, dtype=np.int64 if k % 2 else np.int32) for k in range(6)]
+    rows = [np.arange(k % 3, k % 3 + (2 if k % 3 else 3)) for k in range(6)]  # (3,) or (2,)
+
+    def program():
+        outs = []
+        for i, r in zip(ids, rows):
+            x = mc.embedding(p["E"], i) + mc.sum(mc.embedding(p["E"], r), axis=0)
+            outs.append(mc.tanh(x @ p["W1"]))
+        mc.sum(mc.stack(outs))
+
+    _same_recording(program)
+    with mc.autobatch("agenda+") as ab:
+        program()
+        labels = sorted(s.label for s in ab.active)
+        ab.run_pending()
+    assert len([label for label in labels if label.startswith("take_row ")]) == 2  # two dtypes
+    assert len([label for label in labels if label.startswith("take_rows ")]) == 2  # two lengths
 
 
 def test_the_c_recorder_keys_calls_by_the_grad_mode_as_it_changes_inside_the_block():
