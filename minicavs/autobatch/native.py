@@ -163,18 +163,17 @@ Py_ssize_t data_leaf(Recorder *r, PyObject *value) {
   return rc < 0 ? PY_SSIZE_T_MIN : -PyList_GET_SIZE(leaves);
 }
 
-PyObject *fresh(Recorder *r, PyTypeObject *type, PyObject *aval, Py_ssize_t index,
-                Py_ssize_t depth, bool requires_grad) {
+// A lazy value (or view) of ``type``: index ``i`` and depth ``d`` (ints, references given to
+// it) and the rest of its slots.
+PyObject *fresh(Recorder *r, PyTypeObject *type, PyObject *aval, PyObject *i, PyObject *d,
+                bool requires_grad) {
   PyObject *node = type->tp_alloc(type, 0);
-  if (!node) return nullptr;
-  const Offsets &at = r->at;
-  PyObject *i = PyLong_FromSsize_t(index), *d = PyLong_FromSsize_t(depth);
-  if (!i || !d) {
-    Py_XDECREF(i);
-    Py_XDECREF(d);
-    Py_DECREF(node);
+  if (!node) {
+    Py_DECREF(i);
+    Py_DECREF(d);
     return nullptr;
   }
+  const Offsets &at = r->at;
   Py_INCREF(r->scope);
   put(node, at.scope, r->scope);
   put(node, at.index, i);
@@ -211,12 +210,16 @@ PyObject *append(Recorder *r, PyObject *sig, const Py_ssize_t *sources, Py_ssize
     put(sig, at.sig_local, local);
     if (PyList_Append(active, sig) < 0) return nullptr;
   }
-  if (append_int(nodes, index) < 0) return nullptr;
   for (Py_ssize_t k = 0; k < n; ++k)
     if (append_int(rows, sources[k]) < 0) return nullptr;
-  depth += 1;
-  if (append_int(depths, depth) < 0) return nullptr;
-  return fresh(r, r->lazy, slot(sig, at.sig_out), index, depth,
+  // (one int object each for the index and the depth: the lists' and the node's)
+  PyObject *i = PyLong_FromSsize_t(index), *d = PyLong_FromSsize_t(depth + 1);
+  if (!i || !d || PyList_Append(nodes, i) < 0 || PyList_Append(depths, d) < 0) {
+    Py_XDECREF(i);
+    Py_XDECREF(d);
+    return nullptr;
+  }
+  return fresh(r, r->lazy, slot(sig, at.sig_out), i, d,
                needs_grad && slot(sig, at.sig_can_grad) == Py_True);
 }
 
@@ -338,9 +341,10 @@ PyObject *view_of_form(Recorder *r, PyObject *base, PyObject *base_aval, PyObjec
 // The LazyView of ``base`` through ``key`` (a ViewKey, borrowed), counted in scope.views.
 PyObject *fresh_view(Recorder *r, PyObject *base, PyObject *key) {
   const Offsets &at = r->at;
-  PyObject *view = fresh(r, r->view, slot(key, at.key_aval),
-                         PyLong_AsSsize_t(slot(base, at.index)),
-                         PyLong_AsSsize_t(slot(base, at.depth)),
+  PyObject *i = slot(base, at.index), *d = slot(base, at.depth);  // (the base's own ints)
+  Py_INCREF(i);
+  Py_INCREF(d);
+  PyObject *view = fresh(r, r->view, slot(key, at.key_aval), i, d,
                          slot(base, at.requires_grad) == Py_True);
   if (view) {
     Py_INCREF(base);
