@@ -255,7 +255,8 @@ def test_a_close_call_is_measured_again_now_and_once_more_by_a_later_process(
     """Own ÷ BLAS within ``CLOSE``, or a loss: measured a second time at once, the best of both
     decides and is kept; still close (or lost), a later process looks a third time (two looks a
     moment apart can both be disturbed), and none a fourth; one that the second look settles is
-    not measured again, nor is a clear win."""
+    not measured again. A clear win is looked at once more, by a later process (a slow moment
+    of the BLAS side made one), and then not again."""
     def new_process():  # (after this one's exit, which writes what it measured)
         calibrate.flush()
         monkeypatch.setattr(calibrate, "_table", None)
@@ -296,6 +297,19 @@ def test_a_close_call_is_measured_again_now_and_once_more_by_a_later_process(
     assert calibrate.own_is_faster("clear", lambda: (None, None)) is True
     no_measure()
     assert calibrate.own_is_faster("clear", lambda: (None, None)) is True
+    new_process()  # a clear win at one look: a later process looks once more
+    measures([12.0, 16.0])
+    assert calibrate.own_is_faster("clear", lambda: (None, None)) is True
+    assert kept("clear") == [10.0, 16.0, 2]
+    new_process()
+    no_measure()
+    assert calibrate.own_is_faster("clear", lambda: (None, None)) is True
+    measures([17.0, 27.0])  # the BLAS side timed in a slow moment: a clear win, at first
+    assert calibrate.own_is_faster("panels 4", lambda: (None, None)) is True
+    new_process()
+    measures([19.0, 16.0])
+    assert calibrate.own_is_faster("panels 4", lambda: (None, None)) is False
+    assert kept("panels 4") == [17.0, 16.0, 2]
     measures([38.0, 28.8], [12.0, 28.0])  # a loss is looked at again: a busy moment's
     assert calibrate.own_is_faster("team Bᵀ", lambda: (None, None)) is True
     assert kept("team Bᵀ") == [12.0, 28.0, 2]
