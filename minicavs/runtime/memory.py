@@ -330,7 +330,7 @@ class SlabPool:
     # up to 1.23x the first one's slabs (the three tasks of the autobatch table), and a block
     # too small for the next step costs fresh pages (5-12 us each: a 9 MB block 20-26 ms on an
     # EPYC VM, where the step takes 80; with an eighth, the first measured step made two).
-    GROWTH = 4
+    GROWTH = 0.25
 
     def __init__(self):
         self.blocks = []  # 1-D uint8 arrays, owned by the pool
@@ -394,7 +394,7 @@ class SlabPool:
         """A new block with room to grow (:data:`GROWTH`); where that fails, the free blocks go
         back first and exactly ``nbytes`` is tried, then :class:`OutOfMemoryError` says how
         much."""
-        for size in (nbytes + nbytes // self.GROWTH, nbytes):
+        for size in (nbytes + int(nbytes * self.GROWTH), nbytes):
             try:
                 return np.empty(size, dtype=np.uint8)
             except MemoryError:
