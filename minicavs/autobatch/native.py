@@ -242,12 +242,20 @@ FormSlot &form_slot(Recorder *r, const uintptr_t *words, Py_ssize_t n, bool *met
   return empty ? *empty : r->forms[first];
 }
 
-// _view: a slice of the last axis, or a reshape, of a pending node as a LazyView; None where
-// it is not one (recorded as a node).
+// Keep ``known`` (a reference taken here) as what the form of ``words`` finds in ``f``.
+void remember(FormSlot *f, const uintptr_t *words, Py_ssize_t n, PyObject *known) {
+  Py_INCREF(known);
+  Py_XSETREF(f->known, known);
+  std::memcpy(f->words, words, n * sizeof(uintptr_t));
+  f->n = n;
+}
+
 PyObject *view_of_form(Recorder *r, PyObject *base, PyObject *base_aval, PyObject *form,
                        FormSlot *slot_for, const uintptr_t *words, Py_ssize_t nwords);
 PyObject *fresh_view(Recorder *r, PyObject *base, PyObject *key);
 
+// _view: a slice of the last axis, or a reshape, of a pending node as a LazyView; None where
+// it is not one (recorded as a node).
 PyObject *make_view(Recorder *r, PyObject *op, PyObject *x, PyObject *attrs) {
   const Offsets &at = r->at;
   PyTypeObject *type = Py_TYPE(x);
@@ -327,12 +335,7 @@ PyObject *view_of_form(Recorder *r, PyObject *base, PyObject *base_aval, PyObjec
   }
   Py_DECREF(form);
   if (!key) return nullptr;
-  if (slot_for) {  // (a ViewKey lives as long as views: a strong reference all the same)
-    Py_INCREF(key);
-    Py_XSETREF(slot_for->known, key);
-    std::memcpy(slot_for->words, words, nwords * sizeof(uintptr_t));
-    slot_for->n = nwords;
-  }
+  if (slot_for) remember(slot_for, words, nwords, key);  // (a ViewKey lives as long as views)
   PyObject *view = fresh_view(r, base, key);
   Py_DECREF(key);
   return view;
@@ -522,12 +525,7 @@ PyObject *record_known(Recorder *r, PyObject *op, PyObject *args, PyObject *attr
     return node;
   }
   Py_DECREF(key);
-  if (form) {  // (known from now on by its words)
-    Py_INCREF(known);
-    Py_XSETREF(form->known, known);
-    std::memcpy(form->words, words, nwords * sizeof(uintptr_t));
-    form->n = nwords;
-  }
+  if (form) remember(form, words, nwords, known);  // (known from now on by its words)
   return append(r, PyTuple_GET_ITEM(known, 0), sources, n, depth, needs_grad);
 }
 
