@@ -377,6 +377,7 @@ def train_loop(step, batches, epochs, warmup):
     """
     epoch_seconds, warmup_seconds, parts, first_loss, last_loss = [], [], [], None, None
     for epoch in range(warmup + epochs):
+        take_turn()
         totals = {}
         started = time.perf_counter()
         for batch in batches:
@@ -459,9 +460,13 @@ def check_system(system, threads, timeout=120):
 
 def run_system(system, data_path, epochs, warmup, threads, options=None, timeout=1800):
     """Run one system on one workload's pickled data in a fresh process; its result dict."""
-    args = ["--system", system, "--data", str(data_path), "--epochs", str(epochs),
+    return _worker(system_args(system, data_path, epochs, warmup, options), threads, timeout)
+
+
+def system_args(system, data_path, epochs, warmup, options=None):
+    """The worker's arguments for one system on one workload."""
+    return ["--system", system, "--data", str(data_path), "--epochs", str(epochs),
             "--warmup", str(warmup), "--options", json.dumps(options or {})]
-    return _worker(args, threads, timeout)
 
 
 def _worker(args, threads, timeout):
@@ -473,10 +478,145 @@ def _worker(args, threads, timeout):
                                   capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout} s"}
-        if out.is_file():
-            return json.loads(out.read_text())
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
-        return {"error": f"worker exited with {proc.returncode}: " + " | ".join(tail)}
+        return _result(out, proc.returncode, proc.stderr or proc.stdout)
+
+
+def _result(out, returncode, output):
+    if out.is_file():
+        return json.loads(out.read_text())
+    tail = output.strip().splitlines()[-8:]
+    return {"error": f"worker exited with {returncode}: " + " | ".join(tail)}
+
+
+# -- systems taking turns, epoch by epoch --------------------------------------------------------
+# A shared machine has slow minutes (this project's 2-core VMs: 1.5x for minutes at a time).
+# Run one system after another and a slow minute lands on one system's whole run, and the
+# ratio between two systems moves by as much from one run to the next. So ``run.py`` starts a
+# workload's systems side by side, each in its own process, and lets them run one at a time,
+# an epoch each in turn (its setup counts as a turn too): a slow minute then costs every system
+# an epoch or two, and each keeps its best. A worker holds the machine from the byte that
+# starts its turn to the byte it sends back (``BENCH_TURNS``: the read end of one pipe, the
+# write end of the other); without that variable a worker runs straight through.
+
+class _Turns:
+    def __init__(self):
+        spec = os.environ.get("BENCH_TURNS")
+        self.pipes = tuple(int(fd) for fd in spec.split(",")) if spec else None
+        self.holding = False
+
+    def take(self):
+        if self.pipes is None:
+            return
+        self.release()
+        if not os.read(self.pipes[0], 1):  # (the run that started us is gone)
+            raise SystemExit("benchmark worker: the run handing out turns ended")
+        self.holding = True
+
+    def release(self):
+        if self.pipes is not None and self.holding:
+            os.write(self.pipes[1], b".")
+            self.holding = False
+
+
+_turns = _Turns()
+
+
+def take_turn():
+    """Hand the machine back, if this worker holds it, and wait for its next turn (at once
+    where the worker runs alone)."""
+    _turns.take()
+
+
+def run_in_turns(jobs, threads, timeout=1800, settle_seconds=0.5):
+    """Run workers side by side, one at a time, a turn each in turn (see above). ``jobs``:
+    ``[(key, Python's arguments, extra environment)]`` (``["-m", "benchmarks.worker",
+    *system_args(...)]``: ``--out`` and the result file's path are added); returns ``{key:
+    result}``, a worker's result file or its error. ``timeout``:
+    seconds a single turn may take. Before a turn starts, the worker of the last one is given up
+    to ``settle_seconds`` to go idle (its pools' threads spin a while after their work:
+    OpenMP's, minicavs's 10-20 ms, OpenBLAS's longer)."""
+    import select
+
+    with tempfile.TemporaryDirectory(prefix="bench-turns-") as tmp:
+        workers = []
+        try:
+            for k, (key, args, extra_env) in enumerate(jobs):
+                out, log = Path(tmp) / f"result-{k}.json", Path(tmp) / f"log-{k}.txt"
+                go_read, go_write = os.pipe()
+                done_read, done_write = os.pipe()
+                env = dict(subprocess_env(threads), **(extra_env or {}))
+                env["BENCH_TURNS"] = f"{go_read},{done_write}"
+                with open(log, "w") as sink:
+                    proc = subprocess.Popen(
+                        [sys.executable, *args, "--out", str(out)],
+                        cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                        pass_fds=(go_read, done_write))
+                os.close(go_read)
+                os.close(done_write)
+                workers.append({"key": key, "proc": proc, "go": go_write, "done": done_read,
+                                "out": out, "log": log, "error": None})
+            live, last = list(workers), None
+            while live:
+                for w in list(live):
+                    if last is not None:
+                        _settle(last["proc"].pid, settle_seconds)
+                    last = w
+                    try:
+                        os.write(w["go"], b"g")
+                    except BrokenPipeError:  # (it ended after its last turn)
+                        live.remove(w)
+                        continue
+                    ready, _, _ = select.select([w["done"]], [], [], timeout)
+                    if not ready:
+                        w["proc"].kill()
+                        w["error"] = f"a turn took more than {timeout} s"
+                        live.remove(w)
+                    elif not os.read(w["done"], 1):  # (it ended: finished, or failed)
+                        live.remove(w)
+            results = {}
+            for w in workers:
+                w["proc"].wait()
+                results[w["key"]] = {"error": w["error"]} if w["error"] else _result(
+                    w["out"], w["proc"].returncode, w["log"].read_text(errors="replace"))
+            return results
+        finally:
+            for w in workers:
+                if w["proc"].poll() is None:
+                    w["proc"].kill()
+                    w["proc"].wait()
+                for fd in (w["go"], w["done"]):
+                    os.close(fd)
+
+
+def _settle(pid, most):
+    """Wait (at most ``most`` seconds) until process ``pid`` has used under a millisecond
+    of CPU in the last 20 ms: its threads have stopped spinning."""
+    began = time.monotonic()
+    before = _cpu_seconds(pid)
+    while before is not None and time.monotonic() - began < most:
+        time.sleep(0.02)
+        now = _cpu_seconds(pid)
+        if now is None or now - before < 1e-3:
+            return
+        before = now
+
+
+def _cpu_seconds(pid):
+    """The CPU time of all threads of ``pid`` (Linux's schedstat, in ns), or None."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # (it has ended, or this is not Linux)
+        return None
+    total = 0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except FileNotFoundError:  # (a thread that ended since)
+            continue
+        except (OSError, ValueError, IndexError):
+            return None
+    return total * 1e-9
 
 
 def worker_main(argv=None):
@@ -508,6 +648,7 @@ def worker_main(argv=None):
         write({"gemm_flops": rate, "by_size": by_size})
         return
 
+    take_turn()  # (the system's setup: imports, data, first compiles)
     try:
         module = importlib.import_module(SYSTEMS[args.system])
         missing = module.available()
@@ -534,6 +675,7 @@ def worker_main(argv=None):
     result.update(peak_memory_mb=max(0.0, peak - baseline) + reserved, peak_rss_mb=peak,
                   baseline_rss_mb=baseline, threads=int(os.environ.get("BENCH_THREADS", 0)))
     write(result)
+    _turns.release()
 
 
 def _jsonable(value):

@@ -8,8 +8,11 @@
     python benchmarks/run.py --cuda             # on a GPU: minicavs-cuda against PyTorch CUDA
     python benchmarks/run.py --lrcn             # conv2d and the LRCN example against PyTorch
 
-Every (workload, system) pair trains in its own subprocess, one after another, so peak RSS and
-thread pools do not mix. Prints a table per workload (throughput, minicavs ÷ each system, share
+Every (workload, system) pair trains in its own subprocess, so peak RSS and thread pools do not
+mix. A workload's systems run side by side but never at once: an epoch each in turn (their
+setup too), so a slow minute of a shared machine costs each system an epoch, not one system its
+whole run, and each keeps its best epoch (``--one-at-a-time``: each system's run straight
+through, one system after another). Prints a table per workload (throughput, minicavs ÷ each system, share
 of the FLOP floor, construction time, peak memory, first-batch loss), the construction vs
 computation breakdown (Cavs Fig. 9) and the minicavs ablation (Fig. 10); writes
 ``results.json`` and ``results.png`` (with matplotlib) under ``--out`` — only when something
@@ -72,6 +75,11 @@ def parse_args(argv=None):
                         help="times each workload's systems run, taking turns; each keeps its "
                              "fastest round (on a shared machine a slow minute then hits one "
                              "round of every system, not every round of one; default 1)")
+    parser.add_argument("--one-at-a-time", dest="in_turns", action="store_false",
+                        help="run each system's epochs straight through, one system after "
+                             "another; by default a workload's systems run side by side, an "
+                             "epoch each in turn, so a slow minute of a shared machine costs "
+                             "every system an epoch rather than one system its run")
     parser.add_argument("--size", type=int, default=None,
                         help="samples per epoch for every workload (default: 1024 trees or "
                              "sentences, 256 Tree-FC trees; --quick: 128 / 64)")
@@ -181,6 +189,28 @@ def run_one(system, workload, data_path, args, options=None):
     return result
 
 
+def run_in_turns(systems, workload, data_path, args):
+    """``{system: result}``: the systems side by side, an epoch each in turn
+    (``common.run_in_turns``); a DyNet whose memory pool was too small runs again alone, its
+    pool grown as :func:`run_one` grows it."""
+    jobs = []
+    for system in systems:
+        options = dict(lstm=args.torch_lstm) if system in ("torch-batched",
+                                                           "torch-batched-cuda") else None
+        env = {"BENCH_DYNET_MEM": str(DYNET_POOL_MB.get(workload, 512))} \
+            if system == "dynet" else {}
+        jobs.append((system, ["-m", "benchmarks.worker", *common.system_args(
+            system, data_path, args.epochs, args.warmup, options)], env))
+    results = common.run_in_turns(jobs, args.threads, args.timeout)
+    for system in systems:
+        if system == "dynet":
+            if "pre-allocate enough memory" in str(results[system].get("error")):
+                results[system] = run_one(system, workload, data_path, args)
+            else:
+                results[system]["dynet_pool_mb"] = DYNET_POOL_MB.get(workload, 512)
+    return results
+
+
 def log(message):
     print(message, file=sys.stderr, flush=True)
 
@@ -266,13 +296,26 @@ def main(argv=None):
                 else:
                     runs.append(system)
             for r in range(args.rounds):
-                for system in runs:
-                    log(f"{entry['workload']}: {system} ..."
-                        + (f" (round {r + 1} of {args.rounds})" if args.rounds > 1 else ""))
+                of_round = f" (round {r + 1} of {args.rounds})" if args.rounds > 1 else ""
+                if args.in_turns and len(runs) > 1:
+                    log(f"{entry['workload']}: {', '.join(runs)}, an epoch each in turn ..."
+                        + of_round)
                     t = time.perf_counter()
-                    result = run_one(system, entry["workload"], paths[entry["workload"]], args)
+                    results = run_in_turns(runs, entry["workload"], paths[entry["workload"]],
+                                           args)
+                    log(f"  ({time.perf_counter() - t:.0f} s)")
+                else:
+                    results = {}
+                    for system in runs:
+                        log(f"{entry['workload']}: {system} ..." + of_round)
+                        t = time.perf_counter()
+                        results[system] = run_one(system, entry["workload"],
+                                                  paths[entry["workload"]], args)
+                        log(f"  {_short(results[system])}  ({time.perf_counter() - t:.0f} s)")
+                for system, result in results.items():
+                    if args.in_turns and len(runs) > 1:
+                        log(f"  {system}: {_short(result)}")
                     entry["results"][system] = _faster(entry["results"].get(system), result)
-                    log(f"  {_short(result)}  ({time.perf_counter() - t:.0f} s)")
             entry["results"] = {s: entry["results"][s] for s in args.systems  # (the order
                                 if s in entry["results"]}  # asked for, missing ones in place)
 

@@ -133,6 +133,55 @@ def test_benchmark_rounds_keep_each_systems_fastest_and_list_every_round():
     assert "torch-batched: 8" not in table and "1.56×" in table
 
 
+# A worker of run_in_turns: its setup and each of three epochs a turn; writes when each turn
+# began and ended (``fail``: exits at its second epoch; ``hang``: sleeps through it).
+_TURN_WORKER = """
+import json, sys, time
+from benchmarks import common
+name, log, out = sys.argv[1], sys.argv[2], sys.argv[-1]
+spans = []
+common.take_turn()  # (setup)
+for epoch in range(3):
+    common.take_turn()
+    began = time.time()
+    if name == "fail" and epoch == 1:
+        sys.exit("failed on purpose")
+    time.sleep(5 if name == "hang" and epoch == 1 else 0.02)
+    spans.append((began, time.time()))
+    with open(log, "a") as f:
+        f.write(json.dumps([name, epoch, began, time.time()]) + "\\n")
+with open(out, "w") as f:
+    json.dump({"throughput": 1.0, "spans": spans}, f)
+"""
+
+
+def test_benchmark_systems_take_turns_an_epoch_each_and_never_run_at_once(tmp_path):
+    import json
+
+    from benchmarks import common
+
+    log = tmp_path / "turns.log"
+    jobs = [(name, ["-c", _TURN_WORKER, name, str(log)], {}) for name in ("a", "b", "fail", "c")]
+    results = common.run_in_turns(jobs, threads=1, timeout=60, settle_seconds=0.01)
+    assert set(results) == {"a", "b", "fail", "c"}
+    assert "failed on purpose" in results["fail"]["error"]
+    assert all(results[n]["throughput"] == 1.0 for n in "abc")
+    turns = [json.loads(line) for line in log.read_text().splitlines()]
+    # one epoch each in turn, in the jobs' order, the failed one dropping out
+    assert [(n, e) for n, e, _, _ in turns] == [
+        ("a", 0), ("b", 0), ("fail", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1),
+        ("a", 2), ("b", 2), ("c", 2)]
+    spans = sorted((began, ended) for _, _, began, ended in turns)
+    assert all(ended <= next_began for (_, ended), (next_began, _) in zip(spans, spans[1:]))
+
+    # a turn past the timeout is ended, and the others go on
+    hang = [(name, ["-c", _TURN_WORKER, name, str(tmp_path / "hang.log")], {})
+            for name in ("a", "hang")]
+    results = common.run_in_turns(hang, threads=1, timeout=1, settle_seconds=0.01)
+    assert "more than 1 s" in results["hang"]["error"]
+    assert results["a"]["throughput"] == 1.0
+
+
 def test_benchmark_cuda_without_a_gpu_is_refused_and_writes_nothing(tmp_path):
     from benchmarks import run
     from minicavs.backend import gpu_available

@@ -93,6 +93,7 @@ def run(data, params, epochs, warmup, options=None):
     model = driver.Model(lib, data, params, common, threads, blas_threads=1)
     seconds, parts, first, last = [], [], None, None
     for epoch in range(warmup + epochs):
+        common.take_turn()
         model.timers(reset=True)
         started = time.perf_counter()
         for b in range(len(model.bounds)):
