@@ -15,10 +15,7 @@ and SST (``DIR/sst/train.txt``; docs/data.md), as the paper's figures were measu
 (``minicavs.models.plain``); DyNet 2.x (dynet38) with its own autobatching, agenda (flag 1)
 and depth (flag 2), the models written as dynet-benchmark writes them; PyTorch eager, one
 sample at a time; and for the Tree-LSTM minicavs's vertex-function form. Every (system, task)
-runs in its own subprocess (DyNet reads its autobatch flag once per process); a task's systems
-run side by side but never at once, a mini-batch each in turn (``--one-at-a-time``: one system
-after another), so a slow second of a shared machine hits a mini-batch of every system, not
-one system's run. Every system
+runs in its own subprocess (DyNet reads its autobatch flag once per process). Every system
 trains as DyNet's SimpleSGDTrainer does: SGD at 0.01 on the summed loss, the gradients clipped
 to norm 5. A system named ``name:cuda`` runs on the GPU (minicavs's tensors through CuPy,
 PyTorch's on its CUDA device); each step then waits for the device, so its time is the GPU's.
@@ -35,8 +32,6 @@ import time
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(ROOT))
 DATA_ENV = "MINICAVS_BENCH_DATA"  # --data, as the worker subprocesses see it
 TASKS = ["tagger", "tagger-char", "treelstm"]
 SYSTEMS = ["minicavs-depth", "minicavs-depth+", "minicavs-agenda", "minicavs-agenda+",
@@ -265,9 +260,6 @@ def torch_eager(task, samples, vocab, device="cpu"):
 
 
 def worker(system, task, batches, threads):
-    from benchmarks.common import take_turn  # (a turn: the setup, then each mini-batch)
-
-    take_turn()
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     system, _, device = system.partition(":")
     device = device or "cpu"
@@ -294,12 +286,10 @@ def worker(system, task, batches, threads):
         set_blas_threads(threads)
         step = minicavs_plain(task, system.split("-", 1)[1], samples, vocab)
     chunks = [samples[i * BATCH:(i + 1) * BATCH] for i in range(batches + 1)]
-    take_turn()
     step(chunks[0])  # warm-up: caches, kernels, pools
     wait()
     times = []  # seconds per measured mini-batch
     for chunk in chunks[1:]:
-        take_turn()
         began = time.perf_counter()
         step(chunk)
         wait()
@@ -320,29 +310,6 @@ def _device_wait(system, device):
     from minicavs import backend
     backend.set_device(device)
     return backend.cupy_or_error().cuda.Device().synchronize
-
-
-def run_in_turns(systems, task, args, env):
-    """``{system: seconds per mini-batch, or None}``: the task's systems side by side, a
-    mini-batch each in turn (``common.run_in_turns``: a slow second of the shared machine then
-    lands on one mini-batch of every system, not on one system's run); a DyNet whose memory
-    pool was too small runs again alone (:func:`run_worker`)."""
-    from benchmarks import common
-
-    jobs = [(system, [__file__, "--worker", system, task, "--batches", str(args.batches),
-                      "--threads", str(args.threads)],
-             dict(env, BENCH_DYNET_MEM=str(DYNET_POOL_MB)) if system.startswith("dynet")
-             else env) for system in systems]
-    found = {}
-    for system, result in common.run_in_turns(jobs, args.threads, timeout=1800).items():
-        if "times" in result:
-            found[system] = result["times"]
-        elif system.startswith("dynet") and "pre-allocate enough memory" in result["error"]:
-            found[system] = run_worker(system, task, args, env)
-        else:
-            print(f"{system} on {task} failed: {result['error']}", file=sys.stderr)
-            found[system] = None
-    return found
 
 
 def run_worker(system, task, args, env):
@@ -385,20 +352,11 @@ def main(argv=None):
     parser.add_argument("--data", default=None, metavar="DIR",
                         help="a data folder with tags/dev.txt and sst/train.txt (docs/data.md; "
                              "default: embedded synthetic sentences and trees)")
-    parser.add_argument("--one-at-a-time", dest="in_turns", action="store_false",
-                        help="run each system's mini-batches straight through, one system "
-                             "after another (by default a task's systems run side by side, a "
-                             "mini-batch each in turn)")
     parser.add_argument("--worker", nargs=2, metavar=("SYSTEM", "TASK"), help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)  # (a worker's result, in turns)
     args = parser.parse_args(argv)
     systems = (args.systems or ",".join(CUDA_SYSTEMS if args.cuda else SYSTEMS)).split(",")
     if args.worker:
-        times = worker(*args.worker, args.batches, args.threads)
-        if args.out:
-            pathlib.Path(args.out).write_text(json.dumps({"times": times}))
-        else:
-            print(json.dumps(times))
+        print(json.dumps(worker(*args.worker, args.batches, args.threads)))
         return None
     if args.data is not None:  # checked before any work; the workers read it from the env
         missing = sorted({str(data_files(args.data)[t]) for t in args.tasks.split(",")
@@ -414,16 +372,14 @@ def main(argv=None):
         print("minicavs's :cuda systems run on the emulated device (MINICAVS_CUDA_EMULATE): "
               "their times are this CPU's, not a GPU's", flush=True)
     times = {}  # (task, system) -> [per round: seconds per mini-batch, or None]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
-               OPENBLAS_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT))
     for r in range(args.rounds):
         for task in args.tasks.split(","):
-            runs = [s for s in systems if task == "treelstm" or
-                    not s.startswith("minicavs-vertex")]
-            found = run_in_turns(runs, task, args, env) if args.in_turns and len(runs) > 1 \
-                else {system: run_worker(system, task, args, env) for system in runs}
-            for system in runs:
-                steps = found[system]
+            for system in systems:
+                if system.startswith("minicavs-vertex") and task != "treelstm":
+                    continue
+                env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
+                           OPENBLAS_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT))
+                steps = run_worker(system, task, args, env)
                 times.setdefault((task, system), []).append(steps)
                 print(f"round {r + 1}  {task:<12} {system:<18} " +
                       ("failed" if steps is None else
