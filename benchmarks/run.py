@@ -4,7 +4,7 @@
     python benchmarks/run.py                    # the full run (tens of minutes on 2 cores)
     python benchmarks/run.py --data ../shared/data   # on SST and PTB instead of synthetic data
     python benchmarks/run.py --workloads tree_lstm --systems minicavs,dynet --epochs 5
-    python benchmarks/run.py --rounds 3         # each workload's systems take turns 3 times
+    python benchmarks/run.py --rounds 3         # each workload's systems run 3 times
     python benchmarks/run.py --cuda             # on a GPU: minicavs-cuda against PyTorch CUDA
     python benchmarks/run.py --lrcn             # conv2d and the LRCN example against PyTorch
 
@@ -72,9 +72,8 @@ def parse_args(argv=None):
                         help="measured epochs; throughput is the best (default 3, --quick 1)")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up epochs, not measured")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="times each workload's systems run, taking turns; each keeps its "
-                             "fastest round (on a shared machine a slow minute then hits one "
-                             "round of every system, not every round of one; default 1)")
+                        help="times each workload's systems run; each keeps its fastest "
+                             "round (default 1)")
     parser.add_argument("--one-at-a-time", dest="in_turns", action="store_false",
                         help="run each system's epochs straight through, one system after "
                              "another; by default a workload's systems run side by side, an "
