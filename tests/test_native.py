@@ -673,6 +673,43 @@ def test_products_with_an_invariant_weight_run_on_its_packed_panels_and_equal_nu
 
 
 @needs_native
+def test_a_products_route_is_worked_out_once_a_block_and_every_call_gets_the_product(
+        monkeypatch):
+    """Inside an invariant block the route of a product's form (b's panels, the team, NumPy) is
+    worked out on its first call and looked up after; a later call of that form whose ``out``
+    the panels cannot fill (a column window) still gets the product, and a new block, or a
+    change of the panels' verdict between blocks, works the route out again."""
+    from minicavs.cpu import calibrate, products
+
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "own")  # the panels wherever they apply
+    rng = np.random.default_rng(7)
+    W = rng.standard_normal((64, 96)).astype(np.float32)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    expect = x.astype(np.float64) @ W.astype(np.float64)
+    worked_out = []
+    route = products._route
+    monkeypatch.setattr(products, "_route", lambda a, b: worked_out.append(b.shape) or route(a, b))
+    with products.team_products(), products.invariant_operands([W]):
+        for _ in range(3):
+            np.testing.assert_allclose(products.matmul(x, W), expect, rtol=2e-5, atol=1e-4)
+        wide = np.full((3, 200), np.nan, np.float32)
+        window = wide[:, 50:146]  # (rows 200 apart: not an out the panels write)
+        done = products.matmul(x, W, window)
+        if done is None:  # (declined: NumPy's matmul runs, as the ops' callers do)
+            np.matmul(x, W, out=window)
+        np.testing.assert_allclose(window, expect, rtol=2e-5, atol=1e-4)
+        assert np.isnan(wide[:, :50]).all() and np.isnan(wide[:, 146:]).all()
+        other = W.copy()  # (not declared unchanging: no panels; its own route)
+        done = products.matmul(x, other)
+        np.testing.assert_allclose(x @ other if done is None else done, expect, rtol=2e-5,
+                                   atol=1e-4)
+    assert worked_out == [(64, 96), (64, 96)]  # W's form once (the window's out too), the copy's
+    with products.team_products(), products.invariant_operands([W]):
+        products.matmul(x, W)
+    assert len(worked_out) == 3  # a new block works it out again
+
+
+@needs_native
 def test_numpy_products_in_a_native_call_run_on_one_blas_thread():
     """Inside a call of native loops, products too small for the team stay on NumPy's BLAS
     with one thread (its spinning pool would share the cores with the team), and the count

@@ -64,23 +64,56 @@ def matmul(a, b, out=None):
 
     A step asks this for every product, most of them small and left to NumPy (the tagger with
     characters: about 750 a step, 300 declined): the team's verdict on a layout of operands is
-    looked up, not worked out again (asking cost 12 us, a product of 4 x 64 x 256 takes 4)."""
+    looked up, not worked out again (asking cost 12 us, a product of 4 x 64 x 256 takes 4);
+    in an :func:`invariant_operands` block a product's whole route — b's panels, the team,
+    NumPy — is one look-up by b's address and both layouts (asking then cost 2.5-4 us,
+    now about 1)."""
     if not getattr(_team, "on", False):
         return large_on_the_team(a, b, out)
     if type(a) is not np.ndarray or type(b) is not np.ndarray:
         return None
+    routes = getattr(_invariant, "routes", None)
+    if routes is None:
+        route = _route(a, b)
+    else:  # (b's address names it in the block: the block holds its weights alive)
+        key = (kernels.data_address(b), a.shape, a.strides, b.shape, b.strides, a.dtype,
+               b.dtype, _team.threads)
+        route = routes.get(key)
+        if route is None:
+            route = routes[key] = _route(a, b)
+    if route is _NUMPY:
+        return None
+    if route is not _TEAM:  # b's panels
+        done = route.run(a, out)
+        if done is not None or not _layout_wins(a, b):  # (None: the out does not fit them)
+            return done
+    return team_matmul(a, b, out, measured=False)
+
+
+_NUMPY, _TEAM = "numpy", "team"  # the routes of a product beside a matrix's panels
+
+
+def _route(a, b):
+    """Where ``a @ b`` runs in this block: on ``b``'s panels (its :class:`_Panels`) where b is
+    an invariant operand and they were measured faster for a's rows; else on the team
+    (:data:`_TEAM`) or by NumPy (:data:`_NUMPY`), as measured for its layout."""
     arrays = getattr(_invariant, "arrays", None)
     if arrays and (kernels.data_address(b), b.size) in arrays:  # b is a weight, or its view
-        done = packed_matmul(a, b, out)
-        if done is not None:
-            return done
+        panels = _applicable_panels(a, b)
+        if panels and panels.faster(len(a)):
+            return panels
+    return _TEAM if _layout_wins(a, b) else _NUMPY
+
+
+def _layout_wins(a, b):
+    """Whether the team runs ``a @ b`` (:func:`_team_wins`), kept per layout of operands."""
     key = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, _team.threads)
     wins = _layouts.get(key)
     if wins is None:
         if len(_layouts) > LAYOUTS:
             _layouts.clear()
         wins = _layouts[key] = _team_wins(a, b)
-    return team_matmul(a, b, out, measured=False) if wins else None
+    return wins
 
 
 _layouts = {}  # (a's and b's shape, strides and dtype, team) -> whether the team runs a @ b
@@ -256,12 +289,13 @@ def invariant_operands(arrays):
         if isinstance(a, np.ndarray) and a.ndim == 2 and a.dtype in SUFFIX and (
                 a.flags.c_contiguous or a.flags.f_contiguous):
             known[(kernels.data_address(a), a.size)] = a
-    _invariant.arrays, _invariant.packs = known, {}
+    before += (getattr(_invariant, "routes", None),)
+    _invariant.arrays, _invariant.packs, _invariant.routes = known, {}, {}
     _fresh_choices()
     try:
         yield
     finally:
-        _invariant.arrays, _invariant.packs = before
+        _invariant.arrays, _invariant.packs, _invariant.routes = before
 
 
 def packed_matmul(a, b, out=None, measured=True):
