@@ -832,9 +832,9 @@ def ablation_table(ablation, machine=""):
             f"it costs on this machine and workload (the variant without it was faster).\n"
             + _table(header, rows))
     if drifts:
-        text += ("\nThe reference is the faster of two all-on runs, before and after the variants; "
-                 "the slower was behind by " + ", ".join(drifts) + " (the machine's load moved): "
-                 "a ratio within that of 1 reads as no measurable effect.")
+        text += ("\nThe reference is the faster of two all-on runs (the first and last turns, or "
+                 "before and after the variants one at a time); the slower was behind by "
+                 + ", ".join(drifts) + ": a ratio within that of 1 reads as no measurable effect.")
     short = [v for variants in ablation.values() for v in variants.values()
              if v.get("best_epoch_seconds", 1.0) < 0.2]
     if short:

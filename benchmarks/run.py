@@ -188,25 +188,25 @@ def run_one(system, workload, data_path, args, options=None):
     return result
 
 
-def run_in_turns(systems, workload, data_path, args):
-    """``{system: result}``: the systems side by side, an epoch each in turn
-    (``common.run_in_turns``); a DyNet whose memory pool was too small runs again alone, its
-    pool grown as :func:`run_one` grows it."""
+def run_in_turns(runs, workload, data_path, args):
+    """``{key: result}`` of ``runs``, ``[(key, system, options)]``: side by side, an epoch each
+    in turn (``common.run_in_turns``); a DyNet whose memory pool was too small runs again
+    alone, its pool grown as :func:`run_one` grows it."""
     jobs = []
-    for system in systems:
-        options = dict(lstm=args.torch_lstm) if system in ("torch-batched",
-                                                           "torch-batched-cuda") else None
+    for key, system, options in runs:
+        if system in ("torch-batched", "torch-batched-cuda"):
+            options = dict(options or {}, lstm=args.torch_lstm)
         env = {"BENCH_DYNET_MEM": str(DYNET_POOL_MB.get(workload, 512))} \
             if system == "dynet" else {}
-        jobs.append((system, ["-m", "benchmarks.worker", *common.system_args(
+        jobs.append((key, ["-m", "benchmarks.worker", *common.system_args(
             system, data_path, args.epochs, args.warmup, options)], env))
     results = common.run_in_turns(jobs, args.threads, args.timeout)
-    for system in systems:
+    for key, system, options in runs:
         if system == "dynet":
-            if "pre-allocate enough memory" in str(results[system].get("error")):
-                results[system] = run_one(system, workload, data_path, args)
+            if "pre-allocate enough memory" in str(results[key].get("error")):
+                results[key] = run_one(system, workload, data_path, args, options)
             else:
-                results[system]["dynet_pool_mb"] = DYNET_POOL_MB.get(workload, 512)
+                results[key]["dynet_pool_mb"] = DYNET_POOL_MB.get(workload, 512)
     return results
 
 
@@ -300,8 +300,8 @@ def main(argv=None):
                     log(f"{entry['workload']}: {', '.join(runs)}, an epoch each in turn ..."
                         + of_round)
                     t = time.perf_counter()
-                    results = run_in_turns(runs, entry["workload"], paths[entry["workload"]],
-                                           args)
+                    results = run_in_turns([(s, s, None) for s in runs], entry["workload"],
+                                           paths[entry["workload"]], args)
                     log(f"  ({time.perf_counter() - t:.0f} s)")
                 else:
                     results = {}
@@ -336,20 +336,28 @@ def main(argv=None):
                 # shared machine drifts, and a reference from minutes earlier made variants look
                 # faster than the defaults. All-on runs first and last; the faster is the
                 # reference, and how far the two differ is the noise the ratios are read with.
+                # In turns (the default) every variant runs in the same minutes as both.
                 variants = report["ablation"][workload] = {}
-                log(f"ablation {workload}: all on (first) ...")
-                first = run_one(ablated, workload, paths[workload], args)
-                for name, vertex_options in ABLATION.items():
-                    if name == "streams off" and ablated == "minicavs":
-                        variants[name] = {"missing": "streams exist only on CUDA"}
-                        continue
-                    log(f"ablation {workload}: {name} ...")
-                    variants[name] = run_one(ablated, workload, paths[workload], args,
-                                             {"vertex": vertex_options})
-                    log(f"  {_short(variants[name])}")
-                log(f"ablation {workload}: all on (last) ...")
-                last = run_one(ablated, workload, paths[workload], args)
-                variants["all on"] = common.ablation_reference(first, last)
+                runs = [("first", ablated, None)] + [
+                    (name, ablated, {"vertex": vertex_options})
+                    for name, vertex_options in ABLATION.items()
+                    if not (name == "streams off" and ablated == "minicavs")] + [
+                    ("last", ablated, None)]
+                if args.in_turns:
+                    log(f"ablation {workload}: all on and {len(runs) - 2} variants, an epoch "
+                        f"each in turn ...")
+                    results = run_in_turns(runs, workload, paths[workload], args)
+                else:
+                    results = {}
+                    for key, system, options in runs:
+                        log(f"ablation {workload}: {key if options else 'all on (' + key + ')'}"
+                            f" ...")
+                        results[key] = run_one(system, workload, paths[workload], args, options)
+                for name in ABLATION:
+                    variants[name] = results.get(name) or {
+                        "missing": "streams exist only on CUDA"}
+                    log(f"  {name}: {_short(variants[name])}")
+                variants["all on"] = common.ablation_reference(results["first"], results["last"])
                 report["ablation"][workload] = {"all on": variants.pop("all on"), **variants}
 
     report["machine"]["load_after"] = os.getloadavg()
