@@ -70,14 +70,16 @@ def matmul(a, b, out=None):
     now about 1)."""
     if not getattr(_team, "on", False):
         return large_on_the_team(a, b, out)
-    if type(a) is not np.ndarray or type(b) is not np.ndarray:
-        return None
+    if type(a) is not np.ndarray or type(b) is not np.ndarray or a.ndim != 2 or b.ndim != 2:
+        return None  # (the panels and the team take matrices)
     routes = getattr(_invariant, "routes", None)
     if routes is None:
         route = _route(a, b)
-    else:  # (b's address names it in the block: the block holds its weights alive)
-        key = (kernels.data_address(b), a.shape, a.strides, b.shape, b.strides, a.dtype,
-               b.dtype, _team.threads)
+    else:  # (b's address names it in the block: the block holds its weights alive. a's rows
+        # by bucket, as both verdicts are measured: a batch's row count varies step by step)
+        m = len(a)
+        key = (kernels.data_address(b), (m - 1).bit_length() if m else -1, a.shape[1],
+               a.strides[1], b.shape, b.strides, a.dtype, b.dtype, _team.threads)
         route = routes.get(key)
         if route is None:
             route = routes[key] = _route(a, b)
