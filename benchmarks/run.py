@@ -358,6 +358,11 @@ def main(argv=None):
                         "missing": "streams exist only on CUDA"}
                     log(f"  {name}: {_short(variants[name])}")
                 variants["all on"] = common.ablation_reference(results["first"], results["last"])
+                if args.in_turns:  # (round by round: the same minutes)
+                    drift = common.pair_rounds(results["first"], results["last"], {
+                        name: r for name, r in variants.items() if name != "all on"})
+                    if drift is not None:
+                        variants["all on"]["paired_drift"] = drift
                 report["ablation"][workload] = {"all on": variants.pop("all on"), **variants}
 
     report["machine"]["load_after"] = os.getloadavg()

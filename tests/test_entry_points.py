@@ -182,6 +182,32 @@ def test_benchmark_systems_take_turns_an_epoch_each_and_never_run_at_once(tmp_pa
     assert results["a"]["throughput"] == 1.0
 
 
+def test_an_ablation_run_in_turns_reads_each_variant_against_its_own_rounds():
+    """In turns, a variant's epoch i is divided by the mean all-on epoch of round i (the same
+    minutes) and the median taken: one fast epoch of a variant in a noisy hour is no effect,
+    where its best epoch against the best all-on epoch would read 1.25x."""
+    from benchmarks import common
+
+    first = {"epoch_seconds": [0.30, 0.30, 0.30], "best_epoch_seconds": 0.30, "throughput": 1.0}
+    last = {"epoch_seconds": [0.31, 0.30, 0.33], "best_epoch_seconds": 0.30, "throughput": 1.0}
+    lucky = {"epoch_seconds": [0.31, 0.24, 0.30], "best_epoch_seconds": 0.24, "throughput": 1.25}
+    slower = {"epoch_seconds": [0.60, 0.63, 0.57], "best_epoch_seconds": 0.57, "throughput": 0.5}
+    short = {"epoch_seconds": [0.3], "best_epoch_seconds": 0.3, "throughput": 1.0}  # (not paired)
+    variants = {"cse off": lucky, "fuse off": slower, "dce off": short}
+    drift = common.pair_rounds(first, last, variants)
+    assert drift == pytest.approx(1 / 30)  # rounds 0.30/0.31, 0.30/0.30, 0.30/0.33: median
+    assert lucky["paired_ratio"] == pytest.approx(0.30 / 0.315)  # (0.31/0.305, 0.24/0.30, ...)
+    assert slower["paired_ratio"] == pytest.approx(0.60 / 0.305)
+    assert "paired_ratio" not in short
+    reference = dict(common.ablation_reference(first, last), paired_drift=drift)
+    table = common.ablation_table({"tree_lstm": {"all on": reference, **variants}})
+    assert "cse off" in table and "no measurable effect" in table.split("cse off")[1].split("\n")[0]
+    assert "buys 1.97×" in table.split("fuse off")[1].split("\n")[0]
+    assert "the same round, the median over the rounds" in table
+    assert "Where the defaults cost" not in table  # (the lucky epoch is not a cost)
+    assert common.pair_rounds(first, {"epoch_seconds": [0.3]}, {}) is None
+
+
 def test_benchmark_cuda_without_a_gpu_is_refused_and_writes_nothing(tmp_path):
     from benchmarks import run
     from minicavs.backend import gpu_available
