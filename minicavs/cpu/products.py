@@ -78,8 +78,8 @@ def matmul(a, b, out=None):
     else:  # (b's address names it in the block: the block holds its weights alive. a's rows
         # by bucket, as both verdicts are measured: a batch's row count varies step by step)
         m = len(a)
-        key = (kernels.data_address(b), (m - 1).bit_length() if m else -1, a.shape[1],
-               a.strides[1], b.shape, b.strides, a.dtype, b.dtype, _team.threads)
+        key = (kernels.data_address(b), bucket(m) if m else -1, a.shape[1], a.strides[1],
+               b.shape, b.strides, a.dtype, b.dtype, _team.threads)
         route = routes.get(key)
         if route is None:
             route = routes[key] = _route(a, b)
