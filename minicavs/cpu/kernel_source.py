@@ -531,17 +531,29 @@ static void pack_panels(const T *B, int64_t ldb, int tb, int64_t K, int64_t N, T
                         int threads) {
   constexpr int64_t NR = panel_width<T>();
   const int64_t panels = (N + NR - 1) / NR;
+  // B stored transposed (B[k, n] = src[n ldb + k]) is read in tiles of KT of its rows' k: each
+  // source line read once, whole. Read column by column instead, a panel's NR source rows
+  // ldb apart fall in one set of the L1 cache when ldb is a power of two (a 1024 x 256
+  // weight's transpose packed in 417 us, against 23 us untransposed).
+  constexpr int64_t KT = 64 / sizeof(T) * 4;
   #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t n0 = p * NR, width = N - n0 < NR ? N - n0 : NR;
-    for (int64_t k = 0; k < K; ++k) {
-      T *row = P + (p * K + k) * NR;
-      if (tb)  // B stored transposed: B[k, n] = src[n ldb + k]
-        for (int64_t j = 0; j < width; ++j) row[j] = B[(n0 + j) * ldb + k];
-      else
-        for (int64_t j = 0; j < width; ++j) row[j] = B[k * ldb + n0 + j];
-      for (int64_t j = width; j < NR; ++j) row[j] = 0;
+    T *panel = P + p * K * NR;
+    if (tb) {
+      for (int64_t k0 = 0; k0 < K; k0 += KT) {
+        const int64_t k1 = K - k0 < KT ? K : k0 + KT;
+        for (int64_t j = 0; j < width; ++j) {
+          const T *src = B + (n0 + j) * ldb;
+          for (int64_t k = k0; k < k1; ++k) panel[k * NR + j] = src[k];
+        }
+      }
+    } else {
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < width; ++j) panel[k * NR + j] = B[k * ldb + n0 + j];
     }
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t j = width; j < NR; ++j) panel[k * NR + j] = 0;
   }
 }
 
