@@ -709,17 +709,17 @@ def test_each_variants_panel_kernel_uses_its_own_vector_registers():
 def test_a_team_splits_from_the_first_size_it_wins_twice_in_a_row(fresh_calibration,
                                                                   monkeypatch):
     """The probe's sizes are measured upward until the team wins at two in a row (the first of
-    them is the split), then the costs of an element and a multiply-add; a loss right after a
-    win is measured once more; never winning, no split; kept like any choice."""
+    them is the split), then the costs of an element and a multiply-add; a loss is measured
+    once more; never winning, no split; kept like any choice."""
     calls = []
 
     def measure(team, one):  # the team wins from 2^14, and at 2^12 by a fluke
         calls.append(1)
-        return [1.0, 2.0] if len(calls) in (3, 6, 7) else [2.0, 1.0]
+        return [1.0, 2.0] if len(calls) in (5, 8, 9) else [2.0, 1.0]
     monkeypatch.setattr(calibrate, "measure", measure)
     split, rate = calibrate._measure_split(3)
     assert split == 1 << 14 and rate == (1 << 14, 1.0 / (1 << 16), 2.0 / (64 * 256 * 256))
-    assert len(calls) == 8  # 2^10 .. 2^15 (2^13 twice: it lost after 2^12 won), the costs
+    assert len(calls) == 10  # 2^10 .. 2^15 (each loss twice: 2^10, 2^11, 2^13), the costs
     monkeypatch.setattr(calibrate, "measure", lambda team, one: [2.0, 1.0])
     assert calibrate._measure_split(5) == (None, None)
     names = [k for k in calibrate.measured() if k.startswith("team split <=")]
@@ -742,11 +742,31 @@ def test_one_slow_moment_after_a_win_does_not_move_the_split(fresh_calibration, 
     """The team wins at 2^11, loses at 2^12 by 40x (another process held the second core for
     that size's rounds), wins when 2^12 is measured again: the split is 2^11, not the next two
     sizes the team wins, and the best of both measurements is what is kept."""
-    results = iter([[2.0, 1.0], [1.0, 2.0], [40.0, 1.0], [0.5, 1.0], [2.0, 1.0]])
+    results = iter([[2.0, 1.0], [2.0, 1.0], [1.0, 2.0], [40.0, 1.0], [0.5, 1.0], [2.0, 1.0]])
     monkeypatch.setattr(calibrate, "measure", lambda team, one: next(results))
     split, _ = calibrate._measure_split(3)
     assert split == 1 << 11
     assert calibrate.measured()["team split <=4096 elements (3 threads)"] == [0.5, 1.0]
+
+
+@needs_native
+def test_a_slow_minute_at_every_size_does_not_set_the_split_for_good(fresh_calibration,
+                                                                    monkeypatch):
+    """A slow minute of a shared core makes the team's first look 4x slower at each size: the
+    second look decides (the best of each side kept), and a size the team lost at both looks
+    is looked at a third time by a later process, which may move the split down."""
+    slow, fast = [4.0, 1.0], [0.5, 1.0]
+    results = iter([slow, slow,  # 2^10: lost twice
+                    slow, fast,  # 2^11: won at the second look
+                    fast,  # 2^12: a clear win at once
+                    [2.0, 1.0]])  # (the costs of an element and a multiply-add)
+    monkeypatch.setattr(calibrate, "measure", lambda team, one: next(results))
+    assert calibrate._measure_split(3)[0] == 1 << 11
+    assert calibrate._load()["team split <=2048 elements (3 threads)"] == [0.5, 1.0, 2]
+    monkeypatch.setattr(calibrate, "_looked_here", set())  # (a later process)
+    results = iter([fast])  # 2^10's third look (the costs are kept)
+    assert calibrate._measure_split(3)[0] == 1 << 10
+    assert calibrate._load()["team split <=1024 elements (3 threads)"] == [0.5, 1.0, 3]
 
 
 @needs_native
