@@ -93,6 +93,31 @@ def test_the_c_recorder_tells_forms_apart_by_their_data_dtypes_and_shapes():
     assert len([label for label in labels if label.startswith("take_rows ")]) == 2  # two lengths
 
 
+def test_the_c_recorder_keeps_the_forms_of_data_dtypes_taking_turns():
+    """Ids of ten integer dtypes taking turns with float data (more than the eight dtypes the
+    C recorder holds at once, so it forgets them and its forms along the way): recorded as the
+    Python recorder records them, a signature per dtype."""
+    p = _params(1)
+    dtypes = [np.dtype(d) for d in ("i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", ">i4", ">i8")]
+    data = mc.tensor(np.full(D, 0.5, np.float32))
+
+    def program():
+        outs = []
+        for turn in range(3):
+            for k, dtype in enumerate(dtypes):
+                x = mc.embedding(p["E"], np.array(k % 3, dtype=dtype))
+                outs.append(mc.tanh(x) + data)  # (float data between the ids)
+                outs.append(mc.sum(mc.embedding(p["E"], np.array([1, 2], dtype=dtype)), axis=0))
+        mc.sum(mc.stack(outs))
+
+    _same_recording(program)
+    with mc.autobatch("agenda+") as ab:
+        program()
+        labels = sorted(s.label for s in ab.active)
+        ab.run_pending()
+    assert len([label for label in labels if label.startswith("take_row ")]) == len(dtypes)
+
+
 def test_the_c_recorder_keys_calls_by_the_grad_mode_as_it_changes_inside_the_block():
     """The C recorder keeps this thread's grad mode (told by ``no_grad`` and ``enable_grad``
     when they change it inside the block, not read at each call): a call under ``no_grad``

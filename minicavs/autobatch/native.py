@@ -65,6 +65,15 @@ inline void put(PyObject *o, Py_ssize_t offset, PyObject *value) {  // steals va
 // tuple of scope.record_known holds, by identity. Forms with attributes are not cached.
 constexpr int kFormWords = 32, kFormSlots = 128, kFormProbes = 4;
 constexpr uintptr_t kViewMark = 9;  // words[1] of a view's form (a call's: a grad mode object)
+// A data operand's dtype, its .str (held: the forms' words name a dtype by this object) and
+// whether it is an integer dtype (a 0-d integer array is a label or an id: data; a 0-d float
+// one a constant).
+constexpr int kDataTypes = 8;
+struct DataType {
+  PyObject *dtype, *code;
+  bool index;
+};
+
 struct FormSlot {
   Py_ssize_t n;  // words (0: empty)
   uintptr_t words[kFormWords];
@@ -85,10 +94,13 @@ struct Recorder {
   PyObject *views_by_id;        // views._BY_ID
   PyObject *view_key;           // views.view_key (a form not seen yet)
   PyObject *learn;              // scope._learn (a call form not seen yet)
-  // The dtype of the last data operand (a word id, a label: thousands a step, nearly all of
-  // one dtype), its .str and whether it is an integer one, so they are read once, not per call.
-  PyObject *data_dtype, *data_code, *no_axes;
-  bool data_index;
+  // The dtypes of the data operands met (a word id, a label, a Tensor of data: thousands a
+  // step, of a few dtypes), each with its .str and whether it is an integer one, read once,
+  // not per call. Held, so their codes name them in the forms' words (DataType).
+  DataType dtypes[kDataTypes];
+  int num_dtypes;
+  Py_ssize_t dtypes_forgotten;  // (counted: a call that saw it happen does not keep its form)
+  PyObject *no_axes;
   Offsets at;
   // The call forms met in this scope, by their words (record_known), each with the entry of
   // scope._known it found: a form met again costs no key tuple, no ints and no dict lookup.
@@ -360,29 +372,45 @@ PyObject *fresh_view(Recorder *r, PyObject *base, PyObject *key) {
   return view;
 }
 
-// A data operand's dtype seen for the first time (or after another): its .str (the key's part,
-// as Python's record_known writes it) and whether it is an integer dtype (a 0-d integer array
-// is a label or an id: data; a 0-d float one a constant).
-int data_form(Recorder *r, PyObject *dtype) {
+void forget_dtypes(Recorder *r) {
+  for (int k = 0; k < r->num_dtypes; ++k) {
+    Py_CLEAR(r->dtypes[k].dtype);
+    Py_CLEAR(r->dtypes[k].code);
+  }
+  r->num_dtypes = 0;
+}
+
+// A data operand's dtype as met before, or read now: its .str (the key's part, as Python's
+// record_known writes it) and kind. Kept while the recorder lives, so two dtypes that take
+// turns (a model's labels and its float initial state: four times a sentence) keep their
+// forms; a ninth forgets the others, and the forms with them (a code let go may have its
+// address reused by another). nullptr on an error.
+const DataType *data_type(Recorder *r, PyObject *dtype) {
+  for (int k = 0; k < r->num_dtypes; ++k)
+    if (r->dtypes[k].dtype == dtype) return &r->dtypes[k];
   PyObject *code = PyObject_GetAttr(dtype, s_str), *kind = PyObject_GetAttr(dtype, s_kind);
   if (!code || !kind) {
     Py_XDECREF(code);
     Py_XDECREF(kind);
-    return -1;
+    return nullptr;
   }
-  r->data_index = PyUnicode_CompareWithASCIIString(kind, "i") == 0 ||
-                  PyUnicode_CompareWithASCIIString(kind, "u") == 0;
+  const bool index = PyUnicode_CompareWithASCIIString(kind, "i") == 0 ||
+                     PyUnicode_CompareWithASCIIString(kind, "u") == 0;
   Py_DECREF(kind);
-  Py_INCREF(dtype);
-  Py_XSETREF(r->data_dtype, dtype);
-  Py_XSETREF(r->data_code, code);
-  // The forms name a data operand's dtype by its code object: another code (the old one may
-  // go, and its address be reused) starts the forms again.
-  for (FormSlot &f : r->forms) {
-    Py_CLEAR(f.known);
-    f.n = 0;
+  if (r->num_dtypes == kDataTypes) {
+    forget_dtypes(r);
+    ++r->dtypes_forgotten;
+    for (FormSlot &f : r->forms) {
+      Py_CLEAR(f.known);
+      f.n = 0;
+    }
   }
-  return 0;
+  DataType &t = r->dtypes[r->num_dtypes++];
+  Py_INCREF(dtype);
+  t.dtype = dtype;
+  t.code = code;
+  t.index = index;
+  return &t;
 }
 
 PyObject *record_known(Recorder *r, PyObject *op, PyObject *args, PyObject *attrs) {
@@ -403,14 +431,18 @@ PyObject *record_known(Recorder *r, PyObject *op, PyObject *args, PyObject *attr
   uintptr_t words[kFormWords];
   words[0] = reinterpret_cast<uintptr_t>(op);
   words[1] = reinterpret_cast<uintptr_t>(r->grad_enabled);
-  PyObject *shapes[64] = {nullptr};
+  PyObject *shapes[64] = {nullptr}, *codes[64] = {nullptr};  // (new references)
+  const Py_ssize_t dtypes_forgotten = r->dtypes_forgotten;
   bool needs_grad = false, cacheable = PyDict_GET_SIZE(attrs) == 0;
   auto word = [&](uintptr_t w) {
     if (nwords < kFormWords) words[nwords] = w;
     ++nwords;
   };
   auto release = [&]() {
-    for (Py_ssize_t k = 0; k < nargs; ++k) Py_XDECREF(shapes[k]);
+    for (Py_ssize_t k = 0; k < nargs; ++k) {
+      Py_XDECREF(shapes[k]);
+      Py_XDECREF(codes[k]);
+    }
   };
   for (Py_ssize_t k = 0; k < nargs; ++k) {
     PyObject *a = PyTuple_GET_ITEM(args, k);
@@ -436,28 +468,27 @@ PyObject *record_known(Recorder *r, PyObject *op, PyObject *args, PyObject *attr
     } else if (type == r->ndarray || type == r->tensor) {
       PyObject *dtype = PyObject_GetAttr(a, s_dtype);
       if (!dtype) { release(); return nullptr; }
-      if (dtype != r->data_dtype && data_form(r, dtype) < 0) {
-        Py_DECREF(dtype);
-        release();
-        return nullptr;
-      }
-      Py_DECREF(dtype);  // (data_dtype holds it)
+      const DataType *data = data_type(r, dtype);
+      Py_DECREF(dtype);  // (dtypes holds it)
+      if (!data) { release(); return nullptr; }
       PyObject *ndim = PyObject_GetAttr(a, s_ndim);
       if (!ndim) { release(); return nullptr; }
       const int dims = PyObject_IsTrue(ndim);
       Py_DECREF(ndim);
       if (dims < 0) { release(); return nullptr; }
-      if (!dims && !(type == r->ndarray && r->data_index)) {  // a scalar constant: Python's path
+      if (!dims && !(type == r->ndarray && data->index)) {  // a scalar constant: Python's path
         release();
         Py_RETURN_NONE;
       }
       PyObject *shape = dims ? PyObject_GetAttr(a, s_shape) : (Py_INCREF(r->no_axes), r->no_axes);
       if (!shape) { release(); return nullptr; }
       shapes[k] = shape;
-      // (the code object stands for its dtype's .str while data_dtype is that dtype: another
-      // dtype's code is another object, so its forms are other words)
+      // (the code object stands for its dtype's .str: held in dtypes, no other dtype's code
+      // has its address)
       word(3);
-      word(reinterpret_cast<uintptr_t>(r->data_code));
+      word(reinterpret_cast<uintptr_t>(data->code));
+      Py_INCREF(data->code);
+      codes[k] = data->code;
       if (!PyTuple_CheckExact(shape)) {
         cacheable = false;
       } else {
@@ -477,7 +508,7 @@ PyObject *record_known(Recorder *r, PyObject *op, PyObject *args, PyObject *attr
     }
   }
   if (n == 0) { release(); Py_RETURN_NONE; }
-  cacheable = cacheable && nwords <= kFormWords;
+  cacheable = cacheable && nwords <= kFormWords && r->dtypes_forgotten == dtypes_forgotten;
   bool met = false;
   FormSlot *form = cacheable ? &form_slot(r, words, nwords, &met) : nullptr;
   if (met) {
@@ -499,7 +530,7 @@ PyObject *record_known(Recorder *r, PyObject *op, PyObject *args, PyObject *attr
     if (type == r->lazy || type == r->view)
       part = PyLong_FromVoidPtr(slot(a, at.aval));
     else if (shapes[k])
-      part = PyTuple_Pack(2, shapes[k], r->data_code);
+      part = PyTuple_Pack(2, shapes[k], codes[k]);
     else
       part = PyLong_FromVoidPtr(a);  // a parameter, by identity
     if (!part) { Py_DECREF(key); release(); return nullptr; }
@@ -542,8 +573,9 @@ void recorder_dealloc(PyObject *self) {
   PyObject_GC_UnTrack(self);
   for (PyObject **p : {&r->scope, &r->state, &r->known, &r->tracing, &r->grad_enabled,
                        &r->slice_op, &r->reshape_op, &r->views_by_id, &r->view_key, &r->learn,
-                       &r->data_dtype, &r->data_code, &r->no_axes})
+                       &r->no_axes})
     Py_CLEAR(*p);
+  forget_dtypes(r);
   for (FormSlot &f : r->forms) Py_CLEAR(f.known);
   Py_CLEAR(r->lazy);
   Py_CLEAR(r->view);
@@ -679,8 +711,8 @@ extern "C" PyObject *make_recorder(PyObject *scope, PyObject *types, PyObject *t
   r->reshape_op = PyTuple_GET_ITEM(ops, 1); Py_INCREF(r->reshape_op);
   r->views_by_id = PyTuple_GET_ITEM(views, 0); Py_INCREF(r->views_by_id);
   r->view_key = PyTuple_GET_ITEM(views, 1); Py_INCREF(r->view_key);
-  r->data_dtype = r->data_code = nullptr;
-  r->data_index = false;
+  r->num_dtypes = 0;
+  r->dtypes_forgotten = 0;
   r->no_axes = PyTuple_New(0);
   r->at = at;
   for (FormSlot &f : r->forms) {
