@@ -254,10 +254,10 @@ def test_a_close_call_is_measured_again_now_and_once_more_by_a_later_process(
         fresh_calibration, monkeypatch):
     """Own ÷ BLAS within ``CLOSE``, or a loss: measured a second time at once, the best of both
     decides and is kept; still close (or lost), a later process looks a third time (two looks a
-    moment apart can both be disturbed); still close after that, every later process looks once
-    more until it is not (a loss is not looked at a fourth time); one that the second look
-    settles is not measured again. A clear win is looked at once more, by a later process (a
-    slow moment of the BLAS side made one), and then not again."""
+    moment apart can both be disturbed), and none a fourth — unless it is a team against one
+    thread still close: every later process looks once more until it is not; one that the
+    second look settles is not measured again. A clear win is looked at once more, by a later
+    process (a slow moment of the BLAS side made one), and then not again."""
     def new_process():  # (after this one's exit, which writes what it measured)
         calibrate.flush()
         monkeypatch.setattr(calibrate, "_table", None)
@@ -323,22 +323,33 @@ def test_a_close_call_is_measured_again_now_and_once_more_by_a_later_process(
     new_process()
     no_measure()  # (a loss: three looks are enough)
     assert calibrate.own_is_faster("panels", lambda: (None, None)) is False
+    measures([10.0, 10.2], [10.1, 10.3])  # two choices on the same cores, close
+    assert calibrate.own_is_faster("panels or team", lambda: (None, None)) is False
+    new_process()
+    measures([10.05, 10.1])
+    assert calibrate.own_is_faster("panels or team", lambda: (None, None)) is False
+    new_process()
+    no_measure()  # (close as it says: not a fourth look)
+    assert calibrate.own_is_faster("panels or team", lambda: (None, None)) is False
+
+    def team_joined():
+        return calibrate.own_is_faster("team joined", lambda: (None, None), 2, against_one=True)
     measures([10.9, 11.2], [11.0, 11.3])  # every look in a slow minute: close after two
-    assert calibrate.own_is_faster("team joined", lambda: (None, None)) is False
-    for looks in (3, 4):  # still close: each later process looks once more
+    assert team_joined() is False
+    for looks in (3, 4):  # a team against one thread, still close: each process looks again
         new_process()
         measures([11.5, 11.4])
-        assert calibrate.own_is_faster("team joined", lambda: (None, None)) is False
+        assert team_joined() is False
         no_measure()  # (once a process)
-        assert calibrate.own_is_faster("team joined", lambda: (None, None)) is False
+        assert team_joined() is False
         assert kept("team joined") == [10.9, 11.2, looks]
     new_process()
     measures([7.0, 13.8])  # a quiet look: the team twice as fast
-    assert calibrate.own_is_faster("team joined", lambda: (None, None)) is True
+    assert team_joined() is True
     assert kept("team joined") == [7.0, 11.2, 5]
     new_process()
     no_measure()  # (not close any more)
-    assert calibrate.own_is_faster("team joined", lambda: (None, None)) is True
+    assert team_joined() is True
 
 
 @needs_native

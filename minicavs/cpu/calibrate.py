@@ -47,11 +47,15 @@ MARGIN = 0.95
 # again, 0.5x). A loss is looked at the same way: the own side is the one a busy moment hits
 # hardest (a team waits for its slowest member; seen: a team product of Tree-FC kept at 0.76x
 # the one-thread BLAS, 38 ms against 28.8, where it runs in 12). A clear win at one look gets a
-# second, by a later process (_clear_win_of_one_look_elsewhere). A call still close after
-# LOOKS looks gets one more from every process that asks, the best of each side kept, until
-# it is not close (seen: the team's Xᵀ·G of a Tree-LSTM's joined batches kept at 0.98x the
-# one-thread BLAS after three looks, 10.9 ms against 11.2; looked at again, 7.0 against 13.8:
-# one thread had run them at half the team's speed, the autobatched step 12 % slower).
+# second, by a later process (_clear_win_of_one_look_elsewhere). A team against one thread
+# still close after LOOKS looks gets one more from every process that asks, until it is not:
+# a team of one-thread gemms of the same BLAS is close to one thread of it only where the
+# work is too small to split, or where its cores were not free at every look (seen: the team's
+# Xᵀ·G of a Tree-LSTM's joined batches kept at 0.98x the one-thread BLAS after three looks,
+# 10.9 ms against 11.2; looked at again, 7.0 against 13.8: one thread had run them at half
+# the team's speed, the autobatched step 12 % slower). Between two choices on the same cores
+# (panels or the team, MKL or OpenBLAS) a close call is what it says, and is not looked at
+# past LOOKS (in every process, those looks cost 0.65 s of a Tree-LSTM's first step).
 CLOSE = (0.8, 1.25)
 LOOKS = 3
 BUDGET = 0.01  # seconds of timed rounds after which no more are started (past the minimum)
@@ -86,19 +90,22 @@ def read_forced():
     return None if value == "measure" else value
 
 
-def own_is_faster(name, make, threads=1, source=None, apart=False):
+def own_is_faster(name, make, threads=1, source=None, apart=False, against_one=False):
     """Whether the library's kernel (on ``threads`` threads) runs the bucket ``name`` faster
     than NumPy's BLAS: measured now, ``make()`` giving the two calls ``(own, blas)``, unless
     already measured on this CPU and BLAS. ``source``: the C++ of a kernel outside
     ``kernel_source.py`` (which keys the whole file), so that a change of it measures again.
-    ``apart``: each call measured in rounds of its own, not in turns (:func:`times`)."""
+    ``apart``: each call measured in rounds of its own, not in turns (:func:`times`).
+    ``against_one``: a team against one thread, whose close call is looked at again by every
+    process until it is not (see :data:`CLOSE`)."""
     force = forced()
     if force is not None:
         return force == "own"
     found = times(name, make, threads, source, apart=apart)
     close = is_close(found)
     if close or not wins(found) or _clear_win_of_one_look_elsewhere(_named(name, source)):
-        found = times(name, make, threads, source, again=True, apart=apart, past_looks=close)
+        found = times(name, make, threads, source, again=True, apart=apart,
+                      past_looks=close and against_one)
     return wins(found)
 
 
