@@ -190,16 +190,21 @@ def _team_applies(a, b, out, threads):
 
 def _team_wins(a, b):
     """Whether the team runs ``a @ b`` inside :func:`team_products`: it applies and was measured
-    faster here than NumPy's call, per bucket of shapes and layouts."""
+    faster here than NumPy's call, per layout and weight shape, a's rows by bucket (as the
+    panels are). Keyed by a bucket of all three sizes, a verdict measured at one shape ran
+    others where NumPy's BLAS works another way: OpenBLAS on one thread takes 13 us for
+    4 x 256 x 640 and 114 us for 4 x 256 x 1024 (its small-matrix kernel, then its packing
+    one), so the team, measured against the second, ran the first at 0.5x the BLAS. The inner
+    size is a's rows where a is read transposed (Xᵀ·G): bucketed too."""
     threads = team_size()
     if not getattr(_team, "on", False) or not _team_applies(a, b, None, threads):
         return False
     (ta, _, a), (tb, _, b) = blas.operand(a), blas.operand(b)
     (m, k), n = a.shape, b.shape[1]
-    key = ("team", SUFFIX[a.dtype], ta, tb, bucket(m), bucket(n), bucket(k), threads)
+    key = ("team", SUFFIX[a.dtype], ta, tb, bucket(m), n, bucket(k) if ta else k, threads)
     wins = _wins.get(key)
     if wins is None:
-        name = _bucket_name("team", key)
+        name = _bucket_name("team", key, exact=(False, True, not ta))
         scratch = np.empty((m, n), a.dtype)
         wins = _wins[key] = calibrate.own_is_faster(
             name, lambda: (lambda: team_matmul(a, b, scratch, False),
@@ -246,10 +251,12 @@ def _transposed(x):
     return int(x.strides[1] != x.itemsize)
 
 
-def _bucket_name(kind, key, versus=None):
-    """A bucket's name in the calibration's file (and doctor's list)."""
+def _bucket_name(kind, key, versus=None, exact=(False, False, False)):
+    """A bucket's name in the calibration's file (and doctor's list): each size up to a power
+    of two, or ``exact``."""
     _, suffix, ta, tb, *sizes, threads = key
-    return (f"{kind} {suffix} {'x'.join(f'<={1 << e}' for e in sizes)}"
+    return (f"{kind} {suffix} "
+            f"{'x'.join(str(e) if same else f'<={1 << e}' for e, same in zip(sizes, exact))}"
             f"{' Aᵀ' if ta else ''}{' Bᵀ' if tb else ''} ({threads} threads"
             f"{', ' + versus if versus else ''})")
 
