@@ -194,6 +194,37 @@ def test_a_large_product_outside_a_call_runs_on_the_team_where_it_wins(monkeypat
 
 
 @needs_native
+def test_the_teams_verdict_is_kept_per_weight_shape_with_rows_by_bucket(monkeypatch):
+    """A weight's product gets the verdict measured at its own shape (a's rows by bucket):
+    4 x 256 x 640 and 4 x 256 x 1024 lie in one bucket of all three sizes, where OpenBLAS
+    runs the first on its small-matrix kernel 8x faster a flop; Xᵀ·G, whose inner size is a
+    batch's rows, keeps one verdict for rows of one bucket."""
+    if not products.team_ready():
+        pytest.skip("no team here (one core, or no CBLAS gemm)")
+    monkeypatch.delenv(calibrate.ENVIRONMENT, raising=False)
+    monkeypatch.setattr(calibrate, "free_cores", lambda: 2)
+    monkeypatch.setattr(products, "_wins", {})
+    asked = []
+
+    def own_is_faster(name, make, *args, **kwargs):
+        if not name.startswith("team"):  # (the gemm's own choice: MKL where installed)
+            return False
+        asked.append(name)
+        return "640" in name  # (the team for one weight, NumPy for the other)
+    monkeypatch.setattr(calibrate, "own_is_faster", own_is_faster)
+    rng = np.random.default_rng(1)
+    with products.team_products():
+        for m, n in ((3, 640), (4, 640), (4, 1024), (3, 1024)):
+            x, w = rng.standard_normal((m, 256)), rng.standard_normal((256, n))
+            assert products._team_wins(x, w) is (n == 640)
+        for rows in (900, 1000):  # (Xᵀ·G: 900 and 1000 rows, one bucket)
+            x, g = rng.standard_normal((rows, 64)), rng.standard_normal((rows, 80))
+            products._team_wins(x.T, g)
+    assert asked == ["team f64 <=4x640x256 (2 threads)", "team f64 <=4x1024x256 (2 threads)",
+                     "team f64 <=64x80x<=1024 Aᵀ (2 threads)"]
+
+
+@needs_native
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_product_with_the_longest_inner_dimension_splits_it_on_the_team(monkeypatch, dtype):
     """Where k is a product's longest side (a parameter's gradient Xᵀ·G), the team may split k
