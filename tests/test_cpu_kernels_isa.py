@@ -194,11 +194,12 @@ def test_a_large_product_outside_a_call_runs_on_the_team_where_it_wins(monkeypat
 
 
 @needs_native
-def test_the_teams_verdict_is_kept_per_weight_shape_with_rows_by_bucket(monkeypatch):
-    """A weight's product gets the verdict measured at its own shape (a's rows by bucket):
-    4 x 256 x 640 and 4 x 256 x 1024 lie in one bucket of all three sizes, where OpenBLAS
-    runs the first on its small-matrix kernel 8x faster a flop; Xᵀ·G, whose inner size is a
-    batch's rows, keeps one verdict for rows of one bucket."""
+def test_the_teams_verdict_is_kept_per_weight_shape_and_few_rows(monkeypatch):
+    """A weight's product gets the verdict measured at its own shape, a few rows by their
+    count (more by bucket): 4 x 256 x 640 and 4 x 256 x 1024 lie in one bucket of all three
+    sizes, where OpenBLAS runs the first on its small-matrix kernel 8x faster a flop, and its
+    time jumps between 3 and 4 rows; Xᵀ·G, whose inner size is a batch's rows, keeps one
+    verdict for rows of one bucket."""
     if not products.team_ready():
         pytest.skip("no team here (one core, or no CBLAS gemm)")
     monkeypatch.delenv(calibrate.ENVIRONMENT, raising=False)
@@ -220,7 +221,8 @@ def test_the_teams_verdict_is_kept_per_weight_shape_with_rows_by_bucket(monkeypa
         for rows in (900, 1000):  # (Xᵀ·G: 900 and 1000 rows, one bucket)
             x, g = rng.standard_normal((rows, 64)), rng.standard_normal((rows, 80))
             products._team_wins(x.T, g)
-    assert asked == ["team f64 <=4x640x256 (2 threads)", "team f64 <=4x1024x256 (2 threads)",
+    assert asked == ["team f64 3x640x256 (2 threads)", "team f64 4x640x256 (2 threads)",
+                     "team f64 4x1024x256 (2 threads)", "team f64 3x1024x256 (2 threads)",
                      "team f64 <=64x80x<=1024 Aᵀ (2 threads)"]
 
 
@@ -694,7 +696,7 @@ def test_products_follow_the_measured_choice(fresh_calibration, monkeypatch):
         if own_wins:
             np.testing.assert_allclose(got, x @ W, rtol=3e-5, atol=1e-4)
         names = list(calibrate.measured())
-        assert any(n.startswith("panels f32 <=8x128x256") for n in names), names
+        assert any(n.startswith("panels f32 6x128x256") for n in names), names  # (6 rows)
 
 
 @needs_native

@@ -676,9 +676,10 @@ def test_products_with_an_invariant_weight_run_on_its_packed_panels_and_equal_nu
 def test_a_products_route_is_worked_out_once_a_block_and_every_call_gets_the_product(
         monkeypatch):
     """Inside an invariant block the route of a product's form (b's panels, the team, NumPy; a's
-    rows by their power-of-two bucket, as the verdicts are measured) is worked out on its first
-    call and looked up after; a later call of that form whose ``out`` the panels cannot fill (a
-    column window) still gets the product, and a new block works the route out again."""
+    rows as the verdicts are keyed: a few by their count, more by power-of-two bucket) is worked
+    out on its first call and looked up after; a later call of that form whose ``out`` the
+    panels cannot fill (a column window) still gets the product, and a new block works the
+    route out again."""
     from minicavs.cpu import calibrate, products
 
     monkeypatch.setenv(calibrate.ENVIRONMENT, "own")  # the panels wherever they apply
@@ -704,15 +705,15 @@ def test_a_products_route_is_worked_out_once_a_block_and_every_call_gets_the_pro
         np.testing.assert_allclose(x @ other if done is None else done, expect, rtol=2e-5,
                                    atol=1e-4)
         assert worked_out == [(64, 96), (64, 96)]  # W's form once (the window's too), the copy's
-        for rows in (4, 5):  # 4 rows: 3's bucket (its route); 5: the next bucket, worked out
-            more = rng.standard_normal((rows, 64)).astype(np.float32)
+        for rows in (4, 17, 20, 40):  # 4: a count of its own (few rows); 17 and 20: one
+            more = rng.standard_normal((rows, 64)).astype(np.float32)  # bucket; 40: the next
             done = products.matmul(more, W)
             np.testing.assert_allclose(more @ W if done is None else done,
                                        more.astype(np.float64) @ W, rtol=2e-5, atol=1e-4)
-        assert len(worked_out) == 3
+        assert len(worked_out) == 5
     with products.team_products(), products.invariant_operands([W]):
         products.matmul(x, W)
-    assert len(worked_out) == 4  # a new block works it out again
+    assert len(worked_out) == 6  # a new block works it out again
 
 
 @needs_native

@@ -76,9 +76,9 @@ def matmul(a, b, out=None):
     if routes is None:
         route = _route(a, b)
     else:  # (b's address names it in the block: the block holds its weights alive. a's rows
-        # by bucket, as both verdicts are measured: a batch's row count varies step by step)
+        # as both verdicts are keyed, rows_key: a batch's row count varies step by step)
         m = len(a)
-        key = (kernels.data_address(b), bucket(m) if m else -1, a.shape[1], a.strides[1],
+        key = (kernels.data_address(b), rows_key(m), a.shape[1], a.strides[1],
                b.shape, b.strides, a.dtype, b.dtype, _team.threads)
         route = routes.get(key)
         if route is None:
@@ -201,10 +201,11 @@ def _team_wins(a, b):
         return False
     (ta, _, a), (tb, _, b) = blas.operand(a), blas.operand(b)
     (m, k), n = a.shape, b.shape[1]
-    key = ("team", SUFFIX[a.dtype], ta, tb, bucket(m), n, bucket(k) if ta else k, threads)
+    key = ("team", SUFFIX[a.dtype], ta, tb, rows_key(m), n, bucket(k) if ta else k, threads)
     wins = _wins.get(key)
     if wins is None:
-        name = _bucket_name("team", key, exact=(False, True, not ta))
+        name = (f"team {key[1]} {_rows_text(key[4])}x{n}x{k if not ta else f'<={1 << key[6]}'}"
+                f"{' Aᵀ' if ta else ''}{' Bᵀ' if tb else ''} ({threads} threads)")
         scratch = np.empty((m, n), a.dtype)
         wins = _wins[key] = calibrate.own_is_faster(
             name, lambda: (lambda: team_matmul(a, b, scratch, False),
@@ -251,12 +252,10 @@ def _transposed(x):
     return int(x.strides[1] != x.itemsize)
 
 
-def _bucket_name(kind, key, versus=None, exact=(False, False, False)):
-    """A bucket's name in the calibration's file (and doctor's list): each size up to a power
-    of two, or ``exact``."""
+def _bucket_name(kind, key, versus=None):
+    """A bucket's name in the calibration's file (and doctor's list)."""
     _, suffix, ta, tb, *sizes, threads = key
-    return (f"{kind} {suffix} "
-            f"{'x'.join(str(e) if same else f'<={1 << e}' for e, same in zip(sizes, exact))}"
+    return (f"{kind} {suffix} {'x'.join(f'<={1 << e}' for e in sizes)}"
             f"{' Aᵀ' if ta else ''}{' Bᵀ' if tb else ''} ({threads} threads"
             f"{', ' + versus if versus else ''})")
 
@@ -277,6 +276,23 @@ def _fresh_choices():
 def bucket(size):
     """The power of two at or above ``size``, as an exponent: shapes measured together."""
     return (size - 1).bit_length()
+
+
+# A's rows up to which a product's verdict is kept per row count, not per power of two: there
+# OpenBLAS's small-matrix kernels make adjacent counts differ by 2-10x, not monotonically (one
+# thread: 128 x 1024 at 3 rows 29 us, at 4 rows 11; 256 x 1024 at 3 rows 58 us, at 4 rows 135),
+# so a verdict measured at a bucket's top ran its other counts on the slower side.
+EXACT_ROWS = 16
+
+
+def rows_key(m):
+    """A's row count in a verdict's key: itself up to :data:`EXACT_ROWS`, else its bucket
+    (negative)."""
+    return m if m <= EXACT_ROWS else -bucket(m)
+
+
+def _rows_text(key):
+    return str(key) if key >= 0 else f"<={1 << -key}"
 
 
 # --- products with an operand that stays the same (packed_gemm in the source above) ------------
@@ -391,13 +407,15 @@ class _Panels:
         return out
 
     def faster(self, m):
-        # (keyed by the bucket, as measured: keyed by the row count, each new count went to
-        # the calibration table again, ~18 us, and a batch's row counts vary from step to step)
-        key = self.key + (bucket(m),)
+        # (keyed by rows_key, as measured: a few rows by their count, where the BLAS's time
+        # jumps between counts; more by bucket, as a batch's row counts vary step by step)
+        key = self.key + (rows_key(m),)
         wins = _wins.get(key)
         if wins is None:
-            (k, n), rows, b = self.b.shape, 1 << key[-1], self.b
-            name = (f"panels {self.suffix} <={rows}x{k}x{n}{' Bᵀ' if self.transposed else ''} "
+            (k, n), b = self.b.shape, self.b
+            rows = key[-1] if key[-1] >= 0 else 1 << -key[-1]
+            name = (f"panels {self.suffix} {_rows_text(key[-1])}x{k}x{n}"
+                    f"{' Bᵀ' if self.transposed else ''} "
                     f"({self.prefix}, {self.threads} threads)")
 
             def make():
