@@ -190,21 +190,21 @@ def _team_applies(a, b, out, threads):
 
 def _team_wins(a, b):
     """Whether the team runs ``a @ b`` inside :func:`team_products`: it applies and was measured
-    faster here than NumPy's call, per layout and weight shape, a's rows by bucket (as the
-    panels are). Keyed by a bucket of all three sizes, a verdict measured at one shape ran
-    others where NumPy's BLAS works another way: OpenBLAS on one thread takes 13 us for
-    4 x 256 x 640 and 114 us for 4 x 256 x 1024 (its small-matrix kernel, then its packing
-    one), so the team, measured against the second, ran the first at 0.5x the BLAS. The inner
-    size is a's rows where a is read transposed (Xᵀ·G): bucketed too."""
+    faster here than NumPy's call, per layout and width of the out, a's rows as
+    :func:`rows_key` keys them, the inner size by bucket (a batch's rows in Xᵀ·G and a bias's
+    ones·G: a new count every step). Keyed by a bucket of the width too, a verdict measured
+    at one shape ran others where NumPy's BLAS works another way: OpenBLAS on one thread takes
+    13 us for 4 x 256 x 640 and 114 us for 4 x 256 x 1024 (its small-matrix kernel, then its
+    packing one), so the team, measured against the second, ran the first at 0.5x the BLAS."""
     threads = team_size()
     if not getattr(_team, "on", False) or not _team_applies(a, b, None, threads):
         return False
     (ta, _, a), (tb, _, b) = blas.operand(a), blas.operand(b)
     (m, k), n = a.shape, b.shape[1]
-    key = ("team", SUFFIX[a.dtype], ta, tb, rows_key(m), n, bucket(k) if ta else k, threads)
+    key = ("team", SUFFIX[a.dtype], ta, tb, rows_key(m), n, bucket(k), threads)
     wins = _wins.get(key)
     if wins is None:
-        name = (f"team {key[1]} {_rows_text(key[4])}x{n}x{k if not ta else f'<={1 << key[6]}'}"
+        name = (f"team {key[1]} {_rows_text(key[4])}x{n}x<={1 << key[6]}"
                 f"{' Aᵀ' if ta else ''}{' Bᵀ' if tb else ''} ({threads} threads)")
         scratch = np.empty((m, n), a.dtype)
         wins = _wins[key] = calibrate.own_is_faster(
