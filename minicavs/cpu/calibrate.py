@@ -4,9 +4,10 @@ Where the library has a kernel of its own for a product (panels packed once, a t
 one-thread gemms: ``cpu/products.py``), which is faster depends on the CPU, its vector width,
 the BLAS and the shape; a crossover constant measured on one machine was wrong on the next (on
 an AVX2 EPYC the panels ran 4-20x slower than the BLAS where an AVX-512 machine had them
-faster). So the first product of each kind of shape (a *bucket*: the sizes rounded up to
-powers of two) runs both ways, interleaved, best of a few (a few milliseconds), and the faster
-one runs that bucket from then on. The measurements are kept in the native cache folder, in a
+faster). So the first product of each kind of shape (a *bucket*: sizes rounded up to powers
+of two, but a weight's own sizes and a few rows' count, where the BLAS's time jumps between
+neighbouring shapes: ``products.rows_key``) runs both ways, interleaved, best of a few (a few
+milliseconds), and the faster one runs that bucket from then on. The measurements are kept in the native cache folder, in a
 file named by the CPU's model and flags, the BLAS (its file and configuration), the target
 (``cpu/isa.py``), the cores and the kernels' source, so a new CPU, BLAS or kernel measures
 again; ``python -m minicavs doctor`` prints them. One taken while other work held the cores it

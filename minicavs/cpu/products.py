@@ -326,8 +326,8 @@ def invariant_operands(arrays):
 def packed_matmul(a, b, out=None, measured=True):
     """``a @ b`` inside :func:`invariant_operands` with ``b`` (or ``b.T``) one of its arrays,
     from ``b``'s panels (packed on first use in the block) where they are measured faster here
-    than what runs otherwise (``cpu/calibrate.py``: per row count rounded up to a power of
-    two); None where it does not apply or is slower. ``measured=False``: wherever it applies."""
+    than what runs otherwise (``cpu/calibrate.py``: per row count as :func:`rows_key` keys
+    it); None where it does not apply or is slower. ``measured=False``: wherever it applies."""
     panels = _applicable_panels(a, b)
     if not panels or measured and not panels.faster(len(a)):
         return None
