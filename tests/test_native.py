@@ -790,18 +790,31 @@ def test_openblas_idle_threads_sleep_even_when_numpy_came_first():
     assert timeout != blas.IDLE_TIMEOUT and "OPENBLAS_THREAD_TIMEOUT=4" in state
 
 
-def test_the_loops_choice_for_a_few_rows_is_measured_per_product_and_bucket(monkeypatch):
-    """Each product's row buckets up to FEW_ROWS get the measured (or forced) choice."""
+def test_the_loops_choice_for_a_few_rows_is_measured_per_product_and_count(monkeypatch):
+    """Each product's entries of rows up to FEW_ROWS — a few rows by their count, more by their
+    power of two — get the measured (or forced) choice, each measured at its own count."""
+    from minicavs.cpu import calibrate
     from minicavs.runtime import native
 
+    assert codegen.ROW_COUNTS[:4] == (1, 2, 3, 4) and codegen.ROW_COUNTS[-1] == codegen.FEW_ROWS
     spec = SimpleNamespace(slots=range(3), products=((1, 16, 80),), dtype=np.float64)
     lib = SimpleNamespace(minicavs_gemm_few_rows=None)
     monkeypatch.setenv("MINICAVS_KERNELS", "own")
     table = native._own_rows(spec, lib)
-    assert table.shape == (3, 2, codegen.ROW_BUCKETS) and table[1].all()
+    assert table.shape == (3, 2, len(codegen.ROW_COUNTS)) and table[1].all()
     assert not table[0].any() and not table[2].any()  # slots that are no product's weight
     monkeypatch.setenv("MINICAVS_KERNELS", "blas")
     assert not native._own_rows(spec, lib).any()
+    monkeypatch.delenv("MINICAVS_KERNELS")
+    asked = []
+    monkeypatch.setattr(native, "_few_rows_wins", {})
+    monkeypatch.setattr(calibrate, "own_is_faster",
+                        lambda name, make, **kwargs: asked.append(name) or
+                        name.split()[3].startswith("3x"))
+    table = native._own_rows(spec, lib)
+    counts = [name.split()[3].split("x")[0] for name in asked if "16x80 w" in name]
+    assert counts == [str(n) for n in range(1, codegen.EXACT_ROWS + 1)] + ["<=32"]
+    assert table[1, 0].tolist() == [int(n == 3) for n in codegen.ROW_COUNTS]
 
 
 @given(forests(max_arity=3, max_vertices=20, kinds=("tree", "dag")), st.integers(0, 2**16))

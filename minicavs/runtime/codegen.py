@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import csource
+from ..cpu import products as native_products
 from ..ops.batching import broadcast_strides, is_packed, packed_strides, row_domain
 from .analysis import FusedGroup
 from .plans import RUN, SKIP, ZERO
@@ -875,7 +876,7 @@ class _Generator:
 #include <omp.h>
 using std::exp; using std::log; using std::tanh; using std::sqrt; using std::pow;
 typedef {ctype} T;
-static int8_t own_rows[{2 * ROW_BUCKETS * max(1, len(self.slots))}];  // see own_runs
+static int8_t own_rows[{2 * len(ROW_COUNTS) * max(1, len(self.slots))}];  // see own_runs
 extern "C" void minicavs_set_own_rows(const int8_t *t) {{ std::memcpy(own_rows, t, sizeof own_rows); }}
 {_GEMM[self.blas]}
 {_PROFILE.format(n=len(program.core)) if self.profile else ""}
@@ -921,11 +922,16 @@ extern "C" void minicavs_profile(double *out) {{
 # the gemm packs all of W for every call, which can cost more than the product when x has a
 # few rows. Which is faster depends on the CPU: x (n, 256) . W (256, 1024), one thread, n = 16
 # ran at 0.57x OpenBLAS's time on an AVX-512 Xeon and 1.75x on an AVX2 EPYC (its 16 vector
-# registers hold half the kernel's accumulators). So each product's choice, per power of two
-# of n up to FEW_ROWS, is measured on the machine (runtime/native.py, cpu/calibrate.py) and
-# handed to the loop before its first call (minicavs_set_own_rows).
+# registers hold half the kernel's accumulators). So each product's choice, per n up to
+# EXACT_ROWS and per power of two of n above it up to FEW_ROWS (the BLAS's small-matrix kernels
+# make neighbouring counts differ: cpu/products.rows_key), is measured on the machine
+# (runtime/native.py, cpu/calibrate.py) and handed to the loop before its first call
+# (minicavs_set_own_rows).
 FEW_ROWS = 32
-ROW_BUCKETS = FEW_ROWS.bit_length()  # n <= 1, 2, 4, ..., FEW_ROWS
+EXACT_ROWS = native_products.EXACT_ROWS
+EXACT_BITS = native_products.bucket(EXACT_ROWS)
+ROW_COUNTS = tuple(range(1, EXACT_ROWS + 1)) + tuple(  # each entry's n, as measured
+    1 << e for e in range(EXACT_BITS + 1, native_products.bucket(FEW_ROWS) + 1))
 FEW_ROWS_SOURCE = """// out (n x m) = x (n x k) . w (k x m), or . (w stored m x k)' — rows of x in blocks of R.
 // Register blocks that fit the vector registers: 4 rows x 2 vectors of accumulators on 16
 // (AVX2, SSE), 4 x 4 on AVX-512's 32; the rows past the last 4 one at a time, 8 vectors (8
@@ -1001,11 +1007,13 @@ extern "C" void minicavs_gemm_few_rows(int64_t n, int64_t m, int64_t k, const T 
   for (; i < n; ++i)
     few_rows_panel<1, 8 * FEW_LANES>(m, k, x + i * ldx, ldx, w, ldw, out + i * ldo, ldo);
 }
-// own_rows[slot][transposed][bucket of n]: whether the loop's own kernel runs that product.
+// own_rows[slot][transposed][entry of n]: whether the loop's own kernel runs that product; the
+// entry of n is n - 1 up to EXACT_ROWS, then one per power of two (codegen.ROW_COUNTS).
 static inline bool own_runs(int64_t slot, int64_t w_transposed, int64_t n) {
   if (n > FEW_ROWS) return false;
-  const int64_t bucket = n <= 1 ? 0 : 64 - __builtin_clzll((uint64_t)(n - 1));
-  return own_rows[(slot * 2 + (w_transposed != 0)) * ROW_BUCKETS + bucket] != 0;
+  const int64_t entry = n <= EXACT_ROWS ? (n < 1 ? 0 : n - 1)
+      : EXACT_ROWS - 1 + (64 - __builtin_clzll((uint64_t)(n - 1))) - EXACT_BITS;
+  return own_rows[(slot * 2 + (w_transposed != 0)) * ROW_ENTRIES + entry] != 0;
 }"""
 _CBLAS = """typedef void (*gemm_t)(int, int, int, I, I, I, T, const T *, I, const T *, I, T, T *, I);
 typedef void (*gemv_t)(int, int, I, I, T, const T *, I, const T *, I, T, T *, I);
@@ -1089,7 +1097,8 @@ static inline void gemm_team(int64_t slot, int64_t n, int64_t m, int64_t k, cons
   }
   #pragma omp barrier
 }"""
-_PRELUDE = (f"const int64_t FEW_ROWS = {FEW_ROWS}, ROW_BUCKETS = {ROW_BUCKETS};\n"
+_PRELUDE = (f"const int64_t FEW_ROWS = {FEW_ROWS}, EXACT_ROWS = {EXACT_ROWS}, "
+            f"EXACT_BITS = {EXACT_BITS}, ROW_ENTRIES = {len(ROW_COUNTS)};\n"
             + FEW_ROWS_SOURCE + "\n")
 _GEMM = {"cblas64": _PRELUDE + "typedef int64_t I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}")
          + "\n" + _TEAM,

@@ -62,17 +62,18 @@ PROFILE = os.environ.get("MINICAVS_NATIVE_PROFILE", "") not in ("", "0")
 
 def _own_rows(spec, lib):
     """The loop's ``own_rows`` table: for each of its products, each layout of the weight and
-    each power of two of rows up to ``codegen.FEW_ROWS``, whether the loop's own kernel for a
-    few rows beats the BLAS on this machine (cpu/calibrate.py: measured once per CPU, BLAS and
-    shape, then read from its file)."""
+    each entry of rows up to ``codegen.FEW_ROWS`` (``codegen.ROW_COUNTS``: a few rows by their
+    count, more by their power of two), whether the loop's own kernel for a few rows beats the
+    BLAS on this machine (cpu/calibrate.py: measured once per CPU, BLAS and shape, then read
+    from its file)."""
     from . import codegen
 
-    table = np.zeros((max(1, len(spec.slots)), 2, codegen.ROW_BUCKETS), dtype=np.int8)
+    table = np.zeros((max(1, len(spec.slots)), 2, len(codegen.ROW_COUNTS)), dtype=np.int8)
     for slot, k, m in spec.products:
         for transposed in (0, 1):
-            for b in range(codegen.ROW_BUCKETS):
-                table[slot, transposed, b] = _own_wins(
-                    lib, spec.dtype, 1 << b, k, m, transposed, codegen.FEW_ROWS_SOURCE)
+            for entry, rows in enumerate(codegen.ROW_COUNTS):
+                table[slot, transposed, entry] = _own_wins(
+                    lib, spec.dtype, rows, k, m, transposed, codegen.FEW_ROWS_SOURCE)
     return table
 
 
@@ -90,7 +91,8 @@ def _own_wins(lib, dtype, rows, k, m, transposed, source):
     if wins is None:
         one_row = rows == 1 and calibrate.gemv(dtype)[0] is not None  # (what the loop calls)
         gemm = calibrate.gemv(dtype) if one_row else calibrate.gemm(dtype)
-        name = (f"loop rows {'f32' if key[0] == 'float32' else 'f64'} <={rows}x{k}x{m}"
+        count = rows if rows <= products.EXACT_ROWS else f"<={rows}"
+        name = (f"loop rows {'f32' if key[0] == 'float32' else 'f64'} {count}x{k}x{m}"
                 f"{' Bᵀ' if transposed else ''} w off line, against {gemm[2]}"
                 + ("'s gemv" if one_row else ""))
 
