@@ -68,6 +68,15 @@ def test_the_c_recorder_records_generated_programs_as_the_python_one(codes, seed
     _same_recording(program)
 
 
+def _signature_labels(program):
+    """The labels of the signatures ``program`` records (sorted)."""
+    with mc.autobatch("agenda+") as ab:
+        program()
+        labels = sorted(s.label for s in ab.active)
+        ab.run_pending()
+    return labels
+
+
 def test_the_c_recorder_tells_forms_apart_by_their_data_dtypes_and_shapes():
     """The C recorder keeps the call forms it met by words (the op, the grad mode, an aval's,
     a parameter's or a data operand's dtype code and shape): ids of alternating integer dtypes
@@ -85,10 +94,7 @@ def test_the_c_recorder_tells_forms_apart_by_their_data_dtypes_and_shapes():
         mc.sum(mc.stack(outs))
 
     _same_recording(program)
-    with mc.autobatch("agenda+") as ab:
-        program()
-        labels = sorted(s.label for s in ab.active)
-        ab.run_pending()
+    labels = _signature_labels(program)
     assert len([label for label in labels if label.startswith("take_row ")]) == 2  # two dtypes
     assert len([label for label in labels if label.startswith("take_rows ")]) == 2  # two lengths
 
@@ -111,10 +117,7 @@ def test_the_c_recorder_keeps_the_forms_of_data_dtypes_taking_turns():
         mc.sum(mc.stack(outs))
 
     _same_recording(program)
-    with mc.autobatch("agenda+") as ab:
-        program()
-        labels = sorted(s.label for s in ab.active)
-        ab.run_pending()
+    labels = _signature_labels(program)
     assert len([label for label in labels if label.startswith("take_row ")]) == len(dtypes)
 
 

@@ -204,7 +204,7 @@ def _team_wins(a, b):
     key = ("team", SUFFIX[a.dtype], ta, tb, rows_key(m), n, bucket(k), threads)
     wins = _wins.get(key)
     if wins is None:
-        name = (f"team {key[1]} {_rows_text(key[4])}x{n}x<={1 << key[6]}"
+        name = (f"team {key[1]} {rows_text(key[4])}x{n}x<={1 << key[6]}"
                 f"{' Aᵀ' if ta else ''}{' Bᵀ' if tb else ''} ({threads} threads)")
         scratch = np.empty((m, n), a.dtype)
         wins = _wins[key] = calibrate.own_is_faster(
@@ -291,7 +291,8 @@ def rows_key(m):
     return m if m <= EXACT_ROWS else -bucket(m)
 
 
-def _rows_text(key):
+def rows_text(key):
+    """A :func:`rows_key` as a bucket's name writes it: ``3``, ``<=32``."""
     return str(key) if key >= 0 else f"<={1 << -key}"
 
 
@@ -414,7 +415,7 @@ class _Panels:
         if wins is None:
             (k, n), b = self.b.shape, self.b
             rows = key[-1] if key[-1] >= 0 else 1 << -key[-1]
-            name = (f"panels {self.suffix} {_rows_text(key[-1])}x{k}x{n}"
+            name = (f"panels {self.suffix} {rows_text(key[-1])}x{k}x{n}"
                     f"{' Bᵀ' if self.transposed else ''} "
                     f"({self.prefix}, {self.threads} threads)")
 

@@ -91,8 +91,8 @@ def _own_wins(lib, dtype, rows, k, m, transposed, source):
     if wins is None:
         one_row = rows == 1 and calibrate.gemv(dtype)[0] is not None  # (what the loop calls)
         gemm = calibrate.gemv(dtype) if one_row else calibrate.gemm(dtype)
-        count = rows if rows <= products.EXACT_ROWS else f"<={rows}"
-        name = (f"loop rows {'f32' if key[0] == 'float32' else 'f64'} {count}x{k}x{m}"
+        name = (f"loop rows {'f32' if key[0] == 'float32' else 'f64'} "
+                f"{products.rows_text(products.rows_key(rows))}x{k}x{m}"
                 f"{' Bᵀ' if transposed else ''} w off line, against {gemm[2]}"
                 + ("'s gemv" if one_row else ""))
 
