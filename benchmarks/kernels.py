@@ -7,8 +7,8 @@ Kernels (``minicavs/cpu/kernels.py``): ``panels`` — a product with few rows an
 once (every instruction-set variant this CPU runs, ``minicavs/cpu/isa.py``) — and ``team`` —
 a team of threads, each running a one-thread gemm of NumPy's BLAS; and the convolution's own
 loops (``minicavs/cpu/conv.py``) against its gemms, on LeNet's layers; and the native level
-loop's kernel for products of a few rows (``minicavs/runtime/codegen.py``, up to
-``FEW_ROWS``) against the gemm it calls otherwise. Against: NumPy's ``a @ b``
+loop's products on the panels over a weight packed for the call (``minicavs/runtime/codegen.py``)
+against the gemm it calls otherwise. Against: NumPy's ``a @ b``
 on one BLAS thread (what runs inside a native call when the library declines) and on the
 BLAS's own threads. ``chosen`` is what the library runs after its calibration
 (``minicavs/cpu/calibrate.py``) and ``BLAS ÷ chosen`` its speed against NumPy's one-thread
@@ -221,50 +221,43 @@ def conv_table(rounds):
 
 
 def loop_table(rounds):
-    """The level loop's own kernel for a product of a few rows (a deep tree level) against
-    NumPy's gemm on one thread, and the choice the loop makes (``runtime/native.py``)."""
-    import ctypes
+    """The native level loop's product on the panel kernel over its weight packed for the call
+    (one thread: a team member's share) against the gemm it calls otherwise, on one thread, and
+    the loop's choice (``runtime/native.py``)."""
+    from minicavs.runtime import native
 
-    import minicavs as mc
-    from minicavs.runtime import codegen, native
-
-    U = mc.tensor(np.ones((8, 8), np.float32))  # a chain cell: any loop holds the kernel
-    F = mc.VertexFunction(lambda v: v.scatter(mc.tanh(v.gather(0) @ U + v.pull())), arity=1,
-                          scatter_shape=(8,), pull_shape=(8,), dtype="float32")
-    loop = native.compile_loop(F.program)
-    own = loop._lib.minicavs_gemm_few_rows
+    kernel = native.panel_kernel(np.float32)
     gemm, gemv = calibrate.gemm(np.float32), calibrate.gemv(np.float32)
-    lines = [f"| product | m x k x n | own | BLAS 1 thr | the loop's BLAS ({gemm[2]}) | choice | "
-             f"BLAS ÷ chosen |", "|---|---|---:|---:|---:|---|---:|"]
+    lines = [f"| product | m x k x n | panels | BLAS 1 thr | the loop's BLAS ({gemm[2]}) | "
+             f"choice | BLAS ÷ chosen |", "|---|---|---:|---:|---:|---|---:|"]
     worst = float("inf")
-    i64, p = ctypes.c_int64, ctypes.c_void_p
     for label, k, n in WEIGHTS:
         transposed = "Wᵀ" in label
-        for m in [r for r in ROWS if r <= codegen.FEW_ROWS]:
-            rng = np.random.default_rng(k * n)
-            w = rng.standard_normal((n, k) if transposed else (k, n)).astype(np.float32)
+        rng = np.random.default_rng(k * n)
+        w = rng.standard_normal((n, k) if transposed else (k, n)).astype(np.float32)
+        weight = w.T if transposed else w
+        packed = native.pack_panels(weight)
+        count = len(packed) // (k * native.panel_width(np.float32))
+        for m in ROWS:
             x = rng.standard_normal((m, k)).astype(np.float32)
             out = np.empty((m, n), np.float32)
-            args = (i64(m), i64(n), i64(k), p(w.ctypes.data), i64(k if transposed else n),
-                    i64(transposed), p(x.ctypes.data), i64(k), p(out.ctypes.data), i64(n))
-            weight = w.T if transposed else w
-            # (what the loop calls where its own kernel loses: its library's gemm, the gemv at
-            # one row — the other side of the choice, runtime/native.py)
+            args = (x.ctypes.data, k, packed.ctypes.data, m, n, k, out.ctypes.data, n, 0, count, 0)
+            # (what the loop calls where the panels lose: its library's gemm, the gemv at one
+            # row — the other side of the choice, runtime/native.py)
             loop_blas = calibrate.one_thread_gemv(gemv[:2], x, weight, out) \
                 if m == 1 and gemv[0] is not None else \
                 calibrate.one_thread_gemm(gemm[:2], x, weight, out)
             with team.one_blas_thread():
-                times = best([lambda: own(*args), lambda: np.matmul(x, weight, out=out),
+                times = best([lambda: kernel(*args), lambda: np.matmul(x, weight, out=out),
                               loop_blas], rounds)
-            wins = native._own_wins(loop._lib, np.float32, m, k, n, int(transposed),
-                                    codegen.FEW_ROWS_SOURCE)
+            wins = native._panels_win(np.float32, m, k, n, int(transposed))
             speed = times[1] / (times[0] if wins else times[1])
             worst = min(worst, speed)
             lines.append(f"| {label} | {m} x {k} x {n} | {times[0] * 1e6:.0f} | "
                          f"{times[1] * 1e6:.0f} | {times[2] * 1e6:.0f} | "
-                         f"{'own' if wins else 'BLAS'} | {speed:.2f}× |")
-    lines.append(f"\nworst BLAS ÷ chosen (the level loop's products of a few rows): "
-                 f"{worst:.2f}× (the choice is made against the loop's BLAS, its column)")
+                         f"{'panels' if wins else 'BLAS'} | {speed:.2f}× |")
+    lines.append(f"\nworst BLAS ÷ chosen (the level loop's products): {worst:.2f}× (the choice "
+                 f"is made against the loop's BLAS, its column)")
     return "\n".join(lines)
 
 

@@ -790,31 +790,32 @@ def test_openblas_idle_threads_sleep_even_when_numpy_came_first():
     assert timeout != blas.IDLE_TIMEOUT and "OPENBLAS_THREAD_TIMEOUT=4" in state
 
 
-def test_the_loops_choice_for_a_few_rows_is_measured_per_product_and_count(monkeypatch):
-    """Each product's entries of rows up to FEW_ROWS — a few rows by their count, more by their
-    power of two — get the measured (or forced) choice, each measured at its own count."""
+def test_the_loops_route_is_measured_per_product_layout_and_count(monkeypatch):
+    """Each product's entries of rows — a few by their count, more by their power of two up to
+    LAST_ROWS — get the measured (or forced) choice between the panels and the BLAS, each
+    measured at its own count, for the layout of the weight asked for."""
     from minicavs.cpu import calibrate
     from minicavs.runtime import native
 
-    assert codegen.ROW_COUNTS[:4] == (1, 2, 3, 4) and codegen.ROW_COUNTS[-1] == codegen.FEW_ROWS
+    assert codegen.ROW_COUNTS[:4] == (1, 2, 3, 4) and codegen.ROW_COUNTS[-1] == codegen.LAST_ROWS
     spec = SimpleNamespace(slots=range(3), products=((1, 16, 80),), dtype=np.float64)
-    lib = SimpleNamespace(minicavs_gemm_few_rows=None)
     monkeypatch.setenv("MINICAVS_KERNELS", "own")
-    table = native._own_rows(spec, lib)
-    assert table.shape == (3, 2, len(codegen.ROW_COUNTS)) and table[1].all()
-    assert not table[0].any() and not table[2].any()  # slots that are no product's weight
+    assert all(native._panel_rows(spec, np.float64, 1, 0))
     monkeypatch.setenv("MINICAVS_KERNELS", "blas")
-    assert not native._own_rows(spec, lib).any()
+    assert not any(native._panel_rows(spec, np.float64, 1, 1))
     monkeypatch.delenv("MINICAVS_KERNELS")
     asked = []
-    monkeypatch.setattr(native, "_few_rows_wins", {})
+    monkeypatch.setattr(native, "_panel_wins", {})
     monkeypatch.setattr(calibrate, "own_is_faster",
                         lambda name, make, **kwargs: asked.append(name) or
                         name.split()[3].startswith("3x"))
-    table = native._own_rows(spec, lib)
-    counts = [name.split()[3].split("x")[0] for name in asked if "16x80 w" in name]
-    assert counts == [str(n) for n in range(1, codegen.EXACT_ROWS + 1)] + ["<=32"]
-    assert table[1, 0].tolist() == [int(n == 3) for n in codegen.ROW_COUNTS]
+    entries = native._panel_rows(spec, np.float64, 1, 1)
+    asked = [name for name in asked if name.startswith("loop panels")]  # (not the gemm's own)
+    assert all("16x80 Bᵀ" in name for name in asked)
+    counts = [name.split()[3].split("x")[0] for name in asked]
+    assert counts == [str(n) for n in range(1, codegen.EXACT_ROWS + 1)] + [
+        f"<={1 << e}" for e in range(codegen.EXACT_BITS + 1, 10)]
+    assert entries == [n == 3 for n in codegen.ROW_COUNTS]
 
 
 @given(forests(max_arity=3, max_vertices=20, kinds=("tree", "dag")), st.integers(0, 2**16))
@@ -877,13 +878,12 @@ def test_a_profiling_loop_times_each_instruction_and_clears_what_it_read():
 
 @needs_native
 @pytest.mark.parametrize("kernels", ["own", "blas"])
-@pytest.mark.parametrize("trees", [1, 3, 5, 9])
-def test_products_of_a_few_rows_equal_the_interpreter(trees, kernels, monkeypatch):
-    """Levels of up to codegen.FEW_ROWS rows multiply with the loop's own kernel where it was
-    measured faster (blocks of 4 rows and 64 columns, a remainder of rows and of columns; dot
-    products for ∂F's x·Wᵀ), else with the BLAS: both forced here, 80 gate columns, levels of
-    1 to 36 rows."""
-    assert codegen.FEW_ROWS >= 4
+@pytest.mark.parametrize("trees", [1, 3, 5, 9, 40])
+def test_products_on_the_panels_or_the_blas_equal_the_interpreter(trees, kernels, monkeypatch):
+    """Every level's product runs on the panel kernel over the weight packed for the call
+    where it was measured faster (∂F's x·Wᵀ too, and the product adding into the children's
+    rows: panels that add), else on the BLAS: both forced here, 80 gate columns (a last panel
+    part full), levels of 1 to 160 rows, split between the team's threads or not."""
     monkeypatch.setenv("MINICAVS_KERNELS", kernels)
     rng = np.random.default_rng(trees)
     F, params = binary_tree_lstm(E, 16, rng)
@@ -893,34 +893,37 @@ def test_products_of_a_few_rows_equal_the_interpreter(trees, kernels, monkeypatc
 
 @needs_native
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_the_loops_few_row_product_equals_numpy_for_every_block_and_tail(dtype):
-    """The level loop's product of a few rows (``codegen.FEW_ROWS_SOURCE``): blocks of 4 rows
-    and the rows past them, blocks of the target's width and the columns past them, w stored
-    as it is or transposed, at any alignment of w — equal to NumPy's product."""
-    import ctypes
-
+def test_the_loops_panels_equal_numpy_for_every_range_layout_and_add(dtype):
+    """The panel kernel as the level loop calls it (``packed_panels``): a range of panels (a
+    thread's share), blocks of the target's rows and the rows past them, a last panel part
+    full, w packed as stored or from its transpose, writing or adding into a wider out."""
     from minicavs.runtime import native
 
-    U = mc.tensor(np.ones((3, 3), dtype))
-    F = mc.VertexFunction(lambda v: v.scatter(mc.tanh(v.gather(0) @ U + v.pull())), arity=1,
-                          scatter_shape=(3,), pull_shape=(3,), dtype=np.dtype(dtype).name)
-    own = native.compile_loop(F.program)._lib.minicavs_gemm_few_rows
+    kernel, width = native.panel_kernel(dtype), native.panel_width(dtype)
     rng = np.random.default_rng(0)
-    i64, p = ctypes.c_int64, ctypes.c_void_p
-    for n in (1, 3, 4, 5, 9):
-        for m in (5, 16, 80, 130):
+    for n in (1, 3, 4, 7, 13):
+        for m in (5, width, 2 * width + 3):
             for transposed in (0, 1):
                 k = 37
-                w = native._off_cache_line(rng.standard_normal((m, k) if transposed else (k, m))
-                                           .astype(dtype), offset=8 * (m % 4))
+                w = rng.standard_normal((m, k) if transposed else (k, m)).astype(dtype)
+                packed = native.pack_panels(w.T if transposed else w)
                 x = rng.standard_normal((n, k)).astype(dtype)
-                out = np.full((n, m), np.nan, dtype)
-                own(i64(n), i64(m), i64(k), p(w.ctypes.data), i64(k if transposed else m),
-                    i64(transposed), p(x.ctypes.data), i64(k), p(out.ctypes.data), i64(m))
-                want = x.astype(np.float64) @ (w.T if transposed else w).astype(np.float64)
-                np.testing.assert_allclose(out, want, rtol=1e-4 if dtype == np.float32 else 1e-12,
-                                           atol=1e-4 if dtype == np.float32 else 1e-12,
-                                           err_msg=f"{n} x {k} x {m}, transposed {transposed}")
+                count = -(-m // width)
+                for p0, p1 in ((0, count), (count // 2, count)):
+                    for add in (0, 1):
+                        out = rng.standard_normal((n, m + 2)).astype(dtype)
+                        before = out.copy()
+                        kernel(x.ctypes.data, k, packed.ctypes.data, n, m, k, out.ctypes.data,
+                               m + 2, p0, p1, add)
+                        want = before.copy()
+                        cols = slice(p0 * width, min(p1 * width, m))
+                        product = x.astype(np.float64) @ (w.T if transposed else w)
+                        want[:, cols] = product[:, cols] + (before[:, cols] if add else 0)
+                        np.testing.assert_allclose(
+                            out, want, rtol=1e-4 if dtype == np.float32 else 1e-12,
+                            atol=1e-4 if dtype == np.float32 else 1e-12,
+                            err_msg=f"{n} x {k} x {m}, transposed {transposed}, panels "
+                                    f"{p0}-{p1}, add {add}")
 
 
 def _filled(array, value):

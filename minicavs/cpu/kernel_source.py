@@ -559,7 +559,8 @@ static void pack_panels(const T *B, int64_t ldb, int tb, int64_t K, int64_t N, T
 
 template <typename T, int R>
 static inline __attribute__((always_inline)) void panel_block(
-    const T *A, int64_t lda, const T *panel, int64_t K, T *C, int64_t ldc, int64_t width) {
+    const T *A, int64_t lda, const T *panel, int64_t K, T *C, int64_t ldc, int64_t width,
+    bool add) {
   typedef typename Vec<T>::type V;
   constexpr int L = VB / sizeof(T), NR = NV * L;
   V acc[R][NV];
@@ -575,38 +576,49 @@ static inline __attribute__((always_inline)) void panel_block(
   }
   for (int r = 0; r < R; ++r) {
     if (width == NR) {
-      for (int v = 0; v < NV; ++v) *(V *)(C + r * ldc + v * L) = acc[r][v];
+      for (int v = 0; v < NV; ++v) {
+        V *c = (V *)(C + r * ldc + v * L);
+        *c = add ? *c + acc[r][v] : acc[r][v];
+      }
     } else {  // the last panel: only its columns inside C
       T row[NR];
       for (int v = 0; v < NV; ++v) *(V *)(row + v * L) = acc[r][v];
-      for (int64_t j = 0; j < width; ++j) C[r * ldc + j] = row[j];
+      for (int64_t j = 0; j < width; ++j) C[r * ldc + j] = add ? C[r * ldc + j] + row[j] : row[j];
     }
   }
 }
 
 template <typename T, int R>
 static void rows_tail(const T *a, int64_t lda, const T *panel, int64_t K, T *c, int64_t ldc,
-                      int64_t width, int64_t rows) {  // the last rows, a block of their height
+                      int64_t width, int64_t rows, bool add) {  // the last rows, one block
   if constexpr (R > 0) {
-    if (rows == R) panel_block<T, R>(a, lda, panel, K, c, ldc, width);
-    else rows_tail<T, R - 1>(a, lda, panel, K, c, ldc, width, rows);
+    if (rows == R) panel_block<T, R>(a, lda, panel, K, c, ldc, width, add);
+    else rows_tail<T, R - 1>(a, lda, panel, K, c, ldc, width, rows, add);
+  }
+}
+
+// Panels p0 to p1 of C = A B (``add``: C += A B) on the calling thread: a team's share, the
+// product of a level of a generated loop (runtime/codegen.py) or of packed_gemm's thread.
+template <typename T>
+static void packed_panels(const T *A, int64_t lda, const T *P, int64_t M, int64_t N, int64_t K,
+                          T *C, int64_t ldc, int64_t p0, int64_t p1, bool add) {
+  constexpr int64_t NR = panel_width<T>();
+  for (int64_t p = p0; p < p1; ++p) {
+    const T *panel = P + p * K * NR;
+    const int64_t n0 = p * NR, width = N - n0 < NR ? N - n0 : NR;
+    int64_t m = 0;
+    for (; m + MR <= M; m += MR)
+      panel_block<T, MR>(A + m * lda, lda, panel, K, C + m * ldc + n0, ldc, width, add);
+    rows_tail<T, MR - 1>(A + m * lda, lda, panel, K, C + m * ldc + n0, ldc, width, M - m, add);
   }
 }
 
 template <typename T>
 static void packed_gemm(const T *A, int64_t lda, const T *P, int64_t M, int64_t N, int64_t K,
                         T *C, int64_t ldc, int threads) {
-  constexpr int64_t NR = panel_width<T>();
-  const int64_t panels = (N + NR - 1) / NR;
+  const int64_t panels = (N + panel_width<T>() - 1) / panel_width<T>();
   #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t p = 0; p < panels; ++p) {
-    const T *panel = P + p * K * NR;
-    const int64_t n0 = p * NR, width = N - n0 < NR ? N - n0 : NR;
-    int64_t m = 0;
-    for (; m + MR <= M; m += MR)
-      panel_block<T, MR>(A + m * lda, lda, panel, K, C + m * ldc + n0, ldc, width);
-    rows_tail<T, MR - 1>(A + m * lda, lda, panel, K, C + m * ldc + n0, ldc, width, M - m);
-  }
+  for (int64_t p = 0; p < panels; ++p) packed_panels(A, lda, P, M, N, K, C, ldc, p, p + 1, false);
 }
 
 extern "C" {
@@ -622,5 +634,12 @@ void NAME_packed_gemm_f32(const float *a, int64_t lda, const float *p, int64_t m
 void NAME_packed_gemm_f64(const double *a, int64_t lda, const double *p, int64_t m, int64_t n,
                           int64_t k, double *c, int64_t ldc, int t) {
   packed_gemm(a, lda, p, m, n, k, c, ldc, t); }
+void NAME_packed_panels_f32(const float *a, int64_t lda, const float *p, int64_t m, int64_t n,
+                            int64_t k, float *c, int64_t ldc, int64_t p0, int64_t p1, int add) {
+  packed_panels(a, lda, p, m, n, k, c, ldc, p0, p1, add != 0); }
+void NAME_packed_panels_f64(const double *a, int64_t lda, const double *p, int64_t m,
+                            int64_t n, int64_t k, double *c, int64_t ldc, int64_t p0, int64_t p1,
+                            int add) {
+  packed_panels(a, lda, p, m, n, k, c, ldc, p0, p1, add != 0); }
 }
 """, build.UNIT)

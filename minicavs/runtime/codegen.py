@@ -396,7 +396,7 @@ class _Generator:
         s = self.shared[w.key].index
         return (f"gemm_team({s}, n, {m}, {k}, P{s}, a[{2 * s}], a[{2 * s + 1}], {a.row(0)}, "
                 f"{a.ld}, d_states + {self.child(0)}[lo] * d_states_ld, {found[2]} * d_states_ld, "
-                f"split_macs, (T){{beta}});")
+                f"split_macs, PANELS({s}), (T){{beta}});")
 
     def compute(self, ins):
         step = ins.step
@@ -611,7 +611,7 @@ class _Generator:
         s = self.shared[w.key].index
         self.products.add((s, k, m))
         return (f"gemm_team({s}, n, {m}, {k}, P{s}, a[{2 * s}], a[{2 * s + 1}], "
-                f"{a.row(0)}, {a.ld}, {out.row(0)}, {out.ld}, split_macs);")
+                f"{a.row(0)}, {a.ld}, {out.row(0)}, {out.ld}, split_macs, PANELS({s}));")
 
     def elementwise(self, group, zero=None):
         """The loop of an elementwise group; ``zero``: the key of a per-row input read as 0."""
@@ -876,8 +876,11 @@ class _Generator:
 #include <omp.h>
 using std::exp; using std::log; using std::tanh; using std::sqrt; using std::pow;
 typedef {ctype} T;
-static int8_t own_rows[{2 * len(ROW_COUNTS) * max(1, len(self.slots))}];  // see own_runs
-extern "C" void minicavs_set_own_rows(const int8_t *t) {{ std::memcpy(own_rows, t, sizeof own_rows); }}
+static int8_t panel_rows[{2 * len(ROW_COUNTS) * max(1, len(self.slots))}];  // see panels_run
+extern "C" void minicavs_set_panel_rows(const int8_t *t) {{ std::memcpy(panel_rows, t, sizeof panel_rows); }}
+// A product's weight packed into panels for this call (runtime/native.py), or none: after the
+// slots' (ld, transposed) pairs in the loop's a[].
+#define PANELS(slot) ((const T *)(intptr_t)a[2 * {len(self.slots)} + (slot)])
 {_GEMM[self.blas]}
 {_PROFILE.format(n=len(program.core)) if self.profile else ""}
 extern "C" void {ENTRY}(int64_t num_levels, int64_t first, int64_t stop,
@@ -918,115 +921,45 @@ extern "C" void minicavs_profile(double *out) {{
 
 # The gemm the loop calls, per interface (blas.py): row-major out (n x m, row stride ldo) =
 # x (n x k, stride ldx) . w (k x m, stride ldw; or its transpose stored, m x k).
-# A product of a few rows (a deep level of a tree: a handful of vertices) without the BLAS:
-# the gemm packs all of W for every call, which can cost more than the product when x has a
-# few rows. Which is faster depends on the CPU: x (n, 256) . W (256, 1024), one thread, n = 16
-# ran at 0.57x OpenBLAS's time on an AVX-512 Xeon and 1.75x on an AVX2 EPYC (its 16 vector
-# registers hold half the kernel's accumulators). So each product's choice, per n up to
-# EXACT_ROWS and per power of two of n above it up to FEW_ROWS (the BLAS's small-matrix kernels
-# make neighbouring counts differ: cpu/products.rows_key), is measured on the machine
-# (runtime/native.py, cpu/calibrate.py) and handed to the loop before its first call
-# (minicavs_set_own_rows).
-FEW_ROWS = 32
+# Or the library's panel kernel (cpu/kernel_source.py) over the weight packed once for the call:
+# the BLAS packs all of w again at every call, each level's and each thread's, which for a
+# level of a few rows costs more than the product, and reads a transposed w (∂F's G·Uᵀ) slowly
+# (one thread, 640 x 256 Uᵀ, Zen 4: 8 rows 34 us against OpenBLAS's 106, 64 rows 196 against
+# 274, 512 rows 1.47 ms against 1.69). Neither wins everywhere: OpenBLAS's small-matrix kernels
+# take 1-4 rows in half the panels' time, and an AVX2 CPU has half the registers. So each
+# product's route, per n up to EXACT_ROWS and per power of two of n above it up to LAST_ROWS
+# (more: LAST_ROWS's), is measured on the machine (runtime/native.py, cpu/calibrate.py) and
+# handed to the loop before its call (minicavs_set_panel_rows).
+LAST_ROWS = 512
 EXACT_ROWS = native_products.EXACT_ROWS
 EXACT_BITS = native_products.bucket(EXACT_ROWS)
 ROW_COUNTS = tuple(range(1, EXACT_ROWS + 1)) + tuple(  # each entry's n, as measured
-    1 << e for e in range(EXACT_BITS + 1, native_products.bucket(FEW_ROWS) + 1))
-FEW_ROWS_SOURCE = """// out (n x m) = x (n x k) . w (k x m), or . (w stored m x k)' — rows of x in blocks of R.
-// Register blocks that fit the vector registers: 4 rows x 2 vectors of accumulators on 16
-// (AVX2, SSE), 4 x 4 on AVX-512's 32; the rows past the last 4 one at a time, 8 vectors (8
-// independent sums hide the FMA's latency). (4 x 64 floats on AVX2 spilled: 71 us against
-// 40 at 8 x 256 x 640 float32 on an EPYC, with cpu/build.py's generic tuning.)
-#if defined(__AVX512F__)
-constexpr int FEW_VECTOR_BYTES = 64, FEW_BLOCK_VECTORS = 4;
-#elif defined(__AVX__)
-constexpr int FEW_VECTOR_BYTES = 32, FEW_BLOCK_VECTORS = 2;
-#else
-constexpr int FEW_VECTOR_BYTES = 16, FEW_BLOCK_VECTORS = 2;
-#endif
-constexpr int FEW_LANES = FEW_VECTOR_BYTES / (int)sizeof(T);
-template <int R, int C>
-static inline void few_rows_block(int64_t k, const T *x, int64_t ldx, const T *w, int64_t ldw,
-                                  T *out, int64_t ldo) {
-  T acc[R][C];
-  for (int r = 0; r < R; ++r)
-    #pragma omp simd
-    for (int c = 0; c < C; ++c) acc[r][c] = 0;
-  for (int64_t kk = 0; kk < k; ++kk) {
-    const T *wk = w + kk * ldw;
-    for (int r = 0; r < R; ++r) {
-      const T a = x[r * ldx + kk];
-      #pragma omp simd
-      for (int c = 0; c < C; ++c) acc[r][c] += a * wk[c];
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    #pragma omp simd
-    for (int c = 0; c < C; ++c) out[r * ldo + c] = acc[r][c];
+    1 << e for e in range(EXACT_BITS + 1, native_products.bucket(LAST_ROWS) + 1))
+PANELS_SOURCE = """// The library's panel kernel: panels p0 to p1 of out = x . packed w (add: out += ...).
+typedef void (*panels_t)(const T *, int64_t, const T *, int64_t, int64_t, int64_t, T *, int64_t,
+                         int64_t, int64_t, int);
+static panels_t panels;
+static int64_t panel_width = 1;
+extern "C" void minicavs_set_panels(void *f, int64_t width) {
+  panels = (panels_t)f;
+  panel_width = width;
 }
-template <int R, int C>  // R rows of out: blocks of C columns, then the columns past them
-static inline void few_rows_panel(int64_t m, int64_t k, const T *x, int64_t ldx, const T *w,
-                                  int64_t ldw, T *out, int64_t ldo) {
-  int64_t j = 0;
-  for (; j + C <= m; j += C) few_rows_block<R, C>(k, x, ldx, w + j, ldw, out + j, ldo);
-  for (; j < m; ++j)
-    for (int r = 0; r < R; ++r) {
-      T total = 0;
-      for (int64_t kk = 0; kk < k; ++kk) total += x[r * ldx + kk] * w[kk * ldw + j];
-      out[r * ldo + j] = total;
-    }
-}
-template <int R>
-static inline void few_rows_dots(int64_t m, int64_t k, const T *x, int64_t ldx, const T *w,
-                                 int64_t ldw, T *out, int64_t ldo) {
-  for (int64_t j = 0; j < m; ++j) {  // column j: x's rows . row j of the stored w
-    const T *wj = w + j * ldw;
-    T acc[R];
-    for (int r = 0; r < R; ++r) {
-      T total = 0;
-      #pragma omp simd reduction(+:total)
-      for (int64_t kk = 0; kk < k; ++kk) total += x[r * ldx + kk] * wj[kk];
-      acc[r] = total;
-    }
-    for (int r = 0; r < R; ++r) out[r * ldo + j] = acc[r];
-  }
-}
-extern "C" void minicavs_gemm_few_rows(int64_t n, int64_t m, int64_t k, const T *w,
-                                       int64_t ldw, int64_t w_transposed, const T *x,
-                                       int64_t ldx, T *out, int64_t ldo) {
-  if (w_transposed) {
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) few_rows_dots<4>(m, k, x + i * ldx, ldx, w, ldw, out + i * ldo, ldo);
-    for (; i < n; ++i) few_rows_dots<1>(m, k, x + i * ldx, ldx, w, ldw, out + i * ldo, ldo);
-    return;
-  }
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4)
-    few_rows_panel<4, FEW_BLOCK_VECTORS * FEW_LANES>(m, k, x + i * ldx, ldx, w, ldw,
-                                                     out + i * ldo, ldo);
-  for (; i < n; ++i)
-    few_rows_panel<1, 8 * FEW_LANES>(m, k, x + i * ldx, ldx, w, ldw, out + i * ldo, ldo);
-}
-// own_rows[slot][transposed][entry of n]: whether the loop's own kernel runs that product; the
-// entry of n is n - 1 up to EXACT_ROWS, then one per power of two (codegen.ROW_COUNTS).
-static inline bool own_runs(int64_t slot, int64_t w_transposed, int64_t n) {
-  if (n > FEW_ROWS) return false;
+// panel_rows[slot][transposed][entry of n]: whether the panels run that product; the entry of n
+// is n - 1 up to EXACT_ROWS, then one per power of two up to LAST_ROWS (codegen.ROW_COUNTS).
+static inline bool panels_run(int64_t slot, int64_t w_transposed, int64_t n) {
   const int64_t entry = n <= EXACT_ROWS ? (n < 1 ? 0 : n - 1)
+      : n > LAST_ROWS ? ROW_ENTRIES - 1
       : EXACT_ROWS - 1 + (64 - __builtin_clzll((uint64_t)(n - 1))) - EXACT_BITS;
-  return own_rows[(slot * 2 + (w_transposed != 0)) * ROW_ENTRIES + entry] != 0;
+  return panel_rows[(slot * 2 + (w_transposed != 0)) * ROW_ENTRIES + entry] != 0;
 }"""
 _CBLAS = """typedef void (*gemm_t)(int, int, int, I, I, I, T, const T *, I, const T *, I, T, T *, I);
 typedef void (*gemv_t)(int, int, I, I, T, const T *, I, const T *, I, T, T *, I);
 static gemm_t gemm;
 static gemv_t gemv;  // (one row: a gemm packs all of w for it; NULL: the gemm)
 extern "C" void minicavs_set_gemm(void *f, void *v) {{ gemm = (gemm_t)f; gemv = (gemv_t)v; }}
-static inline void gemm_rows(int64_t slot, int64_t n, int64_t m, int64_t k, const T *w,
-                             int64_t ldw, int64_t w_transposed, const T *x, int64_t ldx, T *out,
-                             int64_t ldo, T beta) {{  // out = x.w + beta out (beta 0 or 1)
-  if (beta == 0 && own_runs(slot, w_transposed, n)) {{
-    minicavs_gemm_few_rows(n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
-    return;
-  }}
+static inline void gemm_rows(int64_t n, int64_t m, int64_t k, const T *w, int64_t ldw,
+                             int64_t w_transposed, const T *x, int64_t ldx, T *out, int64_t ldo,
+                             T beta) {{  // out = x.w + beta out (beta 0 or 1)
   if (n == 1 && gemv) {{  // out' = w' x' (w k x m), or w x' (w stored m x k)
     gemv(101, w_transposed ? 111 : 112, (I)(w_transposed ? m : k), (I)(w_transposed ? k : m),
          (T)1, w, (I)ldw, x, 1, beta, out, 1);
@@ -1044,13 +977,9 @@ static gemm_t gemm;
 static gemv_t gemv;  // (one row: a gemm packs all of w for it; NULL: the gemm)
 extern "C" void minicavs_set_gemm(void *f, void *v) { gemm = (gemm_t)f; gemv = (gemv_t)v; }
 // Row-major out = x.w is column-major out' = w'.x': one Fortran gemm (one row: a gemv).
-static inline void gemm_rows(int64_t slot, int64_t n, int64_t m, int64_t k, const T *w,
-                             int64_t ldw, int64_t w_transposed, const T *x, int64_t ldx, T *out,
-                             int64_t ldo, T beta) {  // out = x.w + beta out (beta 0 or 1)
-  if (beta == 0 && own_runs(slot, w_transposed, n)) {
-    minicavs_gemm_few_rows(n, m, k, w, ldw, w_transposed, x, ldx, out, ldo);
-    return;
-  }
+static inline void gemm_rows(int64_t n, int64_t m, int64_t k, const T *w, int64_t ldw,
+                             int64_t w_transposed, const T *x, int64_t ldx, T *out, int64_t ldo,
+                             T beta) {  // out = x.w + beta out (beta 0 or 1)
   const int rows = (int)n, cols = (int)m, inner = (int)k;
   const int lw = (int)ldw, lx = (int)ldx, lo = (int)ldo;
   const T one = 1;
@@ -1071,35 +1000,52 @@ _TEAM = """typedef int (*blas_threads_t)(int);  // sets the BLAS's threads, retu
 static blas_threads_t blas_threads;
 extern "C" void minicavs_set_blas_threads(void *f) { blas_threads = (blas_threads_t)f; }
 // A product of fewer than split_macs multiply-adds runs on one thread (measured: native.py).
+// On the panels (where the loop was handed w packed and they were measured faster for n rows)
+// the threads take whole panels of the out's columns; on the BLAS, the out's longer side.
 static inline void gemm_team(int64_t slot, int64_t n, int64_t m, int64_t k, const T *w,
                              int64_t ldw, int64_t w_transposed, const T *x, int64_t ldx, T *out,
-                             int64_t ldo, int64_t split_macs, T beta = 0) {
+                             int64_t ldo, int64_t split_macs, const T *packed, T beta = 0) {
   const int64_t team = omp_get_num_threads();
+  const bool alone = team == 1 || n * m * k < split_macs;
+  if (packed != nullptr && panels != nullptr && panels_run(slot, w_transposed, n)) {
+    const int64_t count = (m + panel_width - 1) / panel_width;
+    if (alone || count < team) {
+      #pragma omp single
+      panels(x, ldx, packed, n, m, k, out, ldo, 0, count, beta != 0);
+      return;
+    }
+    const int64_t block = (count + team - 1) / team, p0 = omp_get_thread_num() * block;
+    if (p0 < count)
+      panels(x, ldx, packed, n, m, k, out, ldo, p0, p0 + block < count ? p0 + block : count,
+             beta != 0);
+    #pragma omp barrier
+    return;
+  }
   const bool by_rows = n > m;
   const int64_t side = by_rows ? n : m;
-  if (team == 1 || n * m * k < split_macs || side < 32 * team) {
+  if (alone || side < 32 * team) {
     #pragma omp single
-    gemm_rows(slot, n, m, k, w, ldw, w_transposed, x, ldx, out, ldo, beta);
+    gemm_rows(n, m, k, w, ldw, w_transposed, x, ldx, out, ldo, beta);
     return;
   }
   if (by_rows) {
     const int64_t block = (n + team - 1) / team;
     const int64_t r0 = omp_get_thread_num() * block, r1 = r0 + block < n ? r0 + block : n;
     if (r1 > r0)
-      gemm_rows(slot, r1 - r0, m, k, w, ldw, w_transposed, x + r0 * ldx, ldx, out + r0 * ldo, ldo,
+      gemm_rows(r1 - r0, m, k, w, ldw, w_transposed, x + r0 * ldx, ldx, out + r0 * ldo, ldo,
                 beta);
   } else {
     const int64_t block = ((m + team - 1) / team + 15) / 16 * 16;
     const int64_t c0 = omp_get_thread_num() * block, c1 = c0 + block < m ? c0 + block : m;
     if (c1 > c0)
-      gemm_rows(slot, n, c1 - c0, k, w_transposed ? w + c0 * ldw : w + c0, ldw, w_transposed, x,
+      gemm_rows(n, c1 - c0, k, w_transposed ? w + c0 * ldw : w + c0, ldw, w_transposed, x,
                 ldx, out + c0, ldo, beta);
   }
   #pragma omp barrier
 }"""
-_PRELUDE = (f"const int64_t FEW_ROWS = {FEW_ROWS}, EXACT_ROWS = {EXACT_ROWS}, "
+_PRELUDE = (f"const int64_t LAST_ROWS = {LAST_ROWS}, EXACT_ROWS = {EXACT_ROWS}, "
             f"EXACT_BITS = {EXACT_BITS}, ROW_ENTRIES = {len(ROW_COUNTS)};\n"
-            + FEW_ROWS_SOURCE + "\n")
+            + PANELS_SOURCE + "\n")
 _GEMM = {"cblas64": _PRELUDE + "typedef int64_t I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}")
          + "\n" + _TEAM,
          "cblas32": _PRELUDE + "typedef int I;\n" + _CBLAS.replace("{{", "{").replace("}}", "}")

@@ -20,10 +20,10 @@ import threading
 
 import numpy as np
 
-from ..cpu import blas, build, calibrate, products, team
+from ..cpu import blas, build, calibrate, isa, kernels, products, team
 from ..cpu.kernels import data_address
 from ..ops.batching import row_domain
-from .codegen import ACTIONS, INTO_CHILDREN, ONTO_CHILDREN, VARIANTS
+from .codegen import ACTIONS, INTO_CHILDREN, ONTO_CHILDREN, ROW_COUNTS, VARIANTS
 from .plans import RUN, SKIP, ZERO, record_written, written_by_plan
 from .program import ScatterAdd
 
@@ -60,73 +60,87 @@ def _generate(program):
 PROFILE = os.environ.get("MINICAVS_NATIVE_PROFILE", "") not in ("", "0")
 
 
-def _own_rows(spec, lib):
-    """The loop's ``own_rows`` table: for each of its products, each layout of the weight and
-    each entry of rows up to ``codegen.FEW_ROWS`` (``codegen.ROW_COUNTS``: a few rows by their
-    count, more by their power of two), whether the loop's own kernel for a few rows beats the
-    BLAS on this machine (cpu/calibrate.py: measured once per CPU, BLAS and shape, then read
-    from its file)."""
-    from . import codegen
-
-    table = np.zeros((max(1, len(spec.slots)), 2, len(codegen.ROW_COUNTS)), dtype=np.int8)
-    for slot, k, m in spec.products:
-        for transposed in (0, 1):
-            for entry, rows in enumerate(codegen.ROW_COUNTS):
-                table[slot, transposed, entry] = _own_wins(
-                    lib, spec.dtype, rows, k, m, transposed, codegen.FEW_ROWS_SOURCE)
-    return table
+def _panel_rows(spec, dtype, slot, transposed):
+    """The loop's ``panel_rows`` entries of one product's weight in one layout: for each entry
+    of rows (``codegen.ROW_COUNTS``: a few rows by their count, more by their power of two),
+    whether the library's panel kernel over the weight packed beats the BLAS on this machine
+    (cpu/calibrate.py: measured once per CPU, BLAS and shape, then read from its file)."""
+    (k, m), = {(k, m) for s, k, m in spec.products if s == slot}
+    return [_panels_win(dtype, rows, k, m, transposed) for rows in ROW_COUNTS]
 
 
 # (dtype, rows, k, m, transposed) -> bool, for this process. The weight's own k and m, not
 # powers of two: a bucket had a 256 x 640 weight's verdict run a 256 x 1024 one's 8 rows at
 # 0.78x the BLAS (benchmarks/kernels.py); a program has few weights, each measured once.
-_few_rows_wins = {}
+_panel_wins = {}
 
 
-def _own_wins(lib, dtype, rows, k, m, transposed, source):
+def _panels_win(dtype, rows, k, m, transposed):
     if calibrate.forced() is not None:  # (MINICAVS_KERNELS=own or blas: not remembered)
         return calibrate.forced() == "own"
     key = (np.dtype(dtype).name, rows, k, m, transposed)
-    wins = _few_rows_wins.get(key)
+    wins = _panel_wins.get(key)
     if wins is None:
         one_row = rows == 1 and calibrate.gemv(dtype)[0] is not None  # (what the loop calls)
         gemm = calibrate.gemv(dtype) if one_row else calibrate.gemm(dtype)
-        name = (f"loop rows {'f32' if key[0] == 'float32' else 'f64'} "
+        name = (f"loop panels {'f32' if key[0] == 'float32' else 'f64'} "
                 f"{products.rows_text(products.rows_key(rows))}x{k}x{m}"
-                f"{' Bᵀ' if transposed else ''} w off line, against {gemm[2]}"
+                f"{' Bᵀ' if transposed else ''} ({isa.target()}), against {gemm[2]}"
                 + ("'s gemv" if one_row else ""))
 
         def make():
             rng = np.random.default_rng(0)
             x = rng.standard_normal((rows, k)).astype(dtype)
-            w = _off_cache_line(rng.standard_normal((m, k) if transposed else (k, m))
-                                .astype(dtype))
+            w = rng.standard_normal((m, k) if transposed else (k, m)).astype(dtype)
             out = np.empty((rows, m), dtype=dtype)
-            own = lib.minicavs_gemm_few_rows
-            i64 = ctypes.c_int64
-            args = (i64(rows), i64(m), i64(k), ctypes.c_void_p(w.ctypes.data),
-                    i64(k if transposed else m), i64(transposed), ctypes.c_void_p(x.ctypes.data),
-                    i64(k), ctypes.c_void_p(out.ctypes.data), i64(m))
+            packed = pack_panels(w.T if transposed else w)
+            own = panel_kernel(dtype)
+            args = (x.ctypes.data, k, packed.ctypes.data, rows, m, k, out.ctypes.data, m, 0,
+                    len(packed) // (k * panel_width(dtype)), 0)
             other = calibrate.one_thread_gemv if one_row else calibrate.one_thread_gemm
-            return (lambda: own(*args),  # (the arrays live in the other call; the gemm (one
-                    # row: the gemv) the loop calls, on one thread)
-                    other(gemm[:2], x, w.T if transposed else w, out))
-        with team.one_blas_thread():  # (as the loop calls it: one thread inside a team)
-            wins = _few_rows_wins[key] = calibrate.own_is_faster(name, make, source=source)
+            return (lambda keep=(x, packed, out): own(*args),  # (one thread each, as a team's
+                    other(gemm[:2], x, w.T if transposed else w, out))  # member calls them)
+        with team.one_blas_thread():
+            wins = _panel_wins[key] = calibrate.own_is_faster(name, make)
     return wins
 
 
-def _off_cache_line(a, offset=16):
-    """A copy of ``a`` starting ``offset`` bytes past a 64-byte line: the loop's kernel reads
-    w's rows with unaligned vector loads, up to 1.4x slower than from a line's start (8-32 x
-    256 x 640 float32, an EPYC), while the BLAS packs w and does not care; a parameter is
-    where malloc put it (16-byte aligned). Measured there, the kernel is chosen only where it
-    wins however its weights lie."""
-    flat = np.empty(a.size + 128 // a.itemsize, a.dtype)
-    start = (-flat.ctypes.data % 64 + offset) // a.itemsize
-    out = flat[start:start + a.size].reshape(a.shape)
-    out[...] = a
+def panel_kernel(dtype):
+    """The library's ``packed_panels`` for ``dtype`` of this CPU's target (cpu/isa.py), its
+    arguments declared, or None (no native kernels)."""
+    lib = kernels.library()
+    if lib is None or np.dtype(dtype) not in kernels.SUFFIX:
+        return None
+    return kernels.typed(lib, f"{isa.target()}_packed_panels_{kernels.SUFFIX[np.dtype(dtype)]}",
+                         _PANELS_ARGS)
+
+
+def panel_width(dtype):
+    lib = kernels.library()
+    return getattr(lib, f"{isa.target()}_panel_width_{kernels.SUFFIX[np.dtype(dtype)]}")()
+
+
+def pack_panels(w, out=None, threads=1):
+    """The panels of weight ``w`` (k x m, row-major or the transpose of a row-major matrix) as
+    the panel kernel reads them, into ``out`` where it is large enough."""
+    (k, m), (ld, transposed) = w.shape, _matrix_layout(w)
+    width = panel_width(w.dtype)
+    size = -(-m // width) * width * k
+    if out is None or len(out) < size:
+        out = np.empty(size, dtype=w.dtype)
+    lib = kernels.library()
+    getattr(lib, f"{isa.target()}_pack_panels_{kernels.SUFFIX[w.dtype]}")(
+        ctypes.c_void_p(data_address(w)), ctypes.c_int64(ld), ctypes.c_int(transposed),
+        ctypes.c_int64(k), ctypes.c_int64(m), ctypes.c_void_p(data_address(out)),
+        ctypes.c_int(threads))
     return out
+
+
+_routing = threading.Lock()
+_routes_of = {}  # a loop library's handle -> its panel_rows table, {(slot, transposed): forced}
+_PANELS_ARGS = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                ctypes.c_int)
 
 
 class NativeLoop:
@@ -140,7 +154,16 @@ class NativeLoop:
         lib.minicavs_set_gemm(ctypes.c_void_p(calibrate.gemm(spec.dtype)[0]),
                               ctypes.c_void_p(calibrate.gemv(spec.dtype)[0]))
         lib.minicavs_set_blas_threads(ctypes.c_void_p(blas.threads_local()))
-        lib.minicavs_set_own_rows(ctypes.c_void_p(_own_rows(spec, lib).ctypes.data))
+        # (each product's route, per layout of its weight, measured at its first call in it;
+        # one table per library in the process, as the library's own)
+        self._panel_rows, self._routed = _routes_of.setdefault(lib._handle, (np.zeros(
+            (max(1, len(spec.slots)), 2, len(ROW_COUNTS)), dtype=np.int8), {}))
+        self._products = {slot for slot, _, _ in spec.products}
+        kernel = panel_kernel(spec.dtype)
+        if kernel is not None:
+            lib.minicavs_set_panels(ctypes.c_void_p(ctypes.cast(kernel, ctypes.c_void_p).value),
+                                    ctypes.c_int64(panel_width(spec.dtype)))
+        lib.minicavs_set_panel_rows(ctypes.c_void_p(self._panel_rows.ctypes.data))
         self._run = lib.minicavs_levels
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         self._run.argtypes = [i64, i64, i64, p, p, p, p, i64, p, i64, p, i64, i64, i64, i64, i64]
@@ -195,7 +218,8 @@ class NativeLoop:
         reversed, broadcast (stride 0), strided, unaligned or DLPack-shared arrays give the
         interpreter's values."""
         slots = self.spec.slots
-        pointers, strides = [0] * len(slots), [0] * (2 * len(slots))
+        # (strides: each slot's (ld, transposed), then each product's packed weight, or 0)
+        pointers, strides = [0] * len(slots), [0] * (3 * len(slots))
         widest = rows.widest
         if self._written is None:
             self._written = program.buffered | {part.key for part, *_ in program.aliases}
@@ -221,6 +245,10 @@ class NativeLoop:
                     array = np.ascontiguousarray(array)
                     layout = (array.shape[-1], 0) if array.ndim == 2 else (0, 0)
                 strides[2 * s.index: 2 * s.index + 2] = layout
+                if s.index in self._products and self._routes(s.index, layout[1]):
+                    packed = self._packed(s.index, array)
+                    keep.append(packed)
+                    strides[2 * len(slots) + s.index] = data_address(packed)
             elif s.kind == "scratch":
                 array = self._scratch_rows(s, widest)
             else:  # child
@@ -228,6 +256,31 @@ class NativeLoop:
             keep.append(array)
             pointers[s.index] = data_address(array)
         return np.array(pointers, dtype=np.uintp), np.array(strides, dtype=np.int64)
+
+    def _routes(self, slot, transposed):
+        """Whether a product of weight ``slot`` in that layout runs on the panels for some row
+        count: its ``panel_rows`` entries measured at its first call (cpu/calibrate.py), and
+        handed to the loop."""
+        forced = calibrate.forced()  # (MINICAVS_KERNELS: its choices, not the measured)
+        if self._routed.get((slot, transposed), 0) != forced:
+            with _routing:
+                if self._routed.get((slot, transposed), 0) != forced:
+                    self._panel_rows[slot, transposed] = _panel_rows(self.spec, self.dtype, slot,
+                                                                     transposed)
+                    self._lib.minicavs_set_panel_rows(
+                        ctypes.c_void_p(self._panel_rows.ctypes.data))
+                    self._routed[slot, transposed] = forced
+        return bool(self._panel_rows[slot, transposed].any())
+
+    def _packed(self, slot, w):
+        """Weight ``w`` packed for the panel kernel, into the thread's scratch for ``slot``
+        (the weight changes between calls: a training step; packed once for all levels)."""
+        arrays = getattr(self._scratch, "panels", None)
+        if arrays is None:
+            arrays = self._scratch.panels = {}
+        threads = 1 if build.forked_child() else team.team_size()
+        arrays[slot] = pack_panels(w, arrays.get(slot), threads)
+        return arrays[slot]
 
     def _scratch_rows(self, slot, rows):
         """Scratch of ``rows`` rows for ``slot``, reused from the thread's last call: fresh
