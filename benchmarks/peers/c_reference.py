@@ -3,7 +3,8 @@
 Not a framework: a prototype written for one model, the harness's own ``tree_lstm`` workload
 (and ``tree_lstm_256``), whose whole training step is one C call per batch (OpenMP split by
 hidden units, OpenBLAS single-threaded in each thread; see its README). It is built here with
-the system compiler and the flags of its Makefile, against SciPy's bundled OpenBLAS, into
+the system compiler and the flags of its Makefile (for ``MINICAVS_MARCH``'s target where that
+is set: :func:`flags`), against SciPy's bundled OpenBLAS, into
 minicavs's compiled-code cache, and run through the reference's own ``driver.py`` (loaded from
 the shared folder, not copied). Missing — with the reason — when the shared folder, a C
 compiler or SciPy's OpenBLAS is absent; other workloads are skipped by ``run.py``.
@@ -25,6 +26,17 @@ from benchmarks import common
 WORKLOADS = ("tree_lstm",)  # kinds it runs
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp",
          "-fPIC", "-w")
+
+
+def flags():
+    """Its Makefile's flags; with ``MINICAVS_MARCH`` set (the AVX2 build of minicavs's native
+    code, ``-march=x86-64-v3``, on any machine) built for that target too, as it would be on
+    such a CPU: the table of an AVX2 build compares two AVX2 builds."""
+    march = os.environ.get("MINICAVS_MARCH", "").strip()
+    if not march:
+        return FLAGS
+    return tuple(f"-march={march}" if f == "-march=native" else f for f in FLAGS
+                 if f != "-mprefer-vector-width=512")
 
 
 def folder():
@@ -65,12 +77,12 @@ def library():
     source = (folder() / "treelstm.c").read_bytes()
     compiler = os.environ.get("CC", "gcc")
     blas = _openblas()
-    key = hashlib.sha256(source + repr((FLAGS, compiler, str(blas))).encode()).hexdigest()[:24]
+    key = hashlib.sha256(source + repr((flags(), compiler, str(blas))).encode()).hexdigest()[:24]
     out = Path(build.cache_dir("c_reference")) / f"treelstm-{key}.so"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        subprocess.run([compiler, *FLAGS, "-shared", str(folder() / "treelstm.c"), "-o",
+        subprocess.run([compiler, *flags(), "-shared", str(folder() / "treelstm.c"), "-o",
                         str(tmp), f"-L{blas.parent}", f"-l:{blas.name}",
                         f"-Wl,-rpath,{blas.parent}", "-lm"], check=True, capture_output=True)
         os.replace(tmp, out)
