@@ -107,6 +107,21 @@ def test_a_benchmark_that_measured_nothing_is_not_a_result():
     assert run._measured_anything(report)
 
 
+def test_the_c_reference_is_built_for_the_avx2_build_s_target_where_one_is_asked_for(
+        monkeypatch):
+    """An AVX2 build of minicavs (``MINICAVS_MARCH``) is compared with the C reference built
+    for that target, as it would be on such a CPU; else the reference's own flags."""
+    from benchmarks.peers import c_reference
+
+    monkeypatch.delenv("MINICAVS_MARCH", raising=False)
+    assert c_reference.flags() == c_reference.FLAGS
+    monkeypatch.setenv("MINICAVS_MARCH", "x86-64-v3")
+    flags = c_reference.flags()
+    assert "-march=x86-64-v3" in flags and "-march=native" not in flags
+    assert not any(f.startswith("-mprefer-vector-width") for f in flags)
+    assert set(c_reference.FLAGS) - set(flags) == {"-march=native", "-mprefer-vector-width=512"}
+
+
 def test_benchmark_rounds_keep_each_systems_fastest_and_list_every_round():
     from benchmarks import run
 
