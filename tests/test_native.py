@@ -800,16 +800,16 @@ def test_the_loops_route_is_measured_per_product_layout_and_count(monkeypatch):
     assert codegen.ROW_COUNTS[:4] == (1, 2, 3, 4) and codegen.ROW_COUNTS[-1] == codegen.LAST_ROWS
     spec = SimpleNamespace(slots=range(3), products=((1, 16, 80),), dtype=np.float64)
     monkeypatch.setenv("MINICAVS_KERNELS", "own")
-    assert all(native._panel_rows(spec, np.float64, 1, 0))
+    assert all(native._panel_rows(spec, 1, 0))
     monkeypatch.setenv("MINICAVS_KERNELS", "blas")
-    assert not any(native._panel_rows(spec, np.float64, 1, 1))
+    assert not any(native._panel_rows(spec, 1, 1))
     monkeypatch.delenv("MINICAVS_KERNELS")
     asked = []
     monkeypatch.setattr(native, "_panel_wins", {})
     monkeypatch.setattr(calibrate, "own_is_faster",
                         lambda name, make, **kwargs: asked.append(name) or
                         name.split()[3].startswith("3x"))
-    entries = native._panel_rows(spec, np.float64, 1, 1)
+    entries = native._panel_rows(spec, 1, 1)
     asked = [name for name in asked if name.startswith("loop panels")]  # (not the gemm's own)
     assert all("16x80 Bᵀ" in name for name in asked)
     counts = [name.split()[3].split("x")[0] for name in asked]

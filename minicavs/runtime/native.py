@@ -60,13 +60,13 @@ def _generate(program):
 PROFILE = os.environ.get("MINICAVS_NATIVE_PROFILE", "") not in ("", "0")
 
 
-def _panel_rows(spec, dtype, slot, transposed):
+def _panel_rows(spec, slot, transposed):
     """The loop's ``panel_rows`` entries of one product's weight in one layout: for each entry
     of rows (``codegen.ROW_COUNTS``: a few rows by their count, more by their power of two),
     whether the library's panel kernel over the weight packed beats the BLAS on this machine
     (cpu/calibrate.py: measured once per CPU, BLAS and shape, then read from its file)."""
     (k, m), = {(k, m) for s, k, m in spec.products if s == slot}
-    return [_panels_win(dtype, rows, k, m, transposed) for rows in ROW_COUNTS]
+    return [_panels_win(spec.dtype, rows, k, m, transposed) for rows in ROW_COUNTS]
 
 
 # (dtype, rows, k, m, transposed) -> bool, for this process. The weight's own k and m, not
@@ -158,8 +158,9 @@ class NativeLoop:
         # one table per library in the process, as the library's own)
         self._panel_rows, self._routed = _routes_of.setdefault(lib._handle, (np.zeros(
             (max(1, len(spec.slots)), 2, len(ROW_COUNTS)), dtype=np.int8), {}))
-        self._products = {slot for slot, _, _ in spec.products}
         kernel = panel_kernel(spec.dtype)
+        # (the products' weights, where the library's panel kernel is there to run them)
+        self._products = {slot for slot, _, _ in spec.products} if kernel is not None else ()
         if kernel is not None:
             lib.minicavs_set_panels(ctypes.c_void_p(ctypes.cast(kernel, ctypes.c_void_p).value),
                                     ctypes.c_int64(panel_width(spec.dtype)))
@@ -265,7 +266,7 @@ class NativeLoop:
         if self._routed.get((slot, transposed), 0) != forced:
             with _routing:
                 if self._routed.get((slot, transposed), 0) != forced:
-                    self._panel_rows[slot, transposed] = _panel_rows(self.spec, self.dtype, slot,
+                    self._panel_rows[slot, transposed] = _panel_rows(self.spec, slot,
                                                                      transposed)
                     self._lib.minicavs_set_panel_rows(
                         ctypes.c_void_p(self._panel_rows.ctypes.data))
