@@ -226,7 +226,7 @@ def loop_table(rounds):
     the loop's choice (``runtime/native.py``)."""
     from minicavs.runtime import native
 
-    kernel = native.panel_kernel(np.float32)
+    kernel = products.panel_kernel(np.float32)
     gemm, gemv = calibrate.gemm(np.float32), calibrate.gemv(np.float32)
     lines = [f"| product | m x k x n | panels | BLAS 1 thr | the loop's BLAS ({gemm[2]}) | "
              f"choice | BLAS ÷ chosen |", "|---|---|---:|---:|---:|---|---:|"]
@@ -236,8 +236,8 @@ def loop_table(rounds):
         rng = np.random.default_rng(k * n)
         w = rng.standard_normal((n, k) if transposed else (k, n)).astype(np.float32)
         weight = w.T if transposed else w
-        packed = native.pack_panels(weight)
-        count = len(packed) // (k * native.panel_width(np.float32))
+        packed = products.pack_panels(weight)
+        count = len(packed) // (k * products.panel_width(np.float32))
         for m in ROWS:
             x = rng.standard_normal((m, k)).astype(np.float32)
             out = np.empty((m, n), np.float32)

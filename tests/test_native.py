@@ -897,16 +897,16 @@ def test_the_loops_panels_equal_numpy_for_every_range_layout_and_add(dtype):
     """The panel kernel as the level loop calls it (``packed_panels``): a range of panels (a
     thread's share), blocks of the target's rows and the rows past them, a last panel part
     full, w packed as stored or from its transpose, writing or adding into a wider out."""
-    from minicavs.runtime import native
+    from minicavs.cpu import products
 
-    kernel, width = native.panel_kernel(dtype), native.panel_width(dtype)
+    kernel, width = products.panel_kernel(dtype), products.panel_width(dtype)
     rng = np.random.default_rng(0)
     for n in (1, 3, 4, 7, 13):
         for m in (5, width, 2 * width + 3):
             for transposed in (0, 1):
                 k = 37
                 w = rng.standard_normal((m, k) if transposed else (k, m)).astype(dtype)
-                packed = native.pack_panels(w.T if transposed else w)
+                packed = products.pack_panels(w.T if transposed else w)
                 x = rng.standard_normal((n, k)).astype(dtype)
                 count = -(-m // width)
                 for p0, p1 in ((0, count), (count // 2, count)):

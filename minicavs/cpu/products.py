@@ -383,13 +383,7 @@ class _Panels:
 
     def packed(self):
         if self._packed is None:
-            (k, n), lib, suffix = self.b.shape, self.lib, self.suffix
-            width = getattr(lib, f"{self.prefix}_panel_width_{suffix}")()
-            self._packed = np.empty(-(-n // width) * width * k, dtype=self.b.dtype)
-            getattr(lib, f"{self.prefix}_pack_panels_{suffix}")(
-                kernels.pointer(self.b), ctypes.c_int64(k if self.transposed else n),
-                ctypes.c_int(self.transposed), ctypes.c_int64(k), ctypes.c_int64(n),
-                kernels.pointer(self._packed), ctypes.c_int(self.threads))
+            self._packed = pack_panels(self.b, threads=self.threads)
         return self._packed
 
     def run(self, a, out=None):
@@ -424,6 +418,43 @@ class _Panels:
                 return lambda: packed_matmul(x, b, measured=False), _otherwise(x, b)
             wins = _wins[key] = calibrate.own_is_faster(name, make, self.threads)
         return wins
+
+
+def pack_panels(w, out=None, threads=1):
+    """The panels of a weight ``w`` (k x m, read as :func:`blas.operand` reads it: row-major
+    or the transpose of a row-major matrix) as this CPU's panel kernel reads them, into
+    ``out`` where it is large enough: for :class:`_Panels` and the native level loops'
+    products (``runtime/native.py``)."""
+    transposed, ld, w = blas.operand(w)
+    k, m = w.shape
+    width = panel_width(w.dtype)
+    size = -(-m // width) * width * k
+    if out is None or len(out) < size:
+        out = np.empty(size, dtype=w.dtype)
+    getattr(kernels.library(), f"{isa.target()}_pack_panels_{SUFFIX[w.dtype]}")(
+        kernels.pointer(w), ctypes.c_int64(ld), ctypes.c_int(transposed), ctypes.c_int64(k),
+        ctypes.c_int64(m), kernels.pointer(out), ctypes.c_int(threads))
+    return out
+
+
+def panel_width(dtype):
+    """The columns of a panel of this CPU's panel kernel (its target's vector block)."""
+    return getattr(kernels.library(), f"{isa.target()}_panel_width_{SUFFIX[np.dtype(dtype)]}")()
+
+
+def panel_kernel(dtype):
+    """This CPU's ``packed_panels`` for ``dtype`` (a range of panels on the calling thread,
+    writing or adding), its arguments declared, or None (no native kernels)."""
+    lib = kernels.library()
+    if lib is None or np.dtype(dtype) not in SUFFIX:
+        return None
+    return kernels.typed(lib, f"{isa.target()}_packed_panels_{SUFFIX[np.dtype(dtype)]}",
+                         _PANELS_ARGS)
+
+
+_PANELS_ARGS = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                ctypes.c_int)
 
 
 def _otherwise(a, b):

@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-from ..cpu import blas, build, calibrate, isa, kernels, products, team
+from ..cpu import blas, build, calibrate, isa, products, team
 from ..cpu.kernels import data_address
 from ..ops.batching import row_domain
 from .codegen import ACTIONS, INTO_CHILDREN, ONTO_CHILDREN, ROW_COUNTS, VARIANTS
@@ -93,10 +93,10 @@ def _panels_win(dtype, rows, k, m, transposed):
             x = rng.standard_normal((rows, k)).astype(dtype)
             w = rng.standard_normal((m, k) if transposed else (k, m)).astype(dtype)
             out = np.empty((rows, m), dtype=dtype)
-            packed = pack_panels(w.T if transposed else w)
-            own = panel_kernel(dtype)
+            packed = products.pack_panels(w.T if transposed else w)
+            own = products.panel_kernel(dtype)
             args = (x.ctypes.data, k, packed.ctypes.data, rows, m, k, out.ctypes.data, m, 0,
-                    len(packed) // (k * panel_width(dtype)), 0)
+                    len(packed) // (k * products.panel_width(dtype)), 0)
             other = calibrate.one_thread_gemv if one_row else calibrate.one_thread_gemm
             return (lambda keep=(x, packed, out): own(*args),  # (one thread each, as a team's
                     other(gemm[:2], x, w.T if transposed else w, out))  # member calls them)
@@ -105,42 +105,8 @@ def _panels_win(dtype, rows, k, m, transposed):
     return wins
 
 
-def panel_kernel(dtype):
-    """The library's ``packed_panels`` for ``dtype`` of this CPU's target (cpu/isa.py), its
-    arguments declared, or None (no native kernels)."""
-    lib = kernels.library()
-    if lib is None or np.dtype(dtype) not in kernels.SUFFIX:
-        return None
-    return kernels.typed(lib, f"{isa.target()}_packed_panels_{kernels.SUFFIX[np.dtype(dtype)]}",
-                         _PANELS_ARGS)
-
-
-def panel_width(dtype):
-    lib = kernels.library()
-    return getattr(lib, f"{isa.target()}_panel_width_{kernels.SUFFIX[np.dtype(dtype)]}")()
-
-
-def pack_panels(w, out=None, threads=1):
-    """The panels of weight ``w`` (k x m, row-major or the transpose of a row-major matrix) as
-    the panel kernel reads them, into ``out`` where it is large enough."""
-    (k, m), (ld, transposed) = w.shape, _matrix_layout(w)
-    width = panel_width(w.dtype)
-    size = -(-m // width) * width * k
-    if out is None or len(out) < size:
-        out = np.empty(size, dtype=w.dtype)
-    lib = kernels.library()
-    getattr(lib, f"{isa.target()}_pack_panels_{kernels.SUFFIX[w.dtype]}")(
-        ctypes.c_void_p(data_address(w)), ctypes.c_int64(ld), ctypes.c_int(transposed),
-        ctypes.c_int64(k), ctypes.c_int64(m), ctypes.c_void_p(data_address(out)),
-        ctypes.c_int(threads))
-    return out
-
-
 _routing = threading.Lock()
 _routes_of = {}  # a loop library's handle -> its panel_rows table, {(slot, transposed): forced}
-_PANELS_ARGS = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                ctypes.c_int)
 
 
 class NativeLoop:
@@ -158,12 +124,12 @@ class NativeLoop:
         # one table per library in the process, as the library's own)
         self._panel_rows, self._routed = _routes_of.setdefault(lib._handle, (np.zeros(
             (max(1, len(spec.slots)), 2, len(ROW_COUNTS)), dtype=np.int8), {}))
-        kernel = panel_kernel(spec.dtype)
+        kernel = products.panel_kernel(spec.dtype)
         # (the products' weights, where the library's panel kernel is there to run them)
         self._products = {slot for slot, _, _ in spec.products} if kernel is not None else ()
         if kernel is not None:
             lib.minicavs_set_panels(ctypes.c_void_p(ctypes.cast(kernel, ctypes.c_void_p).value),
-                                    ctypes.c_int64(panel_width(spec.dtype)))
+                                    ctypes.c_int64(products.panel_width(spec.dtype)))
         lib.minicavs_set_panel_rows(ctypes.c_void_p(self._panel_rows.ctypes.data))
         self._run = lib.minicavs_levels
         p, i64 = ctypes.c_void_p, ctypes.c_int64
@@ -280,7 +246,7 @@ class NativeLoop:
         if arrays is None:
             arrays = self._scratch.panels = {}
         threads = 1 if build.forked_child() else team.team_size()
-        arrays[slot] = pack_panels(w, arrays.get(slot), threads)
+        arrays[slot] = products.pack_panels(w, arrays.get(slot), threads)
         return arrays[slot]
 
     def _scratch_rows(self, slot, rows):
