@@ -283,6 +283,16 @@ def test_a_choice_is_measured_once_kept_on_disk_and_read_back(fresh_calibration,
     assert stored["demo2"][2] == 2  # (a loss: looked at twice)
 
 
+def test_the_own_kernel_must_win_by_the_margin_and_by_more_than_the_timers_jitter():
+    us = 1e-6
+    assert calibrate.wins((50 * us, 100 * us)) and calibrate.wins((7 * us, 10 * us))
+    assert not calibrate.wins((97 * us, 100 * us))  # (within MARGIN: equal within the noise)
+    # a 14 % gain of 1.7 us: the level loop's panels of 2 x 256 x 640 read so at one look,
+    # then timed at 14 us against the gemm's 11 beside it
+    assert not calibrate.wins((9.9 * us, 11.6 * us))
+    assert not calibrate.wins((10 * us, 9 * us))
+
+
 def test_a_close_call_is_measured_again_now_and_once_more_by_a_later_process(
         fresh_calibration, monkeypatch):
     """Own ÷ BLAS within ``CLOSE``, or a loss: measured a second time at once, the best of both

@@ -38,8 +38,12 @@ CHOICES = ("measure", "own", "blas")
 ROUNDS = (2, 9)  # timed rounds of each: at least, at most
 # The own kernel must beat the BLAS by this much: closer, the two are equal within the noise
 # of a shared machine (repeated measurements of one pair differ by several percent), and the
-# BLAS is kept.
+# BLAS is kept. A product of a few microseconds must also gain MIN_GAIN: two such calls timed
+# at once differ by a microsecond or two (seen, the level loop's panels of 2 x 256 x 640 chosen
+# at 9.9 us against the gemm's 11.6, then timed at 14 against 11 beside it), which a ratio
+# alone reads as a clear win.
 MARGIN = 0.95
+MIN_GAIN = 2e-6  # seconds
 # Own ÷ BLAS between these is a close call: measured a second time (the best of both kept),
 # and a third time by a later process. One sample of a large product decided alone (seen: the
 # team's Xᵀ·G of a Tree-FC batch timed at 52.6 ms against BLAS's 53.8 — BLAS on one thread; the
@@ -425,7 +429,7 @@ def _drop_older(table, name):
 
 def wins(times):
     """Whether measured ``(own, BLAS)`` seconds choose the own kernel."""
-    return times[0] < MARGIN * times[1]
+    return times[0] < MARGIN * times[1] and times[1] - times[0] > MIN_GAIN
 
 
 def free_cores():
