@@ -99,6 +99,41 @@ def test_the_c_recorder_tells_forms_apart_by_their_data_dtypes_and_shapes():
     assert len([label for label in labels if label.startswith("take_rows ")]) == 2  # two lengths
 
 
+def test_the_c_recorder_tells_forms_apart_by_their_integer_attributes():
+    """Concats along axis 0 and 1 taking turns, the axis also given by an attribute name built
+    at run time (another string object of the same name): recorded as the Python recorder records them, one signature per axis, each value the eager
+    one."""
+    from minicavs.ops.registry import apply
+    from minicavs.ops.shape import CONCAT
+
+    p = _params(2)
+    name = "".join(["ax", "is"])  # (not the interned literal)
+    inputs = [np.random.default_rng(k).standard_normal((2, 2)).astype(np.float32)
+              for k in range(4)]
+
+    def program(keep=None):
+        outs = []
+        for k, a in enumerate(inputs):
+            x = mc.tanh(mc.tensor(a) @ p["W1"][:2, :2])
+            both = (mc.concat([x, x], axis=k % 2) if k < 2 else
+                    apply(CONCAT, x, x, **{name: k % 2}))
+            outs.append(mc.sum(both))
+            if keep is not None:
+                keep.append(both)
+        return mc.sum(mc.stack(outs))
+
+    _same_recording(program)
+    labels = _signature_labels(program)
+    assert len([label for label in labels if label.startswith("concat (2, 2)")]) == 2
+    kept = []
+    with mc.autobatch("agenda+"):
+        program(kept)
+        got = [v.numpy() for v in kept]
+    for k, (a, value) in enumerate(zip(inputs, got)):
+        x = np.tanh(a @ p["W1"].numpy()[:2, :2])
+        np.testing.assert_allclose(value, np.concatenate([x, x], axis=k % 2), rtol=1e-6)
+
+
 def test_the_c_recorder_keeps_the_forms_of_data_dtypes_taking_turns():
     """Ids of ten integer dtypes taking turns with float data (more than the eight dtypes the
     C recorder holds at once, so it forgets them and its forms along the way): recorded as the

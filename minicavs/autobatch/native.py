@@ -101,6 +101,10 @@ struct Recorder {
   int num_dtypes;
   Py_ssize_t dtypes_forgotten;  // (counted: a call that saw it happen does not keep its form)
   PyObject *no_axes;
+  // The attribute names met (each its own key): a call's integer attributes are part of its
+  // form as (this name object, value) words, so a name met by another object is still one
+  // word, and the object a word points at lives as long as the recorder.
+  PyObject *attr_names;
   Offsets at;
   // The call forms met in this scope, by their words (record_known), each with the entry of
   // scope._known it found: a form met again costs no key tuple, no ints and no dict lookup.
@@ -413,6 +417,13 @@ const DataType *data_type(Recorder *r, PyObject *dtype) {
   return &t;
 }
 
+// The recorder's own object for attribute ``name`` (borrowed), or nullptr with an error.
+PyObject *attr_name(Recorder *r, PyObject *name) {
+  PyObject *held = PyDict_GetItemWithError(r->attr_names, name);
+  if (held || PyErr_Occurred()) return held;
+  return PyDict_SetItem(r->attr_names, name, name) < 0 ? nullptr : name;
+}
+
 PyObject *record_known(Recorder *r, PyObject *op, PyObject *args, PyObject *attrs) {
   if (PyList_GET_SIZE(r->tracing)) Py_RETURN_NONE;
   if ((op == r->slice_op || op == r->reshape_op) && PyTuple_GET_SIZE(args) >= 1) {
@@ -433,11 +444,32 @@ PyObject *record_known(Recorder *r, PyObject *op, PyObject *args, PyObject *attr
   words[1] = reinterpret_cast<uintptr_t>(r->grad_enabled);
   PyObject *shapes[64] = {nullptr}, *codes[64] = {nullptr};  // (new references)
   const Py_ssize_t dtypes_forgotten = r->dtypes_forgotten;
-  bool needs_grad = false, cacheable = PyDict_GET_SIZE(attrs) == 0;
+  bool needs_grad = false, cacheable = true;
   auto word = [&](uintptr_t w) {
     if (nwords < kFormWords) words[nwords] = w;
     ++nwords;
   };
+  // Integer attributes (concat's axis) as words; any other (a shape, a float) keeps the form
+  // out of the slots: its key tuple is looked up each call.
+  Py_ssize_t pos = 0;
+  PyObject *name, *value;
+  while (PyDict_Next(attrs, &pos, &name, &value)) {
+    if (!PyUnicode_CheckExact(name) || !PyLong_CheckExact(value)) {
+      cacheable = false;
+      break;
+    }
+    const Py_ssize_t v = PyLong_AsSsize_t(value);
+    PyObject *held = v == -1 && PyErr_Occurred() ? nullptr : attr_name(r, name);
+    if (!held) {
+      if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return nullptr;
+      PyErr_Clear();
+      cacheable = false;
+      break;
+    }
+    word(4);
+    word(reinterpret_cast<uintptr_t>(held));
+    word(static_cast<uintptr_t>(v));
+  }
   auto release = [&]() {
     for (Py_ssize_t k = 0; k < nargs; ++k) {
       Py_XDECREF(shapes[k]);
@@ -573,7 +605,7 @@ void recorder_dealloc(PyObject *self) {
   PyObject_GC_UnTrack(self);
   for (PyObject **p : {&r->scope, &r->state, &r->known, &r->tracing, &r->grad_enabled,
                        &r->slice_op, &r->reshape_op, &r->views_by_id, &r->view_key, &r->learn,
-                       &r->no_axes})
+                       &r->no_axes, &r->attr_names})
     Py_CLEAR(*p);
   forget_dtypes(r);
   for (FormSlot &f : r->forms) Py_CLEAR(f.known);
@@ -714,12 +746,13 @@ extern "C" PyObject *make_recorder(PyObject *scope, PyObject *types, PyObject *t
   r->num_dtypes = 0;
   r->dtypes_forgotten = 0;
   r->no_axes = PyTuple_New(0);
+  r->attr_names = PyDict_New();
   r->at = at;
   for (FormSlot &f : r->forms) {
     f.n = 0;
     f.known = nullptr;
   }
-  if (!r->no_axes) {
+  if (!r->no_axes || !r->attr_names) {
     Py_DECREF(reinterpret_cast<PyObject *>(r));
     return nullptr;
   }
