@@ -61,8 +61,9 @@ inline void put(PyObject *o, Py_ssize_t offset, PyObject *value) {  // steals va
 }
 
 // A call form as words: the op, the grad mode, then per operand a tag and what identifies it
-// (a lazy value's aval, a parameter, a data operand's dtype code and shape) — what the key
-// tuple of scope.record_known holds, by identity. Forms with attributes are not cached.
+// (a lazy value's aval, a parameter, a data operand's dtype code and shape), then per integer
+// attribute its name and value — what the key tuple of scope.record_known holds, by identity.
+// Forms with other attributes (a shape, a float) are not cached.
 constexpr int kFormWords = 32, kFormSlots = 128, kFormProbes = 4;
 constexpr uintptr_t kViewMark = 9;  // words[1] of a view's form (a call's: a grad mode object)
 // A data operand's dtype, its .str (held: the forms' words name a dtype by this object) and
