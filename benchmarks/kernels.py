@@ -128,6 +128,8 @@ def table(rounds, quick):
                  f"{worst['BLAS']:.2f}× (BLAS: NumPy's call on one thread, what runs inside a "
                  f"native call when the library declines; '-': the team does not run, one "
                  f"core free)")
+    if worst["own"] < LOSING:
+        lines.append(MEASURE_AGAIN)
     return "\n".join(lines)
 
 
@@ -260,7 +262,18 @@ def loop_table(rounds):
                          f"{'panels' if wins else 'BLAS'} | {speed:.2f}× |")
     lines.append(f"\nworst BLAS ÷ chosen (the level loop's products): {worst:.2f}× (against the "
                  f"loop's BLAS, its column: what the loop calls where the panels lose)")
+    if worst < LOSING:
+        lines.append(MEASURE_AGAIN)
     return "\n".join(lines)
+
+
+# A choice below this in a table is worth measuring again: the choices are measured once per
+# CPU, BLAS and build, and a shared machine's speeds move between sessions (seen: the AVX2
+# panels of 16 x 512 x 2048 chosen at 456 us against 574, timed at 551 against 476 later).
+LOSING = 0.9
+MEASURE_AGAIN = ("a choice measured earlier loses here now (the machine's load or its BLAS "
+                 "changed since?): `python -m minicavs doctor --measure-again` forgets the "
+                 "measured choices, and each is measured anew at its next use")
 
 
 def _panels(p, x, W, out):

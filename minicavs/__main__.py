@@ -18,12 +18,17 @@ def _configure_doctor(parser):
                           "whether a GPU is visible; one kernel compiled with NVRTC and CuPy and "
                           "run through the g++ shim). Each line says what is missing and how to "
                           "get it; the last line is 'status: ok' or what is broken.")
+    parser.add_argument("--measure-again", action="store_true",
+                        help="forget this machine's measured kernel choices (own kernel or "
+                             "BLAS, team or one thread) and measure them anew: after the "
+                             "machine's load or its BLAS changed, or where benchmarks/kernels.py "
+                             "shows a choice losing")
 
 
 def _run_doctor(args):
     from .doctor import run_doctor
 
-    return run_doctor()
+    return run_doctor(measure_again=args.measure_again)
 
 
 def _configure_train(parser):

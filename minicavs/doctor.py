@@ -18,10 +18,19 @@ from .errors import MinicavsError
 from .runtime.backends import interpreter_only
 
 
-def run_doctor(file=None):
-    """Print the report to ``file`` (stdout); return 0, or 1 if a present piece is broken."""
+def run_doctor(file=None, measure_again=False):
+    """Print the report to ``file`` (stdout); return 0, or 1 if a present piece is broken.
+    ``measure_again``: this machine's kernel choices are forgotten first, and measured anew."""
     file = file or sys.stdout
     report = []
+    if measure_again:
+        try:
+            gone = calibrate.forget()
+            report.append(("kernel choices", f"forgotten ({gone or 'none were kept'}): each is "
+                           f"measured again at its first use", None, False))
+        except OSError as exc:
+            report.append(("kernel choices", f"could not be forgotten: {exc}",
+                           f"remove {calibrate.path()} by hand", True))
     cuda_doctor.probe(report)
     _probe_native(report)
     from . import __version__

@@ -912,6 +912,40 @@ def test_the_doctor_prints_the_target_and_every_choice_with_its_times(fresh_cali
     assert ("-mprefer-vector-width=512" in flags) == (isa.target() == "avx512")
 
 
+def test_forgotten_choices_are_measured_again_and_the_doctor_forgets_them(fresh_calibration,
+                                                                          monkeypatch):
+    """``calibrate.forget`` (``doctor --measure-again``) removes this build's file of choices:
+    a choice kept there is measured anew at its next use, by this process and the next."""
+    import io
+
+    from minicavs.__main__ import build_parser
+    from minicavs.doctor import run_doctor
+
+    slow = lambda: sum(range(20000))  # noqa: E731
+    made = []
+
+    def make(first, second):
+        made.append(1)
+        return first, second
+
+    assert calibrate.own_is_faster("demo", lambda: make(lambda: None, slow)) is True
+    calibrate.flush()
+    assert os.path.exists(calibrate.path())
+    assert calibrate.forget() == calibrate.path() and not os.path.exists(calibrate.path())
+    assert calibrate.forget() is None  # (nothing kept: nothing to remove)
+    # measured again, now the other way round: the new verdict stands, the old is gone
+    assert calibrate.own_is_faster("demo", lambda: make(slow, lambda: None)) is False
+    assert len(made) >= 2 and calibrate.measured()["demo"][0] > calibrate.measured()["demo"][1]
+    calibrate.flush()
+
+    text = io.StringIO()
+    assert run_doctor(text, measure_again=True) == 0
+    assert any("kernel choices" in x and "forgotten" in x and calibrate.path() in x
+               for x in text.getvalue().splitlines())
+    assert "demo" not in calibrate.measured()  # (the doctor measured its own products anew)
+    assert build_parser().parse_args(["doctor", "--measure-again"]).measure_again
+
+
 def test_an_avx2_build_is_asked_for_by_minicavs_march(monkeypatch, tmp_path):
     """``MINICAVS_MARCH=x86-64-v3`` (with ``MINICAVS_CPU_TARGET=avx2``): the AVX2 build an
     AVX-512 machine runs too, cached apart from the native one, and it runs here."""

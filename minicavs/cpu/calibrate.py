@@ -620,6 +620,24 @@ def _save(name, times):
             _write()
 
 
+def forget():
+    """Drop every choice measured on this CPU, BLAS and build (the file of :func:`path`): each
+    is measured again at its first use, by every later process and by this one where it has
+    not made the choice yet — for a machine whose conditions changed since its choices were
+    measured (``python -m minicavs doctor --measure-again``). Returns the file's path, or None
+    where there was none; an OSError where it cannot be removed."""
+    global _table
+    with _lock:
+        _unsaved.clear()
+        _looked_here.clear()
+        _table = {}
+        try:
+            os.remove(path())
+        except FileNotFoundError:
+            return None
+        return path()
+
+
 def flush():
     """Write the measurements not yet in the file (called at exit)."""
     with _lock:
