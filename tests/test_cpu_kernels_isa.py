@@ -601,11 +601,41 @@ def test_a_calls_team_is_not_shrunk_by_work_that_shows_for_a_moment(monkeypatch)
     """Other work seen once is looked at again: the most free cores of up to three reads size
     the call's team; work that shows in every read shrinks it."""
     monkeypatch.setattr(calibrate, "team_size", lambda: 2)
+    monkeypatch.delenv(calibrate.ENVIRONMENT, raising=False)
     for reads, team in (([1, 2], 2), ([1, 1, 2], 2), ([1, 1, 1], 1), ([2], 2)):
+        monkeypatch.setattr(calibrate, "_busy_until", [0.0, 1])  # (each case read afresh)
         reads = iter(reads)
         monkeypatch.setattr(calibrate, "free_cores", lambda: next(reads))
         assert calibrate.free_cores_for_a_call(pause=0) == team
         assert next(reads, None) is None  # (no read more than needed)
+
+
+def test_work_seen_in_every_read_stands_for_a_moment(monkeypatch):
+    """A call that found other work in all its reads sizes the calls of the next
+    ``FREE_SECONDS`` without reading or pausing; after the moment, read again; a forced
+    choice reads nothing kept."""
+    monkeypatch.setattr(calibrate, "team_size", lambda: 2)
+    monkeypatch.delenv(calibrate.ENVIRONMENT, raising=False)
+    monkeypatch.setattr(calibrate, "_busy_until", [0.0, 1])
+    clock = [100.0]
+    monkeypatch.setattr(calibrate, "_now", lambda: clock[0])
+    read = []
+    found = [1]
+    monkeypatch.setattr(calibrate, "free_cores", lambda: read.append(1) or found[0])
+    monkeypatch.setattr(calibrate.time, "sleep", lambda s: pytest.fail("paused within the moment")
+                        if len(read) > 3 else None)
+    assert calibrate.free_cores_for_a_call() == 1 and len(read) == 3
+    found = [2]  # (the work ended: not seen within the moment)
+    clock[0] += calibrate.FREE_SECONDS / 2
+    assert calibrate.free_cores_for_a_call() == 1 and len(read) == 3
+    clock[0] += calibrate.FREE_SECONDS
+    assert calibrate.free_cores_for_a_call() == 2 and len(read) == 4
+    found = [1]
+    monkeypatch.setattr(calibrate.time, "sleep", lambda s: None)
+    assert calibrate.free_cores_for_a_call() == 1 and len(read) == 7
+    monkeypatch.setenv(calibrate.ENVIRONMENT, "own")  # (forced: the kept reading is not used)
+    found = [2]
+    assert calibrate.free_cores_for_a_call() == 2 and len(read) == 8
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/loadavg"), reason="no /proc/loadavg here")
