@@ -228,7 +228,6 @@ def loop_table(rounds):
     the loop's choice (``runtime/native.py``)."""
     from minicavs.runtime import native
 
-    kernel = products.panel_kernel(np.float32)
     gemm, gemv = calibrate.gemm(np.float32), calibrate.gemv(np.float32)
     lines = [f"| product | m x k x n | panels | BLAS 1 thr | the loop's BLAS ({gemm[2]}) | "
              f"choice | BLAS ÷ chosen |", "|---|---|---:|---:|---:|---|---:|"]
@@ -239,18 +238,17 @@ def loop_table(rounds):
         w = rng.standard_normal((n, k) if transposed else (k, n)).astype(np.float32)
         weight = w.T if transposed else w
         packed = products.pack_panels(weight)
-        count = len(packed) // (k * products.panel_width(np.float32))
         for m in ROWS:
             x = rng.standard_normal((m, k)).astype(np.float32)
             out = np.empty((m, n), np.float32)
-            args = (x.ctypes.data, k, packed.ctypes.data, m, n, k, out.ctypes.data, n, 0, count, 0)
+            panels = products.panels_call(x, packed, out)
             # (what the loop calls where the panels lose: its library's gemm, the gemv at one
             # row — the other side of the choice, runtime/native.py)
             loop_blas = calibrate.one_thread_gemv(gemv[:2], x, weight, out) \
                 if m == 1 and gemv[0] is not None else \
                 calibrate.one_thread_gemm(gemm[:2], x, weight, out)
             with team.one_blas_thread():
-                times = best([lambda: kernel(*args), lambda: np.matmul(x, weight, out=out),
+                times = best([panels, lambda: np.matmul(x, weight, out=out),
                               loop_blas], rounds)
             wins = native._panels_win(np.float32, m, k, n, int(transposed))
             # (against what the loop runs otherwise, its BLAS called as the panels are: NumPy's

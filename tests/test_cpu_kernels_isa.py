@@ -576,21 +576,27 @@ def test_free_cores_count_this_processes_threads_around_the_systems_count(monkey
     assert calibrate.free_cores() == 4
 
 
+def _counted_reads(monkeypatch, name, found):
+    """``calibrate.<name>`` answering ``found[0]`` (a team of two, nothing forced), each
+    answer counted, under a clock the test moves: ``(clock, reads)``."""
+    monkeypatch.delenv(calibrate.ENVIRONMENT, raising=False)
+    monkeypatch.setattr(calibrate, "team_size", lambda: 2)
+    clock, reads = [100.0], []
+    monkeypatch.setattr(calibrate, "_now", lambda: clock[0])
+    monkeypatch.setattr(calibrate, name, lambda: reads.append(1) or found[0])
+    return clock, reads
+
+
 def test_a_reading_with_every_core_free_stands_for_a_moment(monkeypatch):
     """After a reading that found every core free, the next calls within ``FREE_SECONDS`` read
     nothing; a reading that found other work stands for no call; after the moment, read again."""
-    monkeypatch.delenv(calibrate.ENVIRONMENT, raising=False)
-    monkeypatch.setattr(calibrate, "team_size", lambda: 2)
     monkeypatch.setattr(calibrate, "_all_free_until", [0.0])
-    clock = [100.0]
-    monkeypatch.setattr(calibrate, "_now", lambda: clock[0])
-    read = []
-    monkeypatch.setattr(calibrate, "_read_free_cores", lambda: read.append(1) or found[0])
     found = [1]
+    clock, read = _counted_reads(monkeypatch, "_read_free_cores", found)
     assert calibrate.free_cores() == 1 and calibrate.free_cores() == 1 and len(read) == 2
-    found = [2]
+    found[0] = 2
     assert calibrate.free_cores() == 2 and len(read) == 3
-    found = [1]  # (other work began: not seen within the moment)
+    found[0] = 1  # (other work began: not seen within the moment)
     clock[0] += calibrate.FREE_SECONDS / 2
     assert calibrate.free_cores() == 2 and len(read) == 3
     clock[0] += calibrate.FREE_SECONDS
@@ -614,27 +620,22 @@ def test_work_seen_in_every_read_stands_for_a_moment(monkeypatch):
     """A call that found other work in all its reads sizes the calls of the next
     ``FREE_SECONDS`` without reading or pausing; after the moment, read again; a forced
     choice reads nothing kept."""
-    monkeypatch.setattr(calibrate, "team_size", lambda: 2)
-    monkeypatch.delenv(calibrate.ENVIRONMENT, raising=False)
     monkeypatch.setattr(calibrate, "_busy_until", [0.0, 1])
-    clock = [100.0]
-    monkeypatch.setattr(calibrate, "_now", lambda: clock[0])
-    read = []
     found = [1]
-    monkeypatch.setattr(calibrate, "free_cores", lambda: read.append(1) or found[0])
+    clock, read = _counted_reads(monkeypatch, "free_cores", found)
     monkeypatch.setattr(calibrate.time, "sleep", lambda s: pytest.fail("paused within the moment")
                         if len(read) > 3 else None)
     assert calibrate.free_cores_for_a_call() == 1 and len(read) == 3
-    found = [2]  # (the work ended: not seen within the moment)
+    found[0] = 2  # (the work ended: not seen within the moment)
     clock[0] += calibrate.FREE_SECONDS / 2
     assert calibrate.free_cores_for_a_call() == 1 and len(read) == 3
     clock[0] += calibrate.FREE_SECONDS
     assert calibrate.free_cores_for_a_call() == 2 and len(read) == 4
-    found = [1]
+    found[0] = 1
     monkeypatch.setattr(calibrate.time, "sleep", lambda s: None)
     assert calibrate.free_cores_for_a_call() == 1 and len(read) == 7
     monkeypatch.setenv(calibrate.ENVIRONMENT, "own")  # (forced: the kept reading is not used)
-    found = [2]
+    found[0] = 2
     assert calibrate.free_cores_for_a_call() == 2 and len(read) == 8
 
 

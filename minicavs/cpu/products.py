@@ -452,6 +452,19 @@ def panel_kernel(dtype):
                          _PANELS_ARGS)
 
 
+def panels_call(x, packed, out):
+    """A call of the panel kernel over all panels on the calling thread (a team member's
+    share) of ``out = x . w``, ``w`` packed by :func:`pack_panels` — the level loop's product
+    as it is measured (``runtime/native.py``, ``benchmarks/kernels.py``). Rows of ``x`` and
+    ``out`` packed (C order)."""
+    (rows, k), m, item = x.shape, out.shape[1], x.itemsize
+    kernel = panel_kernel(x.dtype)
+    args = (x.ctypes.data, x.strides[0] // item, packed.ctypes.data, rows, m, k,
+            out.ctypes.data, out.strides[0] // item, 0, len(packed) // (k * panel_width(x.dtype)),
+            0)
+    return lambda keep=(x, packed, out): kernel(*args)  # (the arrays live as long as the call)
+
+
 _PANELS_ARGS = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                 ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                 ctypes.c_int)

@@ -93,13 +93,10 @@ def _panels_win(dtype, rows, k, m, transposed):
             x = rng.standard_normal((rows, k)).astype(dtype)
             w = rng.standard_normal((m, k) if transposed else (k, m)).astype(dtype)
             out = np.empty((rows, m), dtype=dtype)
-            packed = products.pack_panels(w.T if transposed else w)
-            own = products.panel_kernel(dtype)
-            args = (x.ctypes.data, k, packed.ctypes.data, rows, m, k, out.ctypes.data, m, 0,
-                    len(packed) // (k * products.panel_width(dtype)), 0)
+            own = products.panels_call(x, products.pack_panels(w.T if transposed else w), out)
             other = calibrate.one_thread_gemv if one_row else calibrate.one_thread_gemm
-            return (lambda keep=(x, packed, out): own(*args),  # (one thread each, as a team's
-                    other(gemm[:2], x, w.T if transposed else w, out))  # member calls them)
+            return own, other(gemm[:2], x, w.T if transposed else w, out)  # (one thread each,
+            # as a team's member calls them)
         with team.one_blas_thread():
             wins = _panel_wins[key] = calibrate.own_is_faster(name, make)
     return wins
