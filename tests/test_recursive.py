@@ -7,6 +7,7 @@ computes every branch and picks one per vertex with ``mc.where`` (masked work).
 """
 
 import dataclasses
+import threading
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import given, strategies as st
 import minicavs as mc
 from minicavs.vertex import evaluate_per_sample
 from graph_strategies import forests
+from threads import run_in_threads
 from vertex_cells import recursive_tree_lstm
 
 E, H, C, ARITY = 3, 4, 2, 3
@@ -275,6 +277,48 @@ def test_recursive_on_one_input_graph_traces_each_kind_once():
     assert "gather %" not in text.split("kind arity 2:")[0]  # the leaf's program gathers nothing
     leaf_program = model.kinds[(0, None)].program
     assert leaf_program.core == () and not leaf_program.gathers_from
+
+
+
+def test_a_call_while_another_thread_traces_is_a_call():
+    """One thread traces a kind (its definition part-way through) while another calls the
+    same function: the second call is a call of its own, not a call on a child inside the
+    first one's trace (the traced node was one for the whole object: it raised), and a kind
+    both threads meet first is traced once, with one id."""
+    tracing, called = threading.Event(), threading.Event()
+    U = mc.Parameter(np.array([[0.5, -1.0], [0.25, 2.0]]))
+    slow = threading.local()
+
+    @mc.recursive(scatter_shape=(2,), pull_shape=(2,), dtype="float64")
+    def model(node):
+        if getattr(slow, "on", False) and node.is_leaf:
+            tracing.set()
+            called.wait(0.5)  # (the other thread's call comes in now; it waits for the kinds)
+        h = node.pull() @ U
+        for child in node.children:
+            h = h + model(child)
+        return mc.tanh(h)
+
+    leaf, pair = mc.InputGraph([[]]), mc.InputGraph([[], [], [0, 1]])
+    X1, X3 = np.array([[1.0, -1.0]]), np.array([[1.0, -1.0], [0.5, 2.0], [0.0, 1.0]])
+    seen = {}
+
+    def work(k):
+        if k == 0:
+            slow.on = True
+            seen[0] = model(leaf, pull=mc.tensor(X1)).numpy()
+        else:
+            tracing.wait(10)
+            called.set()
+            seen[1] = model(pair, pull=mc.tensor(X3)).numpy()
+
+    run_in_threads(work, 2)
+    u = U.numpy()
+    np.testing.assert_allclose(seen[0], np.tanh(X1 @ u), rtol=1e-12)
+    h0, h1 = np.tanh(X3[0] @ u), np.tanh(X3[1] @ u)
+    want = np.stack([h0, h1, np.tanh(X3[2] @ u + h0 + h1)])
+    np.testing.assert_allclose(seen[1], want, rtol=1e-12)
+    assert sorted(model.kinds) == [(0, None), (2, None)]
 
 
 # --- errors -------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ values and gradients of the same code run eagerly. So must the graphs rewritten 
 subexpression merging and dead-node elimination.
 """
 
+import threading
+
 import numpy as np
 from hypothesis import given, strategies as st
 
@@ -14,6 +16,7 @@ from minicavs.runtime import analysis
 from graph_executor import GraphExecutor
 
 from symbolic_programs import arrays_for, interpret, programs
+from threads import run_in_threads
 
 RTOL, ATOL = 1e-9, 1e-10
 
@@ -205,3 +208,62 @@ def test_static_function_runs_fused_on_the_interpreter_and_differentiates_twice(
         results.append((g.numpy(), x.grad.numpy(), W.grad.numpy()))
     for got, want, what in zip(results[1], results[0], ["gradient", "x second", "W second"]):
         close(got, want, what)
+
+
+# --- tracing in one thread, other code in another ---------------------------------------------
+
+def _cell_waiting_for(event_or_barrier, U):
+    """A cell whose tracing stops in the middle until ``event_or_barrier`` lets it go on."""
+    def cell(v):
+        h = v.pull() @ U
+        event_or_barrier.wait()  # (a Barrier: both traces are active together)
+        v.scatter(mc.tanh(h))
+    return cell
+
+
+def _leaf_call(cell, x):
+    F = mc.VertexFunction(cell, pull_shape=(2,), scatter_shape=(2,), arity=0, name="waits")
+    return F(mc.GraphBatch([mc.InputGraph([[]])]), pull=mc.tensor(x)).numpy()
+
+
+def test_a_trace_records_only_its_own_threads_ops():
+    """While one thread traces a cell, another thread's eager code on parameters computes as
+    it would alone: a single stack of tracers for the process recorded it into the other
+    thread's graph, and handed it a Symbol."""
+    W = mc.Parameter(np.array([[1.0, 2.0], [3.0, 4.0]]))
+    U = mc.Parameter(np.array([[0.5, -1.0], [0.25, 2.0]]))
+    x = np.array([[1.0, -1.0]])
+    tracing, eager_done, seen = threading.Event(), threading.Event(), {}
+
+    class Midway:  # the cell tells the eager thread it is tracing, then waits for it
+        def wait(self):
+            tracing.set()
+            eager_done.wait(10)
+
+    def trace():
+        seen["F"] = _leaf_call(_cell_waiting_for(Midway(), U), x)
+
+    def eager():
+        tracing.wait(10)
+        y = mc.tensor(x) @ W
+        seen["eager"] = (type(y).__name__, y.numpy().tolist())
+        eager_done.set()
+
+    run_in_threads(lambda k: (trace, eager)[k](), 2)
+    assert seen["eager"] == ("Tensor", (x @ W.numpy()).tolist())
+    np.testing.assert_allclose(seen["F"], np.tanh(x @ U.numpy()), rtol=1e-12)
+
+
+def test_two_threads_trace_at_once():
+    """Two cells traced together, each in its thread, each becomes its own graph (the shared
+    stack let the first trace to end remove the other's tracer: the other's next op failed)."""
+    U = [mc.Parameter(np.array([[0.5, -1.0], [0.25, 2.0]]) * (k + 1)) for k in range(2)]
+    x = np.array([[1.0, -1.0]])
+    both, seen = threading.Barrier(2, timeout=10), {}
+
+    def trace(k):
+        seen[k] = _leaf_call(_cell_waiting_for(both, U[k]), x)
+
+    run_in_threads(trace, 2)
+    for k in range(2):
+        np.testing.assert_allclose(seen[k], np.tanh(x @ U[k].numpy()), rtol=1e-12)

@@ -86,7 +86,7 @@ struct Recorder {
   PyObject *scope, *state;      // the AutoBatch and its __dict__ (start, count, lists)
   PyObject *known;              // scope._known
   PyTypeObject *lazy, *view, *tensor, *ndarray;
-  PyObject *tracing;            // registry.tracing (a list: nonempty while tracing)
+  PyObject *tracing;            // registry.tracers() of its thread (nonempty while tracing)
   // This thread's grad mode (True or False), a call form's part: set when the recorder is
   // made and by the scope when it changes (scope.grad_mode_changed); read from autodiff's
   // thread-local it cost ~350 instructions a call, a tenth of the fast path.
@@ -861,5 +861,5 @@ def recorder(scope, lazy_types):
         return None
     _check_slots(*lazy_types)
     types = (*lazy_types, Tensor, np.ndarray, views.ViewKey, Signature)
-    return lib.make_recorder(scope, types, registry.tracing, is_grad_enabled(),
+    return lib.make_recorder(scope, types, registry.tracers(), is_grad_enabled(),
                              (SLICE_AXIS, RESHAPE), (views._BY_ID, views.view_key))

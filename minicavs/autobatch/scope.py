@@ -20,7 +20,7 @@ from ..autodiff.tensor import Tensor, backward_seed, grad_lock, grad_mode, is_gr
 from ..errors import ArgumentError, MinicavsError, UnsupportedError
 from ..locations import format_location, user_location
 from ..ops import registry
-from ..ops.registry import Aval, tracing
+from ..ops.registry import Aval, tracers
 from ..ops.shape import RESHAPE, SLICE_AXIS
 from . import native, schedule
 from .segment import Segment, add_param, device_clock
@@ -221,7 +221,7 @@ class AutoBatch:
         recorded before (with promotion leaving it unchanged) reuses that signature, skipping
         promotion, dispatch, shape inference and the signature's key. Anything else (data,
         scalars, symbols being traced): None, the usual way."""
-        if tracing:
+        if tracers():
             return None
         if op is SLICE_AXIS or op is RESHAPE:
             view = self._view(op, args[0], attrs)

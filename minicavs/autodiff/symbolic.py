@@ -15,7 +15,6 @@ needs. ``mc.symbolic`` (``minicavs/vertex/static.py``) wraps a traced function a
 differentiable op on Tensors (static declaration, Cavs Fig. 2a), run by the vertex interpreter.
 """
 
-import contextlib
 import itertools
 
 import numpy as np
@@ -58,10 +57,11 @@ class Symbol(OperatorMixin):
     def __minicavs_apply__(cls, op, args, attrs):
         if op.expand is not None:  # a fused op: its primitives go into the graph
             return op.expand(*args, **attrs)
-        if not _tracers:
+        tracers = registry.tracers()
+        if not tracers:
             raise GraphError(f"op '{op.name}' was applied to a Symbol outside of tracing: "
                              f"symbols exist only while their function is traced")
-        return _tracers[-1].record(op, args, attrs)
+        return tracers[-1].record(op, args, attrs)
 
     def label(self):
         if self.kind == "op":
@@ -102,9 +102,6 @@ class Symbol(OperatorMixin):
 
 # --- tracing --------------------------------------------------------------------------------------
 
-_tracers = registry.tracing  # the stack of active tracers; the innermost records
-
-
 class Tracer:
     """Records the nodes of one graph while a function is being traced."""
 
@@ -114,13 +111,9 @@ class Tracer:
         self.captured_tensors = []
         self.location = None  # the (file, line) recorded nodes get; None: the user's line
 
-    @contextlib.contextmanager
     def active(self):
-        _tracers.append(self)
-        try:
-            yield self
-        finally:
-            _tracers.pop()
+        """A block in which this tracer records the thread's ops (``registry.tracing``)."""
+        return registry.tracing(self)
 
     def add(self, symbol):
         symbol.tracer = self

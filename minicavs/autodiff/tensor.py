@@ -251,12 +251,13 @@ class Tensor(OperatorMixin):
     def __minicavs_apply__(cls, op, args, attrs):
         # While this thread has an automatic-batching scope (``minicavs/autobatch``), ops on
         # Tensors go to its recorder instead of being run (``registry.recording``).
-        if registry.recording_threads and not registry.tracing:
+        tracers = registry.tracers() if registry.tracing_threads else None
+        if registry.recording_threads and not tracers:
             recorder = registry.recording.recorder
             if recorder is not None:
                 return recorder(op, args, attrs)
-        if registry.tracing and any(isinstance(a, Tensor) and a.requires_grad for a in args):
-            return registry.tracing[-1].record(op, args, attrs)
+        if tracers and any(isinstance(a, Tensor) and a.requires_grad for a in args):
+            return tracers[-1].record(op, args, attrs)
         inputs = [a if isinstance(a, Tensor) else Tensor(a) for a in args]
         op.infer(*inputs, **attrs)  # shape and dtype errors name the op and the arguments
         arrays = [t._array for t in inputs]

@@ -14,6 +14,7 @@ dtype. Then the call goes to the handler of the "highest" operand kind present: 
 the call into a graph node, a Tensor runs it eagerly and records it for backward.
 """
 
+import contextlib
 import threading
 from threading import get_ident
 from collections import namedtuple
@@ -146,10 +147,42 @@ def register(op):
 
 # --- dispatch ---------------------------------------------------------------------------------
 
-# The stack of active symbolic tracers (see autodiff/symbolic.py). While one is active, an op on
-# Tensors that require grad is recorded in the graph too, so ``W.T`` inside a traced function
-# stays connected to ``W`` instead of becoming a frozen constant.
-tracing = []
+class _Tracing(threading.local):
+    """This thread's active symbolic tracers, innermost last (see autodiff/symbolic.py). While
+    one is active, an op on Tensors that require grad is recorded in its graph too, so ``W.T``
+    inside a traced function stays connected to ``W`` instead of becoming a frozen constant.
+    One stack per thread: a trace records its own thread's ops, never another thread's eager
+    code (which got a Symbol back from a trace running beside it)."""
+
+    def __init__(self):
+        self.stack = []
+
+
+_tracing = _Tracing()
+tracing_threads = 0  # threads tracing now: while none, eager code tests one int
+_tracing_lock = threading.Lock()
+
+
+def tracers():
+    """This thread's active tracers, innermost last (the list itself: it stays this thread's)."""
+    return _tracing.stack
+
+
+@contextlib.contextmanager
+def tracing(tracer):
+    """``tracer`` records this thread's ops on Symbols and parameters inside the block."""
+    global tracing_threads
+    stack = _tracing.stack
+    with _tracing_lock:
+        tracing_threads += not stack
+        stack.append(tracer)
+    try:
+        yield tracer
+    finally:
+        with _tracing_lock:
+            stack.pop()
+            tracing_threads -= not stack
+
 
 _default_handler = None  # set by minicavs.autodiff.tensor: plain arrays run eagerly as Tensors
 

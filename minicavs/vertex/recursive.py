@@ -25,6 +25,8 @@ Only graph facts may steer the Python code (``node.is_leaf``, ``node.arity``, ``
 is grown at run time, which a recursive definition is not.
 """
 
+import threading
+
 import numpy as np
 
 from .. import validate
@@ -120,9 +122,17 @@ class RecursiveFunction:
         self.kinds = {}  # (arity, tag) -> the cell traced for that kind (a TracedCell)
         self._ids = {}  # (arity, tag) -> the integer that names the kind in a call
         self._functions = {}  # frozenset of kind ids -> KindedFunction
-        self._tracing = None  # the Node being traced, while a trace runs
-        self._tag_read = False  # whether the trace running now read node.tag
+        self._local = threading.local()  # this thread's trace: _tracing, _tag_read
+        self._kinds_lock = threading.RLock()  # kinds traced and numbered by one thread at a time
         self._last = None
+
+    # The Node being traced in this thread (None: no trace runs here), and whether its trace
+    # read node.tag. Per thread: a call in one thread while another traces is a call, not a
+    # call on a child inside that trace.
+    _tracing = property(lambda self: getattr(self._local, "node", None),
+                        lambda self, node: setattr(self._local, "node", node))
+    _tag_read = property(lambda self: getattr(self._local, "tag_read", False),
+                         lambda self, read: setattr(self._local, "tag_read", read))
 
     def __call__(self, batch, pull=None, tag=None):
         if self._tracing is not None:
@@ -146,12 +156,13 @@ class RecursiveFunction:
             pairs, inverse = np.unique(np.stack([arities, tags], axis=1), axis=0,
                                        return_inverse=True)
             keys = [(int(a), int(t)) for a, t in pairs]
-        keys = [self._traced_kind(key) for key in keys]
-        ids = np.array([self._ids[key] for key in keys], dtype=np.int64)
-        present = frozenset(ids.tolist())
-        f = self._functions.get(present)
-        if f is None:
-            f = self._functions[present] = self._kinded(list(dict.fromkeys(keys)))
+        with self._kinds_lock:  # (two threads meeting a new kind: it gets one trace, one id)
+            keys = [self._traced_kind(key) for key in keys]
+            ids = np.array([self._ids[key] for key in keys], dtype=np.int64)
+            present = frozenset(ids.tolist())
+            f = self._functions.get(present)
+            if f is None:
+                f = self._functions[present] = self._kinded(list(dict.fromkeys(keys)))
         kind_ids = ids[inverse.reshape(-1)]
         self._last = f
         return f(batch, pull=pull, tag=kind_ids)
