@@ -429,7 +429,11 @@ def as_array(data, dtype=None, device=None):
 
 def tensor(data, requires_grad=False, dtype=None, device=None, name=None):
     """Make a Tensor. A NumPy or CuPy array keeps its dtype; lists and scalars become float32
-    (the default dtype) unless ``dtype`` is given."""
+    (the default dtype) unless ``dtype`` is given. An array of the right dtype and device is
+    wrapped without a copy, as ``torch.from_numpy`` wraps one: a write through your own
+    reference to it after a forward pass read it is not seen by backward (only debug mode,
+    ``with mc.debug():``, checks saved values' contents; ``autodiff/versions.py``), so pass
+    ``array.copy()`` where you keep writing into the array."""
     return Tensor(as_array(data, dtype, device), requires_grad=requires_grad, name=name)
 
 

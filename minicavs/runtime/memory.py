@@ -427,7 +427,10 @@ class BufferPool:
         """``specs``: {key: (rows, row_shape, dtype, name)}; returns (store, {key: view of
         rows}). An allocation that fails is retried once without the free sets (their memory
         goes back first), then raises :class:`OutOfMemoryError` naming the buffer."""
-        store = self._free.pop() if self._free else {}
+        try:  # (one atomic pop: a check first, another thread could take the last set)
+            store = self._free.pop()
+        except IndexError:
+            store = {}
         views = {}
         for key, (rows, row_shape, dtype, name) in specs.items():
             array = store.get(key)
