@@ -4,6 +4,7 @@ backward refuses values changed since the forward pass, values handed out are re
 block belongs to its thread, constants are told apart by their bytes, and an op with no
 batching rule runs node by node instead of failing. Each test runs under both recorders."""
 
+import contextlib
 import threading
 
 import numpy as np
@@ -263,3 +264,96 @@ def test_grad_mode_is_per_thread():
         thread.join(10)
     (eager + batched.detach()).backward()
     np.testing.assert_array_equal(W.grad.numpy(), [3.0, 3.0])
+
+
+
+@pytest.mark.parametrize("strategy", ["agenda", "agenda+", "depth"])
+def test_a_tensor_computed_before_the_block_passes_its_gradient_on(strategy):
+    """A tensor made from a parameter before the block (``W * 2``, ``tanh(x)``), read inside
+    it as a shared operand, hands its gradient on through its own tape to the parameter: it
+    was accumulated into the tensor's ``.grad`` as if it were a parameter (the parameter got
+    none), and ``y * y`` of such a tensor gave half the gradient."""
+    rng = np.random.default_rng(0)
+    W0, X, x0 = rng.standard_normal((3, 3)), rng.standard_normal((2, 3)), rng.standard_normal(3)
+    results = []
+    for batched in (False, True):
+        W, x = mc.Parameter(W0.copy()), mc.Parameter(x0.copy())
+        Wc, y = W * 2.0, mc.tanh(x)  # eager: made before the block
+        with mc.autobatch(strategy) if batched else contextlib.nullcontext():
+            loss = mc.sum(mc.tanh(mc.tensor(X) @ Wc)) + mc.sum(y * y) + mc.sum(y * 3.0)
+            loss.backward()
+        results.append([loss.item(), W.grad.numpy(), x.grad.numpy()])
+    (v_eager, *g_eager), (v_batched, *g_batched) = results
+    assert v_batched == pytest.approx(v_eager, rel=1e-12)
+    for got, want in zip(g_batched, g_eager):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("strategy", ["agenda", "agenda+"])
+def test_a_vertex_function_called_in_a_block_runs_whole_and_differentiates(strategy):
+    """A vertex function batches its own vertices: inside a block it runs at once, and the
+    block's ops on its output send their gradient back through its own backward. (It was
+    recorded as a node, and its backward traced: "backward(create_graph=True) through a
+    vertex function is not supported".)"""
+    rng = np.random.default_rng(0)
+    U0, X = rng.standard_normal((4, 4)) * 0.5, rng.standard_normal((5, 4))
+    batch = mc.GraphBatch([mc.InputGraph([[], [], [0, 1], [], [2, 3]])])
+    results = []
+    for batched in (False, True):
+        U = mc.Parameter(U0.copy())
+
+        def cell(v):
+            v.scatter(mc.tanh(v.pull() @ U + v.gather(0) + v.gather(1)))
+
+        F = mc.VertexFunction(cell, pull_shape=(4,), scatter_shape=(4,), arity=2,
+                              dtype="float64")
+        pull = mc.tensor(X, requires_grad=True)
+        with mc.autobatch(strategy) if batched else contextlib.nullcontext():
+            out = F(batch, pull=pull)
+            per_vertex = [mc.sum(mc.tanh(out[v] * float(v + 1))) for v in range(5)]
+            loss = mc.add_n(per_vertex) + mc.sum(out * out)
+            loss.backward()
+        results.append([loss.item(), U.grad.numpy(), pull.grad.numpy()])
+    (v_eager, *g_eager), (v_batched, *g_batched) = results
+    assert v_batched == pytest.approx(v_eager, rel=1e-12)
+    for got, want in zip(g_batched, g_eager):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_a_vertex_function_on_a_pending_value_that_needs_a_gradient_is_refused():
+    A = mc.Parameter(np.eye(4))
+    U = mc.Parameter(np.eye(4))
+    F = mc.VertexFunction(lambda v: v.scatter(mc.tanh(v.pull() @ U)), pull_shape=(4,),
+                          scatter_shape=(4,), arity=0, dtype="float64")
+    batch = mc.GraphBatch([mc.InputGraph([[]])])
+    with mc.autobatch():
+        with mc.no_grad():
+            data = mc.tanh(mc.tensor(np.ones((1, 4))) @ A)  # pending, no gradient: read as data
+        np.testing.assert_allclose(F(batch, pull=data).numpy(), np.tanh(np.tanh(np.ones((1, 4)))))
+        pending = mc.tanh(mc.tensor(np.ones((1, 4))) @ A)
+        with pytest.raises(mc.UnsupportedError, match="the pulled input was computed inside an "
+                                                      "mc.autobatch block and needs a gradient"):
+            F(batch, pull=pending)
+
+
+def test_a_static_function_in_a_block_is_inlined_and_batched():
+    """``mc.symbolic`` functions called in a block record their ops with the block's (as
+    inside another trace), so calls on several samples batch and differentiate as eager code:
+    as one op, its ∂ was traced there and failed ("no value for Symbol(param p0 ...)")."""
+    W0, X = np.eye(3) * 0.5 + 0.1, np.random.default_rng(0).standard_normal((4, 3))
+    results = []
+    for batched in (False, True):
+        W = mc.Parameter(W0.copy())
+        f = mc.symbolic(lambda x: mc.tanh(x @ W))
+        x = mc.tensor(X, requires_grad=True)
+        block = mc.autobatch() if batched else contextlib.nullcontext()
+        with block:
+            loss = mc.add_n([mc.sum(f(x[i:i + 1]) * f(mc.tanh(x[i:i + 1]))) for i in range(4)])
+            loss.backward()
+        results.append([loss.item(), W.grad.numpy(), x.grad.numpy()])
+    (v_eager, *g_eager), (v_batched, *g_batched) = results
+    assert v_batched == pytest.approx(v_eager, rel=1e-12)
+    for got, want in zip(g_batched, g_eager):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    stats = block.segments[0].stats
+    assert stats["nodes"] > stats["batches"]  # (four samples' ops, batched)

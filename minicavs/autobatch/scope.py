@@ -174,6 +174,8 @@ class AutoBatch:
         if op.multi_output:
             raise UnsupportedError(f"op '{op.name}' returns several values and cannot be "
                                    f"autobatched; call it outside the mc.autobatch block")
+        if op.runs_whole:
+            return self._run_whole(op, args, attrs)
         grad_on = is_grad_enabled()
         key, sources, depth, needs_grad = self._classify(args, -1)
         if not sources:
@@ -280,7 +282,7 @@ class AutoBatch:
             return None  # (promotion would change the call: never cached)
         node = self.record(op, args, attrs)
         sig, avals = self._last_signature, [a._aval for a in args if type(a) is LazyTensor]
-        if sig.per_node:
+        if type(node) is not LazyTensor or sig.per_node:  # (run at once, or node by node)
             return node
         self._known[key] = (sig, avals)
         if len(_LEARNED) >= _LEARNED_KEPT:
@@ -384,6 +386,23 @@ class AutoBatch:
             self._signatures[full_key] = sig
         return sig
 
+    def _run_whole(self, op, args, attrs):
+        """An op that batches its own work (``Op.runs_whole``: a vertex function's call) runs at
+        once, as eager code: its result is an eager Tensor, and the gradient the block's ops
+        give it goes on through its own backward (``_continue_outside``). An operand pending in
+        a block that needs a gradient would get its gradient after that block's backward pass:
+        refused, naming it; one without is read as data."""
+        for i, a in enumerate(args):
+            if isinstance(a, LazyTensor) and a.requires_grad:
+                raise UnsupportedError(
+                    f"op '{op.name}': {op.argument_name(i)} was computed inside an "
+                    f"mc.autobatch block and needs a gradient, but this op batches its own work "
+                    f"and runs whole, on values made before the block: compute that operand "
+                    f"before the block, or call the op there" + format_location(user_location()))
+        self._last_signature = None
+        return self._eager(op, tuple(Tensor(a._array) if isinstance(a, LazyTensor) else a
+                                     for a in args), attrs)
+
     def _eager(self, op, args, attrs):
         state = registry.recording
         state.recorder = None
@@ -446,8 +465,12 @@ class AutoBatch:
             for value, g in segment.backward(params):
                 self._route(value, g, params, outside)
         rows = [a for segment in self.segments for a in (*segment.slabs, *(segment.gslabs or ()))]
-        for t, g in params.values():
-            _accumulate_grad(t, g, rows)
+        for t, g in params.values():  # (shared operands: a parameter, or a tensor computed
+            # from one outside the block — W * 2, W.T —, whose tape takes the gradient on)
+            if t._creator is None:
+                _accumulate_grad(t, g, rows)
+            else:
+                outside.append((t, g))
         if not retain_graph:
             self._released = True
             for segment in self.segments:
@@ -540,12 +563,16 @@ def _accumulate_grad(t, g, rows):
 def _continue_outside(outside):
     """Gradients reaching values made outside this graph: another autobatch scope's values
     (its own batched backward) or eager tensors with a tape (their eager backward)."""
-    by_scope = {}
+    by_scope, eager = {}, {}
     for value, g in outside:
         if isinstance(value, LazyTensor):
             by_scope.setdefault(id(value._scope), (value._scope, []))[1].append((value, g))
-        else:
-            value.backward(Tensor(g.reshape(value.shape)), retain_graph=True)
+        else:  # (one backward per tensor: its terms, as a shared and a per-row operand, added)
+            g = g.reshape(value.shape)
+            found = eager.get(id(value))
+            eager[id(value)] = (value, g if found is None else found[1] + g)
+    for value, g in eager.values():
+        value.backward(Tensor(g), retain_graph=True)
     for scope, seeds in by_scope.values():
         scope.backward(seeds)
 

@@ -106,6 +106,10 @@ class Op:
     # expanded while tracing, so traced graphs — and the passes and backends that read them —
     # hold only primitives. None: traced as itself.
     expand = None
+    # runs_whole: the op batches its own work over a whole batch (a vertex function's call on a
+    # GraphBatch) and its vjp runs on values only, never traced: inside ``mc.autobatch`` it runs
+    # at once, as eager code runs it, and its gradient goes through its own backward.
+    runs_whole = False
 
     def __init__(self, name, forward, infer, vjp=None, c_expr=None, nondiff_args=(),
                  multi_output=False, **rules):

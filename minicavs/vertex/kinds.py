@@ -293,7 +293,7 @@ class KindedFunction(BatchedFunction):
             for node, p in zip(c.graph.params, c.params):
                 captured.setdefault(id(p), node)
         self._op = Op(f"vertex:{self.name}", self._forward, self._infer, self._vjp,
-                      argument_names=self._argument_names(
+                      runs_whole=True, argument_names=self._argument_names(
                           [captured[id(p)] for p in self.params]))
         self._last_stats = None
 

@@ -65,8 +65,11 @@ class StaticFunction:
         return [t.graph for t in self._traces.values()]
 
     def __call__(self, *args):
-        if any(isinstance(a, Symbol) for a in args):
-            return self.fn(*args)  # inside another trace: inline the function
+        if any(isinstance(a, Symbol) for a in args) or (
+                registry.recording_threads and registry.recording.scope is not None):
+            # inside another trace, or an mc.autobatch block: the function inlined, its ops
+            # recorded (and batched) with the rest (as one op, its ∂ would be traced there)
+            return self.fn(*args)
         if None in self._traces:
             trace_ = self._traces[None]
         else:
