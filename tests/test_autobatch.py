@@ -730,6 +730,26 @@ def test_plain_models_match_eager(make):
             np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL, err_msg=strategy)
 
 
+
+def test_the_cells_gradients_reach_the_shared_product_as_one_view(monkeypatch):
+    """Under '+', each batch of an LSTM step writes its cell's gradient into its rows of one
+    block per signature, so the product for the shared weights reads every batch's gate
+    gradients as one view, not a copy (the same gradients as the copy: compared here)."""
+    runs = {}
+    for blocks in (True, False):
+        if not blocks:
+            monkeypatch.setattr(sys.modules["minicavs.autobatch.segment"].Segment,
+                                "_handed_blocks", lambda self: {})  # (each batch's own array)
+        model, samples, loss_of = _tiny_tagger(True)
+        with mc.autobatch("agenda+") as ab:
+            mc.sum(mc.stack([loss_of(s) for s in samples])).backward()
+        runs[blocks] = (ab.segments[0].stats, [p.grad.numpy() for p in model.parameters()])
+    (with_blocks, grads), (copying, reference) = runs[True], runs[False]
+    assert with_blocks["plus_copies"] < copying["plus_copies"]
+    assert with_blocks["plus_copies_avoided"] > copying["plus_copies_avoided"]
+    for got, want in zip(grads, reference):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
 def test_autobatch_example_trains_and_reports_accuracy(tmp_path, capsys):
     import importlib.util
     import pathlib

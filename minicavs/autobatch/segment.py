@@ -361,6 +361,7 @@ class Segment:
         """Each batch's ∂, in reverse; under '+' its shared operands' terms wait in
         ``deferred`` for one product per signature."""
         from_c = self.from_c
+        blocks = self._handed_blocks() if self.plus and from_c is None and xp is np else {}
         for b in reversed(self.plan):
             if b.env is None:
                 continue
@@ -373,7 +374,11 @@ class Segment:
             elif from_c is not None:
                 from_c.flush()
             if rows_kernel is not None:
-                grads = self._timed(rows_kernel.run, (cotangent,), b.env, n, xp)
+                outs = None
+                if rows_kernel.hands_on and b.sig in blocks:  # (into its rows of the block)
+                    outs = {m.key: blocks[b.sig][m.key][b.sig_row:b.sig_row + n]
+                            for m in rows_kernel.handed_made_by if m is not None}
+                grads = self._timed(rows_kernel.run, (cotangent,), b.env, n, xp, outs)
                 if rows_kernel.hands_on:
                     b.handed = grads[len(rows_kernel.wrt):]
                 for symbol, g in zip(rows_kernel.wrt, grads):
@@ -387,6 +392,29 @@ class Segment:
         if from_c is not None:
             from_c.flush()
             self.stats["backward_batches_from_c"] = from_c.backward
+
+    def _handed_blocks(self):
+        """(NumPy, '+' strategies) Per signature whose rows' ∂ hands cotangents on to its
+        shared operands' one product, a block for each value they are views of (the cell's
+        gradient: its gate columns are handed on), a row per row of the signature's batches
+        in plan order (``b.sig_row``): each batch's ∂ writes its rows there, so the product
+        reads them all as one view (``_joined``) instead of a copy of them (4 MB a step of
+        the tagger, read cold: 4 ms of 68)."""
+        rows, blocks = {}, {}
+        for b in self.plan:
+            if b.env is None:
+                continue
+            b.sig_row = rows.get(b.sig, 0)
+            rows[b.sig] = b.sig_row + b.n
+        for sig, total in rows.items():
+            rows_kernel, shared_kernel = sig.forward.backward(True)
+            if rows_kernel is None or shared_kernel is None or not rows_kernel.hands_on:
+                continue
+            made = [m for m in rows_kernel.handed_made_by if m is not None]
+            if made:
+                blocks[sig] = {m.key: np.empty((total,) + tuple(m.shape[1:]), m.dtype)
+                               for m in made}
+        return blocks
 
     # --- host time ------------------------------------------------------------------------------
     def _timed(self, run, *args):
@@ -518,7 +546,8 @@ class Segment:
 
     def _joined(self, slabs, spans, arrays, view=None):
         """The rows of several batches as one array: a view where their ``spans`` ((slab,
-        first row, rows) each) follow each other in one slab, else one copy. ``view``: the
+        first row, rows) each) follow each other in one slab, or their ``arrays`` are runs of
+        rows of one array one after another (``_handed_blocks``), else one copy. ``view``: the
         spans' rows are a view's base rows, read through it (``arrays``, if given, are the
         view's own values)."""
         if spans is not None:
@@ -533,6 +562,11 @@ class Segment:
                     self.stats["plus_copies_avoided"] += 1
                 rows = slabs[slab][lo:end]
                 return rows if view is None else view.of(rows)
+        if spans is None and self.xp is np:
+            found = _one_run_of_rows(arrays)  # (the handed cotangents, written into a block)
+            if found is not None:
+                self.stats["plus_copies_avoided"] += 1
+                return found
         if arrays is None:
             arrays = [slabs[s][r:r + n] if view is None else view.of(slabs[s][r:r + n])
                       for s, r, n in spans]
@@ -557,6 +591,24 @@ def _made_from_c(env, key):
     made = getattr(env, "made", None)
     ref = made and made.values.get(key)
     return (ref, made) if ref is not None and ref.ld is not None else None
+
+
+def _one_run_of_rows(arrays):
+    """NumPy ``arrays`` that are consecutive runs of rows of one array, in order and with one
+    layout, as one read-only view of all their rows; else None."""
+    first = arrays[0]
+    owner = first.base if type(first) is np.ndarray else None
+    if owner is None or first.ndim == 0:
+        return None
+    tail, strides, step = first.shape[1:], first.strides, first.strides[0]
+    at = kernels.data_address(first)
+    for a in arrays:
+        if type(a) is not np.ndarray or a.base is not owner or a.shape[1:] != tail or \
+                a.strides != strides or a.dtype != first.dtype or kernels.data_address(a) != at:
+            return None
+        at += len(a) * step
+    return np.lib.stride_tricks.as_strided(first, (sum(len(a) for a in arrays),) + tail,
+                                           strides, writeable=False)
 
 
 def add_param(params, t, g):

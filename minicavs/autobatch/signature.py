@@ -297,6 +297,10 @@ class BackwardKernel:
         self.wrt = [s.key for s in wrt]  # forward input symbols, in the order of outputs
         self.outputs = self.graph.outputs
         self.hands_on = len(also)  # trailing outputs: cotangents for the shared kernel
+        # per handed cotangent, the op node that makes it (through views: the cell gradient
+        # whose columns it is), or None: on the CPU each batch writes that node into its rows
+        # of one block per signature, so the shared kernel reads them joined, as one view
+        self.handed_made_by = [_made_by(o, self.graph) for o in self.outputs[len(wrt):]]
         self.same_as = same_as  # None: the one cotangent is the batch's
         self.exe = Executable(compile_graph(self.graph))
         self.templates = {}  # (CuPy) its launches from C, per layout (launches.py)
@@ -306,9 +310,21 @@ class BackwardKernel:
     def op_names(self):
         return [n.op.name for n in self.graph.nodes if n.kind == "op"]
 
-    def run(self, cotangents, forward_env, n, xp):
+    def run(self, cotangents, forward_env, n, xp, outs=None):
+        """The gradients (and handed cotangents) of one batch of ``n`` rows; ``outs``: where
+        values are written (symbol key -> array)."""
         env = {c.key: v for c, v in zip(self.cotangents, cotangents)}
         for f, s in self.refs:
             env[s.key] = forward_env[f.key]
-        driver.run_static(self.exe, env, xp, n)
+        driver.run_static(self.exe, env, xp, n, outs)
         return [env[o.key] for o in self.outputs]
+
+
+def _made_by(symbol, graph):
+    """The op node of ``graph`` whose rows ``symbol`` views (column windows and reshapes of
+    it, or itself), or None: an input, or a value no op of the graph makes."""
+    made = {n.key for n in graph.nodes if n.kind == "op"}
+    while symbol.kind == "op" and (symbol.op.keeps_rows or symbol.op.native == "window" and
+                                   symbol.attrs["axis"] != 0):  # (row r of it is row r there)
+        symbol = symbol.inputs[0]
+    return symbol if symbol.kind == "op" and symbol.key in made else None

@@ -220,15 +220,20 @@ def _cell_addresses(c_prev):
     return (data_address(c_prev[0]) if k else None), (data_address(c_prev[1]) if k > 1 else None)
 
 
-def lstm_cell_grad(pre, c_prev, out, g):
-    """``ops.lstm_cell_grad``'s [∂pre, ∂c_prev…] in one pass over the rows, or None."""
-    found = _lstm_operands(pre, c_prev, out, g)
+def lstm_cell_grad(pre, c_prev, out, g, grads=None):
+    """``ops.lstm_cell_grad``'s [∂pre, ∂c_prev…] in one pass over the rows (into ``grads``,
+    C-contiguous, where given), or None."""
+    found = _lstm_operands(pre, c_prev, out, g, *([] if grads is None else [grads]))
     cell_grad = found and _function("lstm_cell_grad", found[0])
     if not cell_grad:
         return None
     _, ldc, rows, H = found
     k = len(c_prev)
-    grads = np.empty(pre.shape[:-1] + ((3 + 2 * k) * H,), pre.dtype)
+    shape = pre.shape[:-1] + ((3 + 2 * k) * H,)
+    if grads is None:
+        grads = np.empty(shape, pre.dtype)
+    elif grads.shape != shape:
+        return None
     c0, c1 = _cell_addresses(c_prev)
     cell_grad(data_address(pre), c0, c1, ldc, data_address(out), data_address(g), k, rows, H,
               data_address(grads), calibrate.threads_for(pre.size))

@@ -123,9 +123,19 @@ def _grad_infer(pre, *rest):
     return Aval(tuple(pre.shape[:-1]) + ((3 + 2 * k) * H,), np.dtype(pre.dtype))
 
 
+def _grad_into(pre, *rest):
+    """The gradients written into ``out`` (automatic batching's block of a signature's rows,
+    which its shared operands' one product reads as one: segment.py)."""
+    *operands, out = rest
+    *c_prev, cell_out, g = operands
+    if backend.get_array_module(pre) is not np or \
+            native_kernels.lstm_cell_grad(pre, c_prev, cell_out, g, out) is None:
+        out[...] = _grad_forward(backend.get_array_module(pre), pre, *operands)
+
+
 # [∂pre, ∂c_prev[0], …] side by side. No vjp: second derivatives of lstm_cell are not
 # supported (compose the cell from primitives, ``lstm_gates``, for those).
-LSTM_CELL_GRAD = register(Op("lstm_cell_grad", _grad_forward, _grad_infer))
+LSTM_CELL_GRAD = register(Op("lstm_cell_grad", _grad_forward, _grad_infer, into=_grad_into))
 
 
 def lstm_cell(pre, *c_prev):
