@@ -104,6 +104,23 @@ def test_static_functions_are_checked_per_instruction():
         f(mc.tensor(np.array([1.0, -1.0])))
 
 
+
+def test_an_autobatched_batch_is_named_as_such():
+    """A non-finite value made by a batch of mc.autobatch names the block's batch and the
+    user's line, forward and backward (it was "in static function None")."""
+    W = mc.Parameter(np.eye(2))
+    with mc.debug(), pytest.raises(mc.NonFiniteError,
+                                   match=r"op 'log' in an mc.autobatch batch of op 'log' produced"
+                                         r"(.|\n)*test_debug_mode.py"):
+        with mc.autobatch():
+            mc.add_n([mc.sum(mc.log(mc.tensor(np.array([[1.0, v]])) @ W))
+                      for v in (1.0, -1.0)]).item()
+    with mc.debug(), pytest.raises(mc.NonFiniteError, match="in the backward of an mc.autobatch "
+                                                            "batch of op"):
+        with mc.autobatch():
+            mc.add_n([mc.sum(mc.sqrt(mc.tensor(np.array([[1.0, v]])) @ W))
+                      for v in (1.0, 0.0)]).backward()
+
 def test_the_environment_variable_switches_it_on():
     code = ("import numpy as np, minicavs as mc\n"
             "assert mc.is_debug_enabled()\n"

@@ -152,6 +152,8 @@ class Signature:
         return tuple(parts)
 
 
+BATCH_OF = "an mc.autobatch batch of op"  # a batched kernel's program, as messages name it
+
 # Batched kernels by structure (``Signature.structure``): traced, and their ∂ derived, once per
 # process rather than once per scope — a training loop opens a scope per mini-batch.
 _KERNELS = {}
@@ -209,7 +211,8 @@ class BatchedKernel:
         # (what ∂ needs of the signature, not the signature: it holds the parameters)
         self.row_avals, self.grad_enabled, self.op = sig.row_avals, sig.grad_enabled, sig.op
         self.shared_grads = sig.shared_grads()
-        self.graph = Graph(tracer.nodes, [s for s in self.inputs if s is not None], [out])
+        self.graph = Graph(tracer.nodes, [s for s in self.inputs if s is not None], [out],
+                           name=f"{BATCH_OF} {sig.op.name!r}")  # (as debug mode names it)
         self.output = out
         self._exe = None
         self._backward = {}

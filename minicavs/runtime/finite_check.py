@@ -40,8 +40,11 @@ class FiniteCheck:
             return
         index, summary = found
         program = self.program
-        if self.rows is None:
-            where = f"static function {program.name!r}"
+        if self.rows is None:  # (autobatch's batched kernels name themselves: signature.py)
+            name = program.name or ""
+            where = name if name.startswith("an mc.autobatch") else \
+                f"the backward of {name[2:-1]}" if name.startswith("d(an mc.autobatch") else \
+                f"static function {program.name!r}"
         elif program.reverse:
             where = f"∂F (the backward) of vertex function {program.name[2:-1]!r}"
         else:
