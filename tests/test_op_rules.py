@@ -75,9 +75,10 @@ def test_the_other_rules_are_where_the_passes_expect_them():
     assert {n for n, op in OPS.items() if op.promotes_to_float} >= {
         "div", "exp", "log", "tanh", "sigmoid", "softmax", "log_softmax", "sin", "erf"}
     # (linear, lstm_cell, softmax_cross_entropy: a batch's rows of its slab written in place,
-    # no copy; the last two by their CUDA kernels, cuda/kernels.py)
+    # no copy; the last two by their CUDA kernels, cuda/kernels.py; lstm_cell_grad: a '+'
+    # signature's block of rows, autobatch/segment.py, by the native kernel)
     assert {name for name, op in OPS.items() if op.into} == ELEMENTWISE | {
-        "matmul", "linear", "lstm_cell", "softmax_cross_entropy"}
+        "matmul", "linear", "lstm_cell", "softmax_cross_entropy", "lstm_cell_grad"}
 
 
 # --- a missing rule is a clear error, or the documented default ----------------------------------
