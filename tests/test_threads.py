@@ -106,3 +106,30 @@ def test_every_front_end_from_several_threads_at_once():
     for p, want in zip(params2, total):  # every call made threads * rounds times in all
         np.testing.assert_allclose(p.grad.numpy(), want * threads * rounds, rtol=1e-9,
                                    atol=1e-12)
+
+
+def test_bounded_caches_evicted_by_several_threads_at_once(monkeypatch):
+    """Autobatch's caches of kernels and learned call forms drop their oldest entries when
+    full; threads filling them together (a new constant each op: a kernel each) get right
+    values and no error (a key taken by another thread between finding and dropping it
+    raised KeyError)."""
+    signature = sys.modules["minicavs.autobatch.signature"]
+    scope = sys.modules["minicavs.autobatch.scope"]
+    monkeypatch.setattr(signature, "_KERNELS_KEPT", 4)
+    monkeypatch.setattr(scope, "_LEARNED_KEPT", 4)
+    W = mc.Parameter(np.array([1.0, 2.0]))
+
+    def work(t):
+        for r in range(30):
+            with mc.autobatch():
+                values = [mc.sum(W * (t + 0.5 * i + 0.125 * r)) for i in range(6)]
+            assert [v.item() for v in values] == [3.0 * (t + 0.5 * i + 0.125 * r)
+                                                  for i in range(6)]
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        run_in_threads(work, 6)
+    finally:
+        sys.setswitchinterval(switch)
+    assert len(signature._KERNELS) <= 4 + 6  # (each thread may add one past the bound)

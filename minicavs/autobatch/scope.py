@@ -24,7 +24,7 @@ from ..ops.registry import Aval, tracers
 from ..ops.shape import RESHAPE, SLICE_AXIS
 from . import native, schedule
 from .segment import Segment, add_param, device_clock
-from .signature import Signature
+from .signature import Signature, drop_oldest
 from .views import view_key
 
 # Signatures learned in earlier scopes, by the fast path's key: a training loop opens a scope per
@@ -286,7 +286,7 @@ class AutoBatch:
             return node
         self._known[key] = (sig, avals)
         if len(_LEARNED) >= _LEARNED_KEPT:
-            _LEARNED.pop(next(iter(_LEARNED)), None)  # (the oldest form: a bounded cache)
+            drop_oldest(_LEARNED)  # (the oldest form: a bounded cache)
         _LEARNED[key] = (self._last_full_key,
                          sig.detached(lambda _, key=key: _LEARNED.pop(key, None)), avals,
                          _forms(args))

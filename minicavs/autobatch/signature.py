@@ -121,7 +121,7 @@ class Signature:
             if kernel is None:
                 kernel = _batched_or_per_node(self)
                 while len(_KERNELS) >= _KERNELS_KEPT:
-                    del _KERNELS[next(iter(_KERNELS))]
+                    drop_oldest(_KERNELS)
             _KERNELS[key] = kernel
             self._forward = kernel
             if kernel.per_node:
@@ -158,6 +158,16 @@ BATCH_OF = "an mc.autobatch batch of op"  # a batched kernel's program, as messa
 # process rather than once per scope — a training loop opens a scope per mini-batch.
 _KERNELS = {}
 _KERNELS_KEPT = 4096  # (a constant per node, x * float(i), makes a kernel each)
+
+
+def drop_oldest(cache):
+    """Remove a bounded cache's oldest entry (dicts keep their order): another thread may be
+    doing the same, so a key already gone, or a dict changed between taking its first key and
+    removing it, is not an error."""
+    try:
+        cache.pop(next(iter(cache)), None)
+    except (RuntimeError, StopIteration):
+        pass
 
 
 def _batched_or_per_node(sig):
