@@ -160,8 +160,9 @@ def times(name, make, threads=1, source=None, busy_decides=True, again=False, ap
         quiet = _quiet(threads)
         if not quiet and not busy_decides:
             raise Busy(name)
-        table[name] = found
-        _drop_older(table, name)
+        with _lock:  # (another thread may be adding its own, or reading them all)
+            table[name] = found
+            _drop_older(table, name)
         if quiet:
             _save(name, found)
     return found[:2]
@@ -420,8 +421,8 @@ def _probe():
 
 
 def _drop_older(table, name):
-    """Forget the measurements of an earlier source of ``name``'s kernel (same name, another
-    digest): they no longer say anything, and doctor would show them."""
+    """(Under ``_lock``.) Forget the measurements of an earlier source of ``name``'s kernel
+    (same name, another digest): they no longer say anything, and doctor would show them."""
     base = name.split(" #")[0]
     for old in [k for k in table if k != name and k.split(" #")[0] == base and " #" in k]:
         del table[old]
@@ -588,7 +589,9 @@ def measure(*calls):
 def measured():
     """Every choice measured on this CPU and BLAS: ``{name: (own s, BLAS s)}`` (a name
     without the digest of its kernel's source)."""
-    return {name.split(" #")[0]: times[:2] for name, times in _load().items()}
+    table = _load()
+    with _lock:
+        return {name.split(" #")[0]: times[:2] for name, times in table.items()}
 
 
 @functools.lru_cache(maxsize=None)
