@@ -267,6 +267,13 @@ def test_grad_mode_is_per_thread():
 
 
 
+def _assert_batched_equals_eager(eager, batched):
+    """``[loss value, gradient, ...]`` of the eager run and of the batched one are equal."""
+    assert batched[0] == pytest.approx(eager[0], rel=1e-12)
+    for got, want in zip(batched[1:], eager[1:]):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
 @pytest.mark.parametrize("strategy", ["agenda", "agenda+", "depth"])
 def test_a_tensor_computed_before_the_block_passes_its_gradient_on(strategy):
     """A tensor made from a parameter before the block (``W * 2``, ``tanh(x)``), read inside
@@ -283,10 +290,7 @@ def test_a_tensor_computed_before_the_block_passes_its_gradient_on(strategy):
             loss = mc.sum(mc.tanh(mc.tensor(X) @ Wc)) + mc.sum(y * y) + mc.sum(y * 3.0)
             loss.backward()
         results.append([loss.item(), W.grad.numpy(), x.grad.numpy()])
-    (v_eager, *g_eager), (v_batched, *g_batched) = results
-    assert v_batched == pytest.approx(v_eager, rel=1e-12)
-    for got, want in zip(g_batched, g_eager):
-        np.testing.assert_allclose(got, want, rtol=1e-12)
+    _assert_batched_equals_eager(*results)
 
 
 @pytest.mark.parametrize("strategy", ["agenda", "agenda+"])
@@ -314,10 +318,7 @@ def test_a_vertex_function_called_in_a_block_runs_whole_and_differentiates(strat
             loss = mc.add_n(per_vertex) + mc.sum(out * out)
             loss.backward()
         results.append([loss.item(), U.grad.numpy(), pull.grad.numpy()])
-    (v_eager, *g_eager), (v_batched, *g_batched) = results
-    assert v_batched == pytest.approx(v_eager, rel=1e-12)
-    for got, want in zip(g_batched, g_eager):
-        np.testing.assert_allclose(got, want, rtol=1e-12)
+    _assert_batched_equals_eager(*results)
 
 
 def test_a_vertex_function_on_a_pending_value_that_needs_a_gradient_is_refused():
@@ -351,9 +352,6 @@ def test_a_static_function_in_a_block_is_inlined_and_batched():
             loss = mc.add_n([mc.sum(f(x[i:i + 1]) * f(mc.tanh(x[i:i + 1]))) for i in range(4)])
             loss.backward()
         results.append([loss.item(), W.grad.numpy(), x.grad.numpy()])
-    (v_eager, *g_eager), (v_batched, *g_batched) = results
-    assert v_batched == pytest.approx(v_eager, rel=1e-12)
-    for got, want in zip(g_batched, g_eager):
-        np.testing.assert_allclose(got, want, rtol=1e-12)
+    _assert_batched_equals_eager(*results)
     stats = block.segments[0].stats
     assert stats["nodes"] > stats["batches"]  # (four samples' ops, batched)
