@@ -399,7 +399,6 @@ class AutoBatch:
                     f"mc.autobatch block and needs a gradient, but this op batches its own work "
                     f"and runs whole, on values made before the block: compute that operand "
                     f"before the block, or call the op there" + format_location(user_location()))
-        self._last_signature = None
         return self._eager(op, tuple(Tensor(a._array) if isinstance(a, LazyTensor) else a
                                      for a in args), attrs)
 
