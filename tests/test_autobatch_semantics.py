@@ -355,3 +355,62 @@ def test_a_static_function_in_a_block_is_inlined_and_batched():
     _assert_batched_equals_eager(*results)
     stats = block.segments[0].stats
     assert stats["nodes"] > stats["batches"]  # (four samples' ops, batched)
+
+
+@pytest.mark.parametrize("strategy", ["agenda", "agenda+", "depth+"])
+def test_values_used_by_eager_code_after_the_block_pass_their_gradient_back(strategy):
+    """Losses made in a block and summed after it, in eager code, differentiate as eager code
+    does (it raised "after the block ended"): the scope is one record of the eager tape, after
+    the tensors it read that have tapes of their own (``e``, read in the block and after it:
+    its record must not be released before the scope hands its gradient on), and a view made
+    in the block is an output of it too."""
+    rng = np.random.default_rng(1)
+    W0, xs = rng.standard_normal((4, 4)), [rng.standard_normal((1, 4)) for _ in range(3)]
+    results = []
+    for batched in (False, True):
+        W = mc.Parameter(W0.copy())
+        e = mc.tanh(W * 2.0)
+        with mc.autobatch(strategy) if batched else contextlib.nullcontext():
+            ys = [mc.tanh(mc.tensor(x) @ e) for x in xs]
+            head = ys[1][:, :2]
+        loss = mc.add_n([mc.sum(y * y) for y in ys]) + mc.sum(e) + mc.sum(head) * 3.0
+        loss.backward()
+        results.append([loss.item(), W.grad.numpy()])
+    _assert_batched_equals_eager(*results)
+
+
+def test_eager_code_after_two_chained_blocks_and_a_second_backward():
+    """A block reading the values of an earlier one, both read by eager code after them; a
+    second backward through them needs retain_graph=True on the first, as in eager code."""
+    rng = np.random.default_rng(2)
+    W0, X = rng.standard_normal((3, 3)), rng.standard_normal((1, 3))
+    results = []
+    for batched in (False, True):
+        W = mc.Parameter(W0.copy())
+        block = mc.autobatch if batched else contextlib.nullcontext
+        with block():
+            y = mc.tanh(mc.tensor(X) @ W)
+        with block():
+            z = mc.sigmoid(y @ W)
+        loss = mc.sum(z * y)
+        loss.backward(retain_graph=True)
+        loss.backward()
+        results.append([loss.item(), W.grad.numpy()])
+        with pytest.raises(mc.MinicavsError, match="a second time"):
+            loss.backward()
+    _assert_batched_equals_eager(*results)
+
+
+def test_eager_code_after_the_block_reads_values_without_a_gradient():
+    """A value made under no_grad in a block, used after it beside a parameter (its record
+    read the lazy value's version, which it had none of: an AttributeError), and a second
+    order gradient through a block refused by name."""
+    W = mc.Parameter(np.eye(2) * 0.5)
+    with mc.autobatch():
+        with mc.no_grad():
+            frozen = mc.tanh(mc.tensor(np.ones((1, 2))) @ W)
+        live = mc.tanh(mc.tensor(np.ones((1, 2))) @ W)
+    mc.sum(frozen @ W).backward()
+    np.testing.assert_allclose(W.grad.numpy(), np.tanh(0.5) * np.ones((2, 2)), rtol=1e-12)
+    with pytest.raises(mc.UnsupportedError, match="create_graph"):
+        mc.sum(live * live).backward(create_graph=True)

@@ -12,10 +12,12 @@ segments in reverse, each batched as its forward was.
 
 import bisect
 import time
+import weakref
 
 import numpy as np
 
 from .. import backend
+from ..autodiff import versions
 from ..autodiff.tensor import Tensor, backward_seed, grad_lock, grad_mode, is_grad_enabled
 from ..errors import ArgumentError, MinicavsError, UnsupportedError
 from ..locations import format_location, user_location
@@ -74,12 +76,12 @@ class LazyTensor(Tensor):
         scope = registry.recording.scope if registry.recording_threads else None
         if scope is not None:
             return scope.record(op, args, attrs)
-        if is_grad_enabled() and any(
-                isinstance(a, LazyTensor) and a.requires_grad for a in args):
-            raise MinicavsError(
-                f"op '{op.name}' on a value computed inside an autobatch block, after the "
-                f"block ended: its gradient would stop there. Compute it inside the block, "
-                f"or .detach() the value first" + format_location(user_location()))
+        for a in args:  # (eager code after the block: its tape leads into the scope)
+            if isinstance(a, LazyTensor):
+                if a._versions is None:  # (a record saves its inputs' versions)
+                    a._versions = versions.Version()
+                if a.requires_grad and a._creator is None and is_grad_enabled():
+                    a._scope.hand_to_tape(a)
         return Tensor.__minicavs_apply__(op, args, attrs)
 
     def backward(self, grad=None, retain_graph=False, create_graph=False):
@@ -133,6 +135,7 @@ class AutoBatch:
         self._known = {}  # the fast path's key -> (Signature, the avals its key names by id)
         self._fast_path = None  # record_known or its C twin, inside the block
         self._released = False
+        self._tape_record = None  # (after the block, for eager code reading its values)
         self.backward_stats = []
         self._reset_pending(0)
 
@@ -446,6 +449,21 @@ class AutoBatch:
     def backward(self, seeds, retain_graph=False):
         """Propagate ``seeds`` ((LazyTensor of this scope, gradient array or None) pairs)
         back through the segments, and on into leaves, parameters and other graphs."""
+        _continue_outside(self._backward(seeds, retain_graph))
+
+    def hand_to_tape(self, value):
+        """Make ``value`` an output of the scope's record on the eager tape (see
+        :class:`_TapeRecord`): eager code after the block reads it."""
+        record = self._tape_record
+        if record is None:
+            record = self._tape_record = _TapeRecord(self)
+        record.read_segments()  # (a block entered again since: its new segments too)
+        value._creator = (record, len(record.outputs))
+        record.outputs.append(weakref.ref(value))
+
+    def _backward(self, seeds, retain_graph):
+        """:meth:`backward` up to the values made outside the scope: their (value, gradient)
+        pairs, for their own tapes or scopes."""
         self.run_pending()
         if self._released:
             raise MinicavsError(
@@ -475,7 +493,7 @@ class AutoBatch:
             for segment in self.segments:
                 segment.release()
         self.backward_stats.append(time.perf_counter() - began)
-        _continue_outside(outside)
+        return outside
 
     def _route(self, value, g, params, outside):
         """A leaf's gradient: into an earlier segment, a parameter, or another graph."""
@@ -496,6 +514,74 @@ class AutoBatch:
         """What was batched and what it cost; see ``explain.py``."""
         from .explain import explain
         return explain(self, picture, max_batches)
+
+
+class _TapeRecord:
+    """The scope on the eager tape, as one op of many outputs: the values of the scope that
+    eager code read after the block (``AutoBatch.hand_to_tape``). Its inputs are what the
+    scope read that has a tape of its own (a tensor computed from a parameter before the
+    block, another scope's values), so the eager backward reaches this record before theirs
+    and one batched backward of the scope, seeded with every output's gradient, hands theirs
+    on in the same pass; parameters get theirs from the scope directly. Seen from the tape,
+    it is a record (``autodiff/tensor._Record``) whose op is itself."""
+
+    multi_output, nondiff_args, name = True, (), "mc.autobatch block"
+
+    def __init__(self, scope):
+        self.scope, self.op, self.attrs, self.outputs, self.where = scope, self, {}, [], None
+        self.inputs, self.segments_read = [], 0
+
+    def read_segments(self):
+        """Add what the scope's segments not read yet read with a tape to the inputs."""
+        segments = self.scope.segments
+        known = {id(t) for t in self.inputs}
+        for segment in segments[self.segments_read:]:
+            for t in _read_with_a_tape(segment, self.scope):
+                if id(t) not in known:
+                    known.add(id(t))
+                    self.inputs.append(t)
+        self.segments_read = len(segments)
+
+    def check_saved(self, outs):  # (the segments check what they read: begin_backward)
+        pass
+
+    def vjp(self, out_grads, outs, *inputs):
+        if is_grad_enabled():  # (backward(create_graph=True): the scope records no ∂ of ∂)
+            raise UnsupportedError("backward(create_graph=True) through the values of an "
+                                   "mc.autobatch block is not supported; differentiate twice "
+                                   "with eager tensors")
+        seeds = [(o, g._array) for o, g in zip(outs, out_grads) if o is not None and
+                 g is not None]
+        grads, rest = {id(x): None for x in inputs}, []
+        for value, g in self.scope._backward(seeds, retain_graph=True):
+            if id(value) in grads:  # (a tensor's terms added, as one input's)
+                g, found = g.reshape(value.shape), grads[id(value)]
+                grads[id(value)] = g if found is None else found + g
+            else:
+                rest.append((value, g))
+        _continue_outside(rest)
+        return [None if grads[id(x)] is None else Tensor(grads[id(x)]) for x in inputs]
+
+    def release(self):
+        """The eager backward released its graph: so is the scope's."""
+        scope = self.scope
+        scope._released = True
+        for segment in scope.segments:
+            segment.release()
+
+
+def _read_with_a_tape(segment, scope):
+    """The tensors ``segment`` read that carry a gradient on through a tape of their own
+    (another scope's values handed to the tape first)."""
+    found = [t for t, _ in getattr(segment, "read", ())
+             if t.requires_grad and t._creator is not None]
+    for j in getattr(segment, "tensor_leaves", ()):
+        v = segment.leaves[j]
+        if isinstance(v, LazyTensor) and v._scope is not scope and v.requires_grad:
+            if v._creator is None:
+                v._scope.hand_to_tape(v)
+            found.append(v)
+    return found
 
 
 class _Failed:

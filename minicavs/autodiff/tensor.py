@@ -384,6 +384,9 @@ def _backpropagate(root, grad, retain_graph, create_graph):
             for o in outs:
                 if o is not None:
                     o._creator = _RELEASED
+            release = getattr(record, "release", None)  # (a record holding more: its memory)
+            if release is not None:
+                release()
     for key, t in leaves.items():
         g = grads[key][0]
         if not create_graph:
