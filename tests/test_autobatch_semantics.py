@@ -321,20 +321,34 @@ def test_a_vertex_function_called_in_a_block_runs_whole_and_differentiates(strat
     _assert_batched_equals_eager(*results)
 
 
-def test_a_vertex_function_on_a_pending_value_that_needs_a_gradient_is_refused():
-    A = mc.Parameter(np.eye(4))
-    U = mc.Parameter(np.eye(4))
-    F = mc.VertexFunction(lambda v: v.scatter(mc.tanh(v.pull() @ U)), pull_shape=(4,),
-                          scatter_shape=(4,), arity=0, dtype="float64")
-    batch = mc.GraphBatch([mc.InputGraph([[]])])
-    with mc.autobatch():
-        with mc.no_grad():
-            data = mc.tanh(mc.tensor(np.ones((1, 4))) @ A)  # pending, no gradient: read as data
-        np.testing.assert_allclose(F(batch, pull=data).numpy(), np.tanh(np.tanh(np.ones((1, 4)))))
-        pending = mc.tanh(mc.tensor(np.ones((1, 4))) @ A)
-        with pytest.raises(mc.UnsupportedError, match="the pulled input was computed inside an "
-                                                      "mc.autobatch block and needs a gradient"):
-            F(batch, pull=pending)
+@pytest.mark.parametrize("strategy", ["agenda", "agenda+"])
+def test_a_vertex_function_on_a_pending_value_differentiates(strategy):
+    """A vertex function in a block on a value the block computed: its operand is handed to the
+    eager tape, so the block's backward, through the function's output and its own ∂F, leads
+    back into the block's earlier segment (it was refused: "needs a gradient"); a pending
+    value without one is read as data."""
+    rng = np.random.default_rng(3)
+    A0, U0, X = (rng.standard_normal((4, 4)) * 0.5, rng.standard_normal((4, 4)) * 0.5,
+                 rng.standard_normal((3, 4)))
+    batch = mc.GraphBatch([mc.InputGraph([[], [], [0, 1]])])
+    results = []
+    for batched in (False, True):
+        A, U = mc.Parameter(A0.copy()), mc.Parameter(U0.copy())
+
+        def cell(v):
+            v.scatter(mc.tanh(v.pull() @ U + v.gather(0) + v.gather(1)))
+
+        F = mc.VertexFunction(cell, pull_shape=(4,), scatter_shape=(4,), arity=2,
+                              dtype="float64")
+        with mc.autobatch(strategy) if batched else contextlib.nullcontext():
+            with mc.no_grad():
+                data = mc.tanh(mc.tensor(X) @ A)  # no gradient: read as data
+            pending = mc.tanh(mc.tensor(X) @ A)
+            out = F(batch, pull=pending) + F(batch, pull=data)
+            loss = mc.add_n([mc.sum(out[v] * pending[v]) for v in range(3)])
+            loss.backward()
+        results.append([loss.item(), A.grad.numpy(), U.grad.numpy()])
+    _assert_batched_equals_eager(*results)
 
 
 def test_a_static_function_in_a_block_is_inlined_and_batched():

@@ -20,7 +20,6 @@ from .. import backend
 from ..autodiff import versions
 from ..autodiff.tensor import Tensor, backward_seed, grad_lock, grad_mode, is_grad_enabled
 from ..errors import ArgumentError, MinicavsError, UnsupportedError
-from ..locations import format_location, user_location
 from ..ops import registry
 from ..ops.registry import Aval, tracers
 from ..ops.shape import RESHAPE, SLICE_AXIS
@@ -76,13 +75,19 @@ class LazyTensor(Tensor):
         scope = registry.recording.scope if registry.recording_threads else None
         if scope is not None:
             return scope.record(op, args, attrs)
-        for a in args:  # (eager code after the block: its tape leads into the scope)
+        grad = is_grad_enabled()  # (eager code after the block: its tape leads into it)
+        for a in args:
             if isinstance(a, LazyTensor):
-                if a._versions is None:  # (a record saves its inputs' versions)
-                    a._versions = versions.Version()
-                if a.requires_grad and a._creator is None and is_grad_enabled():
-                    a._scope.hand_to_tape(a)
+                a.read_eagerly(grad)
         return Tensor.__minicavs_apply__(op, args, attrs)
+
+    def read_eagerly(self, grad):
+        """Ready to be an operand of an eager op (its record saves its operands' versions);
+        with ``grad``, an output of a record of its scope on the eager tape."""
+        if self._versions is None:
+            self._versions = versions.Version()
+        if grad and self.requires_grad and self._creator is None:
+            self._scope.hand_to_tape(self)
 
     def backward(self, grad=None, retain_graph=False, create_graph=False):
         """Batched reverse pass over the scope's recorded graph (see ``segment.py``)."""
@@ -135,7 +140,7 @@ class AutoBatch:
         self._known = {}  # the fast path's key -> (Signature, the avals its key names by id)
         self._fast_path = None  # record_known or its C twin, inside the block
         self._released = False
-        self._tape_record = None  # (after the block, for eager code reading its values)
+        self._tape_record, self._live_records = None, 0  # (eager code reading its values)
         self.backward_stats = []
         self._reset_pending(0)
 
@@ -392,18 +397,21 @@ class AutoBatch:
     def _run_whole(self, op, args, attrs):
         """An op that batches its own work (``Op.runs_whole``: a vertex function's call) runs at
         once, as eager code: its result is an eager Tensor, and the gradient the block's ops
-        give it goes on through its own backward (``_continue_outside``). An operand pending in
-        a block that needs a gradient would get its gradient after that block's backward pass:
-        refused, naming it; one without is read as data."""
-        for i, a in enumerate(args):
-            if isinstance(a, LazyTensor) and a.requires_grad:
-                raise UnsupportedError(
-                    f"op '{op.name}': {op.argument_name(i)} was computed inside an "
-                    f"mc.autobatch block and needs a gradient, but this op batches its own work "
-                    f"and runs whole, on values made before the block: compute that operand "
-                    f"before the block, or call the op there" + format_location(user_location()))
-        return self._eager(op, tuple(Tensor(a._array) if isinstance(a, LazyTensor) else a
-                                     for a in args), attrs)
+        give it goes on through its own backward (``_continue_outside``). An operand of it
+        computed in the block that needs a gradient is handed to the eager tape
+        (:meth:`hand_to_tape`), so that backward leads back into the block's earlier segments
+        (a second backward of them, seeded there); one without is read as data."""
+        grad = is_grad_enabled()
+        operands = []
+        for a in args:
+            if isinstance(a, LazyTensor):
+                if grad and a.requires_grad:
+                    a._array  # (run first: its record reads the segments that ran)
+                    a.read_eagerly(grad)
+                else:
+                    a = Tensor(a._array)
+            operands.append(a)
+        return self._eager(op, tuple(operands), attrs)
 
     def _eager(self, op, args, attrs):
         state = registry.recording
@@ -449,21 +457,32 @@ class AutoBatch:
     def backward(self, seeds, retain_graph=False):
         """Propagate ``seeds`` ((LazyTensor of this scope, gradient array or None) pairs)
         back through the segments, and on into leaves, parameters and other graphs."""
-        _continue_outside(self._backward(seeds, retain_graph))
+        _continue_outside(self._backward(seeds))
+        if not retain_graph:  # (after the tapes outside: one may lead back into the scope)
+            self._release()
 
     def hand_to_tape(self, value):
-        """Make ``value`` an output of the scope's record on the eager tape (see
-        :class:`_TapeRecord`): eager code after the block reads it."""
+        """Make ``value`` an output of a record of the scope on the eager tape (see
+        :class:`_TapeRecord`): eager code reads it, after the block or as the operand of an
+        op that runs whole in it. A record's inputs are read once, when it is made: one made
+        after a segment ran is a new one (which may read what the older one's outputs led to:
+        two records, never a cycle)."""
         record = self._tape_record
-        if record is None:
+        if record is None or record.segments_read != len(self.segments):
             record = self._tape_record = _TapeRecord(self)
-        record.read_segments()  # (a block entered again since: its new segments too)
+            self._live_records += 1
         value._creator = (record, len(record.outputs))
         record.outputs.append(weakref.ref(value))
 
-    def _backward(self, seeds, retain_graph):
-        """:meth:`backward` up to the values made outside the scope: their (value, gradient)
-        pairs, for their own tapes or scopes."""
+    def _release(self):
+        self._released = True
+        for segment in self.segments:
+            segment.release()
+
+    def _backward(self, seeds):
+        """:meth:`backward` up to the values made outside the scope, without releasing it:
+        their (value, gradient) pairs, for their own tapes or scopes. Seeds may come again
+        (a tape that led out of the scope leading back into it, linear: the terms add up)."""
         self.run_pending()
         if self._released:
             raise MinicavsError(
@@ -488,10 +507,6 @@ class AutoBatch:
                 _accumulate_grad(t, g, rows)
             else:
                 outside.append((t, g))
-        if not retain_graph:
-            self._released = True
-            for segment in self.segments:
-                segment.release()
         self.backward_stats.append(time.perf_counter() - began)
         return outside
 
@@ -529,18 +544,11 @@ class _TapeRecord:
 
     def __init__(self, scope):
         self.scope, self.op, self.attrs, self.outputs, self.where = scope, self, {}, [], None
-        self.inputs, self.segments_read = [], 0
-
-    def read_segments(self):
-        """Add what the scope's segments not read yet read with a tape to the inputs."""
-        segments = self.scope.segments
-        known = {id(t) for t in self.inputs}
-        for segment in segments[self.segments_read:]:
-            for t in _read_with_a_tape(segment, self.scope):
-                if id(t) not in known:
-                    known.add(id(t))
-                    self.inputs.append(t)
-        self.segments_read = len(segments)
+        inputs = {}
+        for segment in scope.segments:
+            for t in _read_with_a_tape(segment, scope):
+                inputs.setdefault(id(t), t)
+        self.inputs, self.segments_read = list(inputs.values()), len(scope.segments)
 
     def check_saved(self, outs):  # (the segments check what they read: begin_backward)
         pass
@@ -553,7 +561,7 @@ class _TapeRecord:
         seeds = [(o, g._array) for o, g in zip(outs, out_grads) if o is not None and
                  g is not None]
         grads, rest = {id(x): None for x in inputs}, []
-        for value, g in self.scope._backward(seeds, retain_graph=True):
+        for value, g in self.scope._backward(seeds):
             if id(value) in grads:  # (a tensor's terms added, as one input's)
                 g, found = g.reshape(value.shape), grads[id(value)]
                 grads[id(value)] = g if found is None else found + g
@@ -563,11 +571,10 @@ class _TapeRecord:
         return [None if grads[id(x)] is None else Tensor(grads[id(x)]) for x in inputs]
 
     def release(self):
-        """The eager backward released its graph: so is the scope's."""
-        scope = self.scope
-        scope._released = True
-        for segment in scope.segments:
-            segment.release()
+        """The eager backward released its graph: so is the scope's, with its last record."""
+        self.scope._live_records -= 1
+        if self.scope._live_records == 0:
+            self.scope._release()
 
 
 def _read_with_a_tape(segment, scope):
