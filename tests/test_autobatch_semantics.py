@@ -428,3 +428,24 @@ def test_eager_code_after_the_block_reads_values_without_a_gradient():
     np.testing.assert_allclose(W.grad.numpy(), np.tanh(0.5) * np.ones((2, 2)), rtol=1e-12)
     with pytest.raises(mc.UnsupportedError, match="create_graph"):
         mc.sum(live * live).backward(create_graph=True)
+
+
+def test_a_block_read_by_eager_code_is_freed_without_the_garbage_collector():
+    """The scope holds its tape record and the record only a weak reference back: a cycle
+    kept every step's block (its slabs) alive until the garbage collector ran."""
+    import gc
+    import weakref
+
+    W = mc.Parameter(np.eye(3))
+
+    def step():
+        with mc.autobatch() as block:
+            ys = [mc.tanh(mc.tensor(np.ones((1, 3))) @ W) for _ in range(3)]
+        mc.add_n([mc.sum(y) for y in ys]).backward()
+        return weakref.ref(block)
+
+    gc.disable()
+    try:
+        assert step()() is None
+    finally:
+        gc.enable()

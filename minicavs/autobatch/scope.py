@@ -543,7 +543,10 @@ class _TapeRecord:
     multi_output, nondiff_args, name = True, (), "mc.autobatch block"
 
     def __init__(self, scope):
-        self.scope, self.op, self.attrs, self.outputs, self.where = scope, self, {}, [], None
+        # (the scope weakly: it holds this record, and a cycle would keep its slabs until the
+        # garbage collector ran; the outputs hold it while a backward can reach this record)
+        self._scope = weakref.ref(scope)
+        self.op, self.attrs, self.outputs, self.where = self, {}, [], None
         inputs = {}
         for segment in scope.segments:
             for t in _read_with_a_tape(segment, scope):
@@ -559,9 +562,9 @@ class _TapeRecord:
                                    "mc.autobatch block is not supported; differentiate twice "
                                    "with eager tensors")
         seeds = [(o, g._array) for o, g in zip(outs, out_grads) if o is not None and
-                 g is not None]
+                 g is not None]  # (one at least: the tape reached this record through it)
         grads, rest = {id(x): None for x in inputs}, []
-        for value, g in self.scope._backward(seeds):
+        for value, g in seeds[0][0]._scope._backward(seeds):  # (a live output holds it)
             if id(value) in grads:  # (a tensor's terms added, as one input's)
                 g, found = g.reshape(value.shape), grads[id(value)]
                 grads[id(value)] = g if found is None else found + g
@@ -572,9 +575,11 @@ class _TapeRecord:
 
     def release(self):
         """The eager backward released its graph: so is the scope's, with its last record."""
-        self.scope._live_records -= 1
-        if self.scope._live_records == 0:
-            self.scope._release()
+        scope = self._scope()
+        if scope is not None:
+            scope._live_records -= 1
+            if scope._live_records == 0:
+                scope._release()
 
 
 def _read_with_a_tape(segment, scope):
