@@ -107,22 +107,25 @@ def sample_x(seed, j):
     return np.random.default_rng([seed, j]).normal(size=D)
 
 
+def _total(losses):
+    return mc.sum(mc.stack(losses)) + 0.5 * mc.sum(mc.tanh(losses[0]))
+
+
 def _run(samples, strategy, branch_reads, seed=0, sum_after=False):
     """The losses and gradients; ``sum_after``: the block ends with the losses, eager code
-    sums them and runs backward (the scope is a record of its tape)."""
+    adds them up and runs backward (the scope is a record of its tape)."""
     p = _params(seed)
     if strategy is None:
         losses = [_sample_loss(s, p, branch_reads) for s in samples]
-        total = mc.sum(mc.stack(losses))
-        total.backward()
+        _total(losses).backward()
         values = [l.numpy() for l in losses]
     else:
         with mc.autobatch(strategy) as ab:
             losses = [_sample_loss(s, p, branch_reads) for s in samples]
             if not sum_after:
-                mc.sum(mc.stack(losses)).backward()
+                _total(losses).backward()
         if sum_after:
-            mc.sum(mc.stack(losses)).backward()
+            _total(losses).backward()
         values = [l.numpy() for l in losses]
         assert ab.segments, "the block recorded nothing"
     return values, {k: np.zeros(v.shape) if v.grad is None else v.grad.numpy()
