@@ -533,12 +533,13 @@ class AutoBatch:
 
 class _TapeRecord:
     """The scope on the eager tape, as one op of many outputs: the values of the scope that
-    eager code read after the block (``AutoBatch.hand_to_tape``). Its inputs are what the
-    scope read that has a tape of its own (a tensor computed from a parameter before the
-    block, another scope's values), so the eager backward reaches this record before theirs
-    and one batched backward of the scope, seeded with every output's gradient, hands theirs
-    on in the same pass; parameters get theirs from the scope directly. Seen from the tape,
-    it is a record (``autodiff/tensor._Record``) whose op is itself."""
+    eager code read (after the block, or a vertex function called in it:
+    ``AutoBatch.hand_to_tape``). Its inputs are what the scope's segments that ran by then read
+    that has a tape of its own (a tensor computed from a parameter before the block, another
+    scope's values, a vertex function's output), so the eager backward reaches this record
+    before theirs and one batched backward of the scope, seeded with every output's gradient,
+    hands theirs on in the same pass; parameters get theirs from the scope directly. Seen from
+    the tape, it is a record (``autodiff/tensor._Record``) whose op is itself."""
 
     multi_output, nondiff_args, name = True, (), "mc.autobatch block"
 
