@@ -77,7 +77,9 @@ def test_backward_refuses_a_parameter_changed_in_place_after_the_forward_pass():
         y.item()
         with mc.no_grad():
             W.mul_(10.0)
-        with pytest.raises(mc.InPlaceModificationError, match="parameter 'W'.*changed in place"):
+        with pytest.raises(mc.InPlaceModificationError,  # (as eager code names it: it said
+                           # "argument 0" of every op, the position in its own list)
+                           match="argument 1 of op 'mul', a parameter 'W'.*changed in place"):
             y.backward()
 
 

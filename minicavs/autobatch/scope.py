@@ -586,7 +586,7 @@ class _TapeRecord:
 def _read_with_a_tape(segment, scope):
     """The tensors ``segment`` read that carry a gradient on through a tape of their own
     (another scope's values handed to the tape first)."""
-    found = [t for t, _ in getattr(segment, "read", ())
+    found = [t for t, _, _ in getattr(segment, "read", ())
              if t.requires_grad and t._creator is not None]
     for j in getattr(segment, "tensor_leaves", ()):
         v = segment.leaves[j]

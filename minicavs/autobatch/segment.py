@@ -138,19 +138,19 @@ class Segment:
         self.xp = xp
         self.counter = getattr(xp, "launch_counter", None)  # (the emulated device counts launches)
         uploads = self.counter.uploads if self.counter is not None else 0
-        read = {}  # the Tensors it reads (by object), with an op that reads each
+        read = {}  # the Tensors it reads (by object), with an op and the argument reading each
         for sig in active:
-            for t in sig.shared:
+            for i, t in enumerate(sig.shared):
                 if isinstance(t, Tensor):
-                    read.setdefault(id(t), (t, sig.op.name))
-        self.invariants = [t._array for t, _ in read.values()]
+                    read.setdefault(id(t), (t, sig.op.name, sig.op.argument_name(i)))
+        self.invariants = [t._array for t, _, _ in read.values()]
         for j in tensor_leaves:
             v = leaves[j]
             if v.requires_grad and not hasattr(v, "_scope"):
-                read.setdefault(id(v), (v, "autobatched"))
+                read.setdefault(id(v), (v, "autobatched", "a value"))
         # Their versions, as an eager record saves them: backward refuses one changed since.
         self.read = list(read.values())
-        self.saved = versions.save([t for t, _ in self.read])
+        self.saved = versions.save([t for t, _, _ in self.read])
         shapes = {v: k for k, v in slab_ids.items()}
         self.slabs = SLABS.arrays(xp, [((int(leaf_count[i] + node_count[i]),) + shapes[i][0],
                                          shapes[i][1]) for i in range(num_slabs)])
@@ -314,9 +314,10 @@ class Segment:
 
     # --- backward -------------------------------------------------------------------------------
     def begin_backward(self):
-        for i, (t, op_name) in enumerate(self.read):
+        for i, (t, op_name, role) in enumerate(self.read):
             versions.check([t], (self.saved[0][i:i + 1],
-                                 self.saved[1] and self.saved[1][i:i + 1]), op_name)
+                                 self.saved[1] and self.saved[1][i:i + 1]), op_name,
+                           roles=[role])
         # Fresh zeros for every backward pass: a second one (retain_graph) must not start from
         # the first one's cotangents.
         self.gslabs = SLABS.arrays(self.xp, [(s.shape, s.dtype) for s in self.slabs],
