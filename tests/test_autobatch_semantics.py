@@ -216,9 +216,14 @@ def test_an_op_with_no_batching_rule_for_its_operands_runs_node_by_node(form):
 def test_a_failed_run_does_not_poison_the_rest_of_the_block():
     W = mc.Parameter(np.array([1.0, 2.0]))
     with mc.autobatch():
-        bad = mc.embedding(W.reshape(2, 1), np.array(5))  # out of range: fails when it runs
-        with pytest.raises(mc.MinicavsError):
+        table = W.reshape(2, 1)
+        rows = [mc.embedding(table, np.array(i)) for i in (1, 5)]  # 5: fails when it runs
+        bad = rows[1]
+        with pytest.raises(mc.IndexRangeError) as failed:  # (which call, which op, which line)
             bad.numpy()
+        message = str(failed.value)
+        assert "index 5 at position" in message and "in an mc.autobatch batch of" in message
+        assert "test_autobatch_semantics.py" in message and "mc.embedding(table" in message
         with pytest.raises(mc.MinicavsError, match="whose run failed"):
             bad.numpy()
         good = mc.sum(W * 2.0)

@@ -28,6 +28,8 @@ from ..autodiff import versions
 from ..autodiff.tensor import Tensor
 from ..cpu import kernels, products
 from ..cuda import kernels as cuda_kernels
+from ..errors import MinicavsError
+from ..locations import format_location
 from ..runtime.memory import SLABS
 from . import launches, native, schedule, views
 
@@ -286,8 +288,15 @@ class Segment:
                 env[symbol] = a[lo:lo + n] if rows is None else a[rows]
             for symbol, t in b.shared:
                 env[symbol] = t._array
-            self._timed(b.sig.forward.run, env, n, xp,
-                        slabs[b.out_slab][b.out_row:b.out_row + n])
+            try:
+                self._timed(b.sig.forward.run, env, n, xp,
+                            slabs[b.out_slab][b.out_row:b.out_row + n])
+            except MinicavsError as exc:  # (bad data found as the batch runs: say which)
+                raise type(exc)(f"{exc}\n  in an mc.autobatch batch of {n} call"
+                                f"{'s' if n != 1 else ''} of op '{b.sig.op.name}' (a position "
+                                f"above counts its calls), made like the one"
+                                f"{format_location(b.sig.where) or ' at an unknown line'}"
+                                ) from None
             if b.sig.can_grad:
                 b.env = env  # what its backward reads
             if counter is not None:  # (the batch's operand gathers included)

@@ -47,7 +47,7 @@ class Signature:
 
     __slots__ = ("id", "op", "attrs", "row_avals", "shared", "out", "grad_enabled", "nodes",
                  "arg_rows", "arity", "_forward", "label", "can_grad", "local", "_detached",
-                 "per_node")
+                 "per_node", "where")
 
     def __init__(self, sig_id, op, attrs, row_avals, shared, grad_enabled):
         self.id = sig_id
@@ -58,10 +58,13 @@ class Signature:
         self.grad_enabled = grad_enabled
         avals = [a if a is not None else Aval(tuple(s.shape), np.dtype(s.dtype))
                  for a, s in zip(row_avals, shared)]
+        # the user's line that made the form first: an error of a batch names it (a form is
+        # new once a process, so looking for it costs nothing in a step)
+        self.where = user_location()
         try:
             out = op.infer(*avals, **attrs)
         except MinicavsError as exc:
-            raise type(exc)(str(exc) + format_location(user_location())) from None
+            raise type(exc)(str(exc) + format_location(self.where)) from None
         self.out = interned_aval(tuple(int(d) for d in out.shape), np.dtype(out.dtype))
         self.nodes = []  # indices of the recorded nodes of this signature, in recording order
         self.arg_rows = []  # flat: per node, the source id of each per-row operand
