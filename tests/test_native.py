@@ -322,6 +322,10 @@ def test_softmax_cross_entropy_kernel_equals_numpy():
                                    rtol=tolerance, atol=tolerance)
         np.testing.assert_allclose(kernels.softmax_cross_entropy_grad(x, labels, g),
                                    p * g[:, None], rtol=tolerance, atol=tolerance)
+        # a summed loss's gradient, one number broadcast to every row (it ran NumPy's form)
+        one = np.broadcast_to(np.asarray(g[0]), g.shape)
+        np.testing.assert_allclose(kernels.softmax_cross_entropy_grad(x, labels, one),
+                                   p * g[0], rtol=tolerance, atol=tolerance)
     assert kernels.softmax_cross_entropy(x[:, ::2], labels) is None  # not contiguous: NumPy runs
 
 
