@@ -363,10 +363,17 @@ def test_lstm_cell_kernels_equal_the_formulas(forget):
                                    atol=tolerance)
         np.testing.assert_allclose(kernels.lstm_cell_grad(pre, cs, out, g), expected_grad,
                                    rtol=tolerance, atol=tolerance)
-    if cs:  # the previous cells as the c half of [h, c] rows: strided rows, read in place
-        states = [np.concatenate([np.zeros_like(cp), cp], -1) for cp in cs]
-        np.testing.assert_allclose(kernels.lstm_cell(pre, [st[:, H:] for st in states]), out,
-                                   rtol=0, atol=0)
+    if cs:  # the previous cells as the c half of [h, c] rows: strided rows, read in place,
+        # each at its own stride (a Tree-LSTM's children from slabs of two widths: it ran
+        # NumPy's form), and the output and its cotangent as windows of wider rows
+        states = [np.concatenate([np.zeros((7, H * (1 + j)), dtype), cp], -1)
+                  for j, cp in enumerate(cs)]
+        strided = [st[:, -H:] for st in states]
+        np.testing.assert_allclose(kernels.lstm_cell(pre, strided), out, rtol=0, atol=0)
+        wide_out = np.concatenate([out, np.zeros_like(out)], -1)[:, :2 * H]
+        wide_g = np.concatenate([np.zeros_like(g), g], -1)[:, 2 * H:]
+        np.testing.assert_allclose(kernels.lstm_cell_grad(pre, strided, wide_out, wide_g),
+                                   expected_grad, rtol=tolerance, atol=tolerance)
         assert kernels.lstm_cell(pre, [cs[0][:, ::-1]] + cs[1:]) is None  # reversed: NumPy
     assert kernels.lstm_cell(pre[:, ::-1], cs) is None  # not contiguous: NumPy runs
     if cs:  # mixed dtypes: NumPy runs

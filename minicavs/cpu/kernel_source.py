@@ -379,7 +379,8 @@ static void reader_order(int64_t n, int64_t num_batches, int64_t *order, const i
 // The LSTM cell (ops/cells.py) on rows of gate pre-activations [i, f_1..f_K, o, u] (each H):
 // c = s(i) t(u) + sum_j s(f_j) c_j, h = s(o) t(c), written as [h, c]; one pass, no temporaries.
 // K (0, 1, 2) is a template argument so the loop over a row has no branch. The previous
-// cells may be strided rows (ldc: the c half of [h, c] states). With `terms` (2 or 3) the
+// cells may be strided rows, each at its own stride (ldc0, ldc1: the c half of [h, c] states,
+// the two children's from slabs of two widths). With `terms` (2 or 3) the
 // pre-activations are first summed into `pre`, t[0] + t[1] (+ t[2]) in that order, each rows at
 // its stride lt[k] (0: one row for all, a bias): an LSTM step's two products and its bias in
 // the cell's pass (runtime/executor.SummedCellStep), the sum kept for the gradient. Rows are
@@ -389,7 +390,8 @@ static inline T sigm(T x) { return T(1) / (T(1) + std::exp(-x)); }
 
 template <typename T, int K>
 static void lstm_cell(T *pre, const T *const *t, const int64_t *lt, int terms, const T *c0,
-                      const T *c1, int64_t ldc, int64_t rows, int64_t H, T *out, int threads) {
+                      const T *c1, int64_t ldc0, int64_t ldc1, int64_t rows, int64_t H, T *out,
+                      int threads) {
   const int64_t width = (3 + K) * H;
   #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t r = 0; r < rows; ++r) {
@@ -404,7 +406,7 @@ static void lstm_cell(T *pre, const T *const *t, const int64_t *lt, int terms, c
         for (int64_t j = 0; j < width; ++j) p[j] += z[j];
       }
     }
-    const T *a = K > 0 ? c0 + r * ldc : nullptr, *b = K > 1 ? c1 + r * ldc : nullptr;
+    const T *a = K > 0 ? c0 + r * ldc0 : nullptr, *b = K > 1 ? c1 + r * ldc1 : nullptr;
     T *h = out + r * 2 * H, *c = h + H;
     #pragma omp simd
     for (int64_t j = 0; j < H; ++j) {
@@ -418,14 +420,15 @@ static void lstm_cell(T *pre, const T *const *t, const int64_t *lt, int terms, c
 }
 
 // Its gradient, [d_pre (3+K)H, d_c_1..d_c_K] per row, from the output [h, c] and its
-// cotangent g = [g_h, g_c].
+// cotangent g = [g_h, g_c] (each rows at its stride: ldo, ldg).
 template <typename T, int K>
-static void lstm_cell_grad(const T *pre, const T *c0, const T *c1, int64_t ldc, const T *out,
-                           const T *g, int64_t rows, int64_t H, T *grads, int threads) {
+static void lstm_cell_grad(const T *pre, const T *c0, const T *c1, int64_t ldc0, int64_t ldc1,
+                           const T *out, int64_t ldo, const T *g, int64_t ldg, int64_t rows,
+                           int64_t H, T *grads, int threads) {
   #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t r = 0; r < rows; ++r) {
-    const T *p = pre + r * (3 + K) * H, *o = out + r * 2 * H, *gr = g + r * 2 * H;
-    const T *a = K > 0 ? c0 + r * ldc : nullptr, *b = K > 1 ? c1 + r * ldc : nullptr;
+    const T *p = pre + r * (3 + K) * H, *o = out + r * ldo, *gr = g + r * ldg;
+    const T *a = K > 0 ? c0 + r * ldc0 : nullptr, *b = K > 1 ? c1 + r * ldc1 : nullptr;
     T *d = grads + r * (3 + 2 * K) * H;
     #pragma omp simd
     for (int64_t j = 0; j < H; ++j) {
@@ -451,20 +454,23 @@ static void lstm_cell_grad(const T *pre, const T *c0, const T *c1, int64_t ldc, 
 
 template <typename T>
 static void lstm_cell_k(T *pre, const T *const *t, const int64_t *lt, int terms, const T *c0,
-                        const T *c1, int64_t ldc, int64_t k, int64_t rows, int64_t H, T *out,
-                        int threads) {
-  if (k == 0) lstm_cell<T, 0>(pre, t, lt, terms, c0, c1, ldc, rows, H, out, threads);
-  else if (k == 1) lstm_cell<T, 1>(pre, t, lt, terms, c0, c1, ldc, rows, H, out, threads);
-  else lstm_cell<T, 2>(pre, t, lt, terms, c0, c1, ldc, rows, H, out, threads);
+                        const T *c1, int64_t ldc0, int64_t ldc1, int64_t k, int64_t rows,
+                        int64_t H, T *out, int threads) {
+  if (k == 0) lstm_cell<T, 0>(pre, t, lt, terms, c0, c1, ldc0, ldc1, rows, H, out, threads);
+  else if (k == 1) lstm_cell<T, 1>(pre, t, lt, terms, c0, c1, ldc0, ldc1, rows, H, out, threads);
+  else lstm_cell<T, 2>(pre, t, lt, terms, c0, c1, ldc0, ldc1, rows, H, out, threads);
 }
 
 template <typename T>
-static void lstm_cell_grad_k(const T *pre, const T *c0, const T *c1, int64_t ldc,
-                             const T *out, const T *g, int64_t k, int64_t rows, int64_t H,
-                             T *grads, int threads) {
-  if (k == 0) lstm_cell_grad<T, 0>(pre, c0, c1, ldc, out, g, rows, H, grads, threads);
-  else if (k == 1) lstm_cell_grad<T, 1>(pre, c0, c1, ldc, out, g, rows, H, grads, threads);
-  else lstm_cell_grad<T, 2>(pre, c0, c1, ldc, out, g, rows, H, grads, threads);
+static void lstm_cell_grad_k(const T *pre, const T *c0, const T *c1, int64_t ldc0,
+                             int64_t ldc1, const T *out, int64_t ldo, const T *g, int64_t ldg,
+                             int64_t k, int64_t rows, int64_t H, T *grads, int threads) {
+  if (k == 0)
+    lstm_cell_grad<T, 0>(pre, c0, c1, ldc0, ldc1, out, ldo, g, ldg, rows, H, grads, threads);
+  else if (k == 1)
+    lstm_cell_grad<T, 1>(pre, c0, c1, ldc0, ldc1, out, ldo, g, ldg, rows, H, grads, threads);
+  else
+    lstm_cell_grad<T, 2>(pre, c0, c1, ldc0, ldc1, out, ldo, g, ldg, rows, H, grads, threads);
 }
 
 extern "C" {
@@ -502,14 +508,14 @@ void team_probe(const float *a, const float *b, float *out, int64_t n, int threa
 }
 #define LSTM_CELL(suffix, T)                                                                   \
   void lstm_cell_##suffix(T *p, const T *const *t, const int64_t *lt, int terms, const T *a,  \
-                          const T *b, int64_t ldc, int64_t k, int64_t r, int64_t h, T *o,     \
-                          int threads) {                                                      \
-    lstm_cell_k(p, t, lt, terms, a, b, ldc, k, r, h, o, threads);                             \
+                          const T *b, int64_t lda, int64_t ldb, int64_t k, int64_t r,         \
+                          int64_t h, T *o, int threads) {                                     \
+    lstm_cell_k(p, t, lt, terms, a, b, lda, ldb, k, r, h, o, threads);                        \
   }                                                                                           \
-  void lstm_cell_grad_##suffix(const T *p, const T *a, const T *b, int64_t ldc, const T *o,   \
-                               const T *g, int64_t k, int64_t r, int64_t h, T *d,             \
-                               int threads) {                                                 \
-    lstm_cell_grad_k(p, a, b, ldc, o, g, k, r, h, d, threads);                                \
+  void lstm_cell_grad_##suffix(const T *p, const T *a, const T *b, int64_t lda, int64_t ldb,  \
+                               const T *o, int64_t ldo, const T *g, int64_t ldg, int64_t k,   \
+                               int64_t r, int64_t h, T *d, int threads) {                     \
+    lstm_cell_grad_k(p, a, b, lda, ldb, o, ldo, g, ldg, k, r, h, d, threads);                 \
   }
 LSTM_CELL(f32, float)
 LSTM_CELL(f64, double)

@@ -46,8 +46,8 @@ def _usable(*arrays):
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64  # a pointer (passed as an int), a size
 _SIGNATURES = {  # the hot calls' argument types: declared, plain ints pass without wrappers
-    "lstm_cell": (_P, _P, _P, ctypes.c_int, _P, _P, _I, _I, _I, _I, _P, ctypes.c_int),
-    "lstm_cell_grad": (_P, _P, _P, _I, _P, _P, _I, _I, _I, _P, ctypes.c_int),
+    "lstm_cell": (_P, _P, _P, ctypes.c_int, _P, _P, _I, _I, _I, _I, _I, _P, ctypes.c_int),
+    "lstm_cell_grad": (_P, _P, _P, _I, _I, _P, _I, _P, _I, _I, _I, _I, _P, ctypes.c_int),
     "scatter_add": (_P, _P, _P, _I, _I, _I, _I, ctypes.c_int),
     "take_rows": (_P, _I, _I, _P, _I, _I, _P, ctypes.c_int),
     "xent": (_P, _P, _I, _I, _P, ctypes.c_int),
@@ -108,9 +108,11 @@ def softmax_cross_entropy_grad(logits, labels, g):
 
 
 def _lstm_operands(pre, c_prev, *more):
-    """The dtype suffix, row stride of the previous cells, rows and H of an LSTM cell's
-    operands as the kernels take them, or None: ``pre`` and ``more`` C-contiguous, the cells
-    (rows, H) with contiguous rows at one stride (the c half of [h, c] states)."""
+    """The dtype suffix, the previous cells' row strides (two: the second cell's the first's
+    where there is one), rows and H of an LSTM cell's operands as the kernels take them, or
+    None: ``pre`` and ``more`` C-contiguous, the cells (rows, H) with contiguous rows, each at
+    its own stride (the c half of [h, c] states; a Tree-LSTM's two children from slabs of two
+    widths: it ran NumPy's form, a batch in four of an autobatched Tree-LSTM)."""
     if type(pre) is not np.ndarray:
         return None
     dtype, k = pre.dtype, len(c_prev)
@@ -121,15 +123,16 @@ def _lstm_operands(pre, c_prev, *more):
         if type(a) is not np.ndarray or a.dtype != dtype or not a.flags.c_contiguous:
             return None
     width = pre.shape[-1]
-    H, rows, ldc = width // (3 + k), pre.size // width, None
-    for c in c_prev:  # (one stride for both)
+    H, rows, strides = width // (3 + k), pre.size // width, []
+    for c in c_prev:
         if getattr(c, "dtype", None) != dtype:
             return None
         stride = _row_stride(c, rows, H)
-        if stride is None or stride != (ldc or stride):
+        if stride is None:
             return None
-        ldc = stride
-    return suffix, ldc or H, rows, H
+        strides.append(stride)
+    strides += [strides[0] if strides else H] * (2 - len(strides))
+    return suffix, strides, rows, H
 
 
 def _row_stride(a, rows, width):
@@ -151,9 +154,9 @@ def lstm_cell(pre, c_prev):
     cell = found and _function("lstm_cell", found[0])
     if not cell:
         return None
-    _, ldc, rows, H = found
+    _, lds, rows, H = found
     out = np.empty(pre.shape[:-1] + (2 * H,), pre.dtype)
-    cell(data_address(pre), None, None, 0, *_cell_addresses(c_prev), ldc, len(c_prev), rows, H,
+    cell(data_address(pre), None, None, 0, *_cell_addresses(c_prev), *lds, len(c_prev), rows, H,
          data_address(out), calibrate.threads_for(pre.size))
     return out
 
@@ -195,12 +198,12 @@ def lstm_cell_sum(terms, c_prev, out=None, pre=None):
     cell = found and _function("lstm_cell", found[0])
     if not cell or pre.shape != (rows, width) or pre.dtype != dtype:
         return None
-    _, ldc, _, H = found
+    _, cell_lds, _, H = found
     if out is None:
         out = np.empty((rows, 2 * H), dtype)
     elif out.shape != (rows, 2 * H):
         return None
-    cell(data_address(pre), addresses, lds, count, *_cell_addresses(c_prev), ldc,
+    cell(data_address(pre), addresses, lds, count, *_cell_addresses(c_prev), *cell_lds,
          len(c_prev), rows, H, data_address(out), calibrate.threads_for(pre.size))
     return pre, out
 
@@ -225,12 +228,15 @@ def _cell_addresses(c_prev):
 
 def lstm_cell_grad(pre, c_prev, out, g, grads=None):
     """``ops.lstm_cell_grad``'s [∂pre, ∂c_prev…] in one pass over the rows (into ``grads``,
-    C-contiguous, where given), or None."""
-    found = _lstm_operands(pre, c_prev, out, g, *([] if grads is None else [grads]))
+    C-contiguous, where given), or None. ``out`` and ``g``: rows at any stride."""
+    found = _lstm_operands(pre, c_prev, *([] if grads is None else [grads]))
     cell_grad = found and _function("lstm_cell_grad", found[0])
     if not cell_grad:
         return None
-    _, ldc, rows, H = found
+    _, lds, rows, H = found
+    ldo, ldg = _row_stride(out, rows, 2 * H), _row_stride(g, rows, 2 * H)
+    if ldo is None or ldg is None or out.dtype != pre.dtype or g.dtype != pre.dtype:
+        return None
     k = len(c_prev)
     shape = pre.shape[:-1] + ((3 + 2 * k) * H,)
     if grads is None:
@@ -238,8 +244,8 @@ def lstm_cell_grad(pre, c_prev, out, g, grads=None):
     elif grads.shape != shape:
         return None
     c0, c1 = _cell_addresses(c_prev)
-    cell_grad(data_address(pre), c0, c1, ldc, data_address(out), data_address(g), k, rows, H,
-              data_address(grads), calibrate.threads_for(pre.size))
+    cell_grad(data_address(pre), c0, c1, *lds, data_address(out), ldo, data_address(g), ldg, k,
+              rows, H, data_address(grads), calibrate.threads_for(pre.size))
     return grads
 
 
