@@ -331,6 +331,23 @@ def test_softmax_cross_entropy_kernel_equals_numpy():
 
 
 @needs_native
+def test_take_rows_kernel_reads_ids_in_any_layout():
+    """The embedding lookup's kernel against NumPy, a zero row for -1, with the ids a column of
+    a wider array (TreeRNN's [word, internal] pulls: they ran NumPy's masked form); an id out
+    of range leaves it to the caller's check."""
+    from minicavs.cpu import kernels
+
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((9, 5)).astype("float32")
+    pulls = np.stack([rng.integers(-1, 9, 20), rng.integers(0, 2, 20)], axis=1)
+    ids = pulls[:, 0]
+    expected = np.where((ids >= 0)[:, None], table[np.maximum(ids, 0)], 0)
+    np.testing.assert_array_equal(kernels.take_rows(table, ids), expected)
+    pulls[3, 0] = 9
+    assert kernels.take_rows(table, pulls[:, 0]) is None
+
+
+@needs_native
 @pytest.mark.parametrize("forget", [0, 1, 2])
 def test_lstm_cell_kernels_equal_the_formulas(forget):
     """The one-pass LSTM cell and its gradient (cpu/kernels.py, used by ops.lstm_cell) against

@@ -277,8 +277,10 @@ def take_rows(x, idx, out=None):
     or 2-D with contiguous rows at any stride."""
     suffix = SUFFIX.get(getattr(x, "dtype", None))
     if suffix is None or x.ndim == 0 or getattr(idx, "dtype", None) != np.int64 \
-            or idx.ndim != 1 or not idx.flags.c_contiguous:
+            or idx.ndim != 1:
         return None
+    if not idx.flags.c_contiguous:  # (a column of ids: TreeRNN's [word, internal] pulls; it
+        idx = np.ascontiguousarray(idx)  # ran NumPy's masked form)
     cols = x.size // x.shape[0] if x.shape[0] else 0
     ldx = _rows_of(x, cols)
     take = _function("take_rows", suffix) if ldx is not None and cols else None
