@@ -82,7 +82,7 @@ def direct_calls(batch, env, weights, out, hidden):
             call()
         terms[0], terms[1], terms[2] = address(xw), address(hu), address(b)
         strides[0], strides[1], strides[2] = width, width, 0
-        cell(address(pre), terms, strides, 3, address(c), None, ldc, 1, n, hidden,
+        cell(address(pre), terms, strides, 3, address(c), None, ldc, ldc, 1, n, hidden,
              address(out), threads)
     return run
 
