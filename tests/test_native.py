@@ -1129,3 +1129,41 @@ def test_a_fused_group_the_native_loop_cannot_read_runs_on_numpy():
     small = [np.ones((2, x.shape[-1])) if len(x.shape) == 2 else np.ones(x.shape)
              for x in group.inputs]
     assert fused.run(source, small) is None  # too small to be worth a native call
+
+
+@needs_native
+def test_the_benchmark_models_kernels_do_not_fall_back_to_numpy(monkeypatch):
+    """The native kernels' wrappers return None (NumPy's form runs) where the operands' layout
+    is not theirs; three did on models of the benchmark, silently (session 43's audit): the
+    cross-entropy gradient for a summed loss (its gradient one number broadcast to every row),
+    the embedding lookup for a column of ids (TreeRNN's [word, internal] pulls) and the LSTM
+    cell for children read from slabs of two widths (the autobatched Tree-LSTM). Each call is
+    counted here on small versions of those models; none may fall back."""
+    from benchmarks import common
+    from benchmarks.systems import minicavs_cpu
+    from minicavs.cpu import kernels
+    from minicavs.data import synthetic_treebank
+    from minicavs.models.plain import PlainTreeLSTM
+
+    fallbacks, calls = [], []
+    for name in ("take_rows", "lstm_cell", "lstm_cell_sum", "lstm_cell_grad",
+                 "softmax_cross_entropy", "softmax_cross_entropy_grad"):
+        def counted(*args, _name=name, _kernel=getattr(kernels, name), **kwargs):
+            done = _kernel(*args, **kwargs)
+            calls.append(_name)
+            if done is None:
+                fallbacks.append((_name, [(getattr(a, "shape", None), getattr(a, "strides", None))
+                                          for a in args]))
+            return done
+        monkeypatch.setattr(kernels, name, counted)
+    for workload in ("tree_rnn", "tree_lstm"):  # (vertex functions, a summed loss each)
+        data = common.load_workload(workload, 8)
+        data["hidden"] = data["embed"] = 8
+        F, params, prepare, loss_of = minicavs_cpu.build(data, common.init_params(data))
+        loss_of(*prepare(data["batches"][0])).backward()
+    trees, vocab = synthetic_treebank(12, seed=3)
+    model = PlainTreeLSTM(len(vocab), embed=8, hidden=8)
+    with mc.autobatch("agenda+"):
+        mc.add_n([model.loss(t) for t in trees]).backward()
+    assert {"take_rows", "lstm_cell", "lstm_cell_grad", "softmax_cross_entropy_grad"} <= set(calls)
+    assert not fallbacks, fallbacks
