@@ -312,6 +312,8 @@ class _Record:
     tensors it saved (``versions.py``) and, in debug mode, the user's line that made it."""
 
     __slots__ = ("op", "inputs", "attrs", "outputs", "saved", "where")
+    release = None  # (a record holding more than its tape — a block of mc.autobatch — frees
+    # it here when backward releases the graph: autobatch/scope._TapeRecord)
 
     def __init__(self, op, inputs, attrs, outputs):
         self.op, self.inputs, self.attrs = op, inputs, attrs
@@ -384,9 +386,8 @@ def _backpropagate(root, grad, retain_graph, create_graph):
             for o in outs:
                 if o is not None:
                     o._creator = _RELEASED
-            release = getattr(record, "release", None)  # (a record holding more: its memory)
-            if release is not None:
-                release()
+            if record.release is not None:
+                record.release()
     for key, t in leaves.items():
         g = grads[key][0]
         if not create_graph:

@@ -508,14 +508,14 @@ void team_probe(const float *a, const float *b, float *out, int64_t n, int threa
 }
 #define LSTM_CELL(suffix, T)                                                                   \
   void lstm_cell_##suffix(T *p, const T *const *t, const int64_t *lt, int terms, const T *a,  \
-                          const T *b, int64_t lda, int64_t ldb, int64_t k, int64_t r,         \
+                          const T *b, int64_t ldc0, int64_t ldc1, int64_t k, int64_t r,       \
                           int64_t h, T *o, int threads) {                                     \
-    lstm_cell_k(p, t, lt, terms, a, b, lda, ldb, k, r, h, o, threads);                        \
+    lstm_cell_k(p, t, lt, terms, a, b, ldc0, ldc1, k, r, h, o, threads);                      \
   }                                                                                           \
-  void lstm_cell_grad_##suffix(const T *p, const T *a, const T *b, int64_t lda, int64_t ldb,  \
+  void lstm_cell_grad_##suffix(const T *p, const T *a, const T *b, int64_t ldc0, int64_t ldc1, \
                                const T *o, int64_t ldo, const T *g, int64_t ldg, int64_t k,   \
                                int64_t r, int64_t h, T *d, int threads) {                     \
-    lstm_cell_grad_k(p, a, b, lda, ldb, o, ldo, g, ldg, k, r, h, d, threads);                 \
+    lstm_cell_grad_k(p, a, b, ldc0, ldc1, o, ldo, g, ldg, k, r, h, d, threads);               \
   }
 LSTM_CELL(f32, float)
 LSTM_CELL(f64, double)
