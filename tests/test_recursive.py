@@ -135,6 +135,49 @@ def test_recursive_equals_masked_cell_and_eager_reference(graphs, seed, options,
 
 
 @pytest.mark.usefixtures("cpu_backend")
+@given(forests(max_arity=ARITY, max_graphs=5), st.integers(0, 2**16), st.booleans(),
+       st.sampled_from(["internal", "leaves", "any"]))
+def test_rows_of_a_recursive_call_equal_those_rows_taken_from_all(graphs, seed, push, which):
+    """``model(batch, pull=X, rows=r)`` against ``take_rows(model(batch, pull=X), r)``: values
+    and every gradient, where ``r`` holds only internal vertices (the leaf kind is asked for
+    none of its rows: its pushed output's gradient is zero, and ∂F skips its products), only
+    leaves, or any vertices, repeated too."""
+    p = _params(seed)
+    batch = mc.GraphBatch(graphs)
+    rng = np.random.default_rng(seed + 1)
+    X = mc.tensor(rng.normal(size=(batch.num_vertices, E)), requires_grad=True)
+    pool = {"internal": np.flatnonzero(batch.num_children > 0),
+            "leaves": np.flatnonzero(batch.num_children == 0),
+            "any": np.arange(batch.num_vertices)}[which]
+    if not len(pool):
+        pool = np.arange(batch.num_vertices)
+    rows = rng.choice(pool, size=int(rng.integers(1, 6)))
+    model = _recursive(p, push)
+    target = rng.normal(size=(len(rows), C if push else H))
+    selected = _loss_and_grads(lambda x: model(batch, pull=x, rows=rows), list(p.values()), X,
+                               target)
+    taken = _loss_and_grads(lambda x: mc.take_rows(model(batch, pull=x), mc.tensor(rows)),
+                            list(p.values()), X, target)
+    _assert_same(selected, taken)
+
+
+def test_a_recursive_call_on_a_child_takes_no_rows():
+    p = _params(0)
+
+    @mc.recursive(scatter_shape=(H,), pull_shape=(E,), arity=ARITY, dtype="float64")
+    def model(node):
+        h = mc.tanh(node.pull() @ p["W_leaf"])
+        for child in node.children:
+            h = h + model(child, rows=[0])
+        return h
+
+    batch = mc.GraphBatch([mc.InputGraph([[], [0]])])
+    with pytest.raises(mc.errors.GraphError, match="a call on a child takes no pull=, tag= or "
+                                                   "rows="):
+        model(batch, pull=mc.tensor(np.ones((2, E))))
+
+
+@pytest.mark.usefixtures("cpu_backend")
 @given(forests(max_arity=2, max_graphs=6), st.integers(0, 2**16))
 def test_kinds_equal_one_masked_cell(graphs, seed):
     p = _params(seed)

@@ -78,7 +78,7 @@ def build(data, params, vertex_options=None):
 
     def loss_of(batch, words, extra):
         targets, labels = extra
-        logits = mc.take_rows(model(batch, pull=words), targets)
+        logits = model(batch, pull=words, rows=targets)  # (the internal vertices only: rows=)
         return mc.softmax_cross_entropy(logits, labels, reduction="sum")
 
     return model, list(P.values()), prepare, loss_of

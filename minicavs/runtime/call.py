@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import backend
 from ..ops.index import scatter_add_into
-from .zero_rows import FULL
+from .zero_rows import EMPTY, FULL
 
 
 @dataclass(eq=False)
@@ -260,10 +260,11 @@ def bind_backward(exe, xp, rows, saved, cotangent=None, *, at=None, d_states=Non
             take_rows(xp, cotangent, rows.order, out=env[state_grad])
     ranges = {ref.key: saved.ranges.get(value.key, FULL)
               for ref, value in zip(forward_inputs, bw.forward_refs)}
-    if at is not None and len(bw.cotangents) > 1 and xp is np and len(at):
+    if at is not None and len(bw.cotangents) > 1 and xp is np:
         # the push's gradient is zero but at the rows asked for (a loss on the internal
-        # vertices: their rows one block in level order), so its products run on those rows
-        ranges[bw.cotangents[1].key] = (int(at.min()), int(at.max()) + 1)
+        # vertices: their rows one block in level order), so its products run on those rows;
+        # none asked of this part (a kind with no vertex among them): none run
+        ranges[bw.cotangents[1].key] = (int(at.min()), int(at.max()) + 1) if len(at) else EMPTY
     unwritten = {ref.key: saved.stale[value.key]
                  for ref, value in zip(forward_inputs, bw.forward_refs) if value.key in saved.stale}
     return Part(exe, env, rows, ranges, d_states=d_states, levels=levels, store=store,

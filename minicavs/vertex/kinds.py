@@ -429,14 +429,17 @@ class KindedFunction(BatchedFunction):
         started = time.perf_counter()
         xp = backend.get_array_module(g._array)
         n = batch.num_vertices
-        cotangent, at = g._array, None
+        cotangent, at, by_kind = g._array, None, None
+        indices = schedule.indices(batch, xp)
         if rows is not None and schedule.one:  # the rows' gradient, added at their level rows
             at = record.selected  # (on a GPU, copied there once for both)
-        elif rows is not None:  # several kinds: the whole gradient, in the caller's order
+        elif rows is not None and xp is np:  # several kinds: each kind its rows' gradient, at
+            by_kind = _rows_by_kind(indices, rows, n)  # its level rows (a kind asked for none
+            # of its rows skips its pushed output's ∂: the leaves' under a loss on the rest)
+        elif rows is not None:  # (on a GPU) the whole gradient, in the caller's order
             cotangent = scatter_add_into(xp, xp.zeros((n,) + cotangent.shape[1:],
                                                       cotangent.dtype), xp.asarray(rows),
                                          cotangent)
-        indices = schedule.indices(batch, xp)
         d_states = None  # one kind: ∂F's own buffer, cleared; several: one for all kinds
         if len(kinds) > 1:
             d_states = xp.zeros((n + 1,) + self.scatter_shape, dtype=self.dtype)
@@ -447,8 +450,12 @@ class KindedFunction(BatchedFunction):
                 shared = {} if d_states is None else dict(
                     d_states=d_states, block=d_states[block.first:block.stop],
                     levels=block.levels)
+                part_cotangent = cotangent
+                if by_kind is not None:
+                    which, at = by_kind[position]
+                    part_cotangent = cotangent[which]
                 parts.append(call.bind_backward(f.backward_executable, xp, indices[position],
-                                                saved, cotangent, at=at, **shared))
+                                                saved, part_cotangent, at=at, **shared))
             driver.run(parts, xp)
             grads = self._gradients(xp, n, kinds, parts)
         finally:
@@ -511,6 +518,19 @@ def _selected(xp, schedule, rows):
     a GPU as the row kernels' int32 (a batch's rows are below 2**31: BatchIndices)."""
     selected = schedule.row_of[rows] if schedule.one else rows
     return selected if xp is np else xp.asarray(selected.astype(np.int32))
+
+
+def _rows_by_kind(indices, rows, n):
+    """``rows=`` of a call of several kinds (caller's vertex ids), split by kind: per part of
+    ``indices`` (position -> its BatchIndices), the positions in ``rows`` of its vertices and
+    their level rows in the part."""
+    part_of, level_row = np.empty(n, np.int64), np.empty(n, np.int64)
+    for position, part in indices.items():
+        part_of[part.order] = position
+        level_row[part.order] = np.arange(len(part.order))
+    kind = part_of[rows]
+    return {position: (which, level_row[rows[which]])
+            for position, which in ((p, np.flatnonzero(kind == p)) for p in indices)}
 
 
 def _in_caller_order(xp, parts, values, n, rows=None):

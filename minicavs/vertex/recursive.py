@@ -100,7 +100,10 @@ class RecursiveFunction:
     The keywords are those of :class:`~minicavs.vertex.function.VertexFunction`:
     ``scatter_shape`` is the shape of what the function returns per vertex; ``arity`` (optional)
     bounds the number of children. ``f(batch, pull=X, tag=T)`` (``batch``: a GraphBatch or one
-    InputGraph) returns one row per vertex: the pushed outputs, else the returned states.
+    InputGraph) returns one row per vertex: the pushed outputs, else the returned states;
+    ``rows=R`` (vertex ids, e.g. ``batch.roots``) those vertices' rows only, as a vertex
+    function's ``rows=``: the gradient of the others is known to be zero, and ∂F skips their
+    work (a kind none of whose vertices is asked for skips its pushed output's).
     """
 
     def __init__(self, fn, scatter_shape, pull_shape=None, push_shape=None, arity=None,
@@ -134,9 +137,9 @@ class RecursiveFunction:
     _tag_read = property(lambda self: getattr(self._local, "tag_read", False),
                          lambda self, read: setattr(self._local, "tag_read", read))
 
-    def __call__(self, batch, pull=None, tag=None):
+    def __call__(self, batch, pull=None, tag=None, rows=None):
         if self._tracing is not None:
-            return self._recurse(batch, pull, tag)
+            return self._recurse(batch, pull, tag, rows)
         if isinstance(batch, InputGraph):
             batch = GraphBatch([batch])
         if not isinstance(batch, GraphBatch):
@@ -165,7 +168,7 @@ class RecursiveFunction:
                 f = self._functions[present] = self._kinded(list(dict.fromkeys(keys)))
         kind_ids = ids[inverse.reshape(-1)]
         self._last = f
-        return f(batch, pull=pull, tag=kind_ids)
+        return f(batch, pull=pull, tag=kind_ids, rows=rows)
 
     def _kinded(self, keys):
         cells = {self._ids[k]: self.kinds[k].cell for k in keys}
@@ -238,12 +241,12 @@ class RecursiveFunction:
                              f"{tuple(state.shape)} for a vertex of kind {_kind_name(key)!r}, "
                              f"but declares scatter_shape={self.scatter_shape}{where}")
 
-    def _recurse(self, target, pull, tag):
+    def _recurse(self, target, pull, tag, rows):
         node = self._tracing
         where = format_location(user_location())
-        if pull is not None or tag is not None:
+        if pull is not None or tag is not None or rows is not None:
             raise GraphError(f"recursive function {self.name!r}: a call on a child takes no "
-                             f"pull= or tag= (the child pulls its own row)" + where)
+                             f"pull=, tag= or rows= (the child pulls its own row)" + where)
         if isinstance(target, Child) and target.node is node:
             return node.state_of(target)
         if isinstance(target, Child):
