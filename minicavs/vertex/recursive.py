@@ -35,7 +35,7 @@ from ..errors import GraphError, MinicavsError, ShapeError, TracedBranchError
 from .batching import VertexSymbol
 from .graphs import GraphBatch, InputGraph
 from .cell import TracedCell
-from .kinds import KindedFunction, check_tag
+from .kinds import KindedFunction, check_tag, kinds_of_vertices
 from ..locations import format_location, user_location
 
 
@@ -150,13 +150,12 @@ class RecursiveFunction:
             batch.check_arity(self.arity, f"recursive function {self.name!r}")
         tags = None if tag is None else check_tag(tag, batch, f"recursive function "
                                                                f"{self.name!r}")
-        arities = batch.num_children
         # The kind of each vertex, vectorised: its (arity, tag) pair, numbered by first trace.
         if tags is None:
-            distinct, inverse = np.unique(arities, return_inverse=True)
-            keys = [(int(a), None) for a in distinct]
+            distinct, inverse = kinds_of_vertices(batch, "arity")  # (memoised on the batch)
+            keys = [(a, None) for a in distinct]
         else:
-            pairs, inverse = np.unique(np.stack([arities, tags], axis=1), axis=0,
+            pairs, inverse = np.unique(np.stack([batch.num_children, tags], axis=1), axis=0,
                                        return_inverse=True)
             keys = [(int(a), int(t)) for a, t in pairs]
         with self._kinds_lock:  # (two threads meeting a new kind: it gets one trace, one id)
