@@ -28,6 +28,7 @@ How a call runs (no masked work: each kind's program sees its own rows only):
   gradients.
 """
 
+from collections import namedtuple
 import functools
 import operator
 import time
@@ -397,7 +398,7 @@ class KindedFunction(BatchedFunction):
         record.saved = [part.saved(self.cells[key].backward_graph)  # only what ∂F reads
                         for part, (_, key) in zip(parts, kinds)]
         if rows is not None:
-            record.selected = _selected(xp, schedule, rows)
+            record.selected = _selected(xp, schedule, rows, kinds, indices, n)
         result = _in_caller_order(xp, parts, [part.output for part in parts], n,
                                   record.selected)
         record.stats = self._stats(batch, schedule, kinds, parts, time.perf_counter() - started)
@@ -443,8 +444,8 @@ class KindedFunction(BatchedFunction):
         if rows is not None and schedule.one:  # the rows' gradient, added at their level rows
             at = record.selected  # (on a GPU, copied there once for both)
         elif rows is not None and xp is np:  # several kinds: each kind its rows' gradient, at
-            by_kind = _rows_by_kind(indices, rows, n)  # its level rows (a kind asked for none
-            # of its rows skips its pushed output's ∂: the leaves' under a loss on the rest)
+            by_kind = record.selected.parts  # its level rows (a kind asked for none of its rows
+            # skips its pushed output's ∂: the leaves' under a loss on the rest)
         elif rows is not None:  # (on a GPU) the whole gradient, in the caller's order
             cotangent = scatter_add_into(xp, xp.zeros((n,) + cotangent.shape[1:],
                                                       cotangent.dtype), xp.asarray(rows),
@@ -454,14 +455,14 @@ class KindedFunction(BatchedFunction):
             d_states = xp.zeros((n + 1,) + self.scatter_shape, dtype=self.dtype)
         parts = []
         try:
-            for (position, key), saved in zip(kinds, record.saved):
+            for k, ((position, key), saved) in enumerate(zip(kinds, record.saved)):
                 f, block = self.cells[key], schedule.parts[position]
                 shared = {} if d_states is None else dict(
                     d_states=d_states, block=d_states[block.first:block.stop],
                     levels=block.levels)
                 part_cotangent = cotangent
                 if by_kind is not None:
-                    which, at = by_kind[position]
+                    which, at = by_kind[k]
                     part_cotangent = cotangent[which]
                 parts.append(call.bind_backward(f.backward_executable, xp, indices[position],
                                                 saved, part_cotangent, at=at, **shared))
@@ -522,24 +523,30 @@ def _check_rows(rows, batch, who):
     return array.astype(np.int64, copy=False)
 
 
-def _selected(xp, schedule, rows):
-    """``rows`` (caller's vertex ids) as level rows of a one-kind call, else as they are; on
-    a GPU as the row kernels' int32 (a batch's rows are below 2**31: BatchIndices)."""
+def _selected(xp, schedule, rows, kinds, indices, n):
+    """``rows`` (caller's vertex ids) as level rows of a one-kind call; of a call of several
+    kinds on NumPy, split by kind (:class:`_ByKind`); else as they are. On a GPU as the row
+    kernels' int32 (a batch's rows are below 2**31: BatchIndices)."""
+    if not schedule.one and xp is np:
+        return _ByKind(len(rows), _rows_by_kind(indices, kinds, rows, n))
     selected = schedule.row_of[rows] if schedule.one else rows
     return selected if xp is np else xp.asarray(selected.astype(np.int32))
 
 
-def _rows_by_kind(indices, rows, n):
-    """``rows=`` of a call of several kinds (caller's vertex ids), split by kind: per part of
-    ``indices`` (position -> its BatchIndices), the positions in ``rows`` of its vertices and
-    their level rows in the part."""
+# rows= of a call of several kinds: ``count`` rows asked; ``parts``, per kind of the call (in
+# its order), the positions among them of that kind's vertices and their level rows in it.
+_ByKind = namedtuple("_ByKind", "count parts")
+
+
+def _rows_by_kind(indices, kinds, rows, n):
+    """The ``parts`` of :class:`_ByKind` (``indices``: position -> the kind's BatchIndices)."""
     part_of, level_row = np.empty(n, np.int64), np.empty(n, np.int64)
     for position, part in indices.items():
         part_of[part.order] = position
         level_row[part.order] = np.arange(len(part.order))
     kind = part_of[rows]
-    return {position: (which, level_row[rows[which]])
-            for position, which in ((p, np.flatnonzero(kind == p)) for p in indices)}
+    return [(which, level_row[rows[which]])
+            for which in (np.flatnonzero(kind == position) for position, _ in kinds)]
 
 
 def _in_caller_order(xp, parts, values, n, rows=None):
@@ -550,6 +557,12 @@ def _in_caller_order(xp, parts, values, n, rows=None):
         return call.take_rows(xp, values[0], parts[0].rows.row_of if rows is None else rows)
     like = next(v for v in values if v is not None)
     make = xp.empty if all(v is not None for v in values) else xp.zeros
+    if isinstance(rows, _ByKind):  # each kind's rows asked for, straight to their places
+        result = make((rows.count,) + like.shape[1:], dtype=like.dtype)
+        for (which, level_rows), value in zip(rows.parts, values):
+            if value is not None and len(which):
+                result[which] = value[level_rows]
+        return result
     result = make((n,) + like.shape[1:], dtype=like.dtype)
     for part, value in zip(parts, values):
         if value is not None:
