@@ -575,6 +575,45 @@ def test_a_leaf_reading_some_gates_multiplies_by_their_columns_only():
 
 
 @pytest.mark.usefixtures("cpu_backend")
+def test_slices_of_the_leaf_kinds_cut_bias_fold_into_slices_of_the_bias():
+    """``fold_slices``: the leaf's bias, cut by ``unused_columns`` into its read runs and
+    joined, then cut by ``bias_in_readers`` into its gates, is read as one slice of b per gate:
+    no concat of b's runs, fewer instructions; the values and gradients those of the pass off
+    (``_recursive``'s reference is checked with every switch on and off elsewhere)."""
+
+    def run(options):
+        rng = np.random.default_rng(5)
+        W = mc.Parameter(rng.normal(size=(E, 5 * H)), name="W")
+        b = mc.Parameter(rng.normal(size=(5 * H,)), name="b")
+        U = mc.Parameter(rng.normal(size=(2 * H, H)), name="U")
+
+        @mc.recursive(scatter_shape=(H,), pull_shape=(E,), arity=2, dtype="float64",
+                      options=options)
+        def model(node):
+            if node.is_leaf:
+                i, _, _, o, u = mc.split(node.pull() @ W + b, 5)
+                return mc.sigmoid(o) * mc.tanh(mc.sigmoid(i) * mc.tanh(u))
+            return mc.tanh(mc.concat([model(c) for c in node.children]) @ U)
+
+        batch = mc.GraphBatch([mc.InputGraph([[], [], [0, 1], [], [2, 3]])])
+        x = mc.tensor(rng.normal(size=(batch.num_vertices, E)))
+        out = model(batch, pull=x)
+        (out ** 2).sum().backward()
+        leaf = next(cell for key, cell in model.kinds.items() if key[0] == 0)
+        concats_of_b = [n for n in leaf.program.graph.nodes if n.kind == "op" and
+                        n.op.name == "concat" and len(n.shape) == 1]
+        count = len(leaf.program.eager) + len(leaf.backward_program.lazy)
+        return [out.numpy(), W.grad.numpy(), b.grad.numpy(), U.grad.numpy()], concats_of_b, count
+
+    on, concats_on, count_on = run(None)
+    off, concats_off, count_off = run({"fold_slices": False})
+    for a, c in zip(on, off):
+        np.testing.assert_allclose(a, c, rtol=1e-12, atol=1e-12)
+    assert len(concats_off) == 1 and not concats_on  # (b's two read runs, joined)
+    assert count_on < count_off
+
+
+@pytest.mark.usefixtures("cpu_backend")
 @pytest.mark.parametrize("options", [None, {"bias_in_readers": False, "alias_concats": False,
                                             "elementwise_per_level": False}])
 def test_a_leaf_kinds_whole_batch_work_is_assembled_in_place(options):

@@ -14,6 +14,10 @@ graph rewrites (on F; ∂F is derived from the rewritten F, then rewritten too)
   ``bias_in_readers`` ``x W + b`` over all rows read only through column slices by elementwise
                      ops (a leaf kind's gates) adds ``b``'s columns in those readers: the
                      gates' fused group adds the bias as it reads, no full-size add
+  ``fold_slices``    a slice of a slice is one slice, and a slice of a concat that falls within
+                     one part is a slice of that part (the concat, read by nothing else,
+                     drops out): what ``unused_columns`` leaves (a leaf kind's bias cut into
+                     runs, joined, then cut into its gates) and the gradients of its slices
   ``cse``            equal computations become one node (∂F repeats itself)
   ``dce``            nodes no output needs are dropped
 scheduling
@@ -82,6 +86,7 @@ class Options:
     regroup_sums: bool = True
     unused_columns: bool = True
     bias_in_readers: bool = True
+    fold_slices: bool = True
     cse: bool = True
     dce: bool = True
     hoist_eager: bool = True
@@ -290,6 +295,62 @@ def bias_in_readers(program):
             new_of[n.key] = clone(n, tuple(new_of.get(x.key, x) for x in n.inputs))
         nodes.append(new_of.get(n.key, n))
     return _with_graph(program, nodes, [new_of.get(o.key, o) for o in graph.outputs])
+
+
+def fold_slices(program):
+    """A slice of a slice becomes one slice of the first one's input; a slice of a concat
+    along the same axis that falls within one of its parts becomes that part, or a slice of
+    it. Nothing is computed differently (the same elements); a concat only such slices read
+    is then dead (``dce``). Not along a symbolic axis (V or E: a level's rows), nor for a
+    node that is an output of the graph."""
+    graph = program.graph
+    protected = {o.key for o in graph.outputs}
+    new_of, nodes = {}, []
+
+    def folded(m):
+        """``m`` (a slice) with its input's slice or concat folded in, or None."""
+        src, axis = m.inputs[0], m.attrs["axis"]
+        start, stop = m.attrs["start"], m.attrs["stop"]
+        if src.kind != "op" or src.attrs.get("axis") != axis or axis < 0 or \
+                has_symbolic_size(src.shape[axis]):
+            return None
+        if src.op is SLICE_AXIS:
+            at = src.attrs["start"]
+            return _slice(src.inputs[0], at + start, at + stop, axis, m)
+        if src.op is CONCAT:
+            at = 0
+            for part in src.inputs:
+                size = part.shape[axis]
+                if at <= start and stop <= at + size:
+                    return part if (start, stop) == (at, at + size) else \
+                        _slice(part, start - at, stop - at, axis, m)
+                at += size
+        return None
+
+    placed = set()  # the keys in ``nodes``
+    for n in graph.nodes:
+        m = n
+        if n.kind == "op" and any(x.key in new_of for x in n.inputs):
+            m = clone(n, tuple(new_of.get(x.key, x) for x in n.inputs))
+        while m.kind == "op" and m.op is SLICE_AXIS and n.key not in protected:
+            f = folded(m)  # (a new slice reads a placed node; a part is one)
+            if f is None:
+                break
+            m = f
+        if m.key not in placed:
+            nodes.append(m)
+            placed.add(m.key)
+        if m is not n:
+            new_of[n.key] = m
+    return _with_graph(program, nodes, [new_of.get(o.key, o) for o in graph.outputs])
+
+
+def _slice(x, start, stop, axis, like):
+    """``x[..., start:stop, ...]`` along ``axis``, a node where ``like`` (a slice) was."""
+    shape = x.shape[:axis] + (stop - start,) + x.shape[axis + 1:]
+    return Symbol("op", shape, x.dtype, op=SLICE_AXIS, inputs=(x,),
+                  attrs=dict(start=start, stop=stop, axis=axis), where=like.where,
+                  tracer=like.tracer)
 
 
 def cse(program):
@@ -765,7 +826,7 @@ def _replace(ins, **changes):
 
 # --- the pipeline --------------------------------------------------------------------------------
 
-GRAPH_PASSES = (regroup_sums, unused_columns, bias_in_readers, cse, dce)
+GRAPH_PASSES = (regroup_sums, unused_columns, bias_in_readers, fold_slices, cse, dce)
 PIPELINE = (classify, hoist_eager, lazy_batching, elementwise_per_level,
             keep_mixed_rows_per_level, fuse, lower, sum_into_cells, buffers, alias_concats, zero_rows,
             leaf_sinks, strided_gathers, unread_zeros, direct_gathers, inline_windows,
