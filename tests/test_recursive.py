@@ -532,6 +532,13 @@ def test_an_arity_the_function_was_not_written_for_names_the_kind():
         binary(batch, pull=mc.tensor(np.ones((4, H))))
 
 
+def _leaf_of_three_gates(x, W, b):
+    """A Tree-LSTM leaf's state from ``x W + b`` cut into five gates, reading three (i, o, u):
+    the two forget gates' columns are never read."""
+    i, _, _, o, u = mc.split(x @ W + b, 5)
+    return mc.sigmoid(o) * mc.tanh(mc.sigmoid(i) * mc.tanh(u))
+
+
 def test_a_leaf_reading_some_gates_multiplies_by_their_columns_only():
     """``unused_columns``: a leaf that reads three of five gates of ``x W + b`` multiplies by
     those columns of W (and b) alone — its Program's product is 3H wide, the internal kind's
@@ -548,8 +555,7 @@ def test_a_leaf_reading_some_gates_multiplies_by_their_columns_only():
                       options=options)
         def model(node):
             if node.is_leaf:
-                i, _, _, o, u = mc.split(node.pull() @ W + b, 5)
-                return mc.sigmoid(o) * mc.tanh(mc.sigmoid(i) * mc.tanh(u))
+                return _leaf_of_three_gates(node.pull(), W, b)
             i, f_l, f_r, o, u = mc.split(
                 mc.concat([model(c) for c in node.children]) @ U + b, 5)
             return mc.sigmoid(o) * mc.tanh(mc.sigmoid(i) * mc.tanh(u) + mc.sigmoid(f_l))
@@ -591,8 +597,7 @@ def test_slices_of_the_leaf_kinds_cut_bias_fold_into_slices_of_the_bias():
                       options=options)
         def model(node):
             if node.is_leaf:
-                i, _, _, o, u = mc.split(node.pull() @ W + b, 5)
-                return mc.sigmoid(o) * mc.tanh(mc.sigmoid(i) * mc.tanh(u))
+                return _leaf_of_three_gates(node.pull(), W, b)
             return mc.tanh(mc.concat([model(c) for c in node.children]) @ U)
 
         batch = mc.GraphBatch([mc.InputGraph([[], [], [0, 1], [], [2, 3]])])
